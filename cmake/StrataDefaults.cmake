@@ -1,0 +1,24 @@
+# Compiler settings applied to every strata target (never to dependencies).
+# Warnings are errors for our code; sanitizers are global when asked for so
+# that every object, tests included, is instrumented alike.
+if(STRATA_SANITIZE)
+  add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
+  add_link_options(-fsanitize=address,undefined)
+endif()
+
+# -Wno-restrict: GCC 12 reports false positives inside libstdc++'s
+# std::string operator+ at -O2/-O3 (GCC bug 105329).
+function(strata_target_defaults target)
+  target_compile_options(${target} PRIVATE
+    $<$<COMPILE_LANGUAGE:CXX,C>:-Wall -Wextra -Werror -Wshadow -Wno-missing-field-initializers -Wno-restrict>
+    $<$<COMPILE_LANGUAGE:CUDA>:-Werror=all-warnings -Xcompiler=-Wall,-Wextra,-Werror>)
+endfunction()
+
+# strata_library(name SOURCES ... LINKS ...): one layer = one target.
+function(strata_library name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;PUBLIC_LINKS;PRIVATE_LINKS" ${ARGN})
+  add_library(${name} STATIC ${ARG_SOURCES})
+  target_include_directories(${name} PUBLIC ${PROJECT_SOURCE_DIR})
+  target_link_libraries(${name} PUBLIC ${ARG_PUBLIC_LINKS} PRIVATE ${ARG_PRIVATE_LINKS})
+  strata_target_defaults(${name})
+endfunction()

@@ -1,0 +1,18 @@
+# Every dependency is found on the system (Debian packages, see scripts/setup),
+# never vendored. docs/DEPENDENCIES.md says why each one was chosen.
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(URING REQUIRED IMPORTED_TARGET liburing>=2.2)
+pkg_check_modules(HWLOC REQUIRED IMPORTED_TARGET hwloc)
+pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
+find_package(Threads REQUIRED)
+find_package(TBB REQUIRED)
+find_package(xsimd REQUIRED)
+find_package(nlohmann_json 3.10 REQUIRED)
+find_package(CLI11 REQUIRED)
+find_package(fmt REQUIRED)
+if(STRATA_BUILD_TESTS)
+  find_package(GTest REQUIRED)
+endif()
+if(STRATA_BUILD_BENCH)
+  find_package(benchmark REQUIRED)
+endif()

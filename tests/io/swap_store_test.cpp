@@ -1,0 +1,380 @@
+// SwapStore: round trips at awkward sizes, striping over several
+// directories, checksums, budgets, every injected fault, a real full disk.
+// Runs over the io_uring and POSIX backends.
+#include "io/swap_store.h"
+
+#include <gtest/gtest.h>
+#include <linux/magic.h>
+#include <sys/mount.h>
+#include <sys/vfs.h>
+
+#include <cstdlib>
+#include <random>
+
+#include "common/units.h"
+#include "tests/test_util.h"
+
+namespace strata::io {
+namespace {
+
+class SwapStoreTest : public ::testing::TestWithParam<Backend> {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (GetParam() == Backend::kUring && !strata::testing::uring_available(&why)) GTEST_SKIP() << why;
+  }
+
+  SwapStoreOptions options(int ndirs, uint64_t stripe = 64 * kKiB) {
+    SwapStoreOptions o;
+    for (int i = 0; i < ndirs; ++i) o.directories.push_back(dir_.sub("nvme" + std::to_string(i)));
+    o.stripe_unit_bytes = stripe;
+    o.device.backend = GetParam();
+    o.device.queue_depth = 32;
+    return o;
+  }
+
+  std::unique_ptr<SwapStore> open(const SwapStoreOptions& o) {
+    Result<std::unique_ptr<SwapStore>> store = SwapStore::open(o);
+    EXPECT_TRUE(store) << store.error().to_string();
+    return store ? std::move(store).value() : nullptr;
+  }
+
+  static Buffer buffer_for(const SwapStore& store, uint64_t size) {
+    Result<Buffer> b = allocate_aligned(std::max<uint64_t>(store.padded_size(size), 4096), store.alignment());
+    EXPECT_TRUE(b);
+    return std::move(b).value();
+  }
+
+  static Status write_sync(SwapStore& s, const std::string& name, const Buffer& b, uint64_t size) {
+    Result<Ticket> t = s.write(name, b.view(), size);
+    if (!t) return t.error();
+    return s.wait(*t);
+  }
+  static Status read_sync(SwapStore& s, const std::string& name, const Buffer& b) {
+    Result<Ticket> t = s.read(name, b.view());
+    if (!t) return t.error();
+    return s.wait(*t);
+  }
+
+  strata::testing::TempDir dir_;
+};
+
+TEST_P(SwapStoreTest, RoundTripsAtAwkwardSizesOverOneAndThreeDirectories) {
+  uint64_t seed = strata::testing::test_seed(31);
+  for (int ndirs : {1, 3}) {
+    auto store = open(options(ndirs));
+    ASSERT_TRUE(store);
+    uint64_t a = store->alignment();
+    std::vector<uint64_t> sizes = {1, 7, a - 1, a, a + 1, 64 * kKiB - 1, 64 * kKiB + 1, kMiB - 1, kMiB + 1,
+                                   3 * kMiB + 12345, 64 * kMiB};
+    for (uint64_t size : sizes) {
+      SCOPED_TRACE("dirs " + std::to_string(ndirs) + " size " + std::to_string(size));
+      Buffer out = buffer_for(*store, size), in = buffer_for(*store, size);
+      strata::testing::fill_stamped(out.data(), size, size, seed);
+      std::string name = "blob" + std::to_string(size);
+      ASSERT_TRUE(write_sync(*store, name, out, size).ok());
+      Status s = read_sync(*store, name, in);
+      ASSERT_TRUE(s.ok()) << s.to_string();
+      ASSERT_EQ(strata::testing::check_stamped(in.data(), size, size, seed), "");
+      EXPECT_EQ(*store->blob_size(name), size);
+    }
+    if (ndirs == 3) {
+      // 64 MiB over 64 KiB units: each directory got a third of the bytes.
+      SwapStoreStats st = store->stats();
+      for (const DirectoryStats& d : st.directories) EXPECT_GT(d.bytes_written, 21 * kMiB) << d.path;
+      auto pieces = store->locate("blob" + std::to_string(64 * kMiB));
+      ASSERT_TRUE(pieces);
+      EXPECT_EQ(pieces->size(), 1024u);
+      EXPECT_NE((*pieces)[0].directory, (*pieces)[1].directory);
+    }
+  }
+}
+
+TEST_P(SwapStoreTest, ManyBlobsInFlightAtOnce) {
+  uint64_t seed = strata::testing::test_seed(32);
+  auto store = open(options(2, 128 * kKiB));
+  ASSERT_TRUE(store);
+  constexpr int kBlobs = 24;
+  std::vector<Buffer> outs, ins;
+  std::vector<uint64_t> sizes;
+  std::mt19937_64 rng(seed);
+  for (int i = 0; i < kBlobs; ++i) {
+    sizes.push_back(1 + rng() % (3 * kMiB));
+    outs.push_back(buffer_for(*store, sizes[i]));
+    ins.push_back(buffer_for(*store, sizes[i]));
+    strata::testing::fill_stamped(outs[i].data(), sizes[i], i, seed);
+  }
+  std::vector<Ticket> tickets;
+  for (int i = 0; i < kBlobs; ++i) {
+    Result<Ticket> t = store->write("b" + std::to_string(i), outs[i].view(), sizes[i]);
+    ASSERT_TRUE(t) << t.error().to_string();
+    tickets.push_back(*t);
+  }
+  // A blob with a write in flight cannot be read or removed.
+  EXPECT_EQ(store->read("b0", ins[0].view()).error().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(store->remove("b0").code(), StatusCode::kFailedPrecondition);
+  for (int i = kBlobs - 1; i >= 0; --i) ASSERT_TRUE(store->wait(tickets[i]).ok());
+  tickets.clear();
+  for (int i = 0; i < kBlobs; ++i) tickets.push_back(*store->read("b" + std::to_string(i), ins[i].view()));
+  ASSERT_TRUE(store->wait_all().ok());
+  for (int i = 0; i < kBlobs; ++i) ASSERT_EQ(strata::testing::check_stamped(ins[i].data(), sizes[i], i, seed), "") << i;
+}
+
+TEST_P(SwapStoreTest, OverwriteInPlaceAndResizeAndRemove) {
+  auto store = open(options(1));
+  ASSERT_TRUE(store);
+  Buffer out = buffer_for(*store, kMiB), in = buffer_for(*store, kMiB);
+  strata::testing::fill_stamped(out.data(), kMiB, 0, 1);
+  ASSERT_TRUE(write_sync(*store, "x", out, kMiB).ok());
+  uint64_t used = store->stats().used_bytes;
+  auto before = *store->locate("x");
+  strata::testing::fill_stamped(out.data(), kMiB, 0, 2);
+  ASSERT_TRUE(write_sync(*store, "x", out, kMiB).ok());
+  EXPECT_EQ(store->stats().used_bytes, used);
+  EXPECT_EQ((*store->locate("x"))[0].file_offset_bytes, before[0].file_offset_bytes);  // in place
+  ASSERT_TRUE(read_sync(*store, "x", in).ok());
+  EXPECT_EQ(strata::testing::check_stamped(in.data(), kMiB, 0, 2), "");
+  ASSERT_TRUE(write_sync(*store, "x", out, 100).ok());
+  EXPECT_EQ(store->stats().used_bytes, store->padded_size(100));
+  ASSERT_TRUE(store->remove("x").ok());
+  EXPECT_EQ(store->stats().used_bytes, 0u);
+  EXPECT_EQ(store->read("x", in.view()).error().code(), StatusCode::kNotFound);
+  // Freed space is reused rather than growing the file.
+  uint64_t file_bytes = store->stats().directories[0].file_bytes;
+  ASSERT_TRUE(write_sync(*store, "y", out, kMiB).ok());
+  EXPECT_EQ(store->stats().directories[0].file_bytes, file_bytes);
+}
+
+TEST_P(SwapStoreTest, ChecksumCatchesAFlippedByte) {
+  SwapStoreOptions o = options(2);
+  o.faults = FaultConfig{};
+  auto store = open(o);
+  ASSERT_TRUE(store);
+  const uint64_t size = 300 * kKiB;
+  Buffer out = buffer_for(*store, size), in = buffer_for(*store, size);
+  strata::testing::fill_stamped(out.data(), size, 0, 3);
+  ASSERT_TRUE(write_sync(*store, "w", out, size).ok());
+  auto pieces = *store->locate("w");
+  const PieceLocation& p = pieces[2];
+  store->faults()->corrupt_byte(p.file_slot, p.file_offset_bytes + 1234);
+  Status s = read_sync(*store, "w", in);
+  ASSERT_EQ(s.code(), StatusCode::kDataLoss) << s.to_string();
+  EXPECT_NE(s.message().find("checksum mismatch"), std::string::npos) << s.to_string();
+  EXPECT_NE(s.message().find("'w'"), std::string::npos) << s.to_string();
+  // Persistent: a retry sees the same corruption, not a lucky clean read.
+  EXPECT_EQ(read_sync(*store, "w", in).code(), StatusCode::kDataLoss);
+  // Rewriting the blob heals it.
+  ASSERT_TRUE(write_sync(*store, "w", out, size).ok());
+  ASSERT_TRUE(read_sync(*store, "w", in).ok());
+  EXPECT_EQ(strata::testing::check_stamped(in.data(), size, 0, 3), "");
+}
+
+TEST_P(SwapStoreTest, WithoutChecksumsTheSameFlipGoesUnnoticed) {
+  // Shows the checksum, not something else, is what catches corruption.
+  SwapStoreOptions o = options(1);
+  o.faults = FaultConfig{};
+  o.checksums = false;
+  auto store = open(o);
+  ASSERT_TRUE(store);
+  Buffer out = buffer_for(*store, 8192), in = buffer_for(*store, 8192);
+  strata::testing::fill_stamped(out.data(), 8192, 0, 4);
+  ASSERT_TRUE(write_sync(*store, "w", out, 8192).ok());
+  auto p = (*store->locate("w"))[0];
+  store->faults()->corrupt_byte(p.file_slot, p.file_offset_bytes + 5);
+  ASSERT_TRUE(read_sync(*store, "w", in).ok());
+  EXPECT_NE(strata::testing::check_stamped(in.data(), 8192, 0, 4), "");
+}
+
+TEST_P(SwapStoreTest, FailedWriteLeavesNoValidBlobAndSparesOthers) {
+  SwapStoreOptions o = options(1);
+  o.faults = FaultConfig{};
+  auto store = open(o);
+  ASSERT_TRUE(store);
+  Buffer out = buffer_for(*store, kMiB), in = buffer_for(*store, kMiB);
+  strata::testing::fill_stamped(out.data(), kMiB, 0, 5);
+  ASSERT_TRUE(write_sync(*store, "good", out, kMiB).ok());
+  ASSERT_TRUE(write_sync(*store, "bad", out, kMiB).ok());
+  // A persistent EIO under the second piece of "bad": its rewrite fails.
+  auto p = (*store->locate("bad"))[1];
+  store->faults()->add_bad_range(p.file_slot, p.file_offset_bytes, 4096);
+  Status s = write_sync(*store, "bad", out, kMiB);
+  ASSERT_EQ(s.code(), StatusCode::kUnavailable) << s.to_string();
+  EXPECT_NE(s.message().find("EIO"), std::string::npos);
+  Status r = read_sync(*store, "bad", in);
+  EXPECT_EQ(r.code(), StatusCode::kDataLoss) << r.to_string();
+  EXPECT_NE(r.message().find("last write failed"), std::string::npos) << r.to_string();
+  ASSERT_TRUE(read_sync(*store, "good", in).ok());
+  EXPECT_EQ(strata::testing::check_stamped(in.data(), kMiB, 0, 5), "");
+}
+
+TEST_P(SwapStoreTest, InjectedEnospcAndShortReadsAndTransientErrors) {
+  SwapStoreOptions o = options(1);
+  o.faults = FaultConfig{};
+  auto store = open(o);
+  ASSERT_TRUE(store);
+  Buffer out = buffer_for(*store, kMiB), in = buffer_for(*store, kMiB);
+  strata::testing::fill_stamped(out.data(), kMiB, 0, 6);
+  store->faults()->fail_next(IoOp::kWrite, ENOSPC);
+  Status s = write_sync(*store, "n", out, kMiB);
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.to_string();
+  // Transient EIO and EAGAIN on the rewrite are retried away.
+  store->faults()->fail_next(IoOp::kWrite, EIO, 2);
+  store->faults()->fail_next(IoOp::kWrite, EAGAIN, 3);
+  ASSERT_TRUE(write_sync(*store, "n", out, kMiB).ok());
+  store->faults()->fail_next(IoOp::kRead, EIO);
+  ASSERT_TRUE(read_sync(*store, "n", in).ok());
+  EXPECT_EQ(strata::testing::check_stamped(in.data(), kMiB, 0, 6), "");
+}
+
+// Random faults of every kind over many operations: each operation either
+// returns exactly the bytes written or an error; never silently changed data.
+TEST_P(SwapStoreTest, RandomFaultSoakNeverReturnsWrongData) {
+  uint64_t base_seed = strata::testing::test_seed(33);
+  for (uint64_t seed = base_seed; seed < base_seed + 4; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    SwapStoreOptions o = options(2, 64 * kKiB);
+    FaultConfig f;
+    f.seed = seed;
+    f.eio_transient_one_in = 20;
+    f.eio_persistent_one_in = 400;
+    f.short_transfer_one_in = 10;
+    f.enospc_one_in = 300;
+    f.eagain_one_in = 25;
+    f.latency_one_in = 10;
+    f.latency_us = 100;
+    f.corrupt_one_in = 200;
+    f.reorder = true;
+    o.faults = f;
+    auto store = open(o);
+    ASSERT_TRUE(store);
+    std::mt19937_64 rng(seed);
+    std::vector<uint64_t> version(8, 0), sizes(8, 0);
+    std::vector<bool> valid(8, false);
+    int errors = 0, checked = 0;
+    for (int step = 0; step < 120; ++step) {
+      int b = static_cast<int>(rng() % 8);
+      std::string name = "s" + std::to_string(b);
+      if (rng() % 2 == 0 || !valid[b]) {
+        uint64_t size = sizes[b] != 0 && rng() % 2 ? sizes[b] : 1 + rng() % (700 * kKiB);
+        Buffer out = buffer_for(*store, size);
+        strata::testing::fill_stamped(out.data(), size, b, seed * 1000 + step);
+        Status s = write_sync(*store, name, out, size);
+        valid[b] = s.ok();
+        if (s.ok()) {
+          version[b] = seed * 1000 + step;
+          sizes[b] = size;
+        } else {
+          ++errors;
+        }
+      } else {
+        Buffer in = buffer_for(*store, sizes[b]);
+        Status s = read_sync(*store, name, in);
+        if (s.ok()) {
+          ASSERT_EQ(strata::testing::check_stamped(in.data(), sizes[b], b, version[b]), "") << name;
+          ++checked;
+        } else {
+          ++errors;
+          EXPECT_TRUE(s.code() == StatusCode::kDataLoss || s.code() == StatusCode::kUnavailable) << s.to_string();
+        }
+      }
+    }
+    EXPECT_GT(checked, 0);
+    std::printf("seed %llu: %d verified reads, %d surfaced errors\n", static_cast<unsigned long long>(seed), checked,
+                errors);
+  }
+}
+
+TEST_P(SwapStoreTest, BudgetIsHardAndNamed) {
+  SwapStoreOptions o = options(1);
+  o.budget_bytes = 2 * kMiB;
+  auto store = open(o);
+  ASSERT_TRUE(store);
+  Buffer out = buffer_for(*store, 2 * kMiB);
+  ASSERT_TRUE(write_sync(*store, "a", out, 1536 * kKiB).ok());
+  Result<Ticket> t = store->write("b", out.view(), kMiB);
+  ASSERT_FALSE(t);
+  EXPECT_EQ(t.error().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(t.error().message().find("swap budget of 2.00 MiB"), std::string::npos) << t.error().to_string();
+  EXPECT_FALSE(store->contains("b"));
+  EXPECT_EQ(store->stats().used_bytes, 1536 * kKiB);
+  ASSERT_TRUE(store->remove("a").ok());
+  ASSERT_TRUE(write_sync(*store, "b", out, 2 * kMiB).ok());
+}
+
+TEST_P(SwapStoreTest, BadInputIsRefusedClearly) {
+  SwapStoreOptions o = options(1);
+  o.directories.push_back(dir_.path() + "/missing");
+  Result<std::unique_ptr<SwapStore>> missing = SwapStore::open(o);
+  ASSERT_FALSE(missing);
+  EXPECT_EQ(missing.error().code(), StatusCode::kNotFound);
+  EXPECT_NE(missing.error().message().find("/missing"), std::string::npos);
+
+  SwapStoreOptions odd = options(1, 12345);
+  EXPECT_EQ(SwapStore::open(odd).error().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(SwapStore::open(SwapStoreOptions{}).error().code(), StatusCode::kInvalidArgument);
+
+  auto store = open(options(1));
+  ASSERT_TRUE(store);
+  Buffer b = buffer_for(*store, 8192);
+  Result<Ticket> small = store->write("x", b.view(), 8193);
+  ASSERT_FALSE(small);
+  EXPECT_EQ(small.error().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(small.error().message().find("smaller than"), std::string::npos);
+  IoBuffer shifted{b.data() + 512, 4096};
+  EXPECT_EQ(store->write("x", shifted, 100).error().code(), StatusCode::kInvalidArgument);
+  EXPECT_FALSE(store->contains("x"));
+}
+
+TEST_P(SwapStoreTest, TmpfsDirectoryRefusedUnlessBufferedAllowed) {
+  struct statfs fs {};
+  if (::statfs("/dev/shm", &fs) != 0 || fs.f_type != TMPFS_MAGIC) GTEST_SKIP() << "/dev/shm is not a tmpfs here";
+  strata::testing::TempDir shm("/dev/shm");
+  SwapStoreOptions o = options(0);
+  o.directories = {shm.path()};
+  Result<std::unique_ptr<SwapStore>> refused = SwapStore::open(o);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().message().find("O_DIRECT"), std::string::npos) << refused.error().to_string();
+  o.direct = DirectMode::kPrefer;
+  auto store = open(o);
+  ASSERT_TRUE(store);
+  Buffer out = buffer_for(*store, 10000), in = buffer_for(*store, 10000);
+  strata::testing::fill_stamped(out.data(), 10000, 0, 7);
+  ASSERT_TRUE(write_sync(*store, "t", out, 10000).ok());
+  ASSERT_TRUE(read_sync(*store, "t", in).ok());
+  EXPECT_EQ(strata::testing::check_stamped(in.data(), 10000, 0, 7), "");
+}
+
+// A real full filesystem: a small ext4 image on a loop device.
+TEST_P(SwapStoreTest, RealFullDiskIsResourceExhaustedNamingTheFile) {
+  if (!strata::testing::is_root()) GTEST_SKIP() << "needs root to loop-mount an ext4 image";
+  std::string image = dir_.path() + "/small.img", mnt = dir_.sub("mnt");
+  std::string mkfs = "truncate -s 16M " + image + " && mkfs.ext4 -q -F " + image + " >/dev/null 2>&1";
+  if (std::system(mkfs.c_str()) != 0) GTEST_SKIP() << "mkfs.ext4 not available";
+  if (std::system(("mount -o loop " + image + " " + mnt + " 2>/dev/null").c_str()) != 0) {
+    GTEST_SKIP() << "loop mount refused here (no loop devices or no CAP_SYS_ADMIN)";
+  }
+  {
+    SwapStoreOptions o = options(0);
+    o.directories = {mnt};
+    auto store = open(o);
+    ASSERT_TRUE(store);
+    Buffer out = buffer_for(*store, 4 * kMiB), in = buffer_for(*store, 4 * kMiB);
+    strata::testing::fill_stamped(out.data(), 4 * kMiB, 0, 8);
+    Status s;
+    int written = 0;
+    for (; written < 10 && s.ok(); ++written) s = write_sync(*store, "f" + std::to_string(written), out, 4 * kMiB);
+    ASSERT_EQ(s.code(), StatusCode::kResourceExhausted) << s.to_string();
+    EXPECT_NE(s.message().find(mnt), std::string::npos) << s.to_string();
+    EXPECT_NE(s.message().find("ENOSPC"), std::string::npos) << s.to_string();
+    // What was written before the disk filled is intact.
+    ASSERT_TRUE(read_sync(*store, "f0", in).ok());
+    EXPECT_EQ(strata::testing::check_stamped(in.data(), 4 * kMiB, 0, 8), "");
+  }
+  EXPECT_EQ(::umount(mnt.c_str()), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, SwapStoreTest, ::testing::Values(Backend::kUring, Backend::kPosix),
+                         [](const auto& p) { return std::string(backend_name(p.param)); });
+
+}  // namespace
+}  // namespace strata::io
