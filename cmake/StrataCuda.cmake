@@ -22,7 +22,9 @@ if(NOT STRATA_CUDA STREQUAL "OFF")
       endif()
     endif()
     enable_language(CUDA)
-    set(CMAKE_CUDA_STANDARD 20)
+    # CUDA sources build as C++17: CMake 3.25 does not know nvcc's C++20
+    # dialect, and headers shared with .cu files stay C++17-clean.
+    set(CMAKE_CUDA_STANDARD 17)
     set(CMAKE_CUDA_STANDARD_REQUIRED ON)
     find_package(CUDAToolkit REQUIRED)
     set(STRATA_HAVE_CUDA ON)
