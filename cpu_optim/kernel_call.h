@@ -1,0 +1,77 @@
+// Internal: what the tile kernels receive. One TileCall describes one
+// contiguous tile of a span with every pointer already offset to the tile's
+// first element (q8 scale pointers to its first block; tiles of q8 spans start
+// on a kQ8BlockElems boundary). Coefficients that depend only on the step are
+// computed once per call in optimizer.cpp.
+#pragma once
+
+#include <cstdint>
+
+#include "cpu_optim/dtype.h"
+
+namespace strata::cpu_optim::detail {
+
+enum class OptKind : uint8_t { kAdam, kAdagrad, kLion, kSgd };
+
+struct Coeffs {
+  float lr = 0, beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0;
+  float one_minus_beta1 = 0, one_minus_beta2 = 0;
+  float step_size = 0;       // Adam: lr / (1 - beta1^t); Adagrad: lr / (1 + (t-1) lr_decay)
+  float bias_correction2_sqrt = 1;  // Adam: sqrt(1 - beta2^t)
+  float decay = 1;           // decoupled weight decay factor 1 - lr * wd
+  bool decoupled = true;     // Adam: AdamW
+  float momentum = 0, dampening = 0;
+  bool nesterov = false;
+  bool first_step = false;   // SGD: t == 1 initialises the momentum buffer
+};
+
+struct TileCall {
+  OptKind kind = OptKind::kAdam;
+  Coeffs c;
+  float grad_scale = 1;
+  float* params = nullptr;
+  const void* grad = nullptr;
+  DType grad_dtype = DType::kF32;
+  void* out = nullptr;  // null: no low-precision copy
+  DType out_dtype = DType::kBF16;
+  StateType state_type = StateType::kF32;
+  void* m = nullptr;
+  void* v = nullptr;
+  float* m_scale = nullptr;
+  float* v_scale = nullptr;
+  int64_t n = 0;
+};
+
+// Which state arrays an optimizer reads and writes.
+inline bool uses_m(OptKind k, const Coeffs& c) {
+  return k == OptKind::kAdam || k == OptKind::kLion || (k == OptKind::kSgd && c.momentum != 0.0f);
+}
+inline bool uses_v(OptKind k) { return k == OptKind::kAdam || k == OptKind::kAdagrad; }
+
+// Returns the number of non-finite gradient elements seen in the tile.
+struct TileKernel {
+  template <class Arch>
+  int64_t operator()(Arch, const TileCall& call) const;
+};
+
+// Sum of squares of scale*g (inf/nan elements excluded) for each kSub-element
+// sub-tile of [0, n) into partials[i], and the count of inf/nan elements.
+// Partials depend only on the data, so summing them in order is deterministic.
+struct StatsKernel {
+  template <class Arch>
+  void operator()(Arch, const void* grad, DType dtype, int64_t n, float scale, double* partials,
+                  int64_t* nonfinite) const;
+};
+
+// Conversions exposed for tests (bitwise equality with dtype.h's scalar ones).
+struct ConvertKernel {
+  template <class Arch>
+  void operator()(Arch, const void* src, DType src_type, void* dst, DType dst_type, int64_t n) const;
+};
+
+// The scalar reference step over one span (optim_ref.cpp); returns non-finite count.
+int64_t reference_tile(const TileCall& call);
+void reference_stats(const void* grad, DType dtype, int64_t n, float scale, double* partials, int64_t* nonfinite);
+inline constexpr int64_t kStatsPartialElems = 1024;  // == kSub in kernels_impl.h
+
+}  // namespace strata::cpu_optim::detail

@@ -1,0 +1,302 @@
+// Validation, per-step coefficients, ISA selection and tiling for cpu_optim.
+#include "cpu_optim/optimizer.h"
+
+#include <xsimd/xsimd.hpp>
+
+#include <atomic>
+#include <cmath>
+#include <string>
+
+#include "common/units.h"
+#include "cpu_optim/executor.h"
+#include "cpu_optim/kernel_call.h"
+
+namespace strata::cpu_optim {
+namespace {
+
+using detail::Coeffs;
+using detail::OptKind;
+using detail::TileCall;
+
+constexpr int64_t kTileQuantum = 4096;  // tiles are multiples of this (and so of the q8 block and sub-tile)
+
+Status check_unit(float x, const char* name, bool allow_one = false) {
+  if (!(x >= 0.0f && (allow_one ? x <= 1.0f : x < 1.0f))) {
+    return invalid_argument(std::string(name) + " must be in [0, 1), got " + std::to_string(x));
+  }
+  return ok_status();
+}
+
+Status check_nonneg(float x, const char* name) {
+  if (!(x >= 0.0f) || !std::isfinite(x)) {
+    return invalid_argument(std::string(name) + " must be finite and >= 0, got " + std::to_string(x));
+  }
+  return ok_status();
+}
+
+// Builds the per-step coefficients, validating the hyper-parameters.
+Result<std::pair<OptKind, Coeffs>> coefficients(const OptimizerConfig& config, int64_t t) {
+  Coeffs c;
+  if (const auto* a = std::get_if<AdamConfig>(&config)) {
+    STRATA_RETURN_IF_ERROR(check_nonneg(a->lr, "adam lr"));
+    STRATA_RETURN_IF_ERROR(check_unit(a->beta1, "adam beta1"));
+    STRATA_RETURN_IF_ERROR(check_unit(a->beta2, "adam beta2"));
+    STRATA_RETURN_IF_ERROR(check_nonneg(a->eps, "adam eps"));
+    STRATA_RETURN_IF_ERROR(check_nonneg(a->weight_decay, "adam weight_decay"));
+    c.lr = a->lr, c.beta1 = a->beta1, c.beta2 = a->beta2, c.eps = a->eps, c.weight_decay = a->weight_decay;
+    c.one_minus_beta1 = 1.0f - a->beta1;
+    c.one_minus_beta2 = 1.0f - a->beta2;
+    double bc1 = 1.0 - std::pow(static_cast<double>(a->beta1), static_cast<double>(t));
+    double bc2 = 1.0 - std::pow(static_cast<double>(a->beta2), static_cast<double>(t));
+    c.step_size = static_cast<float>(a->lr / bc1);
+    c.bias_correction2_sqrt = static_cast<float>(std::sqrt(bc2));
+    c.decoupled = a->decoupled_weight_decay;
+    c.decay = a->decoupled_weight_decay ? 1.0f - a->lr * a->weight_decay : 1.0f;
+    return std::make_pair(OptKind::kAdam, c);
+  }
+  if (const auto* a = std::get_if<AdagradConfig>(&config)) {
+    STRATA_RETURN_IF_ERROR(check_nonneg(a->lr, "adagrad lr"));
+    STRATA_RETURN_IF_ERROR(check_nonneg(a->lr_decay, "adagrad lr_decay"));
+    STRATA_RETURN_IF_ERROR(check_nonneg(a->eps, "adagrad eps"));
+    STRATA_RETURN_IF_ERROR(check_nonneg(a->weight_decay, "adagrad weight_decay"));
+    c.lr = a->lr, c.eps = a->eps, c.weight_decay = a->weight_decay;
+    c.step_size = static_cast<float>(a->lr / (1.0 + static_cast<double>(t - 1) * a->lr_decay));
+    return std::make_pair(OptKind::kAdagrad, c);
+  }
+  if (const auto* a = std::get_if<LionConfig>(&config)) {
+    STRATA_RETURN_IF_ERROR(check_nonneg(a->lr, "lion lr"));
+    STRATA_RETURN_IF_ERROR(check_unit(a->beta1, "lion beta1", true));
+    STRATA_RETURN_IF_ERROR(check_unit(a->beta2, "lion beta2", true));
+    STRATA_RETURN_IF_ERROR(check_nonneg(a->weight_decay, "lion weight_decay"));
+    c.lr = a->lr, c.beta1 = a->beta1, c.beta2 = a->beta2, c.weight_decay = a->weight_decay;
+    c.one_minus_beta1 = 1.0f - a->beta1;
+    c.one_minus_beta2 = 1.0f - a->beta2;
+    c.decay = 1.0f - a->lr * a->weight_decay;
+    return std::make_pair(OptKind::kLion, c);
+  }
+  const auto& s = std::get<SgdConfig>(config);
+  STRATA_RETURN_IF_ERROR(check_nonneg(s.lr, "sgd lr"));
+  STRATA_RETURN_IF_ERROR(check_nonneg(s.momentum, "sgd momentum"));
+  STRATA_RETURN_IF_ERROR(check_unit(s.dampening, "sgd dampening", true));
+  STRATA_RETURN_IF_ERROR(check_nonneg(s.weight_decay, "sgd weight_decay"));
+  if (s.nesterov && (s.momentum <= 0.0f || s.dampening != 0.0f)) {
+    return invalid_argument("sgd nesterov needs momentum > 0 and dampening 0 (as torch.optim.SGD)");
+  }
+  c.lr = s.lr, c.weight_decay = s.weight_decay, c.momentum = s.momentum, c.dampening = s.dampening;
+  c.nesterov = s.nesterov;
+  c.first_step = t == 1;
+  return std::make_pair(OptKind::kSgd, c);
+}
+
+bool cpu_has(const char* feature_name) {
+  __builtin_cpu_init();
+  if (std::string(feature_name) == "avx512") {
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512cd") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  }
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+
+Result<Isa> resolve_isa(Isa requested) {
+  std::vector<Isa> have = available_isas();
+  if (requested == Isa::kAuto) return have.front();
+  for (Isa i : have) {
+    if (i == requested) return i;
+  }
+  return unimplemented(std::string("instruction set ") + std::string(isa_name(requested)) +
+                       " is not supported by this CPU or not compiled in");
+}
+
+int64_t run_tile(Isa isa, const TileCall& call) {
+  switch (isa) {
+    case Isa::kAvx512: return detail::TileKernel{}(xsimd::avx512bw{}, call);
+    case Isa::kAvx2: return detail::TileKernel{}(xsimd::fma3<xsimd::avx2>{}, call);
+    case Isa::kSse2: return detail::TileKernel{}(xsimd::sse2{}, call);
+    default: return detail::reference_tile(call);
+  }
+}
+
+void run_stats(Isa isa, const void* grad, DType dtype, int64_t n, float scale, double* partials, int64_t* bad) {
+  switch (isa) {
+    case Isa::kAvx512: detail::StatsKernel{}(xsimd::avx512bw{}, grad, dtype, n, scale, partials, bad); break;
+    case Isa::kAvx2: detail::StatsKernel{}(xsimd::fma3<xsimd::avx2>{}, grad, dtype, n, scale, partials, bad); break;
+    case Isa::kSse2: detail::StatsKernel{}(xsimd::sse2{}, grad, dtype, n, scale, partials, bad); break;
+    default: detail::reference_stats(grad, dtype, n, scale, partials, bad); break;
+  }
+}
+
+Status validate_span(const ParamSpan& span, OptKind kind, const Coeffs& c) {
+  if (span.n < 0) return invalid_argument("span has negative length " + std::to_string(span.n));
+  if (span.n == 0) return ok_status();
+  if (span.params == nullptr || span.grad == nullptr) return invalid_argument("span params/grad pointer is null");
+  if (span.weights_out != nullptr && span.out_dtype == DType::kF32) {
+    return invalid_argument("weights_out must be bf16 or fp16 (the fp32 weights are `params` itself)");
+  }
+  bool need_m = detail::uses_m(kind, c), need_v = detail::uses_v(kind);
+  if ((need_m && span.state.m == nullptr) || (need_v && span.state.v == nullptr)) {
+    return invalid_argument("optimizer state pointer is null (m needed: " + std::to_string(need_m) +
+                            ", v needed: " + std::to_string(need_v) + ")");
+  }
+  if (span.state.type != StateType::kF32 && kind != OptKind::kAdam) {
+    return invalid_argument(std::string(state_type_name(span.state.type)) +
+                            " optimizer states are implemented for Adam/AdamW only");
+  }
+  if (span.state.type == StateType::kQ8 && (span.state.m_scale == nullptr || span.state.v_scale == nullptr)) {
+    return invalid_argument("q8 optimizer states need m_scale and v_scale arrays (ceil(n / 256) floats each)");
+  }
+  return ok_status();
+}
+
+}  // namespace
+
+std::string_view dtype_name(DType t) {
+  switch (t) {
+    case DType::kF32: return "fp32";
+    case DType::kF16: return "fp16";
+    case DType::kBF16: return "bf16";
+  }
+  return "?";
+}
+
+std::string_view state_type_name(StateType t) {
+  switch (t) {
+    case StateType::kF32: return "fp32";
+    case StateType::kBF16: return "bf16";
+    case StateType::kQ8: return "q8";
+  }
+  return "?";
+}
+
+std::string_view isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::kAuto: return "auto";
+    case Isa::kScalar: return "scalar";
+    case Isa::kSse2: return "sse2";
+    case Isa::kAvx2: return "avx2";
+    case Isa::kAvx512: return "avx512";
+  }
+  return "?";
+}
+
+std::vector<Isa> available_isas() {
+  std::vector<Isa> out;
+  xsimd::detail::supported_arch have = xsimd::available_architectures();
+  if (have.avx512bw && cpu_has("avx512")) out.push_back(Isa::kAvx512);
+  if (have.fma3_avx2 && cpu_has("avx2")) out.push_back(Isa::kAvx2);
+  if (have.sse2) out.push_back(Isa::kSse2);
+  out.push_back(Isa::kScalar);
+  return out;
+}
+
+std::string_view optimizer_name(const OptimizerConfig& config) {
+  if (const auto* a = std::get_if<AdamConfig>(&config)) return a->decoupled_weight_decay ? "adamw" : "adam";
+  if (std::holds_alternative<AdagradConfig>(config)) return "adagrad";
+  if (std::holds_alternative<LionConfig>(config)) return "lion";
+  return "sgd";
+}
+
+int state_count(const OptimizerConfig& config) {
+  if (std::holds_alternative<AdamConfig>(config)) return 2;
+  if (const auto* s = std::get_if<SgdConfig>(&config)) return s->momentum != 0.0f ? 1 : 0;
+  return 1;
+}
+
+uint64_t state_array_bytes(StateType type, int64_t n) {
+  uint64_t count = static_cast<uint64_t>(n);
+  switch (type) {
+    case StateType::kF32: return 4 * count;
+    case StateType::kBF16: return 2 * count;
+    case StateType::kQ8: return count + 4 * div_ceil(count, kQ8BlockElems);
+  }
+  return 0;
+}
+
+Status convert(const void* src, DType src_type, void* dst, DType dst_type, int64_t n, Isa isa) {
+  if (n < 0 || (n > 0 && (src == nullptr || dst == nullptr))) return invalid_argument("convert: null pointer or n < 0");
+  STRATA_ASSIGN_OR_RETURN(Isa chosen, resolve_isa(isa));
+  switch (chosen) {
+    case Isa::kAvx512: detail::ConvertKernel{}(xsimd::avx512bw{}, src, src_type, dst, dst_type, n); break;
+    case Isa::kAvx2: detail::ConvertKernel{}(xsimd::fma3<xsimd::avx2>{}, src, src_type, dst, dst_type, n); break;
+    case Isa::kSse2: detail::ConvertKernel{}(xsimd::sse2{}, src, src_type, dst, dst_type, n); break;
+    default:
+      for (int64_t i = 0; i < n; ++i) {
+        float x = src_type == DType::kF32    ? static_cast<const float*>(src)[i]
+                  : src_type == DType::kBF16 ? bf16_to_f32(static_cast<const uint16_t*>(src)[i])
+                                             : f16_to_f32(static_cast<const uint16_t*>(src)[i]);
+        if (dst_type == DType::kF32) {
+          static_cast<float*>(dst)[i] = x;
+        } else {
+          static_cast<uint16_t*>(dst)[i] = dst_type == DType::kBF16 ? f32_to_bf16(x) : f32_to_f16(x);
+        }
+      }
+  }
+  return ok_status();
+}
+
+Result<GradStats> grad_stats(const void* grad, DType dtype, int64_t n, float grad_scale, Executor& executor,
+                             Isa isa) {
+  if (n < 0 || (n > 0 && grad == nullptr)) return invalid_argument("grad_stats: null gradient or negative length");
+  STRATA_ASSIGN_OR_RETURN(Isa chosen, resolve_isa(isa));
+  std::vector<double> partials(static_cast<size_t>(div_ceil(static_cast<uint64_t>(n), detail::kStatsPartialElems)));
+  std::atomic<int64_t> bad{0};
+  const uint64_t elem = dtype_bytes(dtype);
+  executor.parallel_for(n, 64 * detail::kStatsPartialElems, [&](int64_t begin, int64_t end) {
+    int64_t tile_bad = 0;
+    run_stats(chosen, static_cast<const std::byte*>(grad) + begin * elem, dtype, end - begin, grad_scale,
+              partials.data() + begin / detail::kStatsPartialElems, &tile_bad);
+    bad.fetch_add(tile_bad, std::memory_order_relaxed);
+  });
+  GradStats stats;
+  for (double p : partials) stats.sum_squares += p;  // in order: deterministic
+  stats.nonfinite = bad.load();
+  return stats;
+}
+
+Result<StepReport> step(const OptimizerConfig& config, int64_t t, const ParamSpan& span, const StepOptions& options,
+                        Executor& executor) {
+  if (t < 1) return invalid_argument("optimizer step count must be >= 1, got " + std::to_string(t));
+  if (!std::isfinite(options.grad_scale)) return invalid_argument("grad_scale must be finite");
+  if (options.tile_elems <= 0) return invalid_argument("tile_elems must be > 0");
+  STRATA_ASSIGN_OR_RETURN(auto kc, coefficients(config, t));
+  auto [kind, coeffs] = kc;
+  STRATA_RETURN_IF_ERROR(validate_span(span, kind, coeffs));
+  STRATA_ASSIGN_OR_RETURN(Isa isa, resolve_isa(options.isa));
+  StepReport report;
+  if (span.n == 0) return report;
+  if (options.nonfinite == NonFinitePolicy::kSkipStep) {
+    STRATA_ASSIGN_OR_RETURN(GradStats stats, grad_stats(span.grad, span.grad_dtype, span.n, 1.0f, executor, isa));
+    if (stats.nonfinite > 0) {
+      report.nonfinite = stats.nonfinite;
+      report.skipped = true;
+      return report;
+    }
+  }
+  int64_t tile = static_cast<int64_t>(round_up(static_cast<uint64_t>(options.tile_elems), kTileQuantum));
+  const uint64_t gbytes = dtype_bytes(span.grad_dtype), obytes = dtype_bytes(span.out_dtype);
+  const uint64_t sbytes = span.state.type == StateType::kF32 ? 4 : (span.state.type == StateType::kBF16 ? 2 : 1);
+  std::atomic<int64_t> bad{0};
+  executor.parallel_for(span.n, tile, [&](int64_t begin, int64_t end) {
+    TileCall call;
+    call.kind = kind;
+    call.c = coeffs;
+    call.grad_scale = options.grad_scale;
+    call.params = span.params + begin;
+    call.grad = static_cast<const std::byte*>(span.grad) + begin * gbytes;
+    call.grad_dtype = span.grad_dtype;
+    call.out = span.weights_out ? static_cast<std::byte*>(span.weights_out) + begin * obytes : nullptr;
+    call.out_dtype = span.out_dtype;
+    call.state_type = span.state.type;
+    call.m = span.state.m ? static_cast<std::byte*>(span.state.m) + begin * sbytes : nullptr;
+    call.v = span.state.v ? static_cast<std::byte*>(span.state.v) + begin * sbytes : nullptr;
+    call.m_scale = span.state.m_scale ? span.state.m_scale + begin / kQ8BlockElems : nullptr;
+    call.v_scale = span.state.v_scale ? span.state.v_scale + begin / kQ8BlockElems : nullptr;
+    call.n = end - begin;
+    int64_t k = run_tile(isa, call);
+    if (k != 0) bad.fetch_add(k, std::memory_order_relaxed);
+  });
+  report.nonfinite = bad.load();
+  return report;
+}
+
+}  // namespace strata::cpu_optim

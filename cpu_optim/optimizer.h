@@ -1,0 +1,144 @@
+// cpu_optim: optimizers on flat spans of parameters, at memory bandwidth.
+//
+// One call updates one span (normally one chunk): fp32 master weights in
+// place, optimizer states in place, and — optionally, fused in the same pass —
+// writes the updated weights as bf16/fp16 into a second buffer (what goes
+// back to the GPU). Gradients may be fp32, fp16 or bf16; they are multiplied by
+// `grad_scale` (1/loss_scale times the clip factor) in the same pass.
+//
+// Formulas follow PyTorch's documentation for torch.optim.{Adam, AdamW,
+// Adagrad, SGD} (version 1.13) and the Lion paper (Chen et al. 2023,
+// "Symbolic Discovery of Optimization Algorithms", Algorithm 2); see
+// optim_ref.cpp, the plain scalar reference each vector kernel is tested
+// against. The step count t is supplied by the caller (1 on the first step).
+//
+// Execution: the span is cut into tiles run by oneTBB in the Executor's arena;
+// each tile is processed in L1-sized sub-tiles by the vector kernel of the
+// best instruction set the CPU supports among those compiled in (runtime
+// dispatch through xsimd::dispatch), or the one forced in StepOptions.
+// Results are bit-identical for every thread count and tile size.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "common/status.h"
+#include "cpu_optim/dtype.h"
+
+namespace strata::cpu_optim {
+
+class Executor;
+
+struct AdamConfig {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+  bool decoupled_weight_decay = true;  // true: AdamW; false: Adam's L2 (wd * p added to g)
+};
+
+struct AdagradConfig {
+  float lr = 1e-2f;
+  float lr_decay = 0.0f;
+  float weight_decay = 0.0f;
+  float eps = 1e-10f;
+};
+
+struct LionConfig {
+  float lr = 1e-4f;
+  float beta1 = 0.9f;
+  float beta2 = 0.99f;
+  float weight_decay = 0.0f;
+};
+
+struct SgdConfig {
+  float lr = 1e-2f;
+  float momentum = 0.0f;
+  float dampening = 0.0f;
+  float weight_decay = 0.0f;
+  bool nesterov = false;
+};
+
+using OptimizerConfig = std::variant<AdamConfig, AdagradConfig, LionConfig, SgdConfig>;
+
+std::string_view optimizer_name(const OptimizerConfig& config);
+// How many state arrays the optimizer keeps per parameter (Adam 2, Adagrad 1,
+// Lion 1, SGD 1 with momentum, else 0).
+int state_count(const OptimizerConfig& config);
+
+// States of one span. `m` is Adam's first moment, Lion's and SGD's momentum;
+// `v` is Adam's second moment, Adagrad's sum of squares. For kQ8, m_scale and
+// v_scale hold one float per kQ8BlockElems elements (ceil(n / 256)); m is
+// int8 and v uint8. Low-precision states (kBF16, kQ8) are for Adam/AdamW.
+struct StateSpans {
+  StateType type = StateType::kF32;
+  void* m = nullptr;
+  void* v = nullptr;
+  float* m_scale = nullptr;
+  float* v_scale = nullptr;
+};
+
+struct ParamSpan {
+  float* params = nullptr;         // fp32 master weights, n elements, updated in place
+  int64_t n = 0;
+  const void* grad = nullptr;      // n elements of grad_dtype
+  DType grad_dtype = DType::kF32;
+  void* weights_out = nullptr;     // optional: n elements of out_dtype, written from the new params
+  DType out_dtype = DType::kBF16;  // kBF16 or kF16
+  StateSpans state;
+};
+
+enum class Isa : uint8_t { kAuto, kScalar, kSse2, kAvx2, kAvx512 };
+std::string_view isa_name(Isa isa);
+// Instruction sets compiled in AND supported by this CPU, best first (kScalar last).
+std::vector<Isa> available_isas();
+
+enum class NonFinitePolicy : uint8_t {
+  // Scan the gradient first; if any element is inf/nan, update nothing and
+  // report it. Costs one extra read of the gradient.
+  kSkipStep,
+  // One pass: count non-finite gradient elements while updating. Parameters
+  // whose gradient was inf/nan get non-finite values; the caller rolls the
+  // span back (the engine's speculative update does exactly that).
+  kReportOnly,
+};
+
+struct StepOptions {
+  float grad_scale = 1.0f;  // multiplies every gradient: (1 / loss_scale) * clip factor
+  NonFinitePolicy nonfinite = NonFinitePolicy::kSkipStep;
+  Isa isa = Isa::kAuto;
+  int64_t tile_elems = 1 << 16;  // rounded up to a multiple of 4096
+};
+
+struct StepReport {
+  int64_t nonfinite = 0;  // gradient elements that were inf or nan
+  bool skipped = false;   // true when kSkipStep found any: nothing was written
+};
+
+// Updates `span` with optimizer step `t` (t >= 1). InvalidArgument for a
+// bad config, null pointers, t < 1, or a state type the optimizer lacks.
+Result<StepReport> step(const OptimizerConfig& config, int64_t t, const ParamSpan& span, const StepOptions& options,
+                        Executor& executor);
+
+struct GradStats {
+  double sum_squares = 0;  // of the scaled finite elements, accumulated in fp64
+  int64_t nonfinite = 0;
+};
+
+// Sum of squares of grad_scale * g (for the global gradient norm) and the
+// count of inf/nan elements, in one read. Deterministic: the same bits for
+// any thread count or tile size (fixed 4096-element partials, summed in order).
+Result<GradStats> grad_stats(const void* grad, DType dtype, int64_t n, float grad_scale, Executor& executor,
+                             Isa isa = Isa::kAuto);
+
+// Converts n elements between fp32 / bf16 / fp16 with the vector kernels of
+// `isa` (bit-identical to dtype.h's scalar conversions).
+Status convert(const void* src, DType src_type, void* dst, DType dst_type, int64_t n, Isa isa = Isa::kAuto);
+
+// Bytes of state storage one array of `n` elements needs, scales included.
+uint64_t state_array_bytes(StateType type, int64_t n);
+
+}  // namespace strata::cpu_optim

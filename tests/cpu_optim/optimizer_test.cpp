@@ -1,0 +1,466 @@
+// Each optimizer x gradient dtype x output dtype x state type, on every
+// compiled instruction set, against the scalar reference over several steps,
+// per element; awkward sizes and misaligned starts; bitwise equality across
+// thread counts and tile sizes; inf/nan handling; argument checks.
+#include "cpu_optim/optimizer.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "cpu_optim/executor.h"
+#include "tests/cpu_optim/tolerance.h"
+#include "tests/test_util.h"
+
+namespace strata::cpu_optim {
+namespace {
+
+using testing::Tolerance;
+
+std::unique_ptr<Executor> make_executor(int threads) {
+  Result<std::unique_ptr<Executor>> ex = Executor::create({threads, -1});
+  EXPECT_TRUE(ex) << ex.error().to_string();
+  return std::move(ex).value();
+}
+
+uint64_t state_elem_bytes(StateType t) { return t == StateType::kF32 ? 4 : (t == StateType::kBF16 ? 2 : 1); }
+
+// Every buffer of one span, starting `skew` elements into its allocation so
+// the kernels see misaligned addresses.
+struct Problem {
+  int64_t n = 0;
+  DType grad_dtype = DType::kF32;
+  bool has_out = false;
+  DType out_dtype = DType::kBF16;
+  StateType state = StateType::kF32;
+  int64_t skew = 1;
+  std::vector<float> params;
+  std::vector<std::byte> grad, out, m, v;
+  std::vector<float> m_scale, v_scale;
+
+  Problem(int64_t count, DType g, bool out_on, DType o, StateType s, uint64_t seed)
+      : n(count), grad_dtype(g), has_out(out_on), out_dtype(o), state(s) {
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    params.resize(static_cast<size_t>(n + skew));
+    for (float& p : params) p = normal(rng);
+    grad.resize(static_cast<size_t>((n + skew) * 4));
+    out.resize(static_cast<size_t>((n + skew) * 2));
+    uint64_t sb = state_elem_bytes(s);
+    m.assign(static_cast<size_t>((n + skew) * sb), std::byte{0});
+    v.assign(static_cast<size_t>((n + skew) * sb), std::byte{0});
+    size_t blocks = static_cast<size_t>((n + kQ8BlockElems - 1) / kQ8BlockElems) + 1;
+    m_scale.assign(blocks, 0.0f);
+    v_scale.assign(blocks, 0.0f);
+  }
+
+  // Fresh gradients for one step (same seed -> same gradients).
+  void fill_grad(uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> normal(0.0f, 0.05f);
+    for (int64_t i = 0; i < n; ++i) {
+      float g = normal(rng) * (i % 97 == 0 ? 20.0f : 1.0f);
+      std::byte* at = grad.data() + (skew + i) * dtype_bytes(grad_dtype);
+      if (grad_dtype == DType::kF32) {
+        std::memcpy(at, &g, 4);
+      } else {
+        uint16_t h = grad_dtype == DType::kBF16 ? f32_to_bf16(g) : f32_to_f16(g);
+        std::memcpy(at, &h, 2);
+      }
+    }
+  }
+
+  ParamSpan span() {
+    ParamSpan s;
+    s.params = params.data() + skew;
+    s.n = n;
+    s.grad = grad.data() + skew * dtype_bytes(grad_dtype);
+    s.grad_dtype = grad_dtype;
+    s.weights_out = has_out ? out.data() + skew * 2 : nullptr;
+    s.out_dtype = out_dtype;
+    uint64_t sb = state_elem_bytes(state);
+    s.state.type = state;
+    s.state.m = m.data() + skew * sb;
+    s.state.v = v.data() + skew * sb;
+    // q8 scales stay aligned with the span's blocks; the skew applies to data only.
+    s.state.m_scale = m_scale.data();
+    s.state.v_scale = v_scale.data();
+    return s;
+  }
+};
+
+float decode(const std::byte* base, DType t, int64_t i) {
+  if (t == DType::kF32) {
+    float f;
+    std::memcpy(&f, base + i * 4, 4);
+    return f;
+  }
+  uint16_t h;
+  std::memcpy(&h, base + i * 2, 2);
+  return t == DType::kBF16 ? bf16_to_f32(h) : f16_to_f32(h);
+}
+
+// Compares a stream element by element; returns "" or the first mismatches.
+template <class Get>
+std::string compare(const char* what, int64_t n, Tolerance tol, Get get) {
+  std::string out;
+  int bad = 0;
+  double ref_norm = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    auto [x, ref] = get(i);
+    ref_norm += static_cast<double>(ref) * ref;
+    bool both_nan = std::isnan(x) && std::isnan(ref);
+    if (both_nan || std::fabs(static_cast<double>(x) - ref) <= tol.atol + tol.rtol * std::fabs(ref)) continue;
+    if (bad++ < 3) {
+      char buf[160];
+      std::snprintf(buf, sizeof(buf), "%s[%lld] = %.9g, reference %.9g; ", what, static_cast<long long>(i),
+                    static_cast<double>(x), static_cast<double>(ref));
+      out += buf;
+    }
+  }
+  if (bad > 3) out += std::to_string(bad) + " mismatches in " + std::to_string(n);
+  return out;
+}
+
+void expect_close(Problem& got, Problem& ref, const OptimizerConfig& config) {
+  int64_t n = got.n;
+  Tolerance ptol = got.state == StateType::kF32    ? testing::kF32Params
+                   : got.state == StateType::kBF16 ? testing::kLowPrecisionStateParams
+                                                   : testing::kQ8Params;
+  EXPECT_EQ(compare("param", n, ptol, [&](int64_t i) { return std::pair(got.params[got.skew + i], ref.params[ref.skew + i]); }), "");
+  if (got.has_out) {
+    Tolerance otol = testing::for_dtype(got.out_dtype);
+    otol.atol = std::max(otol.atol, ptol.atol);
+    otol.rtol = std::max(otol.rtol, ptol.rtol);
+    EXPECT_EQ(compare("out", n, otol, [&](int64_t i) {
+                return std::pair(decode(got.out.data() + got.skew * 2, got.out_dtype, i),
+                                 decode(ref.out.data() + ref.skew * 2, ref.out_dtype, i));
+              }), "");
+  }
+  if (got.state == StateType::kQ8) {
+    // Quantised codes may differ by one step where a rounding tie flipped.
+    for (int k = 0; k < 2; ++k) {
+      const auto* a = reinterpret_cast<const int8_t*>((k == 0 ? got.m : got.v).data() + got.skew);
+      const auto* b = reinterpret_cast<const int8_t*>((k == 0 ? ref.m : ref.v).data() + ref.skew);
+      int worst = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        int da = k == 0 ? a[i] : static_cast<uint8_t>(a[i]);
+        int db = k == 0 ? b[i] : static_cast<uint8_t>(b[i]);
+        worst = std::max(worst, std::abs(da - db));
+      }
+      EXPECT_LE(worst, 1) << (k == 0 ? "m" : "v") << " codes";
+    }
+    return;
+  }
+  DType sdt = got.state == StateType::kF32 ? DType::kF32 : DType::kBF16;
+  // bf16 states: within kBF16StateUlps ulps. Where m nearly cancels
+  // (beta1 * m against (1 - beta1) * g) the error is an ulp of the terms, not of
+  // the small result, so the absolute part scales with the largest state.
+  auto state_tol = [&](const std::vector<std::byte>& ref_state) {
+    if (got.state == StateType::kF32) return testing::kF32State;
+    double top = 0;
+    for (int64_t i = 0; i < n; ++i) top = std::max(top, std::fabs(static_cast<double>(decode(ref_state.data() + ref.skew * 2, sdt, i))));
+    double ulps = testing::kBF16StateUlps / 128.0;
+    return Tolerance{ulps * top, ulps};
+  };
+  int states = state_count(config);
+  if (states >= 1 && !std::holds_alternative<AdagradConfig>(config)) {
+    uint64_t sb = state_elem_bytes(got.state);
+    EXPECT_EQ(compare("m", n, state_tol(ref.m), [&](int64_t i) {
+                return std::pair(decode(got.m.data() + got.skew * sb, sdt, i), decode(ref.m.data() + ref.skew * sb, sdt, i));
+              }), "");
+  }
+  if (std::holds_alternative<AdamConfig>(config) || std::holds_alternative<AdagradConfig>(config)) {
+    uint64_t sb = state_elem_bytes(got.state);
+    EXPECT_EQ(compare("v", n, state_tol(ref.v), [&](int64_t i) {
+                return std::pair(decode(got.v.data() + got.skew * sb, sdt, i), decode(ref.v.data() + ref.skew * sb, sdt, i));
+              }), "");
+  }
+}
+
+std::vector<std::pair<std::string, OptimizerConfig>> configs() {
+  AdamConfig adam;
+  adam.decoupled_weight_decay = false;
+  adam.weight_decay = 0.01f;
+  AdamConfig adamw;
+  adamw.weight_decay = 0.1f;
+  AdagradConfig adagrad;
+  adagrad.lr_decay = 0.01f;
+  adagrad.weight_decay = 0.01f;
+  LionConfig lion;
+  lion.weight_decay = 0.1f;
+  SgdConfig sgd;
+  SgdConfig momentum;
+  momentum.momentum = 0.9f;
+  momentum.dampening = 0.1f;
+  momentum.weight_decay = 0.01f;
+  SgdConfig nesterov;
+  nesterov.momentum = 0.9f;
+  nesterov.nesterov = true;
+  return {{"adam_l2", adam},      {"adamw", adamw},       {"adagrad", adagrad},   {"lion", lion},
+          {"sgd", sgd},           {"sgd_momentum", momentum}, {"sgd_nesterov", nesterov}};
+}
+
+constexpr int kSteps = 4;
+
+void run_steps(const OptimizerConfig& config, Problem& p, Isa isa, Executor& ex, uint64_t seed, float grad_scale) {
+  for (int t = 1; t <= kSteps; ++t) {
+    p.fill_grad(seed * 100 + t);
+    StepOptions options;
+    options.isa = isa;
+    options.grad_scale = grad_scale;
+    Result<StepReport> r = step(config, t, p.span(), options, ex);
+    ASSERT_TRUE(r) << r.error().to_string();
+    ASSERT_EQ(r->nonfinite, 0);
+  }
+}
+
+const std::vector<int64_t> kSizes = {0, 1, 7, 15, 16, 17, 33, 255, 257, 1023, 1025, 4099, 70001};
+
+TEST(Optimizer, EveryIsaMatchesReferenceForEveryOptimizerAndDtype) {
+  uint64_t seed = strata::testing::test_seed(51);
+  auto ex = make_executor(2);
+  std::vector<Isa> isas = available_isas();
+  std::printf("instruction sets: ");
+  for (Isa i : isas) std::printf("%s ", std::string(isa_name(i)).c_str());
+  std::printf("\n");
+  for (const auto& [name, config] : configs()) {
+    for (DType g : {DType::kF32, DType::kF16, DType::kBF16}) {
+      for (int out = 0; out < 3; ++out) {
+        for (int64_t n : kSizes) {
+          DType odt = out == 2 ? DType::kF16 : DType::kBF16;
+          Problem ref(n, g, out != 0, odt, StateType::kF32, seed + n);
+          std::vector<float> initial = ref.params;
+          run_steps(config, ref, Isa::kScalar, *ex, seed, 0.5f);
+          if (n > 0) {
+            ASSERT_NE(ref.params, initial) << name << ": the reference did not move";  // non-trivial
+          }
+          for (Isa isa : isas) {
+            if (isa == Isa::kScalar) continue;
+            SCOPED_TRACE(name + " grad " + std::string(dtype_name(g)) + " out " +
+                         (out == 0 ? "none" : std::string(dtype_name(odt))) + " n " + std::to_string(n) + " isa " +
+                         std::string(isa_name(isa)));
+            Problem got(n, g, out != 0, odt, StateType::kF32, seed + n);
+            run_steps(config, got, isa, *ex, seed, 0.5f);
+            expect_close(got, ref, config);
+            if (::testing::Test::HasFailure()) return;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Optimizer, LowPrecisionStatesMatchReference) {
+  uint64_t seed = strata::testing::test_seed(52);
+  auto ex = make_executor(2);
+  for (StateType st : {StateType::kBF16, StateType::kQ8}) {
+    for (bool decoupled : {true, false}) {
+      AdamConfig adam;
+      adam.decoupled_weight_decay = decoupled;
+      adam.weight_decay = 0.05f;
+      for (DType g : {DType::kF32, DType::kBF16, DType::kF16}) {
+        for (int64_t n : kSizes) {
+          Problem ref(n, g, true, DType::kBF16, st, seed + n);
+          run_steps(adam, ref, Isa::kScalar, *ex, seed, 1.0f);
+          for (Isa isa : available_isas()) {
+            if (isa == Isa::kScalar) continue;
+            SCOPED_TRACE(std::string(state_type_name(st)) + " states, grad " + std::string(dtype_name(g)) + " n " +
+                         std::to_string(n) + " isa " + std::string(isa_name(isa)));
+            Problem got(n, g, true, DType::kBF16, st, seed + n);
+            run_steps(adam, got, isa, *ex, seed, 1.0f);
+            expect_close(got, ref, adam);
+            if (::testing::Test::HasFailure()) return;
+          }
+        }
+      }
+    }
+  }
+}
+
+// How much low-precision states cost in accuracy, on a noisy quadratic:
+// minimise sum_i a_i (p_i - c_i)^2 / 2 with AdamW for 300 steps, and compare
+// the final loss and the parameters with the fp32-state run. The numbers are
+// printed (docs/CPU_OPTIM.md quotes them) and bounded.
+TEST(Optimizer, LowPrecisionStateAccuracyAgainstFp32States) {
+  uint64_t seed = strata::testing::test_seed(55);
+  const int64_t n = 1 << 16;
+  auto ex = make_executor(2);
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> uni(0.1f, 10.0f);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> a(n), c(n), init(n);
+  for (int64_t i = 0; i < n; ++i) a[i] = uni(rng), c[i] = normal(rng), init[i] = normal(rng);
+  auto run = [&](StateType st, double* loss) {
+    Problem p(n, DType::kF32, true, DType::kBF16, st, 0);
+    std::copy(init.begin(), init.end(), p.params.begin() + p.skew);
+    std::mt19937_64 noise(seed + 1);
+    std::vector<float> g(n);
+    AdamConfig adamw;
+    adamw.lr = 1e-2f;
+    adamw.weight_decay = 0.01f;
+    for (int t = 1; t <= 300; ++t) {
+      for (int64_t i = 0; i < n; ++i) g[i] = a[i] * (p.params[p.skew + i] - c[i]) + 0.1f * normal(noise);
+      std::memcpy(p.grad.data() + p.skew * 4, g.data(), n * 4);
+      EXPECT_TRUE(step(adamw, t, p.span(), StepOptions{}, *ex));
+    }
+    double l = 0;
+    for (int64_t i = 0; i < n; ++i) l += 0.5 * a[i] * std::pow(p.params[p.skew + i] - c[i], 2);
+    *loss = l / n;
+    return std::vector<float>(p.params.begin() + p.skew, p.params.end());
+  };
+  double loss0 = 0, loss_init = 0;
+  for (int64_t i = 0; i < n; ++i) loss_init += 0.5 * a[i] * std::pow(init[i] - c[i], 2) / n;
+  std::vector<float> ref = run(StateType::kF32, &loss0);
+  std::printf("fp32 states: mean loss %.5f -> %.5f\n", loss_init, loss0);
+  ASSERT_LT(loss0, 0.05 * loss_init);
+  for (StateType st : {StateType::kBF16, StateType::kQ8}) {
+    double loss = 0;
+    std::vector<float> got = run(st, &loss);
+    double dev = 0, moved = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      dev += std::pow(got[i] - ref[i], 2);
+      moved += std::pow(ref[i] - init[i], 2);
+    }
+    double rel = std::sqrt(dev / moved);
+    std::printf("%s states: mean loss %.5f (fp32 states %.5f), params rms deviation %.2e of the distance travelled\n",
+                std::string(state_type_name(st)).c_str(), loss, loss0, rel);
+    EXPECT_LT(loss, 1.5 * loss0 + 1e-4) << state_type_name(st);
+    EXPECT_LT(rel, st == StateType::kBF16 ? 0.02 : 0.05) << state_type_name(st);
+  }
+}
+
+TEST(Optimizer, BitIdenticalAcrossThreadCountsAndTileSizes) {
+  uint64_t seed = strata::testing::test_seed(53);
+  const int64_t n = (1 << 18) + 5;
+  AdamConfig adamw;
+  adamw.weight_decay = 0.1f;
+  for (StateType st : {StateType::kF32, StateType::kQ8}) {
+    Problem base(n, DType::kBF16, true, DType::kBF16, st, seed);
+    auto ex1 = make_executor(1);
+    StepOptions o;
+    o.tile_elems = 4096;
+    base.fill_grad(seed);
+    ASSERT_TRUE(step(adamw, 1, base.span(), o, *ex1));
+    for (int threads : {1, 2}) {
+      for (int64_t tile : {int64_t{4096}, int64_t{65536}, int64_t{1} << 20, int64_t{5000}}) {
+        SCOPED_TRACE("threads " + std::to_string(threads) + " tile " + std::to_string(tile));
+        Problem p(n, DType::kBF16, true, DType::kBF16, st, seed);
+        p.fill_grad(seed);
+        auto ex = make_executor(threads);
+        StepOptions po;
+        po.tile_elems = tile;
+        ASSERT_TRUE(step(adamw, 1, p.span(), po, *ex));
+        EXPECT_EQ(std::memcmp(p.params.data(), base.params.data(), p.params.size() * 4), 0);
+        EXPECT_EQ(p.m, base.m);
+        EXPECT_EQ(p.v, base.v);
+        EXPECT_EQ(p.out, base.out);
+        EXPECT_EQ(p.m_scale, base.m_scale);
+      }
+    }
+  }
+}
+
+TEST(Optimizer, NonFiniteGradientsAreReportedAndSkipUpdatesNothing) {
+  auto ex = make_executor(2);
+  AdamConfig adam;
+  for (DType g : {DType::kF32, DType::kBF16, DType::kF16}) {
+    Problem p(5000, g, true, DType::kBF16, StateType::kF32, 7);
+    p.fill_grad(7);
+    auto poison = [&](int64_t i, float value) {
+      std::byte* at = p.grad.data() + (p.skew + i) * dtype_bytes(g);
+      if (g == DType::kF32) {
+        std::memcpy(at, &value, 4);
+      } else {
+        uint16_t h = g == DType::kBF16 ? f32_to_bf16(value) : f32_to_f16(value);
+        std::memcpy(at, &h, 2);
+      }
+    };
+    poison(777, std::numeric_limits<float>::quiet_NaN());
+    poison(4999, -std::numeric_limits<float>::infinity());
+    std::vector<float> before = p.params;
+    std::vector<std::byte> m_before = p.m, out_before = p.out;
+    Result<StepReport> r = step(adam, 1, p.span(), StepOptions{}, *ex);
+    ASSERT_TRUE(r);
+    EXPECT_TRUE(r->skipped);
+    EXPECT_EQ(r->nonfinite, 2);
+    EXPECT_EQ(p.params, before);
+    EXPECT_EQ(p.m, m_before);
+    EXPECT_EQ(p.out, out_before);
+    StepOptions report_only;
+    report_only.nonfinite = NonFinitePolicy::kReportOnly;
+    r = step(adam, 1, p.span(), report_only, *ex);
+    ASSERT_TRUE(r);
+    EXPECT_FALSE(r->skipped);
+    EXPECT_EQ(r->nonfinite, 2);
+    EXPECT_NE(p.params[p.skew], before[p.skew]);
+    EXPECT_TRUE(std::isnan(p.params[p.skew + 777]));
+  }
+}
+
+TEST(GradStats, MatchesFp64AndIsDeterministic) {
+  uint64_t seed = strata::testing::test_seed(54);
+  const int64_t n = 300007;
+  Problem p(n, DType::kBF16, false, DType::kBF16, StateType::kF32, seed);
+  p.fill_grad(seed);
+  double want = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    double x = static_cast<double>(decode(p.grad.data() + p.skew * 2, DType::kBF16, i)) * 0.25;
+    want += x * x;
+  }
+  ASSERT_GT(want, 0.0);
+  auto ex1 = make_executor(1), ex2 = make_executor(2);
+  for (Isa isa : available_isas()) {
+    Result<GradStats> a = grad_stats(p.span().grad, DType::kBF16, n, 0.25f, *ex1, isa);
+    Result<GradStats> b = grad_stats(p.span().grad, DType::kBF16, n, 0.25f, *ex2, isa);
+    ASSERT_TRUE(a && b);
+    EXPECT_NEAR(a->sum_squares, want, want * 1e-5) << isa_name(isa);
+    EXPECT_EQ(a->sum_squares, b->sum_squares) << isa_name(isa);  // bitwise, any thread count
+    EXPECT_EQ(a->nonfinite, 0);
+  }
+}
+
+TEST(Optimizer, BadArgumentsAreInvalidArgument) {
+  auto ex = make_executor(1);
+  Problem p(100, DType::kF32, false, DType::kBF16, StateType::kF32, 1);
+  AdamConfig adam;
+  EXPECT_EQ(step(adam, 0, p.span(), {}, *ex).error().code(), StatusCode::kInvalidArgument);
+  AdamConfig bad_beta;
+  bad_beta.beta1 = 1.0f;
+  EXPECT_EQ(step(bad_beta, 1, p.span(), {}, *ex).error().code(), StatusCode::kInvalidArgument);
+  AdamConfig nan_lr;
+  nan_lr.lr = std::nanf("");
+  EXPECT_EQ(step(nan_lr, 1, p.span(), {}, *ex).error().code(), StatusCode::kInvalidArgument);
+  ParamSpan no_grad = p.span();
+  no_grad.grad = nullptr;
+  EXPECT_EQ(step(adam, 1, no_grad, {}, *ex).error().code(), StatusCode::kInvalidArgument);
+  ParamSpan f32_out = p.span();
+  f32_out.weights_out = p.out.data();
+  f32_out.out_dtype = DType::kF32;
+  EXPECT_EQ(step(adam, 1, f32_out, {}, *ex).error().code(), StatusCode::kInvalidArgument);
+  Problem q(100, DType::kF32, false, DType::kBF16, StateType::kQ8, 1);
+  Result<StepReport> lion_q8 = step(LionConfig{}, 1, q.span(), {}, *ex);
+  ASSERT_FALSE(lion_q8);
+  EXPECT_NE(lion_q8.error().message().find("Adam"), std::string::npos);
+  SgdConfig nesterov;
+  nesterov.nesterov = true;
+  EXPECT_EQ(step(nesterov, 1, p.span(), {}, *ex).error().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Executor::create({-1, -1}).error().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Executor::create({1, 4096}).error().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(Executor, BindsToNumaNodeZeroAndFirstTouches) {
+  Result<std::unique_ptr<Executor>> ex = Executor::create({0, 0});
+  ASSERT_TRUE(ex) << ex.error().to_string();
+  EXPECT_GE((*ex)->threads(), 1);
+  std::vector<float> buf(1 << 20, 1.0f);
+  ASSERT_TRUE((*ex)->first_touch(buf.data(), buf.size() * 4).ok());
+  EXPECT_EQ(buf[12345], 1.0f);  // touching never changes data
+}
+
+}  // namespace
+}  // namespace strata::cpu_optim

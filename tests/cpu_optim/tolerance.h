@@ -1,0 +1,45 @@
+// Per-dtype tolerances for comparing cpu_optim's vector kernels with the
+// scalar reference: |x - ref| <= atol + rtol * |ref| per element. The vector
+// code fuses multiply-adds and orders operations differently, so fp32 values
+// differ by a few ulps per step; a low-precision output or state can then
+// round to the neighbouring value (one ulp of that format).
+#pragma once
+
+#include "cpu_optim/dtype.h"
+
+namespace strata::cpu_optim::testing {
+
+struct Tolerance {
+  double atol;
+  double rtol;
+};
+
+inline constexpr Tolerance kF32Params{1e-6, 2e-5};       // fp32 master weights after a few steps
+inline constexpr Tolerance kBF16Value{1e-6, 1.0 / 128};  // one bf16 ulp (8 significant bits)
+inline constexpr Tolerance kF16Value{1e-6, 1.0 / 1024};  // one fp16 ulp (11 significant bits)
+// fp32 optimizer states: Adam's m nearly cancels for small gradients, so the
+// few-ulp differences of g (FMA vs separate multiply-add) show as absolute error.
+inline constexpr Tolerance kF32State{1e-8, 2e-5};
+// bf16 states are compared in units of their own ulp: a rounding that flips at
+// one step carries (decayed by beta) into the next, where it can flip again.
+inline constexpr int kBF16StateUlps = 2;
+// Parameters updated from low-precision (bf16, q8) states: a state that
+// rounded the other way (one bf16 ulp, or one q8 quantum of absmax/127) moves
+// the step by about 1%, so parameters differ by a small fraction of lr = 1e-3.
+inline constexpr Tolerance kLowPrecisionStateParams{2e-5, 2e-5};
+// q8: where a state is small against its block's absmax, one quantum is a
+// large relative change (up to 1 -> 0 or 0 -> 1 codes), and Adam's step
+// m / sqrt(v) is bounded by about 2, so that element's step can differ by up
+// to ~2 lr. Checked together with "codes differ by at most one".
+inline constexpr Tolerance kQ8Params{2 * 2e-3, 0};
+
+inline Tolerance for_dtype(DType t) {
+  switch (t) {
+    case DType::kF32: return kF32Params;
+    case DType::kBF16: return kBF16Value;
+    case DType::kF16: return kF16Value;
+  }
+  return kF32Params;
+}
+
+}  // namespace strata::cpu_optim::testing
