@@ -1,14 +1,17 @@
 // The vector kernels, written once against xsimd::batch<float, Arch> and
 // instantiated per instruction set in kernels_<isa>.cpp (each compiled with
-// that ISA's flags). xsimd::dispatch picks one at run time.
+// that ISA's flags); optimizer.cpp picks one at run time.
 //
-// Each tile is processed in sub-tiles of kSub elements: inputs are converted
-// into L1-resident fp32 scratch (zero-padded to whole vectors, so the tail of
-// a span runs the same vector code as the bulk), the update runs on whole
-// batches, and results are converted back out. Every byte of the span's
-// streams is read or written from memory exactly once.
+// One optimizer step per batch (BatchStep) serves two drivers: the fused
+// path, which loads, converts, updates and stores every stream in registers
+// in one pass (AVX-512 and AVX2), and the staged path, which converts a
+// sub-tile into zero-padded L1 scratch first — for the final partial vector
+// of a span (so tails run the same update code as the bulk) and for
+// architectures without lane moves. Every byte of the span's streams is read
+// or written from memory exactly once.
 #pragma once
 
+#include <immintrin.h>
 #include <xsimd/xsimd.hpp>
 
 #include <algorithm>
@@ -16,8 +19,10 @@
 #include <cstring>
 #include <type_traits>
 
+#include "common/check.h"
 #include "cpu_optim/kernel_call.h"
 #include "cpu_optim/q8.h"
+#include "cpu_optim/simd_lanes.h"
 
 namespace strata::cpu_optim::detail {
 
@@ -26,20 +31,18 @@ static_assert(kSub % kQ8BlockElems == 0);
 static_assert(kSub == kStatsPartialElems);
 
 template <class Arch>
-constexpr bool has_f16c() {
-  return std::is_base_of_v<xsimd::avx2, Arch> || std::is_base_of_v<xsimd::avx512f, Arch>;
-}
-
-template <class Arch>
 void to_f32(const void* src, DType type, int64_t n, float* __restrict dst) {
   if (type == DType::kF32) {
     std::memcpy(dst, src, static_cast<size_t>(n) * 4);
   } else if (type == DType::kBF16) {
     const auto* s = static_cast<const uint16_t*>(src);
     for (int64_t i = 0; i < n; ++i) dst[i] = std::bit_cast<float>(uint32_t{s[i]} << 16);
-  } else if constexpr (has_f16c<Arch>()) {
-    const auto* s = static_cast<const _Float16*>(src);
-    for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(s[i]);
+  } else if constexpr (has_lane_moves<Arch>()) {
+    using B = xsimd::batch<float, Arch>;
+    const auto* s = static_cast<const uint16_t*>(src);
+    int64_t i = 0;
+    for (; i + static_cast<int64_t>(B::size) <= n; i += B::size) load_f16<Arch>(s + i).store_unaligned(dst + i);
+    for (; i < n; ++i) dst[i] = f16_to_f32(s[i]);
   } else {
     const auto* s = static_cast<const uint16_t*>(src);
     for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(s[i]);
@@ -57,130 +60,204 @@ void from_f32(const float* __restrict src, DType type, int64_t n, void* dst) {
       uint16_t rounded = static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
       d[i] = (u & 0x7FFFFFFFu) > 0x7F800000u ? static_cast<uint16_t>((u >> 16) | 0x40u) : rounded;
     }
-  } else if constexpr (has_f16c<Arch>()) {
-    auto* d = static_cast<_Float16*>(dst);
-    for (int64_t i = 0; i < n; ++i) d[i] = static_cast<_Float16>(src[i]);
+  } else if constexpr (has_lane_moves<Arch>()) {
+    using B = xsimd::batch<float, Arch>;
+    auto* d = static_cast<uint16_t*>(dst);
+    int64_t i = 0;
+    for (; i + static_cast<int64_t>(B::size) <= n; i += B::size) store_f16<Arch>(B::load_unaligned(src + i), d + i);
+    for (; i < n; ++i) d[i] = f32_to_f16(src[i]);
   } else {
     auto* d = static_cast<uint16_t*>(dst);
     for (int64_t i = 0; i < n; ++i) d[i] = f32_to_f16(src[i]);
   }
 }
 
-// 8-bit blockwise states (format in q8.h): decode a sub-tile's blocks into
-// fp32 scratch, and encode them back with fresh per-block scales.
-inline void q8_load(const void* q, const float* scales, bool is_v, int64_t n, float* __restrict dst) {
-  for (int64_t b = 0; b * kQ8BlockElems < n; ++b) {
-    int64_t begin = b * kQ8BlockElems, end = std::min(n, begin + kQ8BlockElems);
-    float scale = scales[b];
-    if (is_v) {
-      const auto* s = static_cast<const uint8_t*>(q);
-      for (int64_t i = begin; i < end; ++i) dst[i] = q8_v_decode(s[i], scale);
-    } else {
-      const auto* s = static_cast<const int8_t*>(q);
-      for (int64_t i = begin; i < end; ++i) dst[i] = q8_m_decode(s[i], scale);
-    }
-  }
-}
-
-inline void q8_store(const float* __restrict src, bool is_v, int64_t n, void* q, float* scales) {
-  for (int64_t b = 0; b * kQ8BlockElems < n; ++b) {
-    int64_t begin = b * kQ8BlockElems, end = std::min(n, begin + kQ8BlockElems);
-    float scale = 0;
-    if (is_v) {
-      for (int64_t i = begin; i < end; ++i) scale = std::max(scale, q8_v_scale_of(src[i]));
-      auto* d = static_cast<uint8_t*>(q);
-      for (int64_t i = begin; i < end; ++i) d[i] = q8_v_encode(src[i], scale);
-    } else {
-      for (int64_t i = begin; i < end; ++i) scale = std::max(scale, q8_m_scale_of(src[i]));
-      auto* d = static_cast<int8_t*>(q);
-      for (int64_t i = begin; i < end; ++i) d[i] = q8_m_encode(src[i], scale);
-    }
-    scales[b] = scale;
-  }
-}
-
+// 8-bit blockwise states (format in q8.h). One block is decoded into /
+// encoded from fp32 scratch at a time; the vector code does exactly the
+// operations of q8.h's scalar functions, in the same order, so both give the
+// same bits. A block shorter than kQ8BlockElems (the end of a span) and
+// architectures without lane moves use the scalar functions.
 template <class Arch>
-int64_t count_nonfinite(const xsimd::batch<float, Arch>& g) {
+void q8_decode_block(const void* q, float scale, bool is_v, int64_t len, float* __restrict dst) {
   using B = xsimd::batch<float, Arch>;
-  // Not `g != g`: some ISAs compare ordered, so NaN != NaN would be false.
-  auto bad = !xsimd::isfinite(g);
-  if (!xsimd::any(bad)) return 0;
-  alignas(64) float lanes[B::size];
-  g.store_aligned(lanes);
-  int64_t n = 0;
-  for (float x : lanes) n += !(std::fabs(x) <= FLT_MAX);
-  return n;
+  if constexpr (has_lane_moves<Arch>()) {
+    if (len == kQ8BlockElems) {
+      const B sc(scale), zero(0.0f);
+      for (int64_t i = 0; i < kQ8BlockElems; i += B::size) {
+        if (is_v) {
+          B code = load_code<Arch>(static_cast<const uint8_t*>(q) + i);
+          B r = xsimd::select(code == zero, B(0.5f), code) * B(1.0f / 255.0f);
+          B w = r * r * sc;
+          (w * w).store_aligned(dst + i);
+        } else {
+          B code = load_code<Arch>(static_cast<const int8_t*>(q) + i);
+          B r = code * B(1.0f / 127.0f);
+          B rr = r * r;
+          (xsimd::select(code < zero, -rr, rr) * sc).store_aligned(dst + i);
+        }
+      }
+      return;
+    }
+  }
+  for (int64_t i = 0; i < len; ++i) {
+    dst[i] = is_v ? q8_v_decode(static_cast<const uint8_t*>(q)[i], scale)
+                  : q8_m_decode(static_cast<const int8_t*>(q)[i], scale);
+  }
 }
 
-// The updates, on zero-padded fp32 scratch of `n` (a multiple of the width).
+// Largest scale term of a block: |m|, or sqrt(v) = sqrt(max v) since sqrt is
+// monotonic. Max is exact, so comparison order does not change the result.
 template <class Arch>
-int64_t update(const TileCall& call, float* p, const float* g, float* m, float* v, int64_t n) {
+float q8_block_scale(const float* x, int64_t len, bool is_v) {
   using B = xsimd::batch<float, Arch>;
   constexpr int64_t W = B::size;
-  const Coeffs& c = call.c;
-  const B gs(call.grad_scale);
-  int64_t nonfinite = 0;
-  switch (call.kind) {
-    case OptKind::kAdam:
-      for (int64_t i = 0; i < n; i += W) {
-        B graw = B::load_aligned(g + i);
-        nonfinite += count_nonfinite<Arch>(graw);
-        B pp = B::load_aligned(p + i);
-        B gg = graw * gs;
-        if (!c.decoupled) gg = xsimd::fma(B(c.weight_decay), pp, gg);
-        B mm = xsimd::fma(B(c.beta1), B::load_aligned(m + i), B(c.one_minus_beta1) * gg);
-        B vv = xsimd::fma(B(c.beta2), B::load_aligned(v + i), B(c.one_minus_beta2) * gg * gg);
-        B denom = xsimd::sqrt(vv) / B(c.bias_correction2_sqrt) + B(c.eps);
-        if (c.decoupled) pp = pp * B(c.decay);
-        pp = xsimd::fnma(B(c.step_size), mm / denom, pp);
-        pp.store_aligned(p + i);
-        mm.store_aligned(m + i);
-        vv.store_aligned(v + i);
-      }
-      break;
-    case OptKind::kAdagrad:
-      for (int64_t i = 0; i < n; i += W) {
-        B graw = B::load_aligned(g + i);
-        nonfinite += count_nonfinite<Arch>(graw);
-        B pp = B::load_aligned(p + i);
-        B gg = xsimd::fma(B(c.weight_decay), pp, graw * gs);
-        B ss = xsimd::fma(gg, gg, B::load_aligned(v + i));
-        pp = xsimd::fnma(B(c.step_size), gg / (xsimd::sqrt(ss) + B(c.eps)), pp);
-        pp.store_aligned(p + i);
-        ss.store_aligned(v + i);
-      }
-      break;
-    case OptKind::kLion:
-      for (int64_t i = 0; i < n; i += W) {
-        B graw = B::load_aligned(g + i);
-        nonfinite += count_nonfinite<Arch>(graw);
-        B gg = graw * gs;
-        B mm = B::load_aligned(m + i);
-        B cc = xsimd::fma(B(c.beta1), mm, B(c.one_minus_beta1) * gg);
-        B sign = xsimd::select(cc > B(0.0f), B(1.0f), xsimd::select(cc < B(0.0f), B(-1.0f), B(0.0f)));
-        B pp = xsimd::fnma(B(c.lr), sign, B::load_aligned(p + i) * B(c.decay));
-        mm = xsimd::fma(B(c.beta2), mm, B(c.one_minus_beta2) * gg);
-        pp.store_aligned(p + i);
-        mm.store_aligned(m + i);
-      }
-      break;
-    case OptKind::kSgd:
-      for (int64_t i = 0; i < n; i += W) {
-        B graw = B::load_aligned(g + i);
-        nonfinite += count_nonfinite<Arch>(graw);
-        B pp = B::load_aligned(p + i);
-        B gg = xsimd::fma(B(c.weight_decay), pp, graw * gs);
-        if (c.momentum != 0.0f) {
-          B buf = c.first_step ? gg : xsimd::fma(B(c.momentum), B::load_aligned(m + i), B(1.0f - c.dampening) * gg);
-          buf.store_aligned(m + i);
-          gg = c.nesterov ? xsimd::fma(B(c.momentum), buf, gg) : buf;
-        }
-        pp = xsimd::fnma(B(c.lr), gg, pp);
-        pp.store_aligned(p + i);
-      }
-      break;
+  B acc(0.0f);
+  int64_t i = 0;
+  for (; i + W <= len; i += W) {
+    B t = B::load_unaligned(x + i);
+    acc = xsimd::max(is_v ? t : xsimd::abs(t), acc);  // NaN lanes keep acc, as std::max does
   }
-  return nonfinite;
+  alignas(64) float lanes[W];
+  acc.store_aligned(lanes);
+  float top = 0.0f;
+  for (float l : lanes) top = std::max(top, l);
+  for (; i < len; ++i) top = std::max(top, is_v ? x[i] : std::fabs(x[i]));
+  return is_v ? std::sqrt(top) : top;
+}
+
+template <class Arch>
+float q8_encode_block(const float* __restrict src, bool is_v, int64_t len, void* q) {
+  using B = xsimd::batch<float, Arch>;
+  const float scale = q8_block_scale<Arch>(src, len, is_v);
+  const float inv = q8_inverse(scale);
+  if constexpr (has_lane_moves<Arch>()) {
+    if (len == kQ8BlockElems) {
+      const B zero(0.0f), magic(12582912.0f), vinv(inv);
+      for (int64_t i = 0; i < kQ8BlockElems; i += B::size) {
+        B x = B::load_aligned(src + i);
+        if (is_v) {
+          B r = xsimd::sqrt(xsimd::sqrt(x) * vinv);
+          B c = (B(255.0f) * r + magic) - magic;
+          c = xsimd::select(c > B(255.0f), B(255.0f), c);
+          c = xsimd::select(c >= zero, c, zero);  // NaN -> 0
+          store_code<Arch>(c, static_cast<uint8_t*>(q) + i);
+        } else {
+          B r = xsimd::sqrt(xsimd::abs(x) * vinv);
+          B c = (B(127.0f) * r + magic) - magic;
+          c = xsimd::select(c > B(127.0f), B(127.0f), c);
+          c = xsimd::select(xsimd::isnan(c), zero, c);
+          store_code<Arch>(xsimd::select(x < zero, -c, c), static_cast<int8_t*>(q) + i);
+        }
+      }
+      return scale;
+    }
+  }
+  for (int64_t i = 0; i < len; ++i) {
+    if (is_v) {
+      static_cast<uint8_t*>(q)[i] = q8_v_encode(src[i], inv);
+    } else {
+      static_cast<int8_t*>(q)[i] = q8_m_encode(src[i], inv);
+    }
+  }
+  return scale;
+}
+
+// A whole sub-tile of q8 states, block by block.
+template <class Arch>
+void q8_load(const void* q, const float* scales, bool is_v, int64_t n, float* __restrict dst) {
+  for (int64_t b0 = 0; b0 < n; b0 += kQ8BlockElems) {
+    q8_decode_block<Arch>(static_cast<const uint8_t*>(q) + b0, scales[b0 / kQ8BlockElems], is_v,
+                          std::min(kQ8BlockElems, n - b0), dst + b0);
+  }
+}
+
+template <class Arch>
+void q8_store(const float* __restrict src, bool is_v, int64_t n, void* q, float* scales) {
+  for (int64_t b0 = 0; b0 < n; b0 += kQ8BlockElems) {
+    scales[b0 / kQ8BlockElems] =
+        q8_encode_block<Arch>(src + b0, is_v, std::min(kQ8BlockElems, n - b0), static_cast<uint8_t*>(q) + b0);
+  }
+}
+
+// Counts inf/nan among the n typed gradient elements, one at a time; only run
+// when the vectorised check saw one.
+inline int64_t count_nonfinite_scalar(const void* g, DType t, int64_t n) {
+  int64_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    float x = t == DType::kF32    ? static_cast<const float*>(g)[i]
+              : t == DType::kBF16 ? bf16_to_f32(static_cast<const uint16_t*>(g)[i])
+                                  : f16_to_f32(static_cast<const uint16_t*>(g)[i]);
+    bad += !(std::fabs(x) <= FLT_MAX);
+  }
+  return bad;
+}
+
+// One optimizer's update of one batch, in registers: p, m, v in/out, g the
+// unscaled gradient. Constants are broadcast once per tile. Non-finite
+// gradients are detected without a branch per batch: g * 0 is NaN exactly
+// when g is inf or NaN, and a NaN in the running `check` survives.
+template <class Arch, OptKind K>
+struct BatchStep {
+  using B = xsimd::batch<float, Arch>;
+  B gs, zero, lr, wd, decay, b1, b2, omb1, omb2, eps, step_size, inv_bc2_sqrt, momentum, one_minus_dampening;
+  bool decoupled, nesterov, first_step, has_momentum;
+  B check;
+
+  explicit BatchStep(const TileCall& call)
+      : gs(call.grad_scale), zero(0.0f), lr(call.c.lr), wd(call.c.weight_decay), decay(call.c.decay),
+        b1(call.c.beta1), b2(call.c.beta2), omb1(call.c.one_minus_beta1), omb2(call.c.one_minus_beta2),
+        eps(call.c.eps), step_size(call.c.step_size), inv_bc2_sqrt(1.0f / call.c.bias_correction2_sqrt),
+        momentum(call.c.momentum), one_minus_dampening(1.0f - call.c.dampening), decoupled(call.c.decoupled),
+        nesterov(call.c.nesterov), first_step(call.c.first_step), has_momentum(call.c.momentum != 0.0f),
+        check(0.0f) {}
+
+  void operator()(B& p, B graw, B& m, B& v) {
+    check = xsimd::fma(graw, zero, check);
+    B g = graw * gs;
+    if constexpr (K == OptKind::kAdam) {
+      if (!decoupled) g = xsimd::fma(wd, p, g);
+      m = xsimd::fma(b1, m, omb1 * g);
+      v = xsimd::fma(b2, v, omb2 * g * g);
+      B denom = xsimd::fma(fast_sqrt<Arch>(v), inv_bc2_sqrt, eps);
+      if (decoupled) p = p * decay;
+      p = xsimd::fnma(step_size, m * fast_reciprocal<Arch>(denom), p);
+    } else if constexpr (K == OptKind::kAdagrad) {
+      g = xsimd::fma(wd, p, g);
+      v = xsimd::fma(g, g, v);
+      p = xsimd::fnma(step_size, g * fast_reciprocal<Arch>(fast_sqrt<Arch>(v) + eps), p);
+    } else if constexpr (K == OptKind::kLion) {
+      B u = xsimd::fma(b1, m, omb1 * g);
+      B sign = xsimd::select(u > zero, B(1.0f), xsimd::select(u < zero, B(-1.0f), zero));
+      p = xsimd::fnma(lr, sign, p * decay);
+      m = xsimd::fma(b2, m, omb2 * g);
+    } else {
+      g = xsimd::fma(wd, p, g);
+      if (has_momentum) {
+        m = first_step ? g : xsimd::fma(momentum, m, one_minus_dampening * g);
+        g = nesterov ? xsimd::fma(momentum, m, g) : m;
+      }
+      p = xsimd::fnma(lr, g, p);
+    }
+  }
+
+  bool saw_nonfinite() const { return !xsimd::all(xsimd::isfinite(check)); }
+};
+
+// The staged update over zero-padded fp32 scratch of n elements (a multiple
+// of the width): used for a span's last partial vector and on architectures
+// without lane moves.
+template <class Arch, OptKind K>
+void update_scratch(BatchStep<Arch, K>& st, float* p, const float* g, float* m, float* v, int64_t n, bool has_m,
+                    bool has_v) {
+  using B = xsimd::batch<float, Arch>;
+  for (int64_t i = 0; i < n; i += B::size) {
+    B pp = B::load_aligned(p + i), mm = has_m ? B::load_aligned(m + i) : B(0.0f);
+    B vv = has_v ? B::load_aligned(v + i) : B(0.0f);
+    st(pp, B::load_aligned(g + i), mm, vv);
+    pp.store_aligned(p + i);
+    if (has_m) mm.store_aligned(m + i);
+    if (has_v) vv.store_aligned(v + i);
+  }
 }
 
 template <class Arch>
@@ -190,7 +267,7 @@ void load_state(const TileCall& call, bool is_v, int64_t off, int64_t len, float
     case StateType::kF32: to_f32<Arch>(static_cast<float*>(base) + off, DType::kF32, len, dst); break;
     case StateType::kBF16: to_f32<Arch>(static_cast<uint16_t*>(base) + off, DType::kBF16, len, dst); break;
     case StateType::kQ8:
-      q8_load(static_cast<uint8_t*>(base) + off, (is_v ? call.v_scale : call.m_scale) + off / kQ8BlockElems, is_v,
+      q8_load<Arch>(static_cast<uint8_t*>(base) + off, (is_v ? call.v_scale : call.m_scale) + off / kQ8BlockElems, is_v,
               len, dst);
       break;
   }
@@ -203,43 +280,183 @@ void store_state(const TileCall& call, bool is_v, int64_t off, int64_t len, cons
     case StateType::kF32: from_f32<Arch>(src, DType::kF32, len, static_cast<float*>(base) + off); break;
     case StateType::kBF16: from_f32<Arch>(src, DType::kBF16, len, static_cast<uint16_t*>(base) + off); break;
     case StateType::kQ8:
-      q8_store(src, is_v, len, static_cast<uint8_t*>(base) + off, (is_v ? call.v_scale : call.m_scale) + off / kQ8BlockElems);
+      q8_store<Arch>(src, is_v, len, static_cast<uint8_t*>(base) + off, (is_v ? call.v_scale : call.m_scale) + off / kQ8BlockElems);
       break;
   }
 }
 
-template <class Arch>
-int64_t TileKernel::operator()(Arch, const TileCall& call) const {
+// Staged path: each kSub sub-tile converted into L1 scratch, updated, and
+// converted back. Handles any length and every state type.
+template <class Arch, OptKind K>
+void run_staged(const TileCall& call, BatchStep<Arch, K>& st) {
   constexpr int64_t W = xsimd::batch<float, Arch>::size;
-  alignas(64) float p[kSub], g[kSub], m[kSub], v[kSub];
+  alignas(64) float sp[kSub], sg[kSub], sm[kSub], sv[kSub];
   const bool has_m = uses_m(call.kind, call.c), has_v = uses_v(call.kind);
   const uint64_t gbytes = dtype_bytes(call.grad_dtype);
-  int64_t nonfinite = 0;
   for (int64_t off = 0; off < call.n; off += kSub) {
     const int64_t len = std::min(kSub, call.n - off);
     const int64_t padded = (len + W - 1) / W * W;
     const size_t pad_bytes = static_cast<size_t>(padded - len) * 4;
-    std::memcpy(p, call.params + off, static_cast<size_t>(len) * 4);
-    to_f32<Arch>(static_cast<const std::byte*>(call.grad) + off * gbytes, call.grad_dtype, len, g);
-    std::memset(p + len, 0, pad_bytes);
-    std::memset(g + len, 0, pad_bytes);
+    std::memcpy(sp, call.params + off, static_cast<size_t>(len) * 4);
+    std::memset(sp + len, 0, pad_bytes);
+    to_f32<Arch>(static_cast<const std::byte*>(call.grad) + off * gbytes, call.grad_dtype, len, sg);
+    std::memset(sg + len, 0, pad_bytes);
     if (has_m) {
-      load_state<Arch>(call, false, off, len, m);
-      std::memset(m + len, 0, pad_bytes);
+      load_state<Arch>(call, false, off, len, sm);
+      std::memset(sm + len, 0, pad_bytes);
     }
     if (has_v) {
-      load_state<Arch>(call, true, off, len, v);
-      std::memset(v + len, 0, pad_bytes);
+      load_state<Arch>(call, true, off, len, sv);
+      std::memset(sv + len, 0, pad_bytes);
     }
-    nonfinite += update<Arch>(call, p, g, m, v, padded);
-    std::memcpy(call.params + off, p, static_cast<size_t>(len) * 4);
-    if (has_m) store_state<Arch>(call, false, off, len, m);
-    if (has_v) store_state<Arch>(call, true, off, len, v);
+    update_scratch<Arch, K>(st, sp, sg, sm, sv, padded, has_m, has_v);
+    std::memcpy(call.params + off, sp, static_cast<size_t>(len) * 4);
+    if (has_m) store_state<Arch>(call, false, off, len, sm);
+    if (has_v) store_state<Arch>(call, true, off, len, sv);
     if (call.out != nullptr) {
-      from_f32<Arch>(p, call.out_dtype, len, static_cast<std::byte*>(call.out) + off * dtype_bytes(call.out_dtype));
+      from_f32<Arch>(sp, call.out_dtype, len, static_cast<std::byte*>(call.out) + off * dtype_bytes(call.out_dtype));
     }
   }
-  return nonfinite;
+}
+
+// Fused path: every stream is loaded, converted, updated and stored in
+// registers, one batch at a time, in a single pass. The stream types are
+// template parameters (G: gradient, S: state, O: output copy, kNone for no
+// copy), so the loop has no per-batch branches. q8 states go through a
+// one-block (256-element) scratch, because a block's new scale needs all its
+// new values before any can be encoded. n must be a multiple of the width
+// (and of kQ8BlockElems for q8 states).
+enum class OutKind : uint8_t { kNone, kBF16, kF16 };
+
+// Prefetches element i + kPrefetchElems of a stream whose elements are
+// `Bytes` wide. Called once per batch; narrow streams cross a cache line less
+// often than once per batch, and a repeated prefetch of a line is cheap.
+inline constexpr int64_t kPrefetchElems = 512;
+template <int64_t Bytes>
+inline void prefetch_ahead(const void* base, int64_t i) {
+  _mm_prefetch(static_cast<const char*>(base) + (i + kPrefetchElems) * Bytes, _MM_HINT_T0);
+}
+
+template <class Arch, OptKind K, DType G, StateType S, OutKind O>
+void run_fused(const TileCall& call, BatchStep<Arch, K>& st, int64_t n) {
+  using B = xsimd::batch<float, Arch>;
+  constexpr int64_t W = B::size;
+  constexpr bool kHasV = K == OptKind::kAdam || K == OptKind::kAdagrad;
+  constexpr DType kOut = O == OutKind::kF16 ? DType::kF16 : DType::kBF16;
+  const bool has_m = uses_m(call.kind, call.c);
+  if constexpr (K != OptKind::kAdam && S != StateType::kF32) {
+    STRATA_CHECK_MSG(false, "low-precision states reached a non-Adam kernel");
+  } else if constexpr (S != StateType::kQ8) {
+    constexpr DType kState = S == StateType::kF32 ? DType::kF32 : DType::kBF16;
+    for (int64_t i = 0; i < n; i += W) {
+      // Software prefetch a few KiB ahead: with the update's instructions in
+      // flight the out-of-order window alone keeps too few lines requested.
+      constexpr int64_t kSB = kState == DType::kF32 ? 4 : 2;
+      prefetch_ahead<4>(call.params, i);
+      prefetch_ahead<G == DType::kF32 ? 4 : 2>(call.grad, i);
+      if (has_m) prefetch_ahead<kSB>(call.m, i);
+      if constexpr (kHasV) prefetch_ahead<kSB>(call.v, i);
+      if constexpr (O != OutKind::kNone) prefetch_ahead<2>(call.out, i);
+      B p = B::load_unaligned(call.params + i);
+      B m = has_m ? load_as_f32<Arch>(call.m, kState, i) : B(0.0f);
+      B v = kHasV ? load_as_f32<Arch>(call.v, kState, i) : B(0.0f);
+      st(p, load_as_f32<Arch>(call.grad, G, i), m, v);
+      p.store_unaligned(call.params + i);
+      if (has_m) store_from_f32<Arch>(call.m, kState, i, m);
+      if constexpr (kHasV) store_from_f32<Arch>(call.v, kState, i, v);
+      if constexpr (O != OutKind::kNone) store_from_f32<Arch>(call.out, kOut, i, p);
+    }
+  } else {
+    alignas(64) float bm[kQ8BlockElems], bv[kQ8BlockElems];
+    for (int64_t b0 = 0; b0 < n; b0 += kQ8BlockElems) {
+      const int64_t blk = b0 / kQ8BlockElems;
+      q8_decode_block<Arch>(static_cast<const int8_t*>(call.m) + b0, call.m_scale[blk], false, kQ8BlockElems, bm);
+      q8_decode_block<Arch>(static_cast<const uint8_t*>(call.v) + b0, call.v_scale[blk], true, kQ8BlockElems, bv);
+      for (int64_t j = 0; j < kQ8BlockElems; j += W) {
+        const int64_t i = b0 + j;
+        prefetch_ahead<4>(call.params, i);
+        prefetch_ahead<G == DType::kF32 ? 4 : 2>(call.grad, i);
+        prefetch_ahead<1>(call.m, i);
+        prefetch_ahead<1>(call.v, i);
+        if constexpr (O != OutKind::kNone) prefetch_ahead<2>(call.out, i);
+        B p = B::load_unaligned(call.params + i), m = B::load_aligned(bm + j), v = B::load_aligned(bv + j);
+        st(p, load_as_f32<Arch>(call.grad, G, i), m, v);
+        p.store_unaligned(call.params + i);
+        m.store_aligned(bm + j);
+        v.store_aligned(bv + j);
+        if constexpr (O != OutKind::kNone) store_from_f32<Arch>(call.out, kOut, i, p);
+      }
+      call.m_scale[blk] = q8_encode_block<Arch>(bm, false, kQ8BlockElems, static_cast<int8_t*>(call.m) + b0);
+      call.v_scale[blk] = q8_encode_block<Arch>(bv, true, kQ8BlockElems, static_cast<uint8_t*>(call.v) + b0);
+    }
+  }
+}
+
+// Picks the run_fused instantiation for the call's stream types.
+template <class Arch, OptKind K>
+void dispatch_fused(const TileCall& call, BatchStep<Arch, K>& st, int64_t n) {
+  auto with_out = [&](auto g, auto s) {
+    constexpr DType kG = decltype(g)::value;
+    constexpr StateType kS = decltype(s)::value;
+    if (call.out == nullptr) {
+      run_fused<Arch, K, kG, kS, OutKind::kNone>(call, st, n);
+    } else if (call.out_dtype == DType::kF16) {
+      run_fused<Arch, K, kG, kS, OutKind::kF16>(call, st, n);
+    } else {
+      run_fused<Arch, K, kG, kS, OutKind::kBF16>(call, st, n);
+    }
+  };
+  auto with_state = [&](auto g) {
+    switch (call.state_type) {
+      case StateType::kF32: with_out(g, std::integral_constant<StateType, StateType::kF32>{}); break;
+      case StateType::kBF16: with_out(g, std::integral_constant<StateType, StateType::kBF16>{}); break;
+      case StateType::kQ8: with_out(g, std::integral_constant<StateType, StateType::kQ8>{}); break;
+    }
+  };
+  switch (call.grad_dtype) {
+    case DType::kF32: with_state(std::integral_constant<DType, DType::kF32>{}); break;
+    case DType::kBF16: with_state(std::integral_constant<DType, DType::kBF16>{}); break;
+    case DType::kF16: with_state(std::integral_constant<DType, DType::kF16>{}); break;
+  }
+}
+
+// A tile: the fused path over the largest prefix it can take, the staged
+// path over the rest (the span's final partial vector / q8 block).
+template <class Arch, OptKind K>
+int64_t run_tile(const TileCall& call) {
+  constexpr int64_t W = xsimd::batch<float, Arch>::size;
+  BatchStep<Arch, K> st(call);
+  int64_t fused = 0;
+  if constexpr (has_lane_moves<Arch>()) {
+    int64_t unit = call.state_type == StateType::kQ8 ? kQ8BlockElems : W;
+    fused = call.n / unit * unit;
+    dispatch_fused<Arch, K>(call, st, fused);
+  }
+  if (fused < call.n) {
+    const uint64_t sb = call.state_type == StateType::kF32 ? 4 : (call.state_type == StateType::kBF16 ? 2 : 1);
+    TileCall rest = call;
+    rest.params += fused;
+    rest.grad = static_cast<const std::byte*>(call.grad) + fused * dtype_bytes(call.grad_dtype);
+    if (rest.out != nullptr) rest.out = static_cast<std::byte*>(call.out) + fused * dtype_bytes(call.out_dtype);
+    if (rest.m != nullptr) rest.m = static_cast<std::byte*>(call.m) + fused * sb;
+    if (rest.v != nullptr) rest.v = static_cast<std::byte*>(call.v) + fused * sb;
+    if (rest.m_scale != nullptr) rest.m_scale += fused / kQ8BlockElems;
+    if (rest.v_scale != nullptr) rest.v_scale += fused / kQ8BlockElems;
+    rest.n = call.n - fused;
+    run_staged<Arch, K>(rest, st);
+  }
+  return st.saw_nonfinite() ? count_nonfinite_scalar(call.grad, call.grad_dtype, call.n) : 0;
+}
+
+template <class Arch>
+int64_t TileKernel::operator()(Arch, const TileCall& call) const {
+  switch (call.kind) {
+    case OptKind::kAdam: return run_tile<Arch, OptKind::kAdam>(call);
+    case OptKind::kAdagrad: return run_tile<Arch, OptKind::kAdagrad>(call);
+    case OptKind::kLion: return run_tile<Arch, OptKind::kLion>(call);
+    case OptKind::kSgd: return run_tile<Arch, OptKind::kSgd>(call);
+  }
+  return 0;
 }
 
 template <class Arch>
@@ -254,16 +471,23 @@ void StatsKernel::operator()(Arch, const void* grad, DType dtype, int64_t n, flo
     const int64_t padded = (len + W - 1) / W * W;
     to_f32<Arch>(static_cast<const std::byte*>(grad) + off * dtype_bytes(dtype), dtype, len, g);
     std::memset(g + len, 0, static_cast<size_t>(padded - len) * 4);
-    B acc(0.0f);
+    B acc(0.0f), check(0.0f);
+    const B zero(0.0f), s(scale);
     for (int64_t i = 0; i < padded; i += W) {
       B x = B::load_aligned(g + i);
-      int64_t k = count_nonfinite<Arch>(x);
-      if (k != 0) {
-        bad += k;
-        x = xsimd::select(xsimd::isfinite(x), x, B(0.0f));
-      }
-      x = x * B(scale);
+      check = xsimd::fma(x, zero, check);
+      x = x * s;
       acc = xsimd::fma(x, x, acc);
+    }
+    if (!xsimd::all(xsimd::isfinite(check))) {
+      // Rare: recount, and redo the sum without the non-finite elements.
+      bad += count_nonfinite_scalar(g, DType::kF32, len);
+      acc = zero;
+      for (int64_t i = 0; i < padded; i += W) {
+        B x = B::load_aligned(g + i);
+        x = xsimd::select(xsimd::isfinite(x), x, zero) * s;
+        acc = xsimd::fma(x, x, acc);
+      }
     }
     // One partial per sub-tile; the caller adds them in order in fp64.
     partials[off / kSub] = static_cast<double>(xsimd::hadd(acc));

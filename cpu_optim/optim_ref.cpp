@@ -74,11 +74,12 @@ void store_state(StateType type, void* q, float* scales, bool is_v, const std::v
     float scale = 0;
     for (int64_t i = begin; i < end; ++i) scale = std::max(scale, is_v ? q8_v_scale_of(x[i]) : q8_m_scale_of(x[i]));
     scales[b] = scale;
+    float inv = q8_inverse(scale);
     for (int64_t i = begin; i < end; ++i) {
       if (is_v) {
-        static_cast<uint8_t*>(q)[i] = q8_v_encode(x[i], scale);
+        static_cast<uint8_t*>(q)[i] = q8_v_encode(x[i], inv);
       } else {
-        static_cast<int8_t*>(q)[i] = q8_m_encode(x[i], scale);
+        static_cast<int8_t*>(q)[i] = q8_m_encode(x[i], inv);
       }
     }
   }

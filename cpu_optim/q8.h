@@ -25,9 +25,11 @@ inline float q8_round(float x) { return x + 12582912.0f - 12582912.0f; }
 
 inline float q8_m_scale_of(float m) { return std::fabs(m); }
 inline float q8_v_scale_of(float v) { return std::sqrt(v); }
+// Encoders take 1 / scale (0 for an all-zero block), computed once per block.
+inline float q8_inverse(float scale) { return scale > 0.0f ? 1.0f / scale : 0.0f; }
 
-inline int8_t q8_m_encode(float m, float scale) {
-  float r = scale > 0.0f ? std::sqrt(std::fabs(m) / scale) : 0.0f;
+inline int8_t q8_m_encode(float m, float inv_scale) {
+  float r = std::sqrt(std::fabs(m) * inv_scale);
   float x = q8_round(127.0f * r);
   x = x > 127.0f ? 127.0f : x;
   x = x == x ? x : 0.0f;
@@ -39,8 +41,8 @@ inline float q8_m_decode(int8_t code, float scale) {
   return (code < 0 ? -r * r : r * r) * scale;
 }
 
-inline uint8_t q8_v_encode(float v, float scale) {
-  float r = scale > 0.0f ? std::sqrt(std::sqrt(v) / scale) : 0.0f;
+inline uint8_t q8_v_encode(float v, float inv_scale) {
+  float r = std::sqrt(std::sqrt(v) * inv_scale);
   float x = q8_round(255.0f * r);
   x = x > 255.0f ? 255.0f : x;
   return static_cast<uint8_t>(x >= 0.0f ? x : 0.0f);

@@ -1,0 +1,371 @@
+// strata-adambench: AdamW throughput of cpu_optim on a large flat span, next
+// to baselines measured in the same run and at the same thread count:
+//   roofline — a loop that reads and writes exactly the streams of the mode
+//              (same element sizes, same bytes) and does no arithmetic;
+//   naive    — the scalar reference kernel (plain loops, no SIMD);
+//   triad    — STREAM's a = b + s * c, for the machine's bandwidth.
+// Modes: offload (bf16 grads in; fp32 master, m, v; bf16 weights out),
+// fp32 (fp32 grads; fp32 states; no low-precision copy), bf16_state and
+// q8_state (as offload, with bf16 / 8-bit blockwise m and v).
+// Bytes counted per parameter are the bytes the mode reads plus writes.
+// Prints a table and ends with one JSON line holding every figure.
+#include <sys/utsname.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cpu_optim/executor.h"
+#include "cpu_optim/optimizer.h"
+
+namespace strata::bench {
+namespace {
+
+using cpu_optim::DType;
+using cpu_optim::Executor;
+using cpu_optim::Isa;
+using cpu_optim::StateType;
+
+struct Mode {
+  std::string name;
+  DType grad;
+  StateType state;
+  bool out;
+};
+
+struct Aligned {
+  std::unique_ptr<std::byte, decltype(&std::free)> ptr{nullptr, &std::free};
+  std::byte* get() const { return ptr.get(); }
+};
+
+Aligned alloc_bytes(uint64_t bytes) {
+  Aligned a;
+  a.ptr.reset(static_cast<std::byte*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096)));
+  if (!a.get()) {
+    std::fprintf(stderr, "strata-adambench: cannot allocate %llu bytes\n", static_cast<unsigned long long>(bytes));
+    std::exit(1);
+  }
+  return a;
+}
+
+uint64_t state_elem_bytes(StateType t) { return t == StateType::kF32 ? 4 : (t == StateType::kBF16 ? 2 : 1); }
+
+// Bytes read + written per parameter by a mode (scales of q8 included).
+double bytes_per_param(const Mode& m) {
+  double b = 8 + static_cast<double>(cpu_optim::dtype_bytes(m.grad)) + 4.0 * state_elem_bytes(m.state) +
+             (m.out ? 2 : 0);
+  if (m.state == StateType::kQ8) b += 2.0 * 2 * 4 / cpu_optim::kQ8BlockElems;
+  return b;
+}
+
+// The no-arithmetic twins of a mode. Words: per group of 16 parameters it reads and
+// writes exactly the mode's bytes — p read and written (its two halves
+// swapped), m and v read and written (swapped with each other), g read (into
+// the low-precision output, or into a checksum when the mode writes none) —
+// as 8-byte words the compiler turns into full-width vector moves.
+// Multiversioned so it runs with the widest vectors the CPU has.
+template <int kGBytes, int kSBytes, bool kOut>
+__attribute__((target_clones("avx512f", "avx2", "default"))) uint64_t roofline_loop(std::byte* p, const std::byte* g,
+                                                                                     std::byte* m, std::byte* v,
+                                                                                     std::byte* out, int64_t groups) {
+  constexpr int kP = 16 * 4 / 8, kG = 16 * kGBytes / 8, kS = 16 * kSBytes / 8;
+  uint64_t sink = 0;
+  for (int64_t u = 0; u < groups; ++u) {
+    uint64_t* pw = reinterpret_cast<uint64_t*>(p) + u * kP;
+    const uint64_t* gw = reinterpret_cast<const uint64_t*>(g) + u * kG;
+    uint64_t* mw = reinterpret_cast<uint64_t*>(m) + u * kS;
+    uint64_t* vw = reinterpret_cast<uint64_t*>(v) + u * kS;
+    uint64_t tp[kP], tm[kS];
+    for (int k = 0; k < kP; ++k) tp[k] = pw[k];
+    for (int k = 0; k < kP; ++k) pw[k] = tp[(k + kP / 2) % kP];
+    for (int k = 0; k < kS; ++k) tm[k] = mw[k];
+    for (int k = 0; k < kS; ++k) mw[k] = vw[k];
+    for (int k = 0; k < kS; ++k) vw[k] = tm[k];
+    if constexpr (kOut) {
+      uint64_t* ow = reinterpret_cast<uint64_t*>(out) + u * kG;
+      for (int k = 0; k < kG; ++k) ow[k] = gw[k];
+    } else {
+      for (int k = 0; k < kG; ++k) sink ^= gw[k];
+    }
+  }
+  return sink;
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) void triad_loop(float* a, const float* b, const float* c,
+                                                                              float s, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) a[i] = b[i] + s * c[i];
+}
+
+struct Buffers {
+  int64_t n;
+  Mode mode;
+  Aligned p, g, m, v, ms, vs, out;
+};
+
+Buffers make_buffers(const Mode& mode, int64_t n, Executor& ex) {
+  Buffers b{n, mode, {}, {}, {}, {}, {}, {}, {}};
+  uint64_t sb = state_elem_bytes(mode.state);
+  uint64_t blocks = static_cast<uint64_t>((n + cpu_optim::kQ8BlockElems - 1) / cpu_optim::kQ8BlockElems);
+  b.p = alloc_bytes(n * 4);
+  b.g = alloc_bytes(n * cpu_optim::dtype_bytes(mode.grad));
+  b.m = alloc_bytes(n * sb);
+  b.v = alloc_bytes(n * sb);
+  b.ms = alloc_bytes(blocks * 4);
+  b.vs = alloc_bytes(blocks * 4);
+  b.out = alloc_bytes(n * 2);
+  // Fill in parallel (first touch from the worker threads).
+  ex.parallel_for(n, 1 << 20, [&](int64_t begin, int64_t end) {
+    auto* p = reinterpret_cast<float*>(b.p.get());
+    for (int64_t i = begin; i < end; ++i) {
+      uint32_t h = static_cast<uint32_t>(i) * 2654435761u;
+      p[i] = 1.0f + static_cast<float>(h >> 8) * 0x1p-26f;
+      float gv = (static_cast<float>(h & 0xFFFF) - 32768.0f) * 0x1p-21f;
+      if (mode.grad == DType::kF32) {
+        reinterpret_cast<float*>(b.g.get())[i] = gv;
+      } else {
+        reinterpret_cast<uint16_t*>(b.g.get())[i] = cpu_optim::f32_to_bf16(gv);
+      }
+    }
+    std::memset(b.m.get() + begin * sb, 0, (end - begin) * sb);
+    std::memset(b.v.get() + begin * sb, 0, (end - begin) * sb);
+    std::memset(b.out.get() + begin * 2, 0, (end - begin) * 2);
+  });
+  std::memset(b.ms.get(), 0, blocks * 4);
+  std::memset(b.vs.get(), 0, blocks * 4);
+  return b;
+}
+
+cpu_optim::ParamSpan span_of(Buffers& b) {
+  cpu_optim::ParamSpan s;
+  s.params = reinterpret_cast<float*>(b.p.get());
+  s.n = b.n;
+  s.grad = b.g.get();
+  s.grad_dtype = b.mode.grad;
+  s.weights_out = b.mode.out ? b.out.get() : nullptr;
+  s.out_dtype = DType::kBF16;
+  s.state.type = b.mode.state;
+  s.state.m = b.m.get();
+  s.state.v = b.v.get();
+  s.state.m_scale = reinterpret_cast<float*>(b.ms.get());
+  s.state.v_scale = reinterpret_cast<float*>(b.vs.get());
+  return s;
+}
+
+// Median seconds of `reps` runs after one warm-up.
+double time_median(int reps, const std::function<void()>& fn) {
+  fn();
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    auto t0 = std::chrono::steady_clock::now();
+    fn();
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// A second twin, element by element in the mode's own types (p kept, m and v
+// swapped, g converted into out). The roofline is the faster of the two twins.
+template <class G, class S>
+__attribute__((target_clones("avx512f", "avx2", "default"))) void roofline_elementwise(float* p, const G* g, S* m,
+                                                                                        S* v, uint16_t* out,
+                                                                                        int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    float t = p[i];
+    S mi = m[i];
+    p[i] = t + 0.0f;
+    m[i] = v[i];
+    v[i] = mi;
+    if (out != nullptr) out[i] = static_cast<uint16_t>(g[i]);
+  }
+}
+
+double roofline_elementwise_seconds(Buffers& b, Executor& ex, int reps) {
+  auto run = [&](auto* m, auto* v) {
+    return time_median(reps, [&] {
+      ex.parallel_for(b.n, 1 << 16, [&](int64_t begin, int64_t end) {
+        uint16_t* out = b.mode.out ? reinterpret_cast<uint16_t*>(b.out.get()) + begin : nullptr;
+        float* p = reinterpret_cast<float*>(b.p.get()) + begin;
+        if (b.mode.grad == DType::kF32) {
+          roofline_elementwise(p, reinterpret_cast<const float*>(b.g.get()) + begin, m + begin, v + begin, out,
+                               end - begin);
+        } else {
+          roofline_elementwise(p, reinterpret_cast<const uint16_t*>(b.g.get()) + begin, m + begin, v + begin, out,
+                               end - begin);
+        }
+      });
+    });
+  };
+  switch (b.mode.state) {
+    case StateType::kF32: return run(reinterpret_cast<float*>(b.m.get()), reinterpret_cast<float*>(b.v.get()));
+    case StateType::kBF16:
+      return run(reinterpret_cast<uint16_t*>(b.m.get()), reinterpret_cast<uint16_t*>(b.v.get()));
+    case StateType::kQ8: return run(reinterpret_cast<uint8_t*>(b.m.get()), reinterpret_cast<uint8_t*>(b.v.get()));
+  }
+  return 0;
+}
+
+double roofline_words_seconds(Buffers& b, Executor& ex, int reps) {
+  std::atomic<uint64_t> sink{0};
+  auto run = [&](auto loop) {
+    const int64_t gbytes = static_cast<int64_t>(cpu_optim::dtype_bytes(b.mode.grad));
+    const int64_t sbytes = static_cast<int64_t>(state_elem_bytes(b.mode.state));
+    return time_median(reps, [&] {
+      ex.parallel_for(b.n / 16, 1 << 12, [&](int64_t begin, int64_t end) {
+        sink ^= loop(b.p.get() + begin * 64, b.g.get() + begin * 16 * gbytes, b.m.get() + begin * 16 * sbytes,
+                     b.v.get() + begin * 16 * sbytes, b.out.get() + begin * 32, end - begin);
+      });
+    });
+  };
+  bool bf16_grad = b.mode.grad != DType::kF32;
+  switch (b.mode.state) {
+    case StateType::kF32:
+      if (bf16_grad) return b.mode.out ? run(roofline_loop<2, 4, true>) : run(roofline_loop<2, 4, false>);
+      return b.mode.out ? run(roofline_loop<4, 4, true>) : run(roofline_loop<4, 4, false>);
+    case StateType::kBF16: return run(roofline_loop<2, 2, true>);
+    case StateType::kQ8: return run(roofline_loop<2, 1, true>);
+  }
+  return 0;
+}
+
+double roofline_seconds(Buffers& b, Executor& ex, int reps) {
+  return std::min(roofline_words_seconds(b, ex, reps), roofline_elementwise_seconds(b, ex, reps));
+}
+
+double triad_gbps(int64_t n, Executor& ex, int reps) {
+  Aligned a = alloc_bytes(n * 4), b = alloc_bytes(n * 4), c = alloc_bytes(n * 4);
+  ex.parallel_for(n, 1 << 20, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      reinterpret_cast<float*>(a.get())[i] = 0;
+      reinterpret_cast<float*>(b.get())[i] = 1;
+      reinterpret_cast<float*>(c.get())[i] = 2;
+    }
+  });
+  double s = time_median(reps, [&] {
+    ex.parallel_for(n, 1 << 16, [&](int64_t begin, int64_t end) {
+      triad_loop(reinterpret_cast<float*>(a.get()) + begin, reinterpret_cast<const float*>(b.get()) + begin,
+                 reinterpret_cast<const float*>(c.get()) + begin, 3.0f, end - begin);
+    });
+  });
+  return 12.0 * static_cast<double>(n) / s / 1e9;
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  }
+  return "unknown";
+}
+
+int run(int argc, char** argv) {
+  CLI::App app{"strata-adambench: CPU AdamW throughput against a same-streams roofline, STREAM triad and naive loop"};
+  int log2_params = 27;
+  std::vector<int> thread_counts;
+  std::vector<std::string> mode_names = {"offload", "fp32", "bf16_state", "q8_state"};
+  int reps = 5;
+  bool skip_naive = false;
+  std::string isa_text = "auto";
+  app.add_option("--log2-params", log2_params, "parameters = 2^N")->capture_default_str()->check(CLI::Range(10, 32));
+  app.add_option("--threads", thread_counts, "thread counts (default: 1 and all cores)");
+  app.add_option("--modes", mode_names, "offload, fp32, bf16_state, q8_state")->capture_default_str();
+  app.add_option("--reps", reps, "timed repetitions (median kept)")->capture_default_str()->check(CLI::Range(1, 100));
+  app.add_flag("--skip-naive", skip_naive, "do not time the scalar reference (slow)");
+  app.add_option("--isa", isa_text, "instruction set: auto, avx512, avx2, sse2, scalar")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  Isa isa = Isa::kAuto;
+  for (Isa candidate : {Isa::kAuto, Isa::kAvx512, Isa::kAvx2, Isa::kSse2, Isa::kScalar}) {
+    if (isa_text == cpu_optim::isa_name(candidate)) isa = candidate;
+  }
+  if (isa_text != cpu_optim::isa_name(isa)) {
+    std::fprintf(stderr, "strata-adambench: unknown --isa '%s'\n", isa_text.c_str());
+    return 2;
+  }
+  if (thread_counts.empty()) {
+    thread_counts = {1};
+    if (cpu_optim::hardware_threads() > 1) thread_counts.push_back(cpu_optim::hardware_threads());
+  }
+  std::vector<Mode> modes;
+  for (const std::string& name : mode_names) {
+    if (name == "offload") modes.push_back({name, DType::kBF16, StateType::kF32, true});
+    else if (name == "fp32") modes.push_back({name, DType::kF32, StateType::kF32, false});
+    else if (name == "bf16_state") modes.push_back({name, DType::kBF16, StateType::kBF16, true});
+    else if (name == "q8_state") modes.push_back({name, DType::kBF16, StateType::kQ8, true});
+    else {
+      std::fprintf(stderr, "strata-adambench: unknown mode '%s'\n", name.c_str());
+      return 2;
+    }
+  }
+  const int64_t n = int64_t{1} << log2_params;
+  std::vector<Isa> isas = cpu_optim::available_isas();
+  std::string isa_used(cpu_optim::isa_name(isa == Isa::kAuto ? isas.front() : isa));
+  std::printf("strata-adambench: AdamW on 2^%d = %lld parameters, ISA %s, %d cores, median of %d steps\n",
+              log2_params, static_cast<long long>(n), isa_used.c_str(),
+              cpu_optim::hardware_threads(), reps);
+  std::printf("%-10s %3s %9s %10s %7s %9s %7s %7s %9s\n", "mode", "thr", "s/step", "params/s", "GB/s", "roof GB/s",
+              "ratio", "triad", "vs naive");
+  nlohmann::json rows = nlohmann::json::array();
+  cpu_optim::AdamConfig adamw;
+  adamw.weight_decay = 0.01f;
+  for (int threads : thread_counts) {
+    auto ex_r = Executor::create({threads, -1});
+    if (!ex_r) {
+      std::fprintf(stderr, "strata-adambench: %s\n", ex_r.error().to_string().c_str());
+      return 1;
+    }
+    Executor& ex = **ex_r;
+    double triad = triad_gbps(n / 2, ex, reps);
+    for (const Mode& mode : modes) {
+      Buffers b = make_buffers(mode, n, ex);
+      cpu_optim::ParamSpan span = span_of(b);
+      int64_t t = 0;
+      auto step_with = [&](Isa which) {
+        cpu_optim::StepOptions o;
+        o.isa = which;
+        o.nonfinite = cpu_optim::NonFinitePolicy::kReportOnly;
+        auto r = cpu_optim::step(adamw, ++t, span, o, ex);
+        if (!r) {
+          std::fprintf(stderr, "strata-adambench: %s\n", r.error().to_string().c_str());
+          std::exit(1);
+        }
+      };
+      double s = time_median(reps, [&] { step_with(isa); });
+      double roof = roofline_seconds(b, ex, reps);
+      double naive = skip_naive ? 0 : time_median(1, [&] { step_with(Isa::kScalar); });
+      double bytes = bytes_per_param(mode) * static_cast<double>(n);
+      double gbps = bytes / s / 1e9, roof_gbps = bytes / roof / 1e9;
+      std::printf("%-10s %3d %9.4f %10.3e %7.2f %9.2f %7.3f %7.2f %9.2f\n", mode.name.c_str(), ex.threads(), s,
+                  static_cast<double>(n) / s, gbps, roof_gbps, gbps / roof_gbps, triad, naive > 0 ? naive / s : 0.0);
+      std::fflush(stdout);
+      nlohmann::json row = {{"mode", mode.name}, {"threads", ex.threads()}, {"seconds_per_step", s},
+                            {"params_per_s", static_cast<double>(n) / s}, {"bytes_per_param", bytes_per_param(mode)},
+                            {"gbps", gbps}, {"roofline_gbps", roof_gbps}, {"ratio_to_roofline", gbps / roof_gbps},
+                            {"triad_gbps", triad}};
+      if (naive > 0) row["speedup_vs_naive"] = naive / s;
+      rows.push_back(row);
+    }
+  }
+  utsname uts{};
+  ::uname(&uts);
+  nlohmann::json j = {{"bench", "adam"}, {"params", n}, {"isa", isa_used},
+                      {"system", {{"cpu", cpu_model()}, {"kernel", uts.release}, {"cores", cpu_optim::hardware_threads()}}},
+                      {"rows", rows}};
+  std::printf("%s\n", j.dump().c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace strata::bench
+
+int main(int argc, char** argv) { return strata::bench::run(argc, argv); }

@@ -1,0 +1,171 @@
+// Per-architecture lane operations for the cpu_optim vector kernels: the
+// narrowing and widening moves xsimd 8 lacks (fp16 via F16C, bf16, 8-bit
+// codes), typed batch loads/stores, and sqrt / reciprocal through the FMA
+// ports. Specialised for the AVX-512 and AVX2 batches; kernels for other
+// architectures use scalar conversions instead (has_lane_moves() is false).
+// Every conversion here is bit-identical to its scalar twin in dtype.h.
+#pragma once
+
+#include <immintrin.h>
+
+#include <xsimd/xsimd.hpp>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "cpu_optim/dtype.h"
+
+namespace strata::cpu_optim::detail {
+
+// Narrow/wide element moves the vector kernels need and xsimd 8 lacks, one
+// batch at a time; specialised for the AVX-512 and AVX2 batches (F16C for
+// fp16). Other architectures take the scalar paths of the callers.
+template <class Arch>
+constexpr bool is_avx512() {
+  return std::is_base_of_v<xsimd::avx512f, Arch>;
+}
+template <class Arch>
+constexpr bool has_lane_moves() {
+  return is_avx512<Arch>() || std::is_base_of_v<xsimd::avx2, Arch>;
+}
+
+template <class Arch>
+xsimd::batch<float, Arch> load_f16(const uint16_t* src) {
+  if constexpr (is_avx512<Arch>()) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
+  } else {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
+  }
+}
+
+template <class Arch>
+void store_f16(const xsimd::batch<float, Arch>& x, uint16_t* dst) {
+  constexpr int kMode = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  if constexpr (is_avx512<Arch>()) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm512_cvtps_ph(x, kMode));
+  } else {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm256_cvtps_ph(x, kMode));
+  }
+}
+
+// 8-bit codes <-> float (codes are exact small integers).
+template <class Arch, class Code>
+xsimd::batch<float, Arch> load_code(const Code* src) {
+  constexpr bool kSigned = std::is_signed_v<Code>;
+  if constexpr (is_avx512<Arch>()) {
+    __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
+    return _mm512_cvtepi32_ps(kSigned ? _mm512_cvtepi8_epi32(raw) : _mm512_cvtepu8_epi32(raw));
+  } else {
+    __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(src));
+    return _mm256_cvtepi32_ps(kSigned ? _mm256_cvtepi8_epi32(raw) : _mm256_cvtepu8_epi32(raw));
+  }
+}
+
+template <class Arch, class Code>
+void store_code(const xsimd::batch<float, Arch>& x, Code* dst) {
+  constexpr bool kSigned = std::is_signed_v<Code>;
+  if constexpr (is_avx512<Arch>()) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(x)));
+  } else {
+    __m256i i32 = _mm256_cvtps_epi32(x);
+    __m128i i16 = _mm_packs_epi32(_mm256_castsi256_si128(i32), _mm256_extracti128_si256(i32, 1));
+    __m128i i8 = kSigned ? _mm_packs_epi16(i16, i16) : _mm_packus_epi16(i16, i16);
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(dst), i8);
+  }
+}
+
+template <class Arch>
+xsimd::batch<float, Arch> load_bf16(const uint16_t* src) {
+  if constexpr (is_avx512<Arch>()) {
+    __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+  } else {
+    __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+  }
+}
+
+// Round to nearest even; NaN -> quiet NaN keeping sign and top payload (f32_to_bf16).
+template <class Arch>
+void store_bf16(const xsimd::batch<float, Arch>& x, uint16_t* dst) {
+  if constexpr (is_avx512<Arch>()) {
+    __m512i u = _mm512_castps_si512(x);
+    __m512i hi = _mm512_srli_epi32(u, 16);
+    __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb), 16);
+    __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    r = _mm512_mask_blend_epi32(nan, r, _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm512_cvtepi32_epi16(r));
+  } else {
+    __m256i u = _mm256_castps_si256(x);
+    __m256i hi = _mm256_srli_epi32(u, 16);
+    __m256i lsb = _mm256_and_si256(hi, _mm256_set1_epi32(1));
+    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), lsb), 16);
+    __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    r = _mm256_blendv_epi8(r, _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan);
+    __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), packed);
+  }
+}
+
+// One batch of element i.. of a typed stream, as fp32.
+template <class Arch>
+xsimd::batch<float, Arch> load_as_f32(const void* base, DType t, int64_t i) {
+  switch (t) {
+    case DType::kF32: return xsimd::batch<float, Arch>::load_unaligned(static_cast<const float*>(base) + i);
+    case DType::kBF16: return load_bf16<Arch>(static_cast<const uint16_t*>(base) + i);
+    case DType::kF16: break;
+  }
+  return load_f16<Arch>(static_cast<const uint16_t*>(base) + i);
+}
+
+template <class Arch>
+void store_from_f32(void* base, DType t, int64_t i, const xsimd::batch<float, Arch>& x) {
+  switch (t) {
+    case DType::kF32: x.store_unaligned(static_cast<float*>(base) + i); return;
+    case DType::kBF16: store_bf16<Arch>(x, static_cast<uint16_t*>(base) + i); return;
+    case DType::kF16: store_f16<Arch>(x, static_cast<uint16_t*>(base) + i); return;
+  }
+}
+
+// sqrt(x) and 1/x for x >= 0 through the FMA ports instead of the divider
+// (which both vsqrtps and vdivps share, and which bounds Adam otherwise):
+// the hardware estimate (14 bits on AVX-512, 12 on AVX2) refined by one
+// Newton-Raphson step, ~22 bits. sqrt(0) is 0 and sqrt(inf)/sqrt(nan) stay
+// non-finite. Other architectures use the exact instructions.
+template <class Arch>
+xsimd::batch<float, Arch> fast_sqrt(const xsimd::batch<float, Arch>& x) {
+  using B = xsimd::batch<float, Arch>;
+  if constexpr (has_lane_moves<Arch>()) {
+    B y;
+    if constexpr (is_avx512<Arch>()) {
+      y = _mm512_rsqrt14_ps(x);
+    } else {
+      y = _mm256_rsqrt_ps(x);
+    }
+    // y <- y * (1.5 - 0.5 x y^2); sqrt(x) = x * y
+    B xy = x * y;
+    B s = xy * xsimd::fnma(B(0.5f) * xy, y, B(1.5f));
+    return xsimd::select(x == B(0.0f), B(0.0f), xsimd::select(xsimd::isfinite(x), s, x));
+  } else {
+    return xsimd::sqrt(x);
+  }
+}
+
+template <class Arch>
+xsimd::batch<float, Arch> fast_reciprocal(const xsimd::batch<float, Arch>& x) {
+  using B = xsimd::batch<float, Arch>;
+  if constexpr (has_lane_moves<Arch>()) {
+    B y;
+    if constexpr (is_avx512<Arch>()) {
+      y = _mm512_rcp14_ps(x);
+    } else {
+      y = _mm256_rcp_ps(x);
+    }
+    return y * xsimd::fnma(x, y, B(2.0f));  // y <- y (2 - x y)
+  } else {
+    return B(1.0f) / x;
+  }
+}
+
+}  // namespace strata::cpu_optim::detail
