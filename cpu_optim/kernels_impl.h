@@ -73,27 +73,29 @@ void from_f32(const float* __restrict src, DType type, int64_t n, void* dst) {
 }
 
 // 8-bit blockwise states (format in q8.h). One block is decoded into /
-// encoded from fp32 scratch at a time; the vector code does exactly the
-// operations of q8.h's scalar functions, in the same order, so both give the
-// same bits. A block shorter than kQ8BlockElems (the end of a span) and
-// architectures without lane moves use the scalar functions.
+// encoded from fp32 scratch at a time; the vector code computes exactly what
+// q8.h's scalar functions compute (rewritten with fewer instructions where
+// the result is bit-for-bit the same), so both give the same codes. A block
+// shorter than kQ8BlockElems (the end of a span) and architectures without
+// lane moves use the scalar functions.
 template <class Arch>
 void q8_decode_block(const void* q, float scale, bool is_v, int64_t len, float* __restrict dst) {
   using B = xsimd::batch<float, Arch>;
   if constexpr (has_lane_moves<Arch>()) {
     if (len == kQ8BlockElems) {
-      const B sc(scale), zero(0.0f);
+      const B sc(scale);
       for (int64_t i = 0; i < kQ8BlockElems; i += B::size) {
         if (is_v) {
+          // codes are integers >= 0, so max(code, 0.5) is q8.h's "0 -> 0.5"
           B code = load_code<Arch>(static_cast<const uint8_t*>(q) + i);
-          B r = xsimd::select(code == zero, B(0.5f), code) * B(1.0f / 255.0f);
+          B r = xsimd::max(code, B(0.5f)) * B(1.0f / 255.0f);
           B w = r * r * sc;
           (w * w).store_aligned(dst + i);
         } else {
+          // r * |r| is bitwise q8.h's (code < 0 ? -r * r : r * r)
           B code = load_code<Arch>(static_cast<const int8_t*>(q) + i);
           B r = code * B(1.0f / 127.0f);
-          B rr = r * r;
-          (xsimd::select(code < zero, -rr, rr) * sc).store_aligned(dst + i);
+          (r * xsimd::abs(r) * sc).store_aligned(dst + i);
         }
       }
       return;
@@ -103,6 +105,16 @@ void q8_decode_block(const void* q, float scale, bool is_v, int64_t len, float* 
     dst[i] = is_v ? q8_v_decode(static_cast<const uint8_t*>(q)[i], scale)
                   : q8_m_decode(static_cast<const int8_t*>(q)[i], scale);
   }
+}
+
+// Largest lane of a batch (exact).
+template <class Arch>
+float max_lane(const xsimd::batch<float, Arch>& x) {
+  alignas(64) float lanes[xsimd::batch<float, Arch>::size];
+  x.store_aligned(lanes);
+  float top = 0.0f;
+  for (float l : lanes) top = std::max(top, l);
+  return top;
 }
 
 // Largest scale term of a block: |m|, or sqrt(v) = sqrt(max v) since sqrt is
@@ -117,18 +129,16 @@ float q8_block_scale(const float* x, int64_t len, bool is_v) {
     B t = B::load_unaligned(x + i);
     acc = xsimd::max(is_v ? t : xsimd::abs(t), acc);  // NaN lanes keep acc, as std::max does
   }
-  alignas(64) float lanes[W];
-  acc.store_aligned(lanes);
-  float top = 0.0f;
-  for (float l : lanes) top = std::max(top, l);
+  float top = max_lane<Arch>(acc);
   for (; i < len; ++i) top = std::max(top, is_v ? x[i] : std::fabs(x[i]));
   return is_v ? std::sqrt(top) : top;
 }
 
+// Encodes one block with its scale (q8_block_scale of the same values, which
+// a caller may have accumulated while producing them); returns the scale.
 template <class Arch>
-float q8_encode_block(const float* __restrict src, bool is_v, int64_t len, void* q) {
+float q8_encode_block_scaled(const float* __restrict src, bool is_v, int64_t len, void* q, float scale) {
   using B = xsimd::batch<float, Arch>;
-  const float scale = q8_block_scale<Arch>(src, len, is_v);
   const float inv = q8_inverse(scale);
   if constexpr (has_lane_moves<Arch>()) {
     if (len == kQ8BlockElems) {
@@ -138,14 +148,12 @@ float q8_encode_block(const float* __restrict src, bool is_v, int64_t len, void*
         if (is_v) {
           B r = xsimd::sqrt(xsimd::sqrt(x) * vinv);
           B c = (B(255.0f) * r + magic) - magic;
-          c = xsimd::select(c > B(255.0f), B(255.0f), c);
-          c = xsimd::select(c >= zero, c, zero);  // NaN -> 0
-          store_code<Arch>(c, static_cast<uint8_t*>(q) + i);
+          // max(c, 0) returns 0 for a NaN c (its second operand): NaN -> 0
+          store_code<Arch>(xsimd::min(xsimd::max(c, zero), B(255.0f)), static_cast<uint8_t*>(q) + i);
         } else {
           B r = xsimd::sqrt(xsimd::abs(x) * vinv);
           B c = (B(127.0f) * r + magic) - magic;
-          c = xsimd::select(c > B(127.0f), B(127.0f), c);
-          c = xsimd::select(xsimd::isnan(c), zero, c);
+          c = xsimd::min(xsimd::max(c, zero), B(127.0f));  // NaN -> 0, as above
           store_code<Arch>(xsimd::select(x < zero, -c, c), static_cast<int8_t*>(q) + i);
         }
       }
@@ -160,6 +168,11 @@ float q8_encode_block(const float* __restrict src, bool is_v, int64_t len, void*
     }
   }
   return scale;
+}
+
+template <class Arch>
+float q8_encode_block(const float* __restrict src, bool is_v, int64_t len, void* q) {
+  return q8_encode_block_scaled<Arch>(src, is_v, len, q, q8_block_scale<Arch>(src, len, is_v));
 }
 
 // A whole sub-tile of q8 states, block by block.
@@ -372,6 +385,7 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& st, int64_t n) {
       const int64_t blk = b0 / kQ8BlockElems;
       q8_decode_block<Arch>(static_cast<const int8_t*>(call.m) + b0, call.m_scale[blk], false, kQ8BlockElems, bm);
       q8_decode_block<Arch>(static_cast<const uint8_t*>(call.v) + b0, call.v_scale[blk], true, kQ8BlockElems, bv);
+      B top_m(0.0f), top_v(0.0f);  // the new block scales, gathered on the way
       for (int64_t j = 0; j < kQ8BlockElems; j += W) {
         const int64_t i = b0 + j;
         prefetch_ahead<4>(call.params, i);
@@ -384,10 +398,14 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& st, int64_t n) {
         p.store_unaligned(call.params + i);
         m.store_aligned(bm + j);
         v.store_aligned(bv + j);
+        top_m = xsimd::max(xsimd::abs(m), top_m);  // as q8_block_scale: NaN lanes keep the max
+        top_v = xsimd::max(v, top_v);
         if constexpr (O != OutKind::kNone) store_from_f32<Arch>(call.out, kOut, i, p);
       }
-      call.m_scale[blk] = q8_encode_block<Arch>(bm, false, kQ8BlockElems, static_cast<int8_t*>(call.m) + b0);
-      call.v_scale[blk] = q8_encode_block<Arch>(bv, true, kQ8BlockElems, static_cast<uint8_t*>(call.v) + b0);
+      call.m_scale[blk] = q8_encode_block_scaled<Arch>(bm, false, kQ8BlockElems, static_cast<int8_t*>(call.m) + b0,
+                                                       max_lane<Arch>(top_m));
+      call.v_scale[blk] = q8_encode_block_scaled<Arch>(bv, true, kQ8BlockElems, static_cast<uint8_t*>(call.v) + b0,
+                                                       std::sqrt(max_lane<Arch>(top_v)));
     }
   }
 }
