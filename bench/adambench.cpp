@@ -9,8 +9,6 @@
 // q8_state (as offload, with bf16 / 8-bit blockwise m and v).
 // Bytes counted per parameter are the bytes the mode reads plus writes.
 // Prints a table and ends with one JSON line holding every figure.
-#include <sys/utsname.h>
-
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
@@ -18,13 +16,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "bench/bench_util.h"
 #include "cpu_optim/executor.h"
 #include "cpu_optim/optimizer.h"
 
@@ -260,14 +258,6 @@ double triad_gbps(int64_t n, Executor& ex, int reps) {
   return 12.0 * static_cast<double>(n) / s / 1e9;
 }
 
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  }
-  return "unknown";
-}
 
 int run(int argc, char** argv) {
   CLI::App app{"strata-adambench: CPU AdamW throughput against a same-streams roofline, STREAM triad and naive loop"};
@@ -356,10 +346,8 @@ int run(int argc, char** argv) {
       rows.push_back(row);
     }
   }
-  utsname uts{};
-  ::uname(&uts);
   nlohmann::json j = {{"bench", "adam"}, {"params", n}, {"isa", isa_used},
-                      {"system", {{"cpu", cpu_model()}, {"kernel", uts.release}, {"cores", cpu_optim::hardware_threads()}}},
+                      {"system", system_info()},
                       {"rows", rows}};
   std::printf("%s\n", j.dump().c_str());
   return 0;

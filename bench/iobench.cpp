@@ -4,19 +4,18 @@
 // size and depth) run in the same invocation. Prints a table, one row as each
 // measurement finishes, and ends with one JSON line holding every figure.
 #include <sys/resource.h>
-#include <sys/utsname.h>
 #include <sys/vfs.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "bench/bench_util.h"
 #include "common/units.h"
 #include "io/buffer.h"
 #include "io/device_factory.h"
@@ -123,14 +122,6 @@ std::string fs_type(const std::string& dir) {
   }
 }
 
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  }
-  return "unknown";
-}
 
 int run(int argc, char** argv) {
   CLI::App app{"strata-iobench: sequential O_DIRECT bandwidth of strata's io layer"};
@@ -254,10 +245,8 @@ int run(int argc, char** argv) {
 
   nlohmann::json j;
   j["bench"] = "io";
-  utsname uts{};
-  ::uname(&uts);
-  j["system"] = {{"kernel", uts.release}, {"cpu", cpu_model()}, {"filesystem", fs_type(dir)},
-                 {"cores", ::sysconf(_SC_NPROCESSORS_ONLN)}};
+  j["system"] = system_info();
+  j["system"]["filesystem"] = fs_type(dir);
   j["file_bytes"] = rounded;
   j["rows"] = nlohmann::json::array();
   for (const Row& r : rows) {
