@@ -185,3 +185,47 @@ INSTANTIATE_TEST_SUITE_P(Backends, DeviceTest, ::testing::Values(Backend::kUring
 
 }  // namespace
 }  // namespace strata::io
+
+namespace strata::io {
+namespace {
+
+// io_uring refuses depths above 32768, the POSIX pool does not: with
+// Backend::kAuto the factory must fall back (with its notice) instead of failing.
+TEST(DeviceFactory, AutoFallsBackToPosixWhenIoUringCannotBeSetUp) {
+  DeviceOptions options;
+  options.backend = Backend::kAuto;
+  options.queue_depth = 40000;
+  ::testing::internal::CaptureStderr();
+  Result<std::unique_ptr<BlockDevice>> dev = make_block_device(options);
+  std::string notice = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(dev) << dev.error().to_string();
+  EXPECT_EQ((*dev)->name(), "posix");
+  EXPECT_NE(notice.find("io_uring unavailable"), std::string::npos) << notice;
+  options.backend = Backend::kUring;
+  Result<std::unique_ptr<BlockDevice>> strict = make_block_device(options);
+  ASSERT_FALSE(strict);
+  EXPECT_EQ(strict.error().code(), StatusCode::kInvalidArgument);
+  EXPECT_FALSE(parse_backend("spdk"));
+}
+
+TEST(Buffers, AlignedLockedAndReleased) {
+  AlignedAllocator locking(/*lock_memory=*/true);
+  Result<Buffer> b = locking.allocate(100000, 4096);
+  if (!b) {
+    // Without CAP_IPC_LOCK a small RLIMIT_MEMLOCK refuses: the error must say how to fix it.
+    EXPECT_EQ(b.error().code(), StatusCode::kResourceExhausted);
+    EXPECT_NE(b.error().message().find("ulimit -l"), std::string::npos) << b.error().to_string();
+    GTEST_SKIP() << "mlock refused here: " << b.error().message();
+  }
+  EXPECT_TRUE(b->locked());
+  EXPECT_TRUE(is_aligned(b->data(), 4096));
+  EXPECT_EQ(b->capacity_bytes(), round_up(100000, 4096));
+  EXPECT_EQ(b->data()[12345], std::byte{0});  // zero-filled
+  Buffer moved = std::move(*b);
+  EXPECT_EQ(b->data(), nullptr);
+  EXPECT_TRUE(moved.locked());
+  EXPECT_EQ(allocate_aligned(4096, 3).error().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace strata::io
