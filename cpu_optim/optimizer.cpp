@@ -150,15 +150,6 @@ Status validate_span(const ParamSpan& span, OptKind kind, const Coeffs& c) {
 
 }  // namespace
 
-std::string_view dtype_name(DType t) {
-  switch (t) {
-    case DType::kF32: return "fp32";
-    case DType::kF16: return "fp16";
-    case DType::kBF16: return "bf16";
-  }
-  return "?";
-}
-
 std::string_view state_type_name(StateType t) {
   switch (t) {
     case StateType::kF32: return "fp32";
