@@ -10,6 +10,11 @@ find_package(xsimd REQUIRED)
 find_package(nlohmann_json 3.10 REQUIRED)
 find_package(CLI11 REQUIRED)
 find_package(fmt REQUIRED)
+# OpenBLAS (host backend GEMMs): Debian ships a config with variables only.
+find_package(OpenBLAS CONFIG REQUIRED)
+add_library(strata::openblas INTERFACE IMPORTED)
+target_include_directories(strata::openblas SYSTEM INTERFACE ${OpenBLAS_INCLUDE_DIRS})
+target_link_libraries(strata::openblas INTERFACE ${OpenBLAS_LIBRARIES})
 find_package(spdlog REQUIRED)
 # The Python module is built for Debian's interpreter (python3-torch and
 # python3-numpy live there), never for another python3 first on PATH.

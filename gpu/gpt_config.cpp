@@ -1,0 +1,120 @@
+#include "gpu/gpt_config.h"
+
+#include "common/units.h"
+
+namespace strata::gpu {
+
+Status GptConfig::validate() const {
+  auto bad = [](const std::string& m) { return invalid_argument("GPT config: " + m); };
+  if (layers < 1 || layers > 4096) return bad("layers must be 1..4096, got " + std::to_string(layers));
+  if (hidden < 1 || hidden > (1 << 20)) return bad("hidden must be 1..2^20, got " + std::to_string(hidden));
+  if (heads < 1 || hidden % heads != 0) {
+    return bad("heads must divide hidden (hidden " + std::to_string(hidden) + ", heads " + std::to_string(heads) + ")");
+  }
+  if (vocab < 2 || vocab > (1 << 24)) return bad("vocab must be 2..2^24, got " + std::to_string(vocab));
+  if (max_seq < 1 || max_seq > (1 << 20)) return bad("max_seq must be 1..2^20, got " + std::to_string(max_seq));
+  return ok_status();
+}
+
+GptConfig gpt2_config(const std::string& size) {
+  GptConfig c;
+  if (size == "medium") {
+    c.layers = 24, c.hidden = 1024, c.heads = 16;
+  } else if (size == "large") {
+    c.layers = 36, c.hidden = 1280, c.heads = 20;
+  } else if (size == "xl") {
+    c.layers = 48, c.hidden = 1600, c.heads = 25;
+  }
+  return c;  // "small" and anything else: GPT-2 small
+}
+
+int64_t TensorSlot::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+const TensorSlot& ChunkLayout::at(const std::string& suffix) const {
+  for (const TensorSlot& t : tensors) {
+    if (t.name.size() >= suffix.size() && t.name.compare(t.name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      return t;
+    }
+  }
+  STRATA_CHECK_MSG(false, "no tensor named *%s in the chunk", suffix.c_str());
+  return tensors.front();
+}
+
+namespace {
+void add(ChunkLayout& chunk, std::string name, std::vector<int64_t> shape) {
+  TensorSlot t{std::move(name), std::move(shape), chunk.numel};
+  chunk.param_count += t.numel();
+  chunk.numel = static_cast<int64_t>(round_up(static_cast<uint64_t>(chunk.numel + t.numel()), kTensorAlignElems));
+  chunk.tensors.push_back(std::move(t));
+}
+}  // namespace
+
+ChunkLayout block_layout(const GptConfig& c, int64_t layer) {
+  ChunkLayout chunk;
+  chunk.kind = ChunkKind::kBlock;
+  chunk.block = layer;
+  const int64_t C = c.hidden;
+  const std::string p = "h." + std::to_string(layer) + ".";
+  add(chunk, p + "ln_1.weight", {C});
+  add(chunk, p + "ln_1.bias", {C});
+  add(chunk, p + "attn.c_attn.weight", {C, 3 * C});
+  add(chunk, p + "attn.c_attn.bias", {3 * C});
+  add(chunk, p + "attn.c_proj.weight", {C, C});
+  add(chunk, p + "attn.c_proj.bias", {C});
+  add(chunk, p + "ln_2.weight", {C});
+  add(chunk, p + "ln_2.bias", {C});
+  add(chunk, p + "mlp.c_fc.weight", {C, 4 * C});
+  add(chunk, p + "mlp.c_fc.bias", {4 * C});
+  add(chunk, p + "mlp.c_proj.weight", {4 * C, C});
+  add(chunk, p + "mlp.c_proj.bias", {C});
+  return chunk;
+}
+
+ChunkLayout embedding_layout(const GptConfig& c) {
+  ChunkLayout chunk;
+  chunk.kind = ChunkKind::kEmbedding;
+  add(chunk, "wte.weight", {c.vocab, c.hidden});
+  add(chunk, "wpe.weight", {c.max_seq, c.hidden});
+  return chunk;
+}
+
+ChunkLayout final_layout(const GptConfig& c) {
+  ChunkLayout chunk;
+  chunk.kind = ChunkKind::kFinal;
+  add(chunk, "ln_f.weight", {c.hidden});
+  add(chunk, "ln_f.bias", {c.hidden});
+  return chunk;
+}
+
+std::vector<ChunkLayout> model_layout(const GptConfig& c) {
+  std::vector<ChunkLayout> out;
+  out.push_back(embedding_layout(c));
+  for (int64_t l = 0; l < c.layers; ++l) out.push_back(block_layout(c, l));
+  out.push_back(final_layout(c));
+  return out;
+}
+
+int64_t block_parameter_count(const GptConfig& c) { return 12 * c.hidden * c.hidden + 13 * c.hidden; }
+
+int64_t parameter_count(const GptConfig& c) {
+  return c.vocab * c.hidden + c.max_seq * c.hidden + c.layers * block_parameter_count(c) + 2 * c.hidden;
+}
+
+double forward_flops_per_token(const GptConfig& c, int64_t seq) {
+  double C = static_cast<double>(c.hidden), L = static_cast<double>(c.layers);
+  return 2.0 * (12.0 * C * C * L + static_cast<double>(c.vocab) * C) + 4.0 * L * static_cast<double>(seq) * C;
+}
+
+double training_flops_per_token(const GptConfig& c, int64_t seq, bool recompute) {
+  return (recompute ? 4.0 : 3.0) * forward_flops_per_token(c, seq);
+}
+
+int64_t block_activation_bytes_per_token(const GptConfig& c, int64_t seq, int64_t elem_bytes) {
+  return (16 * c.hidden + c.heads * seq) * elem_bytes + 16;
+}
+
+}  // namespace strata::gpu

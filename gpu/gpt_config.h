@@ -1,0 +1,87 @@
+// GptConfig and the flat parameter layout of a GPT-2-style decoder.
+//
+// Model: token + learned position embedding; L pre-LayerNorm blocks of causal
+// multi-head self-attention and a GELU(tanh) MLP; a final LayerNorm; the
+// output projection tied to the token embedding; cross-entropy loss.
+// Parameter names, shapes and order are GPT-2's (as in its safetensors), with
+// GPT-2's Conv1D convention: a projection weight is [in, out].
+//
+// Parameters live in chunks — the unit the engine moves and updates: one
+// "embedding" chunk (wte, wpe), one chunk per block, one "final" chunk
+// (ln_f). Inside a chunk each tensor starts at a fixed element offset,
+// aligned to kTensorAlignElems, so a chunk is one flat buffer.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace strata::gpu {
+
+inline constexpr int64_t kTensorAlignElems = 64;  // 256 bytes of fp32, 128 of bf16
+
+struct GptConfig {
+  int64_t layers = 12;
+  int64_t hidden = 768;     // C
+  int64_t heads = 12;       // NH; hidden % heads == 0
+  int64_t vocab = 50257;    // V
+  int64_t max_seq = 1024;   // positions in wpe; a run's sequence length T <= max_seq
+
+  Status validate() const;
+  int64_t head_dim() const { return hidden / heads; }
+};
+
+// GPT-2 small/medium/large/xl shapes (vocab 50257, 1024 positions).
+GptConfig gpt2_config(const std::string& size);
+
+struct TensorSlot {
+  std::string name;            // GPT-2 name, e.g. "h.3.attn.c_attn.weight"
+  std::vector<int64_t> shape;  // row-major
+  int64_t offset = 0;          // elements from the chunk start (multiple of kTensorAlignElems)
+  int64_t numel() const;
+};
+
+enum class ChunkKind { kEmbedding, kBlock, kFinal };
+
+struct ChunkLayout {
+  ChunkKind kind = ChunkKind::kBlock;
+  int64_t block = -1;          // layer index for kBlock
+  std::vector<TensorSlot> tensors;
+  int64_t numel = 0;           // padded size in elements (multiple of kTensorAlignElems)
+  int64_t param_count = 0;     // sum of the tensors' numel (no padding)
+  const TensorSlot& at(const std::string& suffix) const;  // by name suffix, e.g. "attn.c_attn.weight"
+};
+
+// Offsets of one block's tensors (identical for every block), in GPT-2 order:
+// ln_1.{weight,bias}, attn.c_attn.{weight [C,3C], bias [3C]}, attn.c_proj.{weight [C,C], bias [C]},
+// ln_2.{weight,bias}, mlp.c_fc.{weight [C,4C], bias [4C]}, mlp.c_proj.{weight [4C,C], bias [C]}.
+ChunkLayout block_layout(const GptConfig& config, int64_t layer);
+ChunkLayout embedding_layout(const GptConfig& config);  // wte [V,C], wpe [max_seq,C]
+ChunkLayout final_layout(const GptConfig& config);      // ln_f.{weight,bias} [C]
+// Every chunk in model order: embedding, blocks 0..L-1, final.
+std::vector<ChunkLayout> model_layout(const GptConfig& config);
+
+// --- Formulas (docs/GPT.md derives them) ---
+// Parameters: V*C + max_seq*C + L*(12*C^2 + 13*C) + 2*C.
+int64_t parameter_count(const GptConfig& config);
+int64_t block_parameter_count(const GptConfig& config);  // 12*C^2 + 13*C
+
+// Model FLOPs per token at sequence length T (matmul and attention
+// multiply-adds counted as 2 FLOPs; LayerNorm, GELU, softmax not counted):
+//   forward = 2 * (12*C^2*L + V*C) + 4*L*T*C
+//   training (forward + backward) = 3 * forward
+//   training with per-block recompute = 4 * forward (the forward runs twice)
+double forward_flops_per_token(const GptConfig& config, int64_t seq);
+double training_flops_per_token(const GptConfig& config, int64_t seq, bool recompute);
+
+// Activation bytes per token of one block while its forward+backward runs
+// (the working set a recomputed block needs), for elements of `elem_bytes`:
+//   (16*C + NH*T) * elem_bytes  +  4 fp32 LayerNorm statistics (16 bytes)
+// (ln_1 out C, qkv 3C, attention probabilities NH*T, attention out C,
+//  residual C, ln_2 out C, fc 4C, gelu 4C, block out C).
+// A block-input checkpoint is C * elem_bytes per token.
+int64_t block_activation_bytes_per_token(const GptConfig& config, int64_t seq, int64_t elem_bytes);
+
+}  // namespace strata::gpu

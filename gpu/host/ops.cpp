@@ -1,0 +1,318 @@
+// Host implementations of the transformer ops. Formulas follow GPT-2 and
+// llm.c's train_gpt2.c (layernorm, attention, GELU backward derivations);
+// the tests check every backward against central finite differences in
+// double precision.
+#include "gpu/host/ops.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace strata::gpu::host {
+namespace {
+
+// Row-major C[M,N] = alpha * op(A)[M,K] @ op(B)[K,N] + beta * C.
+void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
+          int64_t ldb, float beta, float* C, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(M),
+              static_cast<int>(N), static_cast<int>(K), alpha, A, static_cast<int>(lda), B, static_cast<int>(ldb), beta,
+              C, static_cast<int>(ldc));
+}
+
+void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A, int64_t lda,
+          const double* B, int64_t ldb, double beta, double* C, int64_t ldc) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(M),
+              static_cast<int>(N), static_cast<int>(K), alpha, A, static_cast<int>(lda), B, static_cast<int>(ldb), beta,
+              C, static_cast<int>(ldc));
+}
+
+constexpr int64_t kRowChunk = 256;  // rows of logits produced at once by the loss
+
+}  // namespace
+
+template <class T>
+void embedding_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int64_t B, int64_t seq, int64_t C) {
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t < seq; ++t) {
+      T* o = out + (b * seq + t) * C;
+      const T* te = wte + static_cast<int64_t>(tokens[b * seq + t]) * C;
+      const T* pe = wpe + t * C;
+      for (int64_t i = 0; i < C; ++i) o[i] = te[i] + pe[i];
+    }
+  }
+}
+
+template <class T>
+void embedding_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int64_t B, int64_t seq, int64_t C) {
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t < seq; ++t) {
+      const T* d = dout + (b * seq + t) * C;
+      T* te = dwte + static_cast<int64_t>(tokens[b * seq + t]) * C;
+      T* pe = dwpe + t * C;
+      for (int64_t i = 0; i < C; ++i) {
+        te[i] += d[i];
+        pe[i] += d[i];
+      }
+    }
+  }
+}
+
+template <class T>
+void layernorm_forward(T* out, T* mean, T* rstd, const T* x, const T* w, const T* b, int64_t N, int64_t C) {
+  const T eps = T(1e-5);
+  for (int64_t n = 0; n < N; ++n) {
+    const T* xr = x + n * C;
+    T m = 0;
+    for (int64_t i = 0; i < C; ++i) m += xr[i];
+    m /= static_cast<T>(C);
+    T v = 0;
+    for (int64_t i = 0; i < C; ++i) v += (xr[i] - m) * (xr[i] - m);
+    v /= static_cast<T>(C);
+    T s = T(1) / std::sqrt(v + eps);
+    T* o = out + n * C;
+    for (int64_t i = 0; i < C; ++i) o[i] = (xr[i] - m) * s * w[i] + b[i];
+    mean[n] = m;
+    rstd[n] = s;
+  }
+}
+
+template <class T>
+void layernorm_backward(T* dx, T* dw, T* db, const T* dout, const T* x, const T* w, const T* mean, const T* rstd,
+                        int64_t N, int64_t C) {
+  for (int64_t n = 0; n < N; ++n) {
+    const T* d = dout + n * C;
+    const T* xr = x + n * C;
+    T* dxr = dx + n * C;
+    T dnorm_mean = 0, dnorm_norm_mean = 0;
+    for (int64_t i = 0; i < C; ++i) {
+      T norm = (xr[i] - mean[n]) * rstd[n];
+      T dnorm = w[i] * d[i];
+      dnorm_mean += dnorm;
+      dnorm_norm_mean += dnorm * norm;
+    }
+    dnorm_mean /= static_cast<T>(C);
+    dnorm_norm_mean /= static_cast<T>(C);
+    for (int64_t i = 0; i < C; ++i) {
+      T norm = (xr[i] - mean[n]) * rstd[n];
+      T dnorm = w[i] * d[i];
+      db[i] += d[i];
+      dw[i] += norm * d[i];
+      dxr[i] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * rstd[n];
+    }
+  }
+}
+
+template <class T>
+void matmul_forward(T* out, const T* x, const T* w, const T* bias, int64_t N, int64_t IC, int64_t OC) {
+  gemm(false, false, N, OC, IC, T(1), x, IC, w, OC, T(0), out, OC);
+  if (bias == nullptr) return;
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t o = 0; o < OC; ++o) out[n * OC + o] += bias[o];
+  }
+}
+
+template <class T>
+void matmul_backward(T* dx, T* dw, T* dbias, const T* dout, const T* x, const T* w, int64_t N, int64_t IC,
+                     int64_t OC) {
+  gemm(false, true, N, IC, OC, T(1), dout, OC, w, OC, T(1), dx, IC);
+  gemm(true, false, IC, OC, N, T(1), x, IC, dout, OC, T(1), dw, OC);
+  if (dbias == nullptr) return;
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t o = 0; o < OC; ++o) dbias[o] += dout[n * OC + o];
+  }
+}
+
+template <class T>
+void attention_forward(T* out, T* att, const T* qkv, int64_t B, int64_t seq, int64_t C, int64_t NH) {
+  const int64_t hs = C / NH;
+  const T scale = T(1) / std::sqrt(static_cast<T>(hs));
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t < seq; ++t) {
+      for (int64_t h = 0; h < NH; ++h) {
+        const T* q = qkv + (b * seq + t) * 3 * C + h * hs;
+        T* a = att + ((b * NH + h) * seq + t) * seq;
+        T maxval = -std::numeric_limits<T>::infinity();
+        for (int64_t t2 = 0; t2 <= t; ++t2) {
+          const T* k = qkv + (b * seq + t2) * 3 * C + C + h * hs;
+          T s = 0;
+          for (int64_t i = 0; i < hs; ++i) s += q[i] * k[i];
+          a[t2] = s * scale;
+          maxval = std::max(maxval, a[t2]);
+        }
+        T sum = 0;
+        for (int64_t t2 = 0; t2 <= t; ++t2) {
+          a[t2] = std::exp(a[t2] - maxval);
+          sum += a[t2];
+        }
+        for (int64_t t2 = 0; t2 < seq; ++t2) a[t2] = t2 <= t ? a[t2] / sum : T(0);
+        T* o = out + (b * seq + t) * C + h * hs;
+        for (int64_t i = 0; i < hs; ++i) o[i] = 0;
+        for (int64_t t2 = 0; t2 <= t; ++t2) {
+          const T* v = qkv + (b * seq + t2) * 3 * C + 2 * C + h * hs;
+          for (int64_t i = 0; i < hs; ++i) o[i] += a[t2] * v[i];
+        }
+      }
+    }
+  }
+}
+
+template <class T>
+void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* att, int64_t B, int64_t seq, int64_t C,
+                        int64_t NH) {
+  const int64_t hs = C / NH;
+  const T scale = T(1) / std::sqrt(static_cast<T>(hs));
+  std::vector<T> datt(static_cast<size_t>(seq)), dpre(static_cast<size_t>(seq));
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t < seq; ++t) {
+      for (int64_t h = 0; h < NH; ++h) {
+        const T* a = att + ((b * NH + h) * seq + t) * seq;
+        const T* d = dout + (b * seq + t) * C + h * hs;
+        // out = sum_t2 a[t2] v[t2]: gradients into a and v
+        for (int64_t t2 = 0; t2 <= t; ++t2) {
+          const T* v = qkv + (b * seq + t2) * 3 * C + 2 * C + h * hs;
+          T* dv = dqkv + (b * seq + t2) * 3 * C + 2 * C + h * hs;
+          T s = 0;
+          for (int64_t i = 0; i < hs; ++i) {
+            s += v[i] * d[i];
+            dv[i] += a[t2] * d[i];
+          }
+          datt[t2] = s;
+        }
+        // softmax backward: dpre[t3] = a[t3] * (datt[t3] - sum_t2 a[t2] datt[t2])
+        T dot = 0;
+        for (int64_t t2 = 0; t2 <= t; ++t2) dot += a[t2] * datt[t2];
+        for (int64_t t2 = 0; t2 <= t; ++t2) dpre[t2] = a[t2] * (datt[t2] - dot);
+        // pre = scale * q . k
+        const T* q = qkv + (b * seq + t) * 3 * C + h * hs;
+        T* dq = dqkv + (b * seq + t) * 3 * C + h * hs;
+        for (int64_t t2 = 0; t2 <= t; ++t2) {
+          const T* k = qkv + (b * seq + t2) * 3 * C + C + h * hs;
+          T* dk = dqkv + (b * seq + t2) * 3 * C + C + h * hs;
+          for (int64_t i = 0; i < hs; ++i) {
+            dq[i] += k[i] * dpre[t2] * scale;
+            dk[i] += q[i] * dpre[t2] * scale;
+          }
+        }
+      }
+    }
+  }
+}
+
+namespace {
+template <class T>
+constexpr T kGeluScale = static_cast<T>(0.79788456080286535587989211986876);  // sqrt(2/pi)
+}
+
+template <class T>
+void gelu_forward(T* out, const T* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    T v = x[i];
+    out[i] = T(0.5) * v * (T(1) + std::tanh(kGeluScale<T> * (v + T(0.044715) * v * v * v)));
+  }
+}
+
+template <class T>
+void gelu_backward(T* dx, const T* x, const T* dout, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    T v = x[i];
+    T u = kGeluScale<T> * (v + T(0.044715) * v * v * v);
+    T th = std::tanh(u);
+    T sech2 = T(1) - th * th;
+    T local = T(0.5) * (T(1) + th) + v * T(0.5) * sech2 * kGeluScale<T> * (T(1) + T(3) * T(0.044715) * v * v);
+    dx[i] += local * dout[i];
+  }
+}
+
+template <class T>
+void residual_forward(T* out, const T* a, const T* b, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+template <class T>
+void accumulate(T* dst, const T* src, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
+}
+
+template <class T>
+T crossentropy_forward(T* lse, const T* x, const T* wte, const int32_t* targets, int64_t N, int64_t C, int64_t V) {
+  std::vector<T> logits(static_cast<size_t>(kRowChunk * std::min(kVocabChunk, V)));
+  std::vector<T> run_max(static_cast<size_t>(kRowChunk)), run_sum(static_cast<size_t>(kRowChunk));
+  std::vector<T> target_logit(static_cast<size_t>(kRowChunk));
+  T total = 0;
+  for (int64_t r0 = 0; r0 < N; r0 += kRowChunk) {
+    const int64_t rows = std::min(kRowChunk, N - r0);
+    std::fill(run_max.begin(), run_max.end(), -std::numeric_limits<T>::infinity());
+    std::fill(run_sum.begin(), run_sum.end(), T(0));
+    for (int64_t v0 = 0; v0 < V; v0 += kVocabChunk) {
+      const int64_t cols = std::min(kVocabChunk, V - v0);
+      gemm(false, true, rows, cols, C, T(1), x + r0 * C, C, wte + v0 * C, C, T(0), logits.data(), cols);
+      for (int64_t r = 0; r < rows; ++r) {
+        const T* l = logits.data() + r * cols;
+        T m = run_max[r];
+        for (int64_t j = 0; j < cols; ++j) m = std::max(m, l[j]);
+        // online log-sum-exp: rescale the running sum to the new maximum
+        T s = run_sum[r] * std::exp(run_max[r] - m);
+        for (int64_t j = 0; j < cols; ++j) s += std::exp(l[j] - m);
+        run_max[r] = m;
+        run_sum[r] = s;
+        int64_t tgt = targets[r0 + r];
+        if (tgt >= v0 && tgt < v0 + cols) target_logit[r] = l[tgt - v0];
+      }
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      lse[r0 + r] = run_max[r] + std::log(run_sum[r]);
+      total += lse[r0 + r] - target_logit[r];
+    }
+  }
+  return total / static_cast<T>(N);
+}
+
+template <class T>
+void crossentropy_backward(T* dx, T* dwte, const T* x, const T* wte, const int32_t* targets, const T* lse, T dloss,
+                           int64_t N, int64_t C, int64_t V) {
+  std::vector<T> dlogits(static_cast<size_t>(kRowChunk * std::min(kVocabChunk, V)));
+  const T k = dloss / static_cast<T>(N);
+  for (int64_t r0 = 0; r0 < N; r0 += kRowChunk) {
+    const int64_t rows = std::min(kRowChunk, N - r0);
+    for (int64_t v0 = 0; v0 < V; v0 += kVocabChunk) {
+      const int64_t cols = std::min(kVocabChunk, V - v0);
+      T* dl = dlogits.data();
+      gemm(false, true, rows, cols, C, T(1), x + r0 * C, C, wte + v0 * C, C, T(0), dl, cols);
+      // d loss / d logit = (softmax - onehot(target)) / N
+      for (int64_t r = 0; r < rows; ++r) {
+        T* l = dl + r * cols;
+        for (int64_t j = 0; j < cols; ++j) l[j] = std::exp(l[j] - lse[r0 + r]) * k;
+        int64_t tgt = targets[r0 + r];
+        if (tgt >= v0 && tgt < v0 + cols) l[tgt - v0] -= k;
+      }
+      gemm(false, false, rows, C, cols, T(1), dl, cols, wte + v0 * C, C, T(1), dx + r0 * C, C);
+      gemm(true, false, cols, C, rows, T(1), dl, cols, x + r0 * C, C, T(1), dwte + v0 * C, C);
+    }
+  }
+}
+
+#define STRATA_HOST_OPS_INSTANTIATE(T)                                                                              \
+  template void embedding_forward<T>(T*, const int32_t*, const T*, const T*, int64_t, int64_t, int64_t);           \
+  template void embedding_backward<T>(T*, T*, const T*, const int32_t*, int64_t, int64_t, int64_t);                \
+  template void layernorm_forward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t);                  \
+  template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, int64_t,       \
+                                      int64_t);                                                                    \
+  template void matmul_forward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t);                    \
+  template void matmul_backward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t, int64_t);           \
+  template void attention_forward<T>(T*, T*, const T*, int64_t, int64_t, int64_t, int64_t);                        \
+  template void attention_backward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t);       \
+  template void gelu_forward<T>(T*, const T*, int64_t);                                                            \
+  template void gelu_backward<T>(T*, const T*, const T*, int64_t);                                                 \
+  template void residual_forward<T>(T*, const T*, const T*, int64_t);                                              \
+  template void accumulate<T>(T*, const T*, int64_t);                                                              \
+  template T crossentropy_forward<T>(T*, const T*, const T*, const int32_t*, int64_t, int64_t, int64_t);           \
+  template void crossentropy_backward<T>(T*, T*, const T*, const T*, const int32_t*, const T*, T, int64_t,         \
+                                         int64_t, int64_t);
+
+STRATA_HOST_OPS_INSTANTIATE(float)
+STRATA_HOST_OPS_INSTANTIATE(double)
+
+}  // namespace strata::gpu::host
