@@ -1,0 +1,62 @@
+// A GPT-2-style model on the host ops: one block's forward and backward on
+// its flat parameter chunk (gpt_config.h's block_layout), and a whole-model
+// forward/backward that keeps every activation (the engine instead keeps
+// only block inputs and recomputes). Templated like ops.h: float is the host
+// backend, double the reference the tests check gradients with.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "gpu/gpt_config.h"
+
+namespace strata::gpu::host {
+
+// What one block's backward needs from its forward, for B*T = N rows.
+template <class T>
+struct BlockActivations {
+  std::vector<T> ln1, ln1_mean, ln1_rstd;  // [N,C], [N], [N]
+  std::vector<T> qkv;                      // [N,3C]
+  std::vector<T> att;                      // [B,NH,T,T]
+  std::vector<T> atty;                     // [N,C] attention output before c_proj
+  std::vector<T> res2;                     // [N,C] x + attention
+  std::vector<T> ln2, ln2_mean, ln2_rstd;  // [N,C], [N], [N]
+  std::vector<T> fch, fch_gelu;            // [N,4C]
+  void resize(const GptConfig& config, int64_t B, int64_t seq);
+};
+
+// x_out[N,C] = block(x_in[N,C]) with the block's parameters at `params`
+// (a chunk in block_layout order); fills `acts`.
+template <class T>
+void block_forward(const GptConfig& config, const T* params, const T* x_in, T* x_out, BlockActivations<T>& acts,
+                   int64_t B, int64_t seq);
+// dparams (same layout) += and dx_in[N,C] += the gradients for dx_out[N,C].
+template <class T>
+void block_backward(const GptConfig& config, const T* params, T* dparams, const T* x_in,
+                    const BlockActivations<T>& acts, const T* dx_out, T* dx_in, int64_t B, int64_t seq);
+
+// Whole-model parameters / gradients: one pointer per chunk, in model_layout order.
+template <class T>
+struct ModelParams {
+  std::vector<T*> chunks;
+};
+
+template <class T>
+class HostGpt {
+ public:
+  HostGpt(const GptConfig& config, int64_t B, int64_t seq);
+  // Mean cross-entropy of targets[B,T] given tokens[B,T]; keeps activations.
+  T forward(const ModelParams<T>& params, const int32_t* tokens, const int32_t* targets);
+  // grads += d(mean loss)/d(params), after forward() with the same inputs.
+  void backward(const ModelParams<T>& params, const ModelParams<T>& grads);
+
+ private:
+  GptConfig config_;
+  int64_t B_, T_;
+  std::vector<int32_t> tokens_, targets_;
+  std::vector<std::vector<T>> x_;  // residual stream: x_[0] embeddings ... x_[L] last block out
+  std::vector<BlockActivations<T>> acts_;
+  std::vector<T> lnf_, lnf_mean_, lnf_rstd_, lse_;
+};
+
+}  // namespace strata::gpu::host
