@@ -1,0 +1,141 @@
+// HostDevice: the budget is hard and named, copies are real and ordered per
+// stream, events order streams, streams really run concurrently, and async
+// failures surface.
+#include "gpu/host/host_device.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <numeric>
+#include <vector>
+
+namespace strata::gpu {
+namespace {
+
+std::unique_ptr<HostDevice> make(uint64_t capacity) {
+  Result<std::unique_ptr<HostDevice>> d = HostDevice::create({capacity, 4, 64, 256});
+  EXPECT_TRUE(d) << d.error().to_string();
+  return std::move(d).value();
+}
+
+TEST(HostDevice, BudgetIsHardNamedAndTracked) {
+  auto dev = make(1 << 20);
+  Result<DeviceMemory> a = dev->allocate(600 * 1024, "block 0 weights");
+  ASSERT_TRUE(a);
+  EXPECT_EQ(dev->used_bytes(), 600u * 1024);
+  Result<DeviceMemory> b = dev->allocate(600 * 1024, "block 1 weights");
+  ASSERT_FALSE(b);
+  EXPECT_EQ(b.error().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(b.error().message().find("device memory budget of 1.00 MiB"), std::string::npos) << b.error().message();
+  EXPECT_NE(b.error().message().find("block 1 weights"), std::string::npos);
+  EXPECT_EQ(dev->used_bytes(), 600u * 1024);  // the failed request took nothing
+  { DeviceMemory gone = std::move(a).value(); }
+  EXPECT_EQ(dev->used_bytes(), 0u);
+  EXPECT_EQ(dev->peak_bytes(), 600u * 1024);
+  Result<DeviceMemory> c = dev->allocate(1000, "small");
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->bytes(), 1024u);  // rounded to the 256-byte allocation granule
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(c->data()) % 256, 0u);
+  EXPECT_EQ(HostDevice::create({0, 1, 1, 256}).error().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(HostDevice, CopiesAreOrderedOnAStreamAndChecked) {
+  auto dev = make(1 << 20);
+  Result<DeviceMemory> mem = dev->allocate(4096 * 4, "buf");
+  ASSERT_TRUE(mem);
+  Result<Stream> s = dev->create_stream("copy");
+  ASSERT_TRUE(s);
+  std::vector<float> src(4096), dst(4096, -1.0f);
+  std::iota(src.begin(), src.end(), 0.0f);
+  ASSERT_TRUE(dev->copy_to_device(*s, mem->data(), src.data(), 4096 * 4).ok());
+  ASSERT_TRUE(dev->enqueue(*s, [&] {
+                   for (int i = 0; i < 4096; ++i) mem->as<float>()[i] *= 2;
+                   return ok_status();
+                 }).ok());
+  ASSERT_TRUE(dev->copy_to_host(*s, dst.data(), mem->data(), 4096 * 4).ok());
+  ASSERT_TRUE(dev->synchronize(*s).ok());
+  for (int i = 0; i < 4096; ++i) ASSERT_EQ(dst[i], 2.0f * i);
+  // A range outside any allocation is refused before anything runs.
+  std::vector<float> host(8);
+  Status bad = dev->copy_to_device(*s, host.data(), src.data(), 32);
+  EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(dev->copy_to_host(*s, dst.data(), mem->as<char>() + 8, 4096 * 4).code(), StatusCode::kInvalidArgument);
+}
+
+TEST(HostDevice, EventsOrderStreamsAndStreamsRunConcurrently) {
+  auto dev = make(1 << 20);
+  Stream compute = *dev->create_stream("compute");
+  Stream copy = *dev->create_stream("copy");
+  // The compute task can only finish once the copy stream has run: if the
+  // streams were one queue this would never complete.
+  std::promise<void> copy_ran;
+  std::future<void> copy_ran_f = copy_ran.get_future();
+  std::atomic<bool> saw_copy{false};
+  ASSERT_TRUE(dev->enqueue(compute, [&] {
+                   saw_copy = copy_ran_f.wait_for(std::chrono::seconds(30)) == std::future_status::ready;
+                   return ok_status();
+                 }).ok());
+  ASSERT_TRUE(dev->enqueue(copy, [&] {
+                   copy_ran.set_value();
+                   return ok_status();
+                 }).ok());
+  Event e = *dev->record(compute);
+  ASSERT_TRUE(dev->synchronize(e).ok());
+  EXPECT_TRUE(dev->done(e));
+  EXPECT_TRUE(saw_copy.load());
+  // stream_wait: work on `copy` after the wait sees what `compute` wrote before the event.
+  std::atomic<int> value{0};
+  std::promise<void> gate;
+  std::shared_future<void> gate_f = gate.get_future().share();
+  ASSERT_TRUE(dev->enqueue(compute, [&, gate_f] {
+                   gate_f.wait();
+                   value = 42;
+                   return ok_status();
+                 }).ok());
+  Event written = *dev->record(compute);
+  ASSERT_TRUE(dev->stream_wait(copy, written).ok());
+  std::atomic<int> seen{-1};
+  ASSERT_TRUE(dev->enqueue(copy, [&] {
+                   seen = value.load();
+                   return ok_status();
+                 }).ok());
+  EXPECT_FALSE(dev->done(written));
+  gate.set_value();
+  ASSERT_TRUE(dev->synchronize(copy).ok());
+  EXPECT_EQ(seen.load(), 42);
+}
+
+TEST(HostDevice, AsyncFailuresSurfaceOnceAndQueuesAreBounded) {
+  auto dev = make(1 << 20);
+  Stream s = *dev->create_stream("work");
+  ASSERT_TRUE(dev->enqueue(s, [] { return data_loss("checksum mismatch in chunk 3"); }).ok());
+  ASSERT_TRUE(dev->synchronize(s).ok());
+  Status err = dev->async_error();
+  EXPECT_EQ(err.code(), StatusCode::kDataLoss);
+  EXPECT_NE(err.message().find("stream 'work'"), std::string::npos) << err.to_string();
+  EXPECT_TRUE(dev->async_error().ok());  // reported once
+  std::promise<void> gate;
+  std::shared_future<void> g = gate.get_future().share();
+  Status last;
+  int accepted = 0;
+  for (int i = 0; i < 100 && last.ok(); ++i) {
+    last = dev->enqueue(s, [g] {
+      g.wait();
+      return ok_status();
+    });
+    accepted += last.ok();
+  }
+  EXPECT_EQ(last.code(), StatusCode::kResourceExhausted);
+  EXPECT_LE(accepted, 65);
+  gate.set_value();
+  ASSERT_TRUE(dev->synchronize(s).ok());
+  EXPECT_EQ(dev->create_stream("a").has_value() && dev->create_stream("b").has_value() &&
+                dev->create_stream("c").has_value(),
+            true);
+  EXPECT_EQ(dev->create_stream("too many").error().code(), StatusCode::kResourceExhausted);
+}
+
+}  // namespace
+}  // namespace strata::gpu
