@@ -209,8 +209,13 @@ Status HostDevice::synchronize(Event event) {
 }
 
 Status HostDevice::synchronize(Stream stream) {
-  STRATA_ASSIGN_OR_RETURN(Event e, record(stream));
-  return synchronize(e);
+  // Waits for the last task submitted so far; needs no queue slot, so it
+  // works on a full queue.
+  STRATA_ASSIGN_OR_RETURN(Worker * w, worker(stream));
+  std::unique_lock lock(mu_);
+  const int64_t seq = w->submitted;
+  cv_.wait(lock, [&] { return w->completed >= seq; });
+  return ok_status();
 }
 
 Status HostDevice::async_error() {
