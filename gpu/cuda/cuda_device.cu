@@ -1,0 +1,170 @@
+#include "gpu/cuda/cuda_device.h"
+
+#include <string>
+
+#include "common/log.h"
+#include "common/units.h"
+#include "gpu/cuda/cuda_check.h"
+
+namespace strata::gpu::cuda {
+
+Result<std::unique_ptr<CudaDevice>> CudaDevice::create(const CudaDeviceOptions& options) {
+  if (options.event_ring == 0 || options.max_streams == 0) {
+    return invalid_argument("CUDA device: event_ring and max_streams must be >= 1");
+  }
+  int count = 0;
+  STRATA_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&count));
+  if (options.device < 0 || options.device >= count) {
+    return invalid_argument("CUDA device " + std::to_string(options.device) + " does not exist (" +
+                            std::to_string(count) + " present)");
+  }
+  std::unique_ptr<CudaDevice> dev(new CudaDevice(options));
+  STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device));
+  cudaDeviceProp prop{};
+  STRATA_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, options.device));
+  dev->name_ = std::string("cuda:") + std::to_string(options.device) + " (" + prop.name + ")";
+  size_t free_bytes = 0, total_bytes = 0;
+  STRATA_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
+  uint64_t available = free_bytes > options.reserve_bytes ? free_bytes - options.reserve_bytes : 0;
+  dev->capacity_ = options.capacity_bytes == 0 ? available : options.capacity_bytes;
+  if (dev->capacity_ > available) {
+    return resource_exhausted("CUDA device budget of " + format_bytes(dev->capacity_) + " exceeds the " +
+                              format_bytes(available) + " free on " + dev->name_ + " (after a " +
+                              format_bytes(options.reserve_bytes) + " reserve)");
+  }
+  dev->events_.assign(options.event_ring, nullptr);
+  for (cudaEvent_t& e : dev->events_) STRATA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  // nvcc's front end does not apply C++17's implicit move to a converting return.
+  return Result<std::unique_ptr<CudaDevice>>(std::move(dev));
+}
+
+CudaDevice::~CudaDevice() {
+  // Destroyed with the device current; cleanup errors are logged, and every
+  // remaining resource is still released.
+  if (cudaSetDevice(options_.device) != cudaSuccess) log_warning("CudaDevice shutdown: cudaSetDevice failed");
+  for (cudaStream_t s : streams_) {
+    if (cudaStreamSynchronize(s) != cudaSuccess || cudaStreamDestroy(s) != cudaSuccess) {
+      log_warning("CudaDevice shutdown: a stream reported an error");
+    }
+  }
+  for (cudaEvent_t e : events_) {
+    if (e != nullptr) (void)cudaEventDestroy(e);
+  }
+  if (used_ != 0) log_warning("CudaDevice destroyed with " + format_bytes(used_) + " still allocated");
+}
+
+uint64_t CudaDevice::used_bytes() const {
+  std::lock_guard lock(mu_);
+  return used_;
+}
+
+uint64_t CudaDevice::peak_bytes() const {
+  std::lock_guard lock(mu_);
+  return peak_;
+}
+
+Result<DeviceMemory> CudaDevice::allocate(uint64_t bytes, std::string_view what) {
+  uint64_t rounded = round_up(bytes == 0 ? 1 : bytes, 256);
+  {
+    std::lock_guard lock(mu_);
+    if (used_ + rounded > capacity_) {
+      return resource_exhausted("device memory budget of " + format_bytes(capacity_) + " on " + name_ +
+                                " exceeded: " + std::string(what) + " needs " + format_bytes(rounded) + " with " +
+                                format_bytes(used_) + " in use");
+    }
+    used_ += rounded;
+    peak_ = std::max(peak_, used_);
+  }
+  void* data = nullptr;
+  cudaError_t err = cudaMalloc(&data, rounded);
+  if (err != cudaSuccess) {
+    std::lock_guard lock(mu_);
+    used_ -= rounded;
+    return cuda_status(err, "cudaMalloc").with_context(std::string(what) + " (" + format_bytes(rounded) + ")");
+  }
+  return DeviceMemory(this, data, rounded);
+}
+
+void CudaDevice::release(void* data, uint64_t bytes) {
+  if (cudaFree(data) != cudaSuccess) log_warning("cudaFree failed for " + format_bytes(bytes));
+  std::lock_guard lock(mu_);
+  used_ -= bytes;
+}
+
+Result<Stream> CudaDevice::create_stream(std::string_view name) {
+  std::lock_guard lock(mu_);
+  if (streams_.size() >= options_.max_streams) {
+    return resource_exhausted("CUDA device: all " + std::to_string(options_.max_streams) + " streams in use (" +
+                              std::string(name) + ")");
+  }
+  cudaStream_t s = nullptr;
+  STRATA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  streams_.push_back(s);
+  return Stream{static_cast<int32_t>(streams_.size() - 1)};
+}
+
+Result<cudaStream_t> CudaDevice::native(Stream stream) const {
+  std::lock_guard lock(mu_);
+  if (stream.id < 0 || static_cast<size_t>(stream.id) >= streams_.size()) {
+    return invalid_argument("CUDA device: unknown stream " + std::to_string(stream.id));
+  }
+  return streams_[static_cast<size_t>(stream.id)];
+}
+
+Status CudaDevice::copy_to_device(Stream stream, void* device_dst, const void* host_src, uint64_t bytes) {
+  STRATA_ASSIGN_OR_RETURN(cudaStream_t s, native(stream));
+  STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice, s));
+  return ok_status();
+}
+
+Status CudaDevice::copy_to_host(Stream stream, void* host_dst, const void* device_src, uint64_t bytes) {
+  STRATA_ASSIGN_OR_RETURN(cudaStream_t s, native(stream));
+  STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, s));
+  return ok_status();
+}
+
+Result<Event> CudaDevice::record(Stream stream) {
+  STRATA_ASSIGN_OR_RETURN(cudaStream_t s, native(stream));
+  std::lock_guard lock(mu_);
+  int64_t id = next_event_++;
+  STRATA_CUDA_RETURN_IF_ERROR(cudaEventRecord(events_[static_cast<size_t>(id % options_.event_ring)], s));
+  return Event{id};
+}
+
+Result<cudaEvent_t> CudaDevice::event_of(Event event) const {
+  std::lock_guard lock(mu_);
+  if (event.id < 0 || event.id >= next_event_) return invalid_argument("CUDA device: unknown event");
+  if (next_event_ - event.id > static_cast<int64_t>(options_.event_ring)) return cudaEvent_t{nullptr};
+  return events_[static_cast<size_t>(event.id % options_.event_ring)];
+}
+
+Status CudaDevice::stream_wait(Stream stream, Event event) {
+  STRATA_ASSIGN_OR_RETURN(cudaStream_t s, native(stream));
+  STRATA_ASSIGN_OR_RETURN(cudaEvent_t e, event_of(event));
+  if (e == nullptr) return ok_status();
+  STRATA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(s, e, 0));
+  return ok_status();
+}
+
+Status CudaDevice::synchronize(Event event) {
+  STRATA_ASSIGN_OR_RETURN(cudaEvent_t e, event_of(event));
+  if (e == nullptr) return ok_status();
+  STRATA_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(e));
+  return ok_status();
+}
+
+Status CudaDevice::synchronize(Stream stream) {
+  STRATA_ASSIGN_OR_RETURN(cudaStream_t s, native(stream));
+  STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+  return ok_status();
+}
+
+bool CudaDevice::done(Event event) {
+  Result<cudaEvent_t> e = event_of(event);
+  if (!e) return false;
+  return *e == nullptr || cudaEventQuery(*e) == cudaSuccess;
+}
+
+Status CudaDevice::async_error() { return cuda_status(cudaGetLastError(), "asynchronous CUDA work"); }
+
+}  // namespace strata::gpu::cuda

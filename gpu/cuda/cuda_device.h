@@ -1,0 +1,70 @@
+// CudaDevice: gpu::Device on one CUDA GPU. Memory comes from cudaMalloc and
+// is counted against a budget (by default what the GPU has free at creation,
+// less a reserve for the CUDA context and cuBLASLt); streams are
+// non-blocking CUDA streams; events come from a fixed ring of CUDA events
+// (an Event older than the ring's size counts as done). Copies are
+// cudaMemcpyAsync: from pinned host memory they overlap compute.
+// Every CUDA call is checked and returned as a Status.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "gpu/device.h"
+
+namespace strata::gpu::cuda {
+
+struct CudaDeviceOptions {
+  int device = 0;
+  uint64_t capacity_bytes = 0;  // 0: free memory at creation minus reserve_bytes
+  uint64_t reserve_bytes = 512ull << 20;
+  uint32_t max_streams = 16;
+  uint32_t event_ring = 4096;
+};
+
+class CudaDevice final : public Device {
+ public:
+  static Result<std::unique_ptr<CudaDevice>> create(const CudaDeviceOptions& options);
+  ~CudaDevice() override;
+
+  std::string_view name() const override { return name_; }
+  uint64_t capacity_bytes() const override { return capacity_; }
+  uint64_t used_bytes() const override;
+  uint64_t peak_bytes() const override;
+
+  Result<DeviceMemory> allocate(uint64_t bytes, std::string_view what) override;
+  Result<Stream> create_stream(std::string_view name) override;
+  Status copy_to_device(Stream stream, void* device_dst, const void* host_src, uint64_t bytes) override;
+  Status copy_to_host(Stream stream, void* host_dst, const void* device_src, uint64_t bytes) override;
+  Result<Event> record(Stream stream) override;
+  Status stream_wait(Stream stream, Event event) override;
+  Status synchronize(Event event) override;
+  Status synchronize(Stream stream) override;
+  bool done(Event event) override;
+  Status async_error() override;
+
+  int device_index() const { return options_.device; }
+  Result<cudaStream_t> native(Stream stream) const;
+
+ protected:
+  void release(void* data, uint64_t bytes) override;
+
+ private:
+  explicit CudaDevice(const CudaDeviceOptions& options) : options_(options) {}
+  Result<cudaEvent_t> event_of(Event event) const;  // null when the ring overwrote it
+
+  CudaDeviceOptions options_;
+  std::string name_;
+  uint64_t capacity_ = 0;
+  mutable std::mutex mu_;
+  uint64_t used_ = 0;
+  uint64_t peak_ = 0;
+  std::vector<cudaStream_t> streams_;
+  std::vector<cudaEvent_t> events_;
+  int64_t next_event_ = 0;
+};
+
+}  // namespace strata::gpu::cuda

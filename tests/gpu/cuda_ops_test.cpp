@@ -1,0 +1,214 @@
+// Every CUDA op against the host op on fresh random inputs (fp32):
+// ||out - ref|| / ||ref|| < 1e-5, no NaN, and every output element written
+// (outputs are poisoned with NaN first). Gradients accumulate (+=), so they
+// start from the same random values on both sides. Needs a GPU; skips with
+// the reason otherwise. Sizes are awkward, and the loss runs with more rows
+// and vocabulary than one chunk.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "gpu/cuda/cuda_device.h"
+#include "gpu/cuda/ops.h"
+#include "gpu/host/ops.h"
+#include "tests/test_util.h"
+
+namespace strata::gpu::cuda {
+namespace {
+
+using Vec = std::vector<float>;
+
+class CudaOps : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess || count == 0) {
+      GTEST_SKIP() << "no usable GPU: " << (err != cudaSuccess ? cudaGetErrorString(err) : "no CUDA device");
+    }
+    Result<std::unique_ptr<CudaDevice>> dev = CudaDevice::create({});
+    ASSERT_TRUE(dev) << dev.error().to_string();
+    dev_ = std::move(dev).value();
+    Result<Stream> s = dev_->create_stream("test");
+    ASSERT_TRUE(s);
+    stream_ = *dev_->native(*s);
+    handle_ = *s;
+    Result<BlasContext> blas = BlasContext::create(0);
+    ASSERT_TRUE(blas) << blas.error().to_string();
+    blas_ = std::move(blas).value();
+    rng_.seed(strata::testing::test_seed(81));
+  }
+
+  Vec random(size_t n, float scale = 1.0f) {
+    std::normal_distribution<float> d(0.0f, scale);
+    Vec v(n);
+    for (float& x : v) x = d(rng_);
+    return v;
+  }
+
+  template <class T>
+  T* upload(const std::vector<T>& v) {
+    Result<DeviceMemory> m = dev_->allocate(v.size() * sizeof(T) + 1, "test buffer");
+    EXPECT_TRUE(m) << m.error().to_string();
+    EXPECT_TRUE(dev_->copy_to_device(handle_, m->data(), v.data(), v.size() * sizeof(T)).ok());
+    mem_.push_back(std::move(m).value());
+    return mem_.back().as<T>();
+  }
+
+  float* poisoned(size_t n) {
+    Result<DeviceMemory> m = dev_->allocate(n * 4, "poisoned output");
+    EXPECT_TRUE(m);
+    EXPECT_EQ(cudaMemsetAsync(m->data(), 0xFF, n * 4, stream_), cudaSuccess);  // all-ones bits: NaN
+    mem_.push_back(std::move(m).value());
+    return mem_.back().as<float>();
+  }
+
+  Vec download(const float* d, size_t n) {
+    Vec v(n);
+    EXPECT_TRUE(dev_->copy_to_host(handle_, v.data(), d, n * 4).ok());
+    EXPECT_TRUE(dev_->synchronize(handle_).ok());
+    return v;
+  }
+
+  // ||got - ref|| / ||ref|| < 1e-5, every element finite.
+  void expect_close(const char* what, const float* got_dev, const Vec& ref) {
+    Vec got = download(got_dev, ref.size());
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(got[i])) << what << "[" << i << "] not written or not finite";
+      diff += std::pow(static_cast<double>(got[i]) - ref[i], 2);
+      norm += static_cast<double>(ref[i]) * ref[i];
+    }
+    ASSERT_GT(norm, 0.0) << what << ": reference is all zero";
+    EXPECT_LT(std::sqrt(diff / norm), 1e-5) << what;
+  }
+
+  void TearDown() override {
+    mem_.clear();
+  }
+
+  std::unique_ptr<CudaDevice> dev_;
+  Stream handle_;
+  cudaStream_t stream_ = nullptr;
+  BlasContext blas_;
+  std::mt19937 rng_;
+  std::vector<DeviceMemory> mem_;
+};
+
+TEST_F(CudaOps, EmbeddingLayerNormGeluResidual) {
+  const int64_t B = 3, T = 37, C = 72, V = 101, N = B * T;
+  std::vector<int32_t> tok(N);
+  for (auto& t : tok) t = static_cast<int32_t>(rng_() % V);
+  Vec wte = random(V * C), wpe = random(T * C), out(N * C);
+  host::embedding_forward(out.data(), tok.data(), wte.data(), wpe.data(), B, T, C);
+  float* d_out = poisoned(N * C);
+  ASSERT_TRUE(embedding_forward(stream_, d_out, upload(tok), upload(wte), upload(wpe), B, T, C).ok());
+  expect_close("embedding out", d_out, out);
+  Vec dout = random(N * C), dwte = random(V * C), dwpe = random(T * C);
+  float* g_wte = upload(dwte);
+  float* g_wpe = upload(dwpe);
+  host::embedding_backward(dwte.data(), dwpe.data(), dout.data(), tok.data(), B, T, C);
+  ASSERT_TRUE(embedding_backward(stream_, g_wte, g_wpe, upload(dout), upload(tok), B, T, C).ok());
+  expect_close("dwte", g_wte, dwte);
+  expect_close("dwpe", g_wpe, dwpe);
+
+  Vec x = random(N * C, 3.0f), w = random(C), b = random(C), ln(N * C), mean(N), rstd(N);
+  host::layernorm_forward(ln.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+  float *d_ln = poisoned(N * C), *d_mean = poisoned(N), *d_rstd = poisoned(N);
+  float *d_x = upload(x), *d_w = upload(w);
+  ASSERT_TRUE(layernorm_forward(stream_, d_ln, d_mean, d_rstd, d_x, d_w, upload(b), N, C).ok());
+  expect_close("layernorm out", d_ln, ln);
+  expect_close("rstd", d_rstd, rstd);
+  Vec dx = random(N * C), dw = random(C), db = random(C);
+  float *g_x = upload(dx), *g_w = upload(dw), *g_b = upload(db);
+  host::layernorm_backward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), mean.data(), rstd.data(),
+                           N, C);
+  ASSERT_TRUE(layernorm_backward(stream_, g_x, g_w, g_b, upload(dout), d_x, d_w, d_mean, d_rstd, N, C).ok());
+  expect_close("layernorm dx", g_x, dx);
+  expect_close("layernorm dw", g_w, dw);
+  expect_close("layernorm db", g_b, db);
+
+  Vec gin = random(N * C, 2.0f), gout(N * C);
+  host::gelu_forward(gout.data(), gin.data(), N * C);
+  float* d_gin = upload(gin);
+  float* d_gout = poisoned(N * C);
+  ASSERT_TRUE(gelu_forward(stream_, d_gout, d_gin, N * C).ok());
+  expect_close("gelu", d_gout, gout);
+  Vec gdx = random(N * C);
+  float* g_gdx = upload(gdx);
+  host::gelu_backward(gdx.data(), gin.data(), dout.data(), N * C);
+  ASSERT_TRUE(gelu_backward(stream_, g_gdx, d_gin, upload(dout), N * C).ok());
+  expect_close("gelu dx", g_gdx, gdx);
+
+  Vec a = random(N * C), r(N * C);
+  host::residual_forward(r.data(), a.data(), gin.data(), N * C);
+  float* d_r = poisoned(N * C);
+  ASSERT_TRUE(residual_forward(stream_, d_r, upload(a), d_gin, N * C).ok());
+  expect_close("residual", d_r, r);
+}
+
+TEST_F(CudaOps, MatmulAndAttention) {
+  const int64_t B = 2, T = 33, C = 48, NH = 3, N = B * T, OC = 3 * C;
+  Vec x = random(N * C), w = random(C * OC, 0.2f), bias = random(OC), out(N * OC);
+  host::matmul_forward(out.data(), x.data(), w.data(), bias.data(), N, C, OC);
+  float *d_x = upload(x), *d_w = upload(w), *d_out = poisoned(N * OC);
+  ASSERT_TRUE(matmul_forward(blas_, stream_, d_out, d_x, d_w, upload(bias), N, C, OC).ok());
+  expect_close("matmul out", d_out, out);
+  Vec dout = random(N * OC), dx = random(N * C), dw = random(C * OC), db = random(OC);
+  float *g_x = upload(dx), *g_w = upload(dw), *g_b = upload(db);
+  host::matmul_backward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), N, C, OC);
+  ASSERT_TRUE(matmul_backward(blas_, stream_, g_x, g_w, g_b, upload(dout), d_x, d_w, N, C, OC).ok());
+  expect_close("matmul dx", g_x, dx);
+  expect_close("matmul dw", g_w, dw);
+  expect_close("matmul dbias", g_b, db);
+
+  Vec qkv = out, y(N * C), att(B * NH * T * T);
+  host::attention_forward(y.data(), att.data(), qkv.data(), B, T, C, NH);
+  float *d_y = poisoned(N * C), *d_att = poisoned(B * NH * T * T);
+  ASSERT_TRUE(attention_forward(stream_, d_y, d_att, d_out, B, T, C, NH).ok());
+  expect_close("attention out", d_y, y);
+  expect_close("attention probabilities", d_att, att);
+  Vec dy = random(N * C), dqkv = random(N * 3 * C);
+  float* g_qkv = upload(dqkv);
+  host::attention_backward(dqkv.data(), dy.data(), qkv.data(), att.data(), B, T, C, NH);
+  ASSERT_TRUE(attention_backward(stream_, g_qkv, poisoned(B * NH * T * T), upload(dy), d_out, d_att, B, T, C, NH).ok());
+  expect_close("attention dqkv", g_qkv, dqkv);
+}
+
+TEST_F(CudaOps, CrossEntropyChunked) {
+  const int64_t N = kCeRows + 45, C = 24, V = kCeCols + 777;
+  Vec x = random(N * C), wte = random(V * C, 0.3f), lse(N);
+  std::vector<int32_t> tgt(N);
+  for (auto& t : tgt) t = static_cast<int32_t>(rng_() % V);
+  tgt[0] = static_cast<int32_t>(V - 1);
+  float loss = host::crossentropy_forward(lse.data(), x.data(), wte.data(), tgt.data(), N, C, V);
+  float *d_x = upload(x), *d_wte = upload(wte), *d_loss = poisoned(1), *d_lse = poisoned(N);
+  float* ws = poisoned(static_cast<size_t>(crossentropy_workspace_floats(N)));
+  int32_t* d_tgt = upload(tgt);
+  ASSERT_TRUE(crossentropy_forward(blas_, stream_, d_loss, d_lse, ws, d_x, d_wte, d_tgt, N, C, V).ok());
+  expect_close("loss", d_loss, Vec{loss});
+  expect_close("lse", d_lse, lse);
+  Vec dx = random(N * C), dwte = random(V * C);
+  float *g_x = upload(dx), *g_wte = upload(dwte);
+  host::crossentropy_backward(dx.data(), dwte.data(), x.data(), wte.data(), tgt.data(), lse.data(), 1.0f, N, C, V);
+  ASSERT_TRUE(crossentropy_backward(blas_, stream_, g_x, g_wte, ws, d_x, d_wte, d_tgt, d_lse, 1.0f, N, C, V).ok());
+  expect_close("loss dx", g_x, dx);
+  expect_close("loss dwte", g_wte, dwte);
+}
+
+TEST_F(CudaOps, BudgetIsHardOnTheGpuToo) {
+  Result<std::unique_ptr<CudaDevice>> small = CudaDevice::create({0, 1 << 20, 512ull << 20, 4, 64});
+  ASSERT_TRUE(small) << small.error().to_string();
+  Result<DeviceMemory> a = (*small)->allocate(800 << 10, "a");
+  ASSERT_TRUE(a);
+  Result<DeviceMemory> b = (*small)->allocate(800 << 10, "block 3 weights");
+  ASSERT_FALSE(b);
+  EXPECT_EQ(b.error().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(b.error().message().find("block 3 weights"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace strata::gpu::cuda
