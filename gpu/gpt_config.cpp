@@ -74,6 +74,12 @@ ChunkLayout block_layout(const GptConfig& c, int64_t layer) {
   return chunk;
 }
 
+BlockOffsets block_offsets(const GptConfig& c) {
+  ChunkLayout l = block_layout(c, 0);
+  auto at = [&](size_t i) { return l.tensors[i].offset; };
+  return {at(0), at(1), at(2), at(3), at(4), at(5), at(6), at(7), at(8), at(9), at(10), at(11)};
+}
+
 ChunkLayout embedding_layout(const GptConfig& c) {
   ChunkLayout chunk;
   chunk.kind = ChunkKind::kEmbedding;

@@ -58,6 +58,11 @@ struct ChunkLayout {
 // ln_1.{weight,bias}, attn.c_attn.{weight [C,3C], bias [3C]}, attn.c_proj.{weight [C,C], bias [C]},
 // ln_2.{weight,bias}, mlp.c_fc.{weight [C,4C], bias [4C]}, mlp.c_proj.{weight [4C,C], bias [C]}.
 ChunkLayout block_layout(const GptConfig& config, int64_t layer);
+// The same offsets as named fields, for the code that runs a block.
+struct BlockOffsets {
+  int64_t ln1w, ln1b, attnw, attnb, projw, projb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb;
+};
+BlockOffsets block_offsets(const GptConfig& config);
 ChunkLayout embedding_layout(const GptConfig& config);  // wte [V,C], wpe [max_seq,C]
 ChunkLayout final_layout(const GptConfig& config);      // ln_f.{weight,bias} [C]
 // Every chunk in model order: embedding, blocks 0..L-1, final.

@@ -4,22 +4,6 @@
 #include "gpu/host/ops.h"
 
 namespace strata::gpu::host {
-namespace {
-
-// Offsets of the block tensors, computed once per config.
-struct BlockOffsets {
-  int64_t ln1w, ln1b, attnw, attnb, projw, projb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb;
-  explicit BlockOffsets(const GptConfig& c) {
-    ChunkLayout l = block_layout(c, 0);
-    ln1w = l.tensors[0].offset, ln1b = l.tensors[1].offset, attnw = l.tensors[2].offset, attnb = l.tensors[3].offset;
-    projw = l.tensors[4].offset, projb = l.tensors[5].offset, ln2w = l.tensors[6].offset, ln2b = l.tensors[7].offset;
-    fcw = l.tensors[8].offset, fcb = l.tensors[9].offset, fcprojw = l.tensors[10].offset;
-    fcprojb = l.tensors[11].offset;
-  }
-};
-
-}  // namespace
-
 template <class T>
 void BlockActivations<T>::resize(const GptConfig& c, int64_t B, int64_t seq) {
   const size_t N = static_cast<size_t>(B * seq), C = static_cast<size_t>(c.hidden);
@@ -31,7 +15,7 @@ void BlockActivations<T>::resize(const GptConfig& c, int64_t B, int64_t seq) {
 template <class T>
 void block_forward(const GptConfig& c, const T* p, const T* x_in, T* x_out, BlockActivations<T>& a, int64_t B,
                    int64_t seq) {
-  const BlockOffsets o(c);
+  const BlockOffsets o = block_offsets(c);
   const int64_t N = B * seq, C = c.hidden;
   std::vector<T> tmp(static_cast<size_t>(N * C));
   layernorm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x_in, p + o.ln1w, p + o.ln1b, N, C);
@@ -49,7 +33,7 @@ void block_forward(const GptConfig& c, const T* p, const T* x_in, T* x_out, Bloc
 template <class T>
 void block_backward(const GptConfig& c, const T* p, T* dp, const T* x_in, const BlockActivations<T>& a,
                     const T* dx_out, T* dx_in, int64_t B, int64_t seq) {
-  const BlockOffsets o(c);
+  const BlockOffsets o = block_offsets(c);
   const int64_t N = B * seq, C = c.hidden;
   // x_out = res2 + mlp(res2): d res2 = dx_out + mlp backward
   std::vector<T> dres2(dx_out, dx_out + N * C), dgelu(static_cast<size_t>(N * 4 * C), T(0));

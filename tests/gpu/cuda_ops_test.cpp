@@ -212,3 +212,37 @@ TEST_F(CudaOps, BudgetIsHardOnTheGpuToo) {
 
 }  // namespace
 }  // namespace strata::gpu::cuda
+
+#include "gpu/cuda/block.h"
+#include "gpu/host/gpt.h"
+
+namespace strata::gpu::cuda {
+namespace {
+
+// A whole block, forward and backward, on the GPU against the host block.
+TEST_F(CudaOps, BlockForwardBackwardMatchesHost) {
+  GptConfig c;
+  c.layers = 1, c.hidden = 64, c.heads = 4, c.vocab = 50, c.max_seq = 40;
+  const int64_t B = 2, T = 40, N = B * T, C = c.hidden;
+  ChunkLayout layout = block_layout(c, 0);
+  Vec params = random(static_cast<size_t>(layout.numel), 0.1f), x = random(N * C), dy = random(N * C);
+  for (int64_t i = 0; i < C; ++i) params[block_offsets(c).ln1w + i] += 1.0f, params[block_offsets(c).ln2w + i] += 1.0f;
+  Vec y(N * C), dparams(params.size(), 0.0f), dx(N * C, 0.0f);
+  host::BlockActivations<float> acts;
+  acts.resize(c, B, T);
+  host::block_forward(c, params.data(), x.data(), y.data(), acts, B, T);
+  host::block_backward(c, params.data(), dparams.data(), x.data(), acts, dy.data(), dx.data(), B, T);
+  Result<BlockBuffers> buf = allocate_block_buffers(*dev_, c, B, T);
+  ASSERT_TRUE(buf) << buf.error().to_string();
+  float *d_p = upload(params), *d_x = upload(x), *d_y = poisoned(N * C), *d_dy = upload(dy);
+  float* d_dp = upload(Vec(params.size(), 0.0f));
+  float* d_dx = upload(Vec(N * C, 0.0f));
+  ASSERT_TRUE(block_forward(blas_, stream_, c, d_p, d_x, d_y, *buf, B, T).ok());
+  ASSERT_TRUE(block_backward(blas_, stream_, c, d_p, d_dp, d_x, *buf, d_dy, d_dx, B, T).ok());
+  expect_close("block out", d_y, y);
+  expect_close("block dx", d_dx, dx);
+  expect_close("block dparams", d_dp, dparams);
+}
+
+}  // namespace
+}  // namespace strata::gpu::cuda
