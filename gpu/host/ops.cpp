@@ -4,7 +4,9 @@
 // double precision.
 #include "gpu/host/ops.h"
 
+#ifdef STRATA_HAVE_OPENBLAS
 #include <cblas.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -15,6 +17,7 @@ namespace strata::gpu::host {
 namespace {
 
 // Row-major C[M,N] = alpha * op(A)[M,K] @ op(B)[K,N] + beta * C.
+#ifdef STRATA_HAVE_OPENBLAS
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
           int64_t ldb, float beta, float* C, int64_t ldc) {
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(M),
@@ -28,6 +31,20 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const
               static_cast<int>(N), static_cast<int>(K), alpha, A, static_cast<int>(lda), B, static_cast<int>(ldb), beta,
               C, static_cast<int>(ldc));
 }
+#else
+// Only in a GPU-check build, where no BLAS is installed: plain loops.
+template <class T>
+void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
+          int64_t ldb, T beta, T* C, int64_t ldc) {
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t n = 0; n < N; ++n) {
+      T s = 0;
+      for (int64_t k = 0; k < K; ++k) s += (ta ? A[k * lda + m] : A[m * lda + k]) * (tb ? B[n * ldb + k] : B[k * ldb + n]);
+      C[m * ldc + n] = alpha * s + (beta == T(0) ? T(0) : beta * C[m * ldc + n]);
+    }
+  }
+}
+#endif
 
 constexpr int64_t kRowChunk = 256;  // rows of logits produced at once by the loss
 
