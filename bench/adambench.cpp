@@ -159,18 +159,6 @@ cpu_optim::ParamSpan span_of(Buffers& b) {
   return s;
 }
 
-// Median seconds of `reps` runs after one warm-up.
-double time_median(int reps, const std::function<void()>& fn) {
-  fn();
-  std::vector<double> t;
-  for (int r = 0; r < reps; ++r) {
-    auto t0 = std::chrono::steady_clock::now();
-    fn();
-    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
 
 // A second twin, element by element in the mode's own types (p kept, m and v
 // swapped, g converted into out). The roofline is the faster of the two twins.
@@ -190,7 +178,7 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void roofline_eleme
 
 double roofline_elementwise_seconds(Buffers& b, Executor& ex, int reps) {
   auto run = [&](auto* m, auto* v) {
-    return time_median(reps, [&] {
+    return median_seconds(reps, [&] {
       ex.parallel_for(b.n, 1 << 16, [&](int64_t begin, int64_t end) {
         uint16_t* out = b.mode.out ? reinterpret_cast<uint16_t*>(b.out.get()) + begin : nullptr;
         float* p = reinterpret_cast<float*>(b.p.get()) + begin;
@@ -218,7 +206,7 @@ double roofline_words_seconds(Buffers& b, Executor& ex, int reps) {
   auto run = [&](auto loop) {
     const int64_t gbytes = static_cast<int64_t>(cpu_optim::dtype_bytes(b.mode.grad));
     const int64_t sbytes = static_cast<int64_t>(state_elem_bytes(b.mode.state));
-    return time_median(reps, [&] {
+    return median_seconds(reps, [&] {
       ex.parallel_for(b.n / 16, 1 << 12, [&](int64_t begin, int64_t end) {
         sink ^= loop(b.p.get() + begin * 64, b.g.get() + begin * 16 * gbytes, b.m.get() + begin * 16 * sbytes,
                      b.v.get() + begin * 16 * sbytes, b.out.get() + begin * 32, end - begin);
@@ -249,7 +237,7 @@ double triad_gbps(int64_t n, Executor& ex, int reps) {
       reinterpret_cast<float*>(c.get())[i] = 2;
     }
   });
-  double s = time_median(reps, [&] {
+  double s = median_seconds(reps, [&] {
     ex.parallel_for(n, 1 << 16, [&](int64_t begin, int64_t end) {
       triad_loop(reinterpret_cast<float*>(a.get()) + begin, reinterpret_cast<const float*>(b.get()) + begin,
                  reinterpret_cast<const float*>(c.get()) + begin, 3.0f, end - begin);
@@ -330,9 +318,9 @@ int run(int argc, char** argv) {
           std::exit(1);
         }
       };
-      double s = time_median(reps, [&] { step_with(isa); });
+      double s = median_seconds(reps, [&] { step_with(isa); });
       double roof = roofline_seconds(b, ex, reps);
-      double naive = skip_naive ? 0 : time_median(1, [&] { step_with(Isa::kScalar); });
+      double naive = skip_naive ? 0 : median_seconds(1, [&] { step_with(Isa::kScalar); });
       double bytes = bytes_per_param(mode) * static_cast<double>(n);
       double gbps = bytes / s / 1e9, roof_gbps = bytes / roof / 1e9;
       std::printf("%-10s %3d %9.4f %10.3e %7.2f %9.2f %7.3f %7.2f %9.2f\n", mode.name.c_str(), ex.threads(), s,

@@ -3,7 +3,10 @@
 #include <sys/utsname.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <fstream>
+#include <vector>
 
 namespace strata::bench {
 
@@ -20,6 +23,18 @@ nlohmann::json system_info() {
   utsname uts{};
   ::uname(&uts);
   return {{"cpu", cpu_model()}, {"kernel", uts.release}, {"cores", ::sysconf(_SC_NPROCESSORS_ONLN)}};
+}
+
+double median_seconds(int reps, const std::function<void()>& fn) {
+  fn();
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    auto t0 = std::chrono::steady_clock::now();
+    fn();
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
 }
 
 }  // namespace strata::bench

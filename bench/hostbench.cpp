@@ -19,17 +19,6 @@
 namespace strata::bench {
 namespace {
 
-double seconds_median(int reps, const std::function<void()>& fn) {
-  fn();
-  std::vector<double> t;
-  for (int r = 0; r < reps; ++r) {
-    auto t0 = std::chrono::steady_clock::now();
-    fn();
-    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
 
 int run(int argc, char** argv) {
   CLI::App app{"strata-hostbench: host-backend transformer block forward+backward GFLOP/s vs OpenBLAS sgemm"};
@@ -59,7 +48,7 @@ int run(int argc, char** argv) {
   for (float& v : dy) v = nd(rng);
   gpu::host::BlockActivations<float> acts;
   acts.resize(c, batch, seq);
-  double block_s = seconds_median(reps, [&] {
+  double block_s = median_seconds(reps, [&] {
     gpu::host::block_forward(c, params.data(), x.data(), y.data(), acts, batch, seq);
     std::fill(dx.begin(), dx.end(), 0.0f);
     gpu::host::block_backward(c, params.data(), grads.data(), x.data(), acts, dy.data(), dx.data(), batch, seq);
@@ -69,7 +58,7 @@ int run(int argc, char** argv) {
   // Baseline: the block's largest GEMM, [N, C] x [C, 4C], alone.
   std::vector<float> a(static_cast<size_t>(N * C), 0.5f), b(static_cast<size_t>(C * 4 * C), 0.25f),
       out(static_cast<size_t>(N * 4 * C));
-  double gemm_s = seconds_median(reps, [&] {
+  double gemm_s = median_seconds(reps, [&] {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(N), static_cast<int>(4 * C),
                 static_cast<int>(C), 1.0f, a.data(), static_cast<int>(C), b.data(), static_cast<int>(4 * C), 0.0f,
                 out.data(), static_cast<int>(4 * C));

@@ -26,12 +26,13 @@ Result<std::unique_ptr<CudaDevice>> CudaDevice::create(const CudaDeviceOptions& 
   size_t free_bytes = 0, total_bytes = 0;
   STRATA_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
   uint64_t available = free_bytes > options.reserve_bytes ? free_bytes - options.reserve_bytes : 0;
-  dev->capacity_ = options.capacity_bytes == 0 ? available : options.capacity_bytes;
-  if (dev->capacity_ > available) {
-    return resource_exhausted("CUDA device budget of " + format_bytes(dev->capacity_) + " exceeds the " +
+  const uint64_t capacity = options.capacity_bytes == 0 ? available : options.capacity_bytes;
+  if (capacity > available) {
+    return resource_exhausted("CUDA device budget of " + format_bytes(capacity) + " exceeds the " +
                               format_bytes(available) + " free on " + dev->name_ + " (after a " +
                               format_bytes(options.reserve_bytes) + " reserve)");
   }
+  dev->budget_ = std::make_unique<MemoryBudget>(capacity, "device memory on " + dev->name_);
   dev->events_.assign(options.event_ring, nullptr);
   for (cudaEvent_t& e : dev->events_) STRATA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   // nvcc's front end does not apply C++17's implicit move to a converting return.
@@ -50,36 +51,18 @@ CudaDevice::~CudaDevice() {
   for (cudaEvent_t e : events_) {
     if (e != nullptr) (void)cudaEventDestroy(e);
   }
-  if (used_ != 0) log_warning("CudaDevice destroyed with " + format_bytes(used_) + " still allocated");
-}
-
-uint64_t CudaDevice::used_bytes() const {
-  std::lock_guard lock(mu_);
-  return used_;
-}
-
-uint64_t CudaDevice::peak_bytes() const {
-  std::lock_guard lock(mu_);
-  return peak_;
+  if (budget_ && budget_->used_bytes() != 0) {
+    log_warning("CudaDevice destroyed with " + format_bytes(budget_->used_bytes()) + " still allocated");
+  }
 }
 
 Result<DeviceMemory> CudaDevice::allocate(uint64_t bytes, std::string_view what) {
   uint64_t rounded = round_up(bytes == 0 ? 1 : bytes, 256);
-  {
-    std::lock_guard lock(mu_);
-    if (used_ + rounded > capacity_) {
-      return resource_exhausted("device memory budget of " + format_bytes(capacity_) + " on " + name_ +
-                                " exceeded: " + std::string(what) + " needs " + format_bytes(rounded) + " with " +
-                                format_bytes(used_) + " in use");
-    }
-    used_ += rounded;
-    peak_ = std::max(peak_, used_);
-  }
+  STRATA_RETURN_IF_ERROR(budget_->charge(rounded, what));
   void* data = nullptr;
   cudaError_t err = cudaMalloc(&data, rounded);
   if (err != cudaSuccess) {
-    std::lock_guard lock(mu_);
-    used_ -= rounded;
+    budget_->release(rounded);
     return cuda_status(err, "cudaMalloc").with_context(std::string(what) + " (" + format_bytes(rounded) + ")");
   }
   return DeviceMemory(this, data, rounded);
@@ -87,8 +70,7 @@ Result<DeviceMemory> CudaDevice::allocate(uint64_t bytes, std::string_view what)
 
 void CudaDevice::release(void* data, uint64_t bytes) {
   if (cudaFree(data) != cudaSuccess) log_warning("cudaFree failed for " + format_bytes(bytes));
-  std::lock_guard lock(mu_);
-  used_ -= bytes;
+  budget_->release(bytes);
 }
 
 Result<Stream> CudaDevice::create_stream(std::string_view name) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "gpu/device.h"
+#include "gpu/memory_budget.h"
 
 namespace strata::gpu::cuda {
 
@@ -31,9 +32,9 @@ class CudaDevice final : public Device {
   ~CudaDevice() override;
 
   std::string_view name() const override { return name_; }
-  uint64_t capacity_bytes() const override { return capacity_; }
-  uint64_t used_bytes() const override;
-  uint64_t peak_bytes() const override;
+  uint64_t capacity_bytes() const override { return budget_->capacity_bytes(); }
+  uint64_t used_bytes() const override { return budget_->used_bytes(); }
+  uint64_t peak_bytes() const override { return budget_->peak_bytes(); }
 
   Result<DeviceMemory> allocate(uint64_t bytes, std::string_view what) override;
   Result<Stream> create_stream(std::string_view name) override;
@@ -58,10 +59,8 @@ class CudaDevice final : public Device {
 
   CudaDeviceOptions options_;
   std::string name_;
-  uint64_t capacity_ = 0;
+  std::unique_ptr<MemoryBudget> budget_;  // made once the capacity is known
   mutable std::mutex mu_;
-  uint64_t used_ = 0;
-  uint64_t peak_ = 0;
   std::vector<cudaStream_t> streams_;
   std::vector<cudaEvent_t> events_;
   int64_t next_event_ = 0;

@@ -16,7 +16,8 @@ struct HostDevice::Worker {
   std::thread thread;
 };
 
-HostDevice::HostDevice(const HostDeviceOptions& options) : options_(options) {}
+HostDevice::HostDevice(const HostDeviceOptions& options)
+    : options_(options), budget_(options.capacity_bytes, "device memory") {}
 
 Result<std::unique_ptr<HostDevice>> HostDevice::create(const HostDeviceOptions& options) {
   if (options.capacity_bytes == 0) return invalid_argument("host device: capacity_bytes must be > 0");
@@ -39,32 +40,12 @@ HostDevice::~HostDevice() {
   STRATA_CHECK_MSG(allocations_.empty(), "host device destroyed with %zu allocations alive", allocations_.size());
 }
 
-uint64_t HostDevice::used_bytes() const {
-  std::lock_guard lock(mu_);
-  return used_;
-}
-
-uint64_t HostDevice::peak_bytes() const {
-  std::lock_guard lock(mu_);
-  return peak_;
-}
-
 Result<DeviceMemory> HostDevice::allocate(uint64_t bytes, std::string_view what) {
   uint64_t rounded = round_up(bytes == 0 ? 1 : bytes, options_.alignment);
-  {
-    std::lock_guard lock(mu_);
-    if (used_ + rounded > options_.capacity_bytes) {
-      return resource_exhausted("device memory budget of " + format_bytes(options_.capacity_bytes) +
-                                " exceeded: " + std::string(what) + " needs " + format_bytes(rounded) + " with " +
-                                format_bytes(used_) + " in use");
-    }
-    used_ += rounded;
-    peak_ = std::max(peak_, used_);
-  }
+  STRATA_RETURN_IF_ERROR(budget_.charge(rounded, what));
   void* data = std::aligned_alloc(options_.alignment, rounded);
   if (data == nullptr) {
-    std::lock_guard lock(mu_);
-    used_ -= rounded;
+    budget_.release(rounded);
     return resource_exhausted("host device: out of host memory allocating " + format_bytes(rounded) + " for " +
                               std::string(what));
   }
@@ -81,8 +62,8 @@ void HostDevice::release(void* data, uint64_t bytes) {
     auto it = allocations_.find(reinterpret_cast<uintptr_t>(data));
     STRATA_CHECK_MSG(it != allocations_.end() && it->second == bytes, "freeing memory this device did not allocate");
     allocations_.erase(it);
-    used_ -= bytes;
   }
+  budget_.release(bytes);
   std::free(data);
 }
 

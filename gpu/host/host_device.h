@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "gpu/device.h"
+#include "gpu/memory_budget.h"
 
 namespace strata::gpu {
 
@@ -34,9 +35,9 @@ class HostDevice final : public Device {
   ~HostDevice() override;
 
   std::string_view name() const override { return "host"; }
-  uint64_t capacity_bytes() const override { return options_.capacity_bytes; }
-  uint64_t used_bytes() const override;
-  uint64_t peak_bytes() const override;
+  uint64_t capacity_bytes() const override { return budget_.capacity_bytes(); }
+  uint64_t used_bytes() const override { return budget_.used_bytes(); }
+  uint64_t peak_bytes() const override { return budget_.peak_bytes(); }
 
   Result<DeviceMemory> allocate(uint64_t bytes, std::string_view what) override;
   Result<Stream> create_stream(std::string_view name) override;
@@ -69,10 +70,9 @@ class HostDevice final : public Device {
   static constexpr int kSeqBits = 40;
 
   HostDeviceOptions options_;
+  MemoryBudget budget_;
   mutable std::mutex mu_;
   std::condition_variable cv_;  // a task completed somewhere
-  uint64_t used_ = 0;
-  uint64_t peak_ = 0;
   std::map<uintptr_t, uint64_t> allocations_;  // start -> bytes
   Status async_error_;
   bool stopping_ = false;
