@@ -18,6 +18,7 @@ if(STRATA_BUILD_TESTS)
   find_package(GTest REQUIRED)
 endif()
 if(STRATA_GPU_CHECK_ONLY)
+  find_package(TBB QUIET)
   return()
 endif()
 

@@ -1,11 +1,18 @@
 // Host implementations of the transformer ops. Formulas follow GPT-2 and
 // llm.c's train_gpt2.c (layernorm, attention, GELU backward derivations);
 // the tests check every backward against central finite differences in
-// double precision.
+// double precision. Loops run on oneTBB with every output element owned by
+// one task and summed in a fixed order, so results do not depend on the
+// thread count; GEMMs run on OpenBLAS's threads.
 #include "gpu/host/ops.h"
 
 #ifdef STRATA_HAVE_OPENBLAS
 #include <cblas.h>
+#endif
+
+#ifdef STRATA_HAVE_TBB
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
 #endif
 
 #include <algorithm>
@@ -34,12 +41,13 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const
 #else
 // Only in a GPU-check build, where no BLAS is installed: plain loops.
 template <class T>
-void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
-          int64_t ldb, T beta, T* C, int64_t ldc) {
+void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B, int64_t ldb,
+          T beta, T* C, int64_t ldc) {
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t n = 0; n < N; ++n) {
       T s = 0;
-      for (int64_t k = 0; k < K; ++k) s += (ta ? A[k * lda + m] : A[m * lda + k]) * (tb ? B[n * ldb + k] : B[k * ldb + n]);
+      for (int64_t k = 0; k < K; ++k)
+        s += (ta ? A[k * lda + m] : A[m * lda + k]) * (tb ? B[n * ldb + k] : B[k * ldb + n]);
       C[m * ldc + n] = alpha * s + (beta == T(0) ? T(0) : beta * C[m * ldc + n]);
     }
   }
@@ -48,107 +56,139 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A
 
 constexpr int64_t kRowChunk = 256;  // rows of logits produced at once by the loss
 
+// fn(begin, end) over [0, n) in chunks of `grain`, in parallel.
+// (Serial in a GPU-check build without oneTBB; the results are the same.)
+template <class F>
+void parallel(int64_t n, int64_t grain, const F& fn) {
+  if (n <= 0) return;
+#ifdef STRATA_HAVE_TBB
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, std::max<int64_t>(grain, 1)),
+                    [&](const tbb::blocked_range<int64_t>& r) { fn(r.begin(), r.end()); });
+#else
+  (void)grain;
+  fn(0, n);
+#endif
+}
+
 }  // namespace
 
 template <class T>
 void embedding_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int64_t B, int64_t seq, int64_t C) {
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t t = 0; t < seq; ++t) {
-      T* o = out + (b * seq + t) * C;
-      const T* te = wte + static_cast<int64_t>(tokens[b * seq + t]) * C;
-      const T* pe = wpe + t * C;
+  parallel(B * seq, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      T* o = out + n * C;
+      const T* te = wte + static_cast<int64_t>(tokens[n]) * C;
+      const T* pe = wpe + (n % seq) * C;
       for (int64_t i = 0; i < C; ++i) o[i] = te[i] + pe[i];
     }
-  }
+  });
 }
 
 template <class T>
 void embedding_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int64_t B, int64_t seq, int64_t C) {
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t t = 0; t < seq; ++t) {
-      const T* d = dout + (b * seq + t) * C;
-      T* te = dwte + static_cast<int64_t>(tokens[b * seq + t]) * C;
-      T* pe = dwpe + t * C;
-      for (int64_t i = 0; i < C; ++i) {
+  // Tokens repeat, so rows cannot be split: split the channels instead and
+  // walk the rows in order within each.
+  parallel(C, 16, [&](int64_t c0, int64_t c1) {
+    for (int64_t n = 0; n < B * seq; ++n) {
+      const T* d = dout + n * C;
+      T* te = dwte + static_cast<int64_t>(tokens[n]) * C;
+      T* pe = dwpe + (n % seq) * C;
+      for (int64_t i = c0; i < c1; ++i) {
         te[i] += d[i];
         pe[i] += d[i];
       }
     }
-  }
+  });
 }
 
 template <class T>
 void layernorm_forward(T* out, T* mean, T* rstd, const T* x, const T* w, const T* b, int64_t N, int64_t C) {
   const T eps = T(1e-5);
-  for (int64_t n = 0; n < N; ++n) {
-    const T* xr = x + n * C;
-    T m = 0;
-    for (int64_t i = 0; i < C; ++i) m += xr[i];
-    m /= static_cast<T>(C);
-    T v = 0;
-    for (int64_t i = 0; i < C; ++i) v += (xr[i] - m) * (xr[i] - m);
-    v /= static_cast<T>(C);
-    T s = T(1) / std::sqrt(v + eps);
-    T* o = out + n * C;
-    for (int64_t i = 0; i < C; ++i) o[i] = (xr[i] - m) * s * w[i] + b[i];
-    mean[n] = m;
-    rstd[n] = s;
-  }
+  parallel(N, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const T* xr = x + n * C;
+      T m = 0;
+      for (int64_t i = 0; i < C; ++i) m += xr[i];
+      m /= static_cast<T>(C);
+      T v = 0;
+      for (int64_t i = 0; i < C; ++i) v += (xr[i] - m) * (xr[i] - m);
+      v /= static_cast<T>(C);
+      T s = T(1) / std::sqrt(v + eps);
+      T* o = out + n * C;
+      for (int64_t i = 0; i < C; ++i) o[i] = (xr[i] - m) * s * w[i] + b[i];
+      mean[n] = m;
+      rstd[n] = s;
+    }
+  });
 }
 
 template <class T>
 void layernorm_backward(T* dx, T* dw, T* db, const T* dout, const T* x, const T* w, const T* mean, const T* rstd,
                         int64_t N, int64_t C) {
-  for (int64_t n = 0; n < N; ++n) {
-    const T* d = dout + n * C;
-    const T* xr = x + n * C;
-    T* dxr = dx + n * C;
-    T dnorm_mean = 0, dnorm_norm_mean = 0;
-    for (int64_t i = 0; i < C; ++i) {
-      T norm = (xr[i] - mean[n]) * rstd[n];
-      T dnorm = w[i] * d[i];
-      dnorm_mean += dnorm;
-      dnorm_norm_mean += dnorm * norm;
+  parallel(N, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const T* d = dout + n * C;
+      const T* xr = x + n * C;
+      T* dxr = dx + n * C;
+      T dnorm_mean = 0, dnorm_norm_mean = 0;
+      for (int64_t i = 0; i < C; ++i) {
+        T norm = (xr[i] - mean[n]) * rstd[n];
+        T dnorm = w[i] * d[i];
+        dnorm_mean += dnorm;
+        dnorm_norm_mean += dnorm * norm;
+      }
+      dnorm_mean /= static_cast<T>(C);
+      dnorm_norm_mean /= static_cast<T>(C);
+      for (int64_t i = 0; i < C; ++i) {
+        T norm = (xr[i] - mean[n]) * rstd[n];
+        dxr[i] += (w[i] * d[i] - dnorm_mean - norm * dnorm_norm_mean) * rstd[n];
+      }
     }
-    dnorm_mean /= static_cast<T>(C);
-    dnorm_norm_mean /= static_cast<T>(C);
-    for (int64_t i = 0; i < C; ++i) {
-      T norm = (xr[i] - mean[n]) * rstd[n];
-      T dnorm = w[i] * d[i];
-      db[i] += d[i];
-      dw[i] += norm * d[i];
-      dxr[i] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * rstd[n];
+  });
+  // dw, db: each channel sums over the rows in order.
+  parallel(C, 16, [&](int64_t c0, int64_t c1) {
+    for (int64_t n = 0; n < N; ++n) {
+      const T* d = dout + n * C;
+      const T* xr = x + n * C;
+      for (int64_t i = c0; i < c1; ++i) {
+        db[i] += d[i];
+        dw[i] += (xr[i] - mean[n]) * rstd[n] * d[i];
+      }
     }
-  }
+  });
 }
 
 template <class T>
 void matmul_forward(T* out, const T* x, const T* w, const T* bias, int64_t N, int64_t IC, int64_t OC) {
   gemm(false, false, N, OC, IC, T(1), x, IC, w, OC, T(0), out, OC);
   if (bias == nullptr) return;
-  for (int64_t n = 0; n < N; ++n) {
-    for (int64_t o = 0; o < OC; ++o) out[n * OC + o] += bias[o];
-  }
+  parallel(N, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      for (int64_t o = 0; o < OC; ++o) out[n * OC + o] += bias[o];
+    }
+  });
 }
 
 template <class T>
-void matmul_backward(T* dx, T* dw, T* dbias, const T* dout, const T* x, const T* w, int64_t N, int64_t IC,
-                     int64_t OC) {
+void matmul_backward(T* dx, T* dw, T* dbias, const T* dout, const T* x, const T* w, int64_t N, int64_t IC, int64_t OC) {
   gemm(false, true, N, IC, OC, T(1), dout, OC, w, OC, T(1), dx, IC);
   gemm(true, false, IC, OC, N, T(1), x, IC, dout, OC, T(1), dw, OC);
   if (dbias == nullptr) return;
-  for (int64_t n = 0; n < N; ++n) {
-    for (int64_t o = 0; o < OC; ++o) dbias[o] += dout[n * OC + o];
-  }
+  parallel(OC, 64, [&](int64_t o0, int64_t o1) {
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t o = o0; o < o1; ++o) dbias[o] += dout[n * OC + o];
+    }
+  });
 }
 
 template <class T>
 void attention_forward(T* out, T* att, const T* qkv, int64_t B, int64_t seq, int64_t C, int64_t NH) {
   const int64_t hs = C / NH;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t t = 0; t < seq; ++t) {
-      for (int64_t h = 0; h < NH; ++h) {
+  parallel(B * seq * NH, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t idx = begin; idx < end; ++idx) {
+      const int64_t h = idx % NH, t = (idx / NH) % seq, b = idx / (NH * seq);
+      {
         const T* q = qkv + (b * seq + t) * 3 * C + h * hs;
         T* a = att + ((b * NH + h) * seq + t) * seq;
         T maxval = -std::numeric_limits<T>::infinity();
@@ -173,7 +213,7 @@ void attention_forward(T* out, T* att, const T* qkv, int64_t B, int64_t seq, int
         }
       }
     }
-  }
+  });
 }
 
 template <class T>
@@ -181,41 +221,46 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* att, int6
                         int64_t NH) {
   const int64_t hs = C / NH;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
-  std::vector<T> datt(static_cast<size_t>(seq)), dpre(static_cast<size_t>(seq));
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t t = 0; t < seq; ++t) {
-      for (int64_t h = 0; h < NH; ++h) {
-        const T* a = att + ((b * NH + h) * seq + t) * seq;
-        const T* d = dout + (b * seq + t) * C + h * hs;
-        // out = sum_t2 a[t2] v[t2]: gradients into a and v
-        for (int64_t t2 = 0; t2 <= t; ++t2) {
-          const T* v = qkv + (b * seq + t2) * 3 * C + 2 * C + h * hs;
-          T* dv = dqkv + (b * seq + t2) * 3 * C + 2 * C + h * hs;
-          T s = 0;
-          for (int64_t i = 0; i < hs; ++i) {
-            s += v[i] * d[i];
-            dv[i] += a[t2] * d[i];
+  // A head of one sequence touches only its own slices of dqkv: (b, h) pairs
+  // run in parallel, t in order within each.
+  parallel(B * NH, 1, [&](int64_t begin, int64_t end) {
+    std::vector<T> datt(static_cast<size_t>(seq)), dpre(static_cast<size_t>(seq));
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / NH, h = bh % NH;
+      for (int64_t t = 0; t < seq; ++t) {
+        {
+          const T* a = att + ((b * NH + h) * seq + t) * seq;
+          const T* d = dout + (b * seq + t) * C + h * hs;
+          // out = sum_t2 a[t2] v[t2]: gradients into a and v
+          for (int64_t t2 = 0; t2 <= t; ++t2) {
+            const T* v = qkv + (b * seq + t2) * 3 * C + 2 * C + h * hs;
+            T* dv = dqkv + (b * seq + t2) * 3 * C + 2 * C + h * hs;
+            T s = 0;
+            for (int64_t i = 0; i < hs; ++i) {
+              s += v[i] * d[i];
+              dv[i] += a[t2] * d[i];
+            }
+            datt[t2] = s;
           }
-          datt[t2] = s;
-        }
-        // softmax backward: dpre[t3] = a[t3] * (datt[t3] - sum_t2 a[t2] datt[t2])
-        T dot = 0;
-        for (int64_t t2 = 0; t2 <= t; ++t2) dot += a[t2] * datt[t2];
-        for (int64_t t2 = 0; t2 <= t; ++t2) dpre[t2] = a[t2] * (datt[t2] - dot);
-        // pre = scale * q . k
-        const T* q = qkv + (b * seq + t) * 3 * C + h * hs;
-        T* dq = dqkv + (b * seq + t) * 3 * C + h * hs;
-        for (int64_t t2 = 0; t2 <= t; ++t2) {
-          const T* k = qkv + (b * seq + t2) * 3 * C + C + h * hs;
-          T* dk = dqkv + (b * seq + t2) * 3 * C + C + h * hs;
-          for (int64_t i = 0; i < hs; ++i) {
-            dq[i] += k[i] * dpre[t2] * scale;
-            dk[i] += q[i] * dpre[t2] * scale;
+          // softmax backward: dpre[t3] = a[t3] * (datt[t3] - sum_t2 a[t2] datt[t2])
+          T dot = 0;
+          for (int64_t t2 = 0; t2 <= t; ++t2) dot += a[t2] * datt[t2];
+          for (int64_t t2 = 0; t2 <= t; ++t2) dpre[t2] = a[t2] * (datt[t2] - dot);
+          // pre = scale * q . k
+          const T* q = qkv + (b * seq + t) * 3 * C + h * hs;
+          T* dq = dqkv + (b * seq + t) * 3 * C + h * hs;
+          for (int64_t t2 = 0; t2 <= t; ++t2) {
+            const T* k = qkv + (b * seq + t2) * 3 * C + C + h * hs;
+            T* dk = dqkv + (b * seq + t2) * 3 * C + C + h * hs;
+            for (int64_t i = 0; i < hs; ++i) {
+              dq[i] += k[i] * dpre[t2] * scale;
+              dk[i] += q[i] * dpre[t2] * scale;
+            }
           }
         }
       }
     }
-  }
+  });
 }
 
 namespace {
@@ -225,32 +270,40 @@ constexpr T kGeluScale = static_cast<T>(0.79788456080286535587989211986876);  //
 
 template <class T>
 void gelu_forward(T* out, const T* x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    T v = x[i];
-    out[i] = T(0.5) * v * (T(1) + std::tanh(kGeluScale<T> * (v + T(0.044715) * v * v * v)));
-  }
+  parallel(n, 4096, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      T v = x[i];
+      out[i] = T(0.5) * v * (T(1) + std::tanh(kGeluScale<T> * (v + T(0.044715) * v * v * v)));
+    }
+  });
 }
 
 template <class T>
 void gelu_backward(T* dx, const T* x, const T* dout, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    T v = x[i];
-    T u = kGeluScale<T> * (v + T(0.044715) * v * v * v);
-    T th = std::tanh(u);
-    T sech2 = T(1) - th * th;
-    T local = T(0.5) * (T(1) + th) + v * T(0.5) * sech2 * kGeluScale<T> * (T(1) + T(3) * T(0.044715) * v * v);
-    dx[i] += local * dout[i];
-  }
+  parallel(n, 4096, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      T v = x[i];
+      T u = kGeluScale<T> * (v + T(0.044715) * v * v * v);
+      T th = std::tanh(u);
+      T sech2 = T(1) - th * th;
+      T local = T(0.5) * (T(1) + th) + v * T(0.5) * sech2 * kGeluScale<T> * (T(1) + T(3) * T(0.044715) * v * v);
+      dx[i] += local * dout[i];
+    }
+  });
 }
 
 template <class T>
 void residual_forward(T* out, const T* a, const T* b, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+  parallel(n, 1 << 14, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) out[i] = a[i] + b[i];
+  });
 }
 
 template <class T>
 void accumulate(T* dst, const T* src, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
+  parallel(n, 1 << 14, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) dst[i] += src[i];
+  });
 }
 
 template <class T>
@@ -311,23 +364,22 @@ void crossentropy_backward(T* dx, T* dwte, const T* x, const T* wte, const int32
   }
 }
 
-#define STRATA_HOST_OPS_INSTANTIATE(T)                                                                              \
-  template void embedding_forward<T>(T*, const int32_t*, const T*, const T*, int64_t, int64_t, int64_t);           \
-  template void embedding_backward<T>(T*, T*, const T*, const int32_t*, int64_t, int64_t, int64_t);                \
-  template void layernorm_forward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t);                  \
-  template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, int64_t,       \
-                                      int64_t);                                                                    \
-  template void matmul_forward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t);                    \
-  template void matmul_backward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t, int64_t);           \
-  template void attention_forward<T>(T*, T*, const T*, int64_t, int64_t, int64_t, int64_t);                        \
-  template void attention_backward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t);       \
-  template void gelu_forward<T>(T*, const T*, int64_t);                                                            \
-  template void gelu_backward<T>(T*, const T*, const T*, int64_t);                                                 \
-  template void residual_forward<T>(T*, const T*, const T*, int64_t);                                              \
-  template void accumulate<T>(T*, const T*, int64_t);                                                              \
-  template T crossentropy_forward<T>(T*, const T*, const T*, const int32_t*, int64_t, int64_t, int64_t);           \
-  template void crossentropy_backward<T>(T*, T*, const T*, const T*, const int32_t*, const T*, T, int64_t,         \
-                                         int64_t, int64_t);
+#define STRATA_HOST_OPS_INSTANTIATE(T)                                                                                 \
+  template void embedding_forward<T>(T*, const int32_t*, const T*, const T*, int64_t, int64_t, int64_t);               \
+  template void embedding_backward<T>(T*, T*, const T*, const int32_t*, int64_t, int64_t, int64_t);                    \
+  template void layernorm_forward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t);                      \
+  template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, int64_t, int64_t); \
+  template void matmul_forward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t);                        \
+  template void matmul_backward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t, int64_t);               \
+  template void attention_forward<T>(T*, T*, const T*, int64_t, int64_t, int64_t, int64_t);                            \
+  template void attention_backward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t);           \
+  template void gelu_forward<T>(T*, const T*, int64_t);                                                                \
+  template void gelu_backward<T>(T*, const T*, const T*, int64_t);                                                     \
+  template void residual_forward<T>(T*, const T*, const T*, int64_t);                                                  \
+  template void accumulate<T>(T*, const T*, int64_t);                                                                  \
+  template T crossentropy_forward<T>(T*, const T*, const T*, const int32_t*, int64_t, int64_t, int64_t);               \
+  template void crossentropy_backward<T>(T*, T*, const T*, const T*, const int32_t*, const T*, T, int64_t, int64_t,    \
+                                         int64_t);
 
 STRATA_HOST_OPS_INSTANTIATE(float)
 STRATA_HOST_OPS_INSTANTIATE(double)

@@ -120,3 +120,36 @@ TEST(HostGpt, Fp32MatchesDoubleReference) {
 
 }  // namespace
 }  // namespace strata::gpu::host
+
+#ifdef STRATA_TEST_HAVE_TBB
+#include <tbb/global_control.h>
+
+namespace strata::gpu::host {
+namespace {
+
+// The host loops split work so that each output element is produced by one
+// task in a fixed order: one thread and all threads give the same bits.
+TEST(HostGpt, BitIdenticalAcrossThreadCounts) {
+  GptConfig c;
+  c.layers = 2, c.hidden = 64, c.heads = 4, c.vocab = 300, c.max_seq = 32;
+  const int64_t B = 3, T = 32;
+  std::vector<std::vector<float>> p;
+  for (auto& v : init_params(c, 9)) p.emplace_back(v.begin(), v.end());
+  std::vector<int32_t> tok(B * T), tgt(B * T);
+  for (int64_t i = 0; i < B * T; ++i) tok[i] = static_cast<int32_t>((i * 7) % 300), tgt[i] = static_cast<int32_t>((i * 13) % 300);
+  auto run = [&](int threads) {
+    tbb::global_control limit(tbb::global_control::max_allowed_parallelism, static_cast<size_t>(threads));
+    std::vector<std::vector<float>> g;
+    for (auto& v : p) g.emplace_back(v.size(), 0.0f);
+    HostGpt<float> m(c, B, T);
+    float loss = m.forward(view(p), tok.data(), tgt.data());
+    m.backward(view(p), view(g));
+    g.push_back({loss});
+    return g;
+  };
+  EXPECT_EQ(run(1), run(4));
+}
+
+}  // namespace
+}  // namespace strata::gpu::host
+#endif
