@@ -351,63 +351,73 @@ inline void prefetch_ahead(const void* base, int64_t i) {
 }
 
 template <class Arch, OptKind K, DType G, StateType S, OutKind O>
-void run_fused(const TileCall& call, BatchStep<Arch, K>& st, int64_t n) {
+void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) {
   using B = xsimd::batch<float, Arch>;
   constexpr int64_t W = B::size;
   constexpr bool kHasV = K == OptKind::kAdam || K == OptKind::kAdagrad;
   constexpr DType kOut = O == OutKind::kF16 ? DType::kF16 : DType::kBF16;
+  // Locals, not references: stores through the float pointers below could
+  // alias a referenced object, which would force the constants and the
+  // running check back to memory on every batch.
+  BatchStep<Arch, K> st = step_state;
+  float* const params = call.params;
+  const void* const grad = call.grad;
+  void* const mem_m = call.m;
+  void* const mem_v = call.v;
+  void* const out = call.out;
   const bool has_m = uses_m(call.kind, call.c);
   if constexpr (K != OptKind::kAdam && S != StateType::kF32) {
     STRATA_CHECK_MSG(false, "low-precision states reached a non-Adam kernel");
   } else if constexpr (S != StateType::kQ8) {
     constexpr DType kState = S == StateType::kF32 ? DType::kF32 : DType::kBF16;
+    constexpr int64_t kSB = kState == DType::kF32 ? 4 : 2;
     for (int64_t i = 0; i < n; i += W) {
       // Software prefetch a few KiB ahead: with the update's instructions in
       // flight the out-of-order window alone keeps too few lines requested.
-      constexpr int64_t kSB = kState == DType::kF32 ? 4 : 2;
-      prefetch_ahead<4>(call.params, i);
-      prefetch_ahead<G == DType::kF32 ? 4 : 2>(call.grad, i);
-      if (has_m) prefetch_ahead<kSB>(call.m, i);
-      if constexpr (kHasV) prefetch_ahead<kSB>(call.v, i);
-      if constexpr (O != OutKind::kNone) prefetch_ahead<2>(call.out, i);
-      B p = B::load_unaligned(call.params + i);
-      B m = has_m ? load_as_f32<Arch>(call.m, kState, i) : B(0.0f);
-      B v = kHasV ? load_as_f32<Arch>(call.v, kState, i) : B(0.0f);
-      st(p, load_as_f32<Arch>(call.grad, G, i), m, v);
-      p.store_unaligned(call.params + i);
-      if (has_m) store_from_f32<Arch>(call.m, kState, i, m);
-      if constexpr (kHasV) store_from_f32<Arch>(call.v, kState, i, v);
-      if constexpr (O != OutKind::kNone) store_from_f32<Arch>(call.out, kOut, i, p);
+      prefetch_ahead<4>(params, i);
+      prefetch_ahead<G == DType::kF32 ? 4 : 2>(grad, i);
+      if (has_m) prefetch_ahead<kSB>(mem_m, i);
+      if constexpr (kHasV) prefetch_ahead<kSB>(mem_v, i);
+      if constexpr (O != OutKind::kNone) prefetch_ahead<2>(out, i);
+      B p = B::load_unaligned(params + i);
+      B m = has_m ? load_as_f32<Arch>(mem_m, kState, i) : B(0.0f);
+      B v = kHasV ? load_as_f32<Arch>(mem_v, kState, i) : B(0.0f);
+      st(p, load_as_f32<Arch>(grad, G, i), m, v);
+      p.store_unaligned(params + i);
+      if (has_m) store_from_f32<Arch>(mem_m, kState, i, m);
+      if constexpr (kHasV) store_from_f32<Arch>(mem_v, kState, i, v);
+      if constexpr (O != OutKind::kNone) store_from_f32<Arch>(out, kOut, i, p);
     }
   } else {
     alignas(64) float bm[kQ8BlockElems], bv[kQ8BlockElems];
     for (int64_t b0 = 0; b0 < n; b0 += kQ8BlockElems) {
       const int64_t blk = b0 / kQ8BlockElems;
-      q8_decode_block<Arch>(static_cast<const int8_t*>(call.m) + b0, call.m_scale[blk], false, kQ8BlockElems, bm);
-      q8_decode_block<Arch>(static_cast<const uint8_t*>(call.v) + b0, call.v_scale[blk], true, kQ8BlockElems, bv);
+      q8_decode_block<Arch>(static_cast<const int8_t*>(mem_m) + b0, call.m_scale[blk], false, kQ8BlockElems, bm);
+      q8_decode_block<Arch>(static_cast<const uint8_t*>(mem_v) + b0, call.v_scale[blk], true, kQ8BlockElems, bv);
       B top_m(0.0f), top_v(0.0f);  // the new block scales, gathered on the way
       for (int64_t j = 0; j < kQ8BlockElems; j += W) {
         const int64_t i = b0 + j;
-        prefetch_ahead<4>(call.params, i);
-        prefetch_ahead<G == DType::kF32 ? 4 : 2>(call.grad, i);
-        prefetch_ahead<1>(call.m, i);
-        prefetch_ahead<1>(call.v, i);
-        if constexpr (O != OutKind::kNone) prefetch_ahead<2>(call.out, i);
-        B p = B::load_unaligned(call.params + i), m = B::load_aligned(bm + j), v = B::load_aligned(bv + j);
-        st(p, load_as_f32<Arch>(call.grad, G, i), m, v);
-        p.store_unaligned(call.params + i);
+        prefetch_ahead<4>(params, i);
+        prefetch_ahead<G == DType::kF32 ? 4 : 2>(grad, i);
+        prefetch_ahead<1>(mem_m, i);
+        prefetch_ahead<1>(mem_v, i);
+        if constexpr (O != OutKind::kNone) prefetch_ahead<2>(out, i);
+        B p = B::load_unaligned(params + i), m = B::load_aligned(bm + j), v = B::load_aligned(bv + j);
+        st(p, load_as_f32<Arch>(grad, G, i), m, v);
+        p.store_unaligned(params + i);
         m.store_aligned(bm + j);
         v.store_aligned(bv + j);
         top_m = xsimd::max(xsimd::abs(m), top_m);  // as q8_block_scale: NaN lanes keep the max
         top_v = xsimd::max(v, top_v);
-        if constexpr (O != OutKind::kNone) store_from_f32<Arch>(call.out, kOut, i, p);
+        if constexpr (O != OutKind::kNone) store_from_f32<Arch>(out, kOut, i, p);
       }
-      call.m_scale[blk] = q8_encode_block_scaled<Arch>(bm, false, kQ8BlockElems, static_cast<int8_t*>(call.m) + b0,
+      call.m_scale[blk] = q8_encode_block_scaled<Arch>(bm, false, kQ8BlockElems, static_cast<int8_t*>(mem_m) + b0,
                                                        max_lane<Arch>(top_m));
-      call.v_scale[blk] = q8_encode_block_scaled<Arch>(bv, true, kQ8BlockElems, static_cast<uint8_t*>(call.v) + b0,
+      call.v_scale[blk] = q8_encode_block_scaled<Arch>(bv, true, kQ8BlockElems, static_cast<uint8_t*>(mem_v) + b0,
                                                        std::sqrt(max_lane<Arch>(top_v)));
     }
   }
+  step_state.check = st.check;
 }
 
 // Picks the run_fused instantiation for the call's stream types.
