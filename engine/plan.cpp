@@ -1,0 +1,269 @@
+#include "engine/plan.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <limits>
+
+#include "common/units.h"
+
+namespace strata::engine {
+namespace {
+
+// The loss workspace of the fused tied-projection cross-entropy: one
+// 256 x 4096 fp32 logits block plus four fp32 values per row.
+uint64_t loss_workspace_bytes(int64_t tokens) { return 256ull * 4096 * 4 + 16ull * static_cast<uint64_t>(tokens); }
+
+struct Sizes {
+  int64_t params = 0;         // parameters (unpadded)
+  uint64_t padded = 0;        // elements of all chunks, padding included
+  uint64_t max_chunk = 0;     // elements of the largest chunk
+  uint64_t c = 2;             // bytes of a low-precision element
+  int64_t tokens = 0;         // per micro-batch
+  uint64_t checkpoints = 0;   // bytes of all block-input checkpoints of one micro-batch
+};
+
+Sizes sizes_of(const TrainSetup& s) {
+  Sizes z;
+  z.params = gpu::parameter_count(s.model);
+  for (const gpu::ChunkLayout& chunk : gpu::model_layout(s.model)) {
+    z.padded += static_cast<uint64_t>(chunk.numel);
+    z.max_chunk = std::max<uint64_t>(z.max_chunk, static_cast<uint64_t>(chunk.numel));
+  }
+  z.c = dtype_bytes(s.compute);
+  z.tokens = s.micro_batch * s.seq;
+  z.checkpoints = static_cast<uint64_t>(s.model.layers * z.tokens * s.model.hidden) * z.c;
+  return z;
+}
+
+TierBytes& tier(Plan& p, Tier t) { return t == Tier::kDevice ? p.device : (t == Tier::kHost ? p.host : p.nvme); }
+
+}  // namespace
+
+std::string_view tier_name(Tier t) {
+  switch (t) {
+    case Tier::kDevice: return "device";
+    case Tier::kHost: return "host";
+    case Tier::kNvme: return "nvme";
+  }
+  return "?";
+}
+
+Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
+  const Sizes z = sizes_of(s);
+  const double state_bytes = 4.0 + s.state_bytes_per_param;  // fp32 master + m, v
+  const auto state_total = static_cast<uint64_t>(static_cast<double>(z.padded) * state_bytes);
+  const uint64_t weights_total = z.padded * z.c;
+  const uint64_t chunk_lp = z.max_chunk * z.c;
+  const double A = static_cast<double>(s.grad_accum);
+  const uint64_t C = static_cast<uint64_t>(s.model.hidden);
+  Plan p;
+  p.setup = s;
+  p.placement = pl;
+  p.parameters = z.params;
+
+  // Device: weights (resident, or prefetch buffers), gradient staging, the
+  // working set of one block (forward-saved tensors and backward temporaries
+  // of the same size), the residual stream in and out, the loss workspace.
+  if (pl.weights == Tier::kDevice) {
+    p.device.model_states += weights_total;
+  } else {
+    p.device_chunk_buffers = pl.prefetch_depth + 1;
+    p.device.buffers += static_cast<uint64_t>(p.device_chunk_buffers) * chunk_lp;
+  }
+  p.device.buffers += 2 * chunk_lp;  // gradient chunks, double-buffered towards the host
+  p.device.activations += 2 * static_cast<uint64_t>(z.tokens) *
+                          static_cast<uint64_t>(gpu::block_activation_bytes_per_token(s.model, s.seq, z.c));
+  p.device.activations += 2 * static_cast<uint64_t>(z.tokens) * C * z.c;
+  p.device.io_buffers += loss_workspace_bytes(z.tokens);
+  tier(p, pl.checkpoints).activations += z.checkpoints;
+
+  // Host: gradients land in pinned host memory (fp32 accumulators when
+  // accumulating over micro-batches); states and streamed weights where placed.
+  p.host.model_states += z.padded * (s.grad_accum > 1 ? 4 : z.c);
+  if (pl.weights != Tier::kDevice) tier(p, pl.weights).model_states += weights_total;
+  if (pl.weights == Tier::kNvme) p.host.io_buffers += static_cast<uint64_t>(pl.prefetch_depth + 1) * chunk_lp;
+  tier(p, pl.states).model_states += state_total;
+  if (pl.states == Tier::kNvme) {
+    // read chunk j+1, update chunk j, write chunk j-1
+    p.host.io_buffers += 3 * static_cast<uint64_t>(static_cast<double>(z.max_chunk) * state_bytes);
+  }
+  if (pl.checkpoints == Tier::kNvme) p.host.io_buffers += 2 * static_cast<uint64_t>(z.tokens) * C * z.c;
+
+  // Links, per optimizer step.
+  const double P = static_cast<double>(z.params), c = static_cast<double>(z.c);
+  const double ckpt = static_cast<double>(z.checkpoints);
+  double h2d = pl.weights == Tier::kDevice ? P * c : 2 * P * c * A;  // resident: the updated weights go up once
+  double d2h = P * c * A;
+  if (pl.checkpoints != Tier::kDevice) {
+    h2d += ckpt * A;
+    d2h += ckpt * A;
+  }
+  double nvme_read = 0, nvme_write = 0;
+  if (pl.states == Tier::kNvme) {
+    nvme_read += P * state_bytes;
+    nvme_write += P * state_bytes;
+  }
+  if (pl.weights == Tier::kNvme) {
+    nvme_read += 2 * P * c * A;
+    nvme_write += P * c;
+  }
+  if (pl.checkpoints == Tier::kNvme) {
+    nvme_read += ckpt * A;
+    nvme_write += ckpt * A;
+  }
+  const double flops = gpu::training_flops_per_token(s.model, s.seq, /*recompute=*/true) *
+                       static_cast<double>(z.tokens) * A;
+  p.links = {
+      {"compute", flops, flops / (bw.device_tflops * 1e12)},
+      {"host->device", h2d, h2d / (bw.h2d_gbps * 1e9)},
+      {"device->host", d2h, d2h / (bw.d2h_gbps * 1e9)},
+      {"cpu optimizer", P * (8 + state_bytes + c), P / bw.cpu_optimizer_params_per_s},
+      {"nvme read", nvme_read, nvme_read / (bw.nvme_read_gbps * 1e9)},
+      {"nvme write", nvme_write, nvme_write / (bw.nvme_write_gbps * 1e9)},
+  };
+  for (const LinkTime& l : p.links) p.step_seconds = std::max(p.step_seconds, l.seconds);
+  return p;
+}
+
+namespace {
+
+bool fits(const Plan& p, const Budgets& b) {
+  return p.device.total() <= b.device_bytes && p.host.total() <= b.host_bytes && p.nvme.total() <= b.nvme_bytes;
+}
+
+// How far over its budget the worst tier is (1 = exactly full).
+double overflow(const Plan& p, const Budgets& b) {
+  auto ratio = [](uint64_t need, uint64_t have) {
+    if (need == 0) return 0.0;
+    return have == 0 ? std::numeric_limits<double>::infinity() : static_cast<double>(need) / static_cast<double>(have);
+  };
+  return std::max({ratio(p.device.total(), b.device_bytes), ratio(p.host.total(), b.host_bytes),
+                   ratio(p.nvme.total(), b.nvme_bytes)});
+}
+
+std::vector<Placement> candidates(const Budgets& b) {
+  std::vector<Tier> tiers = {Tier::kDevice, Tier::kHost};
+  if (b.nvme_bytes > 0) tiers.push_back(Tier::kNvme);
+  std::vector<Placement> out;
+  for (Tier w : tiers) {
+    for (Tier st : tiers) {
+      if (st == Tier::kDevice) continue;  // the optimizer runs on the CPU
+      for (Tier ck : tiers) {
+        for (int k = 1; k <= (w == Tier::kDevice ? 1 : 4); ++k) out.push_back({w, st, ck, k});
+      }
+    }
+  }
+  return out;
+}
+
+// Searches the placements for `setup`; false when none fits.
+bool best_plan(const TrainSetup& s, const Budgets& b, const Bandwidths& bw, Plan* best, Plan* closest) {
+  bool found = false;
+  double closest_over = std::numeric_limits<double>::infinity();
+  for (const Placement& pl : candidates(b)) {
+    Plan p = estimate(s, pl, bw);
+    if (fits(p, b)) {
+      // Strictly faster wins; the enumeration order prefers faster tiers and
+      // shallower prefetch on ties.
+      if (!found || p.step_seconds < best->step_seconds * (1 - 1e-9)) {
+        *best = p;
+        found = true;
+      }
+    } else if (closest != nullptr && overflow(p, b) < closest_over) {
+      closest_over = overflow(p, b);
+      *closest = p;
+    }
+  }
+  return found;
+}
+
+std::string shortfalls(const Plan& p, const Budgets& b) {
+  std::string out;
+  auto add = [&](const char* name, uint64_t need, uint64_t have) {
+    if (need <= have) return;
+    if (!out.empty()) out += "; ";
+    out += std::string(name) + " needs " + format_bytes(need) + " (budget " + format_bytes(have) + ")";
+  };
+  add("device", p.device.total(), b.device_bytes);
+  add("host", p.host.total(), b.host_bytes);
+  add("nvme", p.nvme.total(), b.nvme_bytes);
+  return out;
+}
+
+const LinkTime& slowest_link(const Plan& p) {
+  const LinkTime* slow = &p.links.front();
+  for (const LinkTime& l : p.links) slow = l.seconds > slow->seconds ? &l : slow;
+  return *slow;
+}
+
+std::string placement_text(const Placement& pl) {
+  return "weights on " + std::string(tier_name(pl.weights)) + ", optimizer states on " +
+         std::string(tier_name(pl.states)) + ", checkpoints on " + std::string(tier_name(pl.checkpoints));
+}
+
+}  // namespace
+
+Result<Plan> make_plan(const TrainSetup& s, const Budgets& b, const Bandwidths& bw) {
+  STRATA_RETURN_IF_ERROR(s.model.validate());
+  if (s.micro_batch < 1 || s.seq < 1 || s.seq > s.model.max_seq || s.grad_accum < 1) {
+    return invalid_argument("training setup: micro_batch, grad_accum >= 1 and 1 <= seq <= max_seq (" +
+                            std::to_string(s.model.max_seq) + ") required");
+  }
+  Plan best, closest;
+  if (best_plan(s, b, bw, &best, &closest)) {
+    best.why = placement_text(best.placement) +
+               (best.device_chunk_buffers > 0 ? ", prefetch depth " + std::to_string(best.placement.prefetch_depth)
+                                              : std::string()) +
+               ": the fastest placement that fits (slowest link: " + slowest_link(best).link + ")";
+    return best;
+  }
+  std::string message = "no placement of " + std::to_string(gpu::parameter_count(s.model)) +
+                        " parameters fits: the closest (" + placement_text(closest.placement) + ") " +
+                        shortfalls(closest, b);
+  for (int64_t mb = s.micro_batch - 1; mb >= 1; --mb) {
+    TrainSetup smaller = s;
+    smaller.micro_batch = mb;
+    Plan p;
+    if (best_plan(smaller, b, bw, &p, nullptr)) {
+      message += "; micro-batch " + std::to_string(mb) + " would fit";
+      break;
+    }
+  }
+  return resource_exhausted(message);
+}
+
+std::string format_plan(const Plan& p, const Budgets& b) {
+  char line[256];
+  std::string out;
+  std::snprintf(line, sizeof(line), "plan: %lld parameters, micro-batch %lld x %lld tokens, %lld accumulation steps\n",
+                static_cast<long long>(p.parameters), static_cast<long long>(p.setup.micro_batch),
+                static_cast<long long>(p.setup.seq), static_cast<long long>(p.setup.grad_accum));
+  out += line;
+  out += "  " + p.why + "\n";
+  std::snprintf(line, sizeof(line), "  %-7s %12s %12s %12s %12s %12s %12s\n", "tier", "states", "activations",
+                "buffers", "io buffers", "total", "budget");
+  out += line;
+  auto row = [&](const char* name, const TierBytes& t, uint64_t budget) {
+    std::snprintf(line, sizeof(line), "  %-7s %12s %12s %12s %12s %12s %12s\n", name,
+                  format_bytes(t.model_states).c_str(), format_bytes(t.activations).c_str(),
+                  format_bytes(t.buffers).c_str(), format_bytes(t.io_buffers).c_str(), format_bytes(t.total()).c_str(),
+                  format_bytes(budget).c_str());
+    out += line;
+  };
+  row("device", p.device, b.device_bytes);
+  row("host", p.host, b.host_bytes);
+  row("nvme", p.nvme, b.nvme_bytes);
+  std::snprintf(line, sizeof(line), "  %-14s %14s %10s\n", "link", "per step", "seconds");
+  out += line;
+  for (const LinkTime& l : p.links) {
+    std::string amount = l.link == "compute" ? std::to_string(static_cast<long long>(l.bytes / 1e12)) + " TFLOP"
+                                             : format_bytes(static_cast<uint64_t>(l.bytes));
+    std::snprintf(line, sizeof(line), "  %-14s %14s %10.4f\n", l.link.c_str(), amount.c_str(), l.seconds);
+    out += line;
+  }
+  std::snprintf(line, sizeof(line), "  predicted step: %.4f s (the slowest link, all overlapped)\n", p.step_seconds);
+  out += line;
+  return out;
+}
+
+}  // namespace strata::engine

@@ -1,0 +1,98 @@
+// The placement planner: from the model, the batch shape and the budgets of
+// each tier it chooses where every view lives — low-precision weights,
+// gradients, fp32 master weights and optimizer states, activation
+// checkpoints — the prefetch depth and the number of device chunk buffers,
+// and predicts the peak bytes of each tier and the time of each link per
+// step. Users give budgets; the planner chooses, and says why.
+//
+// The cost model counts bytes per link per optimizer step and divides by
+// each link's bandwidth (measured by the benchmarks, or defaults); with the
+// step's parts overlapped, the predicted step time is the slowest link.
+// Every byte the engine will allocate is in the estimate, by tier:
+// model states, activations, chunk buffers and I/O buffers.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+#include "common/status.h"
+#include "gpu/gpt_config.h"
+
+namespace strata::engine {
+
+enum class Tier : uint8_t { kDevice, kHost, kNvme };
+std::string_view tier_name(Tier tier);
+
+struct TrainSetup {
+  gpu::GptConfig model;
+  int64_t micro_batch = 1;
+  int64_t seq = 1024;
+  int64_t grad_accum = 1;
+  DType compute = DType::kBF16;      // low-precision weights and gradients
+  double state_bytes_per_param = 8;  // Adam m and v: 8 (fp32), 4 (bf16), ~2.03 (8-bit blockwise)
+};
+
+struct Budgets {
+  uint64_t device_bytes = 0;
+  uint64_t host_bytes = 0;  // host RAM for model states, pinned buffers and checkpoints
+  uint64_t nvme_bytes = 0;  // 0: no NVMe tier
+};
+
+// Link speeds the time prediction divides by. Defaults are conservative
+// figures for a PCIe 4 GPU server; pass measured ones (strata-iobench,
+// strata-adambench, gpu_check.sh) for real predictions.
+struct Bandwidths {
+  double h2d_gbps = 20;
+  double d2h_gbps = 20;
+  double nvme_read_gbps = 3;
+  double nvme_write_gbps = 2;
+  double cpu_optimizer_params_per_s = 1.5e9;
+  double device_tflops = 100;  // sustained, for the training FLOPs with recompute
+};
+
+struct TierBytes {
+  uint64_t model_states = 0;  // weights, gradients, master weights, optimizer states
+  uint64_t activations = 0;   // checkpoints and the working set of one block
+  uint64_t buffers = 0;       // chunk buffers for streaming and gradient staging
+  uint64_t io_buffers = 0;    // NVMe staging buffers, loss workspace
+  uint64_t total() const { return model_states + activations + buffers + io_buffers; }
+};
+
+struct LinkTime {
+  std::string link;
+  double bytes = 0;  // per optimizer step (FLOPs for "compute")
+  double seconds = 0;
+};
+
+struct Placement {
+  Tier weights = Tier::kDevice;      // home of the low-precision weights
+  Tier states = Tier::kHost;         // fp32 master weights + optimizer states
+  Tier checkpoints = Tier::kDevice;  // block-input activation checkpoints
+  int prefetch_depth = 1;            // chunks fetched ahead when weights stream
+};
+
+struct Plan {
+  TrainSetup setup;
+  Placement placement;
+  int device_chunk_buffers = 0;  // weight buffers on the device (0 when weights are resident)
+  TierBytes device, host, nvme;
+  std::vector<LinkTime> links;
+  double step_seconds = 0;       // the slowest link
+  int64_t parameters = 0;
+  std::string why;               // one line on the choice
+};
+
+// The bytes and link times of one placement, whether or not it fits.
+Plan estimate(const TrainSetup& setup, const Placement& placement, const Bandwidths& bw);
+
+// The fastest placement that fits the budgets. When none fits,
+// ResourceExhausted says which budget is short by how much for the closest
+// placement, and the largest micro-batch that would fit (if any).
+Result<Plan> make_plan(const TrainSetup& setup, const Budgets& budgets, const Bandwidths& bw);
+
+// A printable table: placement, bytes per tier and kind, time per link.
+std::string format_plan(const Plan& plan, const Budgets& budgets);
+
+}  // namespace strata::engine

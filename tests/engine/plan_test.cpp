@@ -1,0 +1,117 @@
+#include "engine/plan.h"
+
+#include <gtest/gtest.h>
+
+#include "common/units.h"
+
+namespace strata::engine {
+namespace {
+
+TrainSetup gpt2(const std::string& size, int64_t micro_batch = 4) {
+  TrainSetup s;
+  s.model = gpu::gpt2_config(size);
+  s.micro_batch = micro_batch;
+  s.seq = 1024;
+  return s;
+}
+
+uint64_t padded_params(const gpu::GptConfig& c) {
+  uint64_t n = 0;
+  for (const auto& chunk : gpu::model_layout(c)) n += static_cast<uint64_t>(chunk.numel);
+  return n;
+}
+
+TEST(Plan, EstimateCountsEveryByteByTier) {
+  TrainSetup s = gpt2("small", 2);
+  const uint64_t padded = padded_params(s.model);
+  uint64_t max_chunk = 0;
+  for (const auto& chunk : gpu::model_layout(s.model)) max_chunk = std::max<uint64_t>(max_chunk, chunk.numel);
+  Plan resident = estimate(s, {Tier::kDevice, Tier::kHost, Tier::kDevice, 1}, Bandwidths{});
+  EXPECT_EQ(resident.device.model_states, padded * 2);          // bf16 weights
+  EXPECT_EQ(resident.host.model_states, padded * 2 + padded * 12);  // bf16 grads + fp32 master, m, v
+  EXPECT_EQ(resident.device.buffers, 2 * max_chunk * 2);        // gradient staging
+  EXPECT_EQ(resident.device_chunk_buffers, 0);
+  // checkpoints: L * tokens * C * 2 bytes
+  const uint64_t ckpt = 12ull * 2 * 1024 * 768 * 2;
+  const uint64_t working = 2ull * 2 * 1024 * gpu::block_activation_bytes_per_token(s.model, 1024, 2) +
+                           2ull * 2 * 1024 * 768 * 2;
+  EXPECT_EQ(resident.device.activations, ckpt + working);
+  Plan streamed = estimate(s, {Tier::kHost, Tier::kNvme, Tier::kNvme, 3}, Bandwidths{});
+  EXPECT_EQ(streamed.device_chunk_buffers, 4);
+  EXPECT_EQ(streamed.device.buffers, (4 + 2) * max_chunk * 2);
+  EXPECT_EQ(streamed.device.model_states, 0u);
+  EXPECT_EQ(streamed.nvme.model_states, padded * 12);
+  EXPECT_EQ(streamed.nvme.activations, ckpt);
+  EXPECT_EQ(streamed.host.model_states, padded * 2 + padded * 2);  // grads + streamed weights
+  EXPECT_GT(streamed.host.io_buffers, 0u);
+  // Streaming moves the weights twice per micro-batch; NVMe states move 12 B/param each way.
+  auto link = [](const Plan& p, const std::string& name) {
+    for (const auto& l : p.links) {
+      if (l.link == name) return l.bytes;
+    }
+    return -1.0;
+  };
+  const double P = static_cast<double>(gpu::parameter_count(s.model));
+  EXPECT_DOUBLE_EQ(link(streamed, "nvme read"), P * 12 + static_cast<double>(ckpt));
+  EXPECT_DOUBLE_EQ(link(streamed, "host->device"), 2 * P * 2 + static_cast<double>(ckpt));
+  EXPECT_DOUBLE_EQ(link(resident, "host->device"), P * 2);
+  EXPECT_GT(streamed.step_seconds, 0.0);
+}
+
+TEST(Plan, ChoosesResidentWeightsWhenTheyFit) {
+  Result<Plan> p = make_plan(gpt2("small"), {40 * kGiB, 64 * kGiB, 0}, Bandwidths{});
+  ASSERT_TRUE(p) << p.error().to_string();
+  EXPECT_EQ(p->placement.weights, Tier::kDevice);
+  EXPECT_EQ(p->placement.states, Tier::kHost);
+  EXPECT_LE(p->device.total(), 40 * kGiB);
+  EXPECT_NE(p->why.find("fastest placement that fits"), std::string::npos);
+}
+
+TEST(Plan, StreamsWeightsAndSpillsToNvmeWhenTiersAreSmall) {
+  // GPT-2 XL (1.56B): 3.1 GB of bf16 weights do not fit a 2 GiB device.
+  TrainSetup xl = gpt2("xl", 1);
+  Result<Plan> host_ok = make_plan(xl, {2 * kGiB, 64 * kGiB, 0}, Bandwidths{});
+  ASSERT_TRUE(host_ok) << host_ok.error().to_string();
+  EXPECT_EQ(host_ok->placement.weights, Tier::kHost);
+  EXPECT_EQ(host_ok->placement.states, Tier::kHost);
+  EXPECT_GT(host_ok->device_chunk_buffers, 1);
+  // 24 GB of master weights and states do not fit 16 GiB of host RAM: NVMe.
+  Result<Plan> nvme = make_plan(xl, {2 * kGiB, 16 * kGiB, 200 * kGiB}, Bandwidths{});
+  ASSERT_TRUE(nvme) << nvme.error().to_string();
+  EXPECT_EQ(nvme->placement.states, Tier::kNvme);
+  EXPECT_LE(nvme->host.total(), 16 * kGiB);
+  EXPECT_LE(nvme->device.total(), 2 * kGiB);
+  std::string table = format_plan(*nvme, {2 * kGiB, 16 * kGiB, 200 * kGiB});
+  EXPECT_NE(table.find("predicted step"), std::string::npos);
+  EXPECT_NE(table.find("nvme read"), std::string::npos);
+}
+
+TEST(Plan, NothingFitsNamesTheShortBudgetAndASmallerMicroBatch) {
+  TrainSetup xl = gpt2("xl", 16);
+  Result<Plan> p = make_plan(xl, {3 * kGiB, 64 * kGiB, 0}, Bandwidths{});
+  ASSERT_FALSE(p);
+  EXPECT_EQ(p.error().code(), StatusCode::kResourceExhausted);
+  std::string m(p.error().message());
+  EXPECT_NE(m.find("device needs"), std::string::npos) << m;
+  EXPECT_NE(m.find("micro-batch"), std::string::npos) << m;
+  Result<Plan> none = make_plan(xl, {64 * kMiB, 1 * kGiB, 0}, Bandwidths{});
+  ASSERT_FALSE(none);
+  EXPECT_EQ(none.error().message().find("would fit"), std::string::npos) << "no micro-batch can fit 64 MiB";
+  TrainSetup bad = gpt2("small");
+  bad.seq = 4096;
+  EXPECT_EQ(make_plan(bad, {kGiB, kGiB, 0}, Bandwidths{}).error().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(Plan, MoreBudgetNeverMakesTheStepSlower) {
+  TrainSetup s = gpt2("medium", 2);
+  double previous = 1e30;
+  for (uint64_t device : {2 * kGiB, 4 * kGiB, 8 * kGiB, 32 * kGiB}) {
+    Result<Plan> p = make_plan(s, {device, 64 * kGiB, 100 * kGiB}, Bandwidths{});
+    ASSERT_TRUE(p) << format_bytes(device) << ": " << p.error().to_string();
+    EXPECT_LE(p->step_seconds, previous * (1 + 1e-12));
+    previous = p->step_seconds;
+  }
+}
+
+}  // namespace
+}  // namespace strata::engine
