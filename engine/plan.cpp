@@ -141,14 +141,17 @@ double overflow(const Plan& p, const Budgets& b) {
                    ratio(p.nvme.total(), b.nvme_bytes)});
 }
 
-std::vector<Placement> candidates(const Budgets& b) {
+std::vector<Placement> candidates(const Budgets& b, const Constraints& fixed) {
   std::vector<Tier> tiers = {Tier::kDevice, Tier::kHost};
   if (b.nvme_bytes > 0) tiers.push_back(Tier::kNvme);
+  auto allowed = [](const std::optional<Tier>& want, Tier t) { return !want || *want == t; };
   std::vector<Placement> out;
   for (Tier w : tiers) {
+    if (!allowed(fixed.weights, w)) continue;
     for (Tier st : tiers) {
-      if (st == Tier::kDevice) continue;  // the optimizer runs on the CPU
+      if (st == Tier::kDevice || !allowed(fixed.states, st)) continue;  // the optimizer runs on the CPU
       for (Tier ck : tiers) {
+        if (!allowed(fixed.checkpoints, ck)) continue;
         for (int k = 1; k <= (w == Tier::kDevice ? 1 : 4); ++k) out.push_back({w, st, ck, k});
       }
     }
@@ -157,10 +160,11 @@ std::vector<Placement> candidates(const Budgets& b) {
 }
 
 // Searches the placements for `setup`; false when none fits.
-bool best_plan(const TrainSetup& s, const Budgets& b, const Bandwidths& bw, Plan* best, Plan* closest) {
+bool best_plan(const TrainSetup& s, const Budgets& b, const Bandwidths& bw, const Constraints& fixed, Plan* best,
+               Plan* closest) {
   bool found = false;
   double closest_over = std::numeric_limits<double>::infinity();
-  for (const Placement& pl : candidates(b)) {
+  for (const Placement& pl : candidates(b, fixed)) {
     Plan p = estimate(s, pl, bw);
     if (fits(p, b)) {
       // Strictly faster wins; the enumeration order prefers faster tiers and
@@ -203,14 +207,21 @@ std::string placement_text(const Placement& pl) {
 
 }  // namespace
 
-Result<Plan> make_plan(const TrainSetup& s, const Budgets& b, const Bandwidths& bw) {
+Result<Plan> make_plan(const TrainSetup& s, const Budgets& b, const Bandwidths& bw, const Constraints& fixed) {
   STRATA_RETURN_IF_ERROR(s.model.validate());
   if (s.micro_batch < 1 || s.seq < 1 || s.seq > s.model.max_seq || s.grad_accum < 1) {
     return invalid_argument("training setup: micro_batch, grad_accum >= 1 and 1 <= seq <= max_seq (" +
                             std::to_string(s.model.max_seq) + ") required");
   }
+  if ((fixed.weights == Tier::kNvme || fixed.states == Tier::kNvme || fixed.checkpoints == Tier::kNvme) &&
+      b.nvme_bytes == 0) {
+    return invalid_argument("the configuration puts data on NVMe but gives no NVMe budget (or path)");
+  }
+  if (fixed.states == Tier::kDevice) {
+    return invalid_argument("optimizer states cannot live on the device: the optimizer runs on the CPU");
+  }
   Plan best, closest;
-  if (best_plan(s, b, bw, &best, &closest)) {
+  if (best_plan(s, b, bw, fixed, &best, &closest)) {
     best.why = placement_text(best.placement) +
                (best.device_chunk_buffers > 0 ? ", prefetch depth " + std::to_string(best.placement.prefetch_depth)
                                               : std::string()) +
@@ -224,7 +235,7 @@ Result<Plan> make_plan(const TrainSetup& s, const Budgets& b, const Bandwidths& 
     TrainSetup smaller = s;
     smaller.micro_batch = mb;
     Plan p;
-    if (best_plan(smaller, b, bw, &p, nullptr)) {
+    if (best_plan(smaller, b, bw, fixed, &p, nullptr)) {
       message += "; micro-batch " + std::to_string(mb) + " would fit";
       break;
     }

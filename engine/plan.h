@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -84,13 +85,22 @@ struct Plan {
   std::string why;               // one line on the choice
 };
 
+// Tiers the user fixed (a DeepSpeed config's offload_param / offload_optimizer
+// device, say); unset ones are the planner's choice.
+struct Constraints {
+  std::optional<Tier> weights;
+  std::optional<Tier> states;
+  std::optional<Tier> checkpoints;
+};
+
 // The bytes and link times of one placement, whether or not it fits.
 Plan estimate(const TrainSetup& setup, const Placement& placement, const Bandwidths& bw);
 
 // The fastest placement that fits the budgets. When none fits,
 // ResourceExhausted says which budget is short by how much for the closest
 // placement, and the largest micro-batch that would fit (if any).
-Result<Plan> make_plan(const TrainSetup& setup, const Budgets& budgets, const Bandwidths& bw);
+Result<Plan> make_plan(const TrainSetup& setup, const Budgets& budgets, const Bandwidths& bw,
+                       const Constraints& constraints = {});
 
 // A printable table: placement, bytes per tier and kind, time per link.
 std::string format_plan(const Plan& plan, const Budgets& budgets);

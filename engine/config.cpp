@@ -1,0 +1,382 @@
+#include "engine/config.h"
+
+#include <sys/statvfs.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "common/units.h"
+
+namespace strata::engine {
+namespace {
+
+using nlohmann::json;
+
+// Reads one JSON object, remembering which keys were used so the rest can be
+// reported as unknown. Errors name the full dotted key.
+class Reader {
+ public:
+  Reader(const json& obj, std::string path, std::vector<std::string>* warnings)
+      : obj_(obj), path_(std::move(path)), warnings_(warnings) {}
+
+  std::string key_path(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
+  bool has(const std::string& key) const { return obj_.contains(key); }
+  const json& raw(const std::string& key) {
+    used_.insert(key);
+    return obj_.at(key);
+  }
+
+  Status get_int(const std::string& key, int64_t* out, int64_t lo, int64_t hi) {
+    if (!has(key)) return ok_status();
+    const json& v = raw(key);
+    if (!v.is_number_integer() || v.get<int64_t>() < lo || v.get<int64_t>() > hi) {
+      return bad(key, "an integer in " + std::to_string(lo) + ".." + std::to_string(hi), v);
+    }
+    *out = v.get<int64_t>();
+    return ok_status();
+  }
+
+  Status get_double(const std::string& key, double* out, double lo, double hi) {
+    if (!has(key)) return ok_status();
+    const json& v = raw(key);
+    if (!v.is_number() || !(v.get<double>() >= lo && v.get<double>() <= hi)) {
+      return bad(key, "a number in [" + number(lo) + ", " + number(hi) + "]", v);
+    }
+    *out = v.get<double>();
+    return ok_status();
+  }
+
+  Status get_bool(const std::string& key, bool* out) {
+    if (!has(key)) return ok_status();
+    const json& v = raw(key);
+    if (!v.is_boolean()) return bad(key, "true or false", v);
+    *out = v.get<bool>();
+    return ok_status();
+  }
+
+  Status get_choice(const std::string& key, std::string* out, const std::vector<std::string>& allowed) {
+    if (!has(key)) return ok_status();
+    const json& v = raw(key);
+    std::string text = v.is_string() ? v.get<std::string>() : "";
+    for (const std::string& a : allowed) {
+      if (text == a) {
+        *out = text;
+        return ok_status();
+      }
+    }
+    std::string list;
+    for (const std::string& a : allowed) list += (list.empty() ? "" : ", ") + a;
+    return bad(key, "one of " + list, v);
+  }
+
+  // "24GiB", "512MiB", or a number of bytes.
+  Status get_bytes(const std::string& key, uint64_t* out) {
+    if (!has(key)) return ok_status();
+    const json& v = raw(key);
+    uint64_t bytes = 0;
+    if (v.is_number_unsigned()) {
+      bytes = v.get<uint64_t>();
+    } else if (!v.is_string() || !parse_bytes(v.get<std::string>(), &bytes)) {
+      return bad(key, "a byte count such as \"24GiB\", \"512MiB\" or 1073741824", v);
+    }
+    *out = bytes;
+    return ok_status();
+  }
+
+  Result<Reader> object(const std::string& key) {
+    const json& v = raw(key);
+    if (!v.is_object()) return bad(key, "an object", v);
+    return Reader(v, key_path(key), warnings_);
+  }
+
+  // Marks keys as understood but not used, with a warning saying so.
+  void ignore(const std::string& key, const std::string& why) {
+    if (!has(key)) return;
+    used_.insert(key);
+    warnings_->push_back(key_path(key) + ": " + why);
+  }
+
+  void finish() const {
+    for (const auto& [key, value] : obj_.items()) {
+      if (used_.count(key) == 0) warnings_->push_back("unknown key " + key_path(key) + " ignored");
+    }
+  }
+
+ private:
+  static std::string number(double x) {
+    std::ostringstream s;
+    s << x;
+    return s.str();
+  }
+  Status bad(const std::string& key, const std::string& allowed, const json& got) const {
+    return invalid_argument("config key " + key_path(key) + ": expected " + allowed + ", got " + got.dump());
+  }
+
+  const json& obj_;
+  std::string path_;
+  std::vector<std::string>* warnings_;
+  std::set<std::string> used_;
+};
+
+Result<Tier> tier_from(const std::string& text) {
+  if (text == "device" || text == "none") return Tier::kDevice;
+  if (text == "host" || text == "cpu") return Tier::kHost;
+  return Tier::kNvme;
+}
+
+Status read_model(Reader& top, EngineConfig& c) {
+  if (!top.has("model")) return ok_status();
+  STRATA_ASSIGN_OR_RETURN(Reader m, top.object("model"));
+  std::string preset;
+  STRATA_RETURN_IF_ERROR(m.get_choice("preset", &preset, {"gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl"}));
+  if (!preset.empty()) c.setup.model = gpu::gpt2_config(preset.substr(5));
+  STRATA_RETURN_IF_ERROR(m.get_int("layers", &c.setup.model.layers, 1, 4096));
+  STRATA_RETURN_IF_ERROR(m.get_int("hidden", &c.setup.model.hidden, 1, 1 << 20));
+  STRATA_RETURN_IF_ERROR(m.get_int("heads", &c.setup.model.heads, 1, 1 << 16));
+  STRATA_RETURN_IF_ERROR(m.get_int("vocab", &c.setup.model.vocab, 2, 1 << 24));
+  STRATA_RETURN_IF_ERROR(m.get_int("max_seq", &c.setup.model.max_seq, 1, 1 << 20));
+  m.finish();
+  return c.setup.model.validate().with_context("config key model");
+}
+
+Status read_optimizer(Reader& top, EngineConfig& c) {
+  if (!top.has("optimizer")) return ok_status();
+  STRATA_ASSIGN_OR_RETURN(Reader o, top.object("optimizer"));
+  std::string type = c.optimizer.type;
+  // DeepSpeed spells the type "Adam", "AdamW", ...; both spellings are accepted.
+  STRATA_RETURN_IF_ERROR(o.get_choice("type", &type, {"adam", "adamw", "adagrad", "lion", "sgd", "Adam", "AdamW",
+                                                      "Adagrad", "Lion", "SGD"}));
+  for (char& ch : type) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  c.optimizer.type = type;
+  Reader* params = &o;
+  std::optional<Reader> nested;
+  if (o.has("params")) {  // DeepSpeed nests the hyper-parameters
+    STRATA_ASSIGN_OR_RETURN(Reader p, o.object("params"));
+    nested.emplace(std::move(p));
+    params = &*nested;
+  }
+  STRATA_RETURN_IF_ERROR(params->get_double("lr", &c.optimizer.lr, 0, 10));
+  STRATA_RETURN_IF_ERROR(params->get_double("eps", &c.optimizer.eps, 0, 1));
+  STRATA_RETURN_IF_ERROR(params->get_double("weight_decay", &c.optimizer.weight_decay, 0, 10));
+  if (params->has("betas")) {
+    const json& b = params->raw("betas");
+    if (!b.is_array() || b.size() != 2 || !b[0].is_number() || !b[1].is_number() || b[0].get<double>() < 0 ||
+        b[0].get<double>() >= 1 || b[1].get<double>() < 0 || b[1].get<double>() >= 1) {
+      return invalid_argument("config key " + params->key_path("betas") + ": expected [beta1, beta2] in [0, 1), got " +
+                              b.dump());
+    }
+    c.optimizer.beta1 = b[0].get<double>();
+    c.optimizer.beta2 = b[1].get<double>();
+  }
+  if (nested) nested->finish();
+  o.finish();
+  return ok_status();
+}
+
+// DeepSpeed's fp16 / bf16 blocks.
+Status read_precision_blocks(Reader& top, EngineConfig& c) {
+  bool fp16 = false, bf16 = false;
+  if (top.has("fp16")) {
+    STRATA_ASSIGN_OR_RETURN(Reader f, top.object("fp16"));
+    STRATA_RETURN_IF_ERROR(f.get_bool("enabled", &fp16));
+    double fixed = 0;
+    STRATA_RETURN_IF_ERROR(f.get_double("loss_scale", &fixed, 0, 1e30));
+    if (fixed != 0) {
+      return invalid_argument("config key fp16.loss_scale: only dynamic loss scaling (0) is supported, got " +
+                              std::to_string(fixed));
+    }
+    int64_t v = c.loss_scaling.initial_scale_power;
+    STRATA_RETURN_IF_ERROR(f.get_int("initial_scale_power", &v, 0, 60));
+    c.loss_scaling.initial_scale_power = static_cast<int>(v);
+    v = c.loss_scaling.window;
+    STRATA_RETURN_IF_ERROR(f.get_int("loss_scale_window", &v, 1, 1 << 30));
+    c.loss_scaling.window = static_cast<int>(v);
+    v = c.loss_scaling.hysteresis;
+    STRATA_RETURN_IF_ERROR(f.get_int("hysteresis", &v, 1, 1 << 20));
+    c.loss_scaling.hysteresis = static_cast<int>(v);
+    STRATA_RETURN_IF_ERROR(f.get_double("min_loss_scale", &c.loss_scaling.min_scale, 0, 1e30));
+    f.finish();
+  }
+  if (top.has("bf16")) {
+    STRATA_ASSIGN_OR_RETURN(Reader b, top.object("bf16"));
+    STRATA_RETURN_IF_ERROR(b.get_bool("enabled", &bf16));
+    b.finish();
+  }
+  if (fp16 && bf16) return invalid_argument("config keys fp16.enabled and bf16.enabled are both true; pick one");
+  if (fp16) c.setup.compute = DType::kF16;
+  if (bf16) c.setup.compute = DType::kBF16;
+  return ok_status();
+}
+
+Status read_offload(Reader& zero, const std::string& key, std::optional<Tier>* tier, EngineConfig& c) {
+  if (!zero.has(key)) return ok_status();
+  STRATA_ASSIGN_OR_RETURN(Reader o, zero.object(key));
+  std::string device;
+  STRATA_RETURN_IF_ERROR(o.get_choice("device", &device, {"cpu", "nvme", "none"}));
+  std::string path;
+  if (o.has("nvme_path")) {
+    const json& p = o.raw("nvme_path");
+    if (!p.is_string() || p.get<std::string>().empty()) {
+      return invalid_argument("config key " + o.key_path("nvme_path") + ": expected a directory path, got " + p.dump());
+    }
+    path = p.get<std::string>();
+  }
+  if (device == "nvme" && path.empty()) {
+    return invalid_argument("config key " + o.key_path("nvme_path") + " is required when " + o.key_path("device") +
+                            " is \"nvme\"");
+  }
+  if (!device.empty()) *tier = *tier_from(device);
+  if (!path.empty() && std::find(c.nvme_paths.begin(), c.nvme_paths.end(), path) == c.nvme_paths.end()) {
+    c.nvme_paths.push_back(path);
+  }
+  const std::string chosen = "the planner sizes and pins buffers itself; value ignored";
+  for (const char* k : {"pin_memory", "buffer_count", "buffer_size", "max_in_cpu", "fast_init", "ratio"}) o.ignore(k, chosen);
+  o.finish();
+  return ok_status();
+}
+
+Status read_deepspeed(Reader& top, EngineConfig& c) {
+  STRATA_RETURN_IF_ERROR(top.get_int("train_micro_batch_size_per_gpu", &c.setup.micro_batch, 1, 1 << 20));
+  STRATA_RETURN_IF_ERROR(top.get_int("gradient_accumulation_steps", &c.setup.grad_accum, 1, 1 << 20));
+  if (top.has("train_batch_size")) {
+    int64_t total = 0;
+    STRATA_RETURN_IF_ERROR(top.get_int("train_batch_size", &total, 1, int64_t{1} << 40));
+    if (total != c.setup.micro_batch * c.setup.grad_accum) {
+      return invalid_argument("config key train_batch_size: " + std::to_string(total) +
+                              " != train_micro_batch_size_per_gpu x gradient_accumulation_steps (" +
+                              std::to_string(c.setup.micro_batch * c.setup.grad_accum) + ") on one GPU");
+    }
+  }
+  STRATA_RETURN_IF_ERROR(read_precision_blocks(top, c));
+  if (top.has("zero_optimization")) {
+    STRATA_ASSIGN_OR_RETURN(Reader z, top.object("zero_optimization"));
+    int64_t stage = 3;
+    STRATA_RETURN_IF_ERROR(z.get_int("stage", &stage, 0, 3));
+    STRATA_RETURN_IF_ERROR(read_offload(z, "offload_optimizer", &c.constraints.states, c));
+    STRATA_RETURN_IF_ERROR(read_offload(z, "offload_param", &c.constraints.weights, c));
+    z.finish();
+  }
+  if (top.has("aio")) {
+    STRATA_ASSIGN_OR_RETURN(Reader a, top.object("aio"));
+    STRATA_RETURN_IF_ERROR(a.get_bytes("block_size", &c.io.block_bytes));
+    int64_t qd = c.io.queue_depth;
+    STRATA_RETURN_IF_ERROR(a.get_int("queue_depth", &qd, 1, 32768));
+    c.io.queue_depth = static_cast<uint32_t>(qd);
+    for (const char* k : {"thread_count", "single_submit", "overlap_events"}) {
+      a.ignore(k, "strata uses one io_uring per issuing thread; value ignored");
+    }
+    a.finish();
+  }
+  return ok_status();
+}
+
+Status read_native(Reader& top, EngineConfig& c) {
+  STRATA_RETURN_IF_ERROR(read_model(top, c));
+  if (top.has("batch")) {
+    STRATA_ASSIGN_OR_RETURN(Reader b, top.object("batch"));
+    STRATA_RETURN_IF_ERROR(b.get_int("micro_batch", &c.setup.micro_batch, 1, 1 << 20));
+    STRATA_RETURN_IF_ERROR(b.get_int("seq", &c.setup.seq, 1, 1 << 20));
+    STRATA_RETURN_IF_ERROR(b.get_int("grad_accum", &c.setup.grad_accum, 1, 1 << 20));
+    b.finish();
+  }
+  if (top.has("budgets")) {
+    STRATA_ASSIGN_OR_RETURN(Reader b, top.object("budgets"));
+    STRATA_RETURN_IF_ERROR(b.get_bytes("device", &c.budgets.device_bytes));
+    STRATA_RETURN_IF_ERROR(b.get_bytes("host", &c.budgets.host_bytes));
+    STRATA_RETURN_IF_ERROR(b.get_bytes("nvme", &c.budgets.nvme_bytes));
+    b.finish();
+  }
+  if (top.has("nvme_paths")) {
+    const json& p = top.raw("nvme_paths");
+    if (!p.is_array()) return invalid_argument("config key nvme_paths: expected an array of directories");
+    for (const json& d : p) {
+      if (!d.is_string() || d.get<std::string>().empty()) {
+        return invalid_argument("config key nvme_paths: expected directory paths, got " + d.dump());
+      }
+      c.nvme_paths.push_back(d.get<std::string>());
+    }
+  }
+  std::string precision;
+  STRATA_RETURN_IF_ERROR(top.get_choice("precision", &precision, {"bf16", "fp16", "fp32"}));
+  if (!precision.empty()) c.setup.compute = precision == "bf16" ? DType::kBF16 : (precision == "fp16" ? DType::kF16 : DType::kF32);
+  STRATA_RETURN_IF_ERROR(top.get_choice("states", &c.state_precision, {"fp32", "bf16", "q8"}));
+  c.setup.state_bytes_per_param = c.state_precision == "fp32" ? 8 : (c.state_precision == "bf16" ? 4 : 2.0 + 8.0 / 256);
+  STRATA_RETURN_IF_ERROR(top.get_bool("delayed_update", &c.delayed_update));
+  STRATA_RETURN_IF_ERROR(top.get_double("gradient_clipping", &c.gradient_clipping, 0, 1e30));
+  int64_t seed = static_cast<int64_t>(c.seed);
+  STRATA_RETURN_IF_ERROR(top.get_int("seed", &seed, 0, std::numeric_limits<int64_t>::max()));
+  c.seed = static_cast<uint64_t>(seed);
+  STRATA_RETURN_IF_ERROR(top.get_int("steps", &c.steps, 0, int64_t{1} << 40));
+  if (top.has("placement")) {
+    STRATA_ASSIGN_OR_RETURN(Reader p, top.object("placement"));
+    std::string w, s, ck;
+    STRATA_RETURN_IF_ERROR(p.get_choice("weights", &w, {"device", "host", "nvme"}));
+    STRATA_RETURN_IF_ERROR(p.get_choice("states", &s, {"host", "nvme"}));
+    STRATA_RETURN_IF_ERROR(p.get_choice("checkpoints", &ck, {"device", "host", "nvme"}));
+    if (!w.empty()) c.constraints.weights = *tier_from(w);
+    if (!s.empty()) c.constraints.states = *tier_from(s);
+    if (!ck.empty()) c.constraints.checkpoints = *tier_from(ck);
+    p.finish();
+  }
+  if (top.has("io")) {
+    STRATA_ASSIGN_OR_RETURN(Reader io, top.object("io"));
+    STRATA_RETURN_IF_ERROR(io.get_choice("backend", &c.io.backend, {"auto", "uring", "posix"}));
+    int64_t qd = c.io.queue_depth;
+    STRATA_RETURN_IF_ERROR(io.get_int("queue_depth", &qd, 1, 32768));
+    c.io.queue_depth = static_cast<uint32_t>(qd);
+    STRATA_RETURN_IF_ERROR(io.get_bytes("block_size", &c.io.block_bytes));
+    io.finish();
+  }
+  return ok_status();
+}
+
+}  // namespace
+
+Result<EngineConfig> parse_config(const nlohmann::json& j, std::vector<std::string>* warnings) {
+  std::vector<std::string> local;
+  if (warnings == nullptr) warnings = &local;
+  if (!j.is_object()) return invalid_argument("config: expected a JSON object at the top level");
+  EngineConfig c;
+  c.setup.model = gpu::gpt2_config("small");
+  Reader top(j, "", warnings);
+  STRATA_RETURN_IF_ERROR(read_native(top, c));
+  STRATA_RETURN_IF_ERROR(read_deepspeed(top, c));
+  STRATA_RETURN_IF_ERROR(read_optimizer(top, c));
+  top.finish();
+  if (c.setup.seq > c.setup.model.max_seq) {
+    return invalid_argument("config key batch.seq: " + std::to_string(c.setup.seq) + " exceeds model.max_seq " +
+                            std::to_string(c.setup.model.max_seq));
+  }
+  const bool nvme_used = c.constraints.weights == Tier::kNvme || c.constraints.states == Tier::kNvme ||
+                         c.constraints.checkpoints == Tier::kNvme;
+  if ((nvme_used || c.budgets.nvme_bytes > 0) && c.nvme_paths.empty()) {
+    return invalid_argument("config: an NVMe budget or placement needs nvme_paths (or a DeepSpeed nvme_path)");
+  }
+  if (c.budgets.nvme_bytes == 0 && !c.nvme_paths.empty()) {
+    // No NVMe budget given: the free space of the directories.
+    for (const std::string& dir : c.nvme_paths) {
+      struct statvfs st {};
+      if (::statvfs(dir.c_str(), &st) != 0) {
+        return not_found("config: NVMe directory " + dir + " is not accessible; create it or fix the path");
+      }
+      c.budgets.nvme_bytes += static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
+    }
+    warnings->push_back("budgets.nvme not given: using the free space of nvme_paths (" +
+                        format_bytes(c.budgets.nvme_bytes) + ")");
+  }
+  return c;
+}
+
+Result<EngineConfig> load_config(const std::string& path, std::vector<std::string>* warnings) {
+  std::ifstream in(path);
+  if (!in) return not_found("config file " + path + " cannot be read");
+  json j = json::parse(in, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
+  if (j.is_discarded()) return invalid_argument("config file " + path + " is not valid JSON");
+  Result<EngineConfig> c = parse_config(j, warnings);
+  if (!c) return std::move(c).error().with_context(path);
+  return c;
+}
+
+}  // namespace strata::engine

@@ -1,0 +1,63 @@
+// EngineConfig: one JSON file with the budgets, NVMe paths, model, batch,
+// precision, optimizer and schedule. The offload subset of a DeepSpeed
+// config is accepted unchanged (zero_optimization.offload_optimizer /
+// offload_param with device cpu|nvme and nvme_path, aio, fp16/bf16,
+// optimizer, gradient_accumulation_steps, gradient_clipping,
+// train_micro_batch_size_per_gpu); its offload devices become placement
+// constraints for the planner. Unknown keys produce a warning naming each
+// (as a dotted path); an invalid value is an InvalidArgument naming the key
+// and what is allowed. Nothing is half-applied: a config either parses whole
+// or not at all.
+#pragma once
+
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+#include <vector>
+
+#include "engine/plan.h"
+
+namespace strata::engine {
+
+struct OptimizerSpec {
+  std::string type = "adamw";  // adam | adamw | adagrad | lion | sgd
+  double lr = 1e-4;
+  double beta1 = 0.9, beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+};
+
+struct LossScaling {          // fp16 dynamic loss scaling (DeepSpeed's fields)
+  int initial_scale_power = 16;  // the scale starts at 2^this
+  int window = 1000;             // steps without overflow before doubling
+  int hysteresis = 2;            // overflows tolerated before halving
+  double min_scale = 1.0;
+};
+
+struct IoSpec {
+  std::string backend = "auto";  // auto | uring | posix
+  uint32_t queue_depth = 32;
+  uint64_t block_bytes = 1 << 20;  // stripe unit
+};
+
+struct EngineConfig {
+  TrainSetup setup;
+  Budgets budgets;
+  Constraints constraints;
+  std::vector<std::string> nvme_paths;
+  OptimizerSpec optimizer;
+  LossScaling loss_scaling;
+  double gradient_clipping = 0.0;  // global-norm clip; 0 = off
+  std::string state_precision = "fp32";  // fp32 | bf16 | q8 (Adam m and v)
+  bool delayed_update = false;     // opt-in one-step delayed parameter update (inexact)
+  IoSpec io;
+  uint64_t seed = 1;
+  int64_t steps = 20;
+};
+
+// Parses a config (native or the DeepSpeed offload subset). Warnings about
+// unknown keys are appended to `warnings`.
+Result<EngineConfig> parse_config(const nlohmann::json& json, std::vector<std::string>* warnings);
+// Reads and parses a file; errors name the file.
+Result<EngineConfig> load_config(const std::string& path, std::vector<std::string>* warnings);
+
+}  // namespace strata::engine

@@ -1,0 +1,150 @@
+#include "engine/config.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "common/units.h"
+#include "tests/test_util.h"
+
+namespace strata::engine {
+namespace {
+
+using nlohmann::json;
+
+bool contains(const std::vector<std::string>& v, const std::string& needle) {
+  for (const std::string& s : v) {
+    if (s.find(needle) != std::string::npos) return true;
+  }
+  return false;
+}
+
+TEST(Config, NativeConfigParsesEveryField) {
+  strata::testing::TempDir dir;
+  json j = {{"model", {{"preset", "gpt2-medium"}, {"max_seq", 512}}},
+            {"batch", {{"micro_batch", 4}, {"seq", 512}, {"grad_accum", 8}}},
+            {"budgets", {{"device", "24GiB"}, {"host", "64GiB"}, {"nvme", "1TiB"}}},
+            {"nvme_paths", {dir.path()}},
+            {"precision", "fp16"},
+            {"states", "q8"},
+            {"optimizer", {{"type", "adamw"}, {"lr", 3e-4}, {"betas", {0.9, 0.95}}, {"weight_decay", 0.1}}},
+            {"gradient_clipping", 1.0},
+            {"placement", {{"checkpoints", "host"}}},
+            {"io", {{"backend", "posix"}, {"queue_depth", 64}, {"block_size", "8MiB"}}},
+            {"seed", 7},
+            {"steps", 100}};
+  std::vector<std::string> warnings;
+  Result<EngineConfig> c = parse_config(j, &warnings);
+  ASSERT_TRUE(c) << c.error().to_string();
+  EXPECT_TRUE(warnings.empty()) << warnings.front();
+  EXPECT_EQ(c->setup.model.layers, 24);
+  EXPECT_EQ(c->setup.model.max_seq, 512);
+  EXPECT_EQ(c->setup.micro_batch, 4);
+  EXPECT_EQ(c->setup.grad_accum, 8);
+  EXPECT_EQ(c->setup.compute, DType::kF16);
+  EXPECT_NEAR(c->setup.state_bytes_per_param, 2.03125, 1e-12);
+  EXPECT_EQ(c->budgets.device_bytes, 24 * kGiB);
+  EXPECT_EQ(c->budgets.nvme_bytes, 1024 * kGiB);
+  EXPECT_DOUBLE_EQ(c->optimizer.beta2, 0.95);
+  EXPECT_EQ(c->constraints.checkpoints, Tier::kHost);
+  EXPECT_FALSE(c->constraints.weights.has_value());
+  EXPECT_EQ(c->io.block_bytes, 8 * kMiB);
+  EXPECT_EQ(c->seed, 7u);
+}
+
+// A DeepSpeed ZeRO-Infinity config, unchanged.
+TEST(Config, DeepSpeedOffloadSubsetIsAcceptedUnchanged) {
+  strata::testing::TempDir dir;
+  json j = json::parse(R"({
+    "train_batch_size": 16,
+    "train_micro_batch_size_per_gpu": 2,
+    "gradient_accumulation_steps": 8,
+    "gradient_clipping": 1.0,
+    "steps_per_print": 10,
+    "fp16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 12, "loss_scale_window": 500,
+             "hysteresis": 2, "min_loss_scale": 1},
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.0001, "betas": [0.8, 0.999], "eps": 1e-8,
+                                                "weight_decay": 0.01}},
+    "zero_optimization": {
+      "stage": 3,
+      "offload_optimizer": {"device": "nvme", "nvme_path": ")" + dir.path() + R"(", "pin_memory": true,
+                            "buffer_count": 4, "fast_init": false},
+      "offload_param": {"device": "cpu", "pin_memory": true},
+      "stage3_max_live_parameters": 1e9
+    },
+    "aio": {"block_size": 1048576, "queue_depth": 16, "thread_count": 1, "single_submit": false,
+            "overlap_events": true}
+  })");
+  std::vector<std::string> warnings;
+  Result<EngineConfig> c = parse_config(j, &warnings);
+  ASSERT_TRUE(c) << c.error().to_string();
+  EXPECT_EQ(c->setup.micro_batch, 2);
+  EXPECT_EQ(c->setup.grad_accum, 8);
+  EXPECT_EQ(c->setup.compute, DType::kF16);
+  EXPECT_EQ(c->loss_scaling.initial_scale_power, 12);
+  EXPECT_EQ(c->loss_scaling.window, 500);
+  EXPECT_EQ(c->optimizer.type, "adamw");
+  EXPECT_DOUBLE_EQ(c->optimizer.beta1, 0.8);
+  EXPECT_DOUBLE_EQ(c->gradient_clipping, 1.0);
+  EXPECT_EQ(c->constraints.states, Tier::kNvme);
+  EXPECT_EQ(c->constraints.weights, Tier::kHost);
+  ASSERT_EQ(c->nvme_paths.size(), 1u);
+  EXPECT_GT(c->budgets.nvme_bytes, 0u);  // the free space of nvme_path
+  EXPECT_EQ(c->io.queue_depth, 16u);
+  // Unknown keys are named; understood-but-unused ones say why.
+  EXPECT_TRUE(contains(warnings, "unknown key zero_optimization.stage3_max_live_parameters")) << warnings.size();
+  EXPECT_TRUE(contains(warnings, "unknown key steps_per_print"));
+  EXPECT_TRUE(contains(warnings, "zero_optimization.offload_optimizer.buffer_count: the planner"));
+  EXPECT_TRUE(contains(warnings, "aio.thread_count"));
+}
+
+TEST(Config, InvalidValuesNameTheKeyAndWhatIsAllowed) {
+  auto error_of = [](const json& j) {
+    Result<EngineConfig> c = parse_config(j, nullptr);
+    EXPECT_FALSE(c);
+    return c ? std::string() : std::string(c.error().message());
+  };
+  std::string m = error_of({{"precision", "fp8"}});
+  EXPECT_NE(m.find("precision"), std::string::npos);
+  EXPECT_NE(m.find("one of bf16, fp16, fp32"), std::string::npos) << m;
+  m = error_of({{"batch", {{"micro_batch", 0}}}});
+  EXPECT_NE(m.find("batch.micro_batch"), std::string::npos) << m;
+  m = error_of({{"budgets", {{"device", "lots"}}}});
+  EXPECT_NE(m.find("budgets.device"), std::string::npos) << m;
+  m = error_of({{"zero_optimization", {{"offload_optimizer", {{"device", "nvme"}}}}}});
+  EXPECT_NE(m.find("zero_optimization.offload_optimizer.nvme_path is required"), std::string::npos) << m;
+  m = error_of({{"zero_optimization", {{"offload_param", {{"device", "gpu"}}}}}});
+  EXPECT_NE(m.find("one of cpu, nvme, none"), std::string::npos) << m;
+  m = error_of({{"optimizer", {{"params", {{"betas", {0.9}}}}}}});
+  EXPECT_NE(m.find("optimizer.params.betas"), std::string::npos) << m;
+  m = error_of({{"train_batch_size", 10}, {"train_micro_batch_size_per_gpu", 4}});
+  EXPECT_NE(m.find("train_batch_size"), std::string::npos) << m;
+  m = error_of({{"fp16", {{"enabled", true}}}, {"bf16", {{"enabled", true}}}});
+  EXPECT_NE(m.find("pick one"), std::string::npos) << m;
+  m = error_of({{"model", {{"hidden", 100}, {"heads", 7}}}});
+  EXPECT_NE(m.find("heads"), std::string::npos) << m;
+  m = error_of({{"nvme_paths", {"/nonexistent-strata"}}});
+  EXPECT_NE(m.find("/nonexistent-strata"), std::string::npos) << m;
+  m = error_of(json::array());
+  EXPECT_NE(m.find("JSON object"), std::string::npos);
+}
+
+TEST(Config, FilesAreReadWithCommentsAndErrorsNameThem) {
+  strata::testing::TempDir dir;
+  std::string path = dir.path() + "/c.json";
+  std::ofstream(path) << "{\n  // a comment\n  \"batch\": {\"micro_batch\": 3}, \"typo_key\": 1\n}\n";
+  std::vector<std::string> warnings;
+  Result<EngineConfig> c = load_config(path, &warnings);
+  ASSERT_TRUE(c) << c.error().to_string();
+  EXPECT_EQ(c->setup.micro_batch, 3);
+  EXPECT_TRUE(contains(warnings, "unknown key typo_key"));
+  EXPECT_EQ(load_config(dir.path() + "/missing.json", nullptr).error().code(), StatusCode::kNotFound);
+  std::ofstream(dir.path() + "/bad.json") << "{ not json";
+  Result<EngineConfig> bad = load_config(dir.path() + "/bad.json", nullptr);
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message().find("bad.json"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace strata::engine
