@@ -181,86 +181,70 @@ void matmul_backward(T* dx, T* dw, T* dbias, const T* dout, const T* x, const T*
   });
 }
 
+// Attention per (sequence, head) as GEMMs on strided views of qkv (rows of
+// 3C): scores = scale * Q K^T over the full T x T (the masked half is then
+// zeroed), row softmax, out = P V. Backward: dP = dout V^T, dV += P^T dout,
+// dS = P * (dP - rowsum(P * dP)), dQ += scale * dS K, dK += scale * dS^T Q.
 template <class T>
 void attention_forward(T* out, T* att, const T* qkv, int64_t B, int64_t seq, int64_t C, int64_t NH) {
-  const int64_t hs = C / NH;
+  const int64_t hs = C / NH, ld = 3 * C;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
-  parallel(B * seq * NH, 8, [&](int64_t begin, int64_t end) {
-    for (int64_t idx = begin; idx < end; ++idx) {
-      const int64_t h = idx % NH, t = (idx / NH) % seq, b = idx / (NH * seq);
-      {
-        const T* q = qkv + (b * seq + t) * 3 * C + h * hs;
-        T* a = att + ((b * NH + h) * seq + t) * seq;
-        T maxval = -std::numeric_limits<T>::infinity();
-        for (int64_t t2 = 0; t2 <= t; ++t2) {
-          const T* k = qkv + (b * seq + t2) * 3 * C + C + h * hs;
-          T s = 0;
-          for (int64_t i = 0; i < hs; ++i) s += q[i] * k[i];
-          a[t2] = s * scale;
-          maxval = std::max(maxval, a[t2]);
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < NH; ++h) {
+      const T* q = qkv + b * seq * ld + h * hs;
+      const T* k = q + C;
+      const T* v = q + 2 * C;
+      T* a = att + (b * NH + h) * seq * seq;
+      gemm(false, true, seq, seq, hs, scale, q, ld, k, ld, T(0), a, seq);
+      parallel(seq, 16, [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t) {
+          T* row = a + t * seq;
+          T maxval = -std::numeric_limits<T>::infinity();
+          for (int64_t t2 = 0; t2 <= t; ++t2) maxval = std::max(maxval, row[t2]);
+          T sum = 0;
+          for (int64_t t2 = 0; t2 <= t; ++t2) {
+            row[t2] = std::exp(row[t2] - maxval);
+            sum += row[t2];
+          }
+          for (int64_t t2 = 0; t2 < seq; ++t2) row[t2] = t2 <= t ? row[t2] / sum : T(0);
         }
-        T sum = 0;
-        for (int64_t t2 = 0; t2 <= t; ++t2) {
-          a[t2] = std::exp(a[t2] - maxval);
-          sum += a[t2];
-        }
-        for (int64_t t2 = 0; t2 < seq; ++t2) a[t2] = t2 <= t ? a[t2] / sum : T(0);
-        T* o = out + (b * seq + t) * C + h * hs;
-        for (int64_t i = 0; i < hs; ++i) o[i] = 0;
-        for (int64_t t2 = 0; t2 <= t; ++t2) {
-          const T* v = qkv + (b * seq + t2) * 3 * C + 2 * C + h * hs;
-          for (int64_t i = 0; i < hs; ++i) o[i] += a[t2] * v[i];
-        }
-      }
+      });
+      gemm(false, false, seq, hs, seq, T(1), a, seq, v, ld, T(0), out + b * seq * C + h * hs, C);
     }
-  });
+  }
 }
 
 template <class T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* att, int64_t B, int64_t seq, int64_t C,
                         int64_t NH) {
-  const int64_t hs = C / NH;
+  const int64_t hs = C / NH, ld = 3 * C;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
-  // A head of one sequence touches only its own slices of dqkv: (b, h) pairs
-  // run in parallel, t in order within each.
-  parallel(B * NH, 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> datt(static_cast<size_t>(seq)), dpre(static_cast<size_t>(seq));
-    for (int64_t bh = begin; bh < end; ++bh) {
-      const int64_t b = bh / NH, h = bh % NH;
-      for (int64_t t = 0; t < seq; ++t) {
-        {
-          const T* a = att + ((b * NH + h) * seq + t) * seq;
-          const T* d = dout + (b * seq + t) * C + h * hs;
-          // out = sum_t2 a[t2] v[t2]: gradients into a and v
-          for (int64_t t2 = 0; t2 <= t; ++t2) {
-            const T* v = qkv + (b * seq + t2) * 3 * C + 2 * C + h * hs;
-            T* dv = dqkv + (b * seq + t2) * 3 * C + 2 * C + h * hs;
-            T s = 0;
-            for (int64_t i = 0; i < hs; ++i) {
-              s += v[i] * d[i];
-              dv[i] += a[t2] * d[i];
-            }
-            datt[t2] = s;
-          }
-          // softmax backward: dpre[t3] = a[t3] * (datt[t3] - sum_t2 a[t2] datt[t2])
+  std::vector<T> ds(static_cast<size_t>(seq * seq));
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < NH; ++h) {
+      const T* q = qkv + b * seq * ld + h * hs;
+      const T* k = q + C;
+      const T* v = q + 2 * C;
+      T* dq = dqkv + b * seq * ld + h * hs;
+      T* dk = dq + C;
+      T* dv = dq + 2 * C;
+      const T* a = att + (b * NH + h) * seq * seq;
+      const T* d = dout + b * seq * C + h * hs;
+      gemm(false, true, seq, seq, hs, T(1), d, C, v, ld, T(0), ds.data(), seq);  // dP
+      gemm(true, false, seq, hs, seq, T(1), a, seq, d, C, T(1), dv, ld);
+      parallel(seq, 16, [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t) {
+          const T* p = a + t * seq;
+          T* row = ds.data() + t * seq;
           T dot = 0;
-          for (int64_t t2 = 0; t2 <= t; ++t2) dot += a[t2] * datt[t2];
-          for (int64_t t2 = 0; t2 <= t; ++t2) dpre[t2] = a[t2] * (datt[t2] - dot);
-          // pre = scale * q . k
-          const T* q = qkv + (b * seq + t) * 3 * C + h * hs;
-          T* dq = dqkv + (b * seq + t) * 3 * C + h * hs;
-          for (int64_t t2 = 0; t2 <= t; ++t2) {
-            const T* k = qkv + (b * seq + t2) * 3 * C + C + h * hs;
-            T* dk = dqkv + (b * seq + t2) * 3 * C + C + h * hs;
-            for (int64_t i = 0; i < hs; ++i) {
-              dq[i] += k[i] * dpre[t2] * scale;
-              dk[i] += q[i] * dpre[t2] * scale;
-            }
-          }
+          for (int64_t t2 = 0; t2 <= t; ++t2) dot += p[t2] * row[t2];
+          for (int64_t t2 = 0; t2 < seq; ++t2) row[t2] = t2 <= t ? p[t2] * (row[t2] - dot) : T(0);
         }
-      }
+      });
+      gemm(false, false, seq, hs, seq, scale, ds.data(), seq, k, ld, T(1), dq, ld);
+      gemm(true, false, seq, hs, seq, scale, ds.data(), seq, q, ld, T(1), dk, ld);
     }
-  });
+  }
 }
 
 namespace {
