@@ -126,7 +126,8 @@ int run(int argc, char** argv) {
 
   // Baseline: the block's largest GEMM, [N,C] x [C,4C], through cuBLASLt.
   double gemm_ms = timer.ms([&] {
-    BENCH_CHECK(gpu::cuda::matmul_forward(blas, s, buf.fch.as<float>(), buf.ln2.as<float>(), p + o.fcw, nullptr, N, C,
+    BENCH_CHECK(gpu::cuda::matmul_forward(blas, s, buf.fch.as<float>(), buf.ln2.as<float>(), p + o.fcw,
+                                          static_cast<const float*>(nullptr), N, C,
                                           4 * C));
   });
   double gemm_tf = tflops(2.0 * N * C * 4 * C, gemm_ms);

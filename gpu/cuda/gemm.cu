@@ -1,6 +1,7 @@
-// GEMMs through cuBLASLt, in fp32 with fp32 accumulation. Callers think in
+// GEMMs through cuBLASLt: fp32, bf16 or fp16 operands, fp32 accumulation. Callers think in
 // row-major (like gpu/host/ops.cpp); cuBLASLt is column-major, so a row-major
 // C = op(A) op(B) is computed as the column-major C^T = op(B)^T op(A)^T.
+#include <type_traits>
 #include <utility>
 
 #include "gpu/cuda/cuda_check.h"
@@ -54,10 +55,22 @@ struct Descriptors {
   }
 };
 
+template <class T>
+constexpr cudaDataType_t data_type() {
+  if constexpr (std::is_same_v<T, float>) {
+    return CUDA_R_32F;
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return CUDA_R_16BF;
+  } else {
+    return CUDA_R_16F;
+  }
+}
+
 // Column-major C[m,n] = op(A) op(B) (+ bias[m] per column) + beta C.
+template <class T>
 Status gemm_col(const BlasContext& ctx, cudaStream_t stream, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
-                const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc,
-                const float* bias) {
+                const T* A, int64_t lda, const T* B, int64_t ldb, float beta, T* C, int64_t ldc, const T* bias) {
+  constexpr cudaDataType_t kType = data_type<T>();
   Descriptors d;
   STRATA_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -72,11 +85,9 @@ Status gemm_col(const BlasContext& ctx, cudaStream_t stream, bool ta, bool tb, i
     STRATA_CUBLAS_RETURN_IF_ERROR(
         cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
   }
-  STRATA_CUBLAS_RETURN_IF_ERROR(
-      cublasLtMatrixLayoutCreate(&d.a, CUDA_R_32F, ta ? k : m, ta ? m : k, lda));
-  STRATA_CUBLAS_RETURN_IF_ERROR(
-      cublasLtMatrixLayoutCreate(&d.b, CUDA_R_32F, tb ? n : k, tb ? k : n, ldb));
-  STRATA_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&d.c, CUDA_R_32F, m, n, ldc));
+  STRATA_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&d.a, kType, ta ? k : m, ta ? m : k, lda));
+  STRATA_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&d.b, kType, tb ? n : k, tb ? k : n, ldb));
+  STRATA_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&d.c, kType, m, n, ldc));
   STRATA_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&d.pref));
   size_t workspace = 0;
   STRATA_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
@@ -87,7 +98,7 @@ Status gemm_col(const BlasContext& ctx, cudaStream_t stream, bool ta, bool tb, i
       cublasLtMatmulAlgoGetHeuristic(ctx.handle(), d.op, d.a, d.b, d.c, d.c, d.pref, 1, &heuristic, &found));
   if (found == 0) {
     return internal_error("cuBLASLt found no algorithm for a " + std::to_string(m) + "x" + std::to_string(n) + "x" +
-                          std::to_string(k) + " fp32 GEMM");
+                          std::to_string(k) + " GEMM");
   }
   const float alpha = 1.0f;
   STRATA_CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(ctx.handle(), d.op, &alpha, A, d.a, B, d.b, &beta, C, d.c, C, d.c,
@@ -97,11 +108,18 @@ Status gemm_col(const BlasContext& ctx, cudaStream_t stream, bool ta, bool tb, i
 
 }  // namespace
 
+template <class T>
 Status gemm(const BlasContext& ctx, cudaStream_t stream, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
-            const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc,
-            const float* bias) {
+            const T* A, int64_t lda, const T* B, int64_t ldb, float beta, T* C, int64_t ldc, const T* bias) {
   // Row-major C[M,N] is column-major C^T[N,M] = op(B)^T[N,K] op(A)^T[K,M].
   return gemm_col(ctx, stream, tb, ta, N, M, K, B, ldb, A, lda, beta, C, ldc, bias);
 }
+
+#define STRATA_CUDA_GEMM_INSTANTIATE(T)                                                                          \
+  template Status gemm<T>(const BlasContext&, cudaStream_t, bool, bool, int64_t, int64_t, int64_t, const T*,     \
+                          int64_t, const T*, int64_t, float, T*, int64_t, const T*);
+STRATA_CUDA_GEMM_INSTANTIATE(float)
+STRATA_CUDA_GEMM_INSTANTIATE(__nv_bfloat16)
+STRATA_CUDA_GEMM_INSTANTIATE(__half)
 
 }  // namespace strata::gpu::cuda

@@ -1,7 +1,9 @@
-// fp32 CUDA kernels of the transformer ops; formulas as gpu/host/ops.cpp.
-// Correct first: one thread (or one warp) per row and ordered reductions,
-// so every result is deterministic. Fused attention and bf16/fp16 kernels
-// come next (docs/GPT.md).
+// CUDA kernels of the transformer ops; formulas as gpu/host/ops.cpp. Tensors
+// are fp32, bf16 or fp16 (template T; bf16/fp16 arithmetic is done in fp32:
+// every load widens, every sum accumulates in fp32, every store rounds to
+// nearest even once). LayerNorm statistics stay fp32. Correct first: one
+// thread (or one warp) per row and ordered reductions, so every result is
+// deterministic. A fused (FlashAttention-style) attention comes next.
 #include <cmath>
 #include <limits>
 
@@ -10,6 +12,21 @@
 
 namespace strata::gpu::cuda {
 namespace {
+
+__device__ __forceinline__ float to_f(float x) { return x; }
+__device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
+template <class T>
+__device__ __forceinline__ T from_f(float x);
+template <>
+__device__ __forceinline__ float from_f<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+template <>
+__device__ __forceinline__ __half from_f<__half>(float x) { return __float2half_rn(x); }
+// dst += x, widened to fp32 for the add.
+template <class T>
+__device__ __forceinline__ void add_to(T* dst, float x) { *dst = from_f<T>(to_f(*dst) + x); }
 
 constexpr int kThreads = 256;
 
@@ -22,105 +39,115 @@ __device__ float warp_sum(float v) {
   return v;
 }
 
-__global__ void embedding_forward_kernel(float* out, const int32_t* tokens, const float* wte, const float* wpe,
-                                         int64_t N, int64_t seq, int64_t C) {
+template <class T>
+__global__ void embedding_forward_kernel(T* out, const int32_t* tokens, const T* wte, const T* wpe, int64_t N,
+                                         int64_t seq, int64_t C) {
   int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= N * C) return;
   int64_t n = i / C, c = i % C;
-  out[i] = wte[static_cast<int64_t>(tokens[n]) * C + c] + wpe[(n % seq) * C + c];
+  out[i] = from_f<T>(to_f(wte[static_cast<int64_t>(tokens[n]) * C + c]) + to_f(wpe[(n % seq) * C + c]));
 }
 
 // One thread per channel walks the rows in order: deterministic, no atomics.
-__global__ void embedding_backward_kernel(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
-                                          int64_t N, int64_t seq, int64_t C) {
+template <class T>
+__global__ void embedding_backward_kernel(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int64_t N,
+                                          int64_t seq, int64_t C) {
   int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= C) return;
   for (int64_t n = 0; n < N; ++n) {
-    float d = dout[n * C + c];
-    dwte[static_cast<int64_t>(tokens[n]) * C + c] += d;
-    dwpe[(n % seq) * C + c] += d;
+    float d = to_f(dout[n * C + c]);
+    add_to(&dwte[static_cast<int64_t>(tokens[n]) * C + c], d);
+    add_to(&dwpe[(n % seq) * C + c], d);
   }
 }
 
 // One warp per row.
-__global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* x, const float* w,
-                                         const float* b, int64_t N, int64_t C) {
+template <class T>
+__global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const T* x, const T* w, const T* b,
+                                         int64_t N, int64_t C) {
   int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   int lane = threadIdx.x % 32;
   if (row >= N) return;
-  const float* xr = x + row * C;
+  const T* xr = x + row * C;
   float s = 0;
-  for (int64_t i = lane; i < C; i += 32) s += xr[i];
+  for (int64_t i = lane; i < C; i += 32) s += to_f(xr[i]);
   float m = warp_sum(s) / static_cast<float>(C);
   float v = 0;
-  for (int64_t i = lane; i < C; i += 32) v += (xr[i] - m) * (xr[i] - m);
+  for (int64_t i = lane; i < C; i += 32) v += (to_f(xr[i]) - m) * (to_f(xr[i]) - m);
   float r = rsqrtf(warp_sum(v) / static_cast<float>(C) + 1e-5f);
-  for (int64_t i = lane; i < C; i += 32) out[row * C + i] = (xr[i] - m) * r * w[i] + b[i];
+  for (int64_t i = lane; i < C; i += 32) {
+    out[row * C + i] = from_f<T>((to_f(xr[i]) - m) * r * to_f(w[i]) + to_f(b[i]));
+  }
   if (lane == 0) {
     mean[row] = m;
     rstd[row] = r;
   }
 }
 
-__global__ void layernorm_backward_dx_kernel(float* dx, const float* dout, const float* x, const float* w,
-                                             const float* mean, const float* rstd, int64_t N, int64_t C) {
+template <class T>
+__global__ void layernorm_backward_dx_kernel(T* dx, const T* dout, const T* x, const T* w, const float* mean,
+                                             const float* rstd, int64_t N, int64_t C) {
   int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   int lane = threadIdx.x % 32;
   if (row >= N) return;
-  const float* d = dout + row * C;
-  const float* xr = x + row * C;
+  const T* d = dout + row * C;
+  const T* xr = x + row * C;
   float a = 0, bsum = 0;
   for (int64_t i = lane; i < C; i += 32) {
-    float norm = (xr[i] - mean[row]) * rstd[row];
-    float dnorm = w[i] * d[i];
+    float norm = (to_f(xr[i]) - mean[row]) * rstd[row];
+    float dnorm = to_f(w[i]) * to_f(d[i]);
     a += dnorm;
     bsum += dnorm * norm;
   }
   float dnorm_mean = warp_sum(a) / static_cast<float>(C);
   float dnorm_norm_mean = warp_sum(bsum) / static_cast<float>(C);
   for (int64_t i = lane; i < C; i += 32) {
-    float norm = (xr[i] - mean[row]) * rstd[row];
-    dx[row * C + i] += (w[i] * d[i] - dnorm_mean - norm * dnorm_norm_mean) * rstd[row];
+    float norm = (to_f(xr[i]) - mean[row]) * rstd[row];
+    add_to(&dx[row * C + i], (to_f(w[i]) * to_f(d[i]) - dnorm_mean - norm * dnorm_norm_mean) * rstd[row]);
   }
 }
 
-__global__ void layernorm_backward_dwdb_kernel(float* dw, float* db, const float* dout, const float* x,
-                                               const float* mean, const float* rstd, int64_t N, int64_t C) {
+template <class T>
+__global__ void layernorm_backward_dwdb_kernel(T* dw, T* db, const T* dout, const T* x, const float* mean,
+                                               const float* rstd, int64_t N, int64_t C) {
   int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= C) return;
   float sw = 0, sb = 0;
   for (int64_t n = 0; n < N; ++n) {
-    float d = dout[n * C + c];
-    sw += (x[n * C + c] - mean[n]) * rstd[n] * d;
+    float d = to_f(dout[n * C + c]);
+    sw += (to_f(x[n * C + c]) - mean[n]) * rstd[n] * d;
     sb += d;
   }
-  dw[c] += sw;
-  db[c] += sb;
+  add_to(&dw[c], sw);
+  add_to(&db[c], sb);
 }
 
-__global__ void column_sum_kernel(float* dbias, const float* dout, int64_t N, int64_t OC) {
+template <class T>
+__global__ void column_sum_kernel(T* dbias, const T* dout, int64_t N, int64_t OC) {
   int64_t o = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (o >= OC) return;
   float s = 0;
-  for (int64_t n = 0; n < N; ++n) s += dout[n * OC + o];
-  dbias[o] += s;
+  for (int64_t n = 0; n < N; ++n) s += to_f(dout[n * OC + o]);
+  add_to(&dbias[o], s);
 }
 
 // One thread per (b, h, t): scores over t2 <= t, softmax, weighted sum of v.
-__global__ void attention_forward_kernel(float* out, float* att, const float* qkv, int64_t B, int64_t seq, int64_t C,
+// The probabilities `att` are kept in fp32.
+template <class T>
+__global__ void attention_forward_kernel(T* out, float* att, const T* qkv, int64_t B, int64_t seq, int64_t C,
                                          int64_t NH) {
   int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= B * NH * seq) return;
   int64_t t = idx % seq, h = (idx / seq) % NH, b = idx / (seq * NH);
   int64_t hs = C / NH;
   float scale = rsqrtf(static_cast<float>(hs));
-  const float* q = qkv + (b * seq + t) * 3 * C + h * hs;
+  const T* q = qkv + (b * seq + t) * 3 * C + h * hs;
   float* a = att + ((b * NH + h) * seq + t) * seq;
   float maxval = -INFINITY;
   for (int64_t t2 = 0; t2 <= t; ++t2) {
-    const float* k = qkv + (b * seq + t2) * 3 * C + C + h * hs;
+    const T* k = qkv + (b * seq + t2) * 3 * C + C + h * hs;
     float s = 0;
-    for (int64_t i = 0; i < hs; ++i) s += q[i] * k[i];
+    for (int64_t i = 0; i < hs; ++i) s += to_f(q[i]) * to_f(k[i]);
     a[t2] = s * scale;
     maxval = fmaxf(maxval, a[t2]);
   }
@@ -130,17 +157,18 @@ __global__ void attention_forward_kernel(float* out, float* att, const float* qk
     sum += a[t2];
   }
   for (int64_t t2 = 0; t2 < seq; ++t2) a[t2] = t2 <= t ? a[t2] / sum : 0.0f;
-  float* o = out + (b * seq + t) * C + h * hs;
+  T* o = out + (b * seq + t) * C + h * hs;
   for (int64_t i = 0; i < hs; ++i) {
     float acc = 0;
-    for (int64_t t2 = 0; t2 <= t; ++t2) acc += a[t2] * qkv[(b * seq + t2) * 3 * C + 2 * C + h * hs + i];
-    o[i] = acc;
+    for (int64_t t2 = 0; t2 <= t; ++t2) acc += a[t2] * to_f(qkv[(b * seq + t2) * 3 * C + 2 * C + h * hs + i]);
+    o[i] = from_f<T>(acc);
   }
 }
 
-// Pass 1, one thread per (b, h, t): dpre[t, :] and dq[t].
-__global__ void attention_backward_q_kernel(float* dqkv, float* dpre, const float* dout, const float* qkv,
-                                            const float* att, int64_t B, int64_t seq, int64_t C, int64_t NH) {
+// Pass 1, one thread per (b, h, t): dpre[t, :] (fp32) and dq[t].
+template <class T>
+__global__ void attention_backward_q_kernel(T* dqkv, float* dpre, const T* dout, const T* qkv, const float* att,
+                                            int64_t B, int64_t seq, int64_t C, int64_t NH) {
   int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= B * NH * seq) return;
   int64_t t = idx % seq, h = (idx / seq) % NH, b = idx / (seq * NH);
@@ -148,93 +176,101 @@ __global__ void attention_backward_q_kernel(float* dqkv, float* dpre, const floa
   float scale = rsqrtf(static_cast<float>(hs));
   const float* a = att + ((b * NH + h) * seq + t) * seq;
   float* dp = dpre + ((b * NH + h) * seq + t) * seq;
-  const float* d = dout + (b * seq + t) * C + h * hs;
+  const T* d = dout + (b * seq + t) * C + h * hs;
   float dot = 0;
   for (int64_t t2 = 0; t2 <= t; ++t2) {
-    const float* v = qkv + (b * seq + t2) * 3 * C + 2 * C + h * hs;
+    const T* v = qkv + (b * seq + t2) * 3 * C + 2 * C + h * hs;
     float s = 0;
-    for (int64_t i = 0; i < hs; ++i) s += v[i] * d[i];
+    for (int64_t i = 0; i < hs; ++i) s += to_f(v[i]) * to_f(d[i]);
     dp[t2] = s;  // datt for now
     dot += a[t2] * s;
   }
   for (int64_t t2 = 0; t2 <= t; ++t2) dp[t2] = a[t2] * (dp[t2] - dot);
-  float* dq = dqkv + (b * seq + t) * 3 * C + h * hs;
+  T* dq = dqkv + (b * seq + t) * 3 * C + h * hs;
   for (int64_t i = 0; i < hs; ++i) {
     float acc = 0;
-    for (int64_t t2 = 0; t2 <= t; ++t2) acc += dp[t2] * qkv[(b * seq + t2) * 3 * C + C + h * hs + i];
-    dq[i] += acc * scale;
+    for (int64_t t2 = 0; t2 <= t; ++t2) acc += dp[t2] * to_f(qkv[(b * seq + t2) * 3 * C + C + h * hs + i]);
+    add_to(&dq[i], acc * scale);
   }
 }
 
 // Pass 2, one thread per (b, h, t2): dk[t2] and dv[t2] from every t >= t2.
-__global__ void attention_backward_kv_kernel(float* dqkv, const float* dpre, const float* dout, const float* qkv,
+template <class T>
+__global__ void attention_backward_kv_kernel(T* dqkv, const float* dpre, const T* dout, const T* qkv,
                                              const float* att, int64_t B, int64_t seq, int64_t C, int64_t NH) {
   int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= B * NH * seq) return;
   int64_t t2 = idx % seq, h = (idx / seq) % NH, b = idx / (seq * NH);
   int64_t hs = C / NH;
   float scale = rsqrtf(static_cast<float>(hs));
-  float* dk = dqkv + (b * seq + t2) * 3 * C + C + h * hs;
-  float* dv = dqkv + (b * seq + t2) * 3 * C + 2 * C + h * hs;
+  T* dk = dqkv + (b * seq + t2) * 3 * C + C + h * hs;
+  T* dv = dqkv + (b * seq + t2) * 3 * C + 2 * C + h * hs;
   for (int64_t i = 0; i < hs; ++i) {
     float sk = 0, sv = 0;
     for (int64_t t = t2; t < seq; ++t) {
       int64_t row = ((b * NH + h) * seq + t) * seq + t2;
-      sk += dpre[row] * qkv[(b * seq + t) * 3 * C + h * hs + i];
-      sv += att[row] * dout[(b * seq + t) * C + h * hs + i];
+      sk += dpre[row] * to_f(qkv[(b * seq + t) * 3 * C + h * hs + i]);
+      sv += att[row] * to_f(dout[(b * seq + t) * C + h * hs + i]);
     }
-    dk[i] += sk * scale;
-    dv[i] += sv;
+    add_to(&dk[i], sk * scale);
+    add_to(&dv[i], sv);
   }
 }
 
 constexpr float kGeluScale = 0.79788456080286535587989211986876f;  // sqrt(2/pi)
 
-__global__ void gelu_forward_kernel(float* out, const float* x, int64_t n) {
+template <class T>
+__global__ void gelu_forward_kernel(T* out, const T* x, int64_t n) {
   int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  float v = x[i];
-  out[i] = 0.5f * v * (1.0f + tanhf(kGeluScale * (v + 0.044715f * v * v * v)));
+  float v = to_f(x[i]);
+  out[i] = from_f<T>(0.5f * v * (1.0f + tanhf(kGeluScale * (v + 0.044715f * v * v * v))));
 }
 
-__global__ void gelu_backward_kernel(float* dx, const float* x, const float* dout, int64_t n) {
+template <class T>
+__global__ void gelu_backward_kernel(T* dx, const T* x, const T* dout, int64_t n) {
   int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  float v = x[i];
+  float v = to_f(x[i]);
   float th = tanhf(kGeluScale * (v + 0.044715f * v * v * v));
   float sech2 = 1.0f - th * th;
   float local = 0.5f * (1.0f + th) + v * 0.5f * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * v * v);
-  dx[i] += local * dout[i];
+  add_to(&dx[i], local * to_f(dout[i]));
 }
 
-__global__ void add_kernel(float* out, const float* a, const float* b, int64_t n) {
+template <class T>
+__global__ void add_kernel(T* out, const T* a, const T* b, int64_t n) {
   int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = a[i] + b[i];
+  if (i < n) out[i] = from_f<T>(to_f(a[i]) + to_f(b[i]));
 }
 
 }  // namespace
 
-Status embedding_forward(cudaStream_t s, float* out, const int32_t* tokens, const float* wte, const float* wpe,
+template <class T>
+Status embedding_forward(cudaStream_t s, T* out, const int32_t* tokens, const T* wte, const T* wpe,
                          int64_t B, int64_t seq, int64_t C) {
   embedding_forward_kernel<<<blocks_for(B * seq * C), kThreads, 0, s>>>(out, tokens, wte, wpe, B * seq, seq, C);
   return launched("embedding_forward");
 }
 
-Status embedding_backward(cudaStream_t s, float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+template <class T>
+Status embedding_backward(cudaStream_t s, T* dwte, T* dwpe, const T* dout, const int32_t* tokens,
                           int64_t B, int64_t seq, int64_t C) {
   embedding_backward_kernel<<<blocks_for(C), kThreads, 0, s>>>(dwte, dwpe, dout, tokens, B * seq, seq, C);
   return launched("embedding_backward");
 }
 
-Status layernorm_forward(cudaStream_t s, float* out, float* mean, float* rstd, const float* x, const float* w,
-                         const float* b, int64_t N, int64_t C) {
+template <class T>
+Status layernorm_forward(cudaStream_t s, T* out, float* mean, float* rstd, const T* x, const T* w, const T* b,
+                         int64_t N, int64_t C) {
   unsigned blocks = static_cast<unsigned>((N + kThreads / 32 - 1) / (kThreads / 32));
   layernorm_forward_kernel<<<blocks, kThreads, 0, s>>>(out, mean, rstd, x, w, b, N, C);
   return launched("layernorm_forward");
 }
 
-Status layernorm_backward(cudaStream_t s, float* dx, float* dw, float* db, const float* dout, const float* x,
-                          const float* w, const float* mean, const float* rstd, int64_t N, int64_t C) {
+template <class T>
+Status layernorm_backward(cudaStream_t s, T* dx, T* dw, T* db, const T* dout, const T* x, const T* w,
+                          const float* mean, const float* rstd, int64_t N, int64_t C) {
   unsigned blocks = static_cast<unsigned>((N + kThreads / 32 - 1) / (kThreads / 32));
   layernorm_backward_dx_kernel<<<blocks, kThreads, 0, s>>>(dx, dout, x, w, mean, rstd, N, C);
   STRATA_RETURN_IF_ERROR(launched("layernorm_backward dx"));
@@ -242,13 +278,15 @@ Status layernorm_backward(cudaStream_t s, float* dx, float* dw, float* db, const
   return launched("layernorm_backward dw/db");
 }
 
-Status matmul_forward(const BlasContext& ctx, cudaStream_t s, float* out, const float* x, const float* w,
-                      const float* bias, int64_t N, int64_t IC, int64_t OC) {
+template <class T>
+Status matmul_forward(const BlasContext& ctx, cudaStream_t s, T* out, const T* x, const T* w, const T* bias,
+                      int64_t N, int64_t IC, int64_t OC) {
   return gemm(ctx, s, false, false, N, OC, IC, x, IC, w, OC, 0.0f, out, OC, bias);
 }
 
-Status matmul_backward(const BlasContext& ctx, cudaStream_t s, float* dx, float* dw, float* dbias, const float* dout,
-                       const float* x, const float* w, int64_t N, int64_t IC, int64_t OC) {
+template <class T>
+Status matmul_backward(const BlasContext& ctx, cudaStream_t s, T* dx, T* dw, T* dbias, const T* dout, const T* x,
+                       const T* w, int64_t N, int64_t IC, int64_t OC) {
   STRATA_RETURN_IF_ERROR(gemm(ctx, s, false, true, N, IC, OC, dout, OC, w, OC, 1.0f, dx, IC));
   STRATA_RETURN_IF_ERROR(gemm(ctx, s, true, false, IC, OC, N, x, IC, dout, OC, 1.0f, dw, OC));
   if (dbias == nullptr) return ok_status();
@@ -256,14 +294,16 @@ Status matmul_backward(const BlasContext& ctx, cudaStream_t s, float* dx, float*
   return launched("matmul_backward dbias");
 }
 
-Status attention_forward(cudaStream_t s, float* out, float* att, const float* qkv, int64_t B, int64_t seq, int64_t C,
+template <class T>
+Status attention_forward(cudaStream_t s, T* out, float* att, const T* qkv, int64_t B, int64_t seq, int64_t C,
                          int64_t NH) {
   attention_forward_kernel<<<blocks_for(B * NH * seq), kThreads, 0, s>>>(out, att, qkv, B, seq, C, NH);
   return launched("attention_forward");
 }
 
-Status attention_backward(cudaStream_t s, float* dqkv, float* dpre, const float* dout, const float* qkv,
-                          const float* att, int64_t B, int64_t seq, int64_t C, int64_t NH) {
+template <class T>
+Status attention_backward(cudaStream_t s, T* dqkv, float* dpre, const T* dout, const T* qkv, const float* att,
+                          int64_t B, int64_t seq, int64_t C, int64_t NH) {
   attention_backward_q_kernel<<<blocks_for(B * NH * seq), kThreads, 0, s>>>(dqkv, dpre, dout, qkv, att, B, seq, C,
                                                                              NH);
   STRATA_RETURN_IF_ERROR(launched("attention_backward q"));
@@ -272,24 +312,53 @@ Status attention_backward(cudaStream_t s, float* dqkv, float* dpre, const float*
   return launched("attention_backward k/v");
 }
 
-Status gelu_forward(cudaStream_t s, float* out, const float* x, int64_t n) {
+template <class T>
+Status gelu_forward(cudaStream_t s, T* out, const T* x, int64_t n) {
   gelu_forward_kernel<<<blocks_for(n), kThreads, 0, s>>>(out, x, n);
   return launched("gelu_forward");
 }
 
-Status gelu_backward(cudaStream_t s, float* dx, const float* x, const float* dout, int64_t n) {
+template <class T>
+Status gelu_backward(cudaStream_t s, T* dx, const T* x, const T* dout, int64_t n) {
   gelu_backward_kernel<<<blocks_for(n), kThreads, 0, s>>>(dx, x, dout, n);
   return launched("gelu_backward");
 }
 
-Status residual_forward(cudaStream_t s, float* out, const float* a, const float* b, int64_t n) {
+template <class T>
+Status residual_forward(cudaStream_t s, T* out, const T* a, const T* b, int64_t n) {
   add_kernel<<<blocks_for(n), kThreads, 0, s>>>(out, a, b, n);
   return launched("residual_forward");
 }
 
-Status accumulate(cudaStream_t s, float* dst, const float* src, int64_t n) {
+template <class T>
+Status accumulate(cudaStream_t s, T* dst, const T* src, int64_t n) {
   add_kernel<<<blocks_for(n), kThreads, 0, s>>>(dst, dst, src, n);
   return launched("accumulate");
 }
+
+#define STRATA_CUDA_OPS_INSTANTIATE(T)                                                                            \
+  template Status embedding_forward<T>(cudaStream_t, T*, const int32_t*, const T*, const T*, int64_t, int64_t,     \
+                                       int64_t);                                                                 \
+  template Status embedding_backward<T>(cudaStream_t, T*, T*, const T*, const int32_t*, int64_t, int64_t,          \
+                                        int64_t);                                                                \
+  template Status layernorm_forward<T>(cudaStream_t, T*, float*, float*, const T*, const T*, const T*, int64_t,    \
+                                       int64_t);                                                                 \
+  template Status layernorm_backward<T>(cudaStream_t, T*, T*, T*, const T*, const T*, const T*, const float*,      \
+                                        const float*, int64_t, int64_t);                                         \
+  template Status matmul_forward<T>(const BlasContext&, cudaStream_t, T*, const T*, const T*, const T*, int64_t,   \
+                                    int64_t, int64_t);                                                           \
+  template Status matmul_backward<T>(const BlasContext&, cudaStream_t, T*, T*, T*, const T*, const T*, const T*,   \
+                                     int64_t, int64_t, int64_t);                                                 \
+  template Status attention_forward<T>(cudaStream_t, T*, float*, const T*, int64_t, int64_t, int64_t, int64_t);    \
+  template Status attention_backward<T>(cudaStream_t, T*, float*, const T*, const T*, const float*, int64_t,       \
+                                        int64_t, int64_t, int64_t);                                              \
+  template Status gelu_forward<T>(cudaStream_t, T*, const T*, int64_t);                                            \
+  template Status gelu_backward<T>(cudaStream_t, T*, const T*, const T*, int64_t);                                 \
+  template Status residual_forward<T>(cudaStream_t, T*, const T*, const T*, int64_t);                              \
+  template Status accumulate<T>(cudaStream_t, T*, const T*, int64_t);
+
+STRATA_CUDA_OPS_INSTANTIATE(float)
+STRATA_CUDA_OPS_INSTANTIATE(__nv_bfloat16)
+STRATA_CUDA_OPS_INSTANTIATE(__half)
 
 }  // namespace strata::gpu::cuda

@@ -1,10 +1,15 @@
-// Host launchers of the CUDA ops (fp32). Each mirrors the host op of the
-// same name in gpu/host/ops.h — same shapes, same accumulate (+=) semantics
-// for gradients — and takes an explicit stream. Kernels are static in the
-// .cu files. Reductions are ordered (no atomics), so results are
-// deterministic run to run. `ctx` carries the cuBLASLt handle.
+// Host launchers of the CUDA ops. Each mirrors the host op of the same name
+// in gpu/host/ops.h — same shapes, same accumulate (+=) semantics for
+// gradients — and takes an explicit stream. Tensors are T = float,
+// __nv_bfloat16 or __half (fp16 for V100-class GPUs), computed and
+// accumulated in fp32; LayerNorm statistics, attention probabilities and the
+// loss are fp32. Kernels are static in the .cu files. Reductions are ordered
+// (no atomics), so results are deterministic run to run. `ctx` carries the
+// cuBLASLt handle.
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -33,34 +38,49 @@ class BlasContext {
   int device_ = -1;
 };
 
-// Row-major C[M,N] = op(A)[M,K] @ op(B)[K,N] (+ bias[N] per row when given) + beta * C.
+// Row-major C[M,N] = op(A)[M,K] @ op(B)[K,N] (+ bias[N] per row when given) + beta * C,
+// all of type T (float, __nv_bfloat16, __half), fp32 accumulation.
+template <class T>
 Status gemm(const BlasContext& ctx, cudaStream_t stream, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
-            const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc,
-            const float* bias = nullptr);
+            const T* A, int64_t lda, const T* B, int64_t ldb, float beta, T* C, int64_t ldc,
+            const T* bias = nullptr);
 
-Status embedding_forward(cudaStream_t s, float* out, const int32_t* tokens, const float* wte, const float* wpe,
-                         int64_t B, int64_t seq, int64_t C);
-Status embedding_backward(cudaStream_t s, float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
-                          int64_t B, int64_t seq, int64_t C);
-Status layernorm_forward(cudaStream_t s, float* out, float* mean, float* rstd, const float* x, const float* w,
-                         const float* b, int64_t N, int64_t C);
-Status layernorm_backward(cudaStream_t s, float* dx, float* dw, float* db, const float* dout, const float* x,
-                          const float* w, const float* mean, const float* rstd, int64_t N, int64_t C);
-Status matmul_forward(const BlasContext& ctx, cudaStream_t s, float* out, const float* x, const float* w,
-                      const float* bias, int64_t N, int64_t IC, int64_t OC);
-Status matmul_backward(const BlasContext& ctx, cudaStream_t s, float* dx, float* dw, float* dbias, const float* dout,
-                       const float* x, const float* w, int64_t N, int64_t IC, int64_t OC);
-Status attention_forward(cudaStream_t s, float* out, float* att, const float* qkv, int64_t B, int64_t seq, int64_t C,
+template <class T>
+Status embedding_forward(cudaStream_t s, T* out, const int32_t* tokens, const T* wte, const T* wpe, int64_t B,
+                         int64_t seq, int64_t C);
+template <class T>
+Status embedding_backward(cudaStream_t s, T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int64_t B,
+                          int64_t seq, int64_t C);
+template <class T>
+Status layernorm_forward(cudaStream_t s, T* out, float* mean, float* rstd, const T* x, const T* w, const T* b,
+                         int64_t N, int64_t C);
+template <class T>
+Status layernorm_backward(cudaStream_t s, T* dx, T* dw, T* db, const T* dout, const T* x, const T* w,
+                          const float* mean, const float* rstd, int64_t N, int64_t C);
+template <class T>
+Status matmul_forward(const BlasContext& ctx, cudaStream_t s, T* out, const T* x, const T* w, const T* bias,
+                      int64_t N, int64_t IC, int64_t OC);
+template <class T>
+Status matmul_backward(const BlasContext& ctx, cudaStream_t s, T* dx, T* dw, T* dbias, const T* dout, const T* x,
+                       const T* w, int64_t N, int64_t IC, int64_t OC);
+// att: B*NH*T*T fp32 probabilities.
+template <class T>
+Status attention_forward(cudaStream_t s, T* out, float* att, const T* qkv, int64_t B, int64_t seq, int64_t C,
                          int64_t NH);
 // dpre_workspace: B*NH*T*T floats.
-Status attention_backward(cudaStream_t s, float* dqkv, float* dpre_workspace, const float* dout, const float* qkv,
+template <class T>
+Status attention_backward(cudaStream_t s, T* dqkv, float* dpre_workspace, const T* dout, const T* qkv,
                           const float* att, int64_t B, int64_t seq, int64_t C, int64_t NH);
-Status gelu_forward(cudaStream_t s, float* out, const float* x, int64_t n);
-Status gelu_backward(cudaStream_t s, float* dx, const float* x, const float* dout, int64_t n);
-Status residual_forward(cudaStream_t s, float* out, const float* a, const float* b, int64_t n);
-Status accumulate(cudaStream_t s, float* dst, const float* src, int64_t n);
+template <class T>
+Status gelu_forward(cudaStream_t s, T* out, const T* x, int64_t n);
+template <class T>
+Status gelu_backward(cudaStream_t s, T* dx, const T* x, const T* dout, int64_t n);
+template <class T>
+Status residual_forward(cudaStream_t s, T* out, const T* a, const T* b, int64_t n);
+template <class T>
+Status accumulate(cudaStream_t s, T* dst, const T* src, int64_t n);
 
-// Fused tied projection + cross-entropy (gpu/host/ops.h), never more than
+// Fused tied projection + cross-entropy (gpu/host/ops.h), fp32, never more than
 // kCeRows x kCeCols logits at once. workspace: crossentropy_workspace_floats().
 inline constexpr int64_t kCeRows = 256;
 inline constexpr int64_t kCeCols = 4096;

@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "common/dtype.h"
 #include "gpu/cuda/cuda_device.h"
 #include "gpu/cuda/ops.h"
 #include "gpu/host/ops.h"
@@ -242,6 +243,96 @@ TEST_F(CudaOps, BlockForwardBackwardMatchesHost) {
   expect_close("block out", d_y, y);
   expect_close("block dx", d_dx, dx);
   expect_close("block dparams", d_dp, dparams);
+}
+
+}  // namespace
+}  // namespace strata::gpu::cuda
+
+namespace strata::gpu::cuda {
+namespace {
+
+// bf16 and fp16 ops against the host fp32 ops on the same (rounded) inputs:
+// ||out - ref|| / ||ref|| < 1e-2, every output written and finite.
+template <class T>
+struct Half;
+template <>
+struct Half<__nv_bfloat16> {
+  static constexpr DType kType = DType::kBF16;
+};
+template <>
+struct Half<__half> {
+  static constexpr DType kType = DType::kF16;
+};
+
+template <class T>
+class CudaOpsLowPrecision : public CudaOps {
+ protected:
+  static constexpr DType kType = Half<T>::kType;
+  static uint16_t bits(float x) { return kType == DType::kBF16 ? f32_to_bf16(x) : f32_to_f16(x); }
+  static float value(uint16_t h) { return kType == DType::kBF16 ? bf16_to_f32(h) : f16_to_f32(h); }
+  // Rounds v to T in place and uploads it.
+  T* upload_rounded(Vec& v) {
+    std::vector<uint16_t> h(v.size());
+    for (size_t i = 0; i < v.size(); ++i) {
+      h[i] = bits(v[i]);
+      v[i] = value(h[i]);
+    }
+    return reinterpret_cast<T*>(upload(h));
+  }
+  T* poisoned_half(size_t n) { return reinterpret_cast<T*>(poisoned((n + 1) / 2)); }
+  void expect_close_half(const char* what, const T* got_dev, const Vec& ref) {
+    std::vector<uint16_t> h(ref.size());
+    ASSERT_TRUE(dev_->copy_to_host(handle_, h.data(), got_dev, h.size() * 2).ok());
+    ASSERT_TRUE(dev_->synchronize(handle_).ok());
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      float g = value(h[i]);
+      ASSERT_TRUE(std::isfinite(g)) << what << "[" << i << "] not written or not finite";
+      diff += std::pow(static_cast<double>(g) - ref[i], 2);
+      norm += static_cast<double>(ref[i]) * ref[i];
+    }
+    ASSERT_GT(norm, 0.0);
+    EXPECT_LT(std::sqrt(diff / norm), 1e-2) << what;
+  }
+};
+
+using HalfTypes = ::testing::Types<__nv_bfloat16, __half>;
+TYPED_TEST_SUITE(CudaOpsLowPrecision, HalfTypes);
+
+TYPED_TEST(CudaOpsLowPrecision, LayerNormGeluMatmulAttention) {
+  using T = TypeParam;
+  const int64_t B = 2, Tn = 24, C = 64, NH = 4, N = B * Tn;
+  Vec x = this->random(N * C, 2.0f), w = this->random(C), b = this->random(C);
+  T *d_x = this->upload_rounded(x), *d_w = this->upload_rounded(w), *d_b = this->upload_rounded(b);
+  Vec ln(N * C), mean(N), rstd(N);
+  host::layernorm_forward(ln.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+  T* d_ln = this->poisoned_half(N * C);
+  float *d_mean = this->poisoned(N), *d_rstd = this->poisoned(N);
+  ASSERT_TRUE(layernorm_forward(this->stream_, d_ln, d_mean, d_rstd, d_x, d_w, d_b, N, C).ok());
+  this->expect_close_half("layernorm", d_ln, ln);
+
+  Vec g = this->random(N * C, 2.0f), gout(N * C);
+  T* d_g = this->upload_rounded(g);
+  host::gelu_forward(gout.data(), g.data(), N * C);
+  T* d_gout = this->poisoned_half(N * C);
+  ASSERT_TRUE(gelu_forward(this->stream_, d_gout, d_g, N * C).ok());
+  this->expect_close_half("gelu", d_gout, gout);
+
+  Vec wq = this->random(C * 3 * C, 0.2f), bq = this->random(3 * C), qkv(N * 3 * C);
+  T *d_wq = this->upload_rounded(wq), *d_bq = this->upload_rounded(bq);
+  host::matmul_forward(qkv.data(), x.data(), wq.data(), bq.data(), N, C, 3 * C);
+  T* d_qkv = this->poisoned_half(N * 3 * C);
+  ASSERT_TRUE(matmul_forward(this->blas_, this->stream_, d_qkv, d_x, d_wq, d_bq, N, C, 3 * C).ok());
+  this->expect_close_half("matmul", d_qkv, qkv);
+
+  // Attention from the host's qkv, rounded the same way on both sides.
+  Vec q2 = qkv, y(N * C), att(B * NH * Tn * Tn);
+  T* d_q2 = this->upload_rounded(q2);
+  host::attention_forward(y.data(), att.data(), q2.data(), B, Tn, C, NH);
+  T* d_y = this->poisoned_half(N * C);
+  float* d_att = this->poisoned(B * NH * Tn * Tn);
+  ASSERT_TRUE(attention_forward(this->stream_, d_y, d_att, d_q2, B, Tn, C, NH).ok());
+  this->expect_close_half("attention", d_y, y);
 }
 
 }  // namespace
