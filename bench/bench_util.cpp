@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <chrono>
 #include <fstream>
 #include <vector>
@@ -23,6 +25,12 @@ nlohmann::json system_info() {
   utsname uts{};
   ::uname(&uts);
   return {{"cpu", cpu_model()}, {"kernel", uts.release}, {"cores", ::sysconf(_SC_NPROCESSORS_ONLN)}};
+}
+
+void exit_on_error(const Status& status, std::string_view program) {
+  if (status.ok()) return;
+  std::fprintf(stderr, "%.*s: %s\n", static_cast<int>(program.size()), program.data(), status.to_string().c_str());
+  std::exit(1);
 }
 
 double median_seconds(int reps, const std::function<void()>& fn) {

@@ -4,12 +4,18 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
+
+#include "common/status.h"
 
 namespace strata::bench {
 
 std::string cpu_model();
 // {"cpu": ..., "kernel": ..., "cores": ...}
 nlohmann::json system_info();
+
+// Benchmarks stop at the first failure: prints "program: status" and exits 1.
+void exit_on_error(const Status& status, std::string_view program);
 
 // Median wall seconds of `reps` runs of fn, after one untimed warm-up run.
 double median_seconds(int reps, const std::function<void()>& fn);

@@ -24,14 +24,7 @@ namespace {
 
 using gpu::DeviceMemory;
 
-#define BENCH_CHECK(expr)                                                          \
-  do {                                                                             \
-    ::strata::Status bench_status_ = (expr);                                       \
-    if (!bench_status_.ok()) {                                                     \
-      std::fprintf(stderr, "strata-gpubench: %s\n", bench_status_.to_string().c_str()); \
-      std::exit(1);                                                                \
-    }                                                                              \
-  } while (0)
+#define BENCH_CHECK(expr) exit_on_error((expr), "strata-gpubench")
 
 struct Timer {
   cudaStream_t stream;

@@ -23,14 +23,7 @@ namespace {
 
 using engine::OptimizerStage;
 
-#define STAGE_CHECK(expr)                                                                       \
-  do {                                                                                          \
-    ::strata::Status stage_status_ = (expr);                                                    \
-    if (!stage_status_.ok()) {                                                                  \
-      std::fprintf(stderr, "strata-optstagebench: %s\n", stage_status_.to_string().c_str());    \
-      std::exit(1);                                                                             \
-    }                                                                                           \
-  } while (0)
+#define STAGE_CHECK(expr) exit_on_error((expr), "strata-optstagebench")
 
 int run(int argc, char** argv) {
   CLI::App app{"strata-optstagebench: NVMe-resident optimizer states, pipelined vs its parts alone"};
