@@ -1,0 +1,242 @@
+#include "engine/checkpoint_io.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+namespace strata::engine {
+namespace {
+
+std::string_view st_dtype(DType t) {
+  switch (t) {
+    case DType::kF32: return "F32";
+    case DType::kBF16: return "BF16";
+    case DType::kF16: return "F16";
+  }
+  return "?";
+}
+
+Result<DType> dtype_from(const std::string& s) {
+  if (s == "F32") return DType::kF32;
+  if (s == "BF16") return DType::kBF16;
+  if (s == "F16") return DType::kF16;
+  return invalid_argument("safetensors dtype " + s + " is not supported (F32, BF16, F16)");
+}
+
+Status write_all(int fd, const void* data, uint64_t bytes, const std::string& path) {
+  const auto* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    ssize_t n = ::write(fd, p, bytes);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return errno_status(errno, "write " + path);
+    p += n;
+    bytes -= static_cast<uint64_t>(n);
+  }
+  return ok_status();
+}
+
+Status fsync_path(const std::string& path, bool directory) {
+  int fd = ::open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
+  if (fd < 0) return errno_status(errno, "open " + path + " for fsync");
+  UniqueFd owner(fd);
+  if (::fsync(fd) != 0) return errno_status(errno, "fsync " + path);
+  return owner.close();
+}
+
+}  // namespace
+
+uint64_t TensorInfo::bytes() const {
+  uint64_t n = dtype_bytes(dtype);
+  for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+  return n;
+}
+
+Result<SafetensorsWriter> SafetensorsWriter::create(const std::string& path, std::vector<TensorInfo> tensors,
+                                                    const std::map<std::string, std::string>& metadata) {
+  nlohmann::json header = nlohmann::json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  uint64_t offset = 0;
+  for (const TensorInfo& t : tensors) {
+    if (header.contains(t.name)) return invalid_argument("safetensors " + path + ": tensor " + t.name + " twice");
+    header[t.name] = {{"dtype", st_dtype(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.bytes()}}};
+    offset += t.bytes();
+  }
+  std::string text = header.dump();
+  text.append((8 - (text.size() % 8)) % 8, ' ');  // keep the data 8-byte aligned, as the format recommends
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return errno_status(errno, "create " + path);
+  SafetensorsWriter w;
+  w.fd_ = UniqueFd(fd);
+  w.path_ = path;
+  w.tensors_ = std::move(tensors);
+  uint64_t length = text.size();
+  unsigned char le[8];
+  for (int i = 0; i < 8; ++i) le[i] = static_cast<unsigned char>(length >> (8 * i));
+  STRATA_RETURN_IF_ERROR(write_all(fd, le, 8, path));
+  STRATA_RETURN_IF_ERROR(write_all(fd, text.data(), text.size(), path));
+  while (w.current_ < w.tensors_.size() && w.tensors_[w.current_].bytes() == 0) ++w.current_;
+  return w;
+}
+
+Status SafetensorsWriter::append(std::span<const std::byte> data) {
+  while (!data.empty()) {
+    if (current_ >= tensors_.size()) {
+      return invalid_argument("safetensors " + path_ + ": more data than the declared tensors hold");
+    }
+    const TensorInfo& t = tensors_[current_];
+    uint64_t room = t.bytes() - written_in_current_;
+    uint64_t n = std::min<uint64_t>(room, data.size());
+    STRATA_RETURN_IF_ERROR(write_all(fd_.get(), data.data(), n, path_));
+    written_in_current_ += n;
+    data = data.subspan(n);
+    if (written_in_current_ == t.bytes()) {
+      ++current_;
+      written_in_current_ = 0;
+      while (current_ < tensors_.size() && tensors_[current_].bytes() == 0) ++current_;
+    }
+  }
+  return ok_status();
+}
+
+Status SafetensorsWriter::finish() {
+  if (current_ < tensors_.size()) {
+    return failed_precondition("safetensors " + path_ + ": tensor " + tensors_[current_].name +
+                               " was not written in full");
+  }
+  if (::fsync(fd_.get()) != 0) return errno_status(errno, "fsync " + path_);
+  return fd_.close();
+}
+
+Result<SafetensorsReader> SafetensorsReader::open(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno_status(errno, "open " + path);
+  SafetensorsReader r;
+  r.fd_ = UniqueFd(fd);
+  r.path_ = path;
+  unsigned char le[8];
+  if (::pread(fd, le, 8, 0) != 8) return data_loss("safetensors " + path + ": file shorter than its 8-byte header");
+  uint64_t length = 0;
+  for (int i = 0; i < 8; ++i) length |= static_cast<uint64_t>(le[i]) << (8 * i);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return errno_status(errno, "stat " + path);
+  if (length > static_cast<uint64_t>(st.st_size) - 8 || length > (100u << 20)) {
+    return data_loss("safetensors " + path + ": header length " + std::to_string(length) + " is corrupt");
+  }
+  std::string text(length, '\0');
+  if (::pread(fd, text.data(), length, 8) != static_cast<ssize_t>(length)) {
+    return data_loss("safetensors " + path + ": short header");
+  }
+  nlohmann::json header = nlohmann::json::parse(text, nullptr, false);
+  if (header.is_discarded() || !header.is_object()) return data_loss("safetensors " + path + ": header is not JSON");
+  r.data_start_ = 8 + length;
+  const uint64_t data_bytes = static_cast<uint64_t>(st.st_size) - r.data_start_;
+  for (const auto& [name, v] : header.items()) {
+    if (name == "__metadata__") {
+      for (const auto& [k, val] : v.items()) r.metadata_[k] = val.get<std::string>();
+      continue;
+    }
+    TensorInfo t;
+    t.name = name;
+    STRATA_ASSIGN_OR_RETURN(t.dtype, dtype_from(v.value("dtype", "")));
+    t.shape = v.value("shape", std::vector<int64_t>{});
+    std::vector<uint64_t> off = v.value("data_offsets", std::vector<uint64_t>{});
+    if (off.size() != 2 || off[1] < off[0] || off[1] - off[0] != t.bytes() || off[1] > data_bytes) {
+      return data_loss("safetensors " + path + ": tensor " + name + " has inconsistent offsets or is truncated");
+    }
+    r.begin_.push_back(off[0]);
+    r.tensors_.push_back(std::move(t));
+  }
+  return r;
+}
+
+Status SafetensorsReader::read(const std::string& name, std::span<std::byte> out, uint64_t offset) const {
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    if (tensors_[i].name != name) continue;
+    if (offset + out.size() > tensors_[i].bytes()) {
+      return invalid_argument("safetensors " + path_ + ": reading past the end of " + name);
+    }
+    uint64_t pos = data_start_ + begin_[i] + offset;
+    std::byte* p = out.data();
+    uint64_t left = out.size();
+    while (left > 0) {
+      ssize_t n = ::pread(fd_.get(), p, left, static_cast<off_t>(pos));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return errno_status(errno, "read " + path_);
+      if (n == 0) return data_loss("safetensors " + path_ + ": " + name + " is truncated");
+      p += n;
+      pos += static_cast<uint64_t>(n);
+      left -= static_cast<uint64_t>(n);
+    }
+    return ok_status();
+  }
+  return not_found("safetensors " + path_ + ": no tensor " + name);
+}
+
+std::string CheckpointDir::path_of(int64_t step) const { return root_ + "/step-" + std::to_string(step); }
+
+Result<std::string> CheckpointDir::begin(int64_t step) {
+  std::error_code ec;
+  std::filesystem::create_directories(root_, ec);
+  if (ec) return failed_precondition("checkpoint root " + root_ + ": " + ec.message());
+  std::string tmp = path_of(step) + ".tmp";
+  std::filesystem::remove_all(tmp, ec);  // a crashed earlier attempt
+  if (!std::filesystem::create_directory(tmp, ec) || ec) {
+    return failed_precondition("checkpoint: cannot create " + tmp + (ec ? ": " + ec.message() : ""));
+  }
+  return tmp;
+}
+
+Status CheckpointDir::commit(int64_t step) {
+  const std::string tmp = path_of(step) + ".tmp", final_path = path_of(step);
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(tmp, ec)) {
+    if (entry.is_regular_file()) STRATA_RETURN_IF_ERROR(fsync_path(entry.path().string(), false));
+  }
+  if (ec) return failed_precondition("checkpoint: listing " + tmp + ": " + ec.message());
+  STRATA_RETURN_IF_ERROR(fsync_path(tmp, true));
+  std::filesystem::remove_all(final_path, ec);
+  if (::rename(tmp.c_str(), final_path.c_str()) != 0) return errno_status(errno, "rename " + tmp + " to " + final_path);
+  STRATA_RETURN_IF_ERROR(fsync_path(root_, true));
+  // Point `latest` at it: write, fsync, rename over the old pointer.
+  const std::string latest_tmp = root_ + "/latest.tmp", latest = root_ + "/latest";
+  int fd = ::open(latest_tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return errno_status(errno, "create " + latest_tmp);
+  UniqueFd owner(fd);
+  std::string line = "step-" + std::to_string(step) + "\n";
+  STRATA_RETURN_IF_ERROR(write_all(fd, line.data(), line.size(), latest_tmp));
+  if (::fsync(fd) != 0) return errno_status(errno, "fsync " + latest_tmp);
+  STRATA_RETURN_IF_ERROR(owner.close());
+  if (::rename(latest_tmp.c_str(), latest.c_str()) != 0) return errno_status(errno, "rename " + latest_tmp);
+  return fsync_path(root_, true);
+}
+
+Result<int64_t> CheckpointDir::latest_step() const {
+  const std::string latest = root_ + "/latest";
+  int fd = ::open(latest.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return not_found("no checkpoint in " + root_ + " (no 'latest' pointer)");
+    return errno_status(errno, "open " + latest);
+  }
+  UniqueFd owner(fd);
+  char buf[64] = {};
+  ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
+  if (n <= 0) return data_loss(latest + " is empty");
+  std::string text(buf, static_cast<size_t>(n));
+  if (text.rfind("step-", 0) != 0) return data_loss(latest + " does not name a checkpoint: " + text);
+  char* end = nullptr;
+  long long step = std::strtoll(text.c_str() + 5, &end, 10);
+  if (end == text.c_str() + 5) return data_loss(latest + " does not name a checkpoint: " + text);
+  struct stat st {};
+  if (::stat(path_of(step).c_str(), &st) != 0) {
+    return data_loss(latest + " names " + path_of(step) + ", which is missing");
+  }
+  return static_cast<int64_t>(step);
+}
+
+}  // namespace strata::engine

@@ -1,0 +1,89 @@
+// Checkpoint files: safetensors written tensor by tensor (so state that lives
+// on NVMe streams straight from its tier and is never gathered whole in RAM)
+// and read back by name; and a checkpoint directory protocol that never
+// leaves a half-written checkpoint looking valid:
+//   <root>/step-<N>.tmp/   written, every file fsynced, the directory fsynced,
+//   <root>/step-<N>/       then renamed into place (and the root fsynced),
+//   <root>/latest          then a one-line pointer, replaced atomically
+//                          (written to latest.tmp, fsynced, renamed).
+// A process killed at any point leaves `latest` naming a complete checkpoint.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+#include "common/status.h"
+#include "common/unique_fd.h"
+
+namespace strata::engine {
+
+struct TensorInfo {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  uint64_t bytes() const;
+};
+
+// Writes one .safetensors file: the header (all names, dtypes, shapes and
+// offsets) first, then each tensor's bytes in the declared order, appended
+// in as many pieces as the caller likes.
+class SafetensorsWriter {
+ public:
+  static Result<SafetensorsWriter> create(const std::string& path, std::vector<TensorInfo> tensors,
+                                          const std::map<std::string, std::string>& metadata = {});
+  SafetensorsWriter(SafetensorsWriter&&) noexcept = default;
+  SafetensorsWriter& operator=(SafetensorsWriter&&) noexcept = default;
+
+  // Appends bytes of the current tensor (moving on to the next when it is full).
+  Status append(std::span<const std::byte> data);
+  // Checks every tensor was written in full, fsyncs and closes.
+  Status finish();
+
+ private:
+  SafetensorsWriter() = default;
+  std::string path_;
+  UniqueFd fd_;
+  std::vector<TensorInfo> tensors_;
+  size_t current_ = 0;
+  uint64_t written_in_current_ = 0;
+};
+
+class SafetensorsReader {
+ public:
+  static Result<SafetensorsReader> open(const std::string& path);
+  const std::vector<TensorInfo>& tensors() const { return tensors_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // Reads `name`'s bytes (or a part of them from `offset`) into `out`.
+  Status read(const std::string& name, std::span<std::byte> out, uint64_t offset = 0) const;
+
+ private:
+  std::string path_;
+  UniqueFd fd_;
+  uint64_t data_start_ = 0;
+  std::vector<TensorInfo> tensors_;
+  std::vector<uint64_t> begin_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// The directory protocol above.
+class CheckpointDir {
+ public:
+  explicit CheckpointDir(std::string root) : root_(std::move(root)) {}
+  // Creates (empty) <root>/step-<step>.tmp and returns its path.
+  Result<std::string> begin(int64_t step);
+  // fsyncs the files in the .tmp directory and the directory, renames it to
+  // step-<step>, and points `latest` at it.
+  Status commit(int64_t step);
+  // The step `latest` names, and its directory; NotFound when there is none.
+  Result<int64_t> latest_step() const;
+  std::string path_of(int64_t step) const;
+
+ private:
+  std::string root_;
+};
+
+}  // namespace strata::engine

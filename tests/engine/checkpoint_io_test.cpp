@@ -1,0 +1,144 @@
+#include "engine/checkpoint_io.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "gpu/gpt_config.h"
+#include "tests/test_util.h"
+
+namespace strata::engine {
+namespace {
+
+std::vector<TensorInfo> gpt_tensors(const gpu::GptConfig& c) {
+  std::vector<TensorInfo> out;
+  for (const auto& chunk : gpu::model_layout(c)) {
+    for (const auto& t : chunk.tensors) out.push_back({t.name, DType::kF32, t.shape});
+  }
+  return out;
+}
+
+// Writes every tensor as floats whose value is (tensor index * 1000 + element),
+// in pieces of `piece` bytes.
+Status write_model(const std::string& path, const std::vector<TensorInfo>& tensors, size_t piece) {
+  STRATA_ASSIGN_OR_RETURN(SafetensorsWriter w, SafetensorsWriter::create(path, tensors, {{"step", "10"}}));
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    std::vector<float> v(tensors[i].bytes() / 4);
+    for (size_t k = 0; k < v.size(); ++k) v[k] = static_cast<float>(i * 1000 + k);
+    auto bytes = std::as_bytes(std::span(v));
+    for (size_t off = 0; off < bytes.size(); off += piece) {
+      STRATA_RETURN_IF_ERROR(w.append(bytes.subspan(off, std::min(piece, bytes.size() - off))));
+    }
+  }
+  return w.finish();
+}
+
+TEST(Safetensors, RoundTripWithGpt2NamesStreamedInPieces) {
+  strata::testing::TempDir dir;
+  gpu::GptConfig c;
+  c.layers = 2, c.hidden = 16, c.heads = 2, c.vocab = 37, c.max_seq = 9;
+  auto tensors = gpt_tensors(c);
+  std::string path = dir.path() + "/model.safetensors";
+  ASSERT_TRUE(write_model(path, tensors, 77).ok());
+  // The layout is the format's: 8-byte little-endian length, JSON, data.
+  std::ifstream in(path, std::ios::binary);
+  uint64_t len = 0;
+  in.read(reinterpret_cast<char*>(&len), 8);
+  std::string text(len, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(len));
+  nlohmann::json header = nlohmann::json::parse(text);
+  EXPECT_EQ(header["h.1.attn.c_attn.weight"]["shape"], (std::vector<int64_t>{16, 48}));
+  EXPECT_EQ(header["wte.weight"]["dtype"], "F32");
+  EXPECT_EQ(header["__metadata__"]["step"], "10");
+  EXPECT_EQ((8 + len) % 8, 0u);
+  Result<SafetensorsReader> r = SafetensorsReader::open(path);
+  ASSERT_TRUE(r) << r.error().to_string();
+  EXPECT_EQ(r->tensors().size(), tensors.size());
+  EXPECT_EQ(r->metadata().at("step"), "10");
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    std::vector<float> v(tensors[i].bytes() / 4);
+    ASSERT_TRUE(r->read(tensors[i].name, std::as_writable_bytes(std::span(v))).ok());
+    for (size_t k = 0; k < v.size(); ++k) ASSERT_EQ(v[k], static_cast<float>(i * 1000 + k)) << tensors[i].name;
+  }
+  float part[3];
+  ASSERT_TRUE(r->read("ln_f.bias", std::as_writable_bytes(std::span(part)), 8).ok());  // from element 2
+  EXPECT_EQ(part[0], static_cast<float>((tensors.size() - 1) * 1000 + 2));
+  EXPECT_EQ(r->read("nope", std::as_writable_bytes(std::span(part))).code(), StatusCode::kNotFound);
+}
+
+TEST(Safetensors, WrongAmountsAndTruncationAreErrors) {
+  strata::testing::TempDir dir;
+  std::vector<TensorInfo> t = {{"a", DType::kBF16, {3, 2}}, {"b", DType::kF32, {5}}};
+  Result<SafetensorsWriter> w = SafetensorsWriter::create(dir.path() + "/x.safetensors", t);
+  ASSERT_TRUE(w);
+  std::vector<std::byte> twelve(12), too_much(21);
+  ASSERT_TRUE(w->append(twelve).ok());
+  EXPECT_EQ(w->finish().code(), StatusCode::kFailedPrecondition);  // "b" missing
+  Result<SafetensorsWriter> w2 = SafetensorsWriter::create(dir.path() + "/y.safetensors", t);
+  EXPECT_EQ(w2->append(std::vector<std::byte>(33)).code(), StatusCode::kInvalidArgument);
+  // A file cut short is DataLoss, not garbage.
+  ASSERT_TRUE(write_model(dir.path() + "/z.safetensors", {{"w", DType::kF32, {100}}}, 64).ok());
+  std::filesystem::resize_file(dir.path() + "/z.safetensors", std::filesystem::file_size(dir.path() + "/z.safetensors") - 4);
+  EXPECT_EQ(SafetensorsReader::open(dir.path() + "/z.safetensors").error().code(), StatusCode::kDataLoss);
+  EXPECT_EQ(SafetensorsReader::open(dir.path() + "/missing").error().code(), StatusCode::kNotFound);
+}
+
+TEST(CheckpointDir, CommitIsAtomicAndAKilledWriterLeavesThePreviousOne) {
+  strata::testing::TempDir dir;
+  CheckpointDir ckpt(dir.path() + "/ckpt");
+  EXPECT_EQ(ckpt.latest_step().error().code(), StatusCode::kNotFound);
+  std::vector<TensorInfo> model = {{"w", DType::kF32, {1 << 16}}};
+  Result<std::string> tmp = ckpt.begin(10);
+  ASSERT_TRUE(tmp);
+  ASSERT_TRUE(write_model(*tmp + "/model.safetensors", model, 4096).ok());
+  ASSERT_TRUE(ckpt.commit(10).ok());
+  ASSERT_EQ(*ckpt.latest_step(), 10);
+
+  // A child starts checkpoint 20, writes slowly, and is killed mid-write.
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    Result<std::string> t20 = ckpt.begin(20);
+    if (!t20) ::_exit(2);
+    std::vector<TensorInfo> big = {{"w", DType::kF32, {1 << 26}}};
+    Result<SafetensorsWriter> w = SafetensorsWriter::create(*t20 + "/model.safetensors", big);
+    if (!w) ::_exit(3);
+    std::vector<std::byte> piece(1 << 16);
+    for (;;) {
+      (void)w->append(piece);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ASSERT_EQ(::kill(child, SIGKILL), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFSIGNALED(status));
+  EXPECT_TRUE(std::filesystem::exists(ckpt.path_of(20) + ".tmp"));  // the half-written one
+  Result<int64_t> latest = ckpt.latest_step();
+  ASSERT_TRUE(latest) << latest.error().to_string();
+  EXPECT_EQ(*latest, 10);
+  Result<SafetensorsReader> r = SafetensorsReader::open(ckpt.path_of(*latest) + "/model.safetensors");
+  ASSERT_TRUE(r) << r.error().to_string();
+  std::vector<float> v(1 << 16);
+  ASSERT_TRUE(r->read("w", std::as_writable_bytes(std::span(v))).ok());
+  EXPECT_EQ(v[12345], 12345.0f);
+  // The next attempt at step 20 starts clean and commits.
+  Result<std::string> again = ckpt.begin(20);
+  ASSERT_TRUE(again);
+  EXPECT_TRUE(std::filesystem::is_empty(*again));
+  ASSERT_TRUE(write_model(*again + "/model.safetensors", model, 4096).ok());
+  ASSERT_TRUE(ckpt.commit(20).ok());
+  EXPECT_EQ(*ckpt.latest_step(), 20);
+  EXPECT_TRUE(std::filesystem::exists(ckpt.path_of(10)));  // older checkpoints are kept
+}
+
+}  // namespace
+}  // namespace strata::engine
