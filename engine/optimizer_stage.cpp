@@ -54,16 +54,39 @@ Status OptimizerStage::initialize(size_t c, const float* master) {
 
 Status OptimizerStage::read_master(size_t c, float* dst) {
   STRATA_CHECK(c < elems_.size());
-  const int64_t n = elems_[c];
+  std::vector<float> state(static_cast<size_t>(3 * elems_[c]));
+  STRATA_RETURN_IF_ERROR(read_state(c, state.data()));
+  std::memcpy(dst, state.data(), static_cast<size_t>(elems_[c]) * 4);
+  return ok_status();
+}
+
+Status OptimizerStage::read_state(size_t c, float* dst) {
+  STRATA_CHECK(c < elems_.size());
+  const uint64_t bytes = state_bytes(elems_[c]);
   if (tier_ == Tier::kHost) {
-    std::memcpy(dst, host_[c].data(), static_cast<size_t>(n) * 4);
+    STRATA_CHECK_MSG(!host_[c].empty(), "optimizer stage: chunk %zu was never initialised", c);
+    std::memcpy(dst, host_[c].data(), bytes);
     return ok_status();
   }
   STRATA_ASSIGN_OR_RETURN(PinnedArena::Lease lease, staging_->acquire("read " + blob(c)));
   STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->read(blob(c), lease.buffer()));
-  STRATA_RETURN_IF_ERROR(swap_->wait(t));
-  std::memcpy(dst, lease.data(), static_cast<size_t>(n) * 4);
+  STRATA_RETURN_IF_ERROR(swap_->wait(t).with_context("reading optimizer state of chunk " + std::to_string(c)));
+  std::memcpy(dst, lease.data(), bytes);
   return ok_status();
+}
+
+Status OptimizerStage::write_state(size_t c, const float* src) {
+  STRATA_CHECK(c < elems_.size());
+  const uint64_t bytes = state_bytes(elems_[c]);
+  if (tier_ == Tier::kHost) {
+    host_[c].assign(src, src + 3 * elems_[c]);
+    return ok_status();
+  }
+  STRATA_ASSIGN_OR_RETURN(PinnedArena::Lease lease, staging_->acquire("write " + blob(c)));
+  std::memset(lease.data(), 0, lease.buffer().capacity_bytes);
+  std::memcpy(lease.data(), src, bytes);
+  STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->write(blob(c), lease.buffer(), bytes));
+  return swap_->wait(t).with_context("writing optimizer state of chunk " + std::to_string(c));
 }
 
 cpu_optim::ParamSpan OptimizerStage::span_over(float* state, int64_t n, const ChunkGrad& g, void* out,

@@ -56,8 +56,14 @@ class OptimizerStage {
   Result<StageCounters> step(const cpu_optim::OptimizerConfig& config, int64_t t, std::span<const ChunkGrad> grads,
                              std::span<void* const> out, DType out_dtype, const cpu_optim::StepOptions& options);
 
-  // Copies chunk c's master weights into `dst` (n floats), for checks and checkpoints.
+  // Copies chunk c's master weights into `dst` (n floats), for checks.
   Status read_master(size_t chunk, float* dst);
+  // Chunk c's whole state [master | m | v] (3n floats) out of / into the
+  // stage, for checkpoints and resume. Through the staging arena on NVMe.
+  Status read_state(size_t chunk, float* dst);
+  Status write_state(size_t chunk, const float* src);
+  size_t chunks() const { return elems_.size(); }
+  int64_t chunk_elems(size_t chunk) const { return elems_[chunk]; }
 
   Tier tier() const { return tier_; }
   static uint64_t state_bytes(int64_t elems) { return 12 * static_cast<uint64_t>(elems); }

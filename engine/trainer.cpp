@@ -1,0 +1,201 @@
+#include "engine/trainer.h"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "engine/checkpoint_io.h"
+
+namespace strata::engine {
+namespace {
+
+gpu::host::ModelParams<float> view(std::vector<std::vector<float>>& chunks) {
+  gpu::host::ModelParams<float> p;
+  for (auto& c : chunks) p.chunks.push_back(c.data());
+  return p;
+}
+
+nlohmann::json model_json(const gpu::GptConfig& c) {
+  return {{"layers", c.layers}, {"hidden", c.hidden}, {"heads", c.heads}, {"vocab", c.vocab}, {"max_seq", c.max_seq}};
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
+  STRATA_RETURN_IF_ERROR(o.model.validate());
+  if (o.batch < 1 || o.seq < 1 || o.seq > o.model.max_seq) {
+    return invalid_argument("trainer: batch >= 1 and 1 <= seq <= max_seq required");
+  }
+  std::unique_ptr<Trainer> tr(new Trainer());
+  tr->options_ = o;
+  tr->layout_ = gpu::model_layout(o.model);
+  STRATA_ASSIGN_OR_RETURN(tr->executor_, cpu_optim::Executor::create({}));
+  std::vector<int64_t> elems;
+  int64_t max_elems = 0;
+  for (const auto& chunk : tr->layout_) {
+    elems.push_back(chunk.numel);
+    max_elems = std::max(max_elems, chunk.numel);
+  }
+  if (o.states == Tier::kNvme) {
+    if (o.nvme_paths.empty()) return invalid_argument("trainer: optimizer states on NVMe need nvme_paths");
+    io::SwapStoreOptions so;
+    so.directories = o.nvme_paths;
+    so.device.backend = o.io_backend;
+    STRATA_ASSIGN_OR_RETURN(tr->swap_, io::SwapStore::open(so));
+    STRATA_ASSIGN_OR_RETURN(tr->staging_,
+                            PinnedArena::create("optimizer staging",
+                                                tr->swap_->padded_size(OptimizerStage::state_bytes(max_elems)), 3,
+                                                tr->allocator_, tr->executor_.get()));
+  }
+  STRATA_ASSIGN_OR_RETURN(tr->stage_, OptimizerStage::create(elems, o.states, tr->swap_.get(), tr->staging_.get(),
+                                                             *tr->executor_));
+  tr->model_ = std::make_unique<gpu::host::HostGpt<float>>(o.model, o.batch, o.seq);
+  // GPT-2's initialisation: weights ~ N(0, 0.02), LayerNorm weights 1, biases 0.
+  std::mt19937_64 rng(o.seed);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  for (size_t c = 0; c < tr->layout_.size(); ++c) {
+    std::vector<float> master(static_cast<size_t>(elems[c]), 0.0f);
+    for (const gpu::TensorSlot& t : tr->layout_[c].tensors) {
+      bool is_bias = t.name.size() >= 5 && t.name.compare(t.name.size() - 5, 5, ".bias") == 0;
+      bool is_ln = t.name.find("ln_") != std::string::npos;
+      for (int64_t i = 0; i < t.numel(); ++i) {
+        master[static_cast<size_t>(t.offset + i)] = is_bias ? 0.0f : (is_ln ? 1.0f : normal(rng));
+      }
+    }
+    STRATA_RETURN_IF_ERROR(tr->stage_->initialize(c, master.data()));
+    tr->weights_.emplace_back(master.size());
+    STRATA_RETURN_IF_ERROR(cpu_optim::convert(master.data(), DType::kF32, tr->weights_[c].data(), DType::kBF16,
+                                              elems[c]));
+    tr->params_.emplace_back(master.size());
+    tr->grads_.emplace_back(master.size(), 0.0f);
+  }
+  STRATA_RETURN_IF_ERROR(tr->refresh_compute_weights());
+  return tr;
+}
+
+Trainer::~Trainer() {
+  stage_.reset();  // before the staging arena and the swap store it uses
+  staging_.reset();
+  swap_.reset();
+}
+
+Status Trainer::refresh_compute_weights() {
+  for (size_t c = 0; c < weights_.size(); ++c) {
+    STRATA_RETURN_IF_ERROR(cpu_optim::convert(weights_[c].data(), DType::kBF16, params_[c].data(), DType::kF32,
+                                              static_cast<int64_t>(params_[c].size())));
+  }
+  return ok_status();
+}
+
+void Trainer::make_batch(int64_t index, std::vector<int32_t>* tokens, std::vector<int32_t>* targets) const {
+  const int64_t V = options_.model.vocab, n = options_.batch * options_.seq;
+  tokens->resize(static_cast<size_t>(n));
+  targets->resize(static_cast<size_t>(n));
+  std::mt19937_64 rng(options_.seed * 1000003 + static_cast<uint64_t>(index));
+  const int64_t stride = 1 + static_cast<int64_t>(options_.seed % 3);
+  for (int64_t b = 0; b < options_.batch; ++b) {
+    int64_t x = static_cast<int64_t>(rng() % static_cast<uint64_t>(V));
+    for (int64_t t = 0; t < options_.seq; ++t) {
+      (*tokens)[static_cast<size_t>(b * options_.seq + t)] = static_cast<int32_t>(x);
+      x = (x + stride) % V;
+      (*targets)[static_cast<size_t>(b * options_.seq + t)] = static_cast<int32_t>(x);
+    }
+  }
+}
+
+Result<float> Trainer::step() {
+  std::vector<int32_t> tokens, targets;
+  make_batch(t_, &tokens, &targets);
+  auto params = view(params_);
+  float loss = model_->forward(params, tokens.data(), targets.data());
+  for (auto& g : grads_) std::fill(g.begin(), g.end(), 0.0f);
+  model_->backward(params, view(grads_));
+  std::vector<ChunkGrad> g;
+  std::vector<void*> out;
+  for (size_t c = 0; c < grads_.size(); ++c) {
+    g.push_back({grads_[c].data(), DType::kF32});
+    out.push_back(weights_[c].data());
+  }
+  cpu_optim::StepOptions opts;  // kSkipStep: a non-finite gradient updates nothing
+  STRATA_ASSIGN_OR_RETURN(StageCounters counters, stage_->step(options_.adam, t_ + 1, g, out, DType::kBF16, opts));
+  (void)counters;
+  ++t_;
+  STRATA_RETURN_IF_ERROR(refresh_compute_weights());
+  return loss;
+}
+
+Status Trainer::save(const std::string& root) {
+  CheckpointDir dir(root);
+  STRATA_ASSIGN_OR_RETURN(std::string tmp, dir.begin(t_));
+  // Model weights, bf16, GPT-2 names.
+  std::vector<TensorInfo> tensors;
+  for (const auto& chunk : layout_) {
+    for (const auto& t : chunk.tensors) tensors.push_back({t.name, DType::kBF16, t.shape});
+  }
+  STRATA_ASSIGN_OR_RETURN(SafetensorsWriter model,
+                          SafetensorsWriter::create(tmp + "/model.safetensors", tensors, {{"format", "pt"}}));
+  for (size_t c = 0; c < layout_.size(); ++c) {
+    for (const auto& t : layout_[c].tensors) {
+      STRATA_RETURN_IF_ERROR(model.append(std::as_bytes(
+          std::span(weights_[c].data() + t.offset, static_cast<size_t>(t.numel())))));
+    }
+  }
+  STRATA_RETURN_IF_ERROR(model.finish());
+  // Optimizer state, streamed chunk by chunk from its tier.
+  std::vector<TensorInfo> states;
+  for (size_t c = 0; c < layout_.size(); ++c) {
+    for (const char* part : {"master", "m", "v"}) {
+      states.push_back({"chunk-" + std::to_string(c) + "." + part, DType::kF32, {layout_[c].numel}});
+    }
+  }
+  STRATA_ASSIGN_OR_RETURN(SafetensorsWriter opt, SafetensorsWriter::create(tmp + "/optimizer.safetensors", states));
+  for (size_t c = 0; c < layout_.size(); ++c) {
+    std::vector<float> state(static_cast<size_t>(3 * layout_[c].numel));
+    STRATA_RETURN_IF_ERROR(stage_->read_state(c, state.data()));
+    STRATA_RETURN_IF_ERROR(opt.append(std::as_bytes(std::span(state))));
+  }
+  STRATA_RETURN_IF_ERROR(opt.finish());
+  nlohmann::json meta = {{"step", t_}, {"seed", options_.seed}, {"data_position", t_}, {"model", model_json(options_.model)}};
+  {
+    std::ofstream out(tmp + "/trainer.json");
+    out << meta.dump(2) << "\n";
+    if (!out) return resource_exhausted("checkpoint: writing " + tmp + "/trainer.json failed");
+  }
+  return dir.commit(t_);
+}
+
+Status Trainer::load(const std::string& root) {
+  CheckpointDir dir(root);
+  STRATA_ASSIGN_OR_RETURN(int64_t step, dir.latest_step());
+  const std::string path = dir.path_of(step);
+  std::ifstream in(path + "/trainer.json");
+  nlohmann::json meta = nlohmann::json::parse(in, nullptr, false);
+  if (meta.is_discarded()) return data_loss(path + "/trainer.json is not valid JSON");
+  if (meta["model"] != model_json(options_.model)) {
+    return failed_precondition("checkpoint " + path + " is for model " + meta["model"].dump() + ", not " +
+                               model_json(options_.model).dump());
+  }
+  STRATA_ASSIGN_OR_RETURN(SafetensorsReader model, SafetensorsReader::open(path + "/model.safetensors"));
+  for (size_t c = 0; c < layout_.size(); ++c) {
+    std::fill(weights_[c].begin(), weights_[c].end(), 0);
+    for (const auto& t : layout_[c].tensors) {
+      STRATA_RETURN_IF_ERROR(model.read(t.name, std::as_writable_bytes(std::span(
+                                                    weights_[c].data() + t.offset, static_cast<size_t>(t.numel())))));
+    }
+  }
+  STRATA_ASSIGN_OR_RETURN(SafetensorsReader opt, SafetensorsReader::open(path + "/optimizer.safetensors"));
+  for (size_t c = 0; c < layout_.size(); ++c) {
+    const int64_t n = layout_[c].numel;
+    std::vector<float> state(static_cast<size_t>(3 * n));
+    const char* parts[] = {"master", "m", "v"};
+    for (int k = 0; k < 3; ++k) {
+      STRATA_RETURN_IF_ERROR(opt.read("chunk-" + std::to_string(c) + "." + parts[k],
+                                      std::as_writable_bytes(std::span(state.data() + k * n, static_cast<size_t>(n)))));
+    }
+    STRATA_RETURN_IF_ERROR(stage_->write_state(c, state.data()));
+  }
+  t_ = meta["step"].get<int64_t>();
+  return refresh_compute_weights();
+}
+
+}  // namespace strata::engine
