@@ -267,8 +267,9 @@ std::string format_plan(const Plan& p, const Budgets& b) {
   std::snprintf(line, sizeof(line), "  %-14s %14s %10s\n", "link", "per step", "seconds");
   out += line;
   for (const LinkTime& l : p.links) {
-    std::string amount = l.link == "compute" ? std::to_string(static_cast<long long>(l.bytes / 1e12)) + " TFLOP"
-                                             : format_bytes(static_cast<uint64_t>(l.bytes));
+    char flops[32];
+    std::snprintf(flops, sizeof(flops), "%.3g GFLOP", l.bytes / 1e9);
+    std::string amount = l.link == "compute" ? std::string(flops) : format_bytes(static_cast<uint64_t>(l.bytes));
     std::snprintf(line, sizeof(line), "  %-14s %14s %10.4f\n", l.link.c_str(), amount.c_str(), l.seconds);
     out += line;
   }

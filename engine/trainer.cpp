@@ -117,8 +117,7 @@ Result<float> Trainer::step() {
     out.push_back(weights_[c].data());
   }
   cpu_optim::StepOptions opts;  // kSkipStep: a non-finite gradient updates nothing
-  STRATA_ASSIGN_OR_RETURN(StageCounters counters, stage_->step(options_.adam, t_ + 1, g, out, DType::kBF16, opts));
-  (void)counters;
+  STRATA_ASSIGN_OR_RETURN(last_stage_, stage_->step(options_.adam, t_ + 1, g, out, DType::kBF16, opts));
   ++t_;
   STRATA_RETURN_IF_ERROR(refresh_compute_weights());
   return loss;

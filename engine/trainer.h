@@ -38,6 +38,8 @@ class Trainer {
   // One optimizer step on the next batch of the stream; returns its loss.
   Result<float> step();
   int64_t steps_done() const { return t_; }
+  // What the last step's optimizer stage moved (NVMe bytes, seconds).
+  const StageCounters& last_stage() const { return last_stage_; }
 
   // Writes <root>/step-<t> (model.safetensors with GPT-2 names in bf16,
   // optimizer.safetensors with every chunk's fp32 master/m/v, trainer.json)
@@ -63,6 +65,7 @@ class Trainer {
   std::vector<std::vector<uint16_t>> weights_;  // bf16 weights written by the optimizer
   std::vector<std::vector<float>> grads_;
   int64_t t_ = 0;
+  StageCounters last_stage_;
 };
 
 }  // namespace strata::engine
