@@ -11,6 +11,7 @@
 
 #include "bench/bench_util.h"
 #include "common/units.h"
+#include "engine/checkpoint_io.h"
 #include "engine/config.h"
 #include "engine/trainer.h"
 
@@ -116,7 +117,7 @@ int run(int argc, char** argv) {
   }
   if (!checkpoint.empty()) {
     exit_on_error((*tr)->save(checkpoint), "strata-train");
-    std::printf("checkpoint: %s/step-%lld\n", checkpoint.c_str(), static_cast<long long>((*tr)->steps_done()));
+    std::printf("checkpoint: %s\n", engine::CheckpointDir(checkpoint).latest()->path.c_str());
   }
   const int64_t ran = steps - start;
   nlohmann::json j = {{"bench", "train"}, {"steps", ran}, {"first_loss", first}, {"last_loss", last},

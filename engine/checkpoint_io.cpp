@@ -178,13 +178,16 @@ Status SafetensorsReader::read(const std::string& name, std::span<std::byte> out
   return not_found("safetensors " + path_ + ": no tensor " + name);
 }
 
-std::string CheckpointDir::path_of(int64_t step) const { return root_ + "/step-" + std::to_string(step); }
-
 Result<std::string> CheckpointDir::begin(int64_t step) {
   std::error_code ec;
   std::filesystem::create_directories(root_, ec);
   if (ec) return failed_precondition("checkpoint root " + root_ + ": " + ec.message());
-  std::string tmp = path_of(step) + ".tmp";
+  std::string name = "step-" + std::to_string(step);
+  for (int k = 1; std::filesystem::exists(root_ + "/" + name); ++k) {
+    name = "step-" + std::to_string(step) + ".r" + std::to_string(k);
+  }
+  pending_ = name;
+  std::string tmp = root_ + "/" + name + ".tmp";
   std::filesystem::remove_all(tmp, ec);  // a crashed earlier attempt
   if (!std::filesystem::create_directory(tmp, ec) || ec) {
     return failed_precondition("checkpoint: cannot create " + tmp + (ec ? ": " + ec.message() : ""));
@@ -193,50 +196,59 @@ Result<std::string> CheckpointDir::begin(int64_t step) {
 }
 
 Status CheckpointDir::commit(int64_t step) {
-  const std::string tmp = path_of(step) + ".tmp", final_path = path_of(step);
+  const std::string expect = "step-" + std::to_string(step);
+  STRATA_CHECK_MSG(pending_.rfind(expect, 0) == 0, "checkpoint commit of step %lld without its begin()",
+                   static_cast<long long>(step));
+  const std::string final_path = root_ + "/" + pending_, tmp = final_path + ".tmp";
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(tmp, ec)) {
     if (entry.is_regular_file()) STRATA_RETURN_IF_ERROR(fsync_path(entry.path().string(), false));
   }
   if (ec) return failed_precondition("checkpoint: listing " + tmp + ": " + ec.message());
   STRATA_RETURN_IF_ERROR(fsync_path(tmp, true));
-  std::filesystem::remove_all(final_path, ec);
   if (::rename(tmp.c_str(), final_path.c_str()) != 0) return errno_status(errno, "rename " + tmp + " to " + final_path);
   STRATA_RETURN_IF_ERROR(fsync_path(root_, true));
   // Point `latest` at it: write, fsync, rename over the old pointer.
-  const std::string latest_tmp = root_ + "/latest.tmp", latest = root_ + "/latest";
+  const std::string latest_tmp = root_ + "/latest.tmp", latest_file = root_ + "/latest";
   int fd = ::open(latest_tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return errno_status(errno, "create " + latest_tmp);
   UniqueFd owner(fd);
-  std::string line = "step-" + std::to_string(step) + "\n";
+  std::string line = pending_ + "\n";
   STRATA_RETURN_IF_ERROR(write_all(fd, line.data(), line.size(), latest_tmp));
   if (::fsync(fd) != 0) return errno_status(errno, "fsync " + latest_tmp);
   STRATA_RETURN_IF_ERROR(owner.close());
-  if (::rename(latest_tmp.c_str(), latest.c_str()) != 0) return errno_status(errno, "rename " + latest_tmp);
+  if (::rename(latest_tmp.c_str(), latest_file.c_str()) != 0) return errno_status(errno, "rename " + latest_tmp);
+  pending_.clear();
   return fsync_path(root_, true);
 }
 
-Result<int64_t> CheckpointDir::latest_step() const {
-  const std::string latest = root_ + "/latest";
-  int fd = ::open(latest.c_str(), O_RDONLY | O_CLOEXEC);
+Result<CheckpointDir::Entry> CheckpointDir::latest() const {
+  const std::string latest_file = root_ + "/latest";
+  int fd = ::open(latest_file.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT) return not_found("no checkpoint in " + root_ + " (no 'latest' pointer)");
-    return errno_status(errno, "open " + latest);
+    return errno_status(errno, "open " + latest_file);
   }
   UniqueFd owner(fd);
-  char buf[64] = {};
+  char buf[128] = {};
   ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
-  if (n <= 0) return data_loss(latest + " is empty");
-  std::string text(buf, static_cast<size_t>(n));
-  if (text.rfind("step-", 0) != 0) return data_loss(latest + " does not name a checkpoint: " + text);
+  if (n <= 0) return data_loss(latest_file + " is empty");
+  std::string name(buf, static_cast<size_t>(n));
+  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
   char* end = nullptr;
-  long long step = std::strtoll(text.c_str() + 5, &end, 10);
-  if (end == text.c_str() + 5) return data_loss(latest + " does not name a checkpoint: " + text);
-  struct stat st {};
-  if (::stat(path_of(step).c_str(), &st) != 0) {
-    return data_loss(latest + " names " + path_of(step) + ", which is missing");
+  long long step = name.rfind("step-", 0) == 0 ? std::strtoll(name.c_str() + 5, &end, 10) : 0;
+  if (end == nullptr || end == name.c_str() + 5 || name.find('/') != std::string::npos) {
+    return data_loss(latest_file + " does not name a checkpoint: " + name);
   }
-  return static_cast<int64_t>(step);
+  Entry e{static_cast<int64_t>(step), root_ + "/" + name};
+  struct stat st {};
+  if (::stat(e.path.c_str(), &st) != 0) return data_loss(latest_file + " names " + e.path + ", which is missing");
+  return e;
+}
+
+Result<int64_t> CheckpointDir::latest_step() const {
+  STRATA_ASSIGN_OR_RETURN(Entry e, latest());
+  return e.step;
 }
 
 }  // namespace strata::engine

@@ -3,7 +3,8 @@
 // and read back by name; and a checkpoint directory protocol that never
 // leaves a half-written checkpoint looking valid:
 //   <root>/step-<N>.tmp/   written, every file fsynced, the directory fsynced,
-//   <root>/step-<N>/       then renamed into place (and the root fsynced),
+//   <root>/step-<N>/       then renamed into place (and the root fsynced;
+//                          a step saved again gets step-<N>.r<k>),
 //   <root>/latest          then a one-line pointer, replaced atomically
 //                          (written to latest.tmp, fsynced, renamed).
 // A process killed at any point leaves `latest` naming a complete checkpoint.
@@ -69,21 +70,29 @@ class SafetensorsReader {
   std::map<std::string, std::string> metadata_;
 };
 
-// The directory protocol above.
+// The directory protocol above. A checkpoint of a step that already has one
+// goes to a fresh name (step-<N>.r<k>), so the directory `latest` names is
+// never removed or overwritten before `latest` moves on.
 class CheckpointDir {
  public:
+  struct Entry {
+    int64_t step = 0;
+    std::string path;  // the directory
+  };
+
   explicit CheckpointDir(std::string root) : root_(std::move(root)) {}
-  // Creates (empty) <root>/step-<step>.tmp and returns its path.
+  // Creates (empty) <root>/<name>.tmp for the step and returns its path.
   Result<std::string> begin(int64_t step);
-  // fsyncs the files in the .tmp directory and the directory, renames it to
-  // step-<step>, and points `latest` at it.
+  // fsyncs the files in the .tmp directory and the directory, renames it into
+  // place, and points `latest` at it. `step` must match begin().
   Status commit(int64_t step);
-  // The step `latest` names, and its directory; NotFound when there is none.
+  // The checkpoint `latest` names; NotFound when there is none.
+  Result<Entry> latest() const;
   Result<int64_t> latest_step() const;
-  std::string path_of(int64_t step) const;
 
  private:
   std::string root_;
+  std::string pending_;  // the final name chosen by begin()
 };
 
 }  // namespace strata::engine

@@ -165,8 +165,8 @@ Status Trainer::save(const std::string& root) {
 
 Status Trainer::load(const std::string& root) {
   CheckpointDir dir(root);
-  STRATA_ASSIGN_OR_RETURN(int64_t step, dir.latest_step());
-  const std::string path = dir.path_of(step);
+  STRATA_ASSIGN_OR_RETURN(CheckpointDir::Entry latest, dir.latest());
+  const std::string& path = latest.path;
   std::ifstream in(path + "/trainer.json");
   nlohmann::json meta = nlohmann::json::parse(in, nullptr, false);
   if (meta.is_discarded()) return data_loss(path + "/trainer.json is not valid JSON");

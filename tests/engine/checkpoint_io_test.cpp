@@ -121,11 +121,11 @@ TEST(CheckpointDir, CommitIsAtomicAndAKilledWriterLeavesThePreviousOne) {
   int status = 0;
   ASSERT_EQ(::waitpid(child, &status, 0), child);
   ASSERT_TRUE(WIFSIGNALED(status));
-  EXPECT_TRUE(std::filesystem::exists(ckpt.path_of(20) + ".tmp"));  // the half-written one
-  Result<int64_t> latest = ckpt.latest_step();
+  EXPECT_TRUE(std::filesystem::exists(dir.path() + "/ckpt/step-20.tmp"));  // the half-written one
+  Result<CheckpointDir::Entry> latest = ckpt.latest();
   ASSERT_TRUE(latest) << latest.error().to_string();
-  EXPECT_EQ(*latest, 10);
-  Result<SafetensorsReader> r = SafetensorsReader::open(ckpt.path_of(*latest) + "/model.safetensors");
+  EXPECT_EQ(latest->step, 10);
+  Result<SafetensorsReader> r = SafetensorsReader::open(latest->path + "/model.safetensors");
   ASSERT_TRUE(r) << r.error().to_string();
   std::vector<float> v(1 << 16);
   ASSERT_TRUE(r->read("w", std::as_writable_bytes(std::span(v))).ok());
@@ -137,7 +137,17 @@ TEST(CheckpointDir, CommitIsAtomicAndAKilledWriterLeavesThePreviousOne) {
   ASSERT_TRUE(write_model(*again + "/model.safetensors", model, 4096).ok());
   ASSERT_TRUE(ckpt.commit(20).ok());
   EXPECT_EQ(*ckpt.latest_step(), 20);
-  EXPECT_TRUE(std::filesystem::exists(ckpt.path_of(10)));  // older checkpoints are kept
+  EXPECT_TRUE(std::filesystem::exists(dir.path() + "/ckpt/step-10"));  // older checkpoints are kept
+  // Saving step 20 again never touches the directory `latest` names: the new
+  // one gets a fresh name, and `latest` moves only once it is complete.
+  Result<std::string> resave = ckpt.begin(20);
+  ASSERT_TRUE(resave);
+  EXPECT_NE(resave->find("step-20.r1.tmp"), std::string::npos) << *resave;
+  EXPECT_EQ(ckpt.latest()->path, dir.path() + "/ckpt/step-20");
+  ASSERT_TRUE(write_model(*resave + "/model.safetensors", model, 4096).ok());
+  ASSERT_TRUE(ckpt.commit(20).ok());
+  EXPECT_EQ(ckpt.latest()->path, dir.path() + "/ckpt/step-20.r1");
+  EXPECT_TRUE(std::filesystem::exists(dir.path() + "/ckpt/step-20"));
 }
 
 }  // namespace
