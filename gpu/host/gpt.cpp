@@ -1,15 +1,40 @@
 #include "gpu/host/gpt.h"
 
+#include <algorithm>
+
 #include "common/check.h"
 #include "gpu/host/ops.h"
 
 namespace strata::gpu::host {
 template <class T>
+int64_t BlockActivations<T>::elements(const GptConfig& c, int64_t B, int64_t seq) {
+  const int64_t N = B * seq, C = c.hidden;
+  // kept: ln1, atty, res2, ln2 (4 NC), qkv (3 NC), fch, fch_gelu (8 NC), stats (4 N), att;
+  // scratch: tmp, dres2, dln2, datty, dln1 (5 NC), dgelu, dfch (8 NC), dqkv (3 NC)
+  return 31 * N * C + 4 * N + B * c.heads * seq * seq;
+}
+
+template <class T>
 void BlockActivations<T>::resize(const GptConfig& c, int64_t B, int64_t seq) {
-  const size_t N = static_cast<size_t>(B * seq), C = static_cast<size_t>(c.hidden);
-  ln1.resize(N * C), ln1_mean.resize(N), ln1_rstd.resize(N), qkv.resize(N * 3 * C);
-  att.resize(static_cast<size_t>(B * c.heads * seq * seq)), atty.resize(N * C), res2.resize(N * C);
-  ln2.resize(N * C), ln2_mean.resize(N), ln2_rstd.resize(N), fch.resize(N * 4 * C), fch_gelu.resize(N * 4 * C);
+  storage_.assign(static_cast<size_t>(elements(c, B, seq)), T(0));
+  bind(storage_.data(), c, B, seq);
+}
+
+template <class T>
+void BlockActivations<T>::bind(T* base, const GptConfig& c, int64_t B, int64_t seq) {
+  const int64_t N = B * seq, C = c.hidden;
+  T* p = base;
+  auto take = [&](int64_t n) {
+    T* out = p;
+    p += n;
+    return out;
+  };
+  ln1 = take(N * C), ln1_mean = take(N), ln1_rstd = take(N), qkv = take(3 * N * C);
+  att = take(B * c.heads * seq * seq), atty = take(N * C), res2 = take(N * C);
+  ln2 = take(N * C), ln2_mean = take(N), ln2_rstd = take(N), fch = take(4 * N * C), fch_gelu = take(4 * N * C);
+  tmp = take(N * C), dres2 = take(N * C), dgelu = take(4 * N * C), dfch = take(4 * N * C), dln2 = take(N * C);
+  datty = take(N * C), dqkv = take(3 * N * C), dln1 = take(N * C);
+  STRATA_CHECK(p - base == elements(c, B, seq));
 }
 
 template <class T>
@@ -17,17 +42,16 @@ void block_forward(const GptConfig& c, const T* p, const T* x_in, T* x_out, Bloc
                    int64_t seq) {
   const BlockOffsets o = block_offsets(c);
   const int64_t N = B * seq, C = c.hidden;
-  std::vector<T> tmp(static_cast<size_t>(N * C));
-  layernorm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x_in, p + o.ln1w, p + o.ln1b, N, C);
-  matmul_forward(a.qkv.data(), a.ln1.data(), p + o.attnw, p + o.attnb, N, C, 3 * C);
-  attention_forward(a.atty.data(), a.att.data(), a.qkv.data(), B, seq, C, c.heads);
-  matmul_forward(tmp.data(), a.atty.data(), p + o.projw, p + o.projb, N, C, C);
-  residual_forward(a.res2.data(), x_in, tmp.data(), N * C);
-  layernorm_forward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.res2.data(), p + o.ln2w, p + o.ln2b, N, C);
-  matmul_forward(a.fch.data(), a.ln2.data(), p + o.fcw, p + o.fcb, N, C, 4 * C);
-  gelu_forward(a.fch_gelu.data(), a.fch.data(), N * 4 * C);
-  matmul_forward(tmp.data(), a.fch_gelu.data(), p + o.fcprojw, p + o.fcprojb, N, 4 * C, C);
-  residual_forward(x_out, a.res2.data(), tmp.data(), N * C);
+  layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x_in, p + o.ln1w, p + o.ln1b, N, C);
+  matmul_forward(a.qkv, a.ln1, p + o.attnw, p + o.attnb, N, C, 3 * C);
+  attention_forward(a.atty, a.att, a.qkv, B, seq, C, c.heads);
+  matmul_forward(a.tmp, a.atty, p + o.projw, p + o.projb, N, C, C);
+  residual_forward(a.res2, x_in, a.tmp, N * C);
+  layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p + o.ln2w, p + o.ln2b, N, C);
+  matmul_forward(a.fch, a.ln2, p + o.fcw, p + o.fcb, N, C, 4 * C);
+  gelu_forward(a.fch_gelu, a.fch, N * 4 * C);
+  matmul_forward(a.tmp, a.fch_gelu, p + o.fcprojw, p + o.fcprojb, N, 4 * C, C);
+  residual_forward(x_out, a.res2, a.tmp, N * C);
 }
 
 template <class T>
@@ -36,22 +60,20 @@ void block_backward(const GptConfig& c, const T* p, T* dp, const T* x_in, const 
   const BlockOffsets o = block_offsets(c);
   const int64_t N = B * seq, C = c.hidden;
   // x_out = res2 + mlp(res2): d res2 = dx_out + mlp backward
-  std::vector<T> dres2(dx_out, dx_out + N * C), dgelu(static_cast<size_t>(N * 4 * C), T(0));
-  std::vector<T> dfch(static_cast<size_t>(N * 4 * C), T(0)), dln2(static_cast<size_t>(N * C), T(0));
-  matmul_backward(dgelu.data(), dp + o.fcprojw, dp + o.fcprojb, dx_out, a.fch_gelu.data(), p + o.fcprojw, N, 4 * C, C);
-  gelu_backward(dfch.data(), a.fch.data(), dgelu.data(), N * 4 * C);
-  matmul_backward(dln2.data(), dp + o.fcw, dp + o.fcb, dfch.data(), a.ln2.data(), p + o.fcw, N, C, 4 * C);
-  layernorm_backward(dres2.data(), dp + o.ln2w, dp + o.ln2b, dln2.data(), a.res2.data(), p + o.ln2w,
-                     a.ln2_mean.data(), a.ln2_rstd.data(), N, C);
+  std::copy(dx_out, dx_out + N * C, a.dres2);
+  for (T* z : {a.dgelu, a.dfch}) std::fill(z, z + N * 4 * C, T(0));
+  for (T* z : {a.dln2, a.datty, a.dln1}) std::fill(z, z + N * C, T(0));
+  std::fill(a.dqkv, a.dqkv + N * 3 * C, T(0));
+  matmul_backward(a.dgelu, dp + o.fcprojw, dp + o.fcprojb, dx_out, a.fch_gelu, p + o.fcprojw, N, 4 * C, C);
+  gelu_backward(a.dfch, a.fch, a.dgelu, N * 4 * C);
+  matmul_backward(a.dln2, dp + o.fcw, dp + o.fcb, a.dfch, a.ln2, p + o.fcw, N, C, 4 * C);
+  layernorm_backward(a.dres2, dp + o.ln2w, dp + o.ln2b, a.dln2, a.res2, p + o.ln2w, a.ln2_mean, a.ln2_rstd, N, C);
   // res2 = x_in + attn(x_in)
-  accumulate(dx_in, dres2.data(), N * C);
-  std::vector<T> datty(static_cast<size_t>(N * C), T(0)), dqkv(static_cast<size_t>(N * 3 * C), T(0));
-  std::vector<T> dln1(static_cast<size_t>(N * C), T(0));
-  matmul_backward(datty.data(), dp + o.projw, dp + o.projb, dres2.data(), a.atty.data(), p + o.projw, N, C, C);
-  attention_backward(dqkv.data(), datty.data(), a.qkv.data(), a.att.data(), B, seq, C, c.heads);
-  matmul_backward(dln1.data(), dp + o.attnw, dp + o.attnb, dqkv.data(), a.ln1.data(), p + o.attnw, N, C, 3 * C);
-  layernorm_backward(dx_in, dp + o.ln1w, dp + o.ln1b, dln1.data(), x_in, p + o.ln1w, a.ln1_mean.data(),
-                     a.ln1_rstd.data(), N, C);
+  accumulate(dx_in, a.dres2, N * C);
+  matmul_backward(a.datty, dp + o.projw, dp + o.projb, a.dres2, a.atty, p + o.projw, N, C, C);
+  attention_backward(a.dqkv, a.datty, a.qkv, a.att, B, seq, C, c.heads);
+  matmul_backward(a.dln1, dp + o.attnw, dp + o.attnb, a.dqkv, a.ln1, p + o.attnw, N, C, 3 * C);
+  layernorm_backward(dx_in, dp + o.ln1w, dp + o.ln1b, a.dln1, x_in, p + o.ln1w, a.ln1_mean, a.ln1_rstd, N, C);
 }
 
 template <class T>

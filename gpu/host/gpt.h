@@ -12,17 +12,29 @@
 
 namespace strata::gpu::host {
 
-// What one block's backward needs from its forward, for B*T = N rows.
+// One block's working memory for B*T = N rows: what backward keeps from
+// forward, and backward's scratch. The members are views: resize() backs them
+// with owned storage, bind() with caller memory of elements() values (a
+// capped device's allocation, so the budget sees every byte).
 template <class T>
 struct BlockActivations {
-  std::vector<T> ln1, ln1_mean, ln1_rstd;  // [N,C], [N], [N]
-  std::vector<T> qkv;                      // [N,3C]
-  std::vector<T> att;                      // [B,NH,T,T]
-  std::vector<T> atty;                     // [N,C] attention output before c_proj
-  std::vector<T> res2;                     // [N,C] x + attention
-  std::vector<T> ln2, ln2_mean, ln2_rstd;  // [N,C], [N], [N]
-  std::vector<T> fch, fch_gelu;            // [N,4C]
+  T *ln1 = nullptr, *ln1_mean = nullptr, *ln1_rstd = nullptr;  // [N,C], [N], [N]
+  T* qkv = nullptr;                                            // [N,3C]
+  T* att = nullptr;                                            // [B,NH,T,T]
+  T* atty = nullptr;                                           // [N,C] attention output before c_proj
+  T* res2 = nullptr;                                           // [N,C] x + attention
+  T *ln2 = nullptr, *ln2_mean = nullptr, *ln2_rstd = nullptr;  // [N,C], [N], [N]
+  T *fch = nullptr, *fch_gelu = nullptr;                       // [N,4C]
+  // scratch: tmp, dres2, dln2, datty, dln1 [N,C]; dgelu, dfch [N,4C]; dqkv [N,3C]
+  T *tmp = nullptr, *dres2 = nullptr, *dgelu = nullptr, *dfch = nullptr, *dln2 = nullptr, *datty = nullptr,
+    *dqkv = nullptr, *dln1 = nullptr;
+
+  static int64_t elements(const GptConfig& config, int64_t B, int64_t seq);
   void resize(const GptConfig& config, int64_t B, int64_t seq);
+  void bind(T* base, const GptConfig& config, int64_t B, int64_t seq);
+
+ private:
+  std::vector<T> storage_;
 };
 
 // x_out[N,C] = block(x_in[N,C]) with the block's parameters at `params`
