@@ -1,5 +1,6 @@
 #include "engine/trainer.h"
 
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -49,17 +50,28 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
   }
   STRATA_ASSIGN_OR_RETURN(tr->stage_, OptimizerStage::create(elems, o.states, tr->swap_.get(), tr->staging_.get(),
                                                              *tr->executor_));
-  tr->model_ = std::make_unique<gpu::host::HostGpt<float>>(o.model, o.batch, o.seq);
-  // GPT-2's initialisation: weights ~ N(0, 0.02), LayerNorm weights 1, biases 0.
+  if (o.stream_weights) {
+    gpu::HostDeviceOptions d;
+    d.capacity_bytes = o.device_bytes;
+    STRATA_ASSIGN_OR_RETURN(tr->device_, gpu::HostDevice::create(d));
+    STRATA_ASSIGN_OR_RETURN(tr->streamed_,
+                            StreamedModel::create(o.model, o.batch, o.seq, *tr->device_, o.prefetch_depth));
+  } else {
+    tr->model_ = std::make_unique<gpu::host::HostGpt<float>>(o.model, o.batch, o.seq);
+  }
+  // GPT-2's initialisation: weights ~ N(0, 0.02), the residual projections
+  // (attn.c_proj, mlp.c_proj) scaled by 1/sqrt(2L), LayerNorm weights 1, biases 0.
   std::mt19937_64 rng(o.seed);
   std::normal_distribution<float> normal(0.0f, 0.02f);
+  const float residual_scale = 1.0f / std::sqrt(2.0f * static_cast<float>(o.model.layers));
   for (size_t c = 0; c < tr->layout_.size(); ++c) {
     std::vector<float> master(static_cast<size_t>(elems[c]), 0.0f);
     for (const gpu::TensorSlot& t : tr->layout_[c].tensors) {
       bool is_bias = t.name.size() >= 5 && t.name.compare(t.name.size() - 5, 5, ".bias") == 0;
       bool is_ln = t.name.find("ln_") != std::string::npos;
+      float scale = t.name.find("c_proj.weight") != std::string::npos ? residual_scale : 1.0f;
       for (int64_t i = 0; i < t.numel(); ++i) {
-        master[static_cast<size_t>(t.offset + i)] = is_bias ? 0.0f : (is_ln ? 1.0f : normal(rng));
+        master[static_cast<size_t>(t.offset + i)] = is_bias ? 0.0f : (is_ln ? 1.0f : normal(rng) * scale);
       }
     }
     STRATA_RETURN_IF_ERROR(tr->stage_->initialize(c, master.data()));
@@ -74,6 +86,8 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
 }
 
 Trainer::~Trainer() {
+  streamed_.reset();  // its device memory goes back before the device
+  device_.reset();
   stage_.reset();  // before the staging arena and the swap store it uses
   staging_.reset();
   swap_.reset();
@@ -106,10 +120,21 @@ void Trainer::make_batch(int64_t index, std::vector<int32_t>* tokens, std::vecto
 Result<float> Trainer::step() {
   std::vector<int32_t> tokens, targets;
   make_batch(t_, &tokens, &targets);
-  auto params = view(params_);
-  float loss = model_->forward(params, tokens.data(), targets.data());
   for (auto& g : grads_) std::fill(g.begin(), g.end(), 0.0f);
-  model_->backward(params, view(grads_));
+  float loss = 0;
+  if (streamed_) {
+    std::vector<const float*> w;
+    std::vector<float*> gr;
+    for (size_t c = 0; c < params_.size(); ++c) {
+      w.push_back(params_[c].data());
+      gr.push_back(grads_[c].data());
+    }
+    STRATA_ASSIGN_OR_RETURN(loss, streamed_->forward_backward(w, tokens.data(), targets.data(), gr));
+  } else {
+    auto params = view(params_);
+    loss = model_->forward(params, tokens.data(), targets.data());
+    model_->backward(params, view(grads_));
+  }
   std::vector<ChunkGrad> g;
   std::vector<void*> out;
   for (size_t c = 0; c < grads_.size(); ++c) {

@@ -1,8 +1,8 @@
 // Trainer: the GPT training loop on the host backend, end to end — forward
 // and backward of the whole model with bf16 working weights, fp32 gradients,
 // the optimizer stage (master weights and Adam states in host memory or on
-// NVMe), and checkpoint/resume through safetensors. This first version keeps
-// the working weights resident (no streaming through a capped device yet);
+// NVMe), and checkpoint/resume through safetensors. The working weights stay
+// resident, or stream block by block through a capped device (StreamedModel);
 // the data is a deterministic synthetic stream (next token = token + stride),
 // so a run is reproducible from its seed and its loss can fall.
 #pragma once
@@ -14,6 +14,7 @@
 #include "cpu_optim/executor.h"
 #include "cpu_optim/optimizer.h"
 #include "engine/optimizer_stage.h"
+#include "engine/streamed_model.h"
 #include "gpu/host/gpt.h"
 #include "io/swap_store.h"
 
@@ -26,6 +27,12 @@ struct TrainerOptions {
   uint64_t seed = 1;
   cpu_optim::AdamConfig adam;
   Tier states = Tier::kHost;                // kHost or kNvme
+  // Stream each block's weights through a capped device (HostDevice of
+  // device_bytes) `prefetch_depth` chunks ahead, recomputing blocks in
+  // backward; otherwise the weights stay resident.
+  bool stream_weights = false;
+  uint64_t device_bytes = 0;
+  int prefetch_depth = 1;
   std::vector<std::string> nvme_paths;      // for kNvme
   io::Backend io_backend = io::Backend::kAuto;
 };
@@ -40,6 +47,8 @@ class Trainer {
   int64_t steps_done() const { return t_; }
   // What the last step's optimizer stage moved (NVMe bytes, seconds).
   const StageCounters& last_stage() const { return last_stage_; }
+  // The capped device when streaming (null otherwise).
+  const gpu::HostDevice* device() const { return device_.get(); }
 
   // Writes <root>/step-<t> (model.safetensors with GPT-2 names in bf16,
   // optimizer.safetensors with every chunk's fp32 master/m/v, trainer.json)
@@ -61,6 +70,8 @@ class Trainer {
   std::unique_ptr<PinnedArena> staging_;
   std::unique_ptr<OptimizerStage> stage_;
   std::unique_ptr<gpu::host::HostGpt<float>> model_;
+  std::unique_ptr<gpu::HostDevice> device_;
+  std::unique_ptr<StreamedModel> streamed_;
   std::vector<std::vector<float>> params_;    // fp32 compute copy of the bf16 weights
   std::vector<std::vector<uint16_t>> weights_;  // bf16 weights written by the optimizer
   std::vector<std::vector<float>> grads_;

@@ -1,0 +1,166 @@
+#include "engine/streamed_model.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "gpu/host/ops.h"
+
+namespace strata::engine {
+namespace {
+
+Result<gpu::DeviceMemory> floats(gpu::HostDevice& dev, int64_t n, const char* what) {
+  return dev.allocate(static_cast<uint64_t>(n) * 4, what);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<StreamedModel>> StreamedModel::create(const gpu::GptConfig& c, int64_t B, int64_t seq,
+                                                             gpu::HostDevice& dev, int prefetch_depth) {
+  STRATA_RETURN_IF_ERROR(c.validate());
+  if (prefetch_depth < 1 || prefetch_depth > 16) return invalid_argument("prefetch depth must be 1..16");
+  std::unique_ptr<StreamedModel> m(new StreamedModel());
+  m->config_ = c;
+  m->B_ = B;
+  m->T_ = seq;
+  m->dev_ = &dev;
+  m->depth_ = prefetch_depth;
+  m->layout_ = gpu::model_layout(c);
+  const int64_t L = c.layers, N = B * seq, C = c.hidden;
+  int64_t max_chunk = 0;
+  for (size_t i = 1; i < m->layout_.size(); ++i) max_chunk = std::max(max_chunk, m->layout_[i].numel);
+  // Forward: blocks 1..L, then the final chunk; backward: the final chunk, blocks L..1.
+  for (int64_t l = 1; l <= L; ++l) m->schedule_.push_back(static_cast<size_t>(l));
+  m->schedule_.push_back(static_cast<size_t>(L + 1));
+  m->schedule_.push_back(static_cast<size_t>(L + 1));
+  for (int64_t l = L; l >= 1; --l) m->schedule_.push_back(static_cast<size_t>(l));
+  STRATA_ASSIGN_OR_RETURN(m->copy_, dev.create_stream("copy"));
+  for (int s = 0; s <= prefetch_depth; ++s) {
+    STRATA_ASSIGN_OR_RETURN(gpu::DeviceMemory slot, floats(dev, max_chunk, "weight chunk buffer"));
+    m->slots_.push_back(std::move(slot));
+  }
+  for (int s = 0; s < 2; ++s) {
+    STRATA_ASSIGN_OR_RETURN(gpu::DeviceMemory slot, floats(dev, max_chunk, "gradient chunk buffer"));
+    m->grad_slots_.push_back(std::move(slot));
+    m->grad_done_.push_back(gpu::Event{});
+  }
+  STRATA_ASSIGN_OR_RETURN(m->embedding_, floats(dev, m->layout_[0].numel, "embedding weights"));
+  STRATA_ASSIGN_OR_RETURN(m->embedding_grad_, floats(dev, m->layout_[0].numel, "embedding gradients"));
+  const int64_t act = gpu::host::BlockActivations<float>::elements(c, B, seq);
+  STRATA_ASSIGN_OR_RETURN(m->acts_mem_, floats(dev, act, "block activations"));
+  m->acts_.bind(m->acts_mem_.as<float>(), c, B, seq);
+  STRATA_ASSIGN_OR_RETURN(m->checkpoints_, floats(dev, (L + 1) * N * C, "block-input checkpoints"));
+  STRATA_ASSIGN_OR_RETURN(m->final_mem_, floats(dev, 4 * N * C + 3 * N, "final LayerNorm and loss"));
+  return m;
+}
+
+StreamedModel::~StreamedModel() {
+  if (dev_ != nullptr) dev_->synchronize(copy_).ignore();
+}
+
+Status StreamedModel::prefetch_through(size_t i) {
+  const size_t last = std::min(i + static_cast<size_t>(depth_), schedule_.size() - 1);
+  while (issued_ <= last) {
+    const size_t pos = issued_;
+    const size_t chunk = schedule_[pos];
+    float* slot = slots_[pos % slots_.size()].as<float>();
+    const uint64_t bytes = static_cast<uint64_t>(layout_[chunk].numel) * 4;
+    STRATA_RETURN_IF_ERROR(dev_->copy_to_device(copy_, slot, host_weights_[chunk], bytes));
+    STRATA_ASSIGN_OR_RETURN(ready_[pos], dev_->record(copy_));
+    h2d_bytes_ += bytes;
+    ++issued_;
+  }
+  return dev_->synchronize(ready_[i]);
+}
+
+Result<const float*> StreamedModel::weights_for(size_t i) {
+  STRATA_RETURN_IF_ERROR(prefetch_through(i));
+  return slots_[i % slots_.size()].as<float>();
+}
+
+Result<float> StreamedModel::forward_backward(const std::vector<const float*>& weights, const int32_t* tokens,
+                                              const int32_t* targets, const std::vector<float*>& grads) {
+  namespace ops = gpu::host;
+  const gpu::GptConfig& c = config_;
+  const int64_t L = c.layers, N = B_ * T_, C = c.hidden;
+  if (weights.size() != layout_.size() || grads.size() != layout_.size()) {
+    return invalid_argument("streamed model: expected " + std::to_string(layout_.size()) + " chunks");
+  }
+  host_weights_ = weights;
+  issued_ = 0;
+  ready_.assign(schedule_.size(), gpu::Event{});
+  const gpu::ChunkLayout& emb = layout_[0];
+  const gpu::ChunkLayout& fin = layout_.back();
+  const uint64_t emb_bytes = static_cast<uint64_t>(emb.numel) * 4;
+  float* wte = embedding_.as<float>() + emb.tensors[0].offset;
+  float* wpe = embedding_.as<float>() + emb.tensors[1].offset;
+  float* ckpt = checkpoints_.as<float>();
+  auto x_of = [&](int64_t l) { return ckpt + l * N * C; };
+  float* lnf = final_mem_.as<float>();
+  float* dlnf = lnf + N * C;
+  float* dx = dlnf + N * C;
+  float* dx_in = dx + N * C;
+  float* mean = dx_in + N * C;
+  float* rstd = mean + N;
+  float* lse = rstd + N;
+
+  // The embedding chunk is used at both ends: it stays resident for the step.
+  STRATA_RETURN_IF_ERROR(dev_->copy_to_device(copy_, embedding_.data(), weights[0], emb_bytes));
+  STRATA_ASSIGN_OR_RETURN(gpu::Event emb_ready, dev_->record(copy_));
+  h2d_bytes_ += emb_bytes;
+  STRATA_RETURN_IF_ERROR(prefetch_through(0));  // block 1 on its way as well
+  STRATA_RETURN_IF_ERROR(dev_->synchronize(emb_ready));
+  ops::embedding_forward(x_of(0), tokens, wte, wpe, B_, T_, C);
+
+  // Forward: keep only each block's input.
+  for (int64_t l = 1; l <= L; ++l) {
+    STRATA_ASSIGN_OR_RETURN(const float* p, weights_for(static_cast<size_t>(l - 1)));
+    ops::block_forward(c, p, x_of(l - 1), x_of(l), acts_, B_, T_);
+  }
+  STRATA_ASSIGN_OR_RETURN(const float* pf, weights_for(static_cast<size_t>(L)));
+  ops::layernorm_forward(lnf, mean, rstd, x_of(L), pf + fin.tensors[0].offset, pf + fin.tensors[1].offset, N, C);
+  float loss = ops::crossentropy_forward(lse, lnf, wte, targets, N, C, c.vocab);
+
+  // Backward.
+  std::memset(embedding_grad_.data(), 0, embedding_grad_.bytes());
+  std::fill(dlnf, dlnf + 3 * N * C, 0.0f);  // dlnf, dx, dx_in
+  float* dwte = embedding_grad_.as<float>() + emb.tensors[0].offset;
+  ops::crossentropy_backward(dlnf, dwte, lnf, wte, targets, lse, 1.0f, N, C, c.vocab);
+  size_t next_grad = 0;
+  // Each chunk's gradient goes to the host as soon as it is complete.
+  auto send_grad = [&](size_t chunk, auto&& compute) -> Status {
+    const size_t g = next_grad++ % grad_slots_.size();
+    if (grad_done_[g].id >= 0) STRATA_RETURN_IF_ERROR(dev_->synchronize(grad_done_[g]));
+    float* slot = grad_slots_[g].as<float>();
+    const uint64_t bytes = static_cast<uint64_t>(layout_[chunk].numel) * 4;
+    std::memset(slot, 0, bytes);
+    compute(slot);
+    STRATA_RETURN_IF_ERROR(dev_->copy_to_host(copy_, grads[chunk], slot, bytes));
+    STRATA_ASSIGN_OR_RETURN(grad_done_[g], dev_->record(copy_));
+    d2h_bytes_ += bytes;
+    return ok_status();
+  };
+  STRATA_ASSIGN_OR_RETURN(const float* pb, weights_for(static_cast<size_t>(L + 1)));
+  STRATA_RETURN_IF_ERROR(send_grad(layout_.size() - 1, [&](float* dp) {
+    ops::layernorm_backward(dx, dp + fin.tensors[0].offset, dp + fin.tensors[1].offset, dlnf, x_of(L),
+                            pb + fin.tensors[0].offset, mean, rstd, N, C);
+  }));
+  for (int64_t l = L; l >= 1; --l) {
+    const size_t pos = static_cast<size_t>(L + 2 + (L - l));
+    STRATA_ASSIGN_OR_RETURN(const float* p, weights_for(pos));
+    // Recompute the block's forward from its checkpoint (output discarded into dx_in).
+    ops::block_forward(c, p, x_of(l - 1), dx_in, acts_, B_, T_);
+    std::fill(dx_in, dx_in + N * C, 0.0f);
+    STRATA_RETURN_IF_ERROR(send_grad(static_cast<size_t>(l), [&](float* dp) {
+      ops::block_backward(c, p, dp, x_of(l - 1), acts_, dx, dx_in, B_, T_);
+    }));
+    std::swap(dx, dx_in);
+  }
+  ops::embedding_backward(dwte, embedding_grad_.as<float>() + emb.tensors[1].offset, dx, tokens, B_, T_, C);
+  STRATA_RETURN_IF_ERROR(dev_->copy_to_host(copy_, grads[0], embedding_grad_.data(), emb_bytes));
+  d2h_bytes_ += emb_bytes;
+  STRATA_RETURN_IF_ERROR(dev_->synchronize(copy_));
+  STRATA_RETURN_IF_ERROR(dev_->async_error());
+  return loss;
+}
+
+}  // namespace strata::engine

@@ -1,0 +1,59 @@
+// StreamedModel: the whole GPT's forward and backward on a capped device
+// (gpu::HostDevice), with each block's weights streamed in from host memory
+// `prefetch_depth` chunks ahead on a copy stream while the current block
+// computes, only block inputs kept between forward and backward (each block
+// is recomputed in backward), and each block's gradient copied back to the
+// host as soon as it is done. Every device byte — weight slots, gradient
+// slots, the block working set, checkpoints — is allocated from the device,
+// so its budget is exact. The embedding chunk stays resident (it is used at
+// both ends of the step). Gives the same bits as HostGpt (tested).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "engine/trace.h"
+#include "gpu/host/gpt.h"
+#include "gpu/host/host_device.h"
+
+namespace strata::engine {
+
+class StreamedModel {
+ public:
+  static Result<std::unique_ptr<StreamedModel>> create(const gpu::GptConfig& config, int64_t B, int64_t seq,
+                                                       gpu::HostDevice& device, int prefetch_depth);
+  ~StreamedModel();
+
+  // Mean loss; `grads` (host, one per chunk, zeroed by the caller) receive
+  // d(mean loss)/d(weights). `weights` are the host copies, in model_layout order.
+  Result<float> forward_backward(const std::vector<const float*>& weights, const int32_t* tokens,
+                                 const int32_t* targets, const std::vector<float*>& grads);
+
+  uint64_t bytes_to_device() const { return h2d_bytes_; }
+  uint64_t bytes_to_host() const { return d2h_bytes_; }
+
+ private:
+  StreamedModel() = default;
+  // Makes sure the chunk for schedule position `i` is on its way, then waits for it.
+  Status prefetch_through(size_t i);
+  Result<const float*> weights_for(size_t i);
+
+  gpu::GptConfig config_;
+  int64_t B_ = 0, T_ = 0;
+  gpu::HostDevice* dev_ = nullptr;
+  gpu::Stream copy_{};
+  int depth_ = 1;
+  std::vector<gpu::ChunkLayout> layout_;
+  std::vector<const float*> host_weights_;
+  std::vector<size_t> schedule_;  // chunk index per use, in order
+  size_t issued_ = 0;             // schedule positions whose copy has been submitted
+  std::vector<gpu::Event> ready_; // per schedule position
+  std::vector<gpu::DeviceMemory> slots_;      // depth + 1 weight buffers
+  std::vector<gpu::DeviceMemory> grad_slots_; // 2 gradient buffers
+  std::vector<gpu::Event> grad_done_;         // last D2H from each gradient slot
+  gpu::DeviceMemory embedding_, embedding_grad_, acts_mem_, checkpoints_, final_mem_;
+  gpu::host::BlockActivations<float> acts_;
+  uint64_t h2d_bytes_ = 0, d2h_bytes_ = 0;
+};
+
+}  // namespace strata::engine
