@@ -33,13 +33,17 @@ int run(int argc, char** argv) {
   CLI::App app{"strata-train: train a GPT on the host backend (synthetic data) with optimizer states in RAM or on NVMe"};
   std::string config_path, nvme, checkpoint;
   int64_t steps = -1, save_every = 0;
-  bool resume = false;
+  bool resume = false, stream = false;
+  int prefetch = 1;
   app.add_option("--config", config_path, "JSON config (strata or DeepSpeed keys); default: an embedded small GPT");
   app.add_option("--steps", steps, "optimizer steps (default: the config's)");
   app.add_option("--nvme", nvme, "keep the optimizer states on NVMe in this directory");
   app.add_option("--checkpoint", checkpoint, "checkpoint directory");
   app.add_option("--save-every", save_every, "also checkpoint every N steps")->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   app.add_flag("--resume", resume, "continue from the latest checkpoint in --checkpoint");
+  app.add_flag("--stream-weights", stream,
+               "keep only a window of blocks on the device, capped at the config's device budget");
+  app.add_option("--prefetch", prefetch, "blocks fetched ahead when streaming (default 1)")->check(CLI::Range(1, 64));
   CLI11_PARSE(app, argc, argv);
   if (resume && checkpoint.empty()) {
     std::fprintf(stderr, "strata-train: --resume needs --checkpoint DIR\n");
@@ -74,7 +78,10 @@ int run(int argc, char** argv) {
     o.states = engine::Tier::kNvme;
     o.nvme_paths = cfg->nvme_paths;
   }
-  // The planner's view of the same run (the host backend keeps weights resident).
+  o.stream_weights = stream;
+  o.device_bytes = stream ? cfg->budgets.device_bytes : 0;
+  o.prefetch_depth = prefetch;
+  // The planner's view of the same run.
   engine::Budgets budgets = cfg->budgets;
   if (o.states == engine::Tier::kNvme && budgets.nvme_bytes == 0) budgets.nvme_bytes = 1ull << 40;
   engine::Constraints fixed;
@@ -124,7 +131,9 @@ int run(int argc, char** argv) {
                       {"tokens_per_s", ran > 0 ? tokens * ran / total_s : 0.0},
                       {"parameters", gpu::parameter_count(o.model)},
                       {"states", std::string(engine::tier_name(o.states))}, {"nvme_bytes", nvme_bytes},
+                      {"stream_weights", stream},
                       {"system", system_info()}};
+  if ((*tr)->device() != nullptr) j["device_peak_bytes"] = (*tr)->device()->peak_bytes();
   std::printf("%s\n", j.dump().c_str());
   return 0;
 }
