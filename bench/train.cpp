@@ -71,6 +71,7 @@ int run(int argc, char** argv) {
   o.adam.eps = static_cast<float>(cfg->optimizer.eps);
   o.adam.weight_decay = static_cast<float>(cfg->optimizer.weight_decay);
   o.adam.decoupled_weight_decay = cfg->optimizer.type == "adamw";
+  o.clip_norm = static_cast<float>(cfg->gradient_clipping);
   if (!nvme.empty()) {
     o.states = engine::Tier::kNvme;
     o.nvme_paths = {nvme};
@@ -114,9 +115,12 @@ int run(int argc, char** argv) {
     last = *loss;
     const engine::StageCounters& st = (*tr)->last_stage();
     nvme_bytes += st.nvme_bytes_read + st.nvme_bytes_written;
-    std::printf("step %5lld | loss %.4f | %8.0f tok/s | %6.2f GFLOP/s | optimizer %6.1f ms | nvme r/w %s/%s\n",
-                static_cast<long long>(i + 1), *loss, tokens / s, flops / s / 1e9, st.seconds * 1e3,
-                format_bytes(st.nvme_bytes_read).c_str(), format_bytes(st.nvme_bytes_written).c_str());
+    std::printf("step %5lld | loss %.4f | grad norm %8.3f%s | %8.0f tok/s | %6.2f GFLOP/s | optimizer %6.1f ms | "
+                "nvme r/w %s/%s\n",
+                static_cast<long long>(i + 1), *loss, (*tr)->last_grad_norm(),
+                (*tr)->last_skipped() ? " (inf/nan: skipped)" : (*tr)->last_clipped() ? " (clipped)" : "", tokens / s,
+                flops / s / 1e9, st.seconds * 1e3, format_bytes(st.nvme_bytes_read).c_str(),
+                format_bytes(st.nvme_bytes_written).c_str());
     std::fflush(stdout);
     if (!checkpoint.empty() && save_every > 0 && (i + 1) % save_every == 0) {
       exit_on_error((*tr)->save(checkpoint), "strata-train");

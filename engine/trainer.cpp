@@ -27,6 +27,9 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
   if (o.batch < 1 || o.seq < 1 || o.seq > o.model.max_seq) {
     return invalid_argument("trainer: batch >= 1 and 1 <= seq <= max_seq required");
   }
+  if (!(o.clip_norm >= 0) || !std::isfinite(o.clip_norm)) {
+    return invalid_argument("trainer: clip_norm must be finite and >= 0 (0 = off), got " + std::to_string(o.clip_norm));
+  }
   std::unique_ptr<Trainer> tr(new Trainer());
   tr->options_ = o;
   tr->layout_ = gpu::model_layout(o.model);
@@ -141,8 +144,31 @@ Result<float> Trainer::step() {
     g.push_back({grads_[c].data(), DType::kF32});
     out.push_back(weights_[c].data());
   }
-  cpu_optim::StepOptions opts;  // kSkipStep: a non-finite gradient updates nothing
-  STRATA_ASSIGN_OR_RETURN(last_stage_, stage_->step(options_.adam, t_ + 1, g, out, DType::kBF16, opts));
+  // The global norm, chunk by chunk in order (each chunk's sum is itself
+  // deterministic), decides clipping and skipping for the whole model.
+  double sum_squares = 0;
+  int64_t nonfinite = 0;
+  for (size_t c = 0; c < grads_.size(); ++c) {
+    STRATA_ASSIGN_OR_RETURN(cpu_optim::GradStats st,
+                            cpu_optim::grad_stats(grads_[c].data(), DType::kF32,
+                                                  static_cast<int64_t>(grads_[c].size()), 1.0f, *executor_));
+    sum_squares += st.sum_squares;
+    nonfinite += st.nonfinite;
+  }
+  last_grad_norm_ = std::sqrt(sum_squares);
+  last_skipped_ = nonfinite > 0;
+  last_clipped_ = false;
+  cpu_optim::StepOptions opts;
+  opts.nonfinite = cpu_optim::NonFinitePolicy::kReportOnly;
+  if (options_.clip_norm > 0 && last_grad_norm_ > options_.clip_norm) {
+    opts.grad_scale = static_cast<float>(options_.clip_norm / last_grad_norm_);
+    last_clipped_ = true;
+  }
+  if (last_skipped_) {
+    last_stage_ = StageCounters{};
+  } else {
+    STRATA_ASSIGN_OR_RETURN(last_stage_, stage_->step(options_.adam, t_ + 1, g, out, DType::kBF16, opts));
+  }
   ++t_;
   STRATA_RETURN_IF_ERROR(refresh_compute_weights());
   return loss;

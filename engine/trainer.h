@@ -33,6 +33,11 @@ struct TrainerOptions {
   bool stream_weights = false;
   uint64_t device_bytes = 0;
   int prefetch_depth = 1;
+  // Global-norm gradient clipping (0 = off): when the norm of all gradients
+  // exceeds clip_norm, every gradient is scaled by clip_norm / norm. The
+  // norm is taken over the whole model after backward and before any chunk
+  // is updated, so clipping is exact.
+  float clip_norm = 0.0f;
   std::vector<std::string> nvme_paths;      // for kNvme
   io::Backend io_backend = io::Backend::kAuto;
 };
@@ -47,6 +52,13 @@ class Trainer {
   int64_t steps_done() const { return t_; }
   // What the last step's optimizer stage moved (NVMe bytes, seconds).
   const StageCounters& last_stage() const { return last_stage_; }
+  // The last step's global gradient norm (before clipping), whether it was
+  // clipped, and whether it was skipped (an inf/nan gradient anywhere: no
+  // chunk is updated; the step still counts, in the data position and in
+  // the optimizer's step number).
+  double last_grad_norm() const { return last_grad_norm_; }
+  bool last_clipped() const { return last_clipped_; }
+  bool last_skipped() const { return last_skipped_; }
   // The capped device when streaming (null otherwise).
   const gpu::HostDevice* device() const { return device_.get(); }
 
@@ -77,6 +89,9 @@ class Trainer {
   std::vector<std::vector<float>> grads_;
   int64_t t_ = 0;
   StageCounters last_stage_;
+  double last_grad_norm_ = 0;
+  bool last_clipped_ = false;
+  bool last_skipped_ = false;
 };
 
 }  // namespace strata::engine

@@ -6,6 +6,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdio>
+
 #include "tests/test_util.h"
 
 namespace strata::engine {
@@ -121,6 +124,71 @@ TEST(Trainer, StreamedWeightsGiveTheSameBitsAtAnyPrefetchDepth) {
       EXPECT_EQ(run(o, 20), resident) << "prefetch depth " << depth << ", states on " << tier_name(states);
     }
   }
+}
+
+struct ClipRun {
+  std::vector<float> losses;
+  std::vector<double> norms;
+  int clipped = 0;
+};
+
+ClipRun run_clipped(const TrainerOptions& o, int steps) {
+  ClipRun r;
+  Result<std::unique_ptr<Trainer>> tr = Trainer::create(o);
+  EXPECT_TRUE(tr) << tr.error().to_string();
+  for (int i = 0; i < steps && tr; ++i) {
+    Result<float> loss = (*tr)->step();
+    EXPECT_TRUE(loss) << loss.error().to_string();
+    if (!loss) break;
+    EXPECT_FALSE((*tr)->last_skipped());
+    r.losses.push_back(*loss);
+    r.norms.push_back((*tr)->last_grad_norm());
+    r.clipped += (*tr)->last_clipped() ? 1 : 0;
+  }
+  return r;
+}
+
+// Global-norm clipping set so that it fires on some steps and not others
+// gives the same bits in every placement, and does change the run.
+TEST(Trainer, ClippingThatFiresOnSomeStepsGivesTheSameBitsEverywhere) {
+  uint64_t seed = strata::testing::test_seed(106);
+  strata::testing::TempDir dir;
+  ClipRun free = run_clipped(tiny(seed), 20);
+  ASSERT_EQ(free.norms.size(), 20u);
+  EXPECT_EQ(free.clipped, 0);
+  std::vector<double> sorted = free.norms;
+  std::sort(sorted.begin(), sorted.end());
+  TrainerOptions base = tiny(seed);
+  base.clip_norm = static_cast<float>(sorted[10]);
+  ClipRun clipped = run_clipped(base, 20);
+  ASSERT_EQ(clipped.losses.size(), 20u);
+  EXPECT_GT(clipped.clipped, 0);
+  EXPECT_LT(clipped.clipped, 20);
+  EXPECT_NE(clipped.losses, free.losses);
+  for (int depth : {0, 1, 4}) {
+    for (Tier states : {Tier::kHost, Tier::kNvme}) {
+      TrainerOptions o = base;
+      o.stream_weights = depth > 0;
+      o.device_bytes = depth > 0 ? 8ull << 20 : 0;
+      o.prefetch_depth = std::max(depth, 1);
+      o.states = states;
+      o.nvme_paths = {dir.sub("c" + std::to_string(depth))};
+      if (depth == 0 && states == Tier::kHost) continue;  // that is `clipped`
+      ClipRun r = run_clipped(o, 20);
+      EXPECT_EQ(r.losses, clipped.losses) << "prefetch depth " << depth << ", states on " << tier_name(states);
+      EXPECT_EQ(r.clipped, clipped.clipped);
+    }
+  }
+  std::printf("clip norm %.4f fired on %d of 20 steps; loss %.4f -> %.4f (unclipped %.4f -> %.4f)\n", base.clip_norm,
+              clipped.clipped, clipped.losses.front(), clipped.losses.back(), free.losses.front(), free.losses.back());
+}
+
+TEST(Trainer, RefusesABadClipNorm) {
+  TrainerOptions o = tiny(1);
+  o.clip_norm = -1;
+  Result<std::unique_ptr<Trainer>> tr = Trainer::create(o);
+  ASSERT_FALSE(tr);
+  EXPECT_NE(tr.error().to_string().find("clip_norm"), std::string::npos) << tr.error().to_string();
 }
 
 // Model states 20x the device budget: the run fits, stays inside the budget,
