@@ -45,6 +45,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
     io::SwapStoreOptions so;
     so.directories = o.nvme_paths;
     so.device.backend = o.io_backend;
+    so.faults = o.faults;
     STRATA_ASSIGN_OR_RETURN(tr->swap_, io::SwapStore::open(so));
     STRATA_ASSIGN_OR_RETURN(tr->staging_,
                             PinnedArena::create("optimizer staging",

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,7 @@ struct TrainerOptions {
   float clip_norm = 0.0f;
   std::vector<std::string> nvme_paths;      // for kNvme
   io::Backend io_backend = io::Backend::kAuto;
+  std::optional<io::FaultConfig> faults;    // wrap the NVMe device in a fault injector (tests)
 };
 
 class Trainer {
@@ -59,6 +61,9 @@ class Trainer {
   double last_grad_norm() const { return last_grad_norm_; }
   bool last_clipped() const { return last_clipped_; }
   bool last_skipped() const { return last_skipped_; }
+  // The NVMe store of the optimizer states (null for kHost); tests reach
+  // its fault injector through it.
+  io::SwapStore* swap_store() { return swap_.get(); }
   // The capped device when streaming (null otherwise).
   const gpu::HostDevice* device() const { return device_.get(); }
 
