@@ -35,6 +35,7 @@ int run(int argc, char** argv) {
   int64_t steps = -1, save_every = 0;
   bool resume = false, stream = false;
   int prefetch = 1;
+  std::string activations = "device";
   app.add_option("--config", config_path, "JSON config (strata or DeepSpeed keys); default: an embedded small GPT");
   app.add_option("--steps", steps, "optimizer steps (default: the config's)");
   app.add_option("--nvme", nvme, "keep the optimizer states on NVMe in this directory");
@@ -43,6 +44,8 @@ int run(int argc, char** argv) {
   app.add_flag("--resume", resume, "continue from the latest checkpoint in --checkpoint");
   app.add_flag("--stream-weights", stream,
                "keep only a window of blocks on the device, capped at the config's device budget");
+  app.add_option("--activations-on", activations, "where block inputs wait for backward when streaming")
+      ->check(CLI::IsMember({"device", "host"}));
   app.add_option("--prefetch", prefetch, "blocks fetched ahead when streaming (default 1)")->check(CLI::Range(1, 64));
   CLI11_PARSE(app, argc, argv);
   if (resume && checkpoint.empty()) {
@@ -82,6 +85,11 @@ int run(int argc, char** argv) {
   o.stream_weights = stream;
   o.device_bytes = stream ? cfg->budgets.device_bytes : 0;
   o.prefetch_depth = prefetch;
+  o.activation_checkpoints = activations == "host" ? engine::Tier::kHost : engine::Tier::kDevice;
+  if (o.activation_checkpoints != engine::Tier::kDevice && !stream) {
+    std::fprintf(stderr, "strata-train: --activations-on host needs --stream-weights\n");
+    return 2;
+  }
   // The planner's view of the same run.
   engine::Budgets budgets = cfg->budgets;
   if (o.states == engine::Tier::kNvme && budgets.nvme_bytes == 0) budgets.nvme_bytes = 1ull << 40;

@@ -15,15 +15,20 @@ Result<gpu::DeviceMemory> floats(gpu::HostDevice& dev, int64_t n, const char* wh
 }  // namespace
 
 Result<std::unique_ptr<StreamedModel>> StreamedModel::create(const gpu::GptConfig& c, int64_t B, int64_t seq,
-                                                             gpu::HostDevice& dev, int prefetch_depth) {
+                                                             gpu::HostDevice& dev, int prefetch_depth,
+                                                             Tier checkpoints) {
   STRATA_RETURN_IF_ERROR(c.validate());
   if (prefetch_depth < 1 || prefetch_depth > 16) return invalid_argument("prefetch depth must be 1..16");
+  if (checkpoints == Tier::kNvme) {
+    return unimplemented("activation checkpoints on NVMe are not built yet; use device or host");
+  }
   std::unique_ptr<StreamedModel> m(new StreamedModel());
   m->config_ = c;
   m->B_ = B;
   m->T_ = seq;
   m->dev_ = &dev;
   m->depth_ = prefetch_depth;
+  m->checkpoint_tier_ = checkpoints;
   m->layout_ = gpu::model_layout(c);
   const int64_t L = c.layers, N = B * seq, C = c.hidden;
   int64_t max_chunk = 0;
@@ -48,7 +53,9 @@ Result<std::unique_ptr<StreamedModel>> StreamedModel::create(const gpu::GptConfi
   const int64_t act = gpu::host::BlockActivations<float>::elements(c, B, seq);
   STRATA_ASSIGN_OR_RETURN(m->acts_mem_, floats(dev, act, "block activations"));
   m->acts_.bind(m->acts_mem_.as<float>(), c, B, seq);
-  STRATA_ASSIGN_OR_RETURN(m->checkpoints_, floats(dev, (L + 1) * N * C, "block-input checkpoints"));
+  const bool on_host = checkpoints == Tier::kHost;
+  STRATA_ASSIGN_OR_RETURN(m->checkpoints_, floats(dev, (on_host ? 2 : L + 1) * N * C, "block-input checkpoints"));
+  if (on_host) m->host_checkpoints_.assign(static_cast<size_t>((L + 1) * N * C), 0.0f);
   STRATA_ASSIGN_OR_RETURN(m->final_mem_, floats(dev, 4 * N * C + 3 * N, "final LayerNorm and loss"));
   return m;
 }
@@ -94,7 +101,35 @@ Result<float> StreamedModel::forward_backward(const std::vector<const float*>& w
   float* wte = embedding_.as<float>() + emb.tensors[0].offset;
   float* wpe = embedding_.as<float>() + emb.tensors[1].offset;
   float* ckpt = checkpoints_.as<float>();
-  auto x_of = [&](int64_t l) { return ckpt + l * N * C; };
+  const bool host_ckpt = checkpoint_tier_ == Tier::kHost;
+  // On the host tier block input l lives in device buffer l % 2 while in use.
+  auto x_of = [&](int64_t l) { return ckpt + (host_ckpt ? l % 2 : l) * N * C; };
+  const uint64_t x_bytes = static_cast<uint64_t>(N * C) * 4;
+  ckpt_done_[0] = ckpt_done_[1] = gpu::Event{};
+  // Before block input l is written into its device buffer, the buffer's
+  // previous copy (out to the host, or in from it) must have finished.
+  auto claim = [&](int64_t l) -> Status {
+    gpu::Event& e = ckpt_done_[l % 2];
+    if (host_ckpt && e.id >= 0) STRATA_RETURN_IF_ERROR(dev_->synchronize(e));
+    return ok_status();
+  };
+  // Sends block input l to the host (the last two stay on the device for backward).
+  auto offload = [&](int64_t l) -> Status {
+    if (!host_ckpt || l >= L - 1) return ok_status();
+    STRATA_RETURN_IF_ERROR(dev_->copy_to_host(copy_, host_checkpoints_.data() + l * N * C, x_of(l), x_bytes));
+    STRATA_ASSIGN_OR_RETURN(ckpt_done_[l % 2], dev_->record(copy_));
+    d2h_bytes_ += x_bytes;
+    return ok_status();
+  };
+  // Brings block input l back into its device buffer.
+  auto fetch = [&](int64_t l) -> Status {
+    if (!host_ckpt || l < 0 || l >= L - 1) return ok_status();
+    STRATA_RETURN_IF_ERROR(claim(l));
+    STRATA_RETURN_IF_ERROR(dev_->copy_to_device(copy_, x_of(l), host_checkpoints_.data() + l * N * C, x_bytes));
+    STRATA_ASSIGN_OR_RETURN(ckpt_done_[l % 2], dev_->record(copy_));
+    h2d_bytes_ += x_bytes;
+    return ok_status();
+  };
   float* lnf = final_mem_.as<float>();
   float* dlnf = lnf + N * C;
   float* dx = dlnf + N * C;
@@ -110,11 +145,14 @@ Result<float> StreamedModel::forward_backward(const std::vector<const float*>& w
   STRATA_RETURN_IF_ERROR(prefetch_through(0));  // block 1 on its way as well
   STRATA_RETURN_IF_ERROR(dev_->synchronize(emb_ready));
   ops::embedding_forward(x_of(0), tokens, wte, wpe, B_, T_, C);
+  STRATA_RETURN_IF_ERROR(offload(0));
 
   // Forward: keep only each block's input.
   for (int64_t l = 1; l <= L; ++l) {
     STRATA_ASSIGN_OR_RETURN(const float* p, weights_for(static_cast<size_t>(l - 1)));
+    STRATA_RETURN_IF_ERROR(claim(l));
     ops::block_forward(c, p, x_of(l - 1), x_of(l), acts_, B_, T_);
+    STRATA_RETURN_IF_ERROR(offload(l));
   }
   STRATA_ASSIGN_OR_RETURN(const float* pf, weights_for(static_cast<size_t>(L)));
   ops::layernorm_forward(lnf, mean, rstd, x_of(L), pf + fin.tensors[0].offset, pf + fin.tensors[1].offset, N, C);
@@ -147,6 +185,7 @@ Result<float> StreamedModel::forward_backward(const std::vector<const float*>& w
   for (int64_t l = L; l >= 1; --l) {
     const size_t pos = static_cast<size_t>(L + 2 + (L - l));
     STRATA_ASSIGN_OR_RETURN(const float* p, weights_for(pos));
+    if (host_ckpt && ckpt_done_[(l - 1) % 2].id >= 0) STRATA_RETURN_IF_ERROR(dev_->synchronize(ckpt_done_[(l - 1) % 2]));
     // Recompute the block's forward from its checkpoint (output discarded into dx_in).
     ops::block_forward(c, p, x_of(l - 1), dx_in, acts_, B_, T_);
     std::fill(dx_in, dx_in + N * C, 0.0f);
@@ -154,6 +193,7 @@ Result<float> StreamedModel::forward_backward(const std::vector<const float*>& w
       ops::block_backward(c, p, dp, x_of(l - 1), acts_, dx, dx_in, B_, T_);
     }));
     std::swap(dx, dx_in);
+    STRATA_RETURN_IF_ERROR(fetch(l - 2));  // into block l's buffer, now free
   }
   ops::embedding_backward(dwte, embedding_grad_.as<float>() + emb.tensors[1].offset, dx, tokens, B_, T_, C);
   STRATA_RETURN_IF_ERROR(dev_->copy_to_host(copy_, grads[0], embedding_grad_.data(), emb_bytes));

@@ -6,12 +6,16 @@
 // host as soon as it is done. Every device byte — weight slots, gradient
 // slots, the block working set, checkpoints — is allocated from the device,
 // so its budget is exact. The embedding chunk stays resident (it is used at
-// both ends of the step). Gives the same bits as HostGpt (tested).
+// both ends of the step). Block inputs (the activation checkpoints) stay on
+// the device, or with `checkpoints` = Tier::kHost go to host memory as soon
+// as they are written, through two device buffers, and come back one block
+// ahead in backward. Gives the same bits as HostGpt (tested).
 #pragma once
 
 #include <memory>
 #include <vector>
 
+#include "engine/plan.h"
 #include "engine/trace.h"
 #include "gpu/host/gpt.h"
 #include "gpu/host/host_device.h"
@@ -21,7 +25,8 @@ namespace strata::engine {
 class StreamedModel {
  public:
   static Result<std::unique_ptr<StreamedModel>> create(const gpu::GptConfig& config, int64_t B, int64_t seq,
-                                                       gpu::HostDevice& device, int prefetch_depth);
+                                                       gpu::HostDevice& device, int prefetch_depth,
+                                                       Tier checkpoints = Tier::kDevice);
   ~StreamedModel();
 
   // Mean loss; `grads` (host, one per chunk, zeroed by the caller) receive
@@ -53,6 +58,9 @@ class StreamedModel {
   std::vector<gpu::Event> grad_done_;         // last D2H from each gradient slot
   gpu::DeviceMemory embedding_, embedding_grad_, acts_mem_, checkpoints_, final_mem_;
   gpu::host::BlockActivations<float> acts_;
+  Tier checkpoint_tier_ = Tier::kDevice;
+  std::vector<float> host_checkpoints_;  // (L + 1) block inputs when on the host
+  gpu::Event ckpt_done_[2];              // last copy out of / into each device checkpoint buffer
   uint64_t h2d_bytes_ = 0, d2h_bytes_ = 0;
 };
 

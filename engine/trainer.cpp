@@ -27,6 +27,9 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
   if (o.batch < 1 || o.seq < 1 || o.seq > o.model.max_seq) {
     return invalid_argument("trainer: batch >= 1 and 1 <= seq <= max_seq required");
   }
+  if (o.activation_checkpoints != Tier::kDevice && !o.stream_weights) {
+    return invalid_argument("trainer: activation checkpoints off the device need stream_weights");
+  }
   if (!(o.clip_norm >= 0) || !std::isfinite(o.clip_norm)) {
     return invalid_argument("trainer: clip_norm must be finite and >= 0 (0 = off), got " + std::to_string(o.clip_norm));
   }
@@ -59,7 +62,8 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
     d.capacity_bytes = o.device_bytes;
     STRATA_ASSIGN_OR_RETURN(tr->device_, gpu::HostDevice::create(d));
     STRATA_ASSIGN_OR_RETURN(tr->streamed_,
-                            StreamedModel::create(o.model, o.batch, o.seq, *tr->device_, o.prefetch_depth));
+                            StreamedModel::create(o.model, o.batch, o.seq, *tr->device_, o.prefetch_depth,
+                                                  o.activation_checkpoints));
   } else {
     tr->model_ = std::make_unique<gpu::host::HostGpt<float>>(o.model, o.batch, o.seq);
   }

@@ -113,17 +113,24 @@ namespace {
 TEST(Trainer, StreamedWeightsGiveTheSameBitsAtAnyPrefetchDepth) {
   uint64_t seed = strata::testing::test_seed(104);
   strata::testing::TempDir dir;
-  std::vector<float> resident = run(tiny(seed), 20);
+  TrainerOptions deeper = tiny(seed);
+  deeper.model.layers = 4;
+  std::vector<float> resident = run(deeper, 20);
   ASSERT_EQ(resident.size(), 20u);
   for (int depth : {1, 4}) {
     for (Tier states : {Tier::kHost, Tier::kNvme}) {
-      TrainerOptions o = tiny(seed);
-      o.stream_weights = true;
-      o.device_bytes = 8ull << 20;
-      o.prefetch_depth = depth;
-      o.states = states;
-      o.nvme_paths = {dir.sub("d" + std::to_string(depth))};
-      EXPECT_EQ(run(o, 20), resident) << "prefetch depth " << depth << ", states on " << tier_name(states);
+      for (Tier acts : {Tier::kDevice, Tier::kHost}) {
+        TrainerOptions o = tiny(seed);
+        o.model.layers = 4;  // so that some block inputs do leave the device
+        o.stream_weights = true;
+        o.device_bytes = 8ull << 20;
+        o.prefetch_depth = depth;
+        o.states = states;
+        o.activation_checkpoints = acts;
+        o.nvme_paths = {dir.sub("d" + std::to_string(depth) + std::string(tier_name(acts)))};
+        EXPECT_EQ(run(o, 20), resident) << "prefetch depth " << depth << ", states on " << tier_name(states)
+                                        << ", activation checkpoints on " << tier_name(acts);
+      }
     }
   }
 }
