@@ -1,5 +1,6 @@
 #include "engine/trainer.h"
 
+#include <chrono>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -125,7 +126,14 @@ void Trainer::make_batch(int64_t index, std::vector<int32_t>* tokens, std::vecto
   }
 }
 
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
+
 Result<float> Trainer::step() {
+  auto t0 = std::chrono::steady_clock::now();
   std::vector<int32_t> tokens, targets;
   make_batch(t_, &tokens, &targets);
   for (auto& g : grads_) std::fill(g.begin(), g.end(), 0.0f);
@@ -137,7 +145,10 @@ Result<float> Trainer::step() {
       w.push_back(params_[c].data());
       gr.push_back(grads_[c].data());
     }
+    const uint64_t h2d = streamed_->bytes_to_device(), d2h = streamed_->bytes_to_host();
     STRATA_ASSIGN_OR_RETURN(loss, streamed_->forward_backward(w, tokens.data(), targets.data(), gr));
+    last_h2d_ = streamed_->bytes_to_device() - h2d;
+    last_d2h_ = streamed_->bytes_to_host() - d2h;
   } else {
     auto params = view(params_);
     loss = model_->forward(params, tokens.data(), targets.data());
@@ -149,6 +160,8 @@ Result<float> Trainer::step() {
     g.push_back({grads_[c].data(), DType::kF32});
     out.push_back(weights_[c].data());
   }
+  last_times_.forward_backward = seconds_since(t0);
+  t0 = std::chrono::steady_clock::now();
   // The global norm, chunk by chunk in order (each chunk's sum is itself
   // deterministic), decides clipping and skipping for the whole model.
   double sum_squares = 0;
@@ -161,6 +174,8 @@ Result<float> Trainer::step() {
     nonfinite += st.nonfinite;
   }
   last_grad_norm_ = std::sqrt(sum_squares);
+  last_times_.grad_norm = seconds_since(t0);
+  t0 = std::chrono::steady_clock::now();
   last_skipped_ = nonfinite > 0;
   last_clipped_ = false;
   cpu_optim::StepOptions opts;
@@ -175,7 +190,10 @@ Result<float> Trainer::step() {
     STRATA_ASSIGN_OR_RETURN(last_stage_, stage_->step(options_.adam, t_ + 1, g, out, DType::kBF16, opts));
   }
   ++t_;
+  last_times_.optimizer = seconds_since(t0);
+  t0 = std::chrono::steady_clock::now();
   STRATA_RETURN_IF_ERROR(refresh_compute_weights());
+  last_times_.weights = seconds_since(t0);
   return loss;
 }
 

@@ -45,6 +45,14 @@ struct TrainerOptions {
   std::optional<io::FaultConfig> faults;    // wrap the NVMe device in a fault injector (tests)
 };
 
+// Where the last step's time went (seconds, wall clock, one after another).
+struct StepTimes {
+  double forward_backward = 0;  // including weight streaming when on
+  double grad_norm = 0;         // the global norm / inf-nan scan
+  double optimizer = 0;         // the optimizer stage, NVMe I/O included
+  double weights = 0;           // bf16 weights -> the fp32 compute copy
+};
+
 class Trainer {
  public:
   static Result<std::unique_ptr<Trainer>> create(const TrainerOptions& options);
@@ -65,6 +73,10 @@ class Trainer {
   // The NVMe store of the optimizer states (null for kHost); tests reach
   // its fault injector through it.
   io::SwapStore* swap_store() { return swap_.get(); }
+  const StepTimes& last_times() const { return last_times_; }
+  // Bytes the last step moved host -> device and device -> host (streaming only).
+  uint64_t last_h2d_bytes() const { return last_h2d_; }
+  uint64_t last_d2h_bytes() const { return last_d2h_; }
   // The capped device when streaming (null otherwise).
   const gpu::HostDevice* device() const { return device_.get(); }
 
@@ -98,6 +110,8 @@ class Trainer {
   double last_grad_norm_ = 0;
   bool last_clipped_ = false;
   bool last_skipped_ = false;
+  StepTimes last_times_;
+  uint64_t last_h2d_ = 0, last_d2h_ = 0;
 };
 
 }  // namespace strata::engine

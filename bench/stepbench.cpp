@@ -1,0 +1,214 @@
+// strata-stepbench: the offloaded training step (weights streamed through a
+// capped device, activation checkpoints on the host, optimizer states on
+// NVMe) next to each of its parts measured alone in the same run:
+//   compute    forward + backward with the weights resident;
+//   copies     the step's host<->device bytes through the same device;
+//   optimizer  the optimizer stage with its states in memory;
+//   nvme       reading and writing every chunk's state once.
+// Prints overlap efficiency = max(parts) / step and the planner's prediction
+// (its model at the link rates just measured) with its error. The host
+// backend runs on CPU cores, so its parts share them; the last line is JSON.
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <vector>
+
+#include "bench/bench_util.h"
+#include "common/units.h"
+#include "engine/pinned_arena.h"
+#include "engine/plan.h"
+#include "engine/trainer.h"
+#include "gpu/gpt_config.h"
+#include "gpu/host/host_device.h"
+
+namespace strata::bench {
+namespace {
+
+#define STEP_CHECK(expr) exit_on_error((expr), "strata-stepbench")
+
+std::unique_ptr<engine::Trainer> make_trainer(const engine::TrainerOptions& o) {
+  Result<std::unique_ptr<engine::Trainer>> tr = engine::Trainer::create(o);
+  STEP_CHECK(tr.status());
+  return std::move(*tr);
+}
+
+int run(int argc, char** argv) {
+  CLI::App app{"strata-stepbench: the offloaded step against its parts measured alone"};
+  std::string dir = "/tmp/strata-stepbench";
+  int layers = 12, hidden = 256, reps = 5, prefetch = 2;
+  double ratio = 5;
+  app.add_option("--dir", dir, "directory for the NVMe state files (O_DIRECT-capable)");
+  app.add_option("--layers", layers, "transformer blocks")->check(CLI::Range(1, 4096));
+  app.add_option("--hidden", hidden, "hidden size (multiple of 64)")->check(CLI::Range(64, 65536));
+  app.add_option("--ratio", ratio, "model states / device budget")->check(CLI::Range(1.0, 1e6));
+  app.add_option("--prefetch", prefetch, "chunks fetched ahead")->check(CLI::Range(1, 16));
+  app.add_option("--reps", reps, "timed steps per measurement (median)")->check(CLI::Range(1, 1000));
+  CLI11_PARSE(app, argc, argv);
+
+  engine::TrainerOptions base;
+  base.model.layers = layers, base.model.hidden = hidden, base.model.heads = hidden / 64;
+  base.model.vocab = 512, base.model.max_seq = 64;
+  base.batch = 4;
+  base.seq = 64;
+  base.adam.lr = 1e-4f;
+  const int64_t params = gpu::parameter_count(base.model);
+  const uint64_t states = 16ull * static_cast<uint64_t>(params);  // bf16 w+g, fp32 master+m+v
+
+  engine::TrainerOptions full = base;
+  full.stream_weights = true;
+  full.device_bytes = static_cast<uint64_t>(static_cast<double>(states) / ratio);
+  full.prefetch_depth = prefetch;
+  full.activation_checkpoints = engine::Tier::kHost;
+  full.states = engine::Tier::kNvme;
+  full.nvme_paths = {dir};
+  std::printf("strata-stepbench: %d blocks x hidden %d, %.1fM parameters, %s of model states, device budget %s "
+              "(1/%.0f), states on NVMe in %s\n",
+              layers, hidden, static_cast<double>(params) / 1e6, format_bytes(states).c_str(),
+              format_bytes(full.device_bytes).c_str(), ratio, dir.c_str());
+  std::fflush(stdout);
+
+  // The whole offloaded step.
+  std::unique_ptr<engine::Trainer> offloaded = make_trainer(full);
+  STEP_CHECK(offloaded->step().status());  // warm-up
+  uint64_t h2d = 0, d2h = 0, nvme_r = 0, nvme_w = 0;
+  double step_s = median_seconds(reps, [&] {
+    STEP_CHECK(offloaded->step().status());
+    h2d = offloaded->last_h2d_bytes(), d2h = offloaded->last_d2h_bytes();
+    nvme_r = offloaded->last_stage().nvme_bytes_read, nvme_w = offloaded->last_stage().nvme_bytes_written;
+  });
+  const uint64_t device_peak = offloaded->device()->peak_bytes();
+  std::printf("offloaded step: %.3f s (device peak %s of %s)\n", step_s, format_bytes(device_peak).c_str(),
+              format_bytes(full.device_bytes).c_str());
+  std::fflush(stdout);
+
+  // Compute and optimizer alone: weights resident, states in memory; each
+  // phase is timed inside the step.
+  std::unique_ptr<engine::Trainer> resident = make_trainer(base);
+  STEP_CHECK(resident->step().status());
+  std::vector<double> fb, opt;
+  for (int i = 0; i < reps; ++i) {
+    STEP_CHECK(resident->step().status());
+    fb.push_back(resident->last_times().forward_backward);
+    opt.push_back(resident->last_times().optimizer);
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const double compute_s = median(fb), optimizer_s = median(opt);
+  resident.reset();
+
+  // Copies alone: the same bytes each way through a device of the same budget.
+  gpu::HostDeviceOptions dopt;
+  dopt.capacity_bytes = full.device_bytes;
+  Result<std::unique_ptr<gpu::HostDevice>> dev = gpu::HostDevice::create(dopt);
+  STEP_CHECK(dev.status());
+  const uint64_t piece = std::min<uint64_t>(full.device_bytes / 2, 4ull << 20);
+  Result<gpu::DeviceMemory> dbuf = (*dev)->allocate(piece, "copy part");
+  STEP_CHECK(dbuf.status());
+  std::vector<std::byte> host(piece);
+  Result<gpu::Stream> stream = (*dev)->create_stream("copy part");
+  STEP_CHECK(stream.status());
+  double copies_s = median_seconds(reps, [&] {
+    for (uint64_t done = 0; done < h2d; done += piece) {
+      STEP_CHECK((*dev)->copy_to_device(*stream, dbuf->data(), host.data(), std::min(piece, h2d - done)));
+    }
+    for (uint64_t done = 0; done < d2h; done += piece) {
+      STEP_CHECK((*dev)->copy_to_host(*stream, host.data(), dbuf->data(), std::min(piece, d2h - done)));
+    }
+    STEP_CHECK((*dev)->synchronize(*stream));
+  });
+
+  // NVMe alone: every chunk's state read and written back, two buffers.
+  io::SwapStore* swap = offloaded->swap_store();
+  const std::vector<gpu::ChunkLayout> layout = gpu::model_layout(base.model);
+  int64_t max_elems = 0;
+  for (const auto& c : layout) max_elems = std::max(max_elems, c.numel);
+  io::AlignedAllocator allocator;
+  Result<std::unique_ptr<engine::PinnedArena>> arena = engine::PinnedArena::create(
+      "nvme part", swap->padded_size(engine::OptimizerStage::state_bytes(max_elems)), 2, allocator, nullptr);
+  STEP_CHECK(arena.status());
+  std::vector<engine::PinnedArena::Lease> leases;
+  for (int i = 0; i < 2; ++i) {
+    Result<engine::PinnedArena::Lease> l = (*arena)->acquire("nvme part");
+    STEP_CHECK(l.status());
+    leases.push_back(std::move(*l));
+  }
+  double nvme_s = median_seconds(reps, [&] {
+    std::vector<std::optional<io::Ticket>> writes(layout.size());
+    for (size_t c = 0; c < layout.size(); ++c) {
+      const std::string name = "optimizer-state/chunk-" + std::to_string(c);
+      if (c >= 2) STEP_CHECK(swap->wait(*writes[c - 2]));
+      Result<io::Ticket> r = swap->read(name, leases[c % 2].buffer());
+      STEP_CHECK(r.status());
+      STEP_CHECK(swap->wait(*r));
+      Result<io::Ticket> w = swap->write(name, leases[c % 2].buffer(), engine::OptimizerStage::state_bytes(layout[c].numel));
+      STEP_CHECK(w.status());
+      writes[c] = *w;
+    }
+    STEP_CHECK(swap->wait_all());
+  });
+
+  // The planner's model of this placement at the rates just measured.
+  engine::TrainSetup setup;
+  setup.model = base.model;
+  setup.micro_batch = base.batch;
+  setup.seq = base.seq;
+  setup.compute = DType::kF32;  // the host backend computes in fp32
+  engine::Placement placement;
+  placement.weights = engine::Tier::kHost;
+  placement.states = engine::Tier::kNvme;
+  placement.checkpoints = engine::Tier::kHost;
+  placement.prefetch_depth = prefetch;
+  engine::Bandwidths bw;
+  const double flops = gpu::training_flops_per_token(base.model, base.seq, /*recompute=*/false) *
+                       static_cast<double>(base.batch * base.seq);
+  const double copy_gbps = static_cast<double>(h2d + d2h) / copies_s / 1e9;
+  bw.h2d_gbps = bw.d2h_gbps = copy_gbps;
+  bw.nvme_read_gbps = bw.nvme_write_gbps = 2.0 * static_cast<double>(nvme_r) / nvme_s / 1e9;
+  bw.cpu_optimizer_params_per_s = static_cast<double>(params) / optimizer_s;
+  // The measured rate; the planner divides the step's FLOPs, recompute
+  // included, by it, as the streamed step does recompute.
+  bw.device_tflops = flops / compute_s / 1e12;
+  engine::Plan plan = engine::estimate(setup, placement, bw);
+  const double predicted = plan.step_seconds;
+  const double parts_max = std::max({compute_s, copies_s, optimizer_s, nvme_s});
+  const double overlap = parts_max / step_s;
+  const double err = (step_s - predicted) / predicted;
+
+  std::printf("\n%-10s %10s %12s\n", "part", "seconds", "bytes/step");
+  std::printf("%-10s %10.4f %12s\n", "compute", compute_s, "-");
+  std::printf("%-10s %10.4f %12s\n", "copies", copies_s, format_bytes(h2d + d2h).c_str());
+  std::printf("%-10s %10.4f %12s\n", "optimizer", optimizer_s, "-");
+  std::printf("%-10s %10.4f %12s\n", "nvme", nvme_s, format_bytes(nvme_r + nvme_w).c_str());
+  std::printf("%-10s %10.4f\n", "step", step_s);
+  std::printf("%-10s %10.4f   (links: ", "predicted", predicted);
+  for (const auto& l : plan.links) std::printf("%s %.4f s; ", l.link.c_str(), l.seconds);
+  std::printf(")\noverlap efficiency max(parts)/step: %.3f, sum(parts)/step: %.3f, prediction error: %+.3f\n",
+              overlap, (compute_s + copies_s + optimizer_s + nvme_s) / step_s, err);
+  nlohmann::json j = {{"bench", "step"},
+                      {"step_s", step_s},
+                      {"parts", {{"compute", compute_s}, {"copies", copies_s}, {"optimizer", optimizer_s}, {"nvme", nvme_s}}},
+                      {"overlap_efficiency", overlap},
+                      {"predicted_s", predicted},
+                      {"prediction_error", err},
+                      {"parameters", params},
+                      {"model_state_bytes", states},
+                      {"device_budget_bytes", full.device_bytes},
+                      {"device_peak_bytes", device_peak},
+                      {"h2d_bytes", h2d},
+                      {"d2h_bytes", d2h},
+                      {"nvme_bytes", nvme_r + nvme_w},
+                      {"io_backend", std::string(swap->backend())},
+                      {"system", system_info()}};
+  std::printf("%s\n", j.dump().c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace strata::bench
+
+int main(int argc, char** argv) { return strata::bench::run(argc, argv); }
