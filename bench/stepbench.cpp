@@ -65,7 +65,7 @@ int run(int argc, char** argv) {
   full.states = engine::Tier::kNvme;
   full.nvme_paths = {dir};
   std::printf("strata-stepbench: %d blocks x hidden %d, %.1fM parameters, %s of model states, device budget %s "
-              "(1/%.0f), states on NVMe in %s\n",
+              "(1/%.3g), states on NVMe in %s\n",
               layers, hidden, static_cast<double>(params) / 1e6, format_bytes(states).c_str(),
               format_bytes(full.device_bytes).c_str(), ratio, dir.c_str());
   std::fflush(stdout);
