@@ -95,7 +95,18 @@ int run(int argc, char** argv) {
   if (o.states == engine::Tier::kNvme && budgets.nvme_bytes == 0) budgets.nvme_bytes = 1ull << 40;
   engine::Constraints fixed;
   fixed.states = o.states;
-  Result<engine::Plan> plan = engine::make_plan(cfg->setup, budgets, engine::Bandwidths{}, fixed);
+  if (stream) {
+    fixed.weights = engine::Tier::kHost;
+    fixed.checkpoints = o.activation_checkpoints;
+  }
+  engine::TrainSetup setup = cfg->setup;
+  setup.compute = DType::kF32;  // the host backend computes in fp32
+  Result<engine::Plan> plan = engine::make_plan(setup, budgets, engine::Bandwidths{}, fixed);
+  if (stream) {  // the placement this run uses, prefetch depth included
+    plan = engine::estimate(setup, {engine::Tier::kHost, o.states, o.activation_checkpoints, prefetch},
+                            engine::Bandwidths{});
+    plan->why = "weights streamed as asked on the command line";
+  }
   if (plan) {
     std::printf("%s", engine::format_plan(*plan, budgets).c_str());
   } else {

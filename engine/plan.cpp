@@ -5,13 +5,10 @@
 #include <limits>
 
 #include "common/units.h"
+#include "gpu/host/gpt.h"
 
 namespace strata::engine {
 namespace {
-
-// The loss workspace of the fused tied-projection cross-entropy: one
-// 256 x 4096 fp32 logits block plus four fp32 values per row.
-uint64_t loss_workspace_bytes(int64_t tokens) { return 256ull * 4096 * 4 + 16ull * static_cast<uint64_t>(tokens); }
 
 struct Sizes {
   int64_t params = 0;         // parameters (unpadded)
@@ -31,7 +28,8 @@ Sizes sizes_of(const TrainSetup& s) {
   }
   z.c = dtype_bytes(s.compute);
   z.tokens = s.micro_batch * s.seq;
-  z.checkpoints = static_cast<uint64_t>(s.model.layers * z.tokens * s.model.hidden) * z.c;
+  // The embedding output and every block's output: L + 1 block inputs.
+  z.checkpoints = static_cast<uint64_t>((s.model.layers + 1) * z.tokens * s.model.hidden) * z.c;
   return z;
 }
 
@@ -62,20 +60,30 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   p.parameters = z.params;
 
   // Device: weights (resident, or prefetch buffers), gradient staging, the
-  // working set of one block (forward-saved tensors and backward temporaries
-  // of the same size), the residual stream in and out, the loss workspace.
+  // working set of one block (forward-saved tensors and backward scratch:
+  // gpu::host::BlockActivations), the final LayerNorm and loss rows, and the
+  // block-input checkpoints (two in-flight buffers when they live elsewhere).
+  // When weights stream, the embedding chunk stays resident with its
+  // gradient (used at both ends of the step) and the chunk buffers are sized
+  // by the largest other chunk. This is what engine/streamed_model.cpp
+  // allocates; a test holds the two within 5%.
+  const std::vector<gpu::ChunkLayout> layout = gpu::model_layout(s.model);
+  uint64_t block_chunk = 0;
+  for (size_t i = 1; i < layout.size(); ++i) block_chunk = std::max<uint64_t>(block_chunk, static_cast<uint64_t>(layout[i].numel));
   if (pl.weights == Tier::kDevice) {
     p.device.model_states += weights_total;
+    p.device.buffers += 2 * chunk_lp;  // gradient chunks, double-buffered towards the host
   } else {
     p.device_chunk_buffers = pl.prefetch_depth + 1;
-    p.device.buffers += static_cast<uint64_t>(p.device_chunk_buffers) * chunk_lp;
+    p.device.buffers += static_cast<uint64_t>(p.device_chunk_buffers + 2) * block_chunk * z.c;
+    p.device.model_states += 2 * static_cast<uint64_t>(layout[0].numel) * z.c;
   }
-  p.device.buffers += 2 * chunk_lp;  // gradient chunks, double-buffered towards the host
-  p.device.activations += 2 * static_cast<uint64_t>(z.tokens) *
-                          static_cast<uint64_t>(gpu::block_activation_bytes_per_token(s.model, s.seq, z.c));
-  p.device.activations += 2 * static_cast<uint64_t>(z.tokens) * C * z.c;
-  p.device.io_buffers += loss_workspace_bytes(z.tokens);
+  const auto N = static_cast<uint64_t>(z.tokens);
+  p.device.activations +=
+      static_cast<uint64_t>(gpu::host::BlockActivations<float>::elements(s.model, s.micro_batch, s.seq)) * z.c;
+  p.device.io_buffers += (4 * N * C + 3 * N) * z.c;
   tier(p, pl.checkpoints).activations += z.checkpoints;
+  if (pl.checkpoints != Tier::kDevice) p.device.activations += 2 * N * C * z.c;
 
   // Host: gradients land in pinned host memory (fp32 accumulators when
   // accumulating over micro-batches); states and streamed weights where placed.

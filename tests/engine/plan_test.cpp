@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "common/units.h"
+#include "gpu/host/gpt.h"
 
 namespace strata::engine {
 namespace {
@@ -24,22 +25,28 @@ uint64_t padded_params(const gpu::GptConfig& c) {
 TEST(Plan, EstimateCountsEveryByteByTier) {
   TrainSetup s = gpt2("small", 2);
   const uint64_t padded = padded_params(s.model);
-  uint64_t max_chunk = 0;
-  for (const auto& chunk : gpu::model_layout(s.model)) max_chunk = std::max<uint64_t>(max_chunk, chunk.numel);
+  const std::vector<gpu::ChunkLayout> layout = gpu::model_layout(s.model);
+  uint64_t max_chunk = 0, block_chunk = 0;
+  for (const auto& chunk : layout) max_chunk = std::max<uint64_t>(max_chunk, chunk.numel);
+  for (size_t i = 1; i < layout.size(); ++i) block_chunk = std::max<uint64_t>(block_chunk, layout[i].numel);
+  const uint64_t emb = static_cast<uint64_t>(layout[0].numel);
+  const uint64_t N = 2 * 1024, C = 768;
   Plan resident = estimate(s, {Tier::kDevice, Tier::kHost, Tier::kDevice, 1}, Bandwidths{});
   EXPECT_EQ(resident.device.model_states, padded * 2);          // bf16 weights
   EXPECT_EQ(resident.host.model_states, padded * 2 + padded * 12);  // bf16 grads + fp32 master, m, v
   EXPECT_EQ(resident.device.buffers, 2 * max_chunk * 2);        // gradient staging
   EXPECT_EQ(resident.device_chunk_buffers, 0);
-  // checkpoints: L * tokens * C * 2 bytes
-  const uint64_t ckpt = 12ull * 2 * 1024 * 768 * 2;
-  const uint64_t working = 2ull * 2 * 1024 * gpu::block_activation_bytes_per_token(s.model, 1024, 2) +
-                           2ull * 2 * 1024 * 768 * 2;
+  // checkpoints: (L + 1) * tokens * C * 2 bytes; one block's working set
+  const uint64_t ckpt = 13ull * N * C * 2;
+  const uint64_t working =
+      static_cast<uint64_t>(gpu::host::BlockActivations<float>::elements(s.model, 2, 1024)) * 2;
   EXPECT_EQ(resident.device.activations, ckpt + working);
+  EXPECT_EQ(resident.device.io_buffers, (4 * N * C + 3 * N) * 2);  // final LayerNorm and loss rows
   Plan streamed = estimate(s, {Tier::kHost, Tier::kNvme, Tier::kNvme, 3}, Bandwidths{});
   EXPECT_EQ(streamed.device_chunk_buffers, 4);
-  EXPECT_EQ(streamed.device.buffers, (4 + 2) * max_chunk * 2);
-  EXPECT_EQ(streamed.device.model_states, 0u);
+  EXPECT_EQ(streamed.device.buffers, (4 + 2) * block_chunk * 2);
+  EXPECT_EQ(streamed.device.model_states, 2 * emb * 2);  // the embedding and its gradient stay
+  EXPECT_EQ(streamed.device.activations, working + 2 * N * C * 2);  // two in-flight checkpoints
   EXPECT_EQ(streamed.nvme.model_states, padded * 12);
   EXPECT_EQ(streamed.nvme.activations, ckpt);
   EXPECT_EQ(streamed.host.model_states, padded * 2 + padded * 2);  // grads + streamed weights

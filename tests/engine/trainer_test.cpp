@@ -274,6 +274,51 @@ TEST(Trainer, NvmeFaultsEndTheStepAndLeaveTheCheckpointIntact) {
   EXPECT_EQ(run(shorts, 8), ref);
 }
 
+// The planner's device bytes for a streamed placement are within 5% of the
+// device's measured high-water mark, over prefetch depths, checkpoint tiers
+// and model shapes.
+TEST(Trainer, PlannedDeviceBytesMatchTheMeasuredPeak) {
+  struct Shape {
+    int64_t layers, hidden, vocab, batch, seq;
+  };
+  for (Shape sh : {Shape{2, 32, 64, 4, 16}, Shape{6, 64, 128, 2, 32}, Shape{3, 128, 256, 1, 64}}) {
+    for (int depth : {1, 3}) {
+      for (Tier acts : {Tier::kDevice, Tier::kHost}) {
+        TrainerOptions o;
+        o.model.layers = sh.layers, o.model.hidden = sh.hidden, o.model.heads = 4, o.model.vocab = sh.vocab;
+        o.model.max_seq = sh.seq;
+        o.batch = sh.batch;
+        o.seq = sh.seq;
+        o.stream_weights = true;
+        o.device_bytes = 1ull << 30;
+        o.prefetch_depth = depth;
+        o.activation_checkpoints = acts;
+        TrainSetup setup;
+        setup.model = o.model;
+        setup.micro_batch = o.batch;
+        setup.seq = o.seq;
+        setup.compute = DType::kF32;  // the host backend computes in fp32
+        Placement pl;
+        pl.weights = Tier::kHost;
+        pl.states = Tier::kHost;
+        pl.checkpoints = acts;
+        pl.prefetch_depth = depth;
+        const double planned = static_cast<double>(estimate(setup, pl, Bandwidths{}).device.total());
+        Result<std::unique_ptr<Trainer>> tr = Trainer::create(o);
+        ASSERT_TRUE(tr) << tr.error().to_string();
+        ASSERT_TRUE((*tr)->step());
+        const double measured = static_cast<double>((*tr)->device()->peak_bytes());
+        std::printf("%lldx%lld depth %d checkpoints on %s: planned %.0f, measured %.0f (%.4f)\n",
+                    static_cast<long long>(sh.layers), static_cast<long long>(sh.hidden), depth,
+                    std::string(tier_name(acts)).c_str(), planned, measured, planned / measured);
+        EXPECT_NEAR(planned / measured, 1.0, 0.05)
+            << sh.layers << "x" << sh.hidden << " depth " << depth << " checkpoints on " << tier_name(acts)
+            << ": planned " << planned << " measured " << measured;
+      }
+    }
+  }
+}
+
 // Model states 20x the device budget: the run fits, stays inside the budget,
 // and its loss falls.
 TEST(Trainer, TrainsAModelWhoseStatesAre20xTheDeviceBudget) {
