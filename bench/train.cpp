@@ -67,6 +67,7 @@ int run(int argc, char** argv) {
   o.model = cfg->setup.model;
   o.batch = cfg->setup.micro_batch;
   o.seq = cfg->setup.seq;
+  o.grad_accum = cfg->setup.grad_accum;
   o.seed = cfg->seed;
   o.adam.lr = static_cast<float>(cfg->optimizer.lr);
   o.adam.beta1 = static_cast<float>(cfg->optimizer.beta1);
@@ -118,7 +119,7 @@ int run(int argc, char** argv) {
     exit_on_error((*tr)->load(checkpoint), "strata-train");
     std::printf("resumed from %s at step %lld\n", checkpoint.c_str(), static_cast<long long>((*tr)->steps_done()));
   }
-  const double tokens = static_cast<double>(o.batch * o.seq);
+  const double tokens = static_cast<double>(o.batch * o.seq * o.grad_accum);
   const double flops = gpu::training_flops_per_token(o.model, o.seq, /*recompute=*/false) * tokens;
   float first = 0, last = 0;
   double total_s = 0;

@@ -31,6 +31,9 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
   if (o.activation_checkpoints != Tier::kDevice && !o.stream_weights) {
     return invalid_argument("trainer: activation checkpoints off the device need stream_weights");
   }
+  if (o.grad_accum < 1 || o.grad_accum > 4096) {
+    return invalid_argument("trainer: grad_accum must be 1..4096, got " + std::to_string(o.grad_accum));
+  }
   if (!(o.clip_norm >= 0) || !std::isfinite(o.clip_norm)) {
     return invalid_argument("trainer: clip_norm must be finite and >= 0 (0 = off), got " + std::to_string(o.clip_norm));
   }
@@ -89,6 +92,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
                                               elems[c]));
     tr->params_.emplace_back(master.size());
     tr->grads_.emplace_back(master.size(), 0.0f);
+    if (o.grad_accum > 1) tr->micro_.emplace_back(master.size(), 0.0f);
   }
   STRATA_RETURN_IF_ERROR(tr->refresh_compute_weights());
   return tr;
@@ -135,24 +139,48 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 Result<float> Trainer::step() {
   auto t0 = std::chrono::steady_clock::now();
   std::vector<int32_t> tokens, targets;
-  make_batch(t_, &tokens, &targets);
-  for (auto& g : grads_) std::fill(g.begin(), g.end(), 0.0f);
-  float loss = 0;
-  if (streamed_) {
-    std::vector<const float*> w;
-    std::vector<float*> gr;
-    for (size_t c = 0; c < params_.size(); ++c) {
-      w.push_back(params_[c].data());
-      gr.push_back(grads_[c].data());
+  const int64_t A = options_.grad_accum;
+  // One micro-batch's gradients into `into` (zeroed first); returns its loss.
+  auto micro_batch = [&](int64_t index, std::vector<std::vector<float>>& into) -> Result<float> {
+    make_batch(index, &tokens, &targets);
+    for (auto& g : into) std::fill(g.begin(), g.end(), 0.0f);
+    if (streamed_) {
+      std::vector<const float*> w;
+      std::vector<float*> gr;
+      for (size_t c = 0; c < params_.size(); ++c) {
+        w.push_back(params_[c].data());
+        gr.push_back(into[c].data());
+      }
+      const uint64_t h2d = streamed_->bytes_to_device(), d2h = streamed_->bytes_to_host();
+      STRATA_ASSIGN_OR_RETURN(float l, streamed_->forward_backward(w, tokens.data(), targets.data(), gr));
+      last_h2d_ += streamed_->bytes_to_device() - h2d;
+      last_d2h_ += streamed_->bytes_to_host() - d2h;
+      return l;
     }
-    const uint64_t h2d = streamed_->bytes_to_device(), d2h = streamed_->bytes_to_host();
-    STRATA_ASSIGN_OR_RETURN(loss, streamed_->forward_backward(w, tokens.data(), targets.data(), gr));
-    last_h2d_ = streamed_->bytes_to_device() - h2d;
-    last_d2h_ = streamed_->bytes_to_host() - d2h;
-  } else {
     auto params = view(params_);
-    loss = model_->forward(params, tokens.data(), targets.data());
-    model_->backward(params, view(grads_));
+    float l = model_->forward(params, tokens.data(), targets.data());
+    model_->backward(params, view(into));
+    return l;
+  };
+  last_h2d_ = last_d2h_ = 0;
+  float loss = 0;
+  if (A == 1) {
+    STRATA_ASSIGN_OR_RETURN(loss, micro_batch(t_, grads_));
+  } else {
+    // Each micro-batch's gradient is computed alone and summed in order (the
+    // same bits whichever path computed it); the 1/A goes into the scale.
+    double sum = 0;
+    for (int64_t k = 0; k < A; ++k) {
+      STRATA_ASSIGN_OR_RETURN(float l, micro_batch(t_ * A + k, k == 0 ? grads_ : micro_));
+      sum += l;
+      if (k == 0) continue;
+      for (size_t c = 0; c < grads_.size(); ++c) {
+        float* acc = grads_[c].data();
+        const float* add = micro_[c].data();
+        for (size_t i = 0; i < grads_[c].size(); ++i) acc[i] += add[i];
+      }
+    }
+    loss = static_cast<float>(sum / static_cast<double>(A));
   }
   std::vector<ChunkGrad> g;
   std::vector<void*> out;
@@ -162,14 +190,15 @@ Result<float> Trainer::step() {
   }
   last_times_.forward_backward = seconds_since(t0);
   t0 = std::chrono::steady_clock::now();
-  // The global norm, chunk by chunk in order (each chunk's sum is itself
+  const float inv_accum = 1.0f / static_cast<float>(A);
+  // The global norm (of the mean gradient), chunk by chunk in order (each chunk's sum is itself
   // deterministic), decides clipping and skipping for the whole model.
   double sum_squares = 0;
   int64_t nonfinite = 0;
   for (size_t c = 0; c < grads_.size(); ++c) {
     STRATA_ASSIGN_OR_RETURN(cpu_optim::GradStats st,
                             cpu_optim::grad_stats(grads_[c].data(), DType::kF32,
-                                                  static_cast<int64_t>(grads_[c].size()), 1.0f, *executor_));
+                                                  static_cast<int64_t>(grads_[c].size()), inv_accum, *executor_));
     sum_squares += st.sum_squares;
     nonfinite += st.nonfinite;
   }
@@ -180,8 +209,9 @@ Result<float> Trainer::step() {
   last_clipped_ = false;
   cpu_optim::StepOptions opts;
   opts.nonfinite = cpu_optim::NonFinitePolicy::kReportOnly;
+  opts.grad_scale = inv_accum;
   if (options_.clip_norm > 0 && last_grad_norm_ > options_.clip_norm) {
-    opts.grad_scale = static_cast<float>(options_.clip_norm / last_grad_norm_);
+    opts.grad_scale = inv_accum * static_cast<float>(options_.clip_norm / last_grad_norm_);
     last_clipped_ = true;
   }
   if (last_skipped_) {
@@ -228,7 +258,8 @@ Status Trainer::save(const std::string& root) {
     STRATA_RETURN_IF_ERROR(opt.append(std::as_bytes(std::span(state))));
   }
   STRATA_RETURN_IF_ERROR(opt.finish());
-  nlohmann::json meta = {{"step", t_}, {"seed", options_.seed}, {"data_position", t_}, {"model", model_json(options_.model)}};
+  nlohmann::json meta = {{"step", t_}, {"seed", options_.seed}, {"data_position", t_ * options_.grad_accum},
+                         {"grad_accum", options_.grad_accum}, {"model", model_json(options_.model)}};
   {
     std::ofstream out(tmp + "/trainer.json");
     out << meta.dump(2) << "\n";
@@ -247,6 +278,12 @@ Status Trainer::load(const std::string& root) {
   if (meta["model"] != model_json(options_.model)) {
     return failed_precondition("checkpoint " + path + " is for model " + meta["model"].dump() + ", not " +
                                model_json(options_.model).dump());
+  }
+  const int64_t accum = meta.value("grad_accum", int64_t{1});
+  if (accum != options_.grad_accum) {
+    return failed_precondition("checkpoint " + path + " was written with grad_accum " + std::to_string(accum) +
+                               ", this run uses " + std::to_string(options_.grad_accum) +
+                               " (the data position counts micro-batches of that size)");
   }
   STRATA_ASSIGN_OR_RETURN(SafetensorsReader model, SafetensorsReader::open(path + "/model.safetensors"));
   for (size_t c = 0; c < layout_.size(); ++c) {

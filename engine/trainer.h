@@ -25,6 +25,9 @@ struct TrainerOptions {
   gpu::GptConfig model;
   int64_t batch = 2;
   int64_t seq = 16;
+  // Micro-batches per optimizer step: their gradients are summed and the
+  // optimizer sees the mean; the loss reported is the mean.
+  int64_t grad_accum = 1;
   uint64_t seed = 1;
   cpu_optim::AdamConfig adam;
   Tier states = Tier::kHost;                // kHost or kNvme
@@ -105,6 +108,7 @@ class Trainer {
   std::vector<std::vector<float>> params_;    // fp32 compute copy of the bf16 weights
   std::vector<std::vector<uint16_t>> weights_;  // bf16 weights written by the optimizer
   std::vector<std::vector<float>> grads_;
+  std::vector<std::vector<float>> micro_;      // one micro-batch's gradients (grad_accum > 1)
   int64_t t_ = 0;
   StageCounters last_stage_;
   double last_grad_norm_ = 0;
