@@ -45,7 +45,7 @@ int run(int argc, char** argv) {
   app.add_flag("--stream-weights", stream,
                "keep only a window of blocks on the device, capped at the config's device budget");
   app.add_option("--activations-on", activations, "where block inputs wait for backward when streaming")
-      ->check(CLI::IsMember({"device", "host"}));
+      ->check(CLI::IsMember({"device", "host", "nvme"}));
   app.add_option("--prefetch", prefetch, "blocks fetched ahead when streaming (default 1)")->check(CLI::Range(1, 64));
   CLI11_PARSE(app, argc, argv);
   if (resume && checkpoint.empty()) {
@@ -86,9 +86,15 @@ int run(int argc, char** argv) {
   o.stream_weights = stream;
   o.device_bytes = stream ? cfg->budgets.device_bytes : 0;
   o.prefetch_depth = prefetch;
-  o.activation_checkpoints = activations == "host" ? engine::Tier::kHost : engine::Tier::kDevice;
+  o.activation_checkpoints = activations == "host"   ? engine::Tier::kHost
+                             : activations == "nvme" ? engine::Tier::kNvme
+                                                     : engine::Tier::kDevice;
   if (o.activation_checkpoints != engine::Tier::kDevice && !stream) {
-    std::fprintf(stderr, "strata-train: --activations-on host needs --stream-weights\n");
+    std::fprintf(stderr, "strata-train: --activations-on %s needs --stream-weights\n", activations.c_str());
+    return 2;
+  }
+  if (o.activation_checkpoints == engine::Tier::kNvme && o.nvme_paths.empty()) {
+    std::fprintf(stderr, "strata-train: --activations-on nvme needs --nvme DIR\n");
     return 2;
   }
   // The planner's view of the same run.

@@ -16,11 +16,11 @@ Result<gpu::DeviceMemory> floats(gpu::HostDevice& dev, int64_t n, const char* wh
 
 Result<std::unique_ptr<StreamedModel>> StreamedModel::create(const gpu::GptConfig& c, int64_t B, int64_t seq,
                                                              gpu::HostDevice& dev, int prefetch_depth,
-                                                             Tier checkpoints) {
+                                                             Tier checkpoints, io::SwapStore* swap) {
   STRATA_RETURN_IF_ERROR(c.validate());
   if (prefetch_depth < 1 || prefetch_depth > 16) return invalid_argument("prefetch depth must be 1..16");
-  if (checkpoints == Tier::kNvme) {
-    return unimplemented("activation checkpoints on NVMe are not built yet; use device or host");
+  if (checkpoints == Tier::kNvme && swap == nullptr) {
+    return invalid_argument("activation checkpoints on NVMe need a swap store (NVMe directories)");
   }
   std::unique_ptr<StreamedModel> m(new StreamedModel());
   m->config_ = c;
@@ -53,15 +53,28 @@ Result<std::unique_ptr<StreamedModel>> StreamedModel::create(const gpu::GptConfi
   const int64_t act = gpu::host::BlockActivations<float>::elements(c, B, seq);
   STRATA_ASSIGN_OR_RETURN(m->acts_mem_, floats(dev, act, "block activations"));
   m->acts_.bind(m->acts_mem_.as<float>(), c, B, seq);
-  const bool on_host = checkpoints == Tier::kHost;
-  STRATA_ASSIGN_OR_RETURN(m->checkpoints_, floats(dev, (on_host ? 2 : L + 1) * N * C, "block-input checkpoints"));
-  if (on_host) m->host_checkpoints_.assign(static_cast<size_t>((L + 1) * N * C), 0.0f);
+  const bool on_device = checkpoints == Tier::kDevice;
+  STRATA_ASSIGN_OR_RETURN(m->checkpoints_, floats(dev, (on_device ? L + 1 : 2) * N * C, "block-input checkpoints"));
+  if (checkpoints == Tier::kHost) m->host_checkpoints_.assign(static_cast<size_t>((L + 1) * N * C), 0.0f);
+  if (checkpoints == Tier::kNvme) {
+    m->swap_ = swap;
+    STRATA_ASSIGN_OR_RETURN(m->staging_, PinnedArena::create("activation checkpoint staging",
+                                                             swap->padded_size(static_cast<uint64_t>(N * C) * 4), 2,
+                                                             m->allocator_));
+    for (int i = 0; i < 2; ++i) {
+      STRATA_ASSIGN_OR_RETURN(PinnedArena::Lease lease, m->staging_->acquire("activation checkpoints"));
+      m->stage_buf_.push_back(std::move(lease));
+    }
+  }
   STRATA_ASSIGN_OR_RETURN(m->final_mem_, floats(dev, 4 * N * C + 3 * N, "final LayerNorm and loss"));
   return m;
 }
 
 StreamedModel::~StreamedModel() {
   if (dev_ != nullptr) dev_->synchronize(copy_).ignore();
+  for (auto& t : stage_write_) {
+    if (t) swap_->wait(*t).ignore();
+  }
 }
 
 Status StreamedModel::prefetch_through(size_t i) {
@@ -101,7 +114,9 @@ Result<float> StreamedModel::forward_backward(const std::vector<const float*>& w
   float* wte = embedding_.as<float>() + emb.tensors[0].offset;
   float* wpe = embedding_.as<float>() + emb.tensors[1].offset;
   float* ckpt = checkpoints_.as<float>();
-  const bool host_ckpt = checkpoint_tier_ == Tier::kHost;
+  const bool host_ckpt = checkpoint_tier_ != Tier::kDevice;  // off the device: host or NVMe
+  const bool nvme_ckpt = checkpoint_tier_ == Tier::kNvme;
+  auto blob = [](int64_t l) { return "activation-checkpoint/x-" + std::to_string(l); };
   // On the host tier block input l lives in device buffer l % 2 while in use.
   auto x_of = [&](int64_t l) { return ckpt + (host_ckpt ? l % 2 : l) * N * C; };
   const uint64_t x_bytes = static_cast<uint64_t>(N * C) * 4;
@@ -116,8 +131,25 @@ Result<float> StreamedModel::forward_backward(const std::vector<const float*>& w
   // Sends block input l to the host (the last two stay on the device for backward).
   auto offload = [&](int64_t l) -> Status {
     if (!host_ckpt || l >= L - 1) return ok_status();
-    STRATA_RETURN_IF_ERROR(dev_->copy_to_host(copy_, host_checkpoints_.data() + l * N * C, x_of(l), x_bytes));
-    STRATA_ASSIGN_OR_RETURN(ckpt_done_[l % 2], dev_->record(copy_));
+    if (nvme_ckpt) {
+      // Device -> staging buffer, then staging buffer -> NVMe (asynchronous;
+      // the buffer is reused only after that write ends).
+      std::optional<io::Ticket>& pending = stage_write_[l % 2];
+      if (pending) {
+        Status w = swap_->wait(*pending);
+        pending.reset();
+        STRATA_RETURN_IF_ERROR(w);
+      }
+      PinnedArena::Lease& buf = stage_buf_[static_cast<size_t>(l % 2)];
+      STRATA_RETURN_IF_ERROR(dev_->copy_to_host(copy_, buf.data(), x_of(l), x_bytes));
+      STRATA_ASSIGN_OR_RETURN(ckpt_done_[l % 2], dev_->record(copy_));
+      STRATA_RETURN_IF_ERROR(dev_->synchronize(ckpt_done_[l % 2]));
+      STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->write(blob(l), buf.buffer(), x_bytes));
+      pending = t;
+    } else {
+      STRATA_RETURN_IF_ERROR(dev_->copy_to_host(copy_, host_checkpoints_.data() + l * N * C, x_of(l), x_bytes));
+      STRATA_ASSIGN_OR_RETURN(ckpt_done_[l % 2], dev_->record(copy_));
+    }
     d2h_bytes_ += x_bytes;
     return ok_status();
   };
@@ -125,7 +157,20 @@ Result<float> StreamedModel::forward_backward(const std::vector<const float*>& w
   auto fetch = [&](int64_t l) -> Status {
     if (!host_ckpt || l < 0 || l >= L - 1) return ok_status();
     STRATA_RETURN_IF_ERROR(claim(l));
-    STRATA_RETURN_IF_ERROR(dev_->copy_to_device(copy_, x_of(l), host_checkpoints_.data() + l * N * C, x_bytes));
+    const float* src = host_checkpoints_.data() + (nvme_ckpt ? 0 : l * N * C);
+    if (nvme_ckpt) {
+      std::optional<io::Ticket>& pending = stage_write_[l % 2];
+      if (pending) {
+        Status w = swap_->wait(*pending);
+        pending.reset();
+        STRATA_RETURN_IF_ERROR(w);
+      }
+      PinnedArena::Lease& buf = stage_buf_[static_cast<size_t>(l % 2)];
+      STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->read(blob(l), buf.buffer()));
+      STRATA_RETURN_IF_ERROR(swap_->wait(t));
+      src = reinterpret_cast<const float*>(buf.data());
+    }
+    STRATA_RETURN_IF_ERROR(dev_->copy_to_device(copy_, x_of(l), src, x_bytes));
     STRATA_ASSIGN_OR_RETURN(ckpt_done_[l % 2], dev_->record(copy_));
     h2d_bytes_ += x_bytes;
     return ok_status();

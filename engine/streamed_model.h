@@ -9,16 +9,21 @@
 // both ends of the step). Block inputs (the activation checkpoints) stay on
 // the device, or with `checkpoints` = Tier::kHost go to host memory as soon
 // as they are written, through two device buffers, and come back one block
-// ahead in backward. Gives the same bits as HostGpt (tested).
+// ahead in backward; with Tier::kNvme they go on through two aligned host
+// buffers into `swap` blobs and are read back the same way. Gives the same
+// bits as HostGpt (tested).
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <vector>
 
+#include "engine/pinned_arena.h"
 #include "engine/plan.h"
 #include "engine/trace.h"
 #include "gpu/host/gpt.h"
 #include "gpu/host/host_device.h"
+#include "io/swap_store.h"
 
 namespace strata::engine {
 
@@ -26,7 +31,8 @@ class StreamedModel {
  public:
   static Result<std::unique_ptr<StreamedModel>> create(const gpu::GptConfig& config, int64_t B, int64_t seq,
                                                        gpu::HostDevice& device, int prefetch_depth,
-                                                       Tier checkpoints = Tier::kDevice);
+                                                       Tier checkpoints = Tier::kDevice,
+                                                       io::SwapStore* swap = nullptr);
   ~StreamedModel();
 
   // Mean loss; `grads` (host, one per chunk, zeroed by the caller) receive
@@ -61,6 +67,11 @@ class StreamedModel {
   Tier checkpoint_tier_ = Tier::kDevice;
   std::vector<float> host_checkpoints_;  // (L + 1) block inputs when on the host
   gpu::Event ckpt_done_[2];              // last copy out of / into each device checkpoint buffer
+  io::SwapStore* swap_ = nullptr;        // checkpoints on NVMe
+  io::AlignedAllocator allocator_;
+  std::unique_ptr<PinnedArena> staging_;
+  std::vector<PinnedArena::Lease> stage_buf_;      // two, for checkpoints on NVMe
+  std::optional<io::Ticket> stage_write_[2];       // last write from each
   uint64_t h2d_bytes_ = 0, d2h_bytes_ = 0;
 };
 

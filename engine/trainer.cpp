@@ -47,13 +47,15 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
     elems.push_back(chunk.numel);
     max_elems = std::max(max_elems, chunk.numel);
   }
-  if (o.states == Tier::kNvme) {
-    if (o.nvme_paths.empty()) return invalid_argument("trainer: optimizer states on NVMe need nvme_paths");
+  if (o.states == Tier::kNvme || o.activation_checkpoints == Tier::kNvme) {
+    if (o.nvme_paths.empty()) return invalid_argument("trainer: optimizer states or checkpoints on NVMe need nvme_paths");
     io::SwapStoreOptions so;
     so.directories = o.nvme_paths;
     so.device.backend = o.io_backend;
     so.faults = o.faults;
     STRATA_ASSIGN_OR_RETURN(tr->swap_, io::SwapStore::open(so));
+  }
+  if (o.states == Tier::kNvme) {
     STRATA_ASSIGN_OR_RETURN(tr->staging_,
                             PinnedArena::create("optimizer staging",
                                                 tr->swap_->padded_size(OptimizerStage::state_bytes(max_elems)), 3,
@@ -67,7 +69,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
     STRATA_ASSIGN_OR_RETURN(tr->device_, gpu::HostDevice::create(d));
     STRATA_ASSIGN_OR_RETURN(tr->streamed_,
                             StreamedModel::create(o.model, o.batch, o.seq, *tr->device_, o.prefetch_depth,
-                                                  o.activation_checkpoints));
+                                                  o.activation_checkpoints, tr->swap_.get()));
   } else {
     tr->model_ = std::make_unique<gpu::host::HostGpt<float>>(o.model, o.batch, o.seq);
   }

@@ -37,7 +37,7 @@ struct TrainerOptions {
   bool stream_weights = false;
   uint64_t device_bytes = 0;
   int prefetch_depth = 1;
-  Tier activation_checkpoints = Tier::kDevice;  // kDevice or kHost (streaming only)
+  Tier activation_checkpoints = Tier::kDevice;  // kDevice, kHost or kNvme (streaming only)
   // Global-norm gradient clipping (0 = off): when the norm of all gradients
   // exceeds clip_norm, every gradient is scaled by clip_norm / norm. The
   // norm is taken over the whole model after backward and before any chunk

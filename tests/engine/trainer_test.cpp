@@ -119,7 +119,7 @@ TEST(Trainer, StreamedWeightsGiveTheSameBitsAtAnyPrefetchDepth) {
   ASSERT_EQ(resident.size(), 20u);
   for (int depth : {1, 4}) {
     for (Tier states : {Tier::kHost, Tier::kNvme}) {
-      for (Tier acts : {Tier::kDevice, Tier::kHost}) {
+      for (Tier acts : {Tier::kDevice, Tier::kHost, Tier::kNvme}) {
         TrainerOptions o = tiny(seed);
         o.model.layers = 4;  // so that some block inputs do leave the device
         o.stream_weights = true;
@@ -331,9 +331,10 @@ TEST(Trainer, PlannedDeviceBytesMatchTheMeasuredPeak) {
   struct Shape {
     int64_t layers, hidden, vocab, batch, seq;
   };
+  strata::testing::TempDir dir;
   for (Shape sh : {Shape{2, 32, 64, 4, 16}, Shape{6, 64, 128, 2, 32}, Shape{3, 128, 256, 1, 64}}) {
     for (int depth : {1, 3}) {
-      for (Tier acts : {Tier::kDevice, Tier::kHost}) {
+      for (Tier acts : {Tier::kDevice, Tier::kHost, Tier::kNvme}) {
         TrainerOptions o;
         o.model.layers = sh.layers, o.model.hidden = sh.hidden, o.model.heads = 4, o.model.vocab = sh.vocab;
         o.model.max_seq = sh.seq;
@@ -343,6 +344,7 @@ TEST(Trainer, PlannedDeviceBytesMatchTheMeasuredPeak) {
         o.device_bytes = 1ull << 30;
         o.prefetch_depth = depth;
         o.activation_checkpoints = acts;
+        o.nvme_paths = {dir.sub("p" + std::to_string(sh.layers) + "-" + std::to_string(depth))};
         TrainSetup setup;
         setup.model = o.model;
         setup.micro_batch = o.batch;
