@@ -35,7 +35,7 @@ int run(int argc, char** argv) {
   int64_t steps = -1, save_every = 0;
   bool resume = false, stream = false;
   int prefetch = 1;
-  std::string activations = "device";
+  std::string activations = "device", trace_path;
   app.add_option("--config", config_path, "JSON config (strata or DeepSpeed keys); default: an embedded small GPT");
   app.add_option("--steps", steps, "optimizer steps (default: the config's)");
   app.add_option("--nvme", nvme, "keep the optimizer states on NVMe in this directory");
@@ -46,6 +46,8 @@ int run(int argc, char** argv) {
                "keep only a window of blocks on the device, capped at the config's device budget");
   app.add_option("--activations-on", activations, "where block inputs wait for backward when streaming")
       ->check(CLI::IsMember({"device", "host", "nvme"}));
+  app.add_option("--trace", trace_path, "write a Chrome-trace JSON (opens in Perfetto) of every step's phases, "
+                 "optimizer calls and NVMe requests");
   app.add_option("--prefetch", prefetch, "blocks fetched ahead when streaming (default 1)")->check(CLI::Range(1, 64));
   CLI11_PARSE(app, argc, argv);
   if (resume && checkpoint.empty()) {
@@ -119,6 +121,8 @@ int run(int argc, char** argv) {
   } else {
     std::printf("planner: %s\n", plan.error().to_string().c_str());
   }
+  engine::Trace trace(!trace_path.empty());
+  if (trace.enabled()) o.trace = &trace;
   Result<std::unique_ptr<engine::Trainer>> tr = engine::Trainer::create(o);
   exit_on_error(tr.status(), "strata-train");
   if (resume) {
@@ -155,6 +159,10 @@ int run(int argc, char** argv) {
   if (!checkpoint.empty()) {
     exit_on_error((*tr)->save(checkpoint), "strata-train");
     std::printf("checkpoint: %s\n", engine::CheckpointDir(checkpoint).latest()->path.c_str());
+  }
+  if (trace.enabled()) {
+    exit_on_error(trace.write(trace_path), "strata-train");
+    std::printf("trace: %s (%zu events)\n", trace_path.c_str(), trace.size());
   }
   const int64_t ran = steps - start;
   nlohmann::json j = {{"bench", "train"}, {"steps", ran}, {"first_loss", first}, {"last_loss", last},

@@ -62,7 +62,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
                                                 tr->allocator_, tr->executor_.get()));
   }
   STRATA_ASSIGN_OR_RETURN(tr->stage_, OptimizerStage::create(elems, o.states, tr->swap_.get(), tr->staging_.get(),
-                                                             *tr->executor_));
+                                                             *tr->executor_, o.trace));
   if (o.stream_weights) {
     gpu::HostDeviceOptions d;
     d.capacity_bytes = o.device_bytes;
@@ -140,6 +140,16 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 Result<float> Trainer::step() {
   auto t0 = std::chrono::steady_clock::now();
+  Trace* trace = options_.trace;
+  double phase_us = trace ? trace->now_us() : 0;
+  const std::string step_name = "step " + std::to_string(t_ + 1) + ": ";
+  // Closes the current phase on the trainer's track and opens the next.
+  auto phase = [&](const char* name) {
+    if (!trace) return;
+    const double now = trace->now_us();
+    trace->span("trainer", step_name + name, phase_us, now, "phase");
+    phase_us = now;
+  };
   std::vector<int32_t> tokens, targets;
   const int64_t A = options_.grad_accum;
   // One micro-batch's gradients into `into` (zeroed first); returns its loss.
@@ -191,6 +201,7 @@ Result<float> Trainer::step() {
     out.push_back(weights_[c].data());
   }
   last_times_.forward_backward = seconds_since(t0);
+  phase("forward+backward");
   t0 = std::chrono::steady_clock::now();
   const float inv_accum = 1.0f / static_cast<float>(A);
   // The global norm (of the mean gradient), chunk by chunk in order (each chunk's sum is itself
@@ -206,6 +217,7 @@ Result<float> Trainer::step() {
   }
   last_grad_norm_ = std::sqrt(sum_squares);
   last_times_.grad_norm = seconds_since(t0);
+  phase("gradient norm");
   t0 = std::chrono::steady_clock::now();
   last_skipped_ = nonfinite > 0;
   last_clipped_ = false;
@@ -223,9 +235,11 @@ Result<float> Trainer::step() {
   }
   ++t_;
   last_times_.optimizer = seconds_since(t0);
+  phase("optimizer stage");
   t0 = std::chrono::steady_clock::now();
   STRATA_RETURN_IF_ERROR(refresh_compute_weights());
   last_times_.weights = seconds_since(t0);
+  phase("weights to compute copy");
   return loss;
 }
 

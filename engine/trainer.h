@@ -16,6 +16,7 @@
 #include "cpu_optim/optimizer.h"
 #include "engine/optimizer_stage.h"
 #include "engine/streamed_model.h"
+#include "engine/trace.h"
 #include "gpu/host/gpt.h"
 #include "io/swap_store.h"
 
@@ -46,6 +47,7 @@ struct TrainerOptions {
   std::vector<std::string> nvme_paths;      // for kNvme
   io::Backend io_backend = io::Backend::kAuto;
   std::optional<io::FaultConfig> faults;    // wrap the NVMe device in a fault injector (tests)
+  Trace* trace = nullptr;                   // optional: phases, optimizer calls, NVMe requests (not owned)
 };
 
 // Where the last step's time went (seconds, wall clock, one after another).

@@ -324,6 +324,30 @@ TEST(Trainer, GradientAccumulationAveragesMicroBatches) {
   EXPECT_FALSE(Trainer::create(other));
 }
 
+// With a trace, every step's phases, the optimizer's chunk updates and the
+// NVMe reads land on their tracks; without one nothing is recorded.
+TEST(Trainer, TracesPhasesOptimizerCallsAndNvmeRequests) {
+  strata::testing::TempDir dir;
+  Trace trace(true);
+  TrainerOptions o = tiny(strata::testing::test_seed(109));
+  o.states = Tier::kNvme;
+  o.nvme_paths = {dir.sub("t")};
+  o.trace = &trace;
+  ASSERT_EQ(run(o, 2).size(), 2u);
+  const std::string json = trace.to_json();
+  for (const char* want : {"step 1: forward+backward", "step 2: optimizer stage", "step 2: gradient norm",
+                           "update chunk 0", "read chunk 1", "\"trainer\"", "\"nvme\""}) {
+    EXPECT_NE(json.find(want), std::string::npos) << want;
+  }
+  const std::string path = dir.sub("out") + "/trace.json";
+  ASSERT_TRUE(trace.write(path).ok());
+  Trace off(false);
+  o.trace = &off;
+  o.nvme_paths = {dir.sub("u")};
+  ASSERT_EQ(run(o, 1).size(), 1u);
+  EXPECT_EQ(off.size(), 0u);
+}
+
 // The planner's device bytes for a streamed placement are within 5% of the
 // device's measured high-water mark, over prefetch depths, checkpoint tiers
 // and model shapes.
