@@ -104,18 +104,13 @@ int run(int argc, char** argv) {
   if (o.states == engine::Tier::kNvme && budgets.nvme_bytes == 0) budgets.nvme_bytes = 1ull << 40;
   engine::Constraints fixed;
   fixed.states = o.states;
-  if (stream) {
-    fixed.weights = engine::Tier::kHost;
-    fixed.checkpoints = o.activation_checkpoints;
-  }
   engine::TrainSetup setup = cfg->setup;
   setup.compute = DType::kF32;  // the host backend computes in fp32
-  Result<engine::Plan> plan = engine::make_plan(setup, budgets, engine::Bandwidths{}, fixed);
-  if (stream) {  // the placement this run uses, prefetch depth included
-    plan = engine::estimate(setup, {engine::Tier::kHost, o.states, o.activation_checkpoints, prefetch},
-                            engine::Bandwidths{});
-    plan->why = "weights streamed as asked on the command line";
-  }
+  Result<engine::Plan> plan =
+      stream ? Result<engine::Plan>(engine::estimate(
+                   setup, {engine::Tier::kHost, o.states, o.activation_checkpoints, prefetch}, engine::Bandwidths{}))
+             : engine::make_plan(setup, budgets, engine::Bandwidths{}, fixed);
+  if (stream) plan->why = "weights streamed as asked on the command line (the placement this run uses)";
   if (plan) {
     std::printf("%s", engine::format_plan(*plan, budgets).c_str());
   } else {

@@ -128,24 +128,27 @@ Result<float> StreamedModel::forward_backward(const std::vector<const float*>& w
     if (host_ckpt && e.id >= 0) STRATA_RETURN_IF_ERROR(dev_->synchronize(e));
     return ok_status();
   };
+  // Waits for the last NVMe write out of staging buffer l % 2.
+  auto drain_staging = [&](int64_t l) -> Status {
+    std::optional<io::Ticket>& pending = stage_write_[l % 2];
+    if (!pending) return ok_status();
+    Status w = swap_->wait(*pending);
+    pending.reset();
+    return w;
+  };
   // Sends block input l to the host (the last two stay on the device for backward).
   auto offload = [&](int64_t l) -> Status {
     if (!host_ckpt || l >= L - 1) return ok_status();
     if (nvme_ckpt) {
       // Device -> staging buffer, then staging buffer -> NVMe (asynchronous;
       // the buffer is reused only after that write ends).
-      std::optional<io::Ticket>& pending = stage_write_[l % 2];
-      if (pending) {
-        Status w = swap_->wait(*pending);
-        pending.reset();
-        STRATA_RETURN_IF_ERROR(w);
-      }
+      STRATA_RETURN_IF_ERROR(drain_staging(l));
       PinnedArena::Lease& buf = stage_buf_[static_cast<size_t>(l % 2)];
       STRATA_RETURN_IF_ERROR(dev_->copy_to_host(copy_, buf.data(), x_of(l), x_bytes));
       STRATA_ASSIGN_OR_RETURN(ckpt_done_[l % 2], dev_->record(copy_));
       STRATA_RETURN_IF_ERROR(dev_->synchronize(ckpt_done_[l % 2]));
       STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->write(blob(l), buf.buffer(), x_bytes));
-      pending = t;
+      stage_write_[l % 2] = t;
     } else {
       STRATA_RETURN_IF_ERROR(dev_->copy_to_host(copy_, host_checkpoints_.data() + l * N * C, x_of(l), x_bytes));
       STRATA_ASSIGN_OR_RETURN(ckpt_done_[l % 2], dev_->record(copy_));
@@ -159,12 +162,7 @@ Result<float> StreamedModel::forward_backward(const std::vector<const float*>& w
     STRATA_RETURN_IF_ERROR(claim(l));
     const float* src = host_checkpoints_.data() + (nvme_ckpt ? 0 : l * N * C);
     if (nvme_ckpt) {
-      std::optional<io::Ticket>& pending = stage_write_[l % 2];
-      if (pending) {
-        Status w = swap_->wait(*pending);
-        pending.reset();
-        STRATA_RETURN_IF_ERROR(w);
-      }
+      STRATA_RETURN_IF_ERROR(drain_staging(l));
       PinnedArena::Lease& buf = stage_buf_[static_cast<size_t>(l % 2)];
       STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->read(blob(l), buf.buffer()));
       STRATA_RETURN_IF_ERROR(swap_->wait(t));

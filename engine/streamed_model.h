@@ -35,7 +35,7 @@ class StreamedModel {
                                                        io::SwapStore* swap = nullptr);
   ~StreamedModel();
 
-  // Mean loss; `grads` (host, one per chunk, zeroed by the caller) receive
+  // Mean loss; `grads` (host, one per chunk) are overwritten with
   // d(mean loss)/d(weights). `weights` are the host copies, in model_layout order.
   Result<float> forward_backward(const std::vector<const float*>& weights, const int32_t* tokens,
                                  const int32_t* targets, const std::vector<float*>& grads);

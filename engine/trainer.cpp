@@ -142,7 +142,7 @@ Result<float> Trainer::step() {
   auto t0 = std::chrono::steady_clock::now();
   Trace* trace = options_.trace;
   double phase_us = trace ? trace->now_us() : 0;
-  const std::string step_name = "step " + std::to_string(t_ + 1) + ": ";
+  const std::string step_name = trace ? "step " + std::to_string(t_ + 1) + ": " : std::string();
   // Closes the current phase on the trainer's track and opens the next.
   auto phase = [&](const char* name) {
     if (!trace) return;
@@ -152,11 +152,10 @@ Result<float> Trainer::step() {
   };
   std::vector<int32_t> tokens, targets;
   const int64_t A = options_.grad_accum;
-  // One micro-batch's gradients into `into` (zeroed first); returns its loss.
+  // One micro-batch's gradients into `into` (overwritten); returns its loss.
   auto micro_batch = [&](int64_t index, std::vector<std::vector<float>>& into) -> Result<float> {
     make_batch(index, &tokens, &targets);
-    for (auto& g : into) std::fill(g.begin(), g.end(), 0.0f);
-    if (streamed_) {
+    if (streamed_) {  // writes every chunk's gradient whole
       std::vector<const float*> w;
       std::vector<float*> gr;
       for (size_t c = 0; c < params_.size(); ++c) {
@@ -169,6 +168,7 @@ Result<float> Trainer::step() {
       last_d2h_ += streamed_->bytes_to_host() - d2h;
       return l;
     }
+    for (auto& g : into) std::fill(g.begin(), g.end(), 0.0f);  // HostGpt::backward accumulates
     auto params = view(params_);
     float l = model_->forward(params, tokens.data(), targets.data());
     model_->backward(params, view(into));
