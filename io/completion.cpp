@@ -28,6 +28,13 @@ Decision decide_success(RequestProgress& p, uint64_t bytes, const RetryPolicy& p
                 "device reported " + std::to_string(bytes) + " bytes for a request of " + std::to_string(remaining));
   }
   p.done_bytes += bytes;
+  if (bytes > 0) {
+    // Retry limits count failures in a row at one position: a request that
+    // moves forward has shown the device works, so a long request split by
+    // short transfers does not pile up unrelated transient errors.
+    p.eio_retries = 0;
+    p.transient_retries = 0;
+  }
   if (p.done_bytes == p.length_bytes) return {NextAction::kComplete, StatusCode::kOk, 0, {}};
   if (bytes == 0) {
     if (p.op == IoOp::kRead) {

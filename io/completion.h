@@ -23,6 +23,7 @@
 
 namespace strata::io {
 
+// Limits on failures in a row at one position of a request; progress resets them.
 struct RetryPolicy {
   uint32_t max_transient_retries = 16;  // EINTR / EAGAIN / zero-length writes
   uint32_t max_eio_retries = 3;         // EIO

@@ -51,21 +51,26 @@ int FaultyDevice::pick_fault(const RawRequest& r) {
     ++counters_.eio_persistent;
     return EIO;
   }
-  if (roll(config_.eio_transient_one_in)) {
-    ++counters_.eio_transient;
-    return EIO;
-  }
   if (r.op == IoOp::kWrite && roll(config_.enospc_one_in)) {
     ++counters_.enospc;
     return ENOSPC;
   }
-  if (roll(config_.eagain_one_in)) {
-    ++counters_.eagain;
-    return EAGAIN;
-  }
-  if (roll(config_.eintr_one_in)) {
-    ++counters_.eintr;
-    return EINTR;
+  if (just_faulted_.erase(r.tag) == 0) {
+    int transient = 0;
+    if (roll(config_.eio_transient_one_in)) {
+      ++counters_.eio_transient;
+      transient = EIO;
+    } else if (roll(config_.eagain_one_in)) {
+      ++counters_.eagain;
+      transient = EAGAIN;
+    } else if (roll(config_.eintr_one_in)) {
+      ++counters_.eintr;
+      transient = EINTR;
+    }
+    if (transient != 0) {
+      just_faulted_.insert(r.tag);
+      return transient;
+    }
   }
   if (r.length_bytes > 4096 && roll(config_.short_transfer_one_in)) {
     ++counters_.short_transfers;

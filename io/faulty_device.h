@@ -24,12 +24,17 @@
 #include <deque>
 #include <random>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "io/block_device.h"
 
 namespace strata::io {
 
+// Rates are "one in N" submissions (0: never). Transient faults (EIO
+// transient, EAGAIN, EINTR) never strike the immediate retry of the request
+// they hit: transient means the retry works, so a test of recovery cannot
+// fail by chance; the retry limits themselves are tested with fail_next().
 struct FaultConfig {
   uint64_t seed = 1;
   uint32_t eio_transient_one_in = 0;
@@ -111,6 +116,7 @@ class FaultyDevice final : public BlockDevice {
   std::vector<std::pair<int32_t, uint64_t>> corrupt_;  // (slot, byte offset)
   std::deque<std::pair<IoOp, int>> forced_;
   std::unordered_map<uint64_t, RawRequest> forwarded_;  // tag -> request as sent
+  std::unordered_set<uint64_t> just_faulted_;             // tags whose last submission got a transient fault
   std::deque<Held> held_;
   std::vector<RawCompletion> scratch_;
 };

@@ -84,6 +84,19 @@ TEST(DecideCompletion, EioRetriesThenFails) {
   EXPECT_NE(d.reason.find("EIO"), std::string::npos);
 }
 
+TEST(DecideCompletion, ProgressResetsTheRetryCounts) {
+  RetryPolicy policy;
+  policy.max_eio_retries = 1;
+  policy.max_transient_retries = 1;
+  RequestProgress p = progress(IoOp::kRead, 3 * 4096);
+  EXPECT_EQ(decide_completion(p, -EIO, policy).action, NextAction::kRetry);
+  EXPECT_EQ(decide_completion(p, -EAGAIN, policy).action, NextAction::kRetry);
+  EXPECT_EQ(decide_completion(p, 4096, policy).action, NextAction::kResubmitRemainder);
+  EXPECT_EQ(decide_completion(p, -EIO, policy).action, NextAction::kRetry);
+  EXPECT_EQ(decide_completion(p, -EINTR, policy).action, NextAction::kRetry);
+  EXPECT_EQ(decide_completion(p, -EIO, policy).action, NextAction::kFail);
+}
+
 TEST(DecideCompletion, PerOperationTables) {
   RequestProgress w = progress(IoOp::kWrite, 4096);
   EXPECT_EQ(decide_completion(w, -ENOSPC, {}).code, StatusCode::kResourceExhausted);
