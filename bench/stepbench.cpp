@@ -37,7 +37,7 @@ std::unique_ptr<engine::Trainer> make_trainer(const engine::TrainerOptions& o) {
 
 int run(int argc, char** argv) {
   CLI::App app{"strata-stepbench: the offloaded step against its parts measured alone"};
-  std::string dir = "/tmp/strata-stepbench";
+  std::string dir = "/tmp/strata-stepbench", trace_path;
   int layers = 12, hidden = 256, reps = 5, prefetch = 2;
   double ratio = 5;
   app.add_option("--dir", dir, "directory for the NVMe state files (O_DIRECT-capable)");
@@ -45,6 +45,7 @@ int run(int argc, char** argv) {
   app.add_option("--hidden", hidden, "hidden size (multiple of 64)")->check(CLI::Range(64, 65536));
   app.add_option("--ratio", ratio, "model states / device budget")->check(CLI::Range(1.0, 1e6));
   app.add_option("--prefetch", prefetch, "chunks fetched ahead")->check(CLI::Range(1, 16));
+  app.add_option("--trace", trace_path, "write a Chrome-trace JSON of the offloaded steps (opens in Perfetto)");
   app.add_option("--reps", reps, "timed steps per measurement (median)")->check(CLI::Range(1, 1000));
   CLI11_PARSE(app, argc, argv);
 
@@ -64,6 +65,8 @@ int run(int argc, char** argv) {
   full.activation_checkpoints = engine::Tier::kHost;
   full.states = engine::Tier::kNvme;
   full.nvme_paths = {dir};
+  engine::Trace trace(!trace_path.empty());
+  if (trace.enabled()) full.trace = &trace;
   std::printf("strata-stepbench: %d blocks x hidden %d, %.1fM parameters, %s of model states, device budget %s "
               "(1/%.3g), states on NVMe in %s\n",
               layers, hidden, static_cast<double>(params) / 1e6, format_bytes(states).c_str(),
@@ -80,6 +83,10 @@ int run(int argc, char** argv) {
     nvme_r = offloaded->last_stage().nvme_bytes_read, nvme_w = offloaded->last_stage().nvme_bytes_written;
   });
   const uint64_t device_peak = offloaded->device()->peak_bytes();
+  if (trace.enabled()) {
+    STEP_CHECK(trace.write(trace_path));
+    std::printf("trace: %s (%zu events)\n", trace_path.c_str(), trace.size());
+  }
   std::printf("offloaded step: %.3f s (device peak %s of %s)\n", step_s, format_bytes(device_peak).c_str(),
               format_bytes(full.device_bytes).c_str());
   std::fflush(stdout);

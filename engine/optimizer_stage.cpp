@@ -1,7 +1,9 @@
 #include "engine/optimizer_stage.h"
 
 #include <chrono>
+#include <cmath>
 #include <cstring>
+#include <deque>
 #include <optional>
 
 #include "common/units.h"
@@ -34,7 +36,12 @@ Result<std::unique_ptr<OptimizerStage>> OptimizerStage::create(std::vector<int64
   stage->executor_ = &executor;
   stage->trace_ = trace;
   if (tier == Tier::kHost) stage->host_.resize(stage->elems_.size());
+  stage->gen_.assign(stage->elems_.size(), 0);
   return stage;
+}
+
+OptimizerStage::~OptimizerStage() {
+  if (worker_.joinable()) cancel();
 }
 
 Status OptimizerStage::initialize(size_t c, const float* master) {
@@ -197,6 +204,252 @@ Result<StageCounters> OptimizerStage::step_nvme(const cpu_optim::OptimizerConfig
   }
   counters.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return counters;
+}
+
+}  // namespace strata::engine
+
+namespace strata::engine {
+
+// ---- the overlapped step ----
+
+Status OptimizerStage::begin(OverlapStep step) {
+  STRATA_CHECK_MSG(!worker_.joinable(), "optimizer stage: begin() while a step is in flight");
+  const size_t C = elems_.size();
+  if (step.grads.size() != C || step.out.size() != C || step.order.size() != C) {
+    return invalid_argument("optimizer stage: " + std::to_string(C) + " chunks, but " +
+                            std::to_string(step.grads.size()) + " gradients, " + std::to_string(step.out.size()) +
+                            " outputs and " + std::to_string(step.order.size()) + " positions in the landing order");
+  }
+  std::vector<bool> seen(C, false);
+  for (size_t c : step.order) {
+    if (c >= C || seen[c]) return invalid_argument("optimizer stage: the landing order must name every chunk once");
+    seen[c] = true;
+  }
+  if (!(step.clip_norm >= 0) || !std::isfinite(step.clip_norm)) {
+    return invalid_argument("optimizer stage: clip_norm must be finite and >= 0");
+  }
+  ov_ = std::move(step);
+  if (tier_ != Tier::kNvme) ov_.speculate = false;
+  outcome_ = OverlapOutcome{};
+  stats_.assign(C, cpu_optim::GradStats{});
+  {
+    std::lock_guard lock(mu_);
+    ready_.assign(C, {});
+    landed_.assign(C, false);
+    abort_ = false;
+  }
+  worker_status_ = ok_status();
+  worker_ = std::thread([this] { worker_status_ = run_overlap(); });
+  return ok_status();
+}
+
+void OptimizerStage::land(size_t chunk, std::function<Status()> ready) {
+  std::lock_guard lock(mu_);
+  STRATA_CHECK_MSG(chunk < landed_.size() && !landed_[chunk], "optimizer stage: chunk %zu landed twice or unknown",
+                   chunk);
+  ready_[chunk] = std::move(ready);
+  landed_[chunk] = true;
+  cv_.notify_all();
+}
+
+Result<OverlapOutcome> OptimizerStage::finish() {
+  STRATA_CHECK_MSG(worker_.joinable(), "optimizer stage: finish() without begin()");
+  worker_.join();
+  if (!worker_status_.ok()) return std::move(worker_status_);
+  return outcome_;
+}
+
+void OptimizerStage::cancel() {
+  if (!worker_.joinable()) return;
+  {
+    std::lock_guard lock(mu_);
+    abort_ = true;
+    cv_.notify_all();
+  }
+  worker_.join();
+}
+
+Status OptimizerStage::wait_landed(size_t c) {
+  std::function<Status()> ready;
+  {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return landed_[c] || abort_; });
+    if (!landed_[c]) {
+      return cancelled("optimizer stage: the step was abandoned before chunk " + std::to_string(c) +
+                       "'s gradient landed");
+    }
+    ready = std::move(ready_[c]);
+  }
+  if (ready) STRATA_RETURN_IF_ERROR(ready().with_context("gradient of chunk " + std::to_string(c)));
+  double start = trace_ ? trace_->now_us() : 0;
+  STRATA_ASSIGN_OR_RETURN(stats_[c], cpu_optim::grad_stats(ov_.grads[c].data, ov_.grads[c].dtype, elems_[c],
+                                                           ov_.grad_scale, *executor_));
+  if (trace_) trace_->span("optimizer", "gradient stats chunk " + std::to_string(c), start, trace_->now_us(), "optimizer");
+  return ok_status();
+}
+
+// The NVMe read -> update -> write pipeline over the landing order, with as
+// many chunks in flight as the staging arena has buffers. Reads come from
+// each chunk's current blob, writes go to its other one.
+class OptimizerStage::Pipeline {
+ public:
+  explicit Pipeline(OptimizerStage& s)
+      : s_(s), C_(s.elems_.size()), lease_(C_), reads_(C_), writes_(C_), issued_us_(C_, 0) {}
+  ~Pipeline() { drain(); }
+
+  // Issues reads for landing positions < upto, freeing buffers of finished writes as needed.
+  Status fill(size_t upto) {
+    upto = std::min(upto, C_);
+    while (next_read_ < upto) {
+      if (s_.staging_->in_use() >= s_.staging_->capacity()) {
+        if (pending_writes_.empty()) break;
+        STRATA_RETURN_IF_ERROR(retire_oldest_write());
+        continue;
+      }
+      const size_t c = s_.ov_.order[next_read_];
+      const std::string name = blob(c, s_.gen_[c]);
+      STRATA_ASSIGN_OR_RETURN(lease_[c], s_.staging_->acquire("read " + name));
+      STRATA_ASSIGN_OR_RETURN(io::Ticket t, s_.swap_->read(name, lease_[c].buffer()));
+      reads_[c] = t;
+      if (s_.trace_) issued_us_[c] = s_.trace_->now_us();
+      ++next_read_;
+    }
+    return ok_status();
+  }
+
+  // Updates the chunk at landing position k with `scale` and issues its write.
+  Status update(size_t k, float scale) {
+    const size_t c = s_.ov_.order[k];
+    STRATA_RETURN_IF_ERROR(fill(k + 1));
+    STRATA_CHECK_MSG(reads_[c].has_value(), "optimizer stage: chunk %zu updated before it was read", c);
+    const uint64_t bytes = state_bytes(s_.elems_[c]);
+    Status rs = s_.swap_->wait(*reads_[c]);
+    reads_[c].reset();
+    STRATA_RETURN_IF_ERROR(rs.with_context("reading optimizer state of chunk " + std::to_string(c)));
+    counters.nvme_bytes_read += bytes;
+    double start = s_.trace_ ? s_.trace_->now_us() : 0;
+    if (s_.trace_) s_.trace_->span("nvme", "read chunk " + std::to_string(c), issued_us_[c], start, "nvme", bytes);
+    STRATA_RETURN_IF_ERROR(s_.update_chunk(c, reinterpret_cast<float*>(lease_[c].data()), scale, &counters));
+    if (s_.trace_) s_.trace_->span("optimizer", "update chunk " + std::to_string(c), start, s_.trace_->now_us(), "optimizer");
+    STRATA_ASSIGN_OR_RETURN(io::Ticket w, s_.swap_->write(blob(c, 1 - s_.gen_[c]), lease_[c].buffer(), bytes));
+    writes_[c] = w;
+    pending_writes_.push_back(c);
+    counters.nvme_bytes_written += bytes;
+    return ok_status();
+  }
+
+  Status finish_writes() {
+    while (!pending_writes_.empty()) STRATA_RETURN_IF_ERROR(retire_oldest_write());
+    return ok_status();
+  }
+
+  StageCounters counters;
+
+ private:
+  Status retire_oldest_write() {
+    const size_t c = pending_writes_.front();
+    pending_writes_.pop_front();
+    Status s = s_.swap_->wait(*writes_[c]);
+    writes_[c].reset();
+    lease_[c] = PinnedArena::Lease();
+    return s.with_context("writing optimizer state of chunk " + std::to_string(c));
+  }
+  // Every issued request is waited for before its buffer's lease can end,
+  // on the error path too: the kernel may still be writing into it.
+  void drain() {
+    for (size_t c = 0; c < C_; ++c) {
+      if (reads_[c]) s_.swap_->wait(*reads_[c]).ignore();
+      if (writes_[c]) s_.swap_->wait(*writes_[c]).ignore();
+    }
+  }
+
+  OptimizerStage& s_;
+  const size_t C_;
+  std::vector<PinnedArena::Lease> lease_;
+  std::vector<std::optional<io::Ticket>> reads_, writes_;
+  std::vector<double> issued_us_;
+  std::deque<size_t> pending_writes_;
+  size_t next_read_ = 0;
+};
+
+Status OptimizerStage::update_chunk(size_t c, float* state, float scale, StageCounters* counters) {
+  cpu_optim::StepOptions options;
+  options.nonfinite = cpu_optim::NonFinitePolicy::kReportOnly;
+  options.grad_scale = scale;
+  Result<cpu_optim::StepReport> r = cpu_optim::step(
+      ov_.config, ov_.t, span_over(state, elems_[c], ov_.grads[c], ov_.out[c], ov_.out_dtype), options, *executor_);
+  if (!r) return std::move(r).error().with_context("optimizer step of chunk " + std::to_string(c));
+  counters->nonfinite += r->nonfinite;
+  return ok_status();
+}
+
+Status OptimizerStage::run_overlap() {
+  auto t0 = std::chrono::steady_clock::now();
+  const size_t C = elems_.size();
+  const bool nvme = tier_ == Tier::kNvme;
+  // Staging buffers: one for the write behind, the rest read ahead.
+  const size_t ahead = nvme ? staging_->capacity() - 1 : 0;
+  std::optional<Pipeline> pipe;
+  if (nvme) pipe.emplace(*this);
+  if (ov_.speculate) {
+    for (size_t k = 0; k < C; ++k) {
+      STRATA_RETURN_IF_ERROR(pipe->fill(k + ahead));
+      STRATA_RETURN_IF_ERROR(wait_landed(ov_.order[k]));
+      STRATA_RETURN_IF_ERROR(pipe->update(k, ov_.grad_scale));
+    }
+    STRATA_RETURN_IF_ERROR(pipe->finish_writes());
+  } else {
+    if (nvme) STRATA_RETURN_IF_ERROR(pipe->fill(ahead));
+    for (size_t k = 0; k < C; ++k) STRATA_RETURN_IF_ERROR(wait_landed(ov_.order[k]));
+  }
+  // The verdict over the whole model, summed in chunk order (deterministic).
+  double sum_squares = 0;
+  int64_t nonfinite = 0;
+  for (size_t c = 0; c < C; ++c) {
+    sum_squares += stats_[c].sum_squares;
+    nonfinite += stats_[c].nonfinite;
+  }
+  OverlapOutcome& o = outcome_;
+  o.grad_norm = std::sqrt(sum_squares);
+  o.skipped = nonfinite > 0;
+  float scale = ov_.grad_scale;
+  if (!o.skipped && ov_.clip_norm > 0 && o.grad_norm > ov_.clip_norm) {
+    scale = ov_.grad_scale * static_cast<float>(ov_.clip_norm / o.grad_norm);
+    o.clipped = true;
+  }
+  const bool guess_held = ov_.speculate && !o.skipped && scale == ov_.grad_scale;
+  o.rolled_back = ov_.speculate && !guess_held;
+  if (!o.skipped && !guess_held) {
+    // Updates with the true scale: first ones, or redone from the old blobs.
+    if (nvme) {
+      if (ov_.speculate) pipe.emplace(*this);  // a fresh pass over the old states
+      for (size_t k = 0; k < C; ++k) {
+        STRATA_RETURN_IF_ERROR(pipe->fill(k + ahead));
+        STRATA_RETURN_IF_ERROR(pipe->update(k, scale));
+      }
+      STRATA_RETURN_IF_ERROR(pipe->finish_writes());
+    } else {
+      for (size_t k = 0; k < C; ++k) {
+        const size_t c = ov_.order[k];
+        double start = trace_ ? trace_->now_us() : 0;
+        STRATA_RETURN_IF_ERROR(update_chunk(c, host_[c].data(), scale, &o.counters));
+        if (trace_) trace_->span("optimizer", "update chunk " + std::to_string(c), start, trace_->now_us(), "optimizer");
+      }
+    }
+  }
+  if (pipe) {
+    o.counters.nvme_bytes_read += pipe->counters.nvme_bytes_read;
+    o.counters.nvme_bytes_written += pipe->counters.nvme_bytes_written;
+    o.counters.nonfinite += pipe->counters.nonfinite;
+    pipe.reset();
+  }
+  // Every chunk now holds its new state in its other blob: switch to it.
+  if (nvme && !o.skipped) {
+    for (size_t c = 0; c < C; ++c) gen_[c] = 1 - gen_[c];
+  }
+  o.out_written = !o.skipped || ov_.speculate;
+  o.counters.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return ok_status();
 }
 
 }  // namespace strata::engine

@@ -11,10 +11,28 @@
 // chunk); the swap store never serves a half-written chunk as valid.
 //
 // Per chunk the state is one blob: [master fp32 | m fp32 | v fp32], n each.
+//
+// The overlapped step (begin / land / finish) runs the stage on its own
+// thread while the caller is still in backward: states are read ahead in the
+// order gradients will land, each chunk's gradient statistics (for the
+// global norm and the inf/nan check) are taken as soon as it lands, and —
+// with states on NVMe and `speculate` set — each chunk is updated and
+// written as soon as it lands, assuming the step neither clips nor skips.
+// Updated states go to the chunk's other blob (two per chunk, so NVMe holds
+// states twice); only when the whole step's verdict confirms the guess do
+// the chunks switch to the new blobs. When the verdict differs (clipping
+// fired, or an inf/nan), the old blobs are still intact: the step is redone
+// from them with the true scale, or dropped when skipped. Exact either way:
+// the same bits as the serial step (tested). Without speculation the reads
+// and statistics still overlap backward and the updates follow the verdict.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
+#include <functional>
+#include <mutex>
 #include <span>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -38,11 +56,35 @@ struct StageCounters {
   double seconds = 0;
 };
 
+// One overlapped step; grads and out are indexed by chunk and must stay
+// valid until finish().
+struct OverlapStep {
+  cpu_optim::OptimizerConfig config;
+  int64_t t = 0;
+  std::vector<ChunkGrad> grads;
+  std::vector<void*> out;
+  DType out_dtype = DType::kBF16;
+  std::vector<size_t> order;  // the order land() will be called in: every chunk once
+  float grad_scale = 1.0f;    // applied to every gradient (1/accumulation, 1/loss scale)
+  double clip_norm = 0;       // global-norm clipping of the scaled gradients; 0 = off
+  bool speculate = false;     // NVMe only: update as chunks land, assuming no clip and no skip
+};
+
+struct OverlapOutcome {
+  StageCounters counters;
+  double grad_norm = 0;      // of the scaled gradients
+  bool clipped = false;
+  bool skipped = false;      // an inf/nan gradient: no chunk changed
+  bool rolled_back = false;  // speculative updates were undone (then redone, unless skipped)
+  bool out_written = false;  // `out` was written (false when skipped without speculation)
+};
+
 class OptimizerStage {
  public:
   // `chunk_elems`: elements per chunk (model_layout order). States on
   // Tier::kHost or Tier::kNvme; for NVMe, `swap` and `staging` (>= 3 buffers
   // of >= 12 * max chunk bytes, padded to the swap alignment) are required.
+  ~OptimizerStage();
   static Result<std::unique_ptr<OptimizerStage>> create(std::vector<int64_t> chunk_elems, Tier tier,
                                                         io::SwapStore* swap, PinnedArena* staging,
                                                         cpu_optim::Executor& executor, Trace* trace = nullptr);
@@ -55,6 +97,19 @@ class OptimizerStage {
   // kReportOnly: the engine decides skipping globally before the stage.
   Result<StageCounters> step(const cpu_optim::OptimizerConfig& config, int64_t t, std::span<const ChunkGrad> grads,
                              std::span<void* const> out, DType out_dtype, const cpu_optim::StepOptions& options);
+
+  // The overlapped step. begin() starts the stage's thread; land(c) says
+  // chunk c's gradient is final once `ready` (called on the stage's thread,
+  // may be empty) returns OK; finish() waits for the end and reports. An
+  // error (I/O, a failing `ready`) ends the step: the chunks keep their old
+  // states. begin() must be followed by finish(), on every path.
+  Status begin(OverlapStep step);
+  void land(size_t chunk, std::function<Status()> ready = {});
+  Result<OverlapOutcome> finish();
+  // Abandons the step in flight (the caller's backward failed): the stage's
+  // thread stops at the next chunk that has not landed; no chunk changes.
+  void cancel();
+  bool in_step() const { return worker_.joinable(); }
 
   // Copies chunk c's master weights into `dst` (n floats), for checks.
   Status read_master(size_t chunk, float* dst);
@@ -70,7 +125,14 @@ class OptimizerStage {
 
  private:
   OptimizerStage() = default;
-  std::string blob(size_t chunk) const { return "optimizer-state/chunk-" + std::to_string(chunk); }
+  std::string blob(size_t chunk) const { return blob(chunk, gen_[chunk]); }
+  static std::string blob(size_t chunk, int gen) {
+    return "optimizer-state/chunk-" + std::to_string(chunk) + (gen == 0 ? "" : ".b");
+  }
+  Status run_overlap();
+  Status wait_landed(size_t chunk);
+  Status update_chunk(size_t chunk, float* state, float scale, StageCounters* counters);
+  class Pipeline;
   cpu_optim::ParamSpan span_over(float* state, int64_t n, const ChunkGrad& g, void* out, DType out_dtype) const;
   Result<StageCounters> step_nvme(const cpu_optim::OptimizerConfig& config, int64_t t, std::span<const ChunkGrad> grads,
                                   std::span<void* const> out, DType out_dtype, const cpu_optim::StepOptions& options);
@@ -82,6 +144,20 @@ class OptimizerStage {
   cpu_optim::Executor* executor_ = nullptr;
   Trace* trace_ = nullptr;
   std::vector<std::vector<float>> host_;  // states on the host tier
+  std::vector<int> gen_;                  // which of its two blobs holds each chunk's state (NVMe)
+
+  // The overlapped step in flight.
+  OverlapStep ov_;
+  OverlapOutcome outcome_;
+  std::vector<cpu_optim::GradStats> stats_;
+  std::vector<bool> stats_done_;
+  std::thread worker_;
+  Status worker_status_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::function<Status()>> ready_;  // guarded by mu_
+  std::vector<bool> landed_;                    // guarded by mu_
+  bool abort_ = false;                          // guarded by mu_
 };
 
 }  // namespace strata::engine

@@ -98,7 +98,8 @@ Result<const float*> StreamedModel::weights_for(size_t i) {
 }
 
 Result<float> StreamedModel::forward_backward(const std::vector<const float*>& weights, const int32_t* tokens,
-                                              const int32_t* targets, const std::vector<float*>& grads) {
+                                             const int32_t* targets, const std::vector<float*>& grads,
+                                             const GradLanded& landed) {
   namespace ops = gpu::host;
   const gpu::GptConfig& c = config_;
   const int64_t L = c.layers, N = B_ * T_, C = c.hidden;
@@ -218,6 +219,7 @@ Result<float> StreamedModel::forward_backward(const std::vector<const float*>& w
     STRATA_RETURN_IF_ERROR(dev_->copy_to_host(copy_, grads[chunk], slot, bytes));
     STRATA_ASSIGN_OR_RETURN(grad_done_[g], dev_->record(copy_));
     d2h_bytes_ += bytes;
+    if (landed) landed(chunk, grad_done_[g]);
     return ok_status();
   };
   STRATA_ASSIGN_OR_RETURN(const float* pb, weights_for(static_cast<size_t>(L + 1)));
@@ -241,9 +243,20 @@ Result<float> StreamedModel::forward_backward(const std::vector<const float*>& w
   ops::embedding_backward(dwte, embedding_grad_.as<float>() + emb.tensors[1].offset, dx, tokens, B_, T_, C);
   STRATA_RETURN_IF_ERROR(dev_->copy_to_host(copy_, grads[0], embedding_grad_.data(), emb_bytes));
   d2h_bytes_ += emb_bytes;
+  STRATA_ASSIGN_OR_RETURN(gpu::Event emb_copied, dev_->record(copy_));
+  if (landed) landed(0, emb_copied);
   STRATA_RETURN_IF_ERROR(dev_->synchronize(copy_));
   STRATA_RETURN_IF_ERROR(dev_->async_error());
   return loss;
+}
+
+std::vector<size_t> StreamedModel::landing_order(const gpu::GptConfig& config) {
+  // The final layer norm, the blocks from last to first, the embeddings.
+  std::vector<size_t> order;
+  const size_t L = static_cast<size_t>(config.layers);
+  for (size_t c = L + 1; c > 0; --c) order.push_back(c);
+  order.push_back(0);
+  return order;
 }
 
 }  // namespace strata::engine

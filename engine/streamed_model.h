@@ -14,6 +14,7 @@
 // bits as HostGpt (tested).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -35,10 +36,18 @@ class StreamedModel {
                                                        io::SwapStore* swap = nullptr);
   ~StreamedModel();
 
+  // Called once per chunk, in backward order, when its gradient's copy to
+  // the host has been issued; the host bytes are final once `copied` is done.
+  using GradLanded = std::function<void(size_t chunk, gpu::Event copied)>;
+
   // Mean loss; `grads` (host, one per chunk) are overwritten with
   // d(mean loss)/d(weights). `weights` are the host copies, in model_layout order.
   Result<float> forward_backward(const std::vector<const float*>& weights, const int32_t* tokens,
-                                 const int32_t* targets, const std::vector<float*>& grads);
+                                 const int32_t* targets, const std::vector<float*>& grads,
+                                 const GradLanded& landed = {});
+  // The order in which backward finishes the chunks (what `landed` sees).
+  static std::vector<size_t> landing_order(const gpu::GptConfig& config);
+  gpu::HostDevice& device() { return *dev_; }
 
   uint64_t bytes_to_device() const { return h2d_bytes_; }
   uint64_t bytes_to_host() const { return d2h_bytes_; }

@@ -49,18 +49,29 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
   }
   if (o.states == Tier::kNvme || o.activation_checkpoints == Tier::kNvme) {
     if (o.nvme_paths.empty()) return invalid_argument("trainer: optimizer states or checkpoints on NVMe need nvme_paths");
+  }
+  if (o.staging_buffers < 3 || o.staging_buffers > 64) {
+    return invalid_argument("trainer: staging_buffers must be 3..64, got " + std::to_string(o.staging_buffers));
+  }
+  // One store (one ring) per issuing thread: the optimizer stage's thread
+  // owns the states' store, the compute thread the checkpoints'.
+  auto open_store = [&](std::unique_ptr<io::SwapStore>* store) -> Status {
     io::SwapStoreOptions so;
     so.directories = o.nvme_paths;
     so.device.backend = o.io_backend;
     so.faults = o.faults;
-    STRATA_ASSIGN_OR_RETURN(tr->swap_, io::SwapStore::open(so));
-  }
+    STRATA_ASSIGN_OR_RETURN(*store, io::SwapStore::open(so));
+    return ok_status();
+  };
   if (o.states == Tier::kNvme) {
+    STRATA_RETURN_IF_ERROR(open_store(&tr->swap_));
     STRATA_ASSIGN_OR_RETURN(tr->staging_,
                             PinnedArena::create("optimizer staging",
-                                                tr->swap_->padded_size(OptimizerStage::state_bytes(max_elems)), 3,
-                                                tr->allocator_, tr->executor_.get()));
+                                                tr->swap_->padded_size(OptimizerStage::state_bytes(max_elems)),
+                                                static_cast<uint32_t>(o.staging_buffers), tr->allocator_,
+                                                tr->executor_.get()));
   }
+  if (o.activation_checkpoints == Tier::kNvme) STRATA_RETURN_IF_ERROR(open_store(&tr->checkpoint_swap_));
   STRATA_ASSIGN_OR_RETURN(tr->stage_, OptimizerStage::create(elems, o.states, tr->swap_.get(), tr->staging_.get(),
                                                              *tr->executor_, o.trace));
   if (o.stream_weights) {
@@ -69,7 +80,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
     STRATA_ASSIGN_OR_RETURN(tr->device_, gpu::HostDevice::create(d));
     STRATA_ASSIGN_OR_RETURN(tr->streamed_,
                             StreamedModel::create(o.model, o.batch, o.seq, *tr->device_, o.prefetch_depth,
-                                                  o.activation_checkpoints, tr->swap_.get()));
+                                                  o.activation_checkpoints, tr->checkpoint_swap_.get()));
   } else {
     tr->model_ = std::make_unique<gpu::host::HostGpt<float>>(o.model, o.batch, o.seq);
   }
@@ -106,6 +117,7 @@ Trainer::~Trainer() {
   stage_.reset();  // before the staging arena and the swap store it uses
   staging_.reset();
   swap_.reset();
+  checkpoint_swap_.reset();
 }
 
 Status Trainer::refresh_compute_weights() {
@@ -138,6 +150,16 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 }  // namespace
 
+Status Trainer::restore_weights() {
+  // The compute copy still holds the weights the step began with (bf16 ->
+  // fp32 is exact), so the bf16 weights come back bit for bit.
+  for (size_t c = 0; c < weights_.size(); ++c) {
+    STRATA_RETURN_IF_ERROR(cpu_optim::convert(params_[c].data(), DType::kF32, weights_[c].data(), DType::kBF16,
+                                              static_cast<int64_t>(params_[c].size())));
+  }
+  return ok_status();
+}
+
 Result<float> Trainer::step() {
   auto t0 = std::chrono::steady_clock::now();
   Trace* trace = options_.trace;
@@ -150,94 +172,116 @@ Result<float> Trainer::step() {
     trace->span("trainer", step_name + name, phase_us, now, "phase");
     phase_us = now;
   };
-  std::vector<int32_t> tokens, targets;
   const int64_t A = options_.grad_accum;
+  const size_t C = grads_.size();
+
+  // The optimizer stage starts now, on its own thread: it reads states ahead
+  // while the forward runs and takes each chunk as its gradient lands.
+  OverlapStep ov;
+  ov.config = options_.adam;
+  ov.t = t_ + 1;
+  for (size_t c = 0; c < C; ++c) {
+    ov.grads.push_back({grads_[c].data(), DType::kF32});
+    ov.out.push_back(weights_[c].data());
+  }
+  ov.out_dtype = DType::kBF16;
+  ov.order = StreamedModel::landing_order(options_.model);
+  ov.grad_scale = 1.0f / static_cast<float>(A);
+  ov.clip_norm = options_.clip_norm;
+  // Guess that this step neither clips nor skips when the last one did neither.
+  ov.speculate = options_.speculate && !last_clipped_ && !last_skipped_;
+  STRATA_RETURN_IF_ERROR(stage_->begin(std::move(ov)));
+  // Any failure from here on: stop the stage, and the bf16 weights it may
+  // have begun to write go back to what they were.
+  auto abandon = [&](Status s) -> Status {
+    stage_->cancel();
+    Status r = restore_weights();
+    return r.ok() ? std::move(s) : std::move(r);
+  };
+
+  std::vector<int32_t> tokens, targets;
   // One micro-batch's gradients into `into` (overwritten); returns its loss.
-  auto micro_batch = [&](int64_t index, std::vector<std::vector<float>>& into) -> Result<float> {
+  // On the last one every chunk is handed to the stage as it lands: when
+  // accumulating, the stage's thread adds the chunk into the sum first.
+  auto micro_batch = [&](int64_t index, std::vector<std::vector<float>>& into, bool last) -> Result<float> {
     make_batch(index, &tokens, &targets);
+    const bool sum_into_grads = &into != &grads_;
+    auto hand_over = [&](size_t c, std::function<Status()> ready) {
+      if (!sum_into_grads) return stage_->land(c, std::move(ready));
+      stage_->land(c, [this, c, ready = std::move(ready)]() -> Status {
+        if (ready) STRATA_RETURN_IF_ERROR(ready());
+        float* acc = grads_[c].data();
+        const float* add = micro_[c].data();
+        for (size_t i = 0; i < grads_[c].size(); ++i) acc[i] += add[i];
+        return ok_status();
+      });
+    };
+    float l = 0;
     if (streamed_) {  // writes every chunk's gradient whole
       std::vector<const float*> w;
       std::vector<float*> gr;
-      for (size_t c = 0; c < params_.size(); ++c) {
+      for (size_t c = 0; c < C; ++c) {
         w.push_back(params_[c].data());
         gr.push_back(into[c].data());
       }
       const uint64_t h2d = streamed_->bytes_to_device(), d2h = streamed_->bytes_to_host();
-      STRATA_ASSIGN_OR_RETURN(float l, streamed_->forward_backward(w, tokens.data(), targets.data(), gr));
+      StreamedModel::GradLanded landed;
+      if (last) {
+        landed = [&](size_t c, gpu::Event copied) {
+          gpu::HostDevice* dev = &streamed_->device();
+          hand_over(c, [dev, copied] { return dev->synchronize(copied); });
+        };
+      }
+      STRATA_ASSIGN_OR_RETURN(l, streamed_->forward_backward(w, tokens.data(), targets.data(), gr, landed));
       last_h2d_ += streamed_->bytes_to_device() - h2d;
       last_d2h_ += streamed_->bytes_to_host() - d2h;
-      return l;
+    } else {
+      for (auto& g : into) std::fill(g.begin(), g.end(), 0.0f);  // HostGpt::backward accumulates
+      auto params = view(params_);
+      l = model_->forward(params, tokens.data(), targets.data());
+      model_->backward(params, view(into));
+      if (last) {
+        for (size_t c : StreamedModel::landing_order(options_.model)) hand_over(c, {});
+      }
     }
-    for (auto& g : into) std::fill(g.begin(), g.end(), 0.0f);  // HostGpt::backward accumulates
-    auto params = view(params_);
-    float l = model_->forward(params, tokens.data(), targets.data());
-    model_->backward(params, view(into));
     return l;
   };
   last_h2d_ = last_d2h_ = 0;
-  float loss = 0;
-  if (A == 1) {
-    STRATA_ASSIGN_OR_RETURN(loss, micro_batch(t_, grads_));
-  } else {
-    // Each micro-batch's gradient is computed alone and summed in order (the
-    // same bits whichever path computed it); the 1/A goes into the scale.
-    double sum = 0;
-    for (int64_t k = 0; k < A; ++k) {
-      STRATA_ASSIGN_OR_RETURN(float l, micro_batch(t_ * A + k, k == 0 ? grads_ : micro_));
-      sum += l;
-      if (k == 0) continue;
-      for (size_t c = 0; c < grads_.size(); ++c) {
-        float* acc = grads_[c].data();
-        const float* add = micro_[c].data();
-        for (size_t i = 0; i < grads_[c].size(); ++i) acc[i] += add[i];
-      }
+  // Each micro-batch's gradient is computed alone and summed in order (the
+  // same bits whichever path computed it); the 1/A goes into the scale.
+  double sum = 0;
+  for (int64_t k = 0; k < A; ++k) {
+    Result<float> l = micro_batch(t_ * A + k, k == 0 ? grads_ : micro_, k == A - 1);
+    if (!l) return abandon(std::move(l).error());
+    sum += *l;
+    if (k == 0 || k == A - 1) continue;
+    for (size_t c = 0; c < C; ++c) {
+      float* acc = grads_[c].data();
+      const float* add = micro_[c].data();
+      for (size_t i = 0; i < grads_[c].size(); ++i) acc[i] += add[i];
     }
-    loss = static_cast<float>(sum / static_cast<double>(A));
   }
-  std::vector<ChunkGrad> g;
-  std::vector<void*> out;
-  for (size_t c = 0; c < grads_.size(); ++c) {
-    g.push_back({grads_[c].data(), DType::kF32});
-    out.push_back(weights_[c].data());
-  }
+  const float loss = A == 1 ? static_cast<float>(sum) : static_cast<float>(sum / static_cast<double>(A));
   last_times_.forward_backward = seconds_since(t0);
   phase("forward+backward");
   t0 = std::chrono::steady_clock::now();
-  const float inv_accum = 1.0f / static_cast<float>(A);
-  // The global norm (of the mean gradient), chunk by chunk in order (each chunk's sum is itself
-  // deterministic), decides clipping and skipping for the whole model.
-  double sum_squares = 0;
-  int64_t nonfinite = 0;
-  for (size_t c = 0; c < grads_.size(); ++c) {
-    STRATA_ASSIGN_OR_RETURN(cpu_optim::GradStats st,
-                            cpu_optim::grad_stats(grads_[c].data(), DType::kF32,
-                                                  static_cast<int64_t>(grads_[c].size()), inv_accum, *executor_));
-    sum_squares += st.sum_squares;
-    nonfinite += st.nonfinite;
+  Result<OverlapOutcome> outcome = stage_->finish();
+  if (!outcome) {
+    Status r = restore_weights();
+    return r.ok() ? std::move(outcome).error() : r;
   }
-  last_grad_norm_ = std::sqrt(sum_squares);
-  last_times_.grad_norm = seconds_since(t0);
-  phase("gradient norm");
-  t0 = std::chrono::steady_clock::now();
-  last_skipped_ = nonfinite > 0;
-  last_clipped_ = false;
-  cpu_optim::StepOptions opts;
-  opts.nonfinite = cpu_optim::NonFinitePolicy::kReportOnly;
-  opts.grad_scale = inv_accum;
-  if (options_.clip_norm > 0 && last_grad_norm_ > options_.clip_norm) {
-    opts.grad_scale = inv_accum * static_cast<float>(options_.clip_norm / last_grad_norm_);
-    last_clipped_ = true;
-  }
-  if (last_skipped_) {
-    last_stage_ = StageCounters{};
-  } else {
-    STRATA_ASSIGN_OR_RETURN(last_stage_, stage_->step(options_.adam, t_ + 1, g, out, DType::kBF16, opts));
-  }
+  if (outcome->skipped && outcome->out_written) STRATA_RETURN_IF_ERROR(restore_weights());
+  last_stage_ = outcome->counters;
+  last_grad_norm_ = outcome->grad_norm;
+  last_clipped_ = outcome->clipped;
+  last_skipped_ = outcome->skipped;
+  last_rolled_back_ = outcome->rolled_back;
+  rollbacks_ += outcome->rolled_back ? 1 : 0;
   ++t_;
   last_times_.optimizer = seconds_since(t0);
   phase("optimizer stage");
   t0 = std::chrono::steady_clock::now();
-  STRATA_RETURN_IF_ERROR(refresh_compute_weights());
+  if (!last_skipped_) STRATA_RETURN_IF_ERROR(refresh_compute_weights());
   last_times_.weights = seconds_since(t0);
   phase("weights to compute copy");
   return loss;

@@ -41,9 +41,17 @@ struct TrainerOptions {
   Tier activation_checkpoints = Tier::kDevice;  // kDevice, kHost or kNvme (streaming only)
   // Global-norm gradient clipping (0 = off): when the norm of all gradients
   // exceeds clip_norm, every gradient is scaled by clip_norm / norm. The
-  // norm is taken over the whole model after backward and before any chunk
-  // is updated, so clipping is exact.
+  // norm is taken over the whole model; no chunk keeps an update made
+  // before it was known, so clipping is exact.
   float clip_norm = 0.0f;
+  // With states on NVMe: update each chunk as soon as its gradient lands
+  // (during backward), guessing that the step neither clips nor skips, and
+  // redo the step from the untouched old states when the guess was wrong —
+  // the same bits either way. Off: the updates wait for the global verdict.
+  bool speculate = true;
+  // Pinned staging buffers for NVMe states (each one chunk's state): one
+  // holds the write behind, the rest read ahead.
+  int staging_buffers = 4;
   std::vector<std::string> nvme_paths;      // for kNvme
   io::Backend io_backend = io::Backend::kAuto;
   std::optional<io::FaultConfig> faults;    // wrap the NVMe device in a fault injector (tests)
@@ -51,10 +59,11 @@ struct TrainerOptions {
 };
 
 // Where the last step's time went (seconds, wall clock, one after another).
+// The optimizer stage runs beside forward+backward; `optimizer` is what is
+// left of it after backward (the part the overlap did not hide).
 struct StepTimes {
   double forward_backward = 0;  // including weight streaming when on
-  double grad_norm = 0;         // the global norm / inf-nan scan
-  double optimizer = 0;         // the optimizer stage, NVMe I/O included
+  double optimizer = 0;         // waiting for the optimizer stage after backward
   double weights = 0;           // bf16 weights -> the fp32 compute copy
 };
 
@@ -75,6 +84,10 @@ class Trainer {
   double last_grad_norm() const { return last_grad_norm_; }
   bool last_clipped() const { return last_clipped_; }
   bool last_skipped() const { return last_skipped_; }
+  // Whether the last step's speculative updates were undone (clipping or
+  // inf/nan the guess did not foresee), and how often that happened so far.
+  bool last_rolled_back() const { return last_rolled_back_; }
+  int64_t rollbacks() const { return rollbacks_; }
   // The NVMe store of the optimizer states (null for kHost); tests reach
   // its fault injector through it.
   io::SwapStore* swap_store() { return swap_.get(); }
@@ -96,11 +109,13 @@ class Trainer {
   Trainer() = default;
   void make_batch(int64_t index, std::vector<int32_t>* tokens, std::vector<int32_t>* targets) const;
   Status refresh_compute_weights();
+  Status restore_weights();
 
   TrainerOptions options_;
   std::vector<gpu::ChunkLayout> layout_;
   std::unique_ptr<cpu_optim::Executor> executor_;
-  std::unique_ptr<io::SwapStore> swap_;
+  std::unique_ptr<io::SwapStore> swap_;             // optimizer states (the stage's thread)
+  std::unique_ptr<io::SwapStore> checkpoint_swap_;  // activation checkpoints (the compute thread)
   io::AlignedAllocator allocator_;
   std::unique_ptr<PinnedArena> staging_;
   std::unique_ptr<OptimizerStage> stage_;
@@ -116,6 +131,8 @@ class Trainer {
   double last_grad_norm_ = 0;
   bool last_clipped_ = false;
   bool last_skipped_ = false;
+  bool last_rolled_back_ = false;
+  int64_t rollbacks_ = 0;
   StepTimes last_times_;
   uint64_t last_h2d_ = 0, last_d2h_ = 0;
 };
