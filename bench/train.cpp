@@ -6,6 +6,7 @@
 // resumed with --resume.
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
@@ -78,6 +79,15 @@ int run(int argc, char** argv) {
   o.adam.weight_decay = static_cast<float>(cfg->optimizer.weight_decay);
   o.adam.decoupled_weight_decay = cfg->optimizer.type == "adamw";
   o.clip_norm = static_cast<float>(cfg->gradient_clipping);
+  if (cfg->setup.compute == DType::kF32) {
+    std::fprintf(stderr, "strata-train: the trainer's working weights are bf16 or fp16; the config asks for fp32\n");
+    return 2;
+  }
+  o.precision = cfg->setup.compute;
+  o.loss_scale.initial_power = cfg->loss_scaling.initial_scale_power;
+  o.loss_scale.window = cfg->loss_scaling.window;
+  o.loss_scale.hysteresis = cfg->loss_scaling.hysteresis;
+  o.loss_scale.min_scale = cfg->loss_scaling.min_scale;
   if (!nvme.empty()) {
     o.states = engine::Tier::kNvme;
     o.nvme_paths = {nvme};
@@ -85,8 +95,17 @@ int run(int argc, char** argv) {
     o.states = engine::Tier::kNvme;
     o.nvme_paths = cfg->nvme_paths;
   }
+  engine::Budgets budgets = cfg->budgets;
+  // A config without budgets (a DeepSpeed one, say) gets the host backend's
+  // defaults: a 1 GiB device and half the machine's memory.
+  if (budgets.device_bytes == 0 || budgets.host_bytes == 0) {
+    if (budgets.device_bytes == 0) budgets.device_bytes = 1ull << 30;
+    if (budgets.host_bytes == 0) budgets.host_bytes = physical_memory_bytes() / 2;
+    std::printf("budgets not all given in the config; using device %s, host %s\n",
+                format_bytes(budgets.device_bytes).c_str(), format_bytes(budgets.host_bytes).c_str());
+  }
   o.stream_weights = stream;
-  o.device_bytes = stream ? cfg->budgets.device_bytes : 0;
+  o.device_bytes = stream ? budgets.device_bytes : 0;
   o.prefetch_depth = prefetch;
   o.activation_checkpoints = activations == "host"   ? engine::Tier::kHost
                              : activations == "nvme" ? engine::Tier::kNvme
@@ -100,7 +119,6 @@ int run(int argc, char** argv) {
     return 2;
   }
   // The planner's view of the same run.
-  engine::Budgets budgets = cfg->budgets;
   if (o.states == engine::Tier::kNvme && budgets.nvme_bytes == 0) budgets.nvme_bytes = 1ull << 40;
   engine::Constraints fixed;
   fixed.states = o.states;
@@ -140,10 +158,13 @@ int run(int argc, char** argv) {
     last = *loss;
     const engine::StageCounters& st = (*tr)->last_stage();
     nvme_bytes += st.nvme_bytes_read + st.nvme_bytes_written;
-    std::printf("step %5lld | loss %.4f | grad norm %8.3f%s | %8.0f tok/s | %6.2f GFLOP/s | optimizer %6.1f ms | "
+    std::string scale;
+    if (o.precision == DType::kF16) scale = " | loss scale 2^" + std::to_string(std::ilogb((*tr)->loss_scale()));
+    std::printf("step %5lld | loss %.4f | grad norm %8.3f%s%s | %8.0f tok/s | %6.2f GFLOP/s | optimizer %6.1f ms | "
                 "nvme r/w %s/%s\n",
                 static_cast<long long>(i + 1), *loss, (*tr)->last_grad_norm(),
-                (*tr)->last_skipped() ? " (inf/nan: skipped)" : (*tr)->last_clipped() ? " (clipped)" : "", tokens / s,
+                (*tr)->last_skipped() ? " (inf/nan: skipped)" : (*tr)->last_clipped() ? " (clipped)" : "", scale.c_str(),
+                tokens / s,
                 flops / s / 1e9, st.seconds * 1e3, format_bytes(st.nvme_bytes_read).c_str(),
                 format_bytes(st.nvme_bytes_written).c_str());
     std::fflush(stdout);

@@ -272,8 +272,10 @@ void OptimizerStage::cancel() {
 Status OptimizerStage::wait_landed(size_t c) {
   std::function<Status()> ready;
   {
+    const auto t0 = std::chrono::steady_clock::now();
     std::unique_lock lock(mu_);
     cv_.wait(lock, [&] { return landed_[c] || abort_; });
+    idle_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!landed_[c]) {
       return cancelled("optimizer stage: the step was abandoned before chunk " + std::to_string(c) +
                        "'s gradient landed");
@@ -385,6 +387,7 @@ Status OptimizerStage::update_chunk(size_t c, float* state, float scale, StageCo
 
 Status OptimizerStage::run_overlap() {
   auto t0 = std::chrono::steady_clock::now();
+  idle_s_ = 0;
   const size_t C = elems_.size();
   const bool nvme = tier_ == Tier::kNvme;
   // Staging buffers: one for the write behind, the rest read ahead.
@@ -448,7 +451,7 @@ Status OptimizerStage::run_overlap() {
     for (size_t c = 0; c < C; ++c) gen_[c] = 1 - gen_[c];
   }
   o.out_written = !o.skipped || ov_.speculate;
-  o.counters.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  o.counters.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() - idle_s_;
   return ok_status();
 }
 

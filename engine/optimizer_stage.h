@@ -53,7 +53,7 @@ struct StageCounters {
   uint64_t nvme_bytes_read = 0;
   uint64_t nvme_bytes_written = 0;
   int64_t nonfinite = 0;  // gradient elements that were inf/nan (kReportOnly: caller rolls back)
-  double seconds = 0;
+  double seconds = 0;  // busy: I/O waits, statistics and updates (not waiting for gradients)
 };
 
 // One overlapped step; grads and out are indexed by chunk and must stay
@@ -153,6 +153,7 @@ class OptimizerStage {
   std::vector<bool> stats_done_;
   std::thread worker_;
   Status worker_status_;
+  double idle_s_ = 0;  // the stage's thread waiting for gradients to land
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<std::function<Status()>> ready_;  // guarded by mu_

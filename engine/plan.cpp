@@ -170,7 +170,7 @@ std::vector<Placement> candidates(const Budgets& b, const Constraints& fixed) {
 // Searches the placements for `setup`; false when none fits.
 bool best_plan(const TrainSetup& s, const Budgets& b, const Bandwidths& bw, const Constraints& fixed, Plan* best,
                Plan* closest) {
-  bool found = false;
+  bool found = false, have_closest = false;
   double closest_over = std::numeric_limits<double>::infinity();
   for (const Placement& pl : candidates(b, fixed)) {
     Plan p = estimate(s, pl, bw);
@@ -181,7 +181,8 @@ bool best_plan(const TrainSetup& s, const Budgets& b, const Bandwidths& bw, cons
         *best = p;
         found = true;
       }
-    } else if (closest != nullptr && overflow(p, b) < closest_over) {
+    } else if (closest != nullptr && (overflow(p, b) < closest_over || !have_closest)) {
+      have_closest = true;
       closest_over = overflow(p, b);
       *closest = p;
     }

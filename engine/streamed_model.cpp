@@ -99,7 +99,7 @@ Result<const float*> StreamedModel::weights_for(size_t i) {
 
 Result<float> StreamedModel::forward_backward(const std::vector<const float*>& weights, const int32_t* tokens,
                                              const int32_t* targets, const std::vector<float*>& grads,
-                                             const GradLanded& landed) {
+                                             const GradLanded& landed, float dloss) {
   namespace ops = gpu::host;
   const gpu::GptConfig& c = config_;
   const int64_t L = c.layers, N = B_ * T_, C = c.hidden;
@@ -206,7 +206,7 @@ Result<float> StreamedModel::forward_backward(const std::vector<const float*>& w
   std::memset(embedding_grad_.data(), 0, embedding_grad_.bytes());
   std::fill(dlnf, dlnf + 3 * N * C, 0.0f);  // dlnf, dx, dx_in
   float* dwte = embedding_grad_.as<float>() + emb.tensors[0].offset;
-  ops::crossentropy_backward(dlnf, dwte, lnf, wte, targets, lse, 1.0f, N, C, c.vocab);
+  ops::crossentropy_backward(dlnf, dwte, lnf, wte, targets, lse, dloss, N, C, c.vocab);
   size_t next_grad = 0;
   // Each chunk's gradient goes to the host as soon as it is complete.
   auto send_grad = [&](size_t chunk, auto&& compute) -> Status {

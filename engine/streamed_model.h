@@ -41,10 +41,10 @@ class StreamedModel {
   using GradLanded = std::function<void(size_t chunk, gpu::Event copied)>;
 
   // Mean loss; `grads` (host, one per chunk) are overwritten with
-  // d(mean loss)/d(weights). `weights` are the host copies, in model_layout order.
+  // dloss * d(mean loss)/d(weights). `weights` are the host copies, in model_layout order.
   Result<float> forward_backward(const std::vector<const float*>& weights, const int32_t* tokens,
                                  const int32_t* targets, const std::vector<float*>& grads,
-                                 const GradLanded& landed = {});
+                                 const GradLanded& landed = {}, float dloss = 1.0f);
   // The order in which backward finishes the chunks (what `landed` sees).
   static std::vector<size_t> landing_order(const gpu::GptConfig& config);
   gpu::HostDevice& device() { return *dev_; }

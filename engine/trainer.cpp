@@ -34,12 +34,18 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
   if (o.grad_accum < 1 || o.grad_accum > 4096) {
     return invalid_argument("trainer: grad_accum must be 1..4096, got " + std::to_string(o.grad_accum));
   }
+  if (o.precision != DType::kBF16 && o.precision != DType::kF16) {
+    return invalid_argument("trainer: precision must be bf16 or fp16");
+  }
   if (!(o.clip_norm >= 0) || !std::isfinite(o.clip_norm)) {
     return invalid_argument("trainer: clip_norm must be finite and >= 0 (0 = off), got " + std::to_string(o.clip_norm));
   }
   std::unique_ptr<Trainer> tr(new Trainer());
   tr->options_ = o;
   tr->layout_ = gpu::model_layout(o.model);
+  if (o.precision == DType::kF16) {
+    STRATA_ASSIGN_OR_RETURN(tr->scaler_, LossScaler::create(o.loss_scale));
+  }
   STRATA_ASSIGN_OR_RETURN(tr->executor_, cpu_optim::Executor::create({}));
   std::vector<int64_t> elems;
   int64_t max_elems = 0;
@@ -101,11 +107,12 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
     }
     STRATA_RETURN_IF_ERROR(tr->stage_->initialize(c, master.data()));
     tr->weights_.emplace_back(master.size());
-    STRATA_RETURN_IF_ERROR(cpu_optim::convert(master.data(), DType::kF32, tr->weights_[c].data(), DType::kBF16,
+    STRATA_RETURN_IF_ERROR(cpu_optim::convert(master.data(), DType::kF32, tr->weights_[c].data(), o.precision,
                                               elems[c]));
     tr->params_.emplace_back(master.size());
     tr->grads_.emplace_back(master.size(), 0.0f);
     if (o.grad_accum > 1) tr->micro_.emplace_back(master.size(), 0.0f);
+    if (o.precision == DType::kF16) tr->grads16_.emplace_back(master.size(), 0);
   }
   STRATA_RETURN_IF_ERROR(tr->refresh_compute_weights());
   return tr;
@@ -122,7 +129,7 @@ Trainer::~Trainer() {
 
 Status Trainer::refresh_compute_weights() {
   for (size_t c = 0; c < weights_.size(); ++c) {
-    STRATA_RETURN_IF_ERROR(cpu_optim::convert(weights_[c].data(), DType::kBF16, params_[c].data(), DType::kF32,
+    STRATA_RETURN_IF_ERROR(cpu_optim::convert(weights_[c].data(), options_.precision, params_[c].data(), DType::kF32,
                                               static_cast<int64_t>(params_[c].size())));
   }
   return ok_status();
@@ -154,7 +161,7 @@ Status Trainer::restore_weights() {
   // The compute copy still holds the weights the step began with (bf16 ->
   // fp32 is exact), so the bf16 weights come back bit for bit.
   for (size_t c = 0; c < weights_.size(); ++c) {
-    STRATA_RETURN_IF_ERROR(cpu_optim::convert(params_[c].data(), DType::kF32, weights_[c].data(), DType::kBF16,
+    STRATA_RETURN_IF_ERROR(cpu_optim::convert(params_[c].data(), DType::kF32, weights_[c].data(), options_.precision,
                                               static_cast<int64_t>(params_[c].size())));
   }
   return ok_status();
@@ -180,13 +187,22 @@ Result<float> Trainer::step() {
   OverlapStep ov;
   ov.config = options_.adam;
   ov.t = t_ + 1;
+  // fp16: the loss is scaled, and each gradient is rounded to fp16 as it
+  // lands (what an fp16 backward hands over), so a scale too large
+  // overflows to inf there, and the step is skipped.
+  const bool fp16 = options_.precision == DType::kF16;
+  const float dloss = fp16 ? static_cast<float>(scaler_.scale()) : 1.0f;
   for (size_t c = 0; c < C; ++c) {
-    ov.grads.push_back({grads_[c].data(), DType::kF32});
+    if (fp16) {
+      ov.grads.push_back({grads16_[c].data(), DType::kF16});
+    } else {
+      ov.grads.push_back({grads_[c].data(), DType::kF32});
+    }
     ov.out.push_back(weights_[c].data());
   }
-  ov.out_dtype = DType::kBF16;
+  ov.out_dtype = options_.precision;
   ov.order = StreamedModel::landing_order(options_.model);
-  ov.grad_scale = 1.0f / static_cast<float>(A);
+  ov.grad_scale = 1.0f / static_cast<float>(A) / dloss;
   ov.clip_norm = options_.clip_norm;
   // Guess that this step neither clips nor skips when the last one did neither.
   ov.speculate = options_.speculate && !last_clipped_ && !last_skipped_;
@@ -207,13 +223,17 @@ Result<float> Trainer::step() {
     make_batch(index, &tokens, &targets);
     const bool sum_into_grads = &into != &grads_;
     auto hand_over = [&](size_t c, std::function<Status()> ready) {
-      if (!sum_into_grads) return stage_->land(c, std::move(ready));
-      stage_->land(c, [this, c, ready = std::move(ready)]() -> Status {
+      if (!sum_into_grads && !fp16) return stage_->land(c, std::move(ready));
+      stage_->land(c, [this, c, sum_into_grads, fp16, ready = std::move(ready)]() -> Status {
         if (ready) STRATA_RETURN_IF_ERROR(ready());
-        float* acc = grads_[c].data();
-        const float* add = micro_[c].data();
-        for (size_t i = 0; i < grads_[c].size(); ++i) acc[i] += add[i];
-        return ok_status();
+        if (sum_into_grads) {
+          float* acc = grads_[c].data();
+          const float* add = micro_[c].data();
+          for (size_t i = 0; i < grads_[c].size(); ++i) acc[i] += add[i];
+        }
+        if (!fp16) return ok_status();
+        return cpu_optim::convert(grads_[c].data(), DType::kF32, grads16_[c].data(), DType::kF16,
+                                  static_cast<int64_t>(grads_[c].size()));
       });
     };
     float l = 0;
@@ -232,14 +252,14 @@ Result<float> Trainer::step() {
           hand_over(c, [dev, copied] { return dev->synchronize(copied); });
         };
       }
-      STRATA_ASSIGN_OR_RETURN(l, streamed_->forward_backward(w, tokens.data(), targets.data(), gr, landed));
+      STRATA_ASSIGN_OR_RETURN(l, streamed_->forward_backward(w, tokens.data(), targets.data(), gr, landed, dloss));
       last_h2d_ += streamed_->bytes_to_device() - h2d;
       last_d2h_ += streamed_->bytes_to_host() - d2h;
     } else {
       for (auto& g : into) std::fill(g.begin(), g.end(), 0.0f);  // HostGpt::backward accumulates
       auto params = view(params_);
       l = model_->forward(params, tokens.data(), targets.data());
-      model_->backward(params, view(into));
+      model_->backward(params, view(into), dloss);
       if (last) {
         for (size_t c : StreamedModel::landing_order(options_.model)) hand_over(c, {});
       }
@@ -276,6 +296,7 @@ Result<float> Trainer::step() {
   last_clipped_ = outcome->clipped;
   last_skipped_ = outcome->skipped;
   last_rolled_back_ = outcome->rolled_back;
+  if (fp16) scaler_.update(outcome->skipped);
   rollbacks_ += outcome->rolled_back ? 1 : 0;
   ++t_;
   last_times_.optimizer = seconds_since(t0);
@@ -293,7 +314,7 @@ Status Trainer::save(const std::string& root) {
   // Model weights, bf16, GPT-2 names.
   std::vector<TensorInfo> tensors;
   for (const auto& chunk : layout_) {
-    for (const auto& t : chunk.tensors) tensors.push_back({t.name, DType::kBF16, t.shape});
+    for (const auto& t : chunk.tensors) tensors.push_back({t.name, options_.precision, t.shape});
   }
   STRATA_ASSIGN_OR_RETURN(SafetensorsWriter model,
                           SafetensorsWriter::create(tmp + "/model.safetensors", tensors, {{"format", "pt"}}));
@@ -319,7 +340,12 @@ Status Trainer::save(const std::string& root) {
   }
   STRATA_RETURN_IF_ERROR(opt.finish());
   nlohmann::json meta = {{"step", t_}, {"seed", options_.seed}, {"data_position", t_ * options_.grad_accum},
-                         {"grad_accum", options_.grad_accum}, {"model", model_json(options_.model)}};
+                         {"grad_accum", options_.grad_accum}, {"model", model_json(options_.model)},
+                         {"precision", dtype_name(options_.precision)}};
+  if (options_.precision == DType::kF16) {
+    const LossScaler::State ls = scaler_.state();
+    meta["loss_scale"] = {{"scale", ls.scale}, {"good_steps", ls.good_steps}, {"hysteresis_left", ls.hysteresis_left}};
+  }
   {
     std::ofstream out(tmp + "/trainer.json");
     out << meta.dump(2) << "\n";
@@ -345,6 +371,20 @@ Status Trainer::load(const std::string& root) {
                                ", this run uses " + std::to_string(options_.grad_accum) +
                                " (the data position counts micro-batches of that size)");
   }
+  const std::string precision = meta.value("precision", std::string("bf16"));
+  if (precision != dtype_name(options_.precision)) {
+    return failed_precondition("checkpoint " + path + " holds " + precision + " weights, this run uses " +
+                               std::string(dtype_name(options_.precision)));
+  }
+  LossScaler::State ls;
+  if (options_.precision == DType::kF16) {
+    if (!meta.contains("loss_scale")) return data_loss(path + "/trainer.json: an fp16 checkpoint without loss_scale");
+    ls.scale = meta["loss_scale"].value("scale", 0.0);
+    ls.good_steps = meta["loss_scale"].value("good_steps", int64_t{-1});
+    ls.hysteresis_left = meta["loss_scale"].value("hysteresis_left", 0);
+    LossScaler probe = scaler_;
+    STRATA_RETURN_IF_ERROR(probe.restore(ls).with_context("checkpoint " + path));
+  }
   STRATA_ASSIGN_OR_RETURN(SafetensorsReader model, SafetensorsReader::open(path + "/model.safetensors"));
   for (size_t c = 0; c < layout_.size(); ++c) {
     std::fill(weights_[c].begin(), weights_[c].end(), 0);
@@ -365,6 +405,7 @@ Status Trainer::load(const std::string& root) {
     STRATA_RETURN_IF_ERROR(stage_->write_state(c, state.data()));
   }
   t_ = meta["step"].get<int64_t>();
+  if (options_.precision == DType::kF16) STRATA_RETURN_IF_ERROR(scaler_.restore(ls));
   return refresh_compute_weights();
 }
 

@@ -14,6 +14,7 @@
 
 #include "cpu_optim/executor.h"
 #include "cpu_optim/optimizer.h"
+#include "engine/loss_scaler.h"
 #include "engine/optimizer_stage.h"
 #include "engine/streamed_model.h"
 #include "engine/trace.h"
@@ -52,6 +53,10 @@ struct TrainerOptions {
   // Pinned staging buffers for NVMe states (each one chunk's state): one
   // holds the write behind, the rest read ahead.
   int staging_buffers = 4;
+  // The working weights' type (what the device computes with and the
+  // optimizer writes): bf16, or fp16 with dynamic loss scaling.
+  DType precision = DType::kBF16;
+  LossScaleOptions loss_scale;  // fp16 only
   std::vector<std::string> nvme_paths;      // for kNvme
   io::Backend io_backend = io::Backend::kAuto;
   std::optional<io::FaultConfig> faults;    // wrap the NVMe device in a fault injector (tests)
@@ -88,6 +93,8 @@ class Trainer {
   // inf/nan the guess did not foresee), and how often that happened so far.
   bool last_rolled_back() const { return last_rolled_back_; }
   int64_t rollbacks() const { return rollbacks_; }
+  // fp16: the loss scale the next step will use.
+  double loss_scale() const { return scaler_.scale(); }
   // The NVMe store of the optimizer states (null for kHost); tests reach
   // its fault injector through it.
   io::SwapStore* swap_store() { return swap_.get(); }
@@ -123,7 +130,9 @@ class Trainer {
   std::unique_ptr<gpu::HostDevice> device_;
   std::unique_ptr<StreamedModel> streamed_;
   std::vector<std::vector<float>> params_;    // fp32 compute copy of the bf16 weights
-  std::vector<std::vector<uint16_t>> weights_;  // bf16 weights written by the optimizer
+  std::vector<std::vector<uint16_t>> weights_;  // bf16 / fp16 weights written by the optimizer
+  std::vector<std::vector<uint16_t>> grads16_;  // fp16: the gradients as the optimizer sees them
+  LossScaler scaler_;
   std::vector<std::vector<float>> grads_;
   std::vector<std::vector<float>> micro_;      // one micro-batch's gradients (grad_accum > 1)
   int64_t t_ = 0;

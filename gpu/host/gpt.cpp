@@ -107,14 +107,14 @@ T HostGpt<T>::forward(const ModelParams<T>& params, const int32_t* tokens, const
 }
 
 template <class T>
-void HostGpt<T>::backward(const ModelParams<T>& params, const ModelParams<T>& grads) {
+void HostGpt<T>::backward(const ModelParams<T>& params, const ModelParams<T>& grads, T dloss) {
   const GptConfig& c = config_;
   const int64_t N = B_ * T_, C = c.hidden;
   const ChunkLayout emb = embedding_layout(c), fin = final_layout(c);
   const T* wte = params.chunks[0] + emb.tensors[0].offset;
   T* dwte = grads.chunks[0] + emb.tensors[0].offset;
   std::vector<T> dlnf(static_cast<size_t>(N * C), T(0)), dx(static_cast<size_t>(N * C), T(0));
-  crossentropy_backward(dlnf.data(), dwte, lnf_.data(), wte, targets_.data(), lse_.data(), T(1), N, C, c.vocab);
+  crossentropy_backward(dlnf.data(), dwte, lnf_.data(), wte, targets_.data(), lse_.data(), dloss, N, C, c.vocab);
   const T* lnf = params.chunks.back();
   T* dlnfp = grads.chunks.back();
   layernorm_backward(dx.data(), dlnfp + fin.tensors[0].offset, dlnfp + fin.tensors[1].offset, dlnf.data(),

@@ -60,7 +60,8 @@ class HostGpt {
   // Mean cross-entropy of targets[B,T] given tokens[B,T]; keeps activations.
   T forward(const ModelParams<T>& params, const int32_t* tokens, const int32_t* targets);
   // grads += d(mean loss)/d(params), after forward() with the same inputs.
-  void backward(const ModelParams<T>& params, const ModelParams<T>& grads);
+  // `dloss` scales the loss's gradient (fp16 loss scaling).
+  void backward(const ModelParams<T>& params, const ModelParams<T>& grads, T dloss = T(1));
 
  private:
   GptConfig config_;

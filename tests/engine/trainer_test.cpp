@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <functional>
 #include <cstdio>
 
@@ -446,6 +447,120 @@ TEST(Trainer, TrainsAModelWhoseStatesAre20xTheDeviceBudget) {
   EXPECT_GE(static_cast<double>(states), 20.0 * static_cast<double>(o.device_bytes) * 0.999);
   float head = (losses[0] + losses[1] + losses[2]) / 3, tail = (losses[n - 3] + losses[n - 2] + losses[n - 1]) / 3;
   EXPECT_LT(tail, 0.7f * head);
+}
+
+}  // namespace
+}  // namespace strata::engine
+
+namespace strata::engine {
+namespace {
+
+struct Fp16Run {
+  std::vector<float> losses;
+  std::vector<double> scales;  // the loss scale each step used
+  int skipped = 0;
+  int64_t rollbacks = 0;
+};
+
+Fp16Run run_fp16(const TrainerOptions& o, int steps) {
+  Fp16Run r;
+  Result<std::unique_ptr<Trainer>> tr = Trainer::create(o);
+  EXPECT_TRUE(tr) << tr.error().to_string();
+  for (int i = 0; i < steps && tr; ++i) {
+    r.scales.push_back((*tr)->loss_scale());
+    Result<float> loss = (*tr)->step();
+    EXPECT_TRUE(loss) << loss.error().to_string();
+    if (!loss) break;
+    r.losses.push_back(*loss);
+    r.skipped += (*tr)->last_skipped() ? 1 : 0;
+  }
+  if (tr) r.rollbacks = (*tr)->rollbacks();
+  return r;
+}
+
+// fp16 with a loss scale that starts too large and grows back every few
+// steps: some steps overflow (skipped, scale halved), the rest train, and
+// every placement gives the same bits — on NVMe with speculative updates
+// the overflowing steps are rolled back.
+TEST(Trainer, Fp16LossScaleOverflowsGiveTheSameBitsEverywhere) {
+  uint64_t seed = strata::testing::test_seed(110);
+  strata::testing::TempDir dir;
+  TrainerOptions base = tiny(seed);
+  base.model.layers = 4;
+  base.precision = DType::kF16;
+  base.loss_scale.initial_power = 24;
+  base.loss_scale.window = 4;
+  base.loss_scale.hysteresis = 1;
+  Fp16Run ref = run_fp16(base, 20);
+  ASSERT_EQ(ref.losses.size(), 20u);
+  EXPECT_GT(ref.skipped, 0);
+  EXPECT_LT(ref.skipped, 15);
+  EXPECT_LT(ref.losses.back(), ref.losses.front());
+  EXPECT_LT(ref.scales.back(), ref.scales.front());
+  int64_t rollbacks = 0;
+  for (int depth : {0, 1, 4}) {
+    for (Tier states : {Tier::kHost, Tier::kNvme}) {
+      for (Tier acts : {Tier::kDevice, Tier::kHost, Tier::kNvme}) {
+        if (depth == 0 && (states == Tier::kHost || acts != Tier::kDevice)) continue;
+        if (depth == 4 && acts == Tier::kHost) continue;
+        TrainerOptions o = base;
+        o.stream_weights = depth > 0;
+        o.device_bytes = depth > 0 ? 8ull << 20 : 0;
+        o.prefetch_depth = std::max(depth, 1);
+        o.states = states;
+        o.activation_checkpoints = acts;
+        o.nvme_paths = {dir.sub("f" + std::to_string(depth) + std::string(tier_name(states)) + std::string(tier_name(acts)))};
+        Fp16Run r = run_fp16(o, 20);
+        EXPECT_EQ(r.losses, ref.losses) << "prefetch depth " << depth << ", states on " << tier_name(states)
+                                        << ", checkpoints on " << tier_name(acts);
+        EXPECT_EQ(r.scales, ref.scales);
+        if (states == Tier::kNvme) {
+          EXPECT_GT(r.rollbacks, 0);
+          rollbacks = r.rollbacks;
+        }
+      }
+    }
+  }
+  std::printf("fp16: %d of 20 steps overflowed (%lld rolled back on NVMe); scale 2^%.0f -> 2^%.0f; loss %.4f -> %.4f\n",
+              ref.skipped, static_cast<long long>(rollbacks), std::log2(ref.scales.front()),
+              std::log2(ref.scales.back()), ref.losses.front(), ref.losses.back());
+}
+
+// An fp16 run resumed at step 10 continues bit for bit, loss scale included;
+// a bf16 run refuses the fp16 checkpoint.
+TEST(Trainer, Fp16ResumeRestoresTheLossScale) {
+  uint64_t seed = strata::testing::test_seed(111);
+  strata::testing::TempDir dir;
+  TrainerOptions o = tiny(seed);
+  o.precision = DType::kF16;
+  o.loss_scale.initial_power = 24;
+  o.loss_scale.window = 3;
+  o.loss_scale.hysteresis = 1;
+  o.states = Tier::kNvme;
+  o.nvme_paths = {dir.sub("a")};
+  Fp16Run straight = run_fp16(o, 20);
+  ASSERT_EQ(straight.losses.size(), 20u);
+  const std::string root = dir.path() + "/ckpt";
+  {
+    o.nvme_paths = {dir.sub("b")};
+    auto tr = std::move(Trainer::create(o)).value();
+    for (int i = 0; i < 10; ++i) ASSERT_TRUE(tr->step());
+    ASSERT_TRUE(tr->save(root).ok());
+  }
+  o.nvme_paths = {dir.sub("c")};
+  auto resumed = std::move(Trainer::create(o)).value();
+  ASSERT_TRUE(resumed->load(root).ok());
+  for (int i = 10; i < 20; ++i) {
+    EXPECT_EQ(resumed->loss_scale(), straight.scales[static_cast<size_t>(i)]) << "step " << i + 1;
+    Result<float> loss = resumed->step();
+    ASSERT_TRUE(loss);
+    EXPECT_EQ(*loss, straight.losses[static_cast<size_t>(i)]) << "step " << i + 1;
+  }
+  TrainerOptions bf16 = tiny(seed);
+  auto other = std::move(Trainer::create(bf16)).value();
+  Status s = other->load(root);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("fp16"), std::string::npos) << s.to_string();
 }
 
 }  // namespace
