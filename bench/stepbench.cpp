@@ -1,9 +1,10 @@
 // strata-stepbench: the offloaded training step (weights streamed through a
 // capped device, activation checkpoints on the host, optimizer states on
 // NVMe) next to each of its parts measured alone in the same run:
-//   compute    forward + backward with the weights resident;
+//   compute    forward, backward and the recompute (one more forward), the
+//              weights resident, each timed alone;
 //   copies     the step's host<->device bytes through the same device;
-//   optimizer  the optimizer stage with its states in memory;
+//   optimizer  the optimizer stage's busy time with its states in memory;
 //   nvme       reading and writing every chunk's state once.
 // Prints overlap efficiency = max(parts) / step and the planner's prediction
 // (its model at the link rates just measured) with its error. The host
@@ -14,6 +15,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <random>
 #include <vector>
 
 #include "bench/bench_util.h"
@@ -22,6 +24,7 @@
 #include "engine/plan.h"
 #include "engine/trainer.h"
 #include "gpu/gpt_config.h"
+#include "gpu/host/gpt.h"
 #include "gpu/host/host_device.h"
 
 namespace strata::bench {
@@ -91,21 +94,58 @@ int run(int argc, char** argv) {
               format_bytes(full.device_bytes).c_str());
   std::fflush(stdout);
 
-  // Compute and optimizer alone: weights resident, states in memory; each
-  // phase is timed inside the step.
-  std::unique_ptr<engine::Trainer> resident = make_trainer(base);
+  // Compute alone: the step's forward, its recompute (one more forward) and
+  // its backward, with the weights resident (no copies), timed separately.
+  const std::vector<gpu::ChunkLayout> layout = gpu::model_layout(base.model);
+  std::vector<std::vector<float>> weights, grads;
+  gpu::host::ModelParams<float> wp, gp;
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  for (const auto& c : layout) {
+    weights.emplace_back(static_cast<size_t>(c.numel));
+    for (float& w : weights.back()) w = normal(rng);
+    grads.emplace_back(static_cast<size_t>(c.numel), 0.0f);
+    wp.chunks.push_back(weights.back().data());
+    gp.chunks.push_back(grads.back().data());
+  }
+  std::vector<int32_t> tokens(static_cast<size_t>(base.batch * base.seq)), targets(tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = static_cast<int32_t>(i % static_cast<size_t>(base.model.vocab));
+    targets[i] = static_cast<int32_t>((i + 1) % static_cast<size_t>(base.model.vocab));
+  }
+  gpu::host::HostGpt<float> model(base.model, base.batch, base.seq);
+  double fwd_s = 0, bwd_s = 0;
+  {
+    std::vector<double> f, b;
+    for (int i = 0; i <= reps; ++i) {
+      auto t0 = std::chrono::steady_clock::now();
+      (void)model.forward(wp, tokens.data(), targets.data());
+      auto t1 = std::chrono::steady_clock::now();
+      model.backward(wp, gp);
+      auto t2 = std::chrono::steady_clock::now();
+      if (i == 0) continue;  // warm-up
+      f.push_back(std::chrono::duration<double>(t1 - t0).count());
+      b.push_back(std::chrono::duration<double>(t2 - t1).count());
+    }
+    std::sort(f.begin(), f.end());
+    std::sort(b.begin(), b.end());
+    fwd_s = f[f.size() / 2];
+    bwd_s = b[b.size() / 2];
+  }
+  const double compute_s = 2 * fwd_s + bwd_s;
+
+  // The optimizer alone: the stage with its states in memory, after backward.
+  engine::TrainerOptions in_memory = base;
+  in_memory.speculate = false;
+  std::unique_ptr<engine::Trainer> resident = make_trainer(in_memory);
   STEP_CHECK(resident->step().status());
-  std::vector<double> fb, opt;
+  std::vector<double> opt;
   for (int i = 0; i < reps; ++i) {
     STEP_CHECK(resident->step().status());
-    fb.push_back(resident->last_times().forward_backward);
-    opt.push_back(resident->last_times().optimizer);
+    opt.push_back(resident->last_stage().seconds);
   }
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
-  const double compute_s = median(fb), optimizer_s = median(opt);
+  std::sort(opt.begin(), opt.end());
+  const double optimizer_s = opt[opt.size() / 2];
   resident.reset();
 
   // Copies alone: the same bytes each way through a device of the same budget.
@@ -131,7 +171,6 @@ int run(int argc, char** argv) {
 
   // NVMe alone: every chunk's state read and written back, two buffers.
   io::SwapStore* swap = offloaded->swap_store();
-  const std::vector<gpu::ChunkLayout> layout = gpu::model_layout(base.model);
   int64_t max_elems = 0;
   for (const auto& c : layout) max_elems = std::max(max_elems, c.numel);
   io::AlignedAllocator allocator;
@@ -171,14 +210,14 @@ int run(int argc, char** argv) {
   placement.checkpoints = engine::Tier::kHost;
   placement.prefetch_depth = prefetch;
   engine::Bandwidths bw;
-  const double flops = gpu::training_flops_per_token(base.model, base.seq, /*recompute=*/false) *
+  const double flops = gpu::training_flops_per_token(base.model, base.seq, /*recompute=*/true) *
                        static_cast<double>(base.batch * base.seq);
   const double copy_gbps = static_cast<double>(h2d + d2h) / copies_s / 1e9;
   bw.h2d_gbps = bw.d2h_gbps = copy_gbps;
   bw.nvme_read_gbps = bw.nvme_write_gbps = 2.0 * static_cast<double>(nvme_r) / nvme_s / 1e9;
   bw.cpu_optimizer_params_per_s = static_cast<double>(params) / optimizer_s;
-  // The measured rate; the planner divides the step's FLOPs, recompute
-  // included, by it, as the streamed step does recompute.
+  // The measured rate over the FLOPs compute_s covers (recompute included,
+  // as the streamed step recomputes each block).
   bw.device_tflops = flops / compute_s / 1e12;
   engine::Plan plan = engine::estimate(setup, placement, bw);
   const double predicted = plan.step_seconds;
@@ -187,7 +226,7 @@ int run(int argc, char** argv) {
   const double err = (step_s - predicted) / predicted;
 
   std::printf("\n%-10s %10s %12s\n", "part", "seconds", "bytes/step");
-  std::printf("%-10s %10.4f %12s\n", "compute", compute_s, "-");
+  std::printf("%-10s %10.4f %12s   (forward %.4f x 2, backward %.4f)\n", "compute", compute_s, "-", fwd_s, bwd_s);
   std::printf("%-10s %10.4f %12s\n", "copies", copies_s, format_bytes(h2d + d2h).c_str());
   std::printf("%-10s %10.4f %12s\n", "optimizer", optimizer_s, "-");
   std::printf("%-10s %10.4f %12s\n", "nvme", nvme_s, format_bytes(nvme_r + nvme_w).c_str());
