@@ -59,25 +59,23 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
   if (o.staging_buffers < 3 || o.staging_buffers > 64) {
     return invalid_argument("trainer: staging_buffers must be 3..64, got " + std::to_string(o.staging_buffers));
   }
-  // One store (one ring) per issuing thread: the optimizer stage's thread
-  // owns the states' store, the compute thread the checkpoints'.
-  auto open_store = [&](std::unique_ptr<io::SwapStore>* store) -> Status {
+  // One store (one ring) for every NVMe byte: the optimizer stage's thread
+  // and the compute thread share it.
+  if (o.states == Tier::kNvme || o.activation_checkpoints == Tier::kNvme) {
     io::SwapStoreOptions so;
     so.directories = o.nvme_paths;
     so.device.backend = o.io_backend;
     so.faults = o.faults;
-    STRATA_ASSIGN_OR_RETURN(*store, io::SwapStore::open(so));
-    return ok_status();
-  };
+    STRATA_ASSIGN_OR_RETURN(tr->swap_, io::SwapStore::open(so));
+  }
   if (o.states == Tier::kNvme) {
-    STRATA_RETURN_IF_ERROR(open_store(&tr->swap_));
     STRATA_ASSIGN_OR_RETURN(tr->staging_,
                             PinnedArena::create("optimizer staging",
                                                 tr->swap_->padded_size(OptimizerStage::state_bytes(max_elems)),
                                                 static_cast<uint32_t>(o.staging_buffers), tr->allocator_,
                                                 tr->executor_.get()));
   }
-  if (o.activation_checkpoints == Tier::kNvme) STRATA_RETURN_IF_ERROR(open_store(&tr->checkpoint_swap_));
+
   STRATA_ASSIGN_OR_RETURN(tr->stage_, OptimizerStage::create(elems, o.states, tr->swap_.get(), tr->staging_.get(),
                                                              *tr->executor_, o.trace));
   if (o.stream_weights) {
@@ -86,7 +84,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
     STRATA_ASSIGN_OR_RETURN(tr->device_, gpu::HostDevice::create(d));
     STRATA_ASSIGN_OR_RETURN(tr->streamed_,
                             StreamedModel::create(o.model, o.batch, o.seq, *tr->device_, o.prefetch_depth,
-                                                  o.activation_checkpoints, tr->checkpoint_swap_.get()));
+                                                  o.activation_checkpoints, tr->swap_.get()));
   } else {
     tr->model_ = std::make_unique<gpu::host::HostGpt<float>>(o.model, o.batch, o.seq);
   }
@@ -124,7 +122,6 @@ Trainer::~Trainer() {
   stage_.reset();  // before the staging arena and the swap store it uses
   staging_.reset();
   swap_.reset();
-  checkpoint_swap_.reset();
 }
 
 Status Trainer::refresh_compute_weights() {

@@ -95,8 +95,8 @@ class Trainer {
   int64_t rollbacks() const { return rollbacks_; }
   // fp16: the loss scale the next step will use.
   double loss_scale() const { return scaler_.scale(); }
-  // The NVMe store of the optimizer states (null for kHost); tests reach
-  // its fault injector through it.
+  // The NVMe store of everything on NVMe (null when nothing is); tests
+  // reach its fault injector through it.
   io::SwapStore* swap_store() { return swap_.get(); }
   const StepTimes& last_times() const { return last_times_; }
   // Bytes the last step moved host -> device and device -> host (streaming only).
@@ -121,8 +121,7 @@ class Trainer {
   TrainerOptions options_;
   std::vector<gpu::ChunkLayout> layout_;
   std::unique_ptr<cpu_optim::Executor> executor_;
-  std::unique_ptr<io::SwapStore> swap_;             // optimizer states (the stage's thread)
-  std::unique_ptr<io::SwapStore> checkpoint_swap_;  // activation checkpoints (the compute thread)
+  std::unique_ptr<io::SwapStore> swap_;  // every NVMe byte; shared by the stage's and the compute thread
   io::AlignedAllocator allocator_;
   std::unique_ptr<PinnedArena> staging_;
   std::unique_ptr<OptimizerStage> stage_;

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <thread>
 
 #include "common/log.h"
 #include "common/units.h"
@@ -226,6 +227,7 @@ Status SwapStore::submit_pieces(uint32_t op_index, Blob& blob, IoOp kind) {
 }
 
 Result<Ticket> SwapStore::write(const std::string& name, IoBuffer buffer, uint64_t size_bytes) {
+  std::unique_lock lock = enter();
   std::string what = "write swap blob '" + name + "' (" + format_bytes(size_bytes) + ")";
   if (name.empty()) return invalid_argument("write swap blob: empty name");
   STRATA_RETURN_IF_ERROR(check_buffer(what, buffer, size_bytes));
@@ -258,6 +260,7 @@ Result<Ticket> SwapStore::write(const std::string& name, IoBuffer buffer, uint64
 }
 
 Result<Ticket> SwapStore::read(const std::string& name, IoBuffer buffer) {
+  std::unique_lock lock = enter();
   auto it = blobs_.find(name);
   if (it == blobs_.end()) return not_found("read swap blob '" + name + "': no such blob");
   Blob& blob = it->second;
@@ -333,10 +336,33 @@ SwapStore::Op* SwapStore::find_op(Ticket ticket) {
   return &op;
 }
 
+std::unique_lock<std::mutex> SwapStore::enter() const {
+  waiting_.fetch_add(1);
+  std::unique_lock lock(mu_);
+  waiting_.fetch_sub(1);
+  return lock;
+}
+
 Status SwapStore::wait(Ticket ticket) {
+  std::unique_lock lock = enter();
+  return wait_locked(ticket, lock);
+}
+
+Status SwapStore::wait_locked(Ticket ticket, std::unique_lock<std::mutex>& lock) {
+  STRATA_CHECK_MSG(find_op(ticket) != nullptr, "swap store: wait on an unknown or already-waited ticket");
+  for (;;) {
+    Op* op = find_op(ticket);
+    if (op->done) break;
+    STRATA_RETURN_IF_ERROR(pump_results(1));
+    // Another thread wants the store: let it in between completions (it
+    // may reap ours; the op table is re-read after).
+    if (waiting_.load() > 0) {
+      lock.unlock();
+      while (waiting_.load() > 0) std::this_thread::yield();
+      lock = enter();
+    }
+  }
   Op* op = find_op(ticket);
-  STRATA_CHECK_MSG(op != nullptr, "swap store: wait on an unknown or already-waited ticket");
-  while (!op->done) STRATA_RETURN_IF_ERROR(pump_results(1));
   Status status = std::move(op->status);
   op->active = false;
   free_ops_.push_back(static_cast<uint32_t>(op - ops_.data()));
@@ -344,16 +370,21 @@ Status SwapStore::wait(Ticket ticket) {
 }
 
 Status SwapStore::wait_all() {
+  std::unique_lock lock = enter();
+  std::vector<Ticket> tickets;
+  for (uint32_t i = 0; i < ops_.size(); ++i) {
+    if (ops_[i].active) tickets.push_back(make_ticket(i));
+  }
   Status first;
-  for (Op& op : ops_) {
-    if (!op.active) continue;
-    Status status = wait(make_ticket(static_cast<uint32_t>(&op - ops_.data())));
+  for (Ticket t : tickets) {
+    Status status = wait_locked(t, lock);
     if (first.ok() && !status.ok()) first = std::move(status);
   }
   return first;
 }
 
 Status SwapStore::remove(const std::string& name) {
+  std::unique_lock lock = enter();
   auto it = blobs_.find(name);
   if (it == blobs_.end()) return not_found("remove swap blob '" + name + "': no such blob");
   if (it->second.state == Blob::State::kWriting || it->second.readers > 0) {
@@ -364,13 +395,20 @@ Status SwapStore::remove(const std::string& name) {
   return ok_status();
 }
 
+bool SwapStore::contains(const std::string& name) const {
+  std::unique_lock lock = enter();
+  return blobs_.count(name) != 0;
+}
+
 Result<uint64_t> SwapStore::blob_size(const std::string& name) const {
+  std::unique_lock lock = enter();
   auto it = blobs_.find(name);
   if (it == blobs_.end()) return not_found("swap blob '" + name + "': no such blob");
   return it->second.size_bytes;
 }
 
 Result<std::vector<PieceLocation>> SwapStore::locate(const std::string& name) const {
+  std::unique_lock lock = enter();
   auto it = blobs_.find(name);
   if (it == blobs_.end()) return not_found("swap blob '" + name + "': no such blob");
   std::vector<PieceLocation> out;
@@ -381,6 +419,7 @@ Result<std::vector<PieceLocation>> SwapStore::locate(const std::string& name) co
 }
 
 SwapStoreStats SwapStore::stats() const {
+  std::unique_lock lock = enter();
   SwapStoreStats s;
   s.used_bytes = used_bytes_;
   s.budget_bytes = options_.budget_bytes;

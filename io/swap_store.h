@@ -19,11 +19,15 @@
 // Buffers: address aligned to alignment(), capacity >= padded_size(S). Bytes
 // between S and the padded size are written as they are and are not checked.
 // The caller must not touch a buffer until its ticket has been waited for.
-// Not thread-safe: one store per issuing thread (it owns one ring).
+// Thread-safe: one mutex guards the store; a thread blocked in wait() holds
+// it only until the next completion arrives (its own or another thread's),
+// so threads sharing the store share its ring.
 #pragma once
 
+#include <atomic>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -94,12 +98,13 @@ class SwapStore {
   Result<Ticket> read(const std::string& name, IoBuffer buffer);
   // Blocks until the operation ends; returns its outcome. Each ticket is waited once.
   Status wait(Ticket ticket);
-  // Waits for every outstanding ticket; returns the first error.
+  // Waits for every outstanding ticket; returns the first error. Not while
+  // another thread has tickets of its own in flight.
   Status wait_all();
 
   // Frees the blob's space. FailedPrecondition while it has I/O in flight.
   Status remove(const std::string& name);
-  bool contains(const std::string& name) const { return blobs_.count(name) != 0; }
+  bool contains(const std::string& name) const;
   Result<uint64_t> blob_size(const std::string& name) const;
   Result<std::vector<PieceLocation>> locate(const std::string& name) const;
 
@@ -165,6 +170,8 @@ class SwapStore {
   void on_result(IoResult&& result);
   void finish_op(Op& op);
   Op* find_op(Ticket ticket);
+  std::unique_lock<std::mutex> enter() const;
+  Status wait_locked(Ticket ticket, std::unique_lock<std::mutex>& lock);
   Ticket make_ticket(uint32_t index) const;
 
   SwapStoreOptions options_;
@@ -181,6 +188,8 @@ class SwapStore {
   std::unique_ptr<BlockDevice> device_;
   std::unique_ptr<FaultyDevice> faulty_;
   std::unique_ptr<IoQueue> queue_;
+  mutable std::mutex mu_;
+  mutable std::atomic<int> waiting_{0};  // threads waiting to enter
 };
 
 }  // namespace strata::io
