@@ -36,7 +36,7 @@ int run(int argc, char** argv) {
   int64_t steps = -1, save_every = 0;
   bool resume = false, stream = false;
   int prefetch = 1;
-  std::string activations = "device", trace_path;
+  std::string activations = "device", weights_on = "host", trace_path;
   app.add_option("--config", config_path, "JSON config (strata or DeepSpeed keys); default: an embedded small GPT");
   app.add_option("--steps", steps, "optimizer steps (default: the config's)");
   app.add_option("--nvme", nvme, "keep the optimizer states on NVMe in this directory");
@@ -47,6 +47,9 @@ int run(int argc, char** argv) {
                "keep only a window of blocks on the device, capped at the config's device budget");
   app.add_option("--activations-on", activations, "where block inputs wait for backward when streaming")
       ->check(CLI::IsMember({"device", "host", "nvme"}));
+  app.add_option("--weights-on", weights_on, "where the working weights live between uses when streaming "
+                 "(nvme needs --nvme)")
+      ->check(CLI::IsMember({"host", "nvme"}));
   app.add_option("--trace", trace_path, "write a Chrome-trace JSON (opens in Perfetto) of every step's phases, "
                  "optimizer calls and NVMe requests");
   app.add_option("--prefetch", prefetch, "blocks fetched ahead when streaming (default 1)")->check(CLI::Range(1, 64));
@@ -114,6 +117,13 @@ int run(int argc, char** argv) {
     std::fprintf(stderr, "strata-train: --activations-on %s needs --stream-weights\n", activations.c_str());
     return 2;
   }
+  if (weights_on == "nvme" || cfg->constraints.weights == engine::Tier::kNvme) {
+    if (!stream || o.states != engine::Tier::kNvme) {
+      std::fprintf(stderr, "strata-train: weights on NVMe need --stream-weights and the optimizer states on NVMe (--nvme DIR)\n");
+      return 2;
+    }
+    o.weights = engine::Tier::kNvme;
+  }
   if (o.activation_checkpoints == engine::Tier::kNvme && o.nvme_paths.empty()) {
     std::fprintf(stderr, "strata-train: --activations-on nvme needs --nvme DIR\n");
     return 2;
@@ -126,7 +136,7 @@ int run(int argc, char** argv) {
   setup.compute = DType::kF32;  // the host backend computes in fp32
   Result<engine::Plan> plan =
       stream ? Result<engine::Plan>(engine::estimate(
-                   setup, {engine::Tier::kHost, o.states, o.activation_checkpoints, prefetch}, engine::Bandwidths{}))
+                   setup, {o.weights, o.states, o.activation_checkpoints, prefetch}, engine::Bandwidths{}))
              : engine::make_plan(setup, budgets, engine::Bandwidths{}, fixed);
   if (stream) plan->why = "weights streamed as asked on the command line (the placement this run uses)";
   if (plan) {
@@ -157,7 +167,8 @@ int run(int argc, char** argv) {
     if (i == start) first = *loss;
     last = *loss;
     const engine::StageCounters& st = (*tr)->last_stage();
-    nvme_bytes += st.nvme_bytes_read + st.nvme_bytes_written;
+    const uint64_t nvme_read = st.nvme_bytes_read + (*tr)->last_nvme_weight_bytes();
+    nvme_bytes += nvme_read + st.nvme_bytes_written;
     std::string scale;
     if (o.precision == DType::kF16) scale = " | loss scale 2^" + std::to_string(std::ilogb((*tr)->loss_scale()));
     std::printf("step %5lld | loss %.4f | grad norm %8.3f%s%s | %8.0f tok/s | %6.2f GFLOP/s | optimizer %6.1f ms | "
@@ -165,7 +176,7 @@ int run(int argc, char** argv) {
                 static_cast<long long>(i + 1), *loss, (*tr)->last_grad_norm(),
                 (*tr)->last_skipped() ? " (inf/nan: skipped)" : (*tr)->last_clipped() ? " (clipped)" : "", scale.c_str(),
                 tokens / s,
-                flops / s / 1e9, st.seconds * 1e3, format_bytes(st.nvme_bytes_read).c_str(),
+                flops / s / 1e9, st.seconds * 1e3, format_bytes(nvme_read).c_str(),
                 format_bytes(st.nvme_bytes_written).c_str());
     std::fflush(stdout);
     if (!checkpoint.empty() && save_every > 0 && (i + 1) % save_every == 0) {
@@ -184,7 +195,8 @@ int run(int argc, char** argv) {
   nlohmann::json j = {{"bench", "train"}, {"steps", ran}, {"first_loss", first}, {"last_loss", last},
                       {"tokens_per_s", ran > 0 ? tokens * ran / total_s : 0.0},
                       {"parameters", gpu::parameter_count(o.model)},
-                      {"states", std::string(engine::tier_name(o.states))}, {"nvme_bytes", nvme_bytes},
+                      {"states", std::string(engine::tier_name(o.states))},
+                      {"weights", std::string(engine::tier_name(o.weights))}, {"nvme_bytes", nvme_bytes},
                       {"stream_weights", stream},
                       {"system", system_info()}};
   if ((*tr)->device() != nullptr) j["device_peak_bytes"] = (*tr)->device()->peak_bytes();

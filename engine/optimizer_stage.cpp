@@ -44,6 +44,23 @@ OptimizerStage::~OptimizerStage() {
   if (worker_.joinable()) cancel();
 }
 
+Status OptimizerStage::home_weights_on_nvme(DType dtype) {
+  if (tier_ != Tier::kNvme) return invalid_argument("optimizer stage: weights on NVMe need the states on NVMe");
+  if (dtype != DType::kBF16 && dtype != DType::kF16) {
+    return invalid_argument("optimizer stage: working weights on NVMe are bf16 or fp16");
+  }
+  int64_t max_elems = 0;
+  for (int64_t n : elems_) max_elems = std::max(max_elems, n);
+  const uint64_t need = staging_bytes_with_weights(*swap_, max_elems);
+  if (staging_->buffer_bytes() < need) {
+    return invalid_argument("optimizer stage: weights on NVMe need staging buffers of " + format_bytes(need) +
+                            " (have " + format_bytes(staging_->buffer_bytes()) + ")");
+  }
+  weights_nvme_ = true;
+  weights_dtype_ = dtype;
+  return ok_status();
+}
+
 Status OptimizerStage::initialize(size_t c, const float* master) {
   STRATA_CHECK(c < elems_.size());
   const int64_t n = elems_[c];
@@ -56,7 +73,31 @@ Status OptimizerStage::initialize(size_t c, const float* master) {
   std::memset(lease.data(), 0, lease.buffer().capacity_bytes);
   std::memcpy(lease.data(), master, static_cast<size_t>(n) * 4);
   STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->write(blob(c), lease.buffer(), state_bytes(n)));
-  return swap_->wait(t);
+  STRATA_RETURN_IF_ERROR(swap_->wait(t));
+  if (!weights_nvme_) return ok_status();
+  std::byte* w = lease.data() + weights_offset(c);
+  STRATA_RETURN_IF_ERROR(cpu_optim::convert(master, DType::kF32, w, weights_dtype_, n));
+  STRATA_ASSIGN_OR_RETURN(io::Ticket tw, swap_->write(weights_blob(c), {w, lease.buffer().capacity_bytes - weights_offset(c)},
+                                                      2 * static_cast<uint64_t>(n)));
+  return swap_->wait(tw);
+}
+
+Status OptimizerStage::read_weights(size_t c, void* dst) {
+  STRATA_CHECK(c < elems_.size() && weights_nvme_);
+  STRATA_ASSIGN_OR_RETURN(PinnedArena::Lease lease, staging_->acquire("read " + weights_blob(c)));
+  STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->read(weights_blob(c), lease.buffer()));
+  STRATA_RETURN_IF_ERROR(swap_->wait(t).with_context("reading the weights of chunk " + std::to_string(c)));
+  std::memcpy(dst, lease.data(), 2 * static_cast<size_t>(elems_[c]));
+  return ok_status();
+}
+
+Status OptimizerStage::write_weights(size_t c, const void* src) {
+  STRATA_CHECK(c < elems_.size() && weights_nvme_);
+  STRATA_ASSIGN_OR_RETURN(PinnedArena::Lease lease, staging_->acquire("write " + weights_blob(c)));
+  std::memset(lease.data(), 0, lease.buffer().capacity_bytes);
+  std::memcpy(lease.data(), src, 2 * static_cast<size_t>(elems_[c]));
+  STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->write(weights_blob(c), lease.buffer(), 2 * static_cast<uint64_t>(elems_[c])));
+  return swap_->wait(t).with_context("writing the weights of chunk " + std::to_string(c));
 }
 
 Status OptimizerStage::read_master(size_t c, float* dst) {
@@ -119,6 +160,7 @@ Result<StageCounters> OptimizerStage::step(const cpu_optim::OptimizerConfig& con
                             std::to_string(grads.size()) + " gradients and " + std::to_string(out.size()) +
                             " outputs given");
   }
+  if (weights_nvme_) return failed_precondition("optimizer stage: with weights on NVMe, use begin()/finish()");
   if (tier_ == Tier::kNvme) return step_nvme(config, t, grads, out, out_dtype, options);
   auto t0 = std::chrono::steady_clock::now();
   StageCounters counters;
@@ -225,6 +267,9 @@ Status OptimizerStage::begin(OverlapStep step) {
     if (c >= C || seen[c]) return invalid_argument("optimizer stage: the landing order must name every chunk once");
     seen[c] = true;
   }
+  if (weights_nvme_ && step.out_dtype != weights_dtype_) {
+    return invalid_argument("optimizer stage: the weights on NVMe are " + std::string(dtype_name(weights_dtype_)));
+  }
   if (!(step.clip_norm >= 0) || !std::isfinite(step.clip_norm)) {
     return invalid_argument("optimizer stage: clip_norm must be finite and >= 0");
   }
@@ -296,7 +341,7 @@ Status OptimizerStage::wait_landed(size_t c) {
 class OptimizerStage::Pipeline {
  public:
   explicit Pipeline(OptimizerStage& s)
-      : s_(s), C_(s.elems_.size()), lease_(C_), reads_(C_), writes_(C_), issued_us_(C_, 0) {}
+      : s_(s), C_(s.elems_.size()), lease_(C_), reads_(C_), writes_(C_), weight_writes_(C_), issued_us_(C_, 0) {}
   ~Pipeline() { drain(); }
 
   // Issues reads for landing positions < upto, freeing buffers of finished writes as needed.
@@ -331,12 +376,21 @@ class OptimizerStage::Pipeline {
     counters.nvme_bytes_read += bytes;
     double start = s_.trace_ ? s_.trace_->now_us() : 0;
     if (s_.trace_) s_.trace_->span("nvme", "read chunk " + std::to_string(c), issued_us_[c], start, "nvme", bytes);
-    STRATA_RETURN_IF_ERROR(s_.update_chunk(c, reinterpret_cast<float*>(lease_[c].data()), scale, &counters));
+    const uint64_t woff = s_.weights_nvme_ ? s_.weights_offset(c) : 0;
+    void* out = s_.weights_nvme_ ? static_cast<void*>(lease_[c].data() + woff) : s_.ov_.out[c];
+    STRATA_RETURN_IF_ERROR(s_.update_chunk(c, reinterpret_cast<float*>(lease_[c].data()), out, scale, &counters));
     if (s_.trace_) s_.trace_->span("optimizer", "update chunk " + std::to_string(c), start, s_.trace_->now_us(), "optimizer");
     STRATA_ASSIGN_OR_RETURN(io::Ticket w, s_.swap_->write(blob(c, 1 - s_.gen_[c]), lease_[c].buffer(), bytes));
     writes_[c] = w;
     pending_writes_.push_back(c);
     counters.nvme_bytes_written += bytes;
+    if (s_.weights_nvme_) {
+      const uint64_t wbytes = 2 * static_cast<uint64_t>(s_.elems_[c]);
+      io::IoBuffer wbuf{lease_[c].data() + woff, lease_[c].buffer().capacity_bytes - woff};
+      STRATA_ASSIGN_OR_RETURN(io::Ticket ww, s_.swap_->write(weights_blob(c, 1 - s_.gen_[c]), wbuf, wbytes));
+      weight_writes_[c] = ww;
+      counters.nvme_bytes_written += wbytes;
+    }
     return ok_status();
   }
 
@@ -353,6 +407,11 @@ class OptimizerStage::Pipeline {
     pending_writes_.pop_front();
     Status s = s_.swap_->wait(*writes_[c]);
     writes_[c].reset();
+    if (weight_writes_[c]) {
+      Status w = s_.swap_->wait(*weight_writes_[c]);
+      weight_writes_[c].reset();
+      if (s.ok() && !w.ok()) s = std::move(w);
+    }
     lease_[c] = PinnedArena::Lease();
     return s.with_context("writing optimizer state of chunk " + std::to_string(c));
   }
@@ -362,24 +421,25 @@ class OptimizerStage::Pipeline {
     for (size_t c = 0; c < C_; ++c) {
       if (reads_[c]) s_.swap_->wait(*reads_[c]).ignore();
       if (writes_[c]) s_.swap_->wait(*writes_[c]).ignore();
+      if (weight_writes_[c]) s_.swap_->wait(*weight_writes_[c]).ignore();
     }
   }
 
   OptimizerStage& s_;
   const size_t C_;
   std::vector<PinnedArena::Lease> lease_;
-  std::vector<std::optional<io::Ticket>> reads_, writes_;
+  std::vector<std::optional<io::Ticket>> reads_, writes_, weight_writes_;
   std::vector<double> issued_us_;
   std::deque<size_t> pending_writes_;
   size_t next_read_ = 0;
 };
 
-Status OptimizerStage::update_chunk(size_t c, float* state, float scale, StageCounters* counters) {
+Status OptimizerStage::update_chunk(size_t c, float* state, void* out, float scale, StageCounters* counters) {
   cpu_optim::StepOptions options;
   options.nonfinite = cpu_optim::NonFinitePolicy::kReportOnly;
   options.grad_scale = scale;
   Result<cpu_optim::StepReport> r = cpu_optim::step(
-      ov_.config, ov_.t, span_over(state, elems_[c], ov_.grads[c], ov_.out[c], ov_.out_dtype), options, *executor_);
+      ov_.config, ov_.t, span_over(state, elems_[c], ov_.grads[c], out, ov_.out_dtype), options, *executor_);
   if (!r) return std::move(r).error().with_context("optimizer step of chunk " + std::to_string(c));
   counters->nonfinite += r->nonfinite;
   return ok_status();
@@ -435,7 +495,7 @@ Status OptimizerStage::run_overlap() {
       for (size_t k = 0; k < C; ++k) {
         const size_t c = ov_.order[k];
         double start = trace_ ? trace_->now_us() : 0;
-        STRATA_RETURN_IF_ERROR(update_chunk(c, host_[c].data(), scale, &o.counters));
+        STRATA_RETURN_IF_ERROR(update_chunk(c, host_[c].data(), ov_.out[c], scale, &o.counters));
         if (trace_) trace_->span("optimizer", "update chunk " + std::to_string(c), start, trace_->now_us(), "optimizer");
       }
     }
@@ -450,7 +510,7 @@ Status OptimizerStage::run_overlap() {
   if (nvme && !o.skipped) {
     for (size_t c = 0; c < C; ++c) gen_[c] = 1 - gen_[c];
   }
-  o.out_written = !o.skipped || ov_.speculate;
+  o.out_written = !weights_nvme_ && (!o.skipped || ov_.speculate);
   o.counters.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() - idle_s_;
   return ok_status();
 }

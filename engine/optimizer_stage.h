@@ -89,7 +89,23 @@ class OptimizerStage {
                                                         io::SwapStore* swap, PinnedArena* staging,
                                                         cpu_optim::Executor& executor, Trace* trace = nullptr);
 
-  // Sets chunk c's master weights (m = v = 0).
+  // Homes the working weights (dtype: bf16 or fp16) on NVMe too, one blob
+  // per chunk beside its state, written by every update; the caller then
+  // reads them from weights_blob(c) and passes null outputs to begin().
+  // States on NVMe only; before initialize(); the staging buffers must hold
+  // staging_bytes_with_weights().
+  Status home_weights_on_nvme(DType dtype);
+  bool weights_on_nvme() const { return weights_nvme_; }
+  // The blob holding chunk c's working weights now (not during a step).
+  std::string weights_blob(size_t chunk) const { return weights_blob(chunk, gen_[chunk]); }
+  static uint64_t staging_bytes_with_weights(const io::SwapStore& swap, int64_t elems) {
+    return swap.padded_size(state_bytes(elems)) + swap.padded_size(2 * static_cast<uint64_t>(elems));
+  }
+  // Chunk c's working weights out of / into their NVMe blob (checkpoints).
+  Status read_weights(size_t chunk, void* dst);
+  Status write_weights(size_t chunk, const void* src);
+
+  // Sets chunk c's master weights (m = v = 0), and its working weights when on NVMe.
   Status initialize(size_t chunk, const float* master);
 
   // One optimizer step t over every chunk: grads[c] in, new weights out[c]
@@ -129,9 +145,13 @@ class OptimizerStage {
   static std::string blob(size_t chunk, int gen) {
     return "optimizer-state/chunk-" + std::to_string(chunk) + (gen == 0 ? "" : ".b");
   }
+  static std::string weights_blob(size_t chunk, int gen) {
+    return "weights/chunk-" + std::to_string(chunk) + (gen == 0 ? "" : ".b");
+  }
+  uint64_t weights_offset(size_t chunk) const { return swap_->padded_size(state_bytes(elems_[chunk])); }
   Status run_overlap();
   Status wait_landed(size_t chunk);
-  Status update_chunk(size_t chunk, float* state, float scale, StageCounters* counters);
+  Status update_chunk(size_t chunk, float* state, void* out, float scale, StageCounters* counters);
   class Pipeline;
   cpu_optim::ParamSpan span_over(float* state, int64_t n, const ChunkGrad& g, void* out, DType out_dtype) const;
   Result<StageCounters> step_nvme(const cpu_optim::OptimizerConfig& config, int64_t t, std::span<const ChunkGrad> grads,
@@ -145,6 +165,8 @@ class OptimizerStage {
   Trace* trace_ = nullptr;
   std::vector<std::vector<float>> host_;  // states on the host tier
   std::vector<int> gen_;                  // which of its two blobs holds each chunk's state (NVMe)
+  bool weights_nvme_ = false;
+  DType weights_dtype_ = DType::kBF16;
 
   // The overlapped step in flight.
   OverlapStep ov_;

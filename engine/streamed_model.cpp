@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "cpu_optim/optimizer.h"
 #include "gpu/host/ops.h"
 
 namespace strata::engine {
@@ -72,9 +73,73 @@ Result<std::unique_ptr<StreamedModel>> StreamedModel::create(const gpu::GptConfi
 
 StreamedModel::~StreamedModel() {
   if (dev_ != nullptr) dev_->synchronize(copy_).ignore();
+  drain_weight_reads();
   for (auto& t : stage_write_) {
     if (t) swap_->wait(*t).ignore();
   }
+}
+
+Status StreamedModel::set_nvme_weights(NvmeWeights source) {
+  if (source.swap == nullptr || !source.blob) return invalid_argument("streamed model: NVMe weights need a store");
+  if (source.dtype != DType::kBF16 && source.dtype != DType::kF16) {
+    return invalid_argument("streamed model: NVMe weights are bf16 or fp16");
+  }
+  int64_t max_all = 0, max_block = 0;
+  for (size_t c = 0; c < layout_.size(); ++c) {
+    max_all = std::max(max_all, layout_[c].numel);
+    if (c > 0) max_block = std::max(max_block, layout_[c].numel);
+  }
+  STRATA_ASSIGN_OR_RETURN(weight_arena_, PinnedArena::create("weight staging",
+                                                             source.swap->padded_size(2 * static_cast<uint64_t>(max_all)),
+                                                             3, allocator_));
+  weight_buf_.clear();
+  for (int i = 0; i < 3; ++i) {
+    STRATA_ASSIGN_OR_RETURN(PinnedArena::Lease lease, weight_arena_->acquire("weight staging"));
+    weight_buf_.push_back(std::move(lease));
+  }
+  weight_fp32_.assign(slots_.size(), std::vector<float>(static_cast<size_t>(max_block)));
+  embedding_fp32_.assign(static_cast<size_t>(layout_[0].numel), 0.0f);
+  nvme_weights_ = std::move(source);
+  return ok_status();
+}
+
+void StreamedModel::drain_weight_reads() {
+  for (auto& t : weight_read_) {
+    if (t) nvme_weights_->swap->wait(*t).ignore();
+    t.reset();
+  }
+}
+
+Status StreamedModel::read_weights_ahead(size_t through) {
+  through = std::min(through, schedule_.size() - 1);
+  while (weights_read_ <= through) {
+    const size_t pos = weights_read_;
+    std::optional<io::Ticket>& slot = weight_read_[pos % 3];
+    STRATA_CHECK_MSG(!slot.has_value(), "streamed model: weight staging slot %zu still busy", pos % 3);
+    STRATA_ASSIGN_OR_RETURN(io::Ticket t, nvme_weights_->swap->read(nvme_weights_->blob(schedule_[pos]),
+                                                                    weight_buf_[pos % 3].buffer()));
+    slot = t;
+    ++weights_read_;
+  }
+  return ok_status();
+}
+
+Result<const float*> StreamedModel::stage_nvme_weights(size_t pos) {
+  // Two positions ahead: while this chunk is widened and copied, the next
+  // two are on their way from NVMe.
+  STRATA_RETURN_IF_ERROR(read_weights_ahead(pos + 2));
+  std::optional<io::Ticket>& slot = weight_read_[pos % 3];
+  const size_t chunk = schedule_[pos];
+  Status s = nvme_weights_->swap->wait(*slot);
+  slot.reset();
+  STRATA_RETURN_IF_ERROR(s.with_context("reading the weights of chunk " + std::to_string(chunk)));
+  const int64_t n = layout_[chunk].numel;
+  nvme_weight_bytes_ += 2 * static_cast<uint64_t>(n);
+  // The previous user of this fp32 buffer (depth + 1 positions back) has
+  // been waited for before any later position was computed.
+  float* dst = weight_fp32_[pos % weight_fp32_.size()].data();
+  STRATA_RETURN_IF_ERROR(cpu_optim::convert(weight_buf_[pos % 3].data(), nvme_weights_->dtype, dst, DType::kF32, n));
+  return static_cast<const float*>(dst);
 }
 
 Status StreamedModel::prefetch_through(size_t i) {
@@ -84,7 +149,11 @@ Status StreamedModel::prefetch_through(size_t i) {
     const size_t chunk = schedule_[pos];
     float* slot = slots_[pos % slots_.size()].as<float>();
     const uint64_t bytes = static_cast<uint64_t>(layout_[chunk].numel) * 4;
-    STRATA_RETURN_IF_ERROR(dev_->copy_to_device(copy_, slot, host_weights_[chunk], bytes));
+    const float* src = host_weights_[chunk];
+    if (nvme_weights_) {
+      STRATA_ASSIGN_OR_RETURN(src, stage_nvme_weights(pos));
+    }
+    STRATA_RETURN_IF_ERROR(dev_->copy_to_device(copy_, slot, src, bytes));
     STRATA_ASSIGN_OR_RETURN(ready_[pos], dev_->record(copy_));
     h2d_bytes_ += bytes;
     ++issued_;
@@ -108,6 +177,10 @@ Result<float> StreamedModel::forward_backward(const std::vector<const float*>& w
   }
   host_weights_ = weights;
   issued_ = 0;
+  if (nvme_weights_) {
+    drain_weight_reads();  // left by a step that failed
+    weights_read_ = 0;
+  }
   ready_.assign(schedule_.size(), gpu::Event{});
   const gpu::ChunkLayout& emb = layout_[0];
   const gpu::ChunkLayout& fin = layout_.back();
@@ -183,7 +256,16 @@ Result<float> StreamedModel::forward_backward(const std::vector<const float*>& w
   float* lse = rstd + N;
 
   // The embedding chunk is used at both ends: it stays resident for the step.
-  STRATA_RETURN_IF_ERROR(dev_->copy_to_device(copy_, embedding_.data(), weights[0], emb_bytes));
+  const float* emb_src = weights[0];
+  if (nvme_weights_) {
+    STRATA_ASSIGN_OR_RETURN(io::Ticket t, nvme_weights_->swap->read(nvme_weights_->blob(0), weight_buf_[0].buffer()));
+    STRATA_RETURN_IF_ERROR(nvme_weights_->swap->wait(t).with_context("reading the weights of chunk 0"));
+    STRATA_RETURN_IF_ERROR(cpu_optim::convert(weight_buf_[0].data(), nvme_weights_->dtype, embedding_fp32_.data(),
+                                              DType::kF32, emb.numel));
+    nvme_weight_bytes_ += 2 * static_cast<uint64_t>(emb.numel);
+    emb_src = embedding_fp32_.data();
+  }
+  STRATA_RETURN_IF_ERROR(dev_->copy_to_device(copy_, embedding_.data(), emb_src, emb_bytes));
   STRATA_ASSIGN_OR_RETURN(gpu::Event emb_ready, dev_->record(copy_));
   h2d_bytes_ += emb_bytes;
   STRATA_RETURN_IF_ERROR(prefetch_through(0));  // block 1 on its way as well

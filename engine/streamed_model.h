@@ -17,6 +17,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "engine/pinned_arena.h"
@@ -47,6 +48,18 @@ class StreamedModel {
                                  const GradLanded& landed = {}, float dloss = 1.0f);
   // The order in which backward finishes the chunks (what `landed` sees).
   static std::vector<size_t> landing_order(const gpu::GptConfig& config);
+
+  // Weights homed on NVMe: chunk c's working weights (bf16 or fp16) are
+  // read from blob `blob(c)` of `swap` two schedule positions ahead of their
+  // copy to the device (through three aligned host buffers), widened to
+  // fp32 on the host, and copied; forward_backward's `weights` are then unused.
+  struct NvmeWeights {
+    io::SwapStore* swap = nullptr;
+    std::function<std::string(size_t)> blob;
+    DType dtype = DType::kBF16;
+  };
+  Status set_nvme_weights(NvmeWeights source);
+  uint64_t nvme_weight_bytes() const { return nvme_weight_bytes_; }
   gpu::HostDevice& device() { return *dev_; }
 
   uint64_t bytes_to_device() const { return h2d_bytes_; }
@@ -57,6 +70,10 @@ class StreamedModel {
   // Makes sure the chunk for schedule position `i` is on its way, then waits for it.
   Status prefetch_through(size_t i);
   Result<const float*> weights_for(size_t i);
+  // NVMe weights: the fp32 host copy of the chunk at schedule position `pos`.
+  Result<const float*> stage_nvme_weights(size_t pos);
+  Status read_weights_ahead(size_t through);
+  void drain_weight_reads();
 
   gpu::GptConfig config_;
   int64_t B_ = 0, T_ = 0;
@@ -82,6 +99,15 @@ class StreamedModel {
   std::vector<PinnedArena::Lease> stage_buf_;      // two, for checkpoints on NVMe
   std::optional<io::Ticket> stage_write_[2];       // last write from each
   uint64_t h2d_bytes_ = 0, d2h_bytes_ = 0;
+  // Weights on NVMe.
+  std::optional<NvmeWeights> nvme_weights_;
+  std::unique_ptr<PinnedArena> weight_arena_;
+  std::vector<PinnedArena::Lease> weight_buf_;          // 3, by schedule position % 3
+  std::optional<io::Ticket> weight_read_[3];
+  size_t weights_read_ = 0;                             // schedule positions whose read was issued
+  std::vector<std::vector<float>> weight_fp32_;         // depth + 1, by schedule position % (depth + 1)
+  std::vector<float> embedding_fp32_;
+  uint64_t nvme_weight_bytes_ = 0;
 };
 
 }  // namespace strata::engine

@@ -31,6 +31,12 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
   if (o.activation_checkpoints != Tier::kDevice && !o.stream_weights) {
     return invalid_argument("trainer: activation checkpoints off the device need stream_weights");
   }
+  if (o.weights != Tier::kHost && o.weights != Tier::kNvme) {
+    return invalid_argument("trainer: the weights live on the host or on NVMe");
+  }
+  if (o.weights == Tier::kNvme && (!o.stream_weights || o.states != Tier::kNvme)) {
+    return invalid_argument("trainer: weights on NVMe need stream_weights and the optimizer states on NVMe");
+  }
   if (o.grad_accum < 1 || o.grad_accum > 4096) {
     return invalid_argument("trainer: grad_accum must be 1..4096, got " + std::to_string(o.grad_accum));
   }
@@ -69,9 +75,11 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
     STRATA_ASSIGN_OR_RETURN(tr->swap_, io::SwapStore::open(so));
   }
   if (o.states == Tier::kNvme) {
+    const uint64_t staging_bytes = o.weights == Tier::kNvme
+                                       ? OptimizerStage::staging_bytes_with_weights(*tr->swap_, max_elems)
+                                       : tr->swap_->padded_size(OptimizerStage::state_bytes(max_elems));
     STRATA_ASSIGN_OR_RETURN(tr->staging_,
-                            PinnedArena::create("optimizer staging",
-                                                tr->swap_->padded_size(OptimizerStage::state_bytes(max_elems)),
+                            PinnedArena::create("optimizer staging", staging_bytes,
                                                 static_cast<uint32_t>(o.staging_buffers), tr->allocator_,
                                                 tr->executor_.get()));
   }
@@ -85,6 +93,12 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
     STRATA_ASSIGN_OR_RETURN(tr->streamed_,
                             StreamedModel::create(o.model, o.batch, o.seq, *tr->device_, o.prefetch_depth,
                                                   o.activation_checkpoints, tr->swap_.get()));
+    if (o.weights == Tier::kNvme) {
+      STRATA_RETURN_IF_ERROR(tr->stage_->home_weights_on_nvme(o.precision));
+      OptimizerStage* stage = tr->stage_.get();
+      STRATA_RETURN_IF_ERROR(tr->streamed_->set_nvme_weights(
+          {tr->swap_.get(), [stage](size_t c) { return stage->weights_blob(c); }, o.precision}));
+    }
   } else {
     tr->model_ = std::make_unique<gpu::host::HostGpt<float>>(o.model, o.batch, o.seq);
   }
@@ -104,10 +118,12 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
       }
     }
     STRATA_RETURN_IF_ERROR(tr->stage_->initialize(c, master.data()));
-    tr->weights_.emplace_back(master.size());
-    STRATA_RETURN_IF_ERROR(cpu_optim::convert(master.data(), DType::kF32, tr->weights_[c].data(), o.precision,
-                                              elems[c]));
-    tr->params_.emplace_back(master.size());
+    if (o.weights == Tier::kHost) {
+      tr->weights_.emplace_back(master.size());
+      STRATA_RETURN_IF_ERROR(cpu_optim::convert(master.data(), DType::kF32, tr->weights_[c].data(), o.precision,
+                                                elems[c]));
+      tr->params_.emplace_back(master.size());
+    }
     tr->grads_.emplace_back(master.size(), 0.0f);
     if (o.grad_accum > 1) tr->micro_.emplace_back(master.size(), 0.0f);
     if (o.precision == DType::kF16) tr->grads16_.emplace_back(master.size(), 0);
@@ -195,7 +211,7 @@ Result<float> Trainer::step() {
     } else {
       ov.grads.push_back({grads_[c].data(), DType::kF32});
     }
-    ov.out.push_back(weights_[c].data());
+    ov.out.push_back(weights_.empty() ? nullptr : weights_[c].data());  // null: the stage writes them to NVMe
   }
   ov.out_dtype = options_.precision;
   ov.order = StreamedModel::landing_order(options_.model);
@@ -238,10 +254,11 @@ Result<float> Trainer::step() {
       std::vector<const float*> w;
       std::vector<float*> gr;
       for (size_t c = 0; c < C; ++c) {
-        w.push_back(params_[c].data());
+        w.push_back(params_.empty() ? nullptr : params_[c].data());  // empty: the weights come from NVMe
         gr.push_back(into[c].data());
       }
       const uint64_t h2d = streamed_->bytes_to_device(), d2h = streamed_->bytes_to_host();
+      const uint64_t wr = streamed_->nvme_weight_bytes();
       StreamedModel::GradLanded landed;
       if (last) {
         landed = [&](size_t c, gpu::Event copied) {
@@ -252,6 +269,7 @@ Result<float> Trainer::step() {
       STRATA_ASSIGN_OR_RETURN(l, streamed_->forward_backward(w, tokens.data(), targets.data(), gr, landed, dloss));
       last_h2d_ += streamed_->bytes_to_device() - h2d;
       last_d2h_ += streamed_->bytes_to_host() - d2h;
+      last_weight_reads_ += streamed_->nvme_weight_bytes() - wr;
     } else {
       for (auto& g : into) std::fill(g.begin(), g.end(), 0.0f);  // HostGpt::backward accumulates
       auto params = view(params_);
@@ -263,7 +281,7 @@ Result<float> Trainer::step() {
     }
     return l;
   };
-  last_h2d_ = last_d2h_ = 0;
+  last_h2d_ = last_d2h_ = last_weight_reads_ = 0;
   // Each micro-batch's gradient is computed alone and summed in order (the
   // same bits whichever path computed it); the 1/A goes into the scale.
   double sum = 0;
@@ -315,10 +333,18 @@ Status Trainer::save(const std::string& root) {
   }
   STRATA_ASSIGN_OR_RETURN(SafetensorsWriter model,
                           SafetensorsWriter::create(tmp + "/model.safetensors", tensors, {{"format", "pt"}}));
+  std::vector<uint16_t> from_nvme;
   for (size_t c = 0; c < layout_.size(); ++c) {
+    const uint16_t* w = nullptr;
+    if (weights_.empty()) {  // streamed straight from their NVMe blob, a chunk at a time
+      from_nvme.resize(static_cast<size_t>(layout_[c].numel));
+      STRATA_RETURN_IF_ERROR(stage_->read_weights(c, from_nvme.data()));
+      w = from_nvme.data();
+    } else {
+      w = weights_[c].data();
+    }
     for (const auto& t : layout_[c].tensors) {
-      STRATA_RETURN_IF_ERROR(model.append(std::as_bytes(
-          std::span(weights_[c].data() + t.offset, static_cast<size_t>(t.numel())))));
+      STRATA_RETURN_IF_ERROR(model.append(std::as_bytes(std::span(w + t.offset, static_cast<size_t>(t.numel())))));
     }
   }
   STRATA_RETURN_IF_ERROR(model.finish());
@@ -384,10 +410,15 @@ Status Trainer::load(const std::string& root) {
   }
   STRATA_ASSIGN_OR_RETURN(SafetensorsReader model, SafetensorsReader::open(path + "/model.safetensors"));
   for (size_t c = 0; c < layout_.size(); ++c) {
-    std::fill(weights_[c].begin(), weights_[c].end(), 0);
+    std::vector<uint16_t> chunk(static_cast<size_t>(layout_[c].numel), 0);
     for (const auto& t : layout_[c].tensors) {
       STRATA_RETURN_IF_ERROR(model.read(t.name, std::as_writable_bytes(std::span(
-                                                    weights_[c].data() + t.offset, static_cast<size_t>(t.numel())))));
+                                                    chunk.data() + t.offset, static_cast<size_t>(t.numel())))));
+    }
+    if (weights_.empty()) {
+      STRATA_RETURN_IF_ERROR(stage_->write_weights(c, chunk.data()));
+    } else {
+      weights_[c] = std::move(chunk);
     }
   }
   STRATA_ASSIGN_OR_RETURN(SafetensorsReader opt, SafetensorsReader::open(path + "/optimizer.safetensors"));

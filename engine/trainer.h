@@ -57,6 +57,11 @@ struct TrainerOptions {
   // optimizer writes): bf16, or fp16 with dynamic loss scaling.
   DType precision = DType::kBF16;
   LossScaleOptions loss_scale;  // fp16 only
+  // Where the working weights live between uses: kHost (with their fp32
+  // compute copy), or kNvme — one blob per chunk beside its optimizer
+  // state, read ahead as the streamed model needs each block (needs
+  // stream_weights and the states on NVMe).
+  Tier weights = Tier::kHost;
   std::vector<std::string> nvme_paths;      // for kNvme
   io::Backend io_backend = io::Backend::kAuto;
   std::optional<io::FaultConfig> faults;    // wrap the NVMe device in a fault injector (tests)
@@ -102,6 +107,8 @@ class Trainer {
   // Bytes the last step moved host -> device and device -> host (streaming only).
   uint64_t last_h2d_bytes() const { return last_h2d_; }
   uint64_t last_d2h_bytes() const { return last_d2h_; }
+  // Bytes of working weights the last step read from NVMe (weights on NVMe).
+  uint64_t last_nvme_weight_bytes() const { return last_weight_reads_; }
   // The capped device when streaming (null otherwise).
   const gpu::HostDevice* device() const { return device_.get(); }
 
@@ -142,7 +149,7 @@ class Trainer {
   bool last_rolled_back_ = false;
   int64_t rollbacks_ = 0;
   StepTimes last_times_;
-  uint64_t last_h2d_ = 0, last_d2h_ = 0;
+  uint64_t last_h2d_ = 0, last_d2h_ = 0, last_weight_reads_ = 0;
 };
 
 }  // namespace strata::engine

@@ -72,13 +72,19 @@ TEST(Trainer, LossFalls) {
 TEST(Trainer, ResumeFromStep10ReproducesSteps11To20) {
   uint64_t seed = strata::testing::test_seed(103);
   strata::testing::TempDir dir;
-  for (Tier tier : {Tier::kHost, Tier::kNvme}) {
+  for (const char* placement : {"host", "nvme", "all-nvme"}) {
+    const std::string name = placement;
     TrainerOptions o = tiny(seed);
-    o.states = tier;
-    o.nvme_paths = {dir.sub(tier == Tier::kHost ? "unused" : "nvme")};
+    o.states = name == "host" ? Tier::kHost : Tier::kNvme;
+    if (name == "all-nvme") {  // the weights stream from NVMe too
+      o.stream_weights = true;
+      o.device_bytes = 8ull << 20;
+      o.weights = Tier::kNvme;
+    }
+    o.nvme_paths = {dir.sub("nvme-" + name)};
     std::vector<float> straight = run(o, 20);
     ASSERT_EQ(straight.size(), 20u);
-    const std::string root = dir.path() + "/ckpt-" + std::string(tier_name(tier));
+    const std::string root = dir.path() + "/ckpt-" + name;
     {
       auto tr = std::move(Trainer::create(o)).value();
       for (int i = 0; i < 10; ++i) ASSERT_TRUE(tr->step());
@@ -91,7 +97,7 @@ TEST(Trainer, ResumeFromStep10ReproducesSteps11To20) {
     for (int i = 10; i < 20; ++i) {
       Result<float> loss = resumed->step();
       ASSERT_TRUE(loss);
-      EXPECT_EQ(*loss, straight[static_cast<size_t>(i)]) << "step " << i + 1 << " (" << tier_name(tier) << ")";
+      EXPECT_EQ(*loss, straight[static_cast<size_t>(i)]) << "step " << i + 1 << " (" << name << ")";
     }
   }
   // A checkpoint of another model is refused, naming both.
@@ -120,17 +126,23 @@ TEST(Trainer, StreamedWeightsGiveTheSameBitsAtAnyPrefetchDepth) {
   ASSERT_EQ(resident.size(), 20u);
   for (int depth : {1, 4}) {
     for (Tier states : {Tier::kHost, Tier::kNvme}) {
-      for (Tier acts : {Tier::kDevice, Tier::kHost, Tier::kNvme}) {
-        TrainerOptions o = tiny(seed);
-        o.model.layers = 4;  // so that some block inputs do leave the device
-        o.stream_weights = true;
-        o.device_bytes = 8ull << 20;
-        o.prefetch_depth = depth;
-        o.states = states;
-        o.activation_checkpoints = acts;
-        o.nvme_paths = {dir.sub("d" + std::to_string(depth) + std::string(tier_name(acts)))};
-        EXPECT_EQ(run(o, 20), resident) << "prefetch depth " << depth << ", states on " << tier_name(states)
-                                        << ", activation checkpoints on " << tier_name(acts);
+      for (Tier weights : {Tier::kHost, Tier::kNvme}) {
+        if (weights == Tier::kNvme && states != Tier::kNvme) continue;
+        for (Tier acts : {Tier::kDevice, Tier::kHost, Tier::kNvme}) {
+          TrainerOptions o = tiny(seed);
+          o.model.layers = 4;  // so that some block inputs do leave the device
+          o.stream_weights = true;
+          o.device_bytes = 8ull << 20;
+          o.prefetch_depth = depth;
+          o.states = states;
+          o.weights = weights;
+          o.activation_checkpoints = acts;
+          o.nvme_paths = {dir.sub("d" + std::to_string(depth) + std::string(tier_name(weights)) +
+                                  std::string(tier_name(acts)))};
+          EXPECT_EQ(run(o, 20), resident) << "prefetch depth " << depth << ", states on " << tier_name(states)
+                                          << ", weights on " << tier_name(weights) << ", activation checkpoints on "
+                                          << tier_name(acts);
+        }
       }
     }
   }
@@ -427,6 +439,13 @@ TEST(Trainer, TrainsAModelWhoseStatesAre20xTheDeviceBudget) {
   o.adam.lr = 2e-4f;  // deep and narrow: larger rates diverge here
   o.stream_weights = true;
   o.prefetch_depth = 1;
+  // Everything that can leave the device lives on NVMe: weights, optimizer
+  // states and activation checkpoints.
+  strata::testing::TempDir dir;
+  o.weights = Tier::kNvme;
+  o.states = Tier::kNvme;
+  o.activation_checkpoints = Tier::kNvme;
+  o.nvme_paths = {dir.sub("all")};
   const uint64_t states = 16ull * static_cast<uint64_t>(gpu::parameter_count(o.model));  // bf16 w+g, fp32 master+m+v
   o.device_bytes = states / 20;
   Result<std::unique_ptr<Trainer>> tr = Trainer::create(o);
@@ -440,9 +459,11 @@ TEST(Trainer, TrainsAModelWhoseStatesAre20xTheDeviceBudget) {
   }
   const gpu::HostDevice* dev = (*tr)->device();
   ASSERT_NE(dev, nullptr);
-  std::printf("model states %.1f MiB, device budget %.1f MiB (peak %.1f MiB); loss %.3f -> %.3f\n",
+  std::printf("model states %.1f MiB, device budget %.1f MiB (peak %.1f MiB), weights, states and checkpoints on "
+              "NVMe (%.1f MiB in use); loss %.3f -> %.3f\n",
               static_cast<double>(states) / (1 << 20), static_cast<double>(o.device_bytes) / (1 << 20),
-              static_cast<double>(dev->peak_bytes()) / (1 << 20), losses.front(), losses.back());
+              static_cast<double>(dev->peak_bytes()) / (1 << 20),
+              static_cast<double>((*tr)->swap_store()->stats().used_bytes) / (1 << 20), losses.front(), losses.back());
   EXPECT_LE(dev->peak_bytes(), o.device_bytes);
   EXPECT_GE(static_cast<double>(states), 20.0 * static_cast<double>(o.device_bytes) * 0.999);
   float head = (losses[0] + losses[1] + losses[2]) / 3, tail = (losses[n - 3] + losses[n - 2] + losses[n - 1]) / 3;
@@ -504,6 +525,8 @@ TEST(Trainer, Fp16LossScaleOverflowsGiveTheSameBitsEverywhere) {
         if (depth == 0 && (states == Tier::kHost || acts != Tier::kDevice)) continue;
         if (depth == 4 && acts == Tier::kHost) continue;
         TrainerOptions o = base;
+        // Weights on NVMe too where the acts go to NVMe: the most offloaded placement.
+        o.weights = depth > 0 && states == Tier::kNvme && acts == Tier::kNvme ? Tier::kNvme : Tier::kHost;
         o.stream_weights = depth > 0;
         o.device_bytes = depth > 0 ? 8ull << 20 : 0;
         o.prefetch_depth = std::max(depth, 1);
