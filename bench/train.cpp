@@ -134,6 +134,7 @@ int run(int argc, char** argv) {
   fixed.states = o.states;
   engine::TrainSetup setup = cfg->setup;
   setup.compute = DType::kF32;  // the host backend computes in fp32
+  setup.working = o.precision;
   Result<engine::Plan> plan =
       stream ? Result<engine::Plan>(engine::estimate(
                    setup, {o.weights, o.states, o.activation_checkpoints, prefetch}, engine::Bandwidths{}))

@@ -137,6 +137,12 @@ class OptimizerStage {
   int64_t chunk_elems(size_t chunk) const { return elems_[chunk]; }
 
   Tier tier() const { return tier_; }
+  // Host memory the stage's states hold (host tier; staging arenas are the caller's).
+  uint64_t host_bytes() const {
+    uint64_t b = 0;
+    for (const auto& v : host_) b += v.capacity() * 4;
+    return b;
+  }
   static uint64_t state_bytes(int64_t elems) { return 12 * static_cast<uint64_t>(elems); }
 
  private:

@@ -82,20 +82,55 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   p.device.activations +=
       static_cast<uint64_t>(gpu::host::BlockActivations<float>::elements(s.model, s.micro_batch, s.seq)) * z.c;
   p.device.io_buffers += (4 * N * C + 3 * N) * z.c;
-  tier(p, pl.checkpoints).activations += z.checkpoints;
+  if (pl.checkpoints == Tier::kNvme) {
+    // The last two block inputs never leave the device buffers.
+    p.nvme.activations += static_cast<uint64_t>(std::max<int64_t>(s.model.layers - 1, 0)) *
+                          ((static_cast<uint64_t>(z.tokens) * C * z.c + 4095) / 4096 * 4096);
+  } else {
+    tier(p, pl.checkpoints).activations += z.checkpoints;
+  }
   if (pl.checkpoints != Tier::kDevice) p.device.activations += 2 * N * C * z.c;
 
-  // Host: gradients land in pinned host memory (fp32 accumulators when
-  // accumulating over micro-batches); states and streamed weights where placed.
-  p.host.model_states += z.padded * (s.grad_accum > 1 ? 4 : z.c);
-  if (pl.weights != Tier::kDevice) tier(p, pl.weights).model_states += weights_total;
-  if (pl.weights == Tier::kNvme) p.host.io_buffers += static_cast<uint64_t>(pl.prefetch_depth + 1) * chunk_lp;
-  tier(p, pl.states).model_states += state_total;
-  if (pl.states == Tier::kNvme) {
-    // read chunk j+1, update chunk j, write chunk j-1
-    p.host.io_buffers += 3 * static_cast<uint64_t>(static_cast<double>(z.max_chunk) * state_bytes);
+  // Host: gradients land in host memory in the compute type (a second fp32
+  // buffer when accumulating over micro-batches; an fp16 copy when the
+  // working weights are fp16 and the device computes in another type).
+  // Streamed weights on the host keep the working copy and, when the device
+  // computes in another type, a compute copy. On NVMe, states and weights
+  // have two generations (an update is written beside the old state and
+  // switched to at the step's verdict). This is what engine/trainer.cpp and
+  // engine/streamed_model.cpp allocate; a test holds the two within 5%.
+  const uint64_t w = dtype_bytes(s.working);
+  const uint64_t pad = 4096;
+  auto padded = [&](uint64_t bytes) { return (bytes + pad - 1) / pad * pad; };
+  p.host.model_states += z.padded * z.c;
+  if (s.grad_accum > 1) p.host.model_states += z.padded * 4;
+  if (s.working == DType::kF16 && s.compute != DType::kF16) p.host.model_states += z.padded * 2;
+  if (pl.weights == Tier::kHost) p.host.model_states += z.padded * (w + (s.compute != s.working ? z.c : 0));
+  // Every NVMe blob takes whole 4 KiB blocks.
+  auto blobs = [&](double bytes_per_param) {
+    uint64_t total = 0;
+    for (const gpu::ChunkLayout& chunk : layout) {
+      total += padded(static_cast<uint64_t>(static_cast<double>(chunk.numel) * bytes_per_param));
+    }
+    return total;
+  };
+  if (pl.weights == Tier::kNvme) {
+    p.nvme.model_states += 2 * blobs(static_cast<double>(w));
+    // Three aligned read buffers (any chunk), the widened copies of the
+    // chunks in flight to the device, and the embedding's.
+    p.host.io_buffers += 3 * padded(z.max_chunk * w) +
+                         static_cast<uint64_t>(pl.prefetch_depth + 1) * block_chunk * z.c +
+                         static_cast<uint64_t>(layout[0].numel) * z.c;
   }
-  if (pl.checkpoints == Tier::kNvme) p.host.io_buffers += 2 * static_cast<uint64_t>(z.tokens) * C * z.c;
+  if (pl.states == Tier::kNvme) {
+    p.nvme.model_states += 2 * blobs(state_bytes);
+    const uint64_t per_buffer = padded(static_cast<uint64_t>(static_cast<double>(z.max_chunk) * state_bytes)) +
+                                (pl.weights == Tier::kNvme ? padded(z.max_chunk * w) : 0);
+    p.host.io_buffers += kStateStagingBuffers * per_buffer;
+  } else {
+    tier(p, pl.states).model_states += state_total;
+  }
+  if (pl.checkpoints == Tier::kNvme) p.host.io_buffers += 2 * padded(static_cast<uint64_t>(z.tokens) * C * z.c);
 
   // Links, per optimizer step.
   const double P = static_cast<double>(z.params), c = static_cast<double>(z.c);
@@ -112,8 +147,9 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
     nvme_write += P * state_bytes;
   }
   if (pl.weights == Tier::kNvme) {
-    nvme_read += 2 * P * c * A;
-    nvme_write += P * c;
+    const double wb = static_cast<double>(dtype_bytes(s.working));
+    nvme_read += 2 * P * wb * A;  // forward and backward each read every chunk
+    nvme_write += P * wb;
   }
   if (pl.checkpoints == Tier::kNvme) {
     nvme_read += ckpt * A;

@@ -31,9 +31,14 @@ struct TrainSetup {
   int64_t micro_batch = 1;
   int64_t seq = 1024;
   int64_t grad_accum = 1;
-  DType compute = DType::kBF16;      // low-precision weights and gradients
+  DType compute = DType::kBF16;      // what the device computes in (and its gradients' type)
+  DType working = DType::kBF16;      // the low-precision weights the optimizer writes (bf16 / fp16)
   double state_bytes_per_param = 8;  // Adam m and v: 8 (fp32), 4 (bf16), ~2.03 (8-bit blockwise)
 };
+
+// Pinned staging buffers of the optimizer stage with states on NVMe (each
+// one chunk's state): one holds the write behind, the rest read ahead.
+inline constexpr int kStateStagingBuffers = 4;
 
 struct Budgets {
   uint64_t device_bytes = 0;

@@ -103,6 +103,14 @@ Status StreamedModel::set_nvme_weights(NvmeWeights source) {
   return ok_status();
 }
 
+uint64_t StreamedModel::host_bytes() const {
+  uint64_t b = host_checkpoints_.capacity() * 4 + embedding_fp32_.capacity() * 4;
+  for (const auto& v : weight_fp32_) b += v.capacity() * 4;
+  if (staging_) b += staging_->total_bytes();
+  if (weight_arena_) b += weight_arena_->total_bytes();
+  return b;
+}
+
 void StreamedModel::drain_weight_reads() {
   for (auto& t : weight_read_) {
     if (t) nvme_weights_->swap->wait(*t).ignore();

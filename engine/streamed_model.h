@@ -60,6 +60,8 @@ class StreamedModel {
   };
   Status set_nvme_weights(NvmeWeights source);
   uint64_t nvme_weight_bytes() const { return nvme_weight_bytes_; }
+  // Host memory this model holds: checkpoints, staging arenas, widened weights.
+  uint64_t host_bytes() const;
   gpu::HostDevice& device() { return *dev_; }
 
   uint64_t bytes_to_device() const { return h2d_bytes_; }

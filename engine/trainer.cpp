@@ -140,6 +140,19 @@ Trainer::~Trainer() {
   swap_.reset();
 }
 
+uint64_t Trainer::host_bytes() const {
+  uint64_t b = 0;
+  for (const auto& v : params_) b += v.capacity() * 4;
+  for (const auto& v : grads_) b += v.capacity() * 4;
+  for (const auto& v : micro_) b += v.capacity() * 4;
+  for (const auto& v : weights_) b += v.capacity() * 2;
+  for (const auto& v : grads16_) b += v.capacity() * 2;
+  b += stage_->host_bytes();
+  if (staging_) b += staging_->total_bytes();
+  if (streamed_) b += streamed_->host_bytes();
+  return b;
+}
+
 Status Trainer::refresh_compute_weights() {
   for (size_t c = 0; c < weights_.size(); ++c) {
     STRATA_RETURN_IF_ERROR(cpu_optim::convert(weights_[c].data(), options_.precision, params_[c].data(), DType::kF32,

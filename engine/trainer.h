@@ -109,6 +109,9 @@ class Trainer {
   uint64_t last_d2h_bytes() const { return last_d2h_; }
   // Bytes of working weights the last step read from NVMe (weights on NVMe).
   uint64_t last_nvme_weight_bytes() const { return last_weight_reads_; }
+  // Host memory the trainer holds, summed from its buffers and arenas:
+  // gradients, weights, host states, checkpoints, staging.
+  uint64_t host_bytes() const;
   // The capped device when streaming (null otherwise).
   const gpu::HostDevice* device() const { return device_.get(); }
 

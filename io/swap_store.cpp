@@ -167,6 +167,7 @@ Status SwapStore::allocate_blob(const std::string& name, Blob& blob, uint64_t si
     p.file_offset_bytes += e->offset_bytes;
   }
   used_bytes_ += total;
+  peak_used_bytes_ = std::max(peak_used_bytes_, used_bytes_);
   blob.size_bytes = size_bytes;
   blob.extents = std::move(extents);
   blob.pieces = std::move(pieces);
@@ -422,6 +423,7 @@ SwapStoreStats SwapStore::stats() const {
   std::unique_lock lock = enter();
   SwapStoreStats s;
   s.used_bytes = used_bytes_;
+  s.peak_used_bytes = peak_used_bytes_;
   s.budget_bytes = options_.budget_bytes;
   for (const Directory& d : dirs_) s.directories.push_back({d.path, d.end_bytes, d.bytes_written, d.bytes_read});
   return s;

@@ -68,6 +68,7 @@ struct DirectoryStats {
 
 struct SwapStoreStats {
   uint64_t used_bytes = 0;    // allocated to blobs (padded)
+  uint64_t peak_used_bytes = 0;  // the most used_bytes has been
   uint64_t budget_bytes = 0;
   std::vector<DirectoryStats> directories;
 };
@@ -177,6 +178,7 @@ class SwapStore {
   SwapStoreOptions options_;
   uint64_t alignment_ = 4096;
   uint64_t used_bytes_ = 0;
+  uint64_t peak_used_bytes_ = 0;
   uint32_t next_first_dir_ = 0;
   uint64_t next_generation_ = 1;
   std::vector<Directory> dirs_;
