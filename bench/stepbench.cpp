@@ -80,18 +80,20 @@ int run(int argc, char** argv) {
   std::unique_ptr<engine::Trainer> offloaded = make_trainer(full);
   STEP_CHECK(offloaded->step().status());  // warm-up
   uint64_t h2d = 0, d2h = 0, nvme_r = 0, nvme_w = 0;
+  double idle = 0;
   double step_s = median_seconds(reps, [&] {
     STEP_CHECK(offloaded->step().status());
     h2d = offloaded->last_h2d_bytes(), d2h = offloaded->last_d2h_bytes();
     nvme_r = offloaded->last_stage().nvme_bytes_read, nvme_w = offloaded->last_stage().nvme_bytes_written;
+    idle = offloaded->last_counters().device_idle_fraction;
   });
   const uint64_t device_peak = offloaded->device()->peak_bytes();
   if (trace.enabled()) {
     STEP_CHECK(trace.write(trace_path));
     std::printf("trace: %s (%zu events)\n", trace_path.c_str(), trace.size());
   }
-  std::printf("offloaded step: %.3f s (device peak %s of %s)\n", step_s, format_bytes(device_peak).c_str(),
-              format_bytes(full.device_bytes).c_str());
+  std::printf("offloaded step: %.3f s (device peak %s of %s; the compute waited %.1f%% of forward+backward)\n",
+              step_s, format_bytes(device_peak).c_str(), format_bytes(full.device_bytes).c_str(), 100 * idle);
   std::fflush(stdout);
 
   // Compute alone: the step's forward, its recompute (one more forward) and
@@ -245,6 +247,7 @@ int run(int argc, char** argv) {
                       {"model_state_bytes", states},
                       {"device_budget_bytes", full.device_bytes},
                       {"device_peak_bytes", device_peak},
+                      {"device_idle_fraction", idle},
                       {"h2d_bytes", h2d},
                       {"d2h_bytes", d2h},
                       {"nvme_bytes", nvme_r + nvme_w},

@@ -157,7 +157,8 @@ int run(int argc, char** argv) {
   const double flops = gpu::training_flops_per_token(o.model, o.seq, /*recompute=*/false) * tokens;
   float first = 0, last = 0;
   double total_s = 0;
-  uint64_t nvme_bytes = 0;
+  uint64_t nvme_bytes = 0, ssd_written = 0;
+  double idle_sum = 0;
   const int64_t start = (*tr)->steps_done();
   for (int64_t i = start; i < steps; ++i) {
     auto t0 = std::chrono::steady_clock::now();
@@ -168,17 +169,19 @@ int run(int argc, char** argv) {
     if (i == start) first = *loss;
     last = *loss;
     const engine::StageCounters& st = (*tr)->last_stage();
-    const uint64_t nvme_read = st.nvme_bytes_read + (*tr)->last_nvme_weight_bytes();
-    nvme_bytes += nvme_read + st.nvme_bytes_written;
+    const engine::StepCounters& k = (*tr)->last_counters();
+    nvme_bytes += k.nvme_read_bytes + k.nvme_written_bytes;
+    ssd_written += k.nvme_written_bytes;
+    idle_sum += k.device_idle_fraction;
     std::string scale;
     if (o.precision == DType::kF16) scale = " | loss scale 2^" + std::to_string(std::ilogb((*tr)->loss_scale()));
     std::printf("step %5lld | loss %.4f | grad norm %8.3f%s%s | %8.0f tok/s | %6.2f GFLOP/s | optimizer %6.1f ms | "
-                "nvme r/w %s/%s\n",
+                "device idle %4.1f%% | nvme r/w %s/%s\n",
                 static_cast<long long>(i + 1), *loss, (*tr)->last_grad_norm(),
                 (*tr)->last_skipped() ? " (inf/nan: skipped)" : (*tr)->last_clipped() ? " (clipped)" : "", scale.c_str(),
                 tokens / s,
-                flops / s / 1e9, st.seconds * 1e3, format_bytes(nvme_read).c_str(),
-                format_bytes(st.nvme_bytes_written).c_str());
+                flops / s / 1e9, st.seconds * 1e3, 100 * k.device_idle_fraction,
+                format_bytes(k.nvme_read_bytes).c_str(), format_bytes(k.nvme_written_bytes).c_str());
     std::fflush(stdout);
     if (!checkpoint.empty() && save_every > 0 && (i + 1) % save_every == 0) {
       exit_on_error((*tr)->save(checkpoint), "strata-train");
@@ -198,6 +201,8 @@ int run(int argc, char** argv) {
                       {"parameters", gpu::parameter_count(o.model)},
                       {"states", std::string(engine::tier_name(o.states))},
                       {"weights", std::string(engine::tier_name(o.weights))}, {"nvme_bytes", nvme_bytes},
+                      {"ssd_bytes_written", ssd_written},
+                      {"device_idle_fraction", ran > 0 ? idle_sum / static_cast<double>(ran) : 0.0},
                       {"stream_weights", stream},
                       {"system", system_info()}};
   if ((*tr)->device() != nullptr) j["device_peak_bytes"] = (*tr)->device()->peak_bytes();

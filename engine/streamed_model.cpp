@@ -1,6 +1,7 @@
 #include "engine/streamed_model.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "cpu_optim/optimizer.h"
@@ -138,7 +139,9 @@ Result<const float*> StreamedModel::stage_nvme_weights(size_t pos) {
   STRATA_RETURN_IF_ERROR(read_weights_ahead(pos + 2));
   std::optional<io::Ticket>& slot = weight_read_[pos % 3];
   const size_t chunk = schedule_[pos];
+  const double t0 = now_s();
   Status s = nvme_weights_->swap->wait(*slot);
+  note_wait(t0, "weights from nvme");
   slot.reset();
   STRATA_RETURN_IF_ERROR(s.with_context("reading the weights of chunk " + std::to_string(chunk)));
   const int64_t n = layout_[chunk].numel;
@@ -166,7 +169,27 @@ Status StreamedModel::prefetch_through(size_t i) {
     h2d_bytes_ += bytes;
     ++issued_;
   }
-  return dev_->synchronize(ready_[i]);
+  return wait_for(ready_[i], "weights");
+}
+
+Status StreamedModel::wait_for(gpu::Event e, const char* what) {
+  const double t0 = now_s();
+  Status s = dev_->synchronize(e);
+  note_wait(t0, what);
+  return s;
+}
+
+double StreamedModel::now_s() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+void StreamedModel::note_wait(double t0, const char* what) {
+  const double waited = now_s() - t0;
+  wait_s_ += waited;
+  if (trace_ != nullptr && waited > 20e-6) {
+    const double end = trace_->now_us();
+    trace_->span("compute", std::string("wait: ") + what, end - waited * 1e6, end, "wait");
+  }
 }
 
 Result<const float*> StreamedModel::weights_for(size_t i) {
@@ -185,6 +208,7 @@ Result<float> StreamedModel::forward_backward(const std::vector<const float*>& w
   }
   host_weights_ = weights;
   issued_ = 0;
+  wait_s_ = 0;
   if (nvme_weights_) {
     drain_weight_reads();  // left by a step that failed
     weights_read_ = 0;
@@ -207,7 +231,7 @@ Result<float> StreamedModel::forward_backward(const std::vector<const float*>& w
   // previous copy (out to the host, or in from it) must have finished.
   auto claim = [&](int64_t l) -> Status {
     gpu::Event& e = ckpt_done_[l % 2];
-    if (host_ckpt && e.id >= 0) STRATA_RETURN_IF_ERROR(dev_->synchronize(e));
+    if (host_ckpt && e.id >= 0) STRATA_RETURN_IF_ERROR(wait_for(e, "checkpoint buffer"));
     return ok_status();
   };
   // Waits for the last NVMe write out of staging buffer l % 2.
@@ -228,7 +252,7 @@ Result<float> StreamedModel::forward_backward(const std::vector<const float*>& w
       PinnedArena::Lease& buf = stage_buf_[static_cast<size_t>(l % 2)];
       STRATA_RETURN_IF_ERROR(dev_->copy_to_host(copy_, buf.data(), x_of(l), x_bytes));
       STRATA_ASSIGN_OR_RETURN(ckpt_done_[l % 2], dev_->record(copy_));
-      STRATA_RETURN_IF_ERROR(dev_->synchronize(ckpt_done_[l % 2]));
+      STRATA_RETURN_IF_ERROR(wait_for(ckpt_done_[l % 2], "checkpoint to host"));
       STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->write(blob(l), buf.buffer(), x_bytes));
       stage_write_[l % 2] = t;
     } else {
@@ -247,7 +271,10 @@ Result<float> StreamedModel::forward_backward(const std::vector<const float*>& w
       STRATA_RETURN_IF_ERROR(drain_staging(l));
       PinnedArena::Lease& buf = stage_buf_[static_cast<size_t>(l % 2)];
       STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->read(blob(l), buf.buffer()));
-      STRATA_RETURN_IF_ERROR(swap_->wait(t));
+      const double t0 = now_s();
+      Status rs = swap_->wait(t);
+      note_wait(t0, "checkpoint from nvme");
+      STRATA_RETURN_IF_ERROR(rs);
       src = reinterpret_cast<const float*>(buf.data());
     }
     STRATA_RETURN_IF_ERROR(dev_->copy_to_device(copy_, x_of(l), src, x_bytes));
@@ -277,7 +304,7 @@ Result<float> StreamedModel::forward_backward(const std::vector<const float*>& w
   STRATA_ASSIGN_OR_RETURN(gpu::Event emb_ready, dev_->record(copy_));
   h2d_bytes_ += emb_bytes;
   STRATA_RETURN_IF_ERROR(prefetch_through(0));  // block 1 on its way as well
-  STRATA_RETURN_IF_ERROR(dev_->synchronize(emb_ready));
+  STRATA_RETURN_IF_ERROR(wait_for(emb_ready, "embedding"));
   ops::embedding_forward(x_of(0), tokens, wte, wpe, B_, T_, C);
   STRATA_RETURN_IF_ERROR(offload(0));
 
@@ -285,7 +312,9 @@ Result<float> StreamedModel::forward_backward(const std::vector<const float*>& w
   for (int64_t l = 1; l <= L; ++l) {
     STRATA_ASSIGN_OR_RETURN(const float* p, weights_for(static_cast<size_t>(l - 1)));
     STRATA_RETURN_IF_ERROR(claim(l));
+    const double start = trace_ ? trace_->now_us() : 0;
     ops::block_forward(c, p, x_of(l - 1), x_of(l), acts_, B_, T_);
+    if (trace_) trace_->span("compute", "forward block " + std::to_string(l), start, trace_->now_us(), "compute");
     STRATA_RETURN_IF_ERROR(offload(l));
   }
   STRATA_ASSIGN_OR_RETURN(const float* pf, weights_for(static_cast<size_t>(L)));
@@ -301,7 +330,7 @@ Result<float> StreamedModel::forward_backward(const std::vector<const float*>& w
   // Each chunk's gradient goes to the host as soon as it is complete.
   auto send_grad = [&](size_t chunk, auto&& compute) -> Status {
     const size_t g = next_grad++ % grad_slots_.size();
-    if (grad_done_[g].id >= 0) STRATA_RETURN_IF_ERROR(dev_->synchronize(grad_done_[g]));
+    if (grad_done_[g].id >= 0) STRATA_RETURN_IF_ERROR(wait_for(grad_done_[g], "gradient buffer"));
     float* slot = grad_slots_[g].as<float>();
     const uint64_t bytes = static_cast<uint64_t>(layout_[chunk].numel) * 4;
     std::memset(slot, 0, bytes);
@@ -320,13 +349,19 @@ Result<float> StreamedModel::forward_backward(const std::vector<const float*>& w
   for (int64_t l = L; l >= 1; --l) {
     const size_t pos = static_cast<size_t>(L + 2 + (L - l));
     STRATA_ASSIGN_OR_RETURN(const float* p, weights_for(pos));
-    if (host_ckpt && ckpt_done_[(l - 1) % 2].id >= 0) STRATA_RETURN_IF_ERROR(dev_->synchronize(ckpt_done_[(l - 1) % 2]));
+    if (host_ckpt && ckpt_done_[(l - 1) % 2].id >= 0) {
+      STRATA_RETURN_IF_ERROR(wait_for(ckpt_done_[(l - 1) % 2], "checkpoint"));
+    }
     // Recompute the block's forward from its checkpoint (output discarded into dx_in).
+    const double start = trace_ ? trace_->now_us() : 0;
     ops::block_forward(c, p, x_of(l - 1), dx_in, acts_, B_, T_);
     std::fill(dx_in, dx_in + N * C, 0.0f);
     STRATA_RETURN_IF_ERROR(send_grad(static_cast<size_t>(l), [&](float* dp) {
       ops::block_backward(c, p, dp, x_of(l - 1), acts_, dx, dx_in, B_, T_);
     }));
+    if (trace_) {
+      trace_->span("compute", "recompute+backward block " + std::to_string(l), start, trace_->now_us(), "compute");
+    }
     std::swap(dx, dx_in);
     STRATA_RETURN_IF_ERROR(fetch(l - 2));  // into block l's buffer, now free
   }

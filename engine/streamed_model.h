@@ -60,6 +60,12 @@ class StreamedModel {
   };
   Status set_nvme_weights(NvmeWeights source);
   uint64_t nvme_weight_bytes() const { return nvme_weight_bytes_; }
+  // Seconds the last forward_backward's compute waited for copies and
+  // NVMe reads (the device's idle time).
+  double last_wait_seconds() const { return wait_s_; }
+  // Optional: spans of each block's compute and of every wait, on the
+  // "compute" track.
+  void set_trace(Trace* trace) { trace_ = trace; }
   // Host memory this model holds: checkpoints, staging arenas, widened weights.
   uint64_t host_bytes() const;
   gpu::HostDevice& device() { return *dev_; }
@@ -75,6 +81,9 @@ class StreamedModel {
   // NVMe weights: the fp32 host copy of the chunk at schedule position `pos`.
   Result<const float*> stage_nvme_weights(size_t pos);
   Status read_weights_ahead(size_t through);
+  Status wait_for(gpu::Event e, const char* what);
+  double now_s() const;
+  void note_wait(double t0_s, const char* what);
   void drain_weight_reads();
 
   gpu::GptConfig config_;
@@ -110,6 +119,8 @@ class StreamedModel {
   std::vector<std::vector<float>> weight_fp32_;         // depth + 1, by schedule position % (depth + 1)
   std::vector<float> embedding_fp32_;
   uint64_t nvme_weight_bytes_ = 0;
+  Trace* trace_ = nullptr;
+  double wait_s_ = 0;
 };
 
 }  // namespace strata::engine

@@ -93,6 +93,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
     STRATA_ASSIGN_OR_RETURN(tr->streamed_,
                             StreamedModel::create(o.model, o.batch, o.seq, *tr->device_, o.prefetch_depth,
                                                   o.activation_checkpoints, tr->swap_.get()));
+    tr->streamed_->set_trace(o.trace);
     if (o.weights == Tier::kNvme) {
       STRATA_RETURN_IF_ERROR(tr->stage_->home_weights_on_nvme(o.precision));
       OptimizerStage* stage = tr->stage_.get();
@@ -207,6 +208,7 @@ Result<float> Trainer::step() {
   };
   const int64_t A = options_.grad_accum;
   const size_t C = grads_.size();
+  double waited = 0;  // the compute waiting for copies and NVMe
 
   // The optimizer stage starts now, on its own thread: it reads states ahead
   // while the forward runs and takes each chunk as its gradient lands.
@@ -283,6 +285,7 @@ Result<float> Trainer::step() {
       last_h2d_ += streamed_->bytes_to_device() - h2d;
       last_d2h_ += streamed_->bytes_to_host() - d2h;
       last_weight_reads_ += streamed_->nvme_weight_bytes() - wr;
+      waited += streamed_->last_wait_seconds();
     } else {
       for (auto& g : into) std::fill(g.begin(), g.end(), 0.0f);  // HostGpt::backward accumulates
       auto params = view(params_);
@@ -295,6 +298,16 @@ Result<float> Trainer::step() {
     return l;
   };
   last_h2d_ = last_d2h_ = last_weight_reads_ = 0;
+  auto nvme_totals = [this](uint64_t* read, uint64_t* written) {
+    *read = *written = 0;
+    if (!swap_) return;
+    for (const io::DirectoryStats& d : swap_->stats().directories) {
+      *read += d.bytes_read;
+      *written += d.bytes_written;
+    }
+  };
+  uint64_t nvme_read0 = 0, nvme_written0 = 0;
+  nvme_totals(&nvme_read0, &nvme_written0);
   // Each micro-batch's gradient is computed alone and summed in order (the
   // same bits whichever path computed it); the 1/A goes into the scale.
   double sum = 0;
@@ -328,6 +341,15 @@ Result<float> Trainer::step() {
   rollbacks_ += outcome->rolled_back ? 1 : 0;
   ++t_;
   last_times_.optimizer = seconds_since(t0);
+  last_counters_ = StepCounters{};
+  last_counters_.h2d_bytes = last_h2d_;
+  last_counters_.d2h_bytes = last_d2h_;
+  nvme_totals(&last_counters_.nvme_read_bytes, &last_counters_.nvme_written_bytes);
+  last_counters_.nvme_read_bytes -= nvme_read0;
+  last_counters_.nvme_written_bytes -= nvme_written0;
+  last_counters_.device_wait_s = waited;
+  last_counters_.device_idle_fraction =
+      last_times_.forward_backward > 0 ? waited / last_times_.forward_backward : 0.0;
   phase("optimizer stage");
   t0 = std::chrono::steady_clock::now();
   if (!last_skipped_) STRATA_RETURN_IF_ERROR(refresh_compute_weights());

@@ -77,6 +77,15 @@ struct StepTimes {
   double weights = 0;           // bf16 weights -> the fp32 compute copy
 };
 
+// What the last step moved, per link, and how busy the device was.
+struct StepCounters {
+  uint64_t h2d_bytes = 0, d2h_bytes = 0;  // streaming only
+  uint64_t nvme_read_bytes = 0;           // every NVMe byte: states, weights, checkpoints
+  uint64_t nvme_written_bytes = 0;        // the SSD's endurance meter
+  double device_wait_s = 0;               // the compute waiting for copies and NVMe (streaming)
+  double device_idle_fraction = 0;        // device_wait_s / forward+backward time
+};
+
 class Trainer {
  public:
   static Result<std::unique_ptr<Trainer>> create(const TrainerOptions& options);
@@ -104,6 +113,7 @@ class Trainer {
   // reach its fault injector through it.
   io::SwapStore* swap_store() { return swap_.get(); }
   const StepTimes& last_times() const { return last_times_; }
+  const StepCounters& last_counters() const { return last_counters_; }
   // Bytes the last step moved host -> device and device -> host (streaming only).
   uint64_t last_h2d_bytes() const { return last_h2d_; }
   uint64_t last_d2h_bytes() const { return last_d2h_; }
@@ -152,6 +162,7 @@ class Trainer {
   bool last_rolled_back_ = false;
   int64_t rollbacks_ = 0;
   StepTimes last_times_;
+  StepCounters last_counters_;
   uint64_t last_h2d_ = 0, last_d2h_ = 0, last_weight_reads_ = 0;
 };
 

@@ -366,10 +366,26 @@ TEST(Trainer, TracesPhasesOptimizerCallsAndNvmeRequests) {
   o.states = Tier::kNvme;
   o.nvme_paths = {dir.sub("t")};
   o.trace = &trace;
-  ASSERT_EQ(run(o, 2).size(), 2u);
+  o.stream_weights = true;
+  o.device_bytes = 8ull << 20;
+  o.activation_checkpoints = Tier::kNvme;
+  {
+    auto tr = std::move(Trainer::create(o)).value();
+    ASSERT_TRUE(tr->step());
+    ASSERT_TRUE(tr->step());
+    // The per-step counters: every NVMe byte (states and checkpoints, whole
+    // 4 KiB blocks), the copies, and the compute's waiting.
+    const StepCounters& k = tr->last_counters();
+    EXPECT_GT(k.nvme_read_bytes, tr->last_stage().nvme_bytes_read);  // the checkpoint came back from NVMe
+    EXPECT_GT(k.nvme_written_bytes, tr->last_stage().nvme_bytes_written);
+    EXPECT_EQ(k.h2d_bytes, tr->last_h2d_bytes());
+    EXPECT_GE(k.device_idle_fraction, 0.0);
+    EXPECT_LE(k.device_idle_fraction, 1.0);
+  }
   const std::string json = trace.to_json();
   for (const char* want : {"step 1: forward+backward", "step 2: optimizer stage", "gradient stats chunk 2",
-                           "update chunk 0", "read chunk 1", "\"trainer\"", "\"nvme\""}) {
+                           "update chunk 0", "read chunk 1", "forward block 1", "recompute+backward block 2",
+                           "\"trainer\"", "\"nvme\"", "\"compute\""}) {
     EXPECT_NE(json.find(want), std::string::npos) << want;
   }
   const std::string path = dir.sub("out") + "/trace.json";
