@@ -34,7 +34,7 @@ int run(int argc, char** argv) {
   CLI::App app{"strata-train: train a GPT on the host backend (synthetic data) with optimizer states in RAM or on NVMe"};
   std::string config_path, nvme, checkpoint;
   int64_t steps = -1, save_every = 0;
-  bool resume = false, stream = false;
+  bool resume = false, stream = false, delayed = false;
   int prefetch = 1;
   std::string activations = "device", weights_on = "host", trace_path;
   app.add_option("--config", config_path, "JSON config (strata or DeepSpeed keys); default: an embedded small GPT");
@@ -42,6 +42,8 @@ int run(int argc, char** argv) {
   app.add_option("--nvme", nvme, "keep the optimizer states on NVMe in this directory");
   app.add_option("--checkpoint", checkpoint, "checkpoint directory");
   app.add_option("--save-every", save_every, "also checkpoint every N steps")->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  app.add_flag("--delayed-update", delayed,
+               "run each optimizer update beside the next step's compute (NOT exact: one step stale)");
   app.add_flag("--resume", resume, "continue from the latest checkpoint in --checkpoint");
   app.add_flag("--stream-weights", stream,
                "keep only a window of blocks on the device, capped at the config's device budget");
@@ -82,6 +84,8 @@ int run(int argc, char** argv) {
   o.adam.weight_decay = static_cast<float>(cfg->optimizer.weight_decay);
   o.adam.decoupled_weight_decay = cfg->optimizer.type == "adamw";
   o.clip_norm = static_cast<float>(cfg->gradient_clipping);
+  o.delayed_update = delayed || cfg->delayed_update;
+  if (o.delayed_update) std::printf("delayed parameter update: each step computes with weights one update stale\n");
   if (cfg->setup.compute == DType::kF32) {
     std::fprintf(stderr, "strata-train: the trainer's working weights are bf16 or fp16; the config asks for fp32\n");
     return 2;

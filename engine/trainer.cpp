@@ -7,6 +7,7 @@
 #include <random>
 
 #include "engine/checkpoint_io.h"
+#include "gpu/host/ops.h"
 
 namespace strata::engine {
 namespace {
@@ -37,6 +38,9 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
   if (o.weights == Tier::kNvme && (!o.stream_weights || o.states != Tier::kNvme)) {
     return invalid_argument("trainer: weights on NVMe need stream_weights and the optimizer states on NVMe");
   }
+  if (o.delayed_update && o.weights == Tier::kNvme) {
+    return invalid_argument("trainer: the delayed update needs the weights on the host (not NVMe)");
+  }
   if (o.grad_accum < 1 || o.grad_accum > 4096) {
     return invalid_argument("trainer: grad_accum must be 1..4096, got " + std::to_string(o.grad_accum));
   }
@@ -46,6 +50,10 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
   if (!(o.clip_norm >= 0) || !std::isfinite(o.clip_norm)) {
     return invalid_argument("trainer: clip_norm must be finite and >= 0 (0 = off), got " + std::to_string(o.clip_norm));
   }
+  if (o.compute_threads < 0 || o.compute_threads > 4096) {
+    return invalid_argument("trainer: compute_threads must be 0..4096, got " + std::to_string(o.compute_threads));
+  }
+  if (o.compute_threads > 0) gpu::host::set_compute_threads(o.compute_threads);
   std::unique_ptr<Trainer> tr(new Trainer());
   tr->options_ = o;
   tr->layout_ = gpu::model_layout(o.model);
@@ -127,6 +135,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
     }
     tr->grads_.emplace_back(master.size(), 0.0f);
     if (o.grad_accum > 1) tr->micro_.emplace_back(master.size(), 0.0f);
+    if (o.delayed_update) tr->grads_alt_.emplace_back(master.size(), 0.0f);
     if (o.precision == DType::kF16) tr->grads16_.emplace_back(master.size(), 0);
   }
   STRATA_RETURN_IF_ERROR(tr->refresh_compute_weights());
@@ -146,6 +155,7 @@ uint64_t Trainer::host_bytes() const {
   for (const auto& v : params_) b += v.capacity() * 4;
   for (const auto& v : grads_) b += v.capacity() * 4;
   for (const auto& v : micro_) b += v.capacity() * 4;
+  for (const auto& v : grads_alt_) b += v.capacity() * 4;
   for (const auto& v : weights_) b += v.capacity() * 2;
   for (const auto& v : grads16_) b += v.capacity() * 2;
   b += stage_->host_bytes();
@@ -194,6 +204,29 @@ Status Trainer::restore_weights() {
   return ok_status();
 }
 
+Status Trainer::absorb(Result<OverlapOutcome> outcome) {
+  if (!outcome) {
+    Status r = restore_weights();
+    return r.ok() ? std::move(outcome).error() : r;
+  }
+  if (outcome->skipped && outcome->out_written) STRATA_RETURN_IF_ERROR(restore_weights());
+  last_stage_ = outcome->counters;
+  last_grad_norm_ = outcome->grad_norm;
+  last_clipped_ = outcome->clipped;
+  last_skipped_ = outcome->skipped;
+  last_rolled_back_ = outcome->rolled_back;
+  if (options_.precision == DType::kF16) scaler_.update(outcome->skipped);
+  rollbacks_ += outcome->rolled_back ? 1 : 0;
+  if (!last_skipped_) STRATA_RETURN_IF_ERROR(refresh_compute_weights());
+  return ok_status();
+}
+
+Status Trainer::flush() {
+  if (!pending_) return ok_status();
+  pending_ = false;
+  return absorb(stage_->finish());
+}
+
 Result<float> Trainer::step() {
   auto t0 = std::chrono::steady_clock::now();
   Trace* trace = options_.trace;
@@ -208,62 +241,74 @@ Result<float> Trainer::step() {
   };
   const int64_t A = options_.grad_accum;
   const size_t C = grads_.size();
+  const bool delayed = options_.delayed_update;
   double waited = 0;  // the compute waiting for copies and NVMe
-
-  // The optimizer stage starts now, on its own thread: it reads states ahead
-  // while the forward runs and takes each chunk as its gradient lands.
-  OverlapStep ov;
-  ov.config = options_.adam;
-  ov.t = t_ + 1;
+  // Delayed update: the previous step's stage may still be reading the
+  // other set of gradient buffers.
+  if (delayed) std::swap(grads_, grads_alt_);
   // fp16: the loss is scaled, and each gradient is rounded to fp16 as it
   // lands (what an fp16 backward hands over), so a scale too large
   // overflows to inf there, and the step is skipped.
   const bool fp16 = options_.precision == DType::kF16;
   const float dloss = fp16 ? static_cast<float>(scaler_.scale()) : 1.0f;
-  for (size_t c = 0; c < C; ++c) {
-    if (fp16) {
-      ov.grads.push_back({grads16_[c].data(), DType::kF16});
-    } else {
-      ov.grads.push_back({grads_[c].data(), DType::kF32});
+  auto make_step = [&]() {
+    OverlapStep ov;
+    ov.config = options_.adam;
+    ov.t = t_ + 1;
+    for (size_t c = 0; c < C; ++c) {
+      if (fp16) {
+        ov.grads.push_back({grads16_[c].data(), DType::kF16});
+      } else {
+        ov.grads.push_back({grads_[c].data(), DType::kF32});
+      }
+      ov.out.push_back(weights_.empty() ? nullptr : weights_[c].data());  // null: the stage writes them to NVMe
     }
-    ov.out.push_back(weights_.empty() ? nullptr : weights_[c].data());  // null: the stage writes them to NVMe
-  }
-  ov.out_dtype = options_.precision;
-  ov.order = StreamedModel::landing_order(options_.model);
-  ov.grad_scale = 1.0f / static_cast<float>(A) / dloss;
-  ov.clip_norm = options_.clip_norm;
-  // Guess that this step neither clips nor skips when the last one did neither.
-  ov.speculate = options_.speculate && !last_clipped_ && !last_skipped_;
-  STRATA_RETURN_IF_ERROR(stage_->begin(std::move(ov)));
+    ov.out_dtype = options_.precision;
+    ov.order = StreamedModel::landing_order(options_.model);
+    ov.grad_scale = 1.0f / static_cast<float>(A) / dloss;
+    ov.clip_norm = options_.clip_norm;
+    // Guess that this step neither clips nor skips when the last one did neither.
+    ov.speculate = options_.speculate && !last_clipped_ && !last_skipped_;
+    return ov;
+  };
+  // Exact schedule: the optimizer stage starts now, on its own thread: it
+  // reads states ahead while the forward runs and takes each chunk as its
+  // gradient lands. Delayed: it starts after this step's backward and runs
+  // beside the next step's forward and backward.
+  if (!delayed) STRATA_RETURN_IF_ERROR(stage_->begin(make_step()));
   // Any failure from here on: stop the stage, and the bf16 weights it may
   // have begun to write go back to what they were.
   auto abandon = [&](Status s) -> Status {
-    stage_->cancel();
-    Status r = restore_weights();
+    if (!delayed) stage_->cancel();
+    Status r = delayed ? flush() : restore_weights();
     return r.ok() ? std::move(s) : std::move(r);
+  };
+  // Hands chunk c to the stage: when accumulating, the stage's thread adds
+  // the last micro-batch into the sum first; with fp16 it rounds the sum.
+  // The buffers are captured, not the trainer's members (a delayed step
+  // swaps those while the stage may still run).
+  auto hand_over = [&](size_t c, bool sum_micro, std::function<Status()> ready) {
+    if (!sum_micro && !fp16) return stage_->land(c, std::move(ready));
+    float* acc = grads_[c].data();
+    const float* add = sum_micro ? micro_[c].data() : nullptr;
+    uint16_t* half = fp16 ? grads16_[c].data() : nullptr;
+    const size_t n = grads_[c].size();
+    stage_->land(c, [acc, add, half, n, ready = std::move(ready)]() -> Status {
+      if (ready) STRATA_RETURN_IF_ERROR(ready());
+      if (add != nullptr) {
+        for (size_t i = 0; i < n; ++i) acc[i] += add[i];
+      }
+      if (half == nullptr) return ok_status();
+      return cpu_optim::convert(acc, DType::kF32, half, DType::kF16, static_cast<int64_t>(n));
+    });
   };
 
   std::vector<int32_t> tokens, targets;
   // One micro-batch's gradients into `into` (overwritten); returns its loss.
-  // On the last one every chunk is handed to the stage as it lands: when
-  // accumulating, the stage's thread adds the chunk into the sum first.
-  auto micro_batch = [&](int64_t index, std::vector<std::vector<float>>& into, bool last) -> Result<float> {
+  // With `land`, every chunk goes to the stage as it lands.
+  auto micro_batch = [&](int64_t index, std::vector<std::vector<float>>& into, bool land) -> Result<float> {
     make_batch(index, &tokens, &targets);
-    const bool sum_into_grads = &into != &grads_;
-    auto hand_over = [&](size_t c, std::function<Status()> ready) {
-      if (!sum_into_grads && !fp16) return stage_->land(c, std::move(ready));
-      stage_->land(c, [this, c, sum_into_grads, fp16, ready = std::move(ready)]() -> Status {
-        if (ready) STRATA_RETURN_IF_ERROR(ready());
-        if (sum_into_grads) {
-          float* acc = grads_[c].data();
-          const float* add = micro_[c].data();
-          for (size_t i = 0; i < grads_[c].size(); ++i) acc[i] += add[i];
-        }
-        if (!fp16) return ok_status();
-        return cpu_optim::convert(grads_[c].data(), DType::kF32, grads16_[c].data(), DType::kF16,
-                                  static_cast<int64_t>(grads_[c].size()));
-      });
-    };
+    const bool sum_micro = &into != &grads_;
     float l = 0;
     if (streamed_) {  // writes every chunk's gradient whole
       std::vector<const float*> w;
@@ -275,10 +320,10 @@ Result<float> Trainer::step() {
       const uint64_t h2d = streamed_->bytes_to_device(), d2h = streamed_->bytes_to_host();
       const uint64_t wr = streamed_->nvme_weight_bytes();
       StreamedModel::GradLanded landed;
-      if (last) {
+      if (land) {
         landed = [&](size_t c, gpu::Event copied) {
           gpu::HostDevice* dev = &streamed_->device();
-          hand_over(c, [dev, copied] { return dev->synchronize(copied); });
+          hand_over(c, sum_micro, [dev, copied] { return dev->synchronize(copied); });
         };
       }
       STRATA_ASSIGN_OR_RETURN(l, streamed_->forward_backward(w, tokens.data(), targets.data(), gr, landed, dloss));
@@ -291,8 +336,8 @@ Result<float> Trainer::step() {
       auto params = view(params_);
       l = model_->forward(params, tokens.data(), targets.data());
       model_->backward(params, view(into), dloss);
-      if (last) {
-        for (size_t c : StreamedModel::landing_order(options_.model)) hand_over(c, {});
+      if (land) {
+        for (size_t c : StreamedModel::landing_order(options_.model)) hand_over(c, sum_micro, {});
       }
     }
     return l;
@@ -312,10 +357,11 @@ Result<float> Trainer::step() {
   // same bits whichever path computed it); the 1/A goes into the scale.
   double sum = 0;
   for (int64_t k = 0; k < A; ++k) {
-    Result<float> l = micro_batch(t_ * A + k, k == 0 ? grads_ : micro_, k == A - 1);
+    const bool last_landing = k == A - 1 && !delayed;
+    Result<float> l = micro_batch(t_ * A + k, k == 0 ? grads_ : micro_, last_landing);
     if (!l) return abandon(std::move(l).error());
     sum += *l;
-    if (k == 0 || k == A - 1) continue;
+    if (k == 0 || last_landing) continue;
     for (size_t c = 0; c < C; ++c) {
       float* acc = grads_[c].data();
       const float* add = micro_[c].data();
@@ -326,19 +372,16 @@ Result<float> Trainer::step() {
   last_times_.forward_backward = seconds_since(t0);
   phase("forward+backward");
   t0 = std::chrono::steady_clock::now();
-  Result<OverlapOutcome> outcome = stage_->finish();
-  if (!outcome) {
-    Status r = restore_weights();
-    return r.ok() ? std::move(outcome).error() : r;
+  if (delayed) {
+    // The previous step's update ends here; this step's starts, for the
+    // next forward to run beside.
+    STRATA_RETURN_IF_ERROR(flush());
+    STRATA_RETURN_IF_ERROR(stage_->begin(make_step()));
+    for (size_t c : StreamedModel::landing_order(options_.model)) hand_over(c, false, {});
+    pending_ = true;
+  } else {
+    STRATA_RETURN_IF_ERROR(absorb(stage_->finish()));
   }
-  if (outcome->skipped && outcome->out_written) STRATA_RETURN_IF_ERROR(restore_weights());
-  last_stage_ = outcome->counters;
-  last_grad_norm_ = outcome->grad_norm;
-  last_clipped_ = outcome->clipped;
-  last_skipped_ = outcome->skipped;
-  last_rolled_back_ = outcome->rolled_back;
-  if (fp16) scaler_.update(outcome->skipped);
-  rollbacks_ += outcome->rolled_back ? 1 : 0;
   ++t_;
   last_times_.optimizer = seconds_since(t0);
   last_counters_ = StepCounters{};
@@ -350,15 +393,12 @@ Result<float> Trainer::step() {
   last_counters_.device_wait_s = waited;
   last_counters_.device_idle_fraction =
       last_times_.forward_backward > 0 ? waited / last_times_.forward_backward : 0.0;
-  phase("optimizer stage");
-  t0 = std::chrono::steady_clock::now();
-  if (!last_skipped_) STRATA_RETURN_IF_ERROR(refresh_compute_weights());
-  last_times_.weights = seconds_since(t0);
-  phase("weights to compute copy");
+  phase(delayed ? "optimizer stage (previous step's)" : "optimizer stage and weights");
   return loss;
 }
 
 Status Trainer::save(const std::string& root) {
+  STRATA_RETURN_IF_ERROR(flush());  // a delayed update in flight lands first
   CheckpointDir dir(root);
   STRATA_ASSIGN_OR_RETURN(std::string tmp, dir.begin(t_));
   // Model weights, bf16, GPT-2 names.
@@ -413,6 +453,7 @@ Status Trainer::save(const std::string& root) {
 }
 
 Status Trainer::load(const std::string& root) {
+  STRATA_RETURN_IF_ERROR(flush());
   CheckpointDir dir(root);
   STRATA_ASSIGN_OR_RETURN(CheckpointDir::Entry latest, dir.latest());
   const std::string& path = latest.path;

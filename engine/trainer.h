@@ -52,7 +52,18 @@ struct TrainerOptions {
   bool speculate = true;
   // Pinned staging buffers for NVMe states (each one chunk's state): one
   // holds the write behind, the rest read ahead.
-  int staging_buffers = 4;
+  int staging_buffers = kStateStagingBuffers;
+  // Opt-in, NOT exact: the optimizer update of step t runs beside the
+  // forward and backward of step t+1, which therefore computes with the
+  // weights from before update t (one step stale). Hides the optimizer and
+  // its NVMe traffic entirely; costs a second set of host gradient buffers.
+  // Deterministic (the same bits in every placement), but not the same
+  // numbers as the exact schedule. Weights on the host only.
+  bool delayed_update = false;
+  // Cores the host backend's compute may use (process-wide; 0 = all). Set
+  // below the core count, the rest are left to the optimizer stage and the
+  // I/O, as a GPU would leave them.
+  int compute_threads = 0;
   // The working weights' type (what the device computes with and the
   // optimizer writes): bf16, or fp16 with dynamic loss scaling.
   DType precision = DType::kBF16;
@@ -70,11 +81,11 @@ struct TrainerOptions {
 
 // Where the last step's time went (seconds, wall clock, one after another).
 // The optimizer stage runs beside forward+backward; `optimizer` is what is
-// left of it after backward (the part the overlap did not hide).
+// left of it after backward (the part the overlap did not hide), with the
+// new weights' conversion to the compute copy.
 struct StepTimes {
   double forward_backward = 0;  // including weight streaming when on
   double optimizer = 0;         // waiting for the optimizer stage after backward
-  double weights = 0;           // bf16 weights -> the fp32 compute copy
 };
 
 // What the last step moved, per link, and how busy the device was.
@@ -137,6 +148,10 @@ class Trainer {
   void make_batch(int64_t index, std::vector<int32_t>* tokens, std::vector<int32_t>* targets) const;
   Status refresh_compute_weights();
   Status restore_weights();
+  // Takes a finished stage's outcome: counters, the loss scale, the new weights.
+  Status absorb(Result<OverlapOutcome> outcome);
+  // Delayed update: waits for the update in flight and takes it.
+  Status flush();
 
   TrainerOptions options_;
   std::vector<gpu::ChunkLayout> layout_;
@@ -154,6 +169,8 @@ class Trainer {
   LossScaler scaler_;
   std::vector<std::vector<float>> grads_;
   std::vector<std::vector<float>> micro_;      // one micro-batch's gradients (grad_accum > 1)
+  std::vector<std::vector<float>> grads_alt_;  // delayed update: the gradients the stage in flight reads
+  bool pending_ = false;                       // delayed update: a stage step in flight
   int64_t t_ = 0;
   StageCounters last_stage_;
   double last_grad_norm_ = 0;

@@ -13,11 +13,14 @@
 #ifdef STRATA_HAVE_TBB
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
 #endif
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
+#include <thread>
 #include <vector>
 
 namespace strata::gpu::host {
@@ -58,12 +61,24 @@ constexpr int64_t kRowChunk = 256;  // rows of logits produced at once by the lo
 
 // fn(begin, end) over [0, n) in chunks of `grain`, in parallel.
 // (Serial in a GPU-check build without oneTBB; the results are the same.)
+int g_threads = 0;
+#ifdef STRATA_HAVE_TBB
+std::unique_ptr<tbb::task_arena> g_arena;  // when the threads are capped
+#endif
+
 template <class F>
 void parallel(int64_t n, int64_t grain, const F& fn) {
   if (n <= 0) return;
 #ifdef STRATA_HAVE_TBB
-  tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, std::max<int64_t>(grain, 1)),
-                    [&](const tbb::blocked_range<int64_t>& r) { fn(r.begin(), r.end()); });
+  auto body = [&] {
+    tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, std::max<int64_t>(grain, 1)),
+                      [&](const tbb::blocked_range<int64_t>& r) { fn(r.begin(), r.end()); });
+  };
+  if (g_arena) {
+    g_arena->execute(body);
+  } else {
+    body();
+  }
 #else
   (void)grain;
   fn(0, n);
@@ -71,6 +86,25 @@ void parallel(int64_t n, int64_t grain, const F& fn) {
 }
 
 }  // namespace
+
+void set_compute_threads(int threads) {
+  const int before = g_threads;
+  g_threads = threads > 0 ? threads : 0;
+#ifdef STRATA_HAVE_OPENBLAS
+  if (g_threads > 0) {
+    openblas_set_num_threads(g_threads);
+  } else if (before > 0) {
+    openblas_set_num_threads(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  }
+#else
+  (void)before;
+#endif
+#ifdef STRATA_HAVE_TBB
+  g_arena = g_threads > 0 ? std::make_unique<tbb::task_arena>(g_threads) : nullptr;
+#endif
+}
+
+int compute_threads() { return g_threads; }
 
 template <class T>
 void embedding_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int64_t B, int64_t seq, int64_t C) {

@@ -11,6 +11,13 @@
 
 namespace strata::gpu::host {
 
+// The cores the host ops compute on (BLAS threads and the row-parallel
+// loops), for the whole process; 0 = every core. A host "device" that
+// shares a machine with the CPU optimizer leaves it some cores, as a GPU
+// would. Row results do not depend on it. Not while ops run.
+void set_compute_threads(int threads);
+int compute_threads();
+
 // out[B,T,C] = wte[tokens[b,t], :] + wpe[t, :]
 template <class T>
 void embedding_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int64_t B, int64_t seq, int64_t C);
