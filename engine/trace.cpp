@@ -8,9 +8,9 @@ namespace strata::engine {
 
 Trace::Trace(bool enabled, size_t max_events) : enabled_(enabled), max_events_(max_events), origin_(Clock::now()) {}
 
-double Trace::now_us() const {
-  return std::chrono::duration<double, std::micro>(Clock::now() - origin_).count();
-}
+double Trace::now_us() const { return us(Clock::now()); }
+
+double Trace::us(Clock::time_point t) const { return std::chrono::duration<double, std::micro>(t - origin_).count(); }
 
 void Trace::span(const std::string& track, const std::string& name, double start_us, double end_us,
                  const std::string& category, uint64_t bytes) {

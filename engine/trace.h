@@ -25,6 +25,8 @@ class Trace {
   bool enabled() const { return enabled_; }
   // Microseconds since the trace began.
   double now_us() const;
+  // A steady-clock time on this trace's microsecond axis.
+  double us(Clock::time_point t) const;
 
   // A finished span on `track` ("compute stream", "nvme ring 0", "adam thread 1").
   void span(const std::string& track, const std::string& name, double start_us, double end_us,

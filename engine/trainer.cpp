@@ -102,6 +102,14 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
                             StreamedModel::create(o.model, o.batch, o.seq, *tr->device_, o.prefetch_depth,
                                                   o.activation_checkpoints, tr->swap_.get()));
     tr->streamed_->set_trace(o.trace);
+    if (o.trace != nullptr && o.trace->enabled()) {
+      Trace* trace = o.trace;
+      tr->device_->set_copy_observer([trace](bool to_device, uint64_t bytes, Trace::Clock::time_point start,
+                                             Trace::Clock::time_point end) {
+        trace->span("copy stream", to_device ? "host->device" : "device->host", trace->us(start), trace->us(end), "copy",
+                    bytes);
+      });
+    }
     if (o.weights == Tier::kNvme) {
       STRATA_RETURN_IF_ERROR(tr->stage_->home_weights_on_nvme(o.precision));
       OptimizerStage* stage = tr->stage_.get();

@@ -135,16 +135,20 @@ Status HostDevice::enqueue(Stream stream, std::function<Status()> task) {
 
 Status HostDevice::copy_to_device(Stream stream, void* device_dst, const void* host_src, uint64_t bytes) {
   STRATA_RETURN_IF_ERROR(check_range(device_dst, bytes, "copy to device"));
-  return enqueue(stream, [=] {
+  return enqueue(stream, [=, this] {
+    const auto start = std::chrono::steady_clock::now();
     std::memcpy(device_dst, host_src, bytes);
+    if (copy_observer_) copy_observer_(true, bytes, start, std::chrono::steady_clock::now());
     return ok_status();
   });
 }
 
 Status HostDevice::copy_to_host(Stream stream, void* host_dst, const void* device_src, uint64_t bytes) {
   STRATA_RETURN_IF_ERROR(check_range(device_src, bytes, "copy to host"));
-  return enqueue(stream, [=] {
+  return enqueue(stream, [=, this] {
+    const auto start = std::chrono::steady_clock::now();
     std::memcpy(host_dst, device_src, bytes);
+    if (copy_observer_) copy_observer_(false, bytes, start, std::chrono::steady_clock::now());
     return ok_status();
   });
 }

@@ -31,6 +31,12 @@ struct HostDeviceOptions {
 
 class HostDevice final : public Device {
  public:
+  // Called on the stream's thread after every copy, with its direction,
+  // size and wall-clock span (for traces). Set before any copy; may be empty.
+  using CopyObserver = std::function<void(bool to_device, uint64_t bytes, std::chrono::steady_clock::time_point start,
+                                          std::chrono::steady_clock::time_point end)>;
+  void set_copy_observer(CopyObserver observer) { copy_observer_ = std::move(observer); }
+
   static Result<std::unique_ptr<HostDevice>> create(const HostDeviceOptions& options);
   ~HostDevice() override;
 
@@ -70,6 +76,7 @@ class HostDevice final : public Device {
   static constexpr int kSeqBits = 40;
 
   HostDeviceOptions options_;
+  CopyObserver copy_observer_;
   MemoryBudget budget_;
   mutable std::mutex mu_;
   std::condition_variable cv_;  // a task completed somewhere

@@ -385,6 +385,7 @@ TEST(Trainer, TracesPhasesOptimizerCallsAndNvmeRequests) {
   const std::string json = trace.to_json();
   for (const char* want : {"step 1: forward+backward", "step 2: optimizer stage", "gradient stats chunk 2",
                            "update chunk 0", "read chunk 1", "forward block 1", "recompute+backward block 2",
+                           "host->device", "device->host", "\"copy stream\"",
                            "\"trainer\"", "\"nvme\"", "\"compute\""}) {
     EXPECT_NE(json.find(want), std::string::npos) << want;
   }
