@@ -78,6 +78,7 @@ Result<std::unique_ptr<Executor>> Executor::create(const ExecutorOptions& option
   ex->threads_ = threads;
   ex->impl_->arena = std::make_unique<tbb::task_arena>(threads);
   if (ex->impl_->node != nullptr) {
+    ex->impl_->arena->initialize();  // the observer attaches to a live arena
     ex->impl_->observer =
         std::make_unique<BindObserver>(*ex->impl_->arena, ex->impl_->topo, ex->impl_->node->cpuset);
   }
