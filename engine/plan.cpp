@@ -116,9 +116,9 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   };
   if (pl.weights == Tier::kNvme) {
     p.nvme.model_states += 2 * blobs(static_cast<double>(w));
-    // Three aligned read buffers (any chunk), the widened copies of the
+    // depth + 3 aligned read buffers (any chunk), the widened copies of the
     // chunks in flight to the device, and the embedding's.
-    p.host.io_buffers += 3 * padded(z.max_chunk * w) +
+    p.host.io_buffers += static_cast<uint64_t>(pl.prefetch_depth + 3) * padded(z.max_chunk * w) +
                          static_cast<uint64_t>(pl.prefetch_depth + 1) * block_chunk * z.c +
                          static_cast<uint64_t>(layout[0].numel) * z.c;
   }

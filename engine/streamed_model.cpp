@@ -78,6 +78,9 @@ StreamedModel::~StreamedModel() {
   for (auto& t : stage_write_) {
     if (t) swap_->wait(*t).ignore();
   }
+  for (auto& t : stage_read_) {
+    if (t) swap_->wait(*t).ignore();
+  }
 }
 
 Status StreamedModel::set_nvme_weights(NvmeWeights source) {
@@ -90,11 +93,13 @@ Status StreamedModel::set_nvme_weights(NvmeWeights source) {
     max_all = std::max(max_all, layout_[c].numel);
     if (c > 0) max_block = std::max(max_block, layout_[c].numel);
   }
+  const int ring = depth_ + 3;
   STRATA_ASSIGN_OR_RETURN(weight_arena_, PinnedArena::create("weight staging",
                                                              source.swap->padded_size(2 * static_cast<uint64_t>(max_all)),
-                                                             3, allocator_));
+                                                             static_cast<uint32_t>(ring), allocator_));
   weight_buf_.clear();
-  for (int i = 0; i < 3; ++i) {
+  weight_read_.assign(static_cast<size_t>(ring), std::nullopt);
+  for (int i = 0; i < ring; ++i) {
     STRATA_ASSIGN_OR_RETURN(PinnedArena::Lease lease, weight_arena_->acquire("weight staging"));
     weight_buf_.push_back(std::move(lease));
   }
@@ -123,10 +128,11 @@ Status StreamedModel::read_weights_ahead(size_t through) {
   through = std::min(through, schedule_.size() - 1);
   while (weights_read_ <= through) {
     const size_t pos = weights_read_;
-    std::optional<io::Ticket>& slot = weight_read_[pos % 3];
-    STRATA_CHECK_MSG(!slot.has_value(), "streamed model: weight staging slot %zu still busy", pos % 3);
+    const size_t ring = weight_buf_.size();
+    std::optional<io::Ticket>& slot = weight_read_[pos % ring];
+    STRATA_CHECK_MSG(!slot.has_value(), "streamed model: weight staging slot %zu still busy", pos % ring);
     STRATA_ASSIGN_OR_RETURN(io::Ticket t, nvme_weights_->swap->read(nvme_weights_->blob(schedule_[pos]),
-                                                                    weight_buf_[pos % 3].buffer()));
+                                                                    weight_buf_[pos % ring].buffer()));
     slot = t;
     ++weights_read_;
   }
@@ -134,10 +140,11 @@ Status StreamedModel::read_weights_ahead(size_t through) {
 }
 
 Result<const float*> StreamedModel::stage_nvme_weights(size_t pos) {
-  // Two positions ahead: while this chunk is widened and copied, the next
-  // two are on their way from NVMe.
-  STRATA_RETURN_IF_ERROR(read_weights_ahead(pos + 2));
-  std::optional<io::Ticket>& slot = weight_read_[pos % 3];
+  // The whole ring ahead: while this chunk is widened and copied, the next
+  // depth + 2 are on their way from NVMe.
+  const size_t ring = weight_buf_.size();
+  STRATA_RETURN_IF_ERROR(read_weights_ahead(pos + ring - 1));
+  std::optional<io::Ticket>& slot = weight_read_[pos % ring];
   const size_t chunk = schedule_[pos];
   const double t0 = now_s();
   Status s = nvme_weights_->swap->wait(*slot);
@@ -149,7 +156,7 @@ Result<const float*> StreamedModel::stage_nvme_weights(size_t pos) {
   // The previous user of this fp32 buffer (depth + 1 positions back) has
   // been waited for before any later position was computed.
   float* dst = weight_fp32_[pos % weight_fp32_.size()].data();
-  STRATA_RETURN_IF_ERROR(cpu_optim::convert(weight_buf_[pos % 3].data(), nvme_weights_->dtype, dst, DType::kF32, n));
+  STRATA_RETURN_IF_ERROR(cpu_optim::convert(weight_buf_[pos % ring].data(), nvme_weights_->dtype, dst, DType::kF32, n));
   return static_cast<const float*>(dst);
 }
 
@@ -208,6 +215,10 @@ Result<float> StreamedModel::forward_backward(const std::vector<const float*>& w
   }
   host_weights_ = weights;
   issued_ = 0;
+  for (auto& t : stage_read_) {  // left by a step that failed
+    if (t) swap_->wait(*t).ignore();
+    t.reset();
+  }
   wait_s_ = 0;
   if (nvme_weights_) {
     drain_weight_reads();  // left by a step that failed
@@ -236,6 +247,8 @@ Result<float> StreamedModel::forward_backward(const std::vector<const float*>& w
   };
   // Waits for the last NVMe write out of staging buffer l % 2.
   auto drain_staging = [&](int64_t l) -> Status {
+    // The copy stream issues the write: its event first, then the ticket.
+    if (ckpt_done_[l % 2].id >= 0) STRATA_RETURN_IF_ERROR(wait_for(ckpt_done_[l % 2], "checkpoint write issued"));
     std::optional<io::Ticket>& pending = stage_write_[l % 2];
     if (!pending) return ok_status();
     Status w = swap_->wait(*pending);
@@ -246,15 +259,22 @@ Result<float> StreamedModel::forward_backward(const std::vector<const float*>& w
   auto offload = [&](int64_t l) -> Status {
     if (!host_ckpt || l >= L - 1) return ok_status();
     if (nvme_ckpt) {
-      // Device -> staging buffer, then staging buffer -> NVMe (asynchronous;
-      // the buffer is reused only after that write ends).
+      // Device -> staging buffer on the copy stream, then, on that stream
+      // too, the staging buffer's write to NVMe is issued: the compute never
+      // waits for the copy. The buffer is reused only after that write ends
+      // (drain_staging, after the stream's event says the write was issued).
       STRATA_RETURN_IF_ERROR(drain_staging(l));
       PinnedArena::Lease& buf = stage_buf_[static_cast<size_t>(l % 2)];
       STRATA_RETURN_IF_ERROR(dev_->copy_to_host(copy_, buf.data(), x_of(l), x_bytes));
+      std::optional<io::Ticket>* pending = &stage_write_[l % 2];
+      io::SwapStore* swap = swap_;
+      STRATA_RETURN_IF_ERROR(dev_->enqueue(copy_, [swap, pending, name = blob(l), io = buf.buffer(), x_bytes]() -> Status {
+        Result<io::Ticket> t = swap->write(name, io, x_bytes);
+        if (!t) return std::move(t).error().with_context("writing an activation checkpoint");
+        *pending = *t;
+        return ok_status();
+      }));
       STRATA_ASSIGN_OR_RETURN(ckpt_done_[l % 2], dev_->record(copy_));
-      STRATA_RETURN_IF_ERROR(wait_for(ckpt_done_[l % 2], "checkpoint to host"));
-      STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->write(blob(l), buf.buffer(), x_bytes));
-      stage_write_[l % 2] = t;
     } else {
       STRATA_RETURN_IF_ERROR(dev_->copy_to_host(copy_, host_checkpoints_.data() + l * N * C, x_of(l), x_bytes));
       STRATA_ASSIGN_OR_RETURN(ckpt_done_[l % 2], dev_->record(copy_));
@@ -263,19 +283,28 @@ Result<float> StreamedModel::forward_backward(const std::vector<const float*>& w
     return ok_status();
   };
   // Brings block input l back into its device buffer.
+  // On NVMe, block input l's read is issued a block early (fetch_start, at
+  // the top of the block that frees its buffers) and finished after that
+  // block's compute (fetch).
+  auto fetch_start = [&](int64_t l) -> Status {
+    if (!nvme_ckpt || l < 0 || l >= L - 1) return ok_status();
+    STRATA_RETURN_IF_ERROR(claim(l));  // the buffers' last copies are done
+    STRATA_RETURN_IF_ERROR(drain_staging(l));
+    STRATA_ASSIGN_OR_RETURN(stage_read_[l % 2], swap_->read(blob(l), stage_buf_[static_cast<size_t>(l % 2)].buffer()));
+    return ok_status();
+  };
   auto fetch = [&](int64_t l) -> Status {
     if (!host_ckpt || l < 0 || l >= L - 1) return ok_status();
-    STRATA_RETURN_IF_ERROR(claim(l));
     const float* src = host_checkpoints_.data() + (nvme_ckpt ? 0 : l * N * C);
     if (nvme_ckpt) {
-      STRATA_RETURN_IF_ERROR(drain_staging(l));
-      PinnedArena::Lease& buf = stage_buf_[static_cast<size_t>(l % 2)];
-      STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->read(blob(l), buf.buffer()));
       const double t0 = now_s();
-      Status rs = swap_->wait(t);
+      Status rs = swap_->wait(*stage_read_[l % 2]);
+      stage_read_[l % 2].reset();
       note_wait(t0, "checkpoint from nvme");
       STRATA_RETURN_IF_ERROR(rs);
-      src = reinterpret_cast<const float*>(buf.data());
+      src = reinterpret_cast<const float*>(stage_buf_[static_cast<size_t>(l % 2)].data());
+    } else {
+      STRATA_RETURN_IF_ERROR(claim(l));
     }
     STRATA_RETURN_IF_ERROR(dev_->copy_to_device(copy_, x_of(l), src, x_bytes));
     STRATA_ASSIGN_OR_RETURN(ckpt_done_[l % 2], dev_->record(copy_));
@@ -347,6 +376,7 @@ Result<float> StreamedModel::forward_backward(const std::vector<const float*>& w
                             pb + fin.tensors[0].offset, mean, rstd, N, C);
   }));
   for (int64_t l = L; l >= 1; --l) {
+    STRATA_RETURN_IF_ERROR(fetch_start(l - 2));
     const size_t pos = static_cast<size_t>(L + 2 + (L - l));
     STRATA_ASSIGN_OR_RETURN(const float* p, weights_for(pos));
     if (host_ckpt && ckpt_done_[(l - 1) % 2].id >= 0) {

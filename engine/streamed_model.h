@@ -50,8 +50,8 @@ class StreamedModel {
   static std::vector<size_t> landing_order(const gpu::GptConfig& config);
 
   // Weights homed on NVMe: chunk c's working weights (bf16 or fp16) are
-  // read from blob `blob(c)` of `swap` two schedule positions ahead of their
-  // copy to the device (through three aligned host buffers), widened to
+  // read from blob `blob(c)` of `swap` up to depth + 2 schedule positions
+  // ahead of their copy (through depth + 3 aligned host buffers), widened to
   // fp32 on the host, and copied; forward_backward's `weights` are then unused.
   struct NvmeWeights {
     io::SwapStore* swap = nullptr;
@@ -109,12 +109,13 @@ class StreamedModel {
   std::unique_ptr<PinnedArena> staging_;
   std::vector<PinnedArena::Lease> stage_buf_;      // two, for checkpoints on NVMe
   std::optional<io::Ticket> stage_write_[2];       // last write from each
+  std::optional<io::Ticket> stage_read_[2];        // a block input on its way back
   uint64_t h2d_bytes_ = 0, d2h_bytes_ = 0;
   // Weights on NVMe.
   std::optional<NvmeWeights> nvme_weights_;
   std::unique_ptr<PinnedArena> weight_arena_;
-  std::vector<PinnedArena::Lease> weight_buf_;          // 3, by schedule position % 3
-  std::optional<io::Ticket> weight_read_[3];
+  std::vector<PinnedArena::Lease> weight_buf_;          // depth + 3, by schedule position
+  std::vector<std::optional<io::Ticket>> weight_read_;  // one per weight_buf_
   size_t weights_read_ = 0;                             // schedule positions whose read was issued
   std::vector<std::vector<float>> weight_fp32_;         // depth + 1, by schedule position % (depth + 1)
   std::vector<float> embedding_fp32_;
