@@ -197,6 +197,14 @@ void Trainer::make_batch(int64_t index, std::vector<int32_t>* tokens, std::vecto
 }
 
 namespace {
+// acc += add, element by element on the executor's threads (the same bits
+// at any thread count: each element is one addition).
+void add_into(float* acc, const float* add, size_t n, cpu_optim::Executor& ex) {
+  ex.parallel_for(static_cast<int64_t>(n), int64_t{1} << 16, [acc, add](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) acc[i] += add[i];
+  });
+}
+
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -301,11 +309,10 @@ Result<float> Trainer::step() {
     const float* add = sum_micro ? micro_[c].data() : nullptr;
     uint16_t* half = fp16 ? grads16_[c].data() : nullptr;
     const size_t n = grads_[c].size();
-    stage_->land(c, [acc, add, half, n, ready = std::move(ready)]() -> Status {
+    cpu_optim::Executor* ex = executor_.get();
+    stage_->land(c, [acc, add, half, n, ex, ready = std::move(ready)]() -> Status {
       if (ready) STRATA_RETURN_IF_ERROR(ready());
-      if (add != nullptr) {
-        for (size_t i = 0; i < n; ++i) acc[i] += add[i];
-      }
+      if (add != nullptr) add_into(acc, add, n, *ex);
       if (half == nullptr) return ok_status();
       return cpu_optim::convert(acc, DType::kF32, half, DType::kF16, static_cast<int64_t>(n));
     });
@@ -370,11 +377,7 @@ Result<float> Trainer::step() {
     if (!l) return abandon(std::move(l).error());
     sum += *l;
     if (k == 0 || last_landing) continue;
-    for (size_t c = 0; c < C; ++c) {
-      float* acc = grads_[c].data();
-      const float* add = micro_[c].data();
-      for (size_t i = 0; i < grads_[c].size(); ++i) acc[i] += add[i];
-    }
+    for (size_t c = 0; c < C; ++c) add_into(grads_[c].data(), micro_[c].data(), grads_[c].size(), *executor_);
   }
   const float loss = A == 1 ? static_cast<float>(sum) : static_cast<float>(sum / static_cast<double>(A));
   last_times_.forward_backward = seconds_since(t0);
