@@ -215,10 +215,16 @@ Result<float> StreamedModel::forward_backward(const std::vector<const float*>& w
   }
   host_weights_ = weights;
   issued_ = 0;
-  for (auto& t : stage_read_) {  // left by a step that failed
-    if (t) swap_->wait(*t).ignore();
-    t.reset();
+  // Whatever a step that failed left behind: its copies, its checkpoint
+  // I/O and its asynchronous error (already reported by that step).
+  dev_->synchronize(copy_).ignore();
+  for (auto* pending : {&stage_read_, &stage_write_}) {
+    for (auto& t : *pending) {
+      if (t) swap_->wait(*t).ignore();
+      t.reset();
+    }
   }
+  dev_->async_error().ignore();
   wait_s_ = 0;
   if (nvme_weights_) {
     drain_weight_reads();  // left by a step that failed

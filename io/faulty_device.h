@@ -83,6 +83,8 @@ class FaultyDevice final : public BlockDevice {
   void corrupt_byte(int32_t slot, uint64_t offset_bytes);
   // The next `count` requests of kind `op` fail with -err (err > 0).
   void fail_next(IoOp op, int err, uint32_t count = 1);
+  // Drops the fail_next() faults not yet used.
+  void clear_forced() { forced_.clear(); }
   // Turns rate-based faults off (explicit ones stay); for clean verification passes.
   void set_rates_enabled(bool enabled) { rates_enabled_ = enabled; }
 

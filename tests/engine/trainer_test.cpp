@@ -307,6 +307,48 @@ TEST(Trainer, NvmeFaultsEndTheStepAndLeaveTheCheckpointIntact) {
   EXPECT_EQ(run(shorts, 8), ref);
 }
 
+// With weights, states and checkpoints all on NVMe, a step whose reads fail
+// (on the compute's side or the optimizer stage's, whichever comes first)
+// ends with the error; the speculative updates it began are never switched
+// to, and the same trainer, once the fault is gone, continues exactly as the
+// run that never failed.
+TEST(Trainer, AFailedStepChangesNothingAndTheTrainerContinues) {
+  uint64_t seed = strata::testing::test_seed(113);
+  strata::testing::TempDir dir;
+  TrainerOptions o = tiny(seed);
+  o.model.layers = 4;
+  o.stream_weights = true;
+  o.device_bytes = 8ull << 20;
+  o.states = Tier::kNvme;
+  o.weights = Tier::kNvme;
+  o.activation_checkpoints = Tier::kNvme;
+  o.nvme_paths = {dir.sub("ref")};
+  std::vector<float> ref = run(o, 8);
+  ASSERT_EQ(ref.size(), 8u);
+  for (io::IoOp op : {io::IoOp::kRead, io::IoOp::kWrite}) {
+    SCOPED_TRACE(op == io::IoOp::kRead ? "reads fail" : "writes fail");
+    TrainerOptions f = o;
+    f.faults = io::FaultConfig{};
+    f.nvme_paths = {dir.sub(op == io::IoOp::kRead ? "r" : "w")};
+    auto tr = std::move(Trainer::create(f)).value();
+    std::vector<float> losses;
+    for (int i = 0; i < 8; ++i) {
+      if (i == 3) {
+        tr->swap_store()->faults()->fail_next(op, EIO, 1000);
+        Result<float> bad = tr->step();
+        ASSERT_FALSE(bad);
+        EXPECT_EQ(bad.error().code(), StatusCode::kUnavailable) << bad.error().to_string();
+        EXPECT_EQ(tr->steps_done(), 3);
+        tr->swap_store()->faults()->clear_forced();
+      }
+      Result<float> loss = tr->step();
+      ASSERT_TRUE(loss) << loss.error().to_string();
+      losses.push_back(*loss);
+    }
+    EXPECT_EQ(losses, ref);
+  }
+}
+
 // Gradient accumulation: the loss is the micro-batches' mean (checked with a
 // zero learning rate, where the weights never move), streamed and resident
 // give the same bits, the loss falls, and a checkpoint refuses to resume
