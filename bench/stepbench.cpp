@@ -92,7 +92,7 @@ int run(int argc, char** argv) {
   double idle = 0;
   double step_s = median_seconds(reps, [&] {
     STEP_CHECK(offloaded->step().status());
-    h2d = offloaded->last_h2d_bytes(), d2h = offloaded->last_d2h_bytes();
+    h2d = offloaded->last_counters().h2d_bytes, d2h = offloaded->last_counters().d2h_bytes;
     nvme_r = offloaded->last_stage().nvme_bytes_read, nvme_w = offloaded->last_stage().nvme_bytes_written;
     idle = offloaded->last_counters().device_idle_fraction;
   });

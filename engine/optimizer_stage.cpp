@@ -155,94 +155,32 @@ cpu_optim::ParamSpan OptimizerStage::span_over(float* state, int64_t n, const Ch
 Result<StageCounters> OptimizerStage::step(const cpu_optim::OptimizerConfig& config, int64_t t,
                                            std::span<const ChunkGrad> grads, std::span<void* const> out,
                                            DType out_dtype, const cpu_optim::StepOptions& options) {
+  STRATA_CHECK_MSG(!worker_.joinable(), "optimizer stage: step() while an overlapped step is in flight");
   if (grads.size() != elems_.size() || out.size() != elems_.size()) {
     return invalid_argument("optimizer stage: " + std::to_string(elems_.size()) + " chunks, but " +
                             std::to_string(grads.size()) + " gradients and " + std::to_string(out.size()) +
                             " outputs given");
   }
   if (weights_nvme_) return failed_precondition("optimizer stage: with weights on NVMe, use begin()/finish()");
-  if (tier_ == Tier::kNvme) return step_nvme(config, t, grads, out, out_dtype, options);
   auto t0 = std::chrono::steady_clock::now();
+  // The serial step: every chunk in order through the same update (and, on
+  // NVMe, the same read -> update -> write pipeline) as the overlapped one.
+  ov_ = OverlapStep{};
+  ov_.config = config;
+  ov_.t = t;
+  ov_.grads.assign(grads.begin(), grads.end());
+  ov_.out.assign(out.begin(), out.end());
+  ov_.out_dtype = out_dtype;
+  for (size_t c = 0; c < elems_.size(); ++c) ov_.order.push_back(c);
   StageCounters counters;
-  for (size_t c = 0; c < elems_.size(); ++c) {
-    STRATA_CHECK_MSG(!host_[c].empty(), "optimizer stage: chunk %zu was never initialised", c);
-    double start = trace_ ? trace_->now_us() : 0;
-    Result<cpu_optim::StepReport> r =
-        cpu_optim::step(config, t, span_over(host_[c].data(), elems_[c], grads[c], out[c], out_dtype), options,
-                        *executor_);
-    if (!r) return std::move(r).error().with_context("optimizer step of chunk " + std::to_string(c));
-    counters.nonfinite += r->nonfinite;
-    if (trace_) trace_->span("optimizer", "update chunk " + std::to_string(c), start, trace_->now_us(), "optimizer");
-  }
-  counters.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return counters;
-}
-
-Result<StageCounters> OptimizerStage::step_nvme(const cpu_optim::OptimizerConfig& config, int64_t t,
-                                                std::span<const ChunkGrad> grads, std::span<void* const> out,
-                                                DType out_dtype, const cpu_optim::StepOptions& options) {
-  auto t0 = std::chrono::steady_clock::now();
-  const size_t C = elems_.size();
-  StageCounters counters;
-  std::vector<PinnedArena::Lease> lease(C);
-  std::vector<std::optional<io::Ticket>> reads(C), writes(C);
-  std::vector<double> issued_us(C, 0);
-  // Every issued request is waited for before its buffer's lease can end,
-  // on the error path too: the kernel may still be writing into it.
-  auto drain = [&]() {
-    for (size_t j = 0; j < C; ++j) {
-      if (reads[j]) swap_->wait(*reads[j]).ignore();
-      if (writes[j]) swap_->wait(*writes[j]).ignore();
-      reads[j].reset();
-      writes[j].reset();
+  if (tier_ == Tier::kNvme) {
+    STRATA_ASSIGN_OR_RETURN(counters, update_pass(options, nullptr));
+    for (int& g : gen_) g = 1 - g;
+  } else {
+    for (size_t c = 0; c < elems_.size(); ++c) {
+      STRATA_CHECK_MSG(!host_[c].empty(), "optimizer stage: chunk %zu was never initialised", c);
+      STRATA_RETURN_IF_ERROR(traced_update(c, host_[c].data(), out[c], options, &counters));
     }
-  };
-  auto fail = [&](Status s, const std::string& what) {
-    drain();
-    return std::move(s).with_context(what);
-  };
-  auto issue_read = [&](size_t j) -> Status {
-    STRATA_ASSIGN_OR_RETURN(lease[j], staging_->acquire("read " + blob(j)));
-    STRATA_ASSIGN_OR_RETURN(io::Ticket ticket, swap_->read(blob(j), lease[j].buffer()));
-    reads[j] = ticket;
-    if (trace_) issued_us[j] = trace_->now_us();
-    return ok_status();
-  };
-  if (Status s = issue_read(0); !s.ok()) return fail(std::move(s), "optimizer state pipeline");
-  for (size_t j = 0; j < C; ++j) {
-    if (j + 1 < C) {
-      // Three buffers: j-1 is being written, j updated, j+1 read; chunk
-      // j-2's write must be done before its buffer is reused.
-      if (j >= 2 && writes[j - 2]) {
-        Status s = swap_->wait(*writes[j - 2]);
-        writes[j - 2].reset();
-        if (!s.ok()) return fail(std::move(s), "writing optimizer state of chunk " + std::to_string(j - 2));
-        lease[j - 2] = PinnedArena::Lease();
-      }
-      if (Status s = issue_read(j + 1); !s.ok()) return fail(std::move(s), "optimizer state pipeline");
-    }
-    Status rs = swap_->wait(*reads[j]);
-    reads[j].reset();
-    if (!rs.ok()) return fail(std::move(rs), "reading optimizer state of chunk " + std::to_string(j));
-    counters.nvme_bytes_read += state_bytes(elems_[j]);
-    double start = trace_ ? trace_->now_us() : 0;
-    if (trace_) trace_->span("nvme", "read chunk " + std::to_string(j), issued_us[j], start, "nvme", state_bytes(elems_[j]));
-    auto* state = reinterpret_cast<float*>(lease[j].data());
-    Result<cpu_optim::StepReport> r =
-        cpu_optim::step(config, t, span_over(state, elems_[j], grads[j], out[j], out_dtype), options, *executor_);
-    if (!r) return fail(std::move(r).error(), "optimizer step of chunk " + std::to_string(j));
-    counters.nonfinite += r->nonfinite;
-    if (trace_) trace_->span("optimizer", "update chunk " + std::to_string(j), start, trace_->now_us(), "optimizer");
-    Result<io::Ticket> w = swap_->write(blob(j), lease[j].buffer(), state_bytes(elems_[j]));
-    if (!w) return fail(std::move(w).error(), "writing optimizer state of chunk " + std::to_string(j));
-    writes[j] = *w;
-    counters.nvme_bytes_written += state_bytes(elems_[j]);
-  }
-  for (size_t j = 0; j < C; ++j) {
-    if (!writes[j]) continue;
-    Status s = swap_->wait(*writes[j]);
-    writes[j].reset();
-    if (!s.ok()) return fail(std::move(s), "writing optimizer state of chunk " + std::to_string(j));
   }
   counters.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return counters;
@@ -364,8 +302,8 @@ class OptimizerStage::Pipeline {
     return ok_status();
   }
 
-  // Updates the chunk at landing position k with `scale` and issues its write.
-  Status update(size_t k, float scale) {
+  // Updates the chunk at landing position k and issues its write.
+  Status update(size_t k, const cpu_optim::StepOptions& options) {
     const size_t c = s_.ov_.order[k];
     STRATA_RETURN_IF_ERROR(fill(k + 1));
     STRATA_CHECK_MSG(reads_[c].has_value(), "optimizer stage: chunk %zu updated before it was read", c);
@@ -374,12 +312,12 @@ class OptimizerStage::Pipeline {
     reads_[c].reset();
     STRATA_RETURN_IF_ERROR(rs.with_context("reading optimizer state of chunk " + std::to_string(c)));
     counters.nvme_bytes_read += bytes;
-    double start = s_.trace_ ? s_.trace_->now_us() : 0;
-    if (s_.trace_) s_.trace_->span("nvme", "read chunk " + std::to_string(c), issued_us_[c], start, "nvme", bytes);
+    if (s_.trace_) {
+      s_.trace_->span("nvme", "read chunk " + std::to_string(c), issued_us_[c], s_.trace_->now_us(), "nvme", bytes);
+    }
     const uint64_t woff = s_.weights_nvme_ ? s_.weights_offset(c) : 0;
     void* out = s_.weights_nvme_ ? static_cast<void*>(lease_[c].data() + woff) : s_.ov_.out[c];
-    STRATA_RETURN_IF_ERROR(s_.update_chunk(c, reinterpret_cast<float*>(lease_[c].data()), out, scale, &counters));
-    if (s_.trace_) s_.trace_->span("optimizer", "update chunk " + std::to_string(c), start, s_.trace_->now_us(), "optimizer");
+    STRATA_RETURN_IF_ERROR(s_.traced_update(c, reinterpret_cast<float*>(lease_[c].data()), out, options, &counters));
     STRATA_ASSIGN_OR_RETURN(io::Ticket w, s_.swap_->write(blob(c, 1 - s_.gen_[c]), lease_[c].buffer(), bytes));
     writes_[c] = w;
     pending_writes_.push_back(c);
@@ -434,16 +372,38 @@ class OptimizerStage::Pipeline {
   size_t next_read_ = 0;
 };
 
-Status OptimizerStage::update_chunk(size_t c, float* state, void* out, float scale, StageCounters* counters) {
-  cpu_optim::StepOptions options;
-  options.nonfinite = cpu_optim::NonFinitePolicy::kReportOnly;
-  options.grad_scale = scale;
+Status OptimizerStage::traced_update(size_t c, float* state, void* out, const cpu_optim::StepOptions& options,
+                                     StageCounters* counters) {
+  const double start = trace_ ? trace_->now_us() : 0;
   Result<cpu_optim::StepReport> r = cpu_optim::step(
       ov_.config, ov_.t, span_over(state, elems_[c], ov_.grads[c], out, ov_.out_dtype), options, *executor_);
   if (!r) return std::move(r).error().with_context("optimizer step of chunk " + std::to_string(c));
   counters->nonfinite += r->nonfinite;
+  if (trace_) trace_->span("optimizer", "update chunk " + std::to_string(c), start, trace_->now_us(), "optimizer");
   return ok_status();
 }
+
+Result<StageCounters> OptimizerStage::update_pass(const cpu_optim::StepOptions& options, Pipeline* prefetched) {
+  std::optional<Pipeline> fresh;
+  Pipeline* pipe = prefetched;
+  if (pipe == nullptr) pipe = &fresh.emplace(*this);
+  const size_t ahead = staging_->capacity() - 1;  // one buffer for the write behind
+  for (size_t k = 0; k < elems_.size(); ++k) {
+    STRATA_RETURN_IF_ERROR(pipe->fill(k + ahead));
+    STRATA_RETURN_IF_ERROR(pipe->update(k, options));
+  }
+  STRATA_RETURN_IF_ERROR(pipe->finish_writes());
+  return pipe->counters;
+}
+
+namespace {
+cpu_optim::StepOptions scaled(float grad_scale) {
+  cpu_optim::StepOptions o;
+  o.nonfinite = cpu_optim::NonFinitePolicy::kReportOnly;  // the verdict is taken over the whole model
+  o.grad_scale = grad_scale;
+  return o;
+}
+}  // namespace
 
 Status OptimizerStage::run_overlap() {
   auto t0 = std::chrono::steady_clock::now();
@@ -458,7 +418,7 @@ Status OptimizerStage::run_overlap() {
     for (size_t k = 0; k < C; ++k) {
       STRATA_RETURN_IF_ERROR(pipe->fill(k + ahead));
       STRATA_RETURN_IF_ERROR(wait_landed(ov_.order[k]));
-      STRATA_RETURN_IF_ERROR(pipe->update(k, ov_.grad_scale));
+      STRATA_RETURN_IF_ERROR(pipe->update(k, scaled(ov_.grad_scale)));
     }
     STRATA_RETURN_IF_ERROR(pipe->finish_writes());
   } else {
@@ -486,17 +446,10 @@ Status OptimizerStage::run_overlap() {
     // Updates with the true scale: first ones, or redone from the old blobs.
     if (nvme) {
       if (ov_.speculate) pipe.emplace(*this);  // a fresh pass over the old states
-      for (size_t k = 0; k < C; ++k) {
-        STRATA_RETURN_IF_ERROR(pipe->fill(k + ahead));
-        STRATA_RETURN_IF_ERROR(pipe->update(k, scale));
-      }
-      STRATA_RETURN_IF_ERROR(pipe->finish_writes());
+      STRATA_RETURN_IF_ERROR(update_pass(scaled(scale), &*pipe).status());  // counted with the pipeline below
     } else {
-      for (size_t k = 0; k < C; ++k) {
-        const size_t c = ov_.order[k];
-        double start = trace_ ? trace_->now_us() : 0;
-        STRATA_RETURN_IF_ERROR(update_chunk(c, host_[c].data(), ov_.out[c], scale, &o.counters));
-        if (trace_) trace_->span("optimizer", "update chunk " + std::to_string(c), start, trace_->now_us(), "optimizer");
+      for (size_t c : ov_.order) {
+        STRATA_RETURN_IF_ERROR(traced_update(c, host_[c].data(), ov_.out[c], scaled(scale), &o.counters));
       }
     }
   }

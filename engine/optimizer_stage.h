@@ -157,12 +157,14 @@ class OptimizerStage {
   uint64_t weights_offset(size_t chunk) const { return swap_->padded_size(state_bytes(elems_[chunk])); }
   Status run_overlap();
   Status wait_landed(size_t chunk);
-  Status update_chunk(size_t chunk, float* state, void* out, float scale, StageCounters* counters);
   class Pipeline;
+  // One chunk's update (in ov_'s step), traced.
+  Status traced_update(size_t chunk, float* state, void* out, const cpu_optim::StepOptions& options,
+                       StageCounters* counters);
+  // Every chunk, in ov_.order, through the NVMe pipeline (a fresh one, or
+  // one whose reads are already under way); writes go to the other blobs.
+  Result<StageCounters> update_pass(const cpu_optim::StepOptions& options, Pipeline* prefetched);
   cpu_optim::ParamSpan span_over(float* state, int64_t n, const ChunkGrad& g, void* out, DType out_dtype) const;
-  Result<StageCounters> step_nvme(const cpu_optim::OptimizerConfig& config, int64_t t, std::span<const ChunkGrad> grads,
-                                  std::span<void* const> out, DType out_dtype, const cpu_optim::StepOptions& options);
-
   std::vector<int64_t> elems_;
   Tier tier_ = Tier::kHost;
   io::SwapStore* swap_ = nullptr;

@@ -85,7 +85,7 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   if (pl.checkpoints == Tier::kNvme) {
     // The last two block inputs never leave the device buffers.
     p.nvme.activations += static_cast<uint64_t>(std::max<int64_t>(s.model.layers - 1, 0)) *
-                          ((static_cast<uint64_t>(z.tokens) * C * z.c + 4095) / 4096 * 4096);
+                          round_up(static_cast<uint64_t>(z.tokens) * C * z.c, uint64_t{4096});
   } else {
     tier(p, pl.checkpoints).activations += z.checkpoints;
   }
@@ -100,8 +100,7 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   // switched to at the step's verdict). This is what engine/trainer.cpp and
   // engine/streamed_model.cpp allocate; a test holds the two within 5%.
   const uint64_t w = dtype_bytes(s.working);
-  const uint64_t pad = 4096;
-  auto padded = [&](uint64_t bytes) { return (bytes + pad - 1) / pad * pad; };
+  auto padded = [](uint64_t bytes) { return round_up(bytes, uint64_t{4096}); };  // NVMe blocks and pinned buffers
   p.host.model_states += z.padded * z.c;
   if (s.grad_accum > 1) p.host.model_states += z.padded * 4;
   if (s.working == DType::kF16 && s.compute != DType::kF16) p.host.model_states += z.padded * 2;

@@ -152,7 +152,6 @@ Result<const float*> StreamedModel::stage_nvme_weights(size_t pos) {
   slot.reset();
   STRATA_RETURN_IF_ERROR(s.with_context("reading the weights of chunk " + std::to_string(chunk)));
   const int64_t n = layout_[chunk].numel;
-  nvme_weight_bytes_ += 2 * static_cast<uint64_t>(n);
   // The previous user of this fp32 buffer (depth + 1 positions back) has
   // been waited for before any later position was computed.
   float* dst = weight_fp32_[pos % weight_fp32_.size()].data();
@@ -332,7 +331,6 @@ Result<float> StreamedModel::forward_backward(const std::vector<const float*>& w
     STRATA_RETURN_IF_ERROR(nvme_weights_->swap->wait(t).with_context("reading the weights of chunk 0"));
     STRATA_RETURN_IF_ERROR(cpu_optim::convert(weight_buf_[0].data(), nvme_weights_->dtype, embedding_fp32_.data(),
                                               DType::kF32, emb.numel));
-    nvme_weight_bytes_ += 2 * static_cast<uint64_t>(emb.numel);
     emb_src = embedding_fp32_.data();
   }
   STRATA_RETURN_IF_ERROR(dev_->copy_to_device(copy_, embedding_.data(), emb_src, emb_bytes));

@@ -59,7 +59,6 @@ class StreamedModel {
     DType dtype = DType::kBF16;
   };
   Status set_nvme_weights(NvmeWeights source);
-  uint64_t nvme_weight_bytes() const { return nvme_weight_bytes_; }
   // Seconds the last forward_backward's compute waited for copies and
   // NVMe reads (the device's idle time).
   double last_wait_seconds() const { return wait_s_; }
@@ -119,7 +118,6 @@ class StreamedModel {
   size_t weights_read_ = 0;                             // schedule positions whose read was issued
   std::vector<std::vector<float>> weight_fp32_;         // depth + 1, by schedule position % (depth + 1)
   std::vector<float> embedding_fp32_;
-  uint64_t nvme_weight_bytes_ = 0;
   Trace* trace_ = nullptr;
   double wait_s_ = 0;
 };

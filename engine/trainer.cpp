@@ -57,6 +57,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
   std::unique_ptr<Trainer> tr(new Trainer());
   tr->options_ = o;
   tr->layout_ = gpu::model_layout(o.model);
+  tr->landing_order_ = StreamedModel::landing_order(o.model);
   if (o.precision == DType::kF16) {
     STRATA_ASSIGN_OR_RETURN(tr->scaler_, LossScaler::create(o.loss_scale));
   }
@@ -258,7 +259,7 @@ Result<float> Trainer::step() {
   const int64_t A = options_.grad_accum;
   const size_t C = grads_.size();
   const bool delayed = options_.delayed_update;
-  double waited = 0;  // the compute waiting for copies and NVMe
+  StepCounters counters;  // this step's, published at its end
   // Delayed update: the previous step's stage may still be reading the
   // other set of gradient buffers.
   if (delayed) std::swap(grads_, grads_alt_);
@@ -280,7 +281,7 @@ Result<float> Trainer::step() {
       ov.out.push_back(weights_.empty() ? nullptr : weights_[c].data());  // null: the stage writes them to NVMe
     }
     ov.out_dtype = options_.precision;
-    ov.order = StreamedModel::landing_order(options_.model);
+    ov.order = landing_order_;
     ov.grad_scale = 1.0f / static_cast<float>(A) / dloss;
     ov.clip_norm = options_.clip_norm;
     // Guess that this step neither clips nor skips when the last one did neither.
@@ -333,7 +334,6 @@ Result<float> Trainer::step() {
         gr.push_back(into[c].data());
       }
       const uint64_t h2d = streamed_->bytes_to_device(), d2h = streamed_->bytes_to_host();
-      const uint64_t wr = streamed_->nvme_weight_bytes();
       StreamedModel::GradLanded landed;
       if (land) {
         landed = [&](size_t c, gpu::Event copied) {
@@ -342,22 +342,20 @@ Result<float> Trainer::step() {
         };
       }
       STRATA_ASSIGN_OR_RETURN(l, streamed_->forward_backward(w, tokens.data(), targets.data(), gr, landed, dloss));
-      last_h2d_ += streamed_->bytes_to_device() - h2d;
-      last_d2h_ += streamed_->bytes_to_host() - d2h;
-      last_weight_reads_ += streamed_->nvme_weight_bytes() - wr;
-      waited += streamed_->last_wait_seconds();
+      counters.h2d_bytes += streamed_->bytes_to_device() - h2d;
+      counters.d2h_bytes += streamed_->bytes_to_host() - d2h;
+      counters.device_wait_s += streamed_->last_wait_seconds();
     } else {
       for (auto& g : into) std::fill(g.begin(), g.end(), 0.0f);  // HostGpt::backward accumulates
       auto params = view(params_);
       l = model_->forward(params, tokens.data(), targets.data());
       model_->backward(params, view(into), dloss);
       if (land) {
-        for (size_t c : StreamedModel::landing_order(options_.model)) hand_over(c, sum_micro, {});
+        for (size_t c : landing_order_) hand_over(c, sum_micro, {});
       }
     }
     return l;
   };
-  last_h2d_ = last_d2h_ = last_weight_reads_ = 0;
   auto nvme_totals = [this](uint64_t* read, uint64_t* written) {
     *read = *written = 0;
     if (!swap_) return;
@@ -388,22 +386,19 @@ Result<float> Trainer::step() {
     // next forward to run beside.
     STRATA_RETURN_IF_ERROR(flush());
     STRATA_RETURN_IF_ERROR(stage_->begin(make_step()));
-    for (size_t c : StreamedModel::landing_order(options_.model)) hand_over(c, false, {});
+    for (size_t c : landing_order_) hand_over(c, false, {});
     pending_ = true;
   } else {
     STRATA_RETURN_IF_ERROR(absorb(stage_->finish()));
   }
   ++t_;
   last_times_.optimizer = seconds_since(t0);
-  last_counters_ = StepCounters{};
-  last_counters_.h2d_bytes = last_h2d_;
-  last_counters_.d2h_bytes = last_d2h_;
-  nvme_totals(&last_counters_.nvme_read_bytes, &last_counters_.nvme_written_bytes);
-  last_counters_.nvme_read_bytes -= nvme_read0;
-  last_counters_.nvme_written_bytes -= nvme_written0;
-  last_counters_.device_wait_s = waited;
-  last_counters_.device_idle_fraction =
-      last_times_.forward_backward > 0 ? waited / last_times_.forward_backward : 0.0;
+  nvme_totals(&counters.nvme_read_bytes, &counters.nvme_written_bytes);
+  counters.nvme_read_bytes -= nvme_read0;
+  counters.nvme_written_bytes -= nvme_written0;
+  counters.device_idle_fraction =
+      last_times_.forward_backward > 0 ? counters.device_wait_s / last_times_.forward_backward : 0.0;
+  last_counters_ = counters;
   phase(delayed ? "optimizer stage (previous step's)" : "optimizer stage and weights");
   return loss;
 }

@@ -125,11 +125,6 @@ class Trainer {
   io::SwapStore* swap_store() { return swap_.get(); }
   const StepTimes& last_times() const { return last_times_; }
   const StepCounters& last_counters() const { return last_counters_; }
-  // Bytes the last step moved host -> device and device -> host (streaming only).
-  uint64_t last_h2d_bytes() const { return last_h2d_; }
-  uint64_t last_d2h_bytes() const { return last_d2h_; }
-  // Bytes of working weights the last step read from NVMe (weights on NVMe).
-  uint64_t last_nvme_weight_bytes() const { return last_weight_reads_; }
   // Host memory the trainer holds, summed from its buffers and arenas:
   // gradients, weights, host states, checkpoints, staging.
   uint64_t host_bytes() const;
@@ -155,6 +150,7 @@ class Trainer {
 
   TrainerOptions options_;
   std::vector<gpu::ChunkLayout> layout_;
+  std::vector<size_t> landing_order_;  // the order backward finishes the chunks
   std::unique_ptr<cpu_optim::Executor> executor_;
   std::unique_ptr<io::SwapStore> swap_;  // every NVMe byte; shared by the stage's and the compute thread
   io::AlignedAllocator allocator_;
@@ -180,7 +176,6 @@ class Trainer {
   int64_t rollbacks_ = 0;
   StepTimes last_times_;
   StepCounters last_counters_;
-  uint64_t last_h2d_ = 0, last_d2h_ = 0, last_weight_reads_ = 0;
 };
 
 }  // namespace strata::engine
