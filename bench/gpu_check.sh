@@ -44,4 +44,4 @@ timeout 300 build/gpu-check/bench/strata-gpubench --reps 5 2>&1 | tee "$OUT/gpub
 
 log "summary"
 grep -E "tests passed|tests failed" "$OUT/ctest.log" || echo "ctest did not finish"
-grep -vE "^\{" "$OUT/gpubench.txt" | tail -12
+grep -vE "^\{" "$OUT/gpubench.txt" | tail -16

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "bench/bench_util.h"
+#include "common/dtype.h"
 #include "gpu/cuda/block.h"
 #include "gpu/cuda/cuda_device.h"
 #include "gpu/cuda/ops.h"
@@ -130,11 +131,25 @@ int run(int argc, char** argv) {
                                           p + o.attnb, N, C, 3 * C));
   });
   rows.push_back({"matmul qkv (+bias)", qkv_ms, tflops(2.0 * N * C * 3 * C, qkv_ms), 0});
+  const double att_flops = 2.0 * batch * seq * seq * C;  // causal: half of QK^T and PV
+  DeviceMemory probs = alloc(static_cast<uint64_t>(batch * c.heads * seq * seq) * 4, "unfused attention probabilities");
   double att_ms = timer.ms([&] {
-    BENCH_CHECK(gpu::cuda::attention_forward(s, buf.atty.as<float>(), buf.att.as<float>(), buf.qkv.as<float>(), batch,
+    BENCH_CHECK(gpu::cuda::attention_forward(s, buf.atty.as<float>(), probs.as<float>(), buf.qkv.as<float>(), batch,
                                              seq, C, c.heads));
   });
-  rows.push_back({"attention forward (unfused)", att_ms, tflops(4.0 * batch * seq * seq * C, att_ms), 0});
+  rows.push_back({"attention forward (unfused)", att_ms, tflops(att_flops, att_ms), 0});
+  double flash_ms = timer.ms([&] {
+    BENCH_CHECK(gpu::cuda::flash_attention_forward(s, buf.atty.as<float>(), buf.lse.as<float>(), buf.qkv.as<float>(),
+                                                   batch, seq, C, c.heads));
+  });
+  rows.push_back({"attention forward (fused)", flash_ms, tflops(att_flops, flash_ms), 0});
+  double flash_bwd_ms = timer.ms([&] {
+    BENCH_CHECK(gpu::cuda::flash_attention_backward(s, buf.dqkv.as<float>(), buf.drow.as<float>(),
+                                                    buf.datty.as<float>(), buf.atty.as<float>(), buf.qkv.as<float>(),
+                                                    buf.lse.as<float>(), batch, seq, C, c.heads));
+  });
+  // backward recomputes QK^T and computes dP, dV, dQ, dK: 2.5x the forward's products
+  rows.push_back({"attention backward (fused)", flash_bwd_ms, tflops(2.5 * att_flops, flash_bwd_ms), 0});
   double ln_ms = timer.ms([&] {
     BENCH_CHECK(gpu::cuda::layernorm_forward(s, buf.ln1.as<float>(), buf.ln1_mean.as<float>(),
                                              buf.ln1_rstd.as<float>(), x.as<float>(), p + o.ln1w, p + o.ln1b, N, C));
@@ -149,9 +164,42 @@ int run(int argc, char** argv) {
     BENCH_CHECK(gpu::cuda::block_backward(blas, s, c, p, grads.as<float>(), x.as<float>(), buf, dy.as<float>(),
                                           dx.as<float>(), batch, seq));
   });
-  double block_flops = 3.0 * (24.0 * C * C + 4.0 * seq * C) * N;
+  double block_flops = 3.0 * (24.0 * C * C + 2.0 * seq * C) * N;  // causal attention: half the products
   double block_tf = tflops(block_flops, block_ms);
   rows.push_back({"block forward+backward", block_ms, block_tf, 0});
+
+  // bf16: the same block and GEMM baseline on bf16 copies of the same tensors.
+  double bf16_gemm_tf = 0, bf16_block_tf = 0;
+  {
+    using bf16 = __nv_bfloat16;
+    std::vector<uint16_t> hp(host_params.size()), hx(host_x.size());
+    for (size_t i = 0; i < hp.size(); ++i) hp[i] = f32_to_bf16(host_params[i]);
+    for (size_t i = 0; i < hx.size(); ++i) hx[i] = f32_to_bf16(host_x[i]);
+    DeviceMemory bp = alloc(hp.size() * 2, "bf16 block parameters"), bg = alloc(hp.size() * 2, "bf16 block gradients");
+    DeviceMemory bx = alloc(N * C * 2, "bf16 block input"), by = alloc(N * C * 2, "bf16 block output");
+    DeviceMemory bdy = alloc(N * C * 2, "bf16 output gradient"), bdx = alloc(N * C * 2, "bf16 input gradient");
+    BENCH_CHECK(dev.copy_to_device(sh, bp.data(), hp.data(), bp.bytes()));
+    BENCH_CHECK(dev.copy_to_device(sh, bx.data(), hx.data(), bx.bytes()));
+    BENCH_CHECK(dev.copy_to_device(sh, bdy.data(), hx.data(), bdy.bytes()));
+    BENCH_CHECK(dev.synchronize(sh));
+    Result<gpu::cuda::BlockBuffers> bb_r = gpu::cuda::allocate_block_buffers(dev, c, batch, seq, 2);
+    BENCH_CHECK(bb_r.status());
+    gpu::cuda::BlockBuffers& bb = *bb_r;
+    const bf16* q = bp.as<bf16>();
+    double g_ms = timer.ms([&] {
+      BENCH_CHECK(gpu::cuda::matmul_forward(blas, s, bb.fch.as<bf16>(), bb.ln2.as<bf16>(), q + o.fcw,
+                                            static_cast<const bf16*>(nullptr), N, C, 4 * C));
+    });
+    bf16_gemm_tf = tflops(2.0 * N * C * 4 * C, g_ms);
+    rows.push_back({"bf16 cuBLASLt GEMM [N,C]x[C,4C]", g_ms, bf16_gemm_tf, 0});
+    double b_ms = timer.ms([&] {
+      BENCH_CHECK(gpu::cuda::block_forward(blas, s, c, q, bx.as<bf16>(), by.as<bf16>(), bb, batch, seq));
+      BENCH_CHECK(gpu::cuda::block_backward(blas, s, c, q, bg.as<bf16>(), bx.as<bf16>(), bb, bdy.as<bf16>(),
+                                            bdx.as<bf16>(), batch, seq));
+    });
+    bf16_block_tf = tflops(block_flops, b_ms);
+    rows.push_back({"bf16 block forward+backward", b_ms, bf16_block_tf, 0});
+  }
 
   // Pinned host <-> device copies.
   const size_t copy_bytes = 256ull << 20;
@@ -168,19 +216,23 @@ int run(int argc, char** argv) {
   rows.push_back({"pinned D2H 256 MiB", d2h_ms, 0, copy_bytes / (d2h_ms * 1e-3) / 1e9});
   BENCH_CHECK(dev.async_error());
 
-  std::printf("strata-gpubench: %s, fp32, C=%lld NH=%lld B=%lld T=%lld, median of %d (L2 flushed)\n",
+  std::printf("strata-gpubench: %s, fp32 (and bf16 where named), C=%lld NH=%lld B=%lld T=%lld, median of %d (L2 flushed)\n",
               std::string(dev.name()).c_str(), static_cast<long long>(C), static_cast<long long>(c.heads),
               static_cast<long long>(batch), static_cast<long long>(seq), reps);
-  std::printf("%-30s %10s %9s %9s %12s\n", "what", "ms", "TFLOP/s", "GB/s", "vs GEMM");
+  std::printf("%-32s %10s %9s %9s %12s\n", "what", "ms", "TFLOP/s", "GB/s", "vs GEMM");
   nlohmann::json jrows = nlohmann::json::array();
   for (const Row& r : rows) {
-    std::printf("%-30s %10.3f %9.2f %9.1f %12s\n", r.what.c_str(), r.ms, r.tflops, r.gbps,
-                r.tflops > 0 ? std::to_string(r.tflops / gemm_tf).substr(0, 5).c_str() : "-");
+    // bf16 rows compare with the bf16 GEMM, the others with the fp32 one
+    const double base = r.what.rfind("bf16", 0) == 0 ? bf16_gemm_tf : gemm_tf;
+    std::printf("%-32s %10.3f %9.2f %9.1f %12s\n", r.what.c_str(), r.ms, r.tflops, r.gbps,
+                r.tflops > 0 ? std::to_string(r.tflops / base).substr(0, 5).c_str() : "-");
     jrows.push_back({{"what", r.what}, {"ms", r.ms}, {"tflops", r.tflops}, {"gbps", r.gbps}});
   }
   nlohmann::json j = {{"bench", "gpu"}, {"device", std::string(dev.name())}, {"hidden", C}, {"heads", c.heads},
                       {"batch", batch}, {"seq", seq}, {"block_tflops", block_tf}, {"gemm_tflops", gemm_tf},
-                      {"block_ratio_to_gemm", block_tf / gemm_tf}, {"rows", jrows}, {"system", system_info()}};
+                      {"block_ratio_to_gemm", block_tf / gemm_tf},
+                      {"bf16_block_tflops", bf16_block_tf}, {"bf16_gemm_tflops", bf16_gemm_tf},
+                      {"bf16_block_ratio_to_gemm", bf16_block_tf / bf16_gemm_tf}, {"rows", jrows}, {"system", system_info()}};
   std::printf("%s\n", j.dump().c_str());
   return 0;
 }

@@ -119,8 +119,8 @@ double training_flops_per_token(const GptConfig& c, int64_t seq, bool recompute)
   return (recompute ? 4.0 : 3.0) * forward_flops_per_token(c, seq);
 }
 
-int64_t block_activation_bytes_per_token(const GptConfig& c, int64_t seq, int64_t elem_bytes) {
-  return (16 * c.hidden + c.heads * seq) * elem_bytes + 16;
+int64_t block_activation_bytes_per_token(const GptConfig& c, int64_t elem_bytes) {
+  return 16 * c.hidden * elem_bytes + 4 * c.heads + 16;
 }
 
 }  // namespace strata::gpu

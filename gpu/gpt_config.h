@@ -83,10 +83,13 @@ double training_flops_per_token(const GptConfig& config, int64_t seq, bool recom
 
 // Activation bytes per token of one block while its forward+backward runs
 // (the working set a recomputed block needs), for elements of `elem_bytes`:
-//   (16*C + NH*T) * elem_bytes  +  4 fp32 LayerNorm statistics (16 bytes)
-// (ln_1 out C, qkv 3C, attention probabilities NH*T, attention out C,
-//  residual C, ln_2 out C, fc 4C, gelu 4C, block out C).
-// A block-input checkpoint is C * elem_bytes per token.
-int64_t block_activation_bytes_per_token(const GptConfig& config, int64_t seq, int64_t elem_bytes);
+//   16*C * elem_bytes  +  4*NH (attention's fp32 log-sum-exp per head)
+//                      +  16 (4 fp32 LayerNorm statistics)
+// (ln_1 out C, qkv 3C, attention out C, residual C, ln_2 out C, fc 4C,
+//  gelu 4C, block out C). The fused attention keeps no [T,T] probabilities,
+// so nothing grows with T per token; its backward's scratch is a bounded
+// row block per backend, not per token. A block-input checkpoint is
+// C * elem_bytes per token.
+int64_t block_activation_bytes_per_token(const GptConfig& config, int64_t elem_bytes);
 
 }  // namespace strata::gpu

@@ -6,10 +6,14 @@
 #include <cmath>
 
 #include "gpu/cuda/cuda_check.h"
+#include "gpu/cuda/element.cuh"
 #include "gpu/cuda/ops.h"
 
 namespace strata::gpu::cuda {
 namespace {
+
+using detail::blocks_for;
+using detail::kThreads;
 
 struct Workspace {
   float* logits;        // [kCeRows, kCeCols]
@@ -73,9 +77,6 @@ __global__ void dlogits_kernel(float* l, const float* lse, const int32_t* target
   if (targets[r] == v0 + j) g -= k;
   l[i] = g;
 }
-
-constexpr int kThreads = 256;
-unsigned blocks_for(int64_t n) { return static_cast<unsigned>((n + kThreads - 1) / kThreads); }
 
 }  // namespace
 

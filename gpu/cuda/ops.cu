@@ -3,41 +3,19 @@
 // every load widens, every sum accumulates in fp32, every store rounds to
 // nearest even once). LayerNorm statistics stay fp32. Correct first: one
 // thread (or one warp) per row and ordered reductions, so every result is
-// deterministic. A fused (FlashAttention-style) attention comes next.
+// deterministic. The fused (FlashAttention-style) attention is in
+// flash_attention.cu; this file's unfused one keeps the probabilities.
 #include <cmath>
 #include <limits>
 
 #include "gpu/cuda/cuda_check.h"
+#include "gpu/cuda/element.cuh"
 #include "gpu/cuda/ops.h"
 
 namespace strata::gpu::cuda {
 namespace {
 
-__device__ __forceinline__ float to_f(float x) { return x; }
-__device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
-template <class T>
-__device__ __forceinline__ T from_f(float x);
-template <>
-__device__ __forceinline__ float from_f<float>(float x) { return x; }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-template <>
-__device__ __forceinline__ __half from_f<__half>(float x) { return __float2half_rn(x); }
-// dst += x, widened to fp32 for the add.
-template <class T>
-__device__ __forceinline__ void add_to(T* dst, float x) { *dst = from_f<T>(to_f(*dst) + x); }
-
-constexpr int kThreads = 256;
-
-unsigned blocks_for(int64_t n) { return static_cast<unsigned>((n + kThreads - 1) / kThreads); }
-
-Status launched(const char* what) { return cuda_status(cudaGetLastError(), what); }
-
-__device__ float warp_sum(float v) {
-  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-  return v;
-}
+using namespace detail;
 
 template <class T>
 __global__ void embedding_forward_kernel(T* out, const int32_t* tokens, const T* wte, const T* wpe, int64_t N,

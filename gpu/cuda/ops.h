@@ -71,6 +71,18 @@ Status attention_forward(cudaStream_t s, T* out, float* att, const T* qkv, int64
 template <class T>
 Status attention_backward(cudaStream_t s, T* dqkv, float* dpre_workspace, const T* dout, const T* qkv,
                           const float* att, int64_t B, int64_t seq, int64_t C, int64_t NH);
+// Fused causal attention (flash_attention.cu; the host's flash_attention_*
+// have the same contract): no [T,T] matrix; lse[B*NH*T] fp32 log-sum-exp per
+// row kept for backward, which recomputes the probabilities. Head size
+// C/NH at most kMaxFlashHeadSize; a larger one is InvalidArgument.
+inline constexpr int64_t kMaxFlashHeadSize = 128;
+template <class T>
+Status flash_attention_forward(cudaStream_t s, T* out, float* lse, const T* qkv, int64_t B, int64_t seq, int64_t C,
+                               int64_t NH);
+// dqkv += from dout; out is the forward's output; workspace: B*NH*T floats.
+template <class T>
+Status flash_attention_backward(cudaStream_t s, T* dqkv, float* workspace, const T* dout, const T* out, const T* qkv,
+                                const float* lse, int64_t B, int64_t seq, int64_t C, int64_t NH);
 template <class T>
 Status gelu_forward(cudaStream_t s, T* out, const T* x, int64_t n);
 template <class T>

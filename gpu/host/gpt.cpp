@@ -9,9 +9,9 @@ namespace strata::gpu::host {
 template <class T>
 int64_t BlockActivations<T>::elements(const GptConfig& c, int64_t B, int64_t seq) {
   const int64_t N = B * seq, C = c.hidden;
-  // kept: ln1, atty, res2, ln2 (4 NC), qkv (3 NC), fch, fch_gelu (8 NC), stats (4 N), att;
-  // scratch: tmp, dres2, dln2, datty, dln1 (5 NC), dgelu, dfch (8 NC), dqkv (3 NC)
-  return 31 * N * C + 4 * N + B * c.heads * seq * seq;
+  // kept: ln1, atty, res2, ln2 (4 NC), qkv (3 NC), fch, fch_gelu (8 NC), stats (4 N), lse (B NH T);
+  // scratch: tmp, dres2, dln2, datty, dln1 (5 NC), dgelu, dfch (8 NC), dqkv (3 NC), attention's row blocks
+  return 31 * N * C + 4 * N + B * c.heads * seq + attention_scratch_elements(seq);
 }
 
 template <class T>
@@ -30,10 +30,10 @@ void BlockActivations<T>::bind(T* base, const GptConfig& c, int64_t B, int64_t s
     return out;
   };
   ln1 = take(N * C), ln1_mean = take(N), ln1_rstd = take(N), qkv = take(3 * N * C);
-  att = take(B * c.heads * seq * seq), atty = take(N * C), res2 = take(N * C);
+  lse = take(B * c.heads * seq), atty = take(N * C), res2 = take(N * C);
   ln2 = take(N * C), ln2_mean = take(N), ln2_rstd = take(N), fch = take(4 * N * C), fch_gelu = take(4 * N * C);
   tmp = take(N * C), dres2 = take(N * C), dgelu = take(4 * N * C), dfch = take(4 * N * C), dln2 = take(N * C);
-  datty = take(N * C), dqkv = take(3 * N * C), dln1 = take(N * C);
+  datty = take(N * C), dqkv = take(3 * N * C), dln1 = take(N * C), att_scratch = take(attention_scratch_elements(seq));
   STRATA_CHECK(p - base == elements(c, B, seq));
 }
 
@@ -44,7 +44,7 @@ void block_forward(const GptConfig& c, const T* p, const T* x_in, T* x_out, Bloc
   const int64_t N = B * seq, C = c.hidden;
   layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x_in, p + o.ln1w, p + o.ln1b, N, C);
   matmul_forward(a.qkv, a.ln1, p + o.attnw, p + o.attnb, N, C, 3 * C);
-  attention_forward(a.atty, a.att, a.qkv, B, seq, C, c.heads);
+  flash_attention_forward(a.atty, a.lse, a.att_scratch, a.qkv, B, seq, C, c.heads);
   matmul_forward(a.tmp, a.atty, p + o.projw, p + o.projb, N, C, C);
   residual_forward(a.res2, x_in, a.tmp, N * C);
   layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p + o.ln2w, p + o.ln2b, N, C);
@@ -71,7 +71,7 @@ void block_backward(const GptConfig& c, const T* p, T* dp, const T* x_in, const 
   // res2 = x_in + attn(x_in)
   accumulate(dx_in, a.dres2, N * C);
   matmul_backward(a.datty, dp + o.projw, dp + o.projb, a.dres2, a.atty, p + o.projw, N, C, C);
-  attention_backward(a.dqkv, a.datty, a.qkv, a.att, B, seq, C, c.heads);
+  flash_attention_backward(a.dqkv, a.att_scratch, a.datty, a.atty, a.qkv, a.lse, B, seq, C, c.heads);
   matmul_backward(a.dln1, dp + o.attnw, dp + o.attnb, a.dqkv, a.ln1, p + o.attnw, N, C, 3 * C);
   layernorm_backward(dx_in, dp + o.ln1w, dp + o.ln1b, a.dln1, x_in, p + o.ln1w, a.ln1_mean, a.ln1_rstd, N, C);
 }

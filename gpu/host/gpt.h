@@ -20,14 +20,15 @@ template <class T>
 struct BlockActivations {
   T *ln1 = nullptr, *ln1_mean = nullptr, *ln1_rstd = nullptr;  // [N,C], [N], [N]
   T* qkv = nullptr;                                            // [N,3C]
-  T* att = nullptr;                                            // [B,NH,T,T]
+  T* lse = nullptr;                                            // [B,NH,T] attention's log-sum-exp
   T* atty = nullptr;                                           // [N,C] attention output before c_proj
   T* res2 = nullptr;                                           // [N,C] x + attention
   T *ln2 = nullptr, *ln2_mean = nullptr, *ln2_rstd = nullptr;  // [N,C], [N], [N]
   T *fch = nullptr, *fch_gelu = nullptr;                       // [N,4C]
-  // scratch: tmp, dres2, dln2, datty, dln1 [N,C]; dgelu, dfch [N,4C]; dqkv [N,3C]
+  // scratch: tmp, dres2, dln2, datty, dln1 [N,C]; dgelu, dfch [N,4C]; dqkv [N,3C];
+  // att_scratch: attention's row blocks (attention_scratch_elements)
   T *tmp = nullptr, *dres2 = nullptr, *dgelu = nullptr, *dfch = nullptr, *dln2 = nullptr, *datty = nullptr,
-    *dqkv = nullptr, *dln1 = nullptr;
+    *dqkv = nullptr, *dln1 = nullptr, *att_scratch = nullptr;
 
   static int64_t elements(const GptConfig& config, int64_t B, int64_t seq);
   void resize(const GptConfig& config, int64_t B, int64_t seq);

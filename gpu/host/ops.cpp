@@ -281,6 +281,85 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* att, int6
   }
 }
 
+template <class T>
+void flash_attention_forward(T* out, T* lse, T* scratch, const T* qkv, int64_t B, int64_t seq, int64_t C, int64_t NH) {
+  const int64_t hs = C / NH, ld = 3 * C;
+  const T scale = T(1) / std::sqrt(static_cast<T>(hs));
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < NH; ++h) {
+      const T* q = qkv + b * seq * ld + h * hs;
+      const T* k = q + C;
+      const T* v = q + 2 * C;
+      T* l = lse + (b * NH + h) * seq;
+      for (int64_t q0 = 0; q0 < seq; q0 += kAttnRows) {
+        // rows [q0, q1) see keys [0, q1): a rows x q1 block of scores
+        const int64_t q1 = std::min(seq, q0 + kAttnRows), rows = q1 - q0;
+        gemm(false, true, rows, q1, hs, scale, q + q0 * ld, ld, k, ld, T(0), scratch, q1);
+        parallel(rows, 16, [&](int64_t r0, int64_t r1) {
+          for (int64_t r = r0; r < r1; ++r) {
+            const int64_t t = q0 + r;
+            T* row = scratch + r * q1;
+            T maxval = -std::numeric_limits<T>::infinity();
+            for (int64_t t2 = 0; t2 <= t; ++t2) maxval = std::max(maxval, row[t2]);
+            T sum = 0;
+            for (int64_t t2 = 0; t2 <= t; ++t2) {
+              row[t2] = std::exp(row[t2] - maxval);
+              sum += row[t2];
+            }
+            for (int64_t t2 = 0; t2 < q1; ++t2) row[t2] = t2 <= t ? row[t2] / sum : T(0);
+            l[t] = maxval + std::log(sum);
+          }
+        });
+        gemm(false, false, rows, hs, q1, T(1), scratch, q1, v, ld, T(0), out + (b * seq + q0) * C + h * hs, C);
+      }
+    }
+  }
+}
+
+template <class T>
+void flash_attention_backward(T* dqkv, T* scratch, const T* dout, const T* out, const T* qkv, const T* lse, int64_t B,
+                              int64_t seq, int64_t C, int64_t NH) {
+  const int64_t hs = C / NH, ld = 3 * C;
+  const T scale = T(1) / std::sqrt(static_cast<T>(hs));
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < NH; ++h) {
+      const T* q = qkv + b * seq * ld + h * hs;
+      const T* k = q + C;
+      const T* v = q + 2 * C;
+      T* dq = dqkv + b * seq * ld + h * hs;
+      T* dk = dq + C;
+      T* dv = dq + 2 * C;
+      const T* l = lse + (b * NH + h) * seq;
+      const T* d = dout + b * seq * C + h * hs;
+      const T* o = out + b * seq * C + h * hs;
+      for (int64_t q0 = 0; q0 < seq; q0 += kAttnRows) {
+        const int64_t q1 = std::min(seq, q0 + kAttnRows), rows = q1 - q0;
+        T* p = scratch;               // [rows, q1] probabilities, recomputed
+        T* ds = scratch + rows * q1;  // [rows, q1] dP, then dS
+        gemm(false, true, rows, q1, hs, scale, q + q0 * ld, ld, k, ld, T(0), p, q1);
+        gemm(false, true, rows, q1, hs, T(1), d + q0 * C, C, v, ld, T(0), ds, q1);
+        parallel(rows, 16, [&](int64_t r0, int64_t r1) {
+          for (int64_t r = r0; r < r1; ++r) {
+            const int64_t t = q0 + r;
+            // sum_j P[t,j] dP[t,j] = dout[t] . out[t]
+            T dot = 0;
+            for (int64_t e = 0; e < hs; ++e) dot += d[t * C + e] * o[t * C + e];
+            T* prow = p + r * q1;
+            T* srow = ds + r * q1;
+            for (int64_t t2 = 0; t2 < q1; ++t2) {
+              prow[t2] = t2 <= t ? std::exp(prow[t2] - l[t]) : T(0);
+              srow[t2] = prow[t2] * (srow[t2] - dot);
+            }
+          }
+        });
+        gemm(true, false, q1, hs, rows, T(1), p, q1, d + q0 * C, C, T(1), dv, ld);
+        gemm(false, false, rows, hs, q1, scale, ds, q1, k, ld, T(1), dq + q0 * ld, ld);
+        gemm(true, false, q1, hs, rows, scale, ds, q1, q + q0 * ld, ld, T(1), dk, ld);
+      }
+    }
+  }
+}
+
 namespace {
 template <class T>
 constexpr T kGeluScale = static_cast<T>(0.79788456080286535587989211986876);  // sqrt(2/pi)
@@ -391,6 +470,9 @@ void crossentropy_backward(T* dx, T* dwte, const T* x, const T* wte, const int32
   template void matmul_backward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t, int64_t);               \
   template void attention_forward<T>(T*, T*, const T*, int64_t, int64_t, int64_t, int64_t);                            \
   template void attention_backward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t);           \
+  template void flash_attention_forward<T>(T*, T*, T*, const T*, int64_t, int64_t, int64_t, int64_t);                  \
+  template void flash_attention_backward<T>(T*, T*, const T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, \
+                                            int64_t);                                                                  \
   template void gelu_forward<T>(T*, const T*, int64_t);                                                                \
   template void gelu_backward<T>(T*, const T*, const T*, int64_t);                                                     \
   template void residual_forward<T>(T*, const T*, const T*, int64_t);                                                  \

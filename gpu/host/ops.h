@@ -51,6 +51,23 @@ template <class T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* att, int64_t B, int64_t seq, int64_t C,
                         int64_t NH);
 
+// The same attention keeping only each row's log-sum-exp for backward
+// (FlashAttention's contract): lse[B,NH,T]; backward recomputes the
+// probabilities from q, k and lse. No [T,T] matrix is ever held: queries go
+// kAttnRows at a time, each row block scoring only the keys it may see, in
+// `scratch` of attention_scratch_elements(seq) values. The CUDA backend's
+// flash_attention_* have the same contract and outputs.
+inline constexpr int64_t kAttnRows = 128;
+inline constexpr int64_t attention_scratch_elements(int64_t seq) {
+  return 2 * (seq < kAttnRows ? seq : kAttnRows) * seq;
+}
+template <class T>
+void flash_attention_forward(T* out, T* lse, T* scratch, const T* qkv, int64_t B, int64_t seq, int64_t C, int64_t NH);
+// dqkv[B,T,3C] += from dout[B,T,C]; out is the forward's output.
+template <class T>
+void flash_attention_backward(T* dqkv, T* scratch, const T* dout, const T* out, const T* qkv, const T* lse, int64_t B,
+                              int64_t seq, int64_t C, int64_t NH);
+
 // GELU, tanh approximation (GPT-2): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
 template <class T>
 void gelu_forward(T* out, const T* x, int64_t n);

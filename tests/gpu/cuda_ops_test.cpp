@@ -9,11 +9,14 @@
 
 #include <cmath>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "common/dtype.h"
+#include "gpu/cuda/block.h"
 #include "gpu/cuda/cuda_device.h"
 #include "gpu/cuda/ops.h"
+#include "gpu/host/gpt.h"
 #include "gpu/host/ops.h"
 #include "tests/test_util.h"
 
@@ -179,6 +182,34 @@ TEST_F(CudaOps, MatmulAndAttention) {
   expect_close("attention dqkv", g_qkv, dqkv);
 }
 
+// The fused attention against the host's lse-keeping attention: output,
+// log-sum-exp and accumulated dqkv, on shapes with partial tiles, head sizes
+// from 20 to the largest (128), and more rows than one tile.
+TEST_F(CudaOps, FlashAttentionMatchesHost) {
+  struct Shape {
+    int64_t B, T, C, NH;
+  };
+  for (Shape sh : {Shape{2, 70, 128, 2}, Shape{1, 45, 128, 1}, Shape{3, 17, 60, 3}, Shape{1, 1, 32, 1}}) {
+    SCOPED_TRACE("B=" + std::to_string(sh.B) + " T=" + std::to_string(sh.T) + " C=" + std::to_string(sh.C) +
+                 " NH=" + std::to_string(sh.NH));
+    const int64_t N = sh.B * sh.T, C = sh.C, rows = sh.B * sh.NH * sh.T;
+    Vec qkv = random(N * 3 * C), y(N * C), lse(rows), scratch(host::attention_scratch_elements(sh.T));
+    host::flash_attention_forward(y.data(), lse.data(), scratch.data(), qkv.data(), sh.B, sh.T, C, sh.NH);
+    float *d_qkv = upload(qkv), *d_y = poisoned(N * C), *d_lse = poisoned(rows);
+    ASSERT_TRUE(flash_attention_forward(stream_, d_y, d_lse, d_qkv, sh.B, sh.T, C, sh.NH).ok());
+    expect_close("flash attention out", d_y, y);
+    expect_close("flash attention lse", d_lse, lse);
+    Vec dy = random(N * C), dqkv = random(N * 3 * C);
+    float* g_qkv = upload(dqkv);
+    host::flash_attention_backward(dqkv.data(), scratch.data(), dy.data(), y.data(), qkv.data(), lse.data(), sh.B,
+                                   sh.T, C, sh.NH);
+    ASSERT_TRUE(
+        flash_attention_backward(stream_, g_qkv, poisoned(rows), upload(dy), d_y, d_qkv, d_lse, sh.B, sh.T, C, sh.NH)
+            .ok());
+    expect_close("flash attention dqkv", g_qkv, dqkv);
+  }
+}
+
 TEST_F(CudaOps, CrossEntropyChunked) {
   const int64_t N = kCeRows + 45, C = 24, V = kCeCols + 777;
   Vec x = random(N * C), wte = random(V * C, 0.3f), lse(N);
@@ -211,14 +242,6 @@ TEST_F(CudaOps, BudgetIsHardOnTheGpuToo) {
   EXPECT_NE(b.error().message().find("block 3 weights"), std::string::npos);
 }
 
-}  // namespace
-}  // namespace strata::gpu::cuda
-
-#include "gpu/cuda/block.h"
-#include "gpu/host/gpt.h"
-
-namespace strata::gpu::cuda {
-namespace {
 
 // A whole block, forward and backward, on the GPU against the host block.
 TEST_F(CudaOps, BlockForwardBackwardMatchesHost) {
@@ -245,11 +268,6 @@ TEST_F(CudaOps, BlockForwardBackwardMatchesHost) {
   expect_close("block dparams", d_dp, dparams);
 }
 
-}  // namespace
-}  // namespace strata::gpu::cuda
-
-namespace strata::gpu::cuda {
-namespace {
 
 // bf16 and fp16 ops against the host fp32 ops on the same (rounded) inputs:
 // ||out - ref|| / ||ref|| < 1e-2, every output written and finite.
@@ -333,6 +351,53 @@ TYPED_TEST(CudaOpsLowPrecision, LayerNormGeluMatmulAttention) {
   float* d_att = this->poisoned(B * NH * Tn * Tn);
   ASSERT_TRUE(attention_forward(this->stream_, d_y, d_att, d_q2, B, Tn, C, NH).ok());
   this->expect_close_half("attention", d_y, y);
+
+  // The fused attention in T, backward from the output it wrote.
+  Vec fy(N * C), lse(B * NH * Tn), scratch(host::attention_scratch_elements(Tn));
+  host::flash_attention_forward(fy.data(), lse.data(), scratch.data(), q2.data(), B, Tn, C, NH);
+  T* d_fy = this->poisoned_half(N * C);
+  float* d_lse = this->poisoned(B * NH * Tn);
+  ASSERT_TRUE(flash_attention_forward(this->stream_, d_fy, d_lse, d_q2, B, Tn, C, NH).ok());
+  this->expect_close_half("flash attention", d_fy, fy);
+  this->expect_close("flash attention lse", d_lse, lse);
+  Vec dy = this->random(N * C), dq(N * 3 * C, 0.0f);
+  T* d_dy = this->upload_rounded(dy);
+  std::vector<uint16_t> zeros(N * 3 * C, 0);  // +0 in bf16 and fp16
+  T* d_dq = reinterpret_cast<T*>(this->upload(zeros));
+  host::flash_attention_backward(dq.data(), scratch.data(), dy.data(), fy.data(), q2.data(), lse.data(), B, Tn, C, NH);
+  ASSERT_TRUE(
+      flash_attention_backward(this->stream_, d_dq, this->poisoned(B * NH * Tn), d_dy, d_fy, d_q2, d_lse, B, Tn, C, NH)
+          .ok());
+  this->expect_close_half("flash attention dqkv", d_dq, dq);
+}
+
+// A whole block in T against the host's fp32 block on the same rounded
+// parameters and inputs.
+TYPED_TEST(CudaOpsLowPrecision, BlockMatchesTheHostFp32Block) {
+  using T = TypeParam;
+  GptConfig c;
+  c.layers = 1, c.hidden = 64, c.heads = 4, c.vocab = 50, c.max_seq = 40;
+  const int64_t B = 2, Tn = 40, N = B * Tn, C = c.hidden;
+  const ChunkLayout layout = block_layout(c, 0);
+  Vec params = this->random(static_cast<size_t>(layout.numel), 0.1f), x = this->random(N * C),
+      dy = this->random(N * C);
+  for (int64_t i = 0; i < C; ++i) params[block_offsets(c).ln1w + i] += 1.0f, params[block_offsets(c).ln2w + i] += 1.0f;
+  T *d_p = this->upload_rounded(params), *d_x = this->upload_rounded(x), *d_dy = this->upload_rounded(dy);
+  Vec y(N * C), dparams(params.size(), 0.0f), dx(N * C, 0.0f);
+  host::BlockActivations<float> acts;
+  acts.resize(c, B, Tn);
+  host::block_forward(c, params.data(), x.data(), y.data(), acts, B, Tn);
+  host::block_backward(c, params.data(), dparams.data(), x.data(), acts, dy.data(), dx.data(), B, Tn);
+  Result<BlockBuffers> buf = allocate_block_buffers(*this->dev_, c, B, Tn, sizeof(T));
+  ASSERT_TRUE(buf) << buf.error().to_string();
+  T* d_y = this->poisoned_half(N * C);
+  T* d_dp = reinterpret_cast<T*>(this->upload(std::vector<uint16_t>(params.size(), 0)));
+  T* d_dx = reinterpret_cast<T*>(this->upload(std::vector<uint16_t>(N * C, 0)));
+  ASSERT_TRUE(block_forward(this->blas_, this->stream_, c, d_p, d_x, d_y, *buf, B, Tn).ok());
+  ASSERT_TRUE(block_backward(this->blas_, this->stream_, c, d_p, d_dp, d_x, *buf, d_dy, d_dx, B, Tn).ok());
+  this->expect_close_half("block out", d_y, y);
+  this->expect_close_half("block dx", d_dx, dx);
+  this->expect_close_half("block dparams", d_dp, dparams);
 }
 
 }  // namespace

@@ -55,7 +55,7 @@ TEST(GptConfig, FormulasMatchTheirDefinitions) {
   EXPECT_DOUBLE_EQ(forward_flops_per_token(c, 1024), fwd);
   EXPECT_DOUBLE_EQ(training_flops_per_token(c, 1024, false), 3 * fwd);
   EXPECT_DOUBLE_EQ(training_flops_per_token(c, 1024, true), 4 * fwd);
-  EXPECT_EQ(block_activation_bytes_per_token(c, 1024, 2), (16 * 768 + 12 * 1024) * 2 + 16);
+  EXPECT_EQ(block_activation_bytes_per_token(c, 2), 16 * 768 * 2 + 4 * 12 + 16);
 }
 
 TEST(GptConfig, BadConfigsAreRefusedWithTheField) {

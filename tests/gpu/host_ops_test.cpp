@@ -155,6 +155,45 @@ TEST(HostOps, AttentionForwardIsCausalAndBackwardMatches) {
   check_gradient("dqkv", qkv, dqkv, f, rng, 1000);
 }
 
+// The lse-keeping attention over more rows than one row block (300 = 128 +
+// 128 + 44): the same outputs and gradients as the attention that keeps the
+// probabilities, lse the log of each row's softmax denominator, and its own
+// backward against finite differences.
+TEST(HostOps, FlashAttentionMatchesTheUnfusedOneAcrossRowBlocks) {
+  std::mt19937_64 rng(strata::testing::test_seed(65));
+  const int64_t B = 2, T = 2 * kAttnRows + 44, C = 8, NH = 2, hs = C / NH;
+  Vec qkv = random_vec(B * T * 3 * C, rng), R = random_vec(B * T * C, rng);
+  Vec ref(B * T * C), att(B * NH * T * T), out(B * T * C, -7.0), lse(B * NH * T, -7.0);
+  Vec scratch(static_cast<size_t>(attention_scratch_elements(T)));
+  attention_forward(ref.data(), att.data(), qkv.data(), B, T, C, NH);
+  auto f = [&] {
+    flash_attention_forward(out.data(), lse.data(), scratch.data(), qkv.data(), B, T, C, NH);
+    return dot(out, R);
+  };
+  f();
+  for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], ref[i], 1e-12) << i;
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < NH; ++h) {
+      for (int64_t t = 0; t < T; ++t) {
+        // att[t, 0] = exp(s_0 - lse), so lse = s_0 - log(att[t, 0])
+        const double* q = &qkv[(b * T + t) * 3 * C + h * hs];
+        const double* k0 = &qkv[b * T * 3 * C + C + h * hs];
+        double s0 = 0;
+        for (int64_t e = 0; e < hs; ++e) s0 += q[e] * k0[e];
+        s0 /= std::sqrt(static_cast<double>(hs));
+        const double expect = s0 - std::log(att[((b * NH + h) * T + t) * T]);
+        ASSERT_NEAR(lse[(b * NH + h) * T + t], expect, 1e-9 * std::max(1.0, std::fabs(expect)));
+      }
+    }
+  }
+  Vec dref(qkv.size(), 0.5), dqkv(qkv.size(), 0.5);  // both accumulate onto the same start
+  attention_backward(dref.data(), R.data(), qkv.data(), att.data(), B, T, C, NH);
+  flash_attention_backward(dqkv.data(), scratch.data(), R.data(), out.data(), qkv.data(), lse.data(), B, T, C, NH);
+  for (size_t i = 0; i < dqkv.size(); ++i) ASSERT_NEAR(dqkv[i], dref[i], 1e-10) << i;
+  for (double& x : dqkv) x -= 0.5;
+  check_gradient("dqkv", qkv, dqkv, f, rng, 200);
+}
+
 TEST(HostOps, GeluAndResidualBackward) {
   std::mt19937_64 rng(strata::testing::test_seed(65));
   const int64_t n = 37;
