@@ -1,7 +1,7 @@
 // gpu::Device: memory within a byte budget, streams, events and async
 // host<->device copies — the part of a compute backend the engine's
-// scheduler drives. (The transformer ops join this interface with the CUDA
-// backend; the host backend's ops are in host/ops.h and host/gpt.h.)
+// scheduler drives — and, through model_ops(), the model's compute on it
+// (model_ops.h).
 //
 // Rules every backend keeps:
 // - allocate() beyond the budget is ResourceExhausted naming the budget, the
@@ -24,6 +24,13 @@
 namespace strata::gpu {
 
 class Device;
+class ModelOps;
+struct GptConfig;
+}  // namespace strata::gpu
+namespace strata {
+enum class DType : uint8_t;  // common/dtype.h (kept out of CUDA translation units)
+}  // namespace strata
+namespace strata::gpu {
 
 // Owns one device allocation; frees it on destruction. Move-only.
 class DeviceMemory {
@@ -85,6 +92,10 @@ class Device {
   // First error of background work not yet reported (an async copy that
   // failed, a task that threw); cleared by reading. OK when none.
   virtual Status async_error() = 0;
+
+  // The GPT's ops on this device in `dtype` (model_ops.h); Unimplemented
+  // for a dtype the backend does not compute in, naming what it does.
+  virtual Result<std::unique_ptr<ModelOps>> model_ops(const GptConfig& config, DType dtype) = 0;
 
  protected:
   friend class DeviceMemory;

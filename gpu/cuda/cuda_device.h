@@ -46,6 +46,8 @@ class CudaDevice final : public Device {
   Status synchronize(Stream stream) override;
   bool done(Event event) override;
   Status async_error() override;
+  // fp32, bf16 or fp16 (cuda/model_ops.cpp).
+  Result<std::unique_ptr<ModelOps>> model_ops(const GptConfig& config, DType dtype) override;
 
   int device_index() const { return options_.device; }
   Result<cudaStream_t> native(Stream stream) const;

@@ -92,16 +92,19 @@ Status residual_forward(cudaStream_t s, T* out, const T* a, const T* b, int64_t 
 template <class T>
 Status accumulate(cudaStream_t s, T* dst, const T* src, int64_t n);
 
-// Fused tied projection + cross-entropy (gpu/host/ops.h), fp32, never more than
-// kCeRows x kCeCols logits at once. workspace: crossentropy_workspace_floats().
+// Fused tied projection + cross-entropy (gpu/host/ops.h), never more than
+// kCeRows x kCeCols logits at once (in T; the row statistics, lse and the
+// loss in fp32). workspace: crossentropy_workspace_floats().
 inline constexpr int64_t kCeRows = 256;
 inline constexpr int64_t kCeCols = 4096;
 int64_t crossentropy_workspace_floats(int64_t N);
 // loss_out: one device float, the mean loss; lse[N] saved for backward.
+template <class T>
 Status crossentropy_forward(const BlasContext& ctx, cudaStream_t s, float* loss_out, float* lse, float* workspace,
-                            const float* x, const float* wte, const int32_t* targets, int64_t N, int64_t C, int64_t V);
-Status crossentropy_backward(const BlasContext& ctx, cudaStream_t s, float* dx, float* dwte, float* workspace,
-                             const float* x, const float* wte, const int32_t* targets, const float* lse, float dloss,
-                             int64_t N, int64_t C, int64_t V);
+                            const T* x, const T* wte, const int32_t* targets, int64_t N, int64_t C, int64_t V);
+template <class T>
+Status crossentropy_backward(const BlasContext& ctx, cudaStream_t s, T* dx, T* dwte, float* workspace, const T* x,
+                             const T* wte, const int32_t* targets, const float* lse, float dloss, int64_t N,
+                             int64_t C, int64_t V);
 
 }  // namespace strata::gpu::cuda

@@ -55,6 +55,9 @@ class HostDevice final : public Device {
   Status synchronize(Stream stream) override;
   bool done(Event event) override;
   Status async_error() override;
+  // fp32 only: the host backend computes in fp32 (bf16/fp16 weights are
+  // widened before they reach it).
+  Result<std::unique_ptr<ModelOps>> model_ops(const GptConfig& config, DType dtype) override;
 
   // Runs `task` on `stream` after everything submitted to it before.
   Status enqueue(Stream stream, std::function<Status()> task);

@@ -18,6 +18,8 @@
 #include "gpu/cuda/ops.h"
 #include "gpu/host/gpt.h"
 #include "gpu/host/ops.h"
+#include "gpu/model_ops.h"
+#include "tests/gpu/model_step.h"
 #include "tests/test_util.h"
 
 namespace strata::gpu::cuda {
@@ -399,6 +401,94 @@ TYPED_TEST(CudaOpsLowPrecision, BlockMatchesTheHostFp32Block) {
   this->expect_close_half("block dx", d_dx, dx);
   this->expect_close_half("block dparams", d_dp, dparams);
 }
+
+
+// A whole model's step through ModelOps on the GPU (fp32, bf16, fp16)
+// against HostGpt in fp32 on the same (rounded) weights: the loss and every
+// chunk's gradient within 1e-5 (fp32) or 1e-2 (bf16/fp16) relative.
+class CudaModelOpsTest : public CudaOps, public ::testing::WithParamInterface<DType> {
+ protected:
+  float rounded(float x) const {
+    if (GetParam() == DType::kBF16) return bf16_to_f32(f32_to_bf16(x));
+    if (GetParam() == DType::kF16) return f16_to_f32(f32_to_f16(x));
+    return x;
+  }
+  // Host values (fp32) of n device elements of the test's dtype.
+  Vec values(const void* d, size_t n) {
+    if (GetParam() == DType::kF32) return download(static_cast<const float*>(d), n);
+    std::vector<uint16_t> h(n);
+    EXPECT_TRUE(dev_->copy_to_host(handle_, h.data(), d, n * 2).ok());
+    EXPECT_TRUE(dev_->synchronize(handle_).ok());
+    Vec v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = GetParam() == DType::kBF16 ? bf16_to_f32(h[i]) : f16_to_f32(h[i]);
+    return v;
+  }
+};
+
+TEST_P(CudaModelOpsTest, AStepMatchesTheHostModel) {
+  const DType dt = GetParam();
+  const double tol = dt == DType::kF32 ? 1e-5 : 1e-2;
+  GptConfig c;
+  c.layers = 2, c.hidden = 64, c.heads = 2, c.vocab = 300, c.max_seq = 40;
+  const int64_t B = 2, Tn = 40, N = B * Tn;
+  const float dloss = 0.5f;
+  std::vector<Vec> w, g_ref;
+  for (const ChunkLayout& l : model_layout(c)) {
+    Vec v = random(static_cast<size_t>(l.numel), 0.1f);
+    for (const TensorSlot& t : l.tensors) {
+      if (t.name.find("ln_") != std::string::npos && t.name.find(".weight") != std::string::npos) {
+        for (int64_t i = 0; i < t.numel(); ++i) v[static_cast<size_t>(t.offset + i)] += 1.0f;
+      }
+    }
+    for (float& x : v) x = rounded(x);
+    w.push_back(std::move(v));
+    g_ref.emplace_back(static_cast<size_t>(l.numel), 0.0f);
+  }
+  std::vector<int32_t> tokens(N), targets(N);
+  for (int64_t i = 0; i < N; ++i) {
+    tokens[i] = static_cast<int32_t>(rng_() % 300);
+    targets[i] = static_cast<int32_t>(rng_() % 300);
+  }
+  host::HostGpt<float> ref(c, B, Tn);
+  host::ModelParams<float> pw, pg;
+  for (auto& v : w) pw.chunks.push_back(v.data());
+  for (auto& v : g_ref) pg.chunks.push_back(v.data());
+  const float ref_loss = ref.forward(pw, tokens.data(), targets.data());
+  ref.backward(pw, pg, dloss);
+
+  Result<std::unique_ptr<ModelOps>> ops = dev_->model_ops(c, dt);
+  ASSERT_TRUE(ops) << ops.error().to_string();
+  Result<std::unique_ptr<ModelOps::Workspace>> ws = (*ops)->workspace(B, Tn);
+  ASSERT_TRUE(ws) << ws.error().to_string();
+  Result<testing::ModelStep> m = testing::allocate_model_step(*dev_, **ops, B, Tn);
+  ASSERT_TRUE(m) << m.error().to_string();
+  for (size_t i = 0; i < w.size(); ++i) {
+    std::vector<uint16_t> h(w[i].size());
+    for (size_t j = 0; j < h.size(); ++j) h[j] = dt == DType::kBF16 ? f32_to_bf16(w[i][j]) : f32_to_f16(w[i][j]);
+    const void* src = dt == DType::kF32 ? static_cast<const void*>(w[i].data()) : h.data();
+    ASSERT_TRUE(dev_->copy_to_device(handle_, m->weights[i].data(), src, w[i].size() * dtype_bytes(dt)).ok());
+    ASSERT_TRUE(dev_->synchronize(handle_).ok());  // h is released at the end of this iteration
+  }
+  ASSERT_TRUE(dev_->copy_to_device(handle_, m->tokens.data(), tokens.data(), N * 4).ok());
+  ASSERT_TRUE(dev_->copy_to_device(handle_, m->targets.data(), targets.data(), N * 4).ok());
+  ASSERT_TRUE(testing::enqueue_model_step(**ops, handle_, **ws, *m, dloss).ok());
+  const float loss = download(m->loss.as<float>(), 1)[0];
+  EXPECT_NEAR(loss, ref_loss, tol * ref_loss);
+  for (size_t i = 0; i < w.size(); ++i) {
+    const Vec got = values(m->grads[i].data(), g_ref[i].size());
+    double diff = 0, norm = 0;
+    for (size_t j = 0; j < got.size(); ++j) {
+      ASSERT_TRUE(std::isfinite(got[j])) << "chunk " << i << "[" << j << "]";
+      diff += std::pow(static_cast<double>(got[j]) - g_ref[i][j], 2);
+      norm += static_cast<double>(g_ref[i][j]) * g_ref[i][j];
+    }
+    ASSERT_GT(norm, 0.0) << "chunk " << i;
+    EXPECT_LT(std::sqrt(diff / norm), tol) << "chunk " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, CudaModelOpsTest, ::testing::Values(DType::kF32, DType::kBF16, DType::kF16),
+                         [](const ::testing::TestParamInfo<DType>& i) { return std::string(dtype_name(i.param)); });
 
 }  // namespace
 }  // namespace strata::gpu::cuda

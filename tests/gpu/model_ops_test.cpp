@@ -1,0 +1,130 @@
+// gpu::ModelOps on the host backend: a whole model's step driven through
+// the interface (on a HostDevice stream, blocks recomputed in backward)
+// gives the same bits as HostGpt (every activation kept); the workspace takes
+// exactly what it says from the device budget, and a budget too small for it
+// is an error naming it; a dtype the backend does not compute in is refused.
+#include "gpu/model_ops.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "gpu/host/gpt.h"
+#include "gpu/host/host_device.h"
+#include "tests/gpu/model_step.h"
+#include "tests/test_util.h"
+
+namespace strata::gpu {
+namespace {
+
+GptConfig small_config() {
+  GptConfig c;
+  c.layers = 3, c.hidden = 32, c.heads = 4, c.vocab = 37, c.max_seq = 16;
+  return c;
+}
+
+std::unique_ptr<HostDevice> host_device(uint64_t capacity) {
+  Result<std::unique_ptr<HostDevice>> d = HostDevice::create({.capacity_bytes = capacity});
+  EXPECT_TRUE(d) << d.error().to_string();
+  return std::move(d).value();
+}
+
+TEST(HostModelOps, AStepThroughTheInterfaceGivesHostGptsBits) {
+  const GptConfig c = small_config();
+  const int64_t B = 2, T = 16, N = B * T;
+  std::mt19937 rng(strata::testing::test_seed(91));
+  std::normal_distribution<float> nd(0.0f, 0.2f);
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(c.vocab - 1));
+  std::vector<std::vector<float>> w, g_ref;
+  for (const ChunkLayout& l : model_layout(c)) {
+    std::vector<float> v(static_cast<size_t>(l.numel), 0.0f);
+    for (const TensorSlot& t : l.tensors) {
+      const bool ln_w = t.name.find("ln_") != std::string::npos && t.name.find(".weight") != std::string::npos;
+      for (int64_t i = 0; i < t.numel(); ++i) v[static_cast<size_t>(t.offset + i)] = (ln_w ? 1.0f : 0.0f) + nd(rng);
+    }
+    w.push_back(std::move(v));
+    g_ref.emplace_back(static_cast<size_t>(l.numel), 0.0f);
+  }
+  std::vector<int32_t> tokens(N), targets(N);
+  for (int64_t i = 0; i < N; ++i) tokens[i] = tok(rng), targets[i] = tok(rng);
+  const float dloss = 0.5f;
+
+  host::HostGpt<float> ref(c, B, T);
+  host::ModelParams<float> pw, pg;
+  for (auto& v : w) pw.chunks.push_back(v.data());
+  for (auto& v : g_ref) pg.chunks.push_back(v.data());
+  const float ref_loss = ref.forward(pw, tokens.data(), targets.data());
+  ref.backward(pw, pg, dloss);
+
+  auto dev = host_device(64 << 20);
+  Result<std::unique_ptr<ModelOps>> ops = dev->model_ops(c, DType::kF32);
+  ASSERT_TRUE(ops) << ops.error().to_string();
+  Result<std::unique_ptr<ModelOps::Workspace>> ws = (*ops)->workspace(B, T);
+  ASSERT_TRUE(ws) << ws.error().to_string();
+  Result<testing::ModelStep> m = testing::allocate_model_step(*dev, **ops, B, T);
+  ASSERT_TRUE(m) << m.error().to_string();
+  Stream s = *dev->create_stream("compute");
+  for (size_t i = 0; i < w.size(); ++i) {
+    ASSERT_TRUE(dev->copy_to_device(s, m->weights[i].data(), w[i].data(), w[i].size() * 4).ok());
+    // Stale gradients: the step must zero them itself.
+    ASSERT_TRUE(dev->copy_to_device(s, m->grads[i].data(), w[i].data(), w[i].size() * 4).ok());
+  }
+  ASSERT_TRUE(dev->copy_to_device(s, m->tokens.data(), tokens.data(), N * 4).ok());
+  ASSERT_TRUE(dev->copy_to_device(s, m->targets.data(), targets.data(), N * 4).ok());
+  ASSERT_TRUE(testing::enqueue_model_step(**ops, s, **ws, *m, dloss).ok());
+  float loss = 0;
+  ASSERT_TRUE(dev->copy_to_host(s, &loss, m->loss.data(), 4).ok());
+  std::vector<std::vector<float>> g(w.size());
+  for (size_t i = 0; i < w.size(); ++i) {
+    g[i].resize(w[i].size());
+    ASSERT_TRUE(dev->copy_to_host(s, g[i].data(), m->grads[i].data(), g[i].size() * 4).ok());
+  }
+  ASSERT_TRUE(dev->synchronize(s).ok());
+  ASSERT_TRUE(dev->async_error().ok());
+  EXPECT_EQ(loss, ref_loss);
+  EXPECT_GT(loss, 0.0f);
+  for (size_t i = 0; i < g.size(); ++i) {
+    ASSERT_EQ(std::memcmp(g[i].data(), g_ref[i].data(), g[i].size() * 4), 0) << "chunk " << i << " differs";
+  }
+}
+
+TEST(HostModelOps, TheWorkspaceTakesWhatItSaysAndAShortBudgetIsAnError) {
+  const GptConfig c = small_config();
+  auto dev = host_device(64 << 20);
+  Result<std::unique_ptr<ModelOps>> ops = dev->model_ops(c, DType::kF32);
+  ASSERT_TRUE(ops);
+  const uint64_t before = dev->used_bytes();
+  const uint64_t says = (*ops)->workspace_bytes(4, 16);
+  {
+    Result<std::unique_ptr<ModelOps::Workspace>> ws = (*ops)->workspace(4, 16);
+    ASSERT_TRUE(ws);
+    EXPECT_GE(dev->used_bytes() - before, says);
+    EXPECT_LT(dev->used_bytes() - before, says + 256) << "beyond the allocation's alignment";
+  }
+  EXPECT_EQ(dev->used_bytes(), before);
+
+  auto small = host_device(says / 2);
+  Result<std::unique_ptr<ModelOps>> small_ops = small->model_ops(c, DType::kF32);
+  ASSERT_TRUE(small_ops);
+  Result<std::unique_ptr<ModelOps::Workspace>> none = (*small_ops)->workspace(4, 16);
+  ASSERT_FALSE(none);
+  EXPECT_EQ(none.error().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(none.error().message().find("model ops workspace"), std::string::npos) << none.error().to_string();
+  EXPECT_EQ((*ops)->workspace(1, 17).error().code(), StatusCode::kInvalidArgument) << "T beyond max_seq";
+}
+
+TEST(HostModelOps, ComputesInFp32Only) {
+  auto dev = host_device(1 << 20);
+  Result<std::unique_ptr<ModelOps>> bf16 = dev->model_ops(small_config(), DType::kBF16);
+  ASSERT_FALSE(bf16);
+  EXPECT_EQ(bf16.error().code(), StatusCode::kUnimplemented);
+  EXPECT_NE(bf16.error().message().find("fp32"), std::string::npos) << bf16.error().to_string();
+  GptConfig bad = small_config();
+  bad.heads = 5;
+  EXPECT_EQ(dev->model_ops(bad, DType::kF32).error().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace strata::gpu
