@@ -61,7 +61,8 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
 
   // Device: weights (resident, or prefetch buffers), gradient staging, the
   // working set of one block (forward-saved tensors and backward scratch:
-  // gpu::host::BlockActivations), the final LayerNorm and loss rows, and the
+  // the model ops' workspace, gpu::host::BlockActivations on the host
+  // backend), the final LayerNorm and loss rows, and the
   // block-input checkpoints (two in-flight buffers when they live elsewhere).
   // When weights stream, the embedding chunk stays resident with its
   // gradient (used at both ends of the step) and the chunk buffers are sized
@@ -81,7 +82,10 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   const auto N = static_cast<uint64_t>(z.tokens);
   p.device.activations +=
       static_cast<uint64_t>(gpu::host::BlockActivations<float>::elements(s.model, s.micro_batch, s.seq)) * z.c;
-  p.device.io_buffers += (4 * N * C + 3 * N) * z.c;
+  // The head's LayerNorm output and gradient, its statistics and lse (the
+  // rest of the model ops' workspace), the step's dx and dx_in, the loss,
+  // and the tokens and targets (int32).
+  p.device.io_buffers += (4 * N * C + 3 * N + 1) * z.c + 2 * N * 4;
   if (pl.checkpoints == Tier::kNvme) {
     // The last two block inputs never leave the device buffers.
     p.nvme.activations += static_cast<uint64_t>(std::max<int64_t>(s.model.layers - 1, 0)) *

@@ -5,7 +5,6 @@
 #include <cstring>
 
 #include "cpu_optim/optimizer.h"
-#include "gpu/host/ops.h"
 
 namespace strata::engine {
 namespace {
@@ -52,9 +51,11 @@ Result<std::unique_ptr<StreamedModel>> StreamedModel::create(const gpu::GptConfi
   }
   STRATA_ASSIGN_OR_RETURN(m->embedding_, floats(dev, m->layout_[0].numel, "embedding weights"));
   STRATA_ASSIGN_OR_RETURN(m->embedding_grad_, floats(dev, m->layout_[0].numel, "embedding gradients"));
-  const int64_t act = gpu::host::BlockActivations<float>::elements(c, B, seq);
-  STRATA_ASSIGN_OR_RETURN(m->acts_mem_, floats(dev, act, "block activations"));
-  m->acts_.bind(m->acts_mem_.as<float>(), c, B, seq);
+  // The compute: the device's model ops on their own stream, with one
+  // block's working set and the head's (the workspace) from the budget.
+  STRATA_ASSIGN_OR_RETURN(m->ops_, dev.model_ops(c, DType::kF32));
+  STRATA_ASSIGN_OR_RETURN(m->compute_, dev.create_stream("compute"));
+  STRATA_ASSIGN_OR_RETURN(m->workspace_, m->ops_->workspace(B, seq));
   const bool on_device = checkpoints == Tier::kDevice;
   STRATA_ASSIGN_OR_RETURN(m->checkpoints_, floats(dev, (on_device ? L + 1 : 2) * N * C, "block-input checkpoints"));
   if (checkpoints == Tier::kHost) m->host_checkpoints_.assign(static_cast<size_t>((L + 1) * N * C), 0.0f);
@@ -68,7 +69,8 @@ Result<std::unique_ptr<StreamedModel>> StreamedModel::create(const gpu::GptConfi
       m->stage_buf_.push_back(std::move(lease));
     }
   }
-  STRATA_ASSIGN_OR_RETURN(m->final_mem_, floats(dev, 4 * N * C + 3 * N, "final LayerNorm and loss"));
+  // dx and dx_in [N,C], the loss, then the tokens and targets (int32).
+  STRATA_ASSIGN_OR_RETURN(m->step_mem_, floats(dev, 2 * N * C + 1 + 2 * N, "block gradients, loss and tokens"));
   return m;
 }
 
@@ -178,6 +180,11 @@ Status StreamedModel::prefetch_through(size_t i) {
   return wait_for(ready_[i], "weights");
 }
 
+Status StreamedModel::run(const std::function<Status()>& enqueue) {
+  STRATA_RETURN_IF_ERROR(enqueue());
+  return dev_->synchronize(compute_);
+}
+
 Status StreamedModel::wait_for(gpu::Event e, const char* what) {
   const double t0 = now_s();
   Status s = dev_->synchronize(e);
@@ -206,7 +213,6 @@ Result<const float*> StreamedModel::weights_for(size_t i) {
 Result<float> StreamedModel::forward_backward(const std::vector<const float*>& weights, const int32_t* tokens,
                                              const int32_t* targets, const std::vector<float*>& grads,
                                              const GradLanded& landed, float dloss) {
-  namespace ops = gpu::host;
   const gpu::GptConfig& c = config_;
   const int64_t L = c.layers, N = B_ * T_, C = c.hidden;
   if (weights.size() != layout_.size() || grads.size() != layout_.size()) {
@@ -231,10 +237,7 @@ Result<float> StreamedModel::forward_backward(const std::vector<const float*>& w
   }
   ready_.assign(schedule_.size(), gpu::Event{});
   const gpu::ChunkLayout& emb = layout_[0];
-  const gpu::ChunkLayout& fin = layout_.back();
   const uint64_t emb_bytes = static_cast<uint64_t>(emb.numel) * 4;
-  float* wte = embedding_.as<float>() + emb.tensors[0].offset;
-  float* wpe = embedding_.as<float>() + emb.tensors[1].offset;
   float* ckpt = checkpoints_.as<float>();
   const bool host_ckpt = checkpoint_tier_ != Tier::kDevice;  // off the device: host or NVMe
   const bool nvme_ckpt = checkpoint_tier_ == Tier::kNvme;
@@ -316,13 +319,13 @@ Result<float> StreamedModel::forward_backward(const std::vector<const float*>& w
     h2d_bytes_ += x_bytes;
     return ok_status();
   };
-  float* lnf = final_mem_.as<float>();
-  float* dlnf = lnf + N * C;
-  float* dx = dlnf + N * C;
+  float* dx = step_mem_.as<float>();
   float* dx_in = dx + N * C;
-  float* mean = dx_in + N * C;
-  float* rstd = mean + N;
-  float* lse = rstd + N;
+  float* loss_dev = dx_in + N * C;
+  int32_t* tokens_dev = reinterpret_cast<int32_t*>(loss_dev + 1);
+  int32_t* targets_dev = tokens_dev + N;
+  gpu::ModelOps& ops = *ops_;
+  gpu::ModelOps::Workspace& ws = *workspace_;
 
   // The embedding chunk is used at both ends: it stays resident for the step.
   const float* emb_src = weights[0];
@@ -337,8 +340,10 @@ Result<float> StreamedModel::forward_backward(const std::vector<const float*>& w
   STRATA_ASSIGN_OR_RETURN(gpu::Event emb_ready, dev_->record(copy_));
   h2d_bytes_ += emb_bytes;
   STRATA_RETURN_IF_ERROR(prefetch_through(0));  // block 1 on its way as well
+  STRATA_RETURN_IF_ERROR(dev_->copy_to_device(compute_, tokens_dev, tokens, static_cast<uint64_t>(N) * 4));
+  STRATA_RETURN_IF_ERROR(dev_->copy_to_device(compute_, targets_dev, targets, static_cast<uint64_t>(N) * 4));
   STRATA_RETURN_IF_ERROR(wait_for(emb_ready, "embedding"));
-  ops::embedding_forward(x_of(0), tokens, wte, wpe, B_, T_, C);
+  STRATA_RETURN_IF_ERROR(run([&] { return ops.embedding_forward(compute_, ws, embedding_.data(), tokens_dev, x_of(0)); }));
   STRATA_RETURN_IF_ERROR(offload(0));
 
   // Forward: keep only each block's input.
@@ -346,19 +351,15 @@ Result<float> StreamedModel::forward_backward(const std::vector<const float*>& w
     STRATA_ASSIGN_OR_RETURN(const float* p, weights_for(static_cast<size_t>(l - 1)));
     STRATA_RETURN_IF_ERROR(claim(l));
     const double start = trace_ ? trace_->now_us() : 0;
-    ops::block_forward(c, p, x_of(l - 1), x_of(l), acts_, B_, T_);
+    STRATA_RETURN_IF_ERROR(run([&] { return ops.block_forward(compute_, ws, p, x_of(l - 1), x_of(l)); }));
     if (trace_) trace_->span("compute", "forward block " + std::to_string(l), start, trace_->now_us(), "compute");
     STRATA_RETURN_IF_ERROR(offload(l));
   }
   STRATA_ASSIGN_OR_RETURN(const float* pf, weights_for(static_cast<size_t>(L)));
-  ops::layernorm_forward(lnf, mean, rstd, x_of(L), pf + fin.tensors[0].offset, pf + fin.tensors[1].offset, N, C);
-  float loss = ops::crossentropy_forward(lse, lnf, wte, targets, N, C, c.vocab);
+  STRATA_RETURN_IF_ERROR(
+      run([&] { return ops.head_forward(compute_, ws, pf, embedding_.data(), x_of(L), targets_dev, loss_dev); }));
 
   // Backward.
-  std::memset(embedding_grad_.data(), 0, embedding_grad_.bytes());
-  std::fill(dlnf, dlnf + 3 * N * C, 0.0f);  // dlnf, dx, dx_in
-  float* dwte = embedding_grad_.as<float>() + emb.tensors[0].offset;
-  ops::crossentropy_backward(dlnf, dwte, lnf, wte, targets, lse, dloss, N, C, c.vocab);
   size_t next_grad = 0;
   // Each chunk's gradient goes to the host as soon as it is complete.
   auto send_grad = [&](size_t chunk, auto&& compute) -> Status {
@@ -366,8 +367,11 @@ Result<float> StreamedModel::forward_backward(const std::vector<const float*>& w
     if (grad_done_[g].id >= 0) STRATA_RETURN_IF_ERROR(wait_for(grad_done_[g], "gradient buffer"));
     float* slot = grad_slots_[g].as<float>();
     const uint64_t bytes = static_cast<uint64_t>(layout_[chunk].numel) * 4;
-    std::memset(slot, 0, bytes);
-    compute(slot);
+    auto zeroed_then_computed = [&]() -> Status {
+      STRATA_RETURN_IF_ERROR(ops.zero(compute_, slot, bytes));
+      return compute(slot);
+    };
+    STRATA_RETURN_IF_ERROR(run(zeroed_then_computed));
     STRATA_RETURN_IF_ERROR(dev_->copy_to_host(copy_, grads[chunk], slot, bytes));
     STRATA_ASSIGN_OR_RETURN(grad_done_[g], dev_->record(copy_));
     d2h_bytes_ += bytes;
@@ -375,10 +379,13 @@ Result<float> StreamedModel::forward_backward(const std::vector<const float*>& w
     return ok_status();
   };
   STRATA_ASSIGN_OR_RETURN(const float* pb, weights_for(static_cast<size_t>(L + 1)));
-  STRATA_RETURN_IF_ERROR(send_grad(layout_.size() - 1, [&](float* dp) {
-    ops::layernorm_backward(dx, dp + fin.tensors[0].offset, dp + fin.tensors[1].offset, dlnf, x_of(L),
-                            pb + fin.tensors[0].offset, mean, rstd, N, C);
-  }));
+  auto head_backward = [&](float* dp) -> Status {
+    STRATA_RETURN_IF_ERROR(ops.zero(compute_, embedding_grad_.data(), embedding_grad_.bytes()));
+    STRATA_RETURN_IF_ERROR(ops.zero(compute_, dx, static_cast<uint64_t>(2 * N * C) * 4));  // dx, dx_in
+    return ops.head_backward(compute_, ws, pb, dp, embedding_.data(), embedding_grad_.data(), x_of(L), targets_dev,
+                             dloss, dx);
+  };
+  STRATA_RETURN_IF_ERROR(send_grad(layout_.size() - 1, head_backward));
   for (int64_t l = L; l >= 1; --l) {
     STRATA_RETURN_IF_ERROR(fetch_start(l - 2));
     const size_t pos = static_cast<size_t>(L + 2 + (L - l));
@@ -388,10 +395,13 @@ Result<float> StreamedModel::forward_backward(const std::vector<const float*>& w
     }
     // Recompute the block's forward from its checkpoint (output discarded into dx_in).
     const double start = trace_ ? trace_->now_us() : 0;
-    ops::block_forward(c, p, x_of(l - 1), dx_in, acts_, B_, T_);
-    std::fill(dx_in, dx_in + N * C, 0.0f);
+    auto recompute = [&]() -> Status {
+      STRATA_RETURN_IF_ERROR(ops.block_forward(compute_, ws, p, x_of(l - 1), dx_in));
+      return ops.zero(compute_, dx_in, static_cast<uint64_t>(N * C) * 4);
+    };
+    STRATA_RETURN_IF_ERROR(run(recompute));
     STRATA_RETURN_IF_ERROR(send_grad(static_cast<size_t>(l), [&](float* dp) {
-      ops::block_backward(c, p, dp, x_of(l - 1), acts_, dx, dx_in, B_, T_);
+      return ops.block_backward(compute_, ws, p, dp, x_of(l - 1), dx, dx_in);
     }));
     if (trace_) {
       trace_->span("compute", "recompute+backward block " + std::to_string(l), start, trace_->now_us(), "compute");
@@ -399,11 +409,15 @@ Result<float> StreamedModel::forward_backward(const std::vector<const float*>& w
     std::swap(dx, dx_in);
     STRATA_RETURN_IF_ERROR(fetch(l - 2));  // into block l's buffer, now free
   }
-  ops::embedding_backward(dwte, embedding_grad_.as<float>() + emb.tensors[1].offset, dx, tokens, B_, T_, C);
+  STRATA_RETURN_IF_ERROR(
+      run([&] { return ops.embedding_backward(compute_, ws, embedding_grad_.data(), tokens_dev, dx); }));
   STRATA_RETURN_IF_ERROR(dev_->copy_to_host(copy_, grads[0], embedding_grad_.data(), emb_bytes));
   d2h_bytes_ += emb_bytes;
   STRATA_ASSIGN_OR_RETURN(gpu::Event emb_copied, dev_->record(copy_));
   if (landed) landed(0, emb_copied);
+  float loss = 0;
+  STRATA_RETURN_IF_ERROR(dev_->copy_to_host(compute_, &loss, loss_dev, 4));
+  STRATA_RETURN_IF_ERROR(dev_->synchronize(compute_));
   STRATA_RETURN_IF_ERROR(dev_->synchronize(copy_));
   STRATA_RETURN_IF_ERROR(dev_->async_error());
   return loss;

@@ -3,7 +3,9 @@
 // `prefetch_depth` chunks ahead on a copy stream while the current block
 // computes, only block inputs kept between forward and backward (each block
 // is recomputed in backward), and each block's gradient copied back to the
-// host as soon as it is done. Every device byte — weight slots, gradient
+// host as soon as it is done. The compute goes through the device's
+// gpu::ModelOps on a compute stream (the host thread enqueues each block and
+// waits for it, scheduling the copies around it). Every device byte — weight slots, gradient
 // slots, the block working set, checkpoints — is allocated from the device,
 // so its budget is exact. The embedding chunk stays resident (it is used at
 // both ends of the step). Block inputs (the activation checkpoints) stay on
@@ -23,8 +25,8 @@
 #include "engine/pinned_arena.h"
 #include "engine/plan.h"
 #include "engine/trace.h"
-#include "gpu/host/gpt.h"
 #include "gpu/host/host_device.h"
+#include "gpu/model_ops.h"
 #include "io/swap_store.h"
 
 namespace strata::engine {
@@ -81,6 +83,9 @@ class StreamedModel {
   Result<const float*> stage_nvme_weights(size_t pos);
   Status read_weights_ahead(size_t through);
   Status wait_for(gpu::Event e, const char* what);
+  // Enqueues compute on the compute stream and waits for it: the host thread
+  // schedules the copies around each block, the device computes.
+  Status run(const std::function<Status()>& enqueue);
   double now_s() const;
   void note_wait(double t0_s, const char* what);
   void drain_weight_reads();
@@ -98,8 +103,10 @@ class StreamedModel {
   std::vector<gpu::DeviceMemory> slots_;      // depth + 1 weight buffers
   std::vector<gpu::DeviceMemory> grad_slots_; // 2 gradient buffers
   std::vector<gpu::Event> grad_done_;         // last D2H from each gradient slot
-  gpu::DeviceMemory embedding_, embedding_grad_, acts_mem_, checkpoints_, final_mem_;
-  gpu::host::BlockActivations<float> acts_;
+  gpu::DeviceMemory embedding_, embedding_grad_, checkpoints_, step_mem_;
+  std::unique_ptr<gpu::ModelOps> ops_;
+  std::unique_ptr<gpu::ModelOps::Workspace> workspace_;
+  gpu::Stream compute_{};
   Tier checkpoint_tier_ = Tier::kDevice;
   std::vector<float> host_checkpoints_;  // (L + 1) block inputs when on the host
   gpu::Event ckpt_done_[2];              // last copy out of / into each device checkpoint buffer

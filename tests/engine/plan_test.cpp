@@ -41,7 +41,8 @@ TEST(Plan, EstimateCountsEveryByteByTier) {
   const uint64_t working =
       static_cast<uint64_t>(gpu::host::BlockActivations<float>::elements(s.model, 2, 1024)) * 2;
   EXPECT_EQ(resident.device.activations, ckpt + working);
-  EXPECT_EQ(resident.device.io_buffers, (4 * N * C + 3 * N) * 2);  // final LayerNorm and loss rows
+  // the head's rows, dx and dx_in, the loss; int32 tokens and targets
+  EXPECT_EQ(resident.device.io_buffers, (4 * N * C + 3 * N + 1) * 2 + 2 * N * 4);
   Plan streamed = estimate(s, {Tier::kHost, Tier::kNvme, Tier::kNvme, 3}, Bandwidths{});
   EXPECT_EQ(streamed.device_chunk_buffers, 4);
   EXPECT_EQ(streamed.device.buffers, (4 + 2) * block_chunk * 2);
