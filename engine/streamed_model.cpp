@@ -9,14 +9,14 @@
 namespace strata::engine {
 namespace {
 
-Result<gpu::DeviceMemory> floats(gpu::HostDevice& dev, int64_t n, const char* what) {
+Result<gpu::DeviceMemory> floats(gpu::Device& dev, int64_t n, const char* what) {
   return dev.allocate(static_cast<uint64_t>(n) * 4, what);
 }
 
 }  // namespace
 
 Result<std::unique_ptr<StreamedModel>> StreamedModel::create(const gpu::GptConfig& c, int64_t B, int64_t seq,
-                                                             gpu::HostDevice& dev, int prefetch_depth,
+                                                             gpu::Device& dev, int prefetch_depth,
                                                              Tier checkpoints, io::SwapStore* swap) {
   STRATA_RETURN_IF_ERROR(c.validate());
   if (prefetch_depth < 1 || prefetch_depth > 16) return invalid_argument("prefetch depth must be 1..16");

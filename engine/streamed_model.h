@@ -1,19 +1,21 @@
 // StreamedModel: the whole GPT's forward and backward on a capped device
-// (gpu::HostDevice), with each block's weights streamed in from host memory
-// `prefetch_depth` chunks ahead on a copy stream while the current block
-// computes, only block inputs kept between forward and backward (each block
-// is recomputed in backward), and each block's gradient copied back to the
-// host as soon as it is done. The compute goes through the device's
-// gpu::ModelOps on a compute stream (the host thread enqueues each block and
-// waits for it, scheduling the copies around it). Every device byte — weight slots, gradient
-// slots, the block working set, checkpoints — is allocated from the device,
-// so its budget is exact. The embedding chunk stays resident (it is used at
-// both ends of the step). Block inputs (the activation checkpoints) stay on
-// the device, or with `checkpoints` = Tier::kHost go to host memory as soon
-// as they are written, through two device buffers, and come back one block
-// ahead in backward; with Tier::kNvme they go on through two aligned host
-// buffers into `swap` blobs and are read back the same way. Gives the same
-// bits as HostGpt (tested).
+// (any gpu::Device; the trainer uses the host backend's HostDevice), with
+// each block's weights streamed in from host memory `prefetch_depth` chunks
+// ahead on a copy stream while the current block computes, only block
+// inputs kept between forward and backward (each block is recomputed in
+// backward), and each block's gradient copied back to the host as soon as
+// it is done. The compute goes through the device's gpu::ModelOps on a
+// compute stream (the host thread enqueues each block and waits for it,
+// scheduling the copies around it). Every device byte — weight slots,
+// gradient slots, the ops' workspace, checkpoints — is allocated from the
+// device, so its budget is exact. The embedding chunk stays resident (it is
+// used at both ends of the step). Block inputs (the activation checkpoints)
+// stay on the device, or with `checkpoints` = Tier::kHost go to host memory
+// as soon as they are written, through two device buffers, and come back
+// one block ahead in backward; with Tier::kNvme they go on through two
+// aligned host buffers into `swap` blobs (the write issued in the copy
+// stream's order through Device::enqueue) and are read back the same way.
+// Gives the same bits as HostGpt (tested).
 #pragma once
 
 #include <functional>
@@ -25,7 +27,7 @@
 #include "engine/pinned_arena.h"
 #include "engine/plan.h"
 #include "engine/trace.h"
-#include "gpu/host/host_device.h"
+#include "gpu/device.h"
 #include "gpu/model_ops.h"
 #include "io/swap_store.h"
 
@@ -34,7 +36,7 @@ namespace strata::engine {
 class StreamedModel {
  public:
   static Result<std::unique_ptr<StreamedModel>> create(const gpu::GptConfig& config, int64_t B, int64_t seq,
-                                                       gpu::HostDevice& device, int prefetch_depth,
+                                                       gpu::Device& device, int prefetch_depth,
                                                        Tier checkpoints = Tier::kDevice,
                                                        io::SwapStore* swap = nullptr);
   ~StreamedModel();
@@ -69,7 +71,7 @@ class StreamedModel {
   void set_trace(Trace* trace) { trace_ = trace; }
   // Host memory this model holds: checkpoints, staging arenas, widened weights.
   uint64_t host_bytes() const;
-  gpu::HostDevice& device() { return *dev_; }
+  gpu::Device& device() { return *dev_; }
 
   uint64_t bytes_to_device() const { return h2d_bytes_; }
   uint64_t bytes_to_host() const { return d2h_bytes_; }
@@ -92,7 +94,7 @@ class StreamedModel {
 
   gpu::GptConfig config_;
   int64_t B_ = 0, T_ = 0;
-  gpu::HostDevice* dev_ = nullptr;
+  gpu::Device* dev_ = nullptr;
   gpu::Stream copy_{};
   int depth_ = 1;
   std::vector<gpu::ChunkLayout> layout_;

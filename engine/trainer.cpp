@@ -337,7 +337,7 @@ Result<float> Trainer::step() {
       StreamedModel::GradLanded landed;
       if (land) {
         landed = [&](size_t c, gpu::Event copied) {
-          gpu::HostDevice* dev = &streamed_->device();
+          gpu::Device* dev = &streamed_->device();
           hand_over(c, sum_micro, [dev, copied] { return dev->synchronize(copied); });
         };
       }

@@ -19,6 +19,8 @@
 #include "engine/streamed_model.h"
 #include "engine/trace.h"
 #include "gpu/host/gpt.h"
+#include "gpu/host/host_device.h"
+#include "gpu/host/gpt.h"
 #include "io/swap_store.h"
 
 namespace strata::engine {

@@ -93,6 +93,11 @@ class Device {
   // failed, a task that threw); cleared by reading. OK when none.
   virtual Status async_error() = 0;
 
+  // Runs `task` on the host after everything submitted to `stream` before
+  // it, and before what comes after (CUDA: cudaLaunchHostFunc, so the task
+  // must not call CUDA). A task's error becomes the device's async_error().
+  virtual Status enqueue(Stream stream, std::function<Status()> task) = 0;
+
   // The GPT's ops on this device in `dtype` (model_ops.h); Unimplemented
   // for a dtype the backend does not compute in, naming what it does.
   virtual Result<std::unique_ptr<ModelOps>> model_ops(const GptConfig& config, DType dtype) = 0;

@@ -1,5 +1,7 @@
 #include "gpu/cuda/cuda_device.h"
 
+#include <memory>
+#include <mutex>
 #include <string>
 
 #include "common/log.h"
@@ -147,6 +149,41 @@ bool CudaDevice::done(Event event) {
   return *e == nullptr || cudaEventQuery(*e) == cudaSuccess;
 }
 
-Status CudaDevice::async_error() { return cuda_status(cudaGetLastError(), "asynchronous CUDA work"); }
+namespace {
+struct HostTask {
+  std::function<Status()> task;
+  std::function<void(Status)> fail;
+};
+void CUDART_CB run_host_task(void* data) {
+  std::unique_ptr<HostTask> t(static_cast<HostTask*>(data));
+  Status s = t->task();
+  if (!s.ok()) t->fail(std::move(s));
+}
+}  // namespace
+
+Status CudaDevice::enqueue(Stream stream, std::function<Status()> task) {
+  STRATA_ASSIGN_OR_RETURN(cudaStream_t s, native(stream));
+  auto t = std::make_unique<HostTask>();
+  t->task = std::move(task);
+  t->fail = [this](Status err) {
+    std::lock_guard lock(mu_);
+    if (host_error_.ok()) static_cast<void>(host_error_ = std::move(err));
+  };
+  STRATA_CUDA_RETURN_IF_ERROR(cudaLaunchHostFunc(s, run_host_task, t.get()));
+  static_cast<void>(t.release());  // run_host_task owns it now
+  return ok_status();
+}
+
+Status CudaDevice::async_error() {
+  {
+    std::lock_guard lock(mu_);
+    if (!host_error_.ok()) {
+      Status s = std::move(host_error_);
+      static_cast<void>(host_error_ = Status());
+      return s;
+    }
+  }
+  return cuda_status(cudaGetLastError(), "asynchronous CUDA work");
+}
 
 }  // namespace strata::gpu::cuda

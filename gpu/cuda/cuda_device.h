@@ -9,6 +9,7 @@
 
 #include <cuda_runtime.h>
 
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -46,6 +47,7 @@ class CudaDevice final : public Device {
   Status synchronize(Stream stream) override;
   bool done(Event event) override;
   Status async_error() override;
+  Status enqueue(Stream stream, std::function<Status()> task) override;
   // fp32, bf16 or fp16 (cuda/model_ops.cpp).
   Result<std::unique_ptr<ModelOps>> model_ops(const GptConfig& config, DType dtype) override;
 
@@ -66,6 +68,7 @@ class CudaDevice final : public Device {
   std::vector<cudaStream_t> streams_;
   std::vector<cudaEvent_t> events_;
   int64_t next_event_ = 0;
+  Status host_error_;  // first failure of an enqueued host task, not yet reported
 };
 
 }  // namespace strata::gpu::cuda

@@ -59,8 +59,8 @@ class HostDevice final : public Device {
   // widened before they reach it).
   Result<std::unique_ptr<ModelOps>> model_ops(const GptConfig& config, DType dtype) override;
 
-  // Runs `task` on `stream` after everything submitted to it before.
-  Status enqueue(Stream stream, std::function<Status()> task);
+  // Runs `task` on the stream's worker after everything submitted to it before.
+  Status enqueue(Stream stream, std::function<Status()> task) override;
 
  protected:
   void release(void* data, uint64_t bytes) override;
