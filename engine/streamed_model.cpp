@@ -34,11 +34,6 @@ Result<std::unique_ptr<StreamedModel>> StreamedModel::create(const gpu::GptConfi
   const int64_t L = c.layers, N = B * seq, C = c.hidden;
   int64_t max_chunk = 0;
   for (size_t i = 1; i < m->layout_.size(); ++i) max_chunk = std::max(max_chunk, m->layout_[i].numel);
-  // Forward: blocks 1..L, then the final chunk; backward: the final chunk, blocks L..1.
-  for (int64_t l = 1; l <= L; ++l) m->schedule_.push_back(static_cast<size_t>(l));
-  m->schedule_.push_back(static_cast<size_t>(L + 1));
-  m->schedule_.push_back(static_cast<size_t>(L + 1));
-  for (int64_t l = L; l >= 1; --l) m->schedule_.push_back(static_cast<size_t>(l));
   STRATA_ASSIGN_OR_RETURN(m->copy_, dev.create_stream("copy"));
   for (int s = 0; s <= prefetch_depth; ++s) {
     STRATA_ASSIGN_OR_RETURN(gpu::DeviceMemory slot, floats(dev, max_chunk, "weight chunk buffer"));
@@ -126,14 +121,21 @@ void StreamedModel::drain_weight_reads() {
   }
 }
 
+std::optional<size_t> StreamedModel::chunk_at(size_t pos) const {
+  if (pos == cur_pos_) return cur_chunk_;
+  if (schedule_.known(pos)) return schedule_.chunk_at(pos);
+  return std::nullopt;
+}
+
 Status StreamedModel::read_weights_ahead(size_t through) {
-  through = std::min(through, schedule_.size() - 1);
   while (weights_read_ <= through) {
     const size_t pos = weights_read_;
+    const std::optional<size_t> chunk = chunk_at(pos);
+    if (!chunk) break;  // not known yet: read when it is used
     const size_t ring = weight_buf_.size();
     std::optional<io::Ticket>& slot = weight_read_[pos % ring];
     STRATA_CHECK_MSG(!slot.has_value(), "streamed model: weight staging slot %zu still busy", pos % ring);
-    STRATA_ASSIGN_OR_RETURN(io::Ticket t, nvme_weights_->swap->read(nvme_weights_->blob(schedule_[pos]),
+    STRATA_ASSIGN_OR_RETURN(io::Ticket t, nvme_weights_->swap->read(nvme_weights_->blob(*chunk),
                                                                     weight_buf_[pos % ring].buffer()));
     slot = t;
     ++weights_read_;
@@ -141,13 +143,13 @@ Status StreamedModel::read_weights_ahead(size_t through) {
   return ok_status();
 }
 
-Result<const float*> StreamedModel::stage_nvme_weights(size_t pos) {
+Result<const float*> StreamedModel::stage_nvme_weights(size_t pos, size_t chunk) {
   // The whole ring ahead: while this chunk is widened and copied, the next
-  // depth + 2 are on their way from NVMe.
+  // depth + 2 known uses are on their way from NVMe.
   const size_t ring = weight_buf_.size();
   STRATA_RETURN_IF_ERROR(read_weights_ahead(pos + ring - 1));
   std::optional<io::Ticket>& slot = weight_read_[pos % ring];
-  const size_t chunk = schedule_[pos];
+  STRATA_CHECK_MSG(slot.has_value(), "streamed model: no read issued for position %zu", pos);
   const double t0 = now_s();
   Status s = nvme_weights_->swap->wait(*slot);
   note_wait(t0, "weights from nvme");
@@ -161,23 +163,26 @@ Result<const float*> StreamedModel::stage_nvme_weights(size_t pos) {
   return static_cast<const float*>(dst);
 }
 
-Status StreamedModel::prefetch_through(size_t i) {
-  const size_t last = std::min(i + static_cast<size_t>(depth_), schedule_.size() - 1);
-  while (issued_ <= last) {
+Status StreamedModel::issue_ahead(size_t current) {
+  // A position's slot is free once the position depth + 1 before it has
+  // been computed; compute is synchronous, so everything before `current` is.
+  while (issued_ <= current + static_cast<size_t>(depth_)) {
     const size_t pos = issued_;
-    const size_t chunk = schedule_[pos];
+    const std::optional<size_t> chunk = chunk_at(pos);
+    if (!chunk) break;  // not predicted: fetched when it is used
     float* slot = slots_[pos % slots_.size()].as<float>();
-    const uint64_t bytes = static_cast<uint64_t>(layout_[chunk].numel) * 4;
-    const float* src = host_weights_[chunk];
+    const uint64_t bytes = static_cast<uint64_t>(layout_[*chunk].numel) * 4;
+    const float* src = host_weights_[*chunk];
     if (nvme_weights_) {
-      STRATA_ASSIGN_OR_RETURN(src, stage_nvme_weights(pos));
+      STRATA_ASSIGN_OR_RETURN(src, stage_nvme_weights(pos, *chunk));
     }
     STRATA_RETURN_IF_ERROR(dev_->copy_to_device(copy_, slot, src, bytes));
+    if (ready_.size() <= pos) ready_.resize(pos + 1);
     STRATA_ASSIGN_OR_RETURN(ready_[pos], dev_->record(copy_));
     h2d_bytes_ += bytes;
     ++issued_;
   }
-  return wait_for(ready_[i], "weights");
+  return ok_status();
 }
 
 Status StreamedModel::run(const std::function<Status()>& enqueue) {
@@ -205,9 +210,23 @@ void StreamedModel::note_wait(double t0, const char* what) {
   }
 }
 
-Result<const float*> StreamedModel::weights_for(size_t i) {
-  STRATA_RETURN_IF_ERROR(prefetch_through(i));
-  return slots_[i % slots_.size()].as<float>();
+Result<const float*> StreamedModel::weights_for(size_t chunk) {
+  const AccessSchedule::Use use = schedule_.use(chunk);
+  cur_pos_ = use.position;
+  cur_chunk_ = chunk;
+  if (!use.predicted && issued_ > use.position) {
+    // Mispredicted: what was fetched for this position and after is the
+    // wrong chunk. Let those copies and reads finish, then fetch again.
+    STRATA_RETURN_IF_ERROR(dev_->synchronize(copy_));
+    issued_ = use.position;
+    if (nvme_weights_) {
+      drain_weight_reads();
+      weights_read_ = use.position;
+    }
+  }
+  STRATA_RETURN_IF_ERROR(issue_ahead(use.position));
+  STRATA_RETURN_IF_ERROR(wait_for(ready_[use.position], "weights"));
+  return slots_[use.position % slots_.size()].as<float>();
 }
 
 Result<float> StreamedModel::forward_backward(const std::vector<const float*>& weights, const int32_t* tokens,
@@ -235,7 +254,9 @@ Result<float> StreamedModel::forward_backward(const std::vector<const float*>& w
     drain_weight_reads();  // left by a step that failed
     weights_read_ = 0;
   }
-  ready_.assign(schedule_.size(), gpu::Event{});
+  ready_.assign(ready_.size(), gpu::Event{});
+  schedule_.begin_step();
+  cur_pos_ = kNoPosition;
   const gpu::ChunkLayout& emb = layout_[0];
   const uint64_t emb_bytes = static_cast<uint64_t>(emb.numel) * 4;
   float* ckpt = checkpoints_.as<float>();
@@ -339,7 +360,7 @@ Result<float> StreamedModel::forward_backward(const std::vector<const float*>& w
   STRATA_RETURN_IF_ERROR(dev_->copy_to_device(copy_, embedding_.data(), emb_src, emb_bytes));
   STRATA_ASSIGN_OR_RETURN(gpu::Event emb_ready, dev_->record(copy_));
   h2d_bytes_ += emb_bytes;
-  STRATA_RETURN_IF_ERROR(prefetch_through(0));  // block 1 on its way as well
+  STRATA_RETURN_IF_ERROR(issue_ahead(0));  // the first uses on their way (once recorded)
   STRATA_RETURN_IF_ERROR(dev_->copy_to_device(compute_, tokens_dev, tokens, static_cast<uint64_t>(N) * 4));
   STRATA_RETURN_IF_ERROR(dev_->copy_to_device(compute_, targets_dev, targets, static_cast<uint64_t>(N) * 4));
   STRATA_RETURN_IF_ERROR(wait_for(emb_ready, "embedding"));
@@ -348,14 +369,14 @@ Result<float> StreamedModel::forward_backward(const std::vector<const float*>& w
 
   // Forward: keep only each block's input.
   for (int64_t l = 1; l <= L; ++l) {
-    STRATA_ASSIGN_OR_RETURN(const float* p, weights_for(static_cast<size_t>(l - 1)));
+    STRATA_ASSIGN_OR_RETURN(const float* p, weights_for(static_cast<size_t>(l)));
     STRATA_RETURN_IF_ERROR(claim(l));
     const double start = trace_ ? trace_->now_us() : 0;
     STRATA_RETURN_IF_ERROR(run([&] { return ops.block_forward(compute_, ws, p, x_of(l - 1), x_of(l)); }));
     if (trace_) trace_->span("compute", "forward block " + std::to_string(l), start, trace_->now_us(), "compute");
     STRATA_RETURN_IF_ERROR(offload(l));
   }
-  STRATA_ASSIGN_OR_RETURN(const float* pf, weights_for(static_cast<size_t>(L)));
+  STRATA_ASSIGN_OR_RETURN(const float* pf, weights_for(static_cast<size_t>(L + 1)));
   STRATA_RETURN_IF_ERROR(
       run([&] { return ops.head_forward(compute_, ws, pf, embedding_.data(), x_of(L), targets_dev, loss_dev); }));
 
@@ -388,8 +409,7 @@ Result<float> StreamedModel::forward_backward(const std::vector<const float*>& w
   STRATA_RETURN_IF_ERROR(send_grad(layout_.size() - 1, head_backward));
   for (int64_t l = L; l >= 1; --l) {
     STRATA_RETURN_IF_ERROR(fetch_start(l - 2));
-    const size_t pos = static_cast<size_t>(L + 2 + (L - l));
-    STRATA_ASSIGN_OR_RETURN(const float* p, weights_for(pos));
+    STRATA_ASSIGN_OR_RETURN(const float* p, weights_for(static_cast<size_t>(l)));
     if (host_ckpt && ckpt_done_[(l - 1) % 2].id >= 0) {
       STRATA_RETURN_IF_ERROR(wait_for(ckpt_done_[(l - 1) % 2], "checkpoint"));
     }
@@ -420,6 +440,7 @@ Result<float> StreamedModel::forward_backward(const std::vector<const float*>& w
   STRATA_RETURN_IF_ERROR(dev_->synchronize(compute_));
   STRATA_RETURN_IF_ERROR(dev_->synchronize(copy_));
   STRATA_RETURN_IF_ERROR(dev_->async_error());
+  schedule_.end_step();  // a complete step's uses: what later steps prefetch by
   return loss;
 }
 

@@ -1,7 +1,8 @@
 // StreamedModel: the whole GPT's forward and backward on a capped device
 // (any gpu::Device; the trainer uses the host backend's HostDevice), with
-// each block's weights streamed in from host memory `prefetch_depth` chunks
-// ahead on a copy stream while the current block computes, only block
+// each block's weights streamed in from host memory `prefetch_depth` uses
+// ahead (in the order the first step recorded: AccessSchedule) on a copy
+// stream while the current block computes, only block
 // inputs kept between forward and backward (each block is recomputed in
 // backward), and each block's gradient copied back to the host as soon as
 // it is done. The compute goes through the device's gpu::ModelOps on a
@@ -24,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/access_schedule.h"
 #include "engine/pinned_arena.h"
 #include "engine/plan.h"
 #include "engine/trace.h"
@@ -73,16 +75,26 @@ class StreamedModel {
   uint64_t host_bytes() const;
   gpu::Device& device() { return *dev_; }
 
+  // The order of chunk uses: recorded on the first step (whose weights are
+  // fetched on demand), replayed by later steps, which fetch depth uses
+  // ahead. Writable for tests (a wrong order costs waiting, not bits).
+  AccessSchedule& schedule() { return schedule_; }
+
   uint64_t bytes_to_device() const { return h2d_bytes_; }
   uint64_t bytes_to_host() const { return d2h_bytes_; }
 
  private:
   StreamedModel() = default;
-  // Makes sure the chunk for schedule position `i` is on its way, then waits for it.
-  Status prefetch_through(size_t i);
-  Result<const float*> weights_for(size_t i);
-  // NVMe weights: the fp32 host copy of the chunk at schedule position `pos`.
-  Result<const float*> stage_nvme_weights(size_t pos);
+  // The device copy of `chunk`'s weights for its next use: fetched now if
+  // the schedule did not predict it, already on its way if it did; the
+  // uses after it that the schedule knows are issued up to depth ahead.
+  Result<const float*> weights_for(size_t chunk);
+  // Issues the copies of positions up to current + depth whose chunks are known.
+  Status issue_ahead(size_t current);
+  // The chunk used at position `pos` of this step, if known (the current use, or predicted).
+  std::optional<size_t> chunk_at(size_t pos) const;
+  // NVMe weights: the fp32 host copy of `chunk`, used at position `pos`.
+  Result<const float*> stage_nvme_weights(size_t pos, size_t chunk);
   Status read_weights_ahead(size_t through);
   Status wait_for(gpu::Event e, const char* what);
   // Enqueues compute on the compute stream and waits for it: the host thread
@@ -99,8 +111,10 @@ class StreamedModel {
   int depth_ = 1;
   std::vector<gpu::ChunkLayout> layout_;
   std::vector<const float*> host_weights_;
-  std::vector<size_t> schedule_;  // chunk index per use, in order
-  size_t issued_ = 0;             // schedule positions whose copy has been submitted
+  AccessSchedule schedule_;       // the chunks' order of use, recorded on the first step
+  static constexpr size_t kNoPosition = ~size_t{0};
+  size_t cur_pos_ = kNoPosition, cur_chunk_ = 0;  // the use being served
+  size_t issued_ = 0;             // positions whose copy has been submitted
   std::vector<gpu::Event> ready_; // per schedule position
   std::vector<gpu::DeviceMemory> slots_;      // depth + 1 weight buffers
   std::vector<gpu::DeviceMemory> grad_slots_; // 2 gradient buffers
