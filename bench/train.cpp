@@ -36,7 +36,7 @@ int run(int argc, char** argv) {
   int64_t steps = -1, save_every = 0;
   bool resume = false, stream = false, delayed = false;
   int prefetch = 1;
-  std::string activations = "device", weights_on = "host", trace_path;
+  std::string activations = "device", weights_on = "host", trace_path, device = "host";
   app.add_option("--config", config_path, "JSON config (strata or DeepSpeed keys); default: an embedded small GPT");
   app.add_option("--steps", steps, "optimizer steps (default: the config's)");
   app.add_option("--nvme", nvme, "keep the optimizer states on NVMe in this directory");
@@ -55,7 +55,14 @@ int run(int argc, char** argv) {
   app.add_option("--trace", trace_path, "write a Chrome-trace JSON (opens in Perfetto) of every step's phases, "
                  "optimizer calls and NVMe requests");
   app.add_option("--prefetch", prefetch, "blocks fetched ahead when streaming (default 1)")->check(CLI::Range(1, 64));
+  app.add_option("--device", device, "where forward and backward run: the host backend, or the first CUDA GPU "
+                 "(needs --stream-weights and a CUDA build)")
+      ->check(CLI::IsMember({"host", "cuda"}));
   CLI11_PARSE(app, argc, argv);
+  if (device == "cuda" && !stream) {
+    std::fprintf(stderr, "strata-train: --device cuda needs --stream-weights\n");
+    return 2;
+  }
   if (resume && checkpoint.empty()) {
     std::fprintf(stderr, "strata-train: --resume needs --checkpoint DIR\n");
     return 2;
@@ -113,6 +120,7 @@ int run(int argc, char** argv) {
   }
   o.stream_weights = stream;
   o.device_bytes = stream ? budgets.device_bytes : 0;
+  o.backend = device == "cuda" ? engine::TrainerOptions::Backend::kCuda : engine::TrainerOptions::Backend::kHost;
   o.prefetch_depth = prefetch;
   o.activation_checkpoints = activations == "host"   ? engine::Tier::kHost
                              : activations == "nvme" ? engine::Tier::kNvme
@@ -207,7 +215,7 @@ int run(int argc, char** argv) {
                       {"weights", std::string(engine::tier_name(o.weights))}, {"nvme_bytes", nvme_bytes},
                       {"ssd_bytes_written", ssd_written},
                       {"device_idle_fraction", ran > 0 ? idle_sum / static_cast<double>(ran) : 0.0},
-                      {"stream_weights", stream},
+                      {"stream_weights", stream}, {"device", device},
                       {"system", system_info()}};
   if ((*tr)->device() != nullptr) j["device_peak_bytes"] = (*tr)->device()->peak_bytes();
   std::printf("%s\n", j.dump().c_str());

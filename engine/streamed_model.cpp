@@ -17,7 +17,8 @@ Result<gpu::DeviceMemory> floats(gpu::Device& dev, int64_t n, const char* what) 
 
 Result<std::unique_ptr<StreamedModel>> StreamedModel::create(const gpu::GptConfig& c, int64_t B, int64_t seq,
                                                              gpu::Device& dev, int prefetch_depth,
-                                                             Tier checkpoints, io::SwapStore* swap) {
+                                                             Tier checkpoints, io::SwapStore* swap,
+                                                             io::BufferAllocator* host_memory) {
   STRATA_RETURN_IF_ERROR(c.validate());
   if (prefetch_depth < 1 || prefetch_depth > 16) return invalid_argument("prefetch depth must be 1..16");
   if (checkpoints == Tier::kNvme && swap == nullptr) {
@@ -30,6 +31,7 @@ Result<std::unique_ptr<StreamedModel>> StreamedModel::create(const gpu::GptConfi
   m->dev_ = &dev;
   m->depth_ = prefetch_depth;
   m->checkpoint_tier_ = checkpoints;
+  if (host_memory != nullptr) m->allocator_ = host_memory;
   m->layout_ = gpu::model_layout(c);
   const int64_t L = c.layers, N = B * seq, C = c.hidden;
   int64_t max_chunk = 0;
@@ -58,7 +60,7 @@ Result<std::unique_ptr<StreamedModel>> StreamedModel::create(const gpu::GptConfi
     m->swap_ = swap;
     STRATA_ASSIGN_OR_RETURN(m->staging_, PinnedArena::create("activation checkpoint staging",
                                                              swap->padded_size(static_cast<uint64_t>(N * C) * 4), 2,
-                                                             m->allocator_));
+                                                             *m->allocator_));
     for (int i = 0; i < 2; ++i) {
       STRATA_ASSIGN_OR_RETURN(PinnedArena::Lease lease, m->staging_->acquire("activation checkpoints"));
       m->stage_buf_.push_back(std::move(lease));
@@ -93,7 +95,7 @@ Status StreamedModel::set_nvme_weights(NvmeWeights source) {
   const int ring = depth_ + 3;
   STRATA_ASSIGN_OR_RETURN(weight_arena_, PinnedArena::create("weight staging",
                                                              source.swap->padded_size(2 * static_cast<uint64_t>(max_all)),
-                                                             static_cast<uint32_t>(ring), allocator_));
+                                                             static_cast<uint32_t>(ring), *allocator_));
   weight_buf_.clear();
   weight_read_.assign(static_cast<size_t>(ring), std::nullopt);
   for (int i = 0; i < ring; ++i) {

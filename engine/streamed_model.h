@@ -40,7 +40,8 @@ class StreamedModel {
   static Result<std::unique_ptr<StreamedModel>> create(const gpu::GptConfig& config, int64_t B, int64_t seq,
                                                        gpu::Device& device, int prefetch_depth,
                                                        Tier checkpoints = Tier::kDevice,
-                                                       io::SwapStore* swap = nullptr);
+                                                       io::SwapStore* swap = nullptr,
+                                                       io::BufferAllocator* host_memory = nullptr);
   ~StreamedModel();
 
   // Called once per chunk, in backward order, when its gradient's copy to
@@ -127,7 +128,8 @@ class StreamedModel {
   std::vector<float> host_checkpoints_;  // (L + 1) block inputs when on the host
   gpu::Event ckpt_done_[2];              // last copy out of / into each device checkpoint buffer
   io::SwapStore* swap_ = nullptr;        // checkpoints on NVMe
-  io::AlignedAllocator allocator_;
+  io::AlignedAllocator own_allocator_;
+  io::BufferAllocator* allocator_ = &own_allocator_;  // the staging arenas' host memory
   std::unique_ptr<PinnedArena> staging_;
   std::vector<PinnedArena::Lease> stage_buf_;      // two, for checkpoints on NVMe
   std::optional<io::Ticket> stage_write_[2];       // last write from each

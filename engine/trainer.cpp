@@ -8,6 +8,10 @@
 
 #include "engine/checkpoint_io.h"
 #include "gpu/host/ops.h"
+#ifdef STRATA_HAVE_CUDA
+#include "engine/cuda_host_memory.h"
+#include "gpu/cuda/cuda_device.h"
+#endif
 
 namespace strata::engine {
 namespace {
@@ -53,8 +57,20 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
   if (o.compute_threads < 0 || o.compute_threads > 4096) {
     return invalid_argument("trainer: compute_threads must be 0..4096, got " + std::to_string(o.compute_threads));
   }
+  if (o.backend == TrainerOptions::Backend::kCuda) {
+#ifndef STRATA_HAVE_CUDA
+    return unimplemented("trainer: this build has no CUDA (the cuda backend needs nvcc at build time)");
+#endif
+    if (!o.stream_weights) {
+      return invalid_argument("trainer: the cuda backend runs the streamed model; turn stream_weights on");
+    }
+  }
   if (o.compute_threads > 0) gpu::host::set_compute_threads(o.compute_threads);
   std::unique_ptr<Trainer> tr(new Trainer());
+#ifdef STRATA_HAVE_CUDA
+  if (o.backend == TrainerOptions::Backend::kCuda) tr->allocator_ = std::make_unique<CudaPinnedAllocator>();
+#endif
+  if (!tr->allocator_) tr->allocator_ = std::make_unique<io::AlignedAllocator>();
   tr->options_ = o;
   tr->layout_ = gpu::model_layout(o.model);
   tr->landing_order_ = StreamedModel::landing_order(o.model);
@@ -89,23 +105,34 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
                                        : tr->swap_->padded_size(OptimizerStage::state_bytes(max_elems));
     STRATA_ASSIGN_OR_RETURN(tr->staging_,
                             PinnedArena::create("optimizer staging", staging_bytes,
-                                                static_cast<uint32_t>(o.staging_buffers), tr->allocator_,
+                                                static_cast<uint32_t>(o.staging_buffers), *tr->allocator_,
                                                 tr->executor_.get()));
   }
 
   STRATA_ASSIGN_OR_RETURN(tr->stage_, OptimizerStage::create(elems, o.states, tr->swap_.get(), tr->staging_.get(),
                                                              *tr->executor_, o.trace));
   if (o.stream_weights) {
-    gpu::HostDeviceOptions d;
-    d.capacity_bytes = o.device_bytes;
-    STRATA_ASSIGN_OR_RETURN(tr->device_, gpu::HostDevice::create(d));
+    gpu::HostDevice* host_device = nullptr;
+    if (o.backend == TrainerOptions::Backend::kCuda) {
+#ifdef STRATA_HAVE_CUDA
+      gpu::cuda::CudaDeviceOptions d;
+      d.capacity_bytes = o.device_bytes;
+      STRATA_ASSIGN_OR_RETURN(tr->device_, gpu::cuda::CudaDevice::create(d));
+#endif
+    } else {
+      gpu::HostDeviceOptions d;
+      d.capacity_bytes = o.device_bytes;
+      STRATA_ASSIGN_OR_RETURN(std::unique_ptr<gpu::HostDevice> hd, gpu::HostDevice::create(d));
+      host_device = hd.get();
+      tr->device_ = std::move(hd);
+    }
     STRATA_ASSIGN_OR_RETURN(tr->streamed_,
                             StreamedModel::create(o.model, o.batch, o.seq, *tr->device_, o.prefetch_depth,
-                                                  o.activation_checkpoints, tr->swap_.get()));
+                                                  o.activation_checkpoints, tr->swap_.get(), tr->allocator_.get()));
     tr->streamed_->set_trace(o.trace);
-    if (o.trace != nullptr && o.trace->enabled()) {
+    if (host_device != nullptr && o.trace != nullptr && o.trace->enabled()) {
       Trace* trace = o.trace;
-      tr->device_->set_copy_observer([trace](bool to_device, uint64_t bytes, Trace::Clock::time_point start,
+      host_device->set_copy_observer([trace](bool to_device, uint64_t bytes, Trace::Clock::time_point start,
                                              Trace::Clock::time_point end) {
         trace->span("copy stream", to_device ? "host->device" : "device->host", trace->us(start), trace->us(end), "copy",
                     bytes);

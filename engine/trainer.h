@@ -35,10 +35,16 @@ struct TrainerOptions {
   uint64_t seed = 1;
   cpu_optim::AdamConfig adam;
   Tier states = Tier::kHost;                // kHost or kNvme
-  // Stream each block's weights through a capped device (HostDevice of
-  // device_bytes) `prefetch_depth` chunks ahead, recomputing blocks in
-  // backward; otherwise the weights stay resident.
+  // Stream each block's weights through a capped device (of device_bytes)
+  // `prefetch_depth` chunks ahead, recomputing blocks in backward;
+  // otherwise the weights stay resident.
   bool stream_weights = false;
+  // The device: the host backend (HostDevice), or the first CUDA GPU
+  // (CUDA builds; needs stream_weights; device_bytes 0 = what it has free;
+  // host staging buffers pinned with cudaHostAlloc). The compute is fp32
+  // on either.
+  enum class Backend : uint8_t { kHost, kCuda };
+  Backend backend = Backend::kHost;
   uint64_t device_bytes = 0;
   int prefetch_depth = 1;
   Tier activation_checkpoints = Tier::kDevice;  // kDevice, kHost or kNvme (streaming only)
@@ -131,7 +137,7 @@ class Trainer {
   // gradients, weights, host states, checkpoints, staging.
   uint64_t host_bytes() const;
   // The capped device when streaming (null otherwise).
-  const gpu::HostDevice* device() const { return device_.get(); }
+  const gpu::Device* device() const { return device_.get(); }
 
   // Writes <root>/step-<t> (model.safetensors with GPT-2 names in bf16,
   // optimizer.safetensors with every chunk's fp32 master/m/v, trainer.json)
@@ -155,11 +161,11 @@ class Trainer {
   std::vector<size_t> landing_order_;  // the order backward finishes the chunks
   std::unique_ptr<cpu_optim::Executor> executor_;
   std::unique_ptr<io::SwapStore> swap_;  // every NVMe byte; shared by the stage's and the compute thread
-  io::AlignedAllocator allocator_;
+  std::unique_ptr<io::BufferAllocator> allocator_;  // locked host memory, or CUDA-pinned
   std::unique_ptr<PinnedArena> staging_;
   std::unique_ptr<OptimizerStage> stage_;
   std::unique_ptr<gpu::host::HostGpt<float>> model_;
-  std::unique_ptr<gpu::HostDevice> device_;
+  std::unique_ptr<gpu::Device> device_;
   std::unique_ptr<StreamedModel> streamed_;
   std::vector<std::vector<float>> params_;    // fp32 compute copy of the bf16 weights
   std::vector<std::vector<uint16_t>> weights_;  // bf16 / fp16 weights written by the optimizer

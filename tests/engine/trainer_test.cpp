@@ -14,6 +14,10 @@
 
 #include "tests/test_util.h"
 
+#ifdef STRATA_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
 namespace strata::engine {
 namespace {
 
@@ -227,6 +231,30 @@ TEST(Trainer, RefusesABadClipNorm) {
   Result<std::unique_ptr<Trainer>> tr = Trainer::create(o);
   ASSERT_FALSE(tr);
   EXPECT_NE(tr.error().to_string().find("clip_norm"), std::string::npos) << tr.error().to_string();
+}
+
+// The CUDA backend runs the streamed model only, and where there is no GPU
+// (or no CUDA in the build) creating it is an error that says so.
+TEST(Trainer, TheCudaBackendNeedsStreamingAndSaysWhenItCannotRun) {
+  TrainerOptions o = tiny(1);
+  o.backend = TrainerOptions::Backend::kCuda;
+  Result<std::unique_ptr<Trainer>> resident = Trainer::create(o);
+  ASSERT_FALSE(resident);
+  EXPECT_NE(resident.error().message().find("stream_weights"), std::string::npos) << resident.error().to_string();
+  o.stream_weights = true;
+  o.device_bytes = 8 << 20;
+  Result<std::unique_ptr<Trainer>> streamed = Trainer::create(o);
+  int gpus = 0;
+#ifdef STRATA_HAVE_CUDA
+  if (cudaGetDeviceCount(&gpus) != cudaSuccess) gpus = 0;
+#endif
+  if (gpus > 0) {
+    EXPECT_TRUE(streamed) << streamed.error().to_string();
+  } else {
+    ASSERT_FALSE(streamed);
+    const std::string m(streamed.error().message());
+    EXPECT_TRUE(m.find("CUDA") != std::string::npos || m.find("cuda") != std::string::npos) << m;
+  }
 }
 
 // Injected NVMe faults (persistent EIO, ENOSPC, a checksum mismatch) end the
@@ -546,7 +574,7 @@ TEST(Trainer, TrainsAModelWhoseStatesAre20xTheDeviceBudget) {
     ASSERT_TRUE(loss) << loss.error().to_string();
     losses.push_back(*loss);
   }
-  const gpu::HostDevice* dev = (*tr)->device();
+  const gpu::Device* dev = (*tr)->device();
   ASSERT_NE(dev, nullptr);
   std::printf("model states %.1f MiB, device budget %.1f MiB (peak %.1f MiB), weights, states and checkpoints on "
               "NVMe (%.1f MiB in use); loss %.3f -> %.3f\n",
