@@ -138,7 +138,18 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   // Links, per optimizer step.
   const double P = static_cast<double>(z.params), c = static_cast<double>(z.c);
   const double ckpt = static_cast<double>(z.checkpoints);
-  double h2d = pl.weights == Tier::kDevice ? P * c : 2 * P * c * A;  // resident: the updated weights go up once
+  // Resident: the updated weights go up once. Streamed: the embedding once,
+  // every other chunk twice, less those still in a weight slot when
+  // backward turns around (the final chunk and the last `depth` blocks of
+  // forward: StreamedModel keeps the chunks used again soonest).
+  double h2d = P * c;
+  if (pl.weights != Tier::kDevice) {
+    double held = static_cast<double>(layout.back().numel);
+    for (int64_t k = 0; k < std::min<int64_t>(pl.prefetch_depth, s.model.layers); ++k) {
+      held += static_cast<double>(layout[static_cast<size_t>(s.model.layers - k)].numel);
+    }
+    h2d = (2 * P - static_cast<double>(layout[0].numel) - held) * c * A;
+  }
   double d2h = P * c * A;
   if (pl.checkpoints != Tier::kDevice) {
     h2d += ckpt * A;

@@ -165,23 +165,71 @@ Result<const float*> StreamedModel::stage_nvme_weights(size_t pos, size_t chunk)
   return static_cast<const float*>(dst);
 }
 
+size_t StreamedModel::next_use(size_t chunk, size_t after) const {
+  for (size_t p = after + 1; schedule_.known(p); ++p) {
+    if (schedule_.chunk_at(p) == chunk) return p;
+  }
+  return kNoPosition;  // not used again as far as the schedule knows
+}
+
 Status StreamedModel::issue_ahead(size_t current) {
-  // A position's slot is free once the position depth + 1 before it has
-  // been computed; compute is synchronous, so everything before `current` is.
+  // The weight slots hold chunks, not positions: a use whose chunk is still
+  // in a slot (the final chunk at the turn, the last blocks of forward again
+  // at the start of backward) takes it without a copy. Otherwise the copy
+  // goes into a slot no pending use (current .. pos - 1) holds, the one
+  // whose chunk is used again farthest ahead (Belady's choice: the order is
+  // known). Compute is synchronous, so every use before `current` is done
+  // with its slot.
   while (issued_ <= current + static_cast<size_t>(depth_)) {
     const size_t pos = issued_;
     const std::optional<size_t> chunk = chunk_at(pos);
     if (!chunk) break;  // not predicted: fetched when it is used
-    float* slot = slots_[pos % slots_.size()].as<float>();
-    const uint64_t bytes = static_cast<uint64_t>(layout_[*chunk].numel) * 4;
-    const float* src = host_weights_[*chunk];
-    if (nvme_weights_) {
-      STRATA_ASSIGN_OR_RETURN(src, stage_nvme_weights(pos, *chunk));
-    }
-    STRATA_RETURN_IF_ERROR(dev_->copy_to_device(copy_, slot, src, bytes));
+    if (pos_slot_.size() <= pos) pos_slot_.resize(pos + 1, kNoPosition);
     if (ready_.size() <= pos) ready_.resize(pos + 1);
-    STRATA_ASSIGN_OR_RETURN(ready_[pos], dev_->record(copy_));
-    h2d_bytes_ += bytes;
+    size_t slot = kNoPosition;
+    for (size_t k = 0; k < slots_.size(); ++k) {
+      if (slot_chunk_[k] == chunk) slot = k;
+    }
+    if (slot != kNoPosition) {
+      if (nvme_weights_) {
+        // Its read was issued ahead by position: let it land unused.
+        STRATA_RETURN_IF_ERROR(read_weights_ahead(pos));
+        std::optional<io::Ticket>& t = weight_read_[pos % weight_buf_.size()];
+        if (t) {
+          Status s = nvme_weights_->swap->wait(*t);
+          t.reset();
+          STRATA_RETURN_IF_ERROR(s.with_context("reading the weights of chunk " + std::to_string(*chunk)));
+        }
+      }
+      ++slot_hits_;
+    } else {
+      std::vector<bool> pending(slots_.size(), false);
+      for (size_t p = current; p < pos; ++p) {
+        if (pos_slot_[p] != kNoPosition) pending[pos_slot_[p]] = true;
+      }
+      size_t farthest = 0;
+      for (size_t k = 0; k < slots_.size(); ++k) {
+        if (pending[k]) continue;
+        const size_t next = slot_chunk_[k] ? next_use(*slot_chunk_[k], pos) : kNoPosition;
+        if (slot == kNoPosition || next > farthest) {
+          slot = k;
+          farthest = next;
+        }
+        if (next == kNoPosition) break;  // empty, or not needed again: nothing is better
+      }
+      STRATA_CHECK_MSG(slot != kNoPosition, "streamed model: no free weight slot for position %zu", pos);
+      const uint64_t bytes = static_cast<uint64_t>(layout_[*chunk].numel) * 4;
+      const float* src = host_weights_[*chunk];
+      if (nvme_weights_) {
+        STRATA_ASSIGN_OR_RETURN(src, stage_nvme_weights(pos, *chunk));
+      }
+      STRATA_RETURN_IF_ERROR(dev_->copy_to_device(copy_, slots_[slot].data(), src, bytes));
+      STRATA_ASSIGN_OR_RETURN(slot_ready_[slot], dev_->record(copy_));
+      slot_chunk_[slot] = *chunk;
+      h2d_bytes_ += bytes;
+    }
+    pos_slot_[pos] = slot;
+    ready_[pos] = slot_ready_[slot];
     ++issued_;
   }
   return ok_status();
@@ -228,7 +276,7 @@ Result<const float*> StreamedModel::weights_for(size_t chunk) {
   }
   STRATA_RETURN_IF_ERROR(issue_ahead(use.position));
   STRATA_RETURN_IF_ERROR(wait_for(ready_[use.position], "weights"));
-  return slots_[use.position % slots_.size()].as<float>();
+  return slots_[pos_slot_[use.position]].as<float>();
 }
 
 Result<float> StreamedModel::forward_backward(const std::vector<const float*>& weights, const int32_t* tokens,
@@ -257,6 +305,11 @@ Result<float> StreamedModel::forward_backward(const std::vector<const float*>& w
     weights_read_ = 0;
   }
   ready_.assign(ready_.size(), gpu::Event{});
+  // The weights change between steps: nothing in a slot carries over.
+  slot_chunk_.assign(slots_.size(), std::nullopt);
+  slot_ready_.assign(slots_.size(), gpu::Event{});
+  pos_slot_.clear();
+  slot_hits_ = 0;
   schedule_.begin_step();
   cur_pos_ = kNoPosition;
   const gpu::ChunkLayout& emb = layout_[0];

@@ -82,6 +82,8 @@ class StreamedModel {
   AccessSchedule& schedule() { return schedule_; }
 
   uint64_t bytes_to_device() const { return h2d_bytes_; }
+  // Uses of the last step whose chunk was still in a weight slot (no copy).
+  uint64_t last_slot_hits() const { return slot_hits_; }
   uint64_t bytes_to_host() const { return d2h_bytes_; }
 
  private:
@@ -94,6 +96,8 @@ class StreamedModel {
   Status issue_ahead(size_t current);
   // The chunk used at position `pos` of this step, if known (the current use, or predicted).
   std::optional<size_t> chunk_at(size_t pos) const;
+  // The next known position after `after` that uses `chunk` (kNoPosition: none known).
+  size_t next_use(size_t chunk, size_t after) const;
   // NVMe weights: the fp32 host copy of `chunk`, used at position `pos`.
   Result<const float*> stage_nvme_weights(size_t pos, size_t chunk);
   Status read_weights_ahead(size_t through);
@@ -118,6 +122,10 @@ class StreamedModel {
   size_t issued_ = 0;             // positions whose copy has been submitted
   std::vector<gpu::Event> ready_; // per schedule position
   std::vector<gpu::DeviceMemory> slots_;      // depth + 1 weight buffers
+  std::vector<std::optional<size_t>> slot_chunk_;  // the chunk each slot holds (or is being copied into)
+  std::vector<gpu::Event> slot_ready_;             // the copy that filled each slot
+  std::vector<size_t> pos_slot_;                   // the slot each issued position reads
+  uint64_t slot_hits_ = 0;                         // uses served without a copy, this step
   std::vector<gpu::DeviceMemory> grad_slots_; // 2 gradient buffers
   std::vector<gpu::Event> grad_done_;         // last D2H from each gradient slot
   gpu::DeviceMemory embedding_, embedding_grad_, checkpoints_, step_mem_;

@@ -73,8 +73,21 @@ TEST(StreamedModel, RecordsTheOrderOnTheFirstStepAndAMispredictionCostsNoBits) {
   expect.push_back(static_cast<size_t>(L + 1));
   for (int64_t l = L; l >= 1; --l) expect.push_back(static_cast<size_t>(l));
   EXPECT_EQ((*m)->schedule().order(), expect);
+  const uint64_t h2d_before = (*m)->bytes_to_device();
   step_matches("a replayed step");
   EXPECT_EQ((*m)->schedule().deviations(), 0u);
+  // With 3 weight slots (depth 2) the last three chunks of forward — blocks
+  // L-1 and L and the final chunk — are still in their slots when backward
+  // asks for them again (Belady keeps the chunks used again soonest): 10
+  // uses, 7 copies.
+  EXPECT_EQ((*m)->last_slot_hits(), 3u);
+  const std::vector<gpu::ChunkLayout> layout = gpu::model_layout(c);
+  auto bytes_of = [&](size_t chunk) { return static_cast<uint64_t>(layout[chunk].numel) * 4; };
+  uint64_t copied = bytes_of(0);  // the embedding, resident for the step
+  for (size_t chunk : expect) copied += bytes_of(chunk);
+  for (int64_t hit = L - 1; hit <= L + 1; ++hit) copied -= bytes_of(static_cast<size_t>(hit));
+  EXPECT_EQ((*m)->bytes_to_device() - h2d_before, copied)
+      << "every use not served from a slot is one copy (plus the resident embedding)";
 
   // A schedule that is wrong from its third use on: the prefetched chunks
   // are the wrong ones, are dropped and fetched again.
