@@ -58,12 +58,12 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
     return invalid_argument("trainer: compute_threads must be 0..4096, got " + std::to_string(o.compute_threads));
   }
   if (o.backend == TrainerOptions::Backend::kCuda) {
-#ifndef STRATA_HAVE_CUDA
-    return unimplemented("trainer: this build has no CUDA (the cuda backend needs nvcc at build time)");
-#endif
     if (!o.stream_weights) {
       return invalid_argument("trainer: the cuda backend runs the streamed model; turn stream_weights on");
     }
+#ifndef STRATA_HAVE_CUDA
+    return unimplemented("trainer: this build has no CUDA (the cuda backend needs nvcc at build time)");
+#endif
   }
   if (o.compute_threads > 0) gpu::host::set_compute_threads(o.compute_threads);
   std::unique_ptr<Trainer> tr(new Trainer());
