@@ -219,6 +219,30 @@ void matmul_backward(T* dx, T* dw, T* dbias, const T* dout, const T* x, const T*
 // 3C): scores = scale * Q K^T over the full T x T (the masked half is then
 // zeroed), row softmax, out = P V. Backward: dP = dout V^T, dV += P^T dout,
 // dS = P * (dP - rowsum(P * dP)), dQ += scale * dS K, dK += scale * dS^T Q.
+namespace {
+// Softmax in place over a [rows, cols] block of attention scores whose row r
+// is query `first + r`: columns 0..first + r, zero beyond (causal); with
+// `lse`, lse[first + r] = the row's log-sum-exp.
+template <class T>
+void causal_softmax_rows(T* scores, int64_t rows, int64_t cols, int64_t first, T* lse) {
+  parallel(rows, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t t = first + r;
+      T* row = scores + r * cols;
+      T maxval = -std::numeric_limits<T>::infinity();
+      for (int64_t t2 = 0; t2 <= t; ++t2) maxval = std::max(maxval, row[t2]);
+      T sum = 0;
+      for (int64_t t2 = 0; t2 <= t; ++t2) {
+        row[t2] = std::exp(row[t2] - maxval);
+        sum += row[t2];
+      }
+      for (int64_t t2 = 0; t2 < cols; ++t2) row[t2] = t2 <= t ? row[t2] / sum : T(0);
+      if (lse != nullptr) lse[t] = maxval + std::log(sum);
+    }
+  });
+}
+}  // namespace
+
 template <class T>
 void attention_forward(T* out, T* att, const T* qkv, int64_t B, int64_t seq, int64_t C, int64_t NH) {
   const int64_t hs = C / NH, ld = 3 * C;
@@ -230,19 +254,7 @@ void attention_forward(T* out, T* att, const T* qkv, int64_t B, int64_t seq, int
       const T* v = q + 2 * C;
       T* a = att + (b * NH + h) * seq * seq;
       gemm(false, true, seq, seq, hs, scale, q, ld, k, ld, T(0), a, seq);
-      parallel(seq, 16, [&](int64_t t0, int64_t t1) {
-        for (int64_t t = t0; t < t1; ++t) {
-          T* row = a + t * seq;
-          T maxval = -std::numeric_limits<T>::infinity();
-          for (int64_t t2 = 0; t2 <= t; ++t2) maxval = std::max(maxval, row[t2]);
-          T sum = 0;
-          for (int64_t t2 = 0; t2 <= t; ++t2) {
-            row[t2] = std::exp(row[t2] - maxval);
-            sum += row[t2];
-          }
-          for (int64_t t2 = 0; t2 < seq; ++t2) row[t2] = t2 <= t ? row[t2] / sum : T(0);
-        }
-      });
+      causal_softmax_rows(a, seq, seq, 0, static_cast<T*>(nullptr));
       gemm(false, false, seq, hs, seq, T(1), a, seq, v, ld, T(0), out + b * seq * C + h * hs, C);
     }
   }
@@ -295,21 +307,7 @@ void flash_attention_forward(T* out, T* lse, T* scratch, const T* qkv, int64_t B
         // rows [q0, q1) see keys [0, q1): a rows x q1 block of scores
         const int64_t q1 = std::min(seq, q0 + kAttnRows), rows = q1 - q0;
         gemm(false, true, rows, q1, hs, scale, q + q0 * ld, ld, k, ld, T(0), scratch, q1);
-        parallel(rows, 16, [&](int64_t r0, int64_t r1) {
-          for (int64_t r = r0; r < r1; ++r) {
-            const int64_t t = q0 + r;
-            T* row = scratch + r * q1;
-            T maxval = -std::numeric_limits<T>::infinity();
-            for (int64_t t2 = 0; t2 <= t; ++t2) maxval = std::max(maxval, row[t2]);
-            T sum = 0;
-            for (int64_t t2 = 0; t2 <= t; ++t2) {
-              row[t2] = std::exp(row[t2] - maxval);
-              sum += row[t2];
-            }
-            for (int64_t t2 = 0; t2 < q1; ++t2) row[t2] = t2 <= t ? row[t2] / sum : T(0);
-            l[t] = maxval + std::log(sum);
-          }
-        });
+        causal_softmax_rows(scratch, rows, q1, q0, l);
         gemm(false, false, rows, hs, q1, T(1), scratch, q1, v, ld, T(0), out + (b * seq + q0) * C + h * hs, C);
       }
     }

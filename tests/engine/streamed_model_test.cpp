@@ -13,6 +13,7 @@
 
 #include "gpu/host/gpt.h"
 #include "gpu/host/host_device.h"
+#include "tests/gpu/random_model.h"
 #include "tests/test_util.h"
 
 namespace strata::engine {
@@ -23,29 +24,14 @@ TEST(StreamedModel, RecordsTheOrderOnTheFirstStepAndAMispredictionCostsNoBits) {
   c.layers = 4, c.hidden = 32, c.heads = 4, c.vocab = 41, c.max_seq = 8;
   const int64_t B = 2, T = 8, N = B * T, L = c.layers;
   std::mt19937 rng(strata::testing::test_seed(93));
-  std::normal_distribution<float> nd(0.0f, 0.2f);
-  std::vector<std::vector<float>> w, g, g_ref;
-  for (const gpu::ChunkLayout& l : gpu::model_layout(c)) {
-    std::vector<float> v(static_cast<size_t>(l.numel), 0.0f);
-    for (const gpu::TensorSlot& t : l.tensors) {
-      const bool ln_w = t.name.find("ln_") != std::string::npos && t.name.find(".weight") != std::string::npos;
-      for (int64_t i = 0; i < t.numel(); ++i) v[static_cast<size_t>(t.offset + i)] = (ln_w ? 1.0f : 0.0f) + nd(rng);
-    }
-    g.emplace_back(v.size(), 0.0f);
-    g_ref.emplace_back(v.size(), 0.0f);
-    w.push_back(std::move(v));
-  }
+  std::vector<std::vector<float>> w = gpu::testing::random_model(c, rng, 0.2f), g, g_ref;
+  for (const auto& v : w) g.emplace_back(v.size(), 0.0f);
   std::vector<int32_t> tokens(N), targets(N);
   for (int64_t i = 0; i < N; ++i) {
     tokens[i] = static_cast<int32_t>(rng() % 41);
     targets[i] = static_cast<int32_t>(rng() % 41);
   }
-  gpu::host::HostGpt<float> ref(c, B, T);
-  gpu::host::ModelParams<float> pw, pg;
-  for (auto& v : w) pw.chunks.push_back(v.data());
-  for (auto& v : g_ref) pg.chunks.push_back(v.data());
-  const float ref_loss = ref.forward(pw, tokens.data(), targets.data());
-  ref.backward(pw, pg);
+  const float ref_loss = gpu::testing::reference_step(c, B, T, w, tokens, targets, 1.0f, &g_ref);
 
   Result<std::unique_ptr<gpu::HostDevice>> dev = gpu::HostDevice::create({.capacity_bytes = 8 << 20});
   ASSERT_TRUE(dev);

@@ -20,6 +20,7 @@
 #include "gpu/host/ops.h"
 #include "gpu/model_ops.h"
 #include "tests/gpu/model_step.h"
+#include "tests/gpu/random_model.h"
 #include "tests/test_util.h"
 
 namespace strata::gpu::cuda {
@@ -432,29 +433,16 @@ TEST_P(CudaModelOpsTest, AStepMatchesTheHostModel) {
   c.layers = 2, c.hidden = 64, c.heads = 2, c.vocab = 300, c.max_seq = 40;
   const int64_t B = 2, Tn = 40, N = B * Tn;
   const float dloss = 0.5f;
-  std::vector<Vec> w, g_ref;
-  for (const ChunkLayout& l : model_layout(c)) {
-    Vec v = random(static_cast<size_t>(l.numel), 0.1f);
-    for (const TensorSlot& t : l.tensors) {
-      if (t.name.find("ln_") != std::string::npos && t.name.find(".weight") != std::string::npos) {
-        for (int64_t i = 0; i < t.numel(); ++i) v[static_cast<size_t>(t.offset + i)] += 1.0f;
-      }
-    }
+  std::vector<Vec> w = testing::random_model(c, rng_, 0.1f), g_ref;
+  for (Vec& v : w) {
     for (float& x : v) x = rounded(x);
-    w.push_back(std::move(v));
-    g_ref.emplace_back(static_cast<size_t>(l.numel), 0.0f);
   }
   std::vector<int32_t> tokens(N), targets(N);
   for (int64_t i = 0; i < N; ++i) {
     tokens[i] = static_cast<int32_t>(rng_() % 300);
     targets[i] = static_cast<int32_t>(rng_() % 300);
   }
-  host::HostGpt<float> ref(c, B, Tn);
-  host::ModelParams<float> pw, pg;
-  for (auto& v : w) pw.chunks.push_back(v.data());
-  for (auto& v : g_ref) pg.chunks.push_back(v.data());
-  const float ref_loss = ref.forward(pw, tokens.data(), targets.data());
-  ref.backward(pw, pg, dloss);
+  const float ref_loss = testing::reference_step(c, B, Tn, w, tokens, targets, dloss, &g_ref);
 
   Result<std::unique_ptr<ModelOps>> ops = dev_->model_ops(c, dt);
   ASSERT_TRUE(ops) << ops.error().to_string();

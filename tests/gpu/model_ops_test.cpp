@@ -14,6 +14,7 @@
 #include "gpu/host/gpt.h"
 #include "gpu/host/host_device.h"
 #include "tests/gpu/model_step.h"
+#include "tests/gpu/random_model.h"
 #include "tests/test_util.h"
 
 namespace strata::gpu {
@@ -35,28 +36,13 @@ TEST(HostModelOps, AStepThroughTheInterfaceGivesHostGptsBits) {
   const GptConfig c = small_config();
   const int64_t B = 2, T = 16, N = B * T;
   std::mt19937 rng(strata::testing::test_seed(91));
-  std::normal_distribution<float> nd(0.0f, 0.2f);
   std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(c.vocab - 1));
-  std::vector<std::vector<float>> w, g_ref;
-  for (const ChunkLayout& l : model_layout(c)) {
-    std::vector<float> v(static_cast<size_t>(l.numel), 0.0f);
-    for (const TensorSlot& t : l.tensors) {
-      const bool ln_w = t.name.find("ln_") != std::string::npos && t.name.find(".weight") != std::string::npos;
-      for (int64_t i = 0; i < t.numel(); ++i) v[static_cast<size_t>(t.offset + i)] = (ln_w ? 1.0f : 0.0f) + nd(rng);
-    }
-    w.push_back(std::move(v));
-    g_ref.emplace_back(static_cast<size_t>(l.numel), 0.0f);
-  }
+  std::vector<std::vector<float>> w = testing::random_model(c, rng, 0.2f), g_ref;
   std::vector<int32_t> tokens(N), targets(N);
   for (int64_t i = 0; i < N; ++i) tokens[i] = tok(rng), targets[i] = tok(rng);
   const float dloss = 0.5f;
 
-  host::HostGpt<float> ref(c, B, T);
-  host::ModelParams<float> pw, pg;
-  for (auto& v : w) pw.chunks.push_back(v.data());
-  for (auto& v : g_ref) pg.chunks.push_back(v.data());
-  const float ref_loss = ref.forward(pw, tokens.data(), targets.data());
-  ref.backward(pw, pg, dloss);
+  const float ref_loss = testing::reference_step(c, B, T, w, tokens, targets, dloss, &g_ref);
 
   auto dev = host_device(64 << 20);
   Result<std::unique_ptr<ModelOps>> ops = dev->model_ops(c, DType::kF32);
