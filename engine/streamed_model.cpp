@@ -72,7 +72,10 @@ Result<std::unique_ptr<StreamedModel>> StreamedModel::create(const gpu::GptConfi
 }
 
 StreamedModel::~StreamedModel() {
-  if (dev_ != nullptr) dev_->synchronize(copy_).ignore();
+  if (dev_ != nullptr) {
+    dev_->synchronize(compute_).ignore();
+    dev_->synchronize(copy_).ignore();
+  }
   drain_weight_reads();
   for (auto& t : stage_write_) {
     if (t) swap_->wait(*t).ignore();
@@ -236,8 +239,12 @@ Status StreamedModel::issue_ahead(size_t current) {
 }
 
 Status StreamedModel::run(const std::function<Status()>& enqueue) {
-  STRATA_RETURN_IF_ERROR(enqueue());
-  return dev_->synchronize(compute_);
+  // Waits even when enqueueing failed part way: what was enqueued must not
+  // outlive this call.
+  Status queued = enqueue();
+  Status done = dev_->synchronize(compute_);
+  STRATA_RETURN_IF_ERROR(queued);
+  return done;
 }
 
 Status StreamedModel::wait_for(gpu::Event e, const char* what) {
