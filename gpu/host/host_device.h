@@ -55,8 +55,7 @@ class HostDevice final : public Device {
   Status synchronize(Stream stream) override;
   bool done(Event event) override;
   Status async_error() override;
-  // fp32 only: the host backend computes in fp32 (bf16/fp16 weights are
-  // widened before they reach it).
+  // fp32, bf16 or fp16 storage; the host computes in fp32 (host/model_ops.cpp).
   Result<std::unique_ptr<ModelOps>> model_ops(const GptConfig& config, DType dtype) override;
 
   // Runs `task` on the stream's worker after everything submitted to it before.

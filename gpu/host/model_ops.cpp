@@ -1,9 +1,17 @@
-// The host backend's ModelOps: the host ops (ops.h, gpt.h) in fp32, each
-// call run as a task on the stream's worker thread of the HostDevice, in
-// submission order. The workspace is one device allocation: the block's
-// BlockActivations, then the head's LayerNorm output and its gradient, its
-// statistics and the loss's per-row log-sum-exp.
+// The host backend's ModelOps: the host ops (ops.h, gpt.h), each call run as
+// a task on the stream's worker thread of the HostDevice, in submission
+// order. The host computes in fp32; with bf16 or fp16 storage (the
+// parameters, activations between calls and gradients in device memory),
+// each call widens its inputs into fp32 scratch in the workspace, runs the
+// fp32 ops, and rounds its outputs back once (gradients: dst += fp32 sum,
+// rounded once) — so the storage type's rounding happens where CUDA's
+// does at a block's edges, not inside it. The workspace is one device
+// allocation: the block's BlockActivations, the head's LayerNorm output and
+// its gradient, statistics and per-row log-sum-exp, and for bf16/fp16 the
+// fp32 scratch (a chunk's parameters and their gradient, three [N,C] rows).
+#include <algorithm>
 #include <cstring>
+#include <string>
 
 #include "gpu/host/gpt.h"
 #include "gpu/host/host_device.h"
@@ -19,20 +27,25 @@ class HostWorkspace final : public ModelOps::Workspace {
   DeviceMemory mem;
   host::BlockActivations<float> acts;
   float *lnf = nullptr, *dlnf = nullptr, *mean = nullptr, *rstd = nullptr, *lse = nullptr;
+  // bf16 / fp16 storage only: widened parameters and their fp32 gradient, and three [N,C] rows.
+  float *params = nullptr, *dparams = nullptr, *xa = nullptr, *xb = nullptr, *xc = nullptr;
 };
 
 class HostModelOps final : public ModelOps {
  public:
-  HostModelOps(HostDevice& dev, const GptConfig& config) : dev_(dev), config_(config) {}
+  HostModelOps(HostDevice& dev, const GptConfig& config, DType dtype) : dev_(dev), config_(config), dtype_(dtype) {
+    const std::vector<ChunkLayout> layout = model_layout(config);
+    for (size_t c = 1; c < layout.size(); ++c) max_chunk_ = std::max(max_chunk_, layout[c].numel);
+  }
 
-  DType dtype() const override { return DType::kF32; }
+  DType dtype() const override { return dtype_; }
   const GptConfig& config() const override { return config_; }
 
   uint64_t workspace_bytes(int64_t B, int64_t seq) const override {
-    const int64_t N = B * seq;
-    return static_cast<uint64_t>(host::BlockActivations<float>::elements(config_, B, seq) + 2 * N * config_.hidden +
-                                 3 * N) *
-           4;
+    const int64_t N = B * seq, C = config_.hidden;
+    int64_t floats = host::BlockActivations<float>::elements(config_, B, seq) + 2 * N * C + 3 * N;
+    if (low_precision()) floats += 2 * max_chunk_ + 3 * N * C;
+    return static_cast<uint64_t>(floats) * 4;
   }
 
   Result<std::unique_ptr<Workspace>> workspace(int64_t B, int64_t seq) override {
@@ -48,6 +61,11 @@ class HostModelOps final : public ModelOps {
     ws->acts.bind(p, config_, B, seq);
     p += host::BlockActivations<float>::elements(config_, B, seq);
     ws->lnf = p, ws->dlnf = p + N * C, ws->mean = p + 2 * N * C, ws->rstd = ws->mean + N, ws->lse = ws->rstd + N;
+    if (low_precision()) {
+      p = ws->lse + N;
+      ws->params = p, ws->dparams = p + max_chunk_;
+      ws->xa = ws->dparams + max_chunk_, ws->xb = ws->xa + N * C, ws->xc = ws->xb + N * C;
+    }
     return std::unique_ptr<Workspace>(std::move(ws));
   }
 
@@ -55,22 +73,50 @@ class HostModelOps final : public ModelOps {
                            void* x_out) override {
     const int64_t B = w.batch(), T = w.seq(), C = config_.hidden;
     const ChunkLayout emb = embedding_layout(config_);
-    const float* e = static_cast<const float*>(embedding);
-    float* out = static_cast<float*>(x_out);
+    const int64_t wte = emb.tensors[0].offset, wpe = emb.tensors[1].offset;
+    const DType dt = dtype_;
     return dev_.enqueue(s, [=]() -> Status {
-      host::embedding_forward(out, tokens, e + emb.tensors[0].offset, e + emb.tensors[1].offset, B, T, C);
+      if (dt == DType::kF32) {
+        const float* e = static_cast<const float*>(embedding);
+        host::embedding_forward(static_cast<float*>(x_out), tokens, e + wte, e + wpe, B, T, C);
+        return ok_status();
+      }
+      // out = round(wte[token] + wpe[t]), each element from its two stored values
+      const uint16_t* e = static_cast<const uint16_t*>(embedding);
+      uint16_t* out = static_cast<uint16_t*>(x_out);
+      float a[1], b[1];
+      for (int64_t n = 0; n < B * T; ++n) {
+        for (int64_t c = 0; c < C; ++c) {
+          host::widen(e + wte + static_cast<int64_t>(tokens[n]) * C + c, dt, a, 1);
+          host::widen(e + wpe + (n % T) * C + c, dt, b, 1);
+          a[0] += b[0];
+          host::narrow(a, out + n * C + c, dt, 1);
+        }
+      }
       return ok_status();
     });
   }
 
   Status embedding_backward(Stream s, Workspace& w, void* dembedding, const int32_t* tokens,
                             const void* dx) override {
+    HostWorkspace* ws = &static_cast<HostWorkspace&>(w);
     const int64_t B = w.batch(), T = w.seq(), C = config_.hidden;
     const ChunkLayout emb = embedding_layout(config_);
-    float* d = static_cast<float*>(dembedding);
-    const float* g = static_cast<const float*>(dx);
+    const int64_t wte = emb.tensors[0].offset, wpe = emb.tensors[1].offset;
+    const DType dt = dtype_;
     return dev_.enqueue(s, [=]() -> Status {
-      host::embedding_backward(d + emb.tensors[0].offset, d + emb.tensors[1].offset, g, tokens, B, T, C);
+      if (dt == DType::kF32) {
+        float* d = static_cast<float*>(dembedding);
+        host::embedding_backward(d + wte, d + wpe, static_cast<const float*>(dx), tokens, B, T, C);
+        return ok_status();
+      }
+      // Row by row in order, as the fp32 op: each row added, rounded once.
+      uint16_t* d = static_cast<uint16_t*>(dembedding);
+      host::widen(static_cast<const uint16_t*>(dx), dt, ws->xa, B * T * C);
+      for (int64_t n = 0; n < B * T; ++n) {
+        host::add_rounded(d + wte + static_cast<int64_t>(tokens[n]) * C, dt, ws->xa + n * C, C);
+        host::add_rounded(d + wpe + (n % T) * C, dt, ws->xa + n * C, C);
+      }
       return ok_status();
     });
   }
@@ -78,10 +124,18 @@ class HostModelOps final : public ModelOps {
   Status block_forward(Stream s, Workspace& w, const void* params, const void* x_in, void* x_out) override {
     HostWorkspace* ws = &static_cast<HostWorkspace&>(w);
     const GptConfig c = config_;
-    const float *p = static_cast<const float*>(params), *x = static_cast<const float*>(x_in);
-    float* y = static_cast<float*>(x_out);
+    const DType dt = dtype_;
+    const int64_t numel = block_parameter_numel(), NC = w.batch() * w.seq() * c.hidden;
     return dev_.enqueue(s, [=]() -> Status {
-      host::block_forward(c, p, x, y, ws->acts, ws->batch(), ws->seq());
+      if (dt == DType::kF32) {
+        host::block_forward(c, static_cast<const float*>(params), static_cast<const float*>(x_in),
+                            static_cast<float*>(x_out), ws->acts, ws->batch(), ws->seq());
+        return ok_status();
+      }
+      host::widen(static_cast<const uint16_t*>(params), dt, ws->params, numel);
+      host::widen(static_cast<const uint16_t*>(x_in), dt, ws->xa, NC);
+      host::block_forward(c, ws->params, ws->xa, ws->xb, ws->acts, ws->batch(), ws->seq());
+      host::narrow(ws->xb, static_cast<uint16_t*>(x_out), dt, NC);
       return ok_status();
     });
   }
@@ -90,11 +144,23 @@ class HostModelOps final : public ModelOps {
                         const void* dx_out, void* dx_in) override {
     HostWorkspace* ws = &static_cast<HostWorkspace&>(w);
     const GptConfig c = config_;
-    const float *p = static_cast<const float*>(params), *x = static_cast<const float*>(x_in);
-    const float* dy = static_cast<const float*>(dx_out);
-    float *dp = static_cast<float*>(dparams), *dx = static_cast<float*>(dx_in);
+    const DType dt = dtype_;
+    const int64_t numel = block_parameter_numel(), NC = w.batch() * w.seq() * c.hidden;
     return dev_.enqueue(s, [=]() -> Status {
-      host::block_backward(c, p, dp, x, ws->acts, dy, dx, ws->batch(), ws->seq());
+      if (dt == DType::kF32) {
+        host::block_backward(c, static_cast<const float*>(params), static_cast<float*>(dparams),
+                             static_cast<const float*>(x_in), ws->acts, static_cast<const float*>(dx_out),
+                             static_cast<float*>(dx_in), ws->batch(), ws->seq());
+        return ok_status();
+      }
+      host::widen(static_cast<const uint16_t*>(params), dt, ws->params, numel);
+      host::widen(static_cast<const uint16_t*>(x_in), dt, ws->xa, NC);
+      host::widen(static_cast<const uint16_t*>(dx_out), dt, ws->xb, NC);
+      std::memset(ws->dparams, 0, static_cast<size_t>(numel) * 4);
+      std::memset(ws->xc, 0, static_cast<size_t>(NC) * 4);
+      host::block_backward(c, ws->params, ws->dparams, ws->xa, ws->acts, ws->xb, ws->xc, ws->batch(), ws->seq());
+      host::add_rounded(static_cast<uint16_t*>(dparams), dt, ws->dparams, numel);
+      host::add_rounded(static_cast<uint16_t*>(dx_in), dt, ws->xc, NC);
       return ok_status();
     });
   }
@@ -104,13 +170,27 @@ class HostModelOps final : public ModelOps {
     HostWorkspace* ws = &static_cast<HostWorkspace&>(w);
     const int64_t N = w.batch() * w.seq(), C = config_.hidden, V = config_.vocab;
     const ChunkLayout fin = final_layout(config_), emb = embedding_layout(config_);
-    const float* f = static_cast<const float*>(final_chunk);
-    const float* wte = static_cast<const float*>(embedding) + emb.tensors[0].offset;
-    const float* in = static_cast<const float*>(x);
+    const DType dt = dtype_;
     return dev_.enqueue(s, [=]() -> Status {
+      const float *f = nullptr, *in = nullptr;
+      if (dt == DType::kF32) {
+        f = static_cast<const float*>(final_chunk);
+        in = static_cast<const float*>(x);
+      } else {
+        host::widen(static_cast<const uint16_t*>(final_chunk), dt, ws->params, fin.numel);
+        host::widen(static_cast<const uint16_t*>(x), dt, ws->xa, N * C);
+        f = ws->params;
+        in = ws->xa;
+      }
       host::layernorm_forward(ws->lnf, ws->mean, ws->rstd, in, f + fin.tensors[0].offset, f + fin.tensors[1].offset,
                               N, C);
-      *loss = host::crossentropy_forward(ws->lse, ws->lnf, wte, targets, N, C, V);
+      if (dt == DType::kF32) {
+        const float* wte = static_cast<const float*>(embedding) + emb.tensors[0].offset;
+        *loss = host::crossentropy_forward(ws->lse, ws->lnf, wte, targets, N, C, V);
+      } else {
+        const uint16_t* wte = static_cast<const uint16_t*>(embedding) + emb.tensors[0].offset;
+        *loss = host::crossentropy_forward_lp(ws->lse, ws->lnf, wte, dt, targets, N, C, V);
+      }
       return ok_status();
     });
   }
@@ -120,17 +200,31 @@ class HostModelOps final : public ModelOps {
     HostWorkspace* ws = &static_cast<HostWorkspace&>(w);
     const int64_t N = w.batch() * w.seq(), C = config_.hidden, V = config_.vocab;
     const ChunkLayout fin = final_layout(config_), emb = embedding_layout(config_);
-    const float* f = static_cast<const float*>(final_chunk);
-    float* df = static_cast<float*>(dfinal);
-    const float* wte = static_cast<const float*>(embedding) + emb.tensors[0].offset;
-    float* dwte = static_cast<float*>(dembedding) + emb.tensors[0].offset;
-    const float* in = static_cast<const float*>(x);
-    float* dxp = static_cast<float*>(dx);
+    const DType dt = dtype_;
     return dev_.enqueue(s, [=]() -> Status {
       std::memset(ws->dlnf, 0, static_cast<size_t>(N * C) * 4);
-      host::crossentropy_backward(ws->dlnf, dwte, ws->lnf, wte, targets, ws->lse, dloss, N, C, V);
-      host::layernorm_backward(dxp, df + fin.tensors[0].offset, df + fin.tensors[1].offset, ws->dlnf, in,
-                               f + fin.tensors[0].offset, ws->mean, ws->rstd, N, C);
+      if (dt == DType::kF32) {
+        const float* f = static_cast<const float*>(final_chunk);
+        float* df = static_cast<float*>(dfinal);
+        const float* wte = static_cast<const float*>(embedding) + emb.tensors[0].offset;
+        float* dwte = static_cast<float*>(dembedding) + emb.tensors[0].offset;
+        host::crossentropy_backward(ws->dlnf, dwte, ws->lnf, wte, targets, ws->lse, dloss, N, C, V);
+        host::layernorm_backward(static_cast<float*>(dx), df + fin.tensors[0].offset, df + fin.tensors[1].offset,
+                                 ws->dlnf, static_cast<const float*>(x), f + fin.tensors[0].offset, ws->mean,
+                                 ws->rstd, N, C);
+        return ok_status();
+      }
+      const uint16_t* wte = static_cast<const uint16_t*>(embedding) + emb.tensors[0].offset;
+      uint16_t* dwte = static_cast<uint16_t*>(dembedding) + emb.tensors[0].offset;
+      host::crossentropy_backward_lp(ws->dlnf, dwte, dt, ws->lnf, wte, targets, ws->lse, dloss, N, C, V);
+      host::widen(static_cast<const uint16_t*>(final_chunk), dt, ws->params, fin.numel);
+      host::widen(static_cast<const uint16_t*>(x), dt, ws->xa, N * C);
+      std::memset(ws->dparams, 0, static_cast<size_t>(fin.numel) * 4);
+      std::memset(ws->xc, 0, static_cast<size_t>(N * C) * 4);
+      host::layernorm_backward(ws->xc, ws->dparams + fin.tensors[0].offset, ws->dparams + fin.tensors[1].offset,
+                               ws->dlnf, ws->xa, ws->params + fin.tensors[0].offset, ws->mean, ws->rstd, N, C);
+      host::add_rounded(static_cast<uint16_t*>(dfinal), dt, ws->dparams, fin.numel);
+      host::add_rounded(static_cast<uint16_t*>(dx), dt, ws->xc, N * C);
       return ok_status();
     });
   }
@@ -143,19 +237,20 @@ class HostModelOps final : public ModelOps {
   }
 
  private:
+  bool low_precision() const { return dtype_ != DType::kF32; }
+  int64_t block_parameter_numel() const { return block_layout(config_, 0).numel; }
+
   HostDevice& dev_;
   GptConfig config_;
+  DType dtype_;
+  int64_t max_chunk_ = 0;  // the largest block or final chunk
 };
 
 }  // namespace
 
 Result<std::unique_ptr<ModelOps>> HostDevice::model_ops(const GptConfig& config, DType dtype) {
   STRATA_RETURN_IF_ERROR(config.validate());
-  if (dtype != DType::kF32) {
-    return unimplemented("the host backend computes in fp32, not " + std::string(dtype_name(dtype)) +
-                         " (bf16/fp16 weights are widened to fp32 before they reach it)");
-  }
-  return std::unique_ptr<ModelOps>(std::make_unique<HostModelOps>(*this, config));
+  return std::unique_ptr<ModelOps>(std::make_unique<HostModelOps>(*this, config, dtype));
 }
 
 }  // namespace strata::gpu

@@ -6,6 +6,8 @@
 // thread count; GEMMs run on OpenBLAS's threads.
 #include "gpu/host/ops.h"
 
+#include "common/dtype.h"
+
 #ifdef STRATA_HAVE_OPENBLAS
 #include <cblas.h>
 #endif
@@ -84,6 +86,10 @@ void parallel(int64_t n, int64_t grain, const F& fn) {
   fn(0, n);
 #endif
 }
+
+// One element of bf16 / fp16 storage to fp32 and back (round to nearest even).
+float widen(uint16_t h, DType dtype) { return dtype == DType::kBF16 ? bf16_to_f32(h) : f16_to_f32(h); }
+uint16_t narrow(float x, DType dtype) { return dtype == DType::kBF16 ? f32_to_bf16(x) : f32_to_f16(x); }
 
 }  // namespace
 
@@ -401,8 +407,34 @@ void accumulate(T* dst, const T* src, int64_t n) {
   });
 }
 
+namespace {
+
+// The loss reads the tied embedding kVocabChunk rows at a time: straight
+// from an array of T, or widened from bf16/fp16 storage into a scratch.
 template <class T>
-T crossentropy_forward(T* lse, const T* x, const T* wte, const int32_t* targets, int64_t N, int64_t C, int64_t V) {
+struct DirectRows {
+  const T* wte;
+  int64_t C;
+  const T* rows(int64_t v0, int64_t) { return wte + v0 * C; }
+};
+
+struct WidenedRows {
+  const uint16_t* wte;
+  DType dtype;
+  int64_t C;
+  std::vector<float> buf;
+  const float* rows(int64_t v0, int64_t cols) {
+    buf.resize(static_cast<size_t>(cols * C));
+    const uint16_t* src = wte + v0 * C;
+    parallel(cols * C, 1 << 14, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) buf[static_cast<size_t>(i)] = widen(src[i], dtype);
+    });
+    return buf.data();
+  }
+};
+
+template <class T, class Rows>
+T crossentropy_forward_impl(T* lse, const T* x, Rows& wte, const int32_t* targets, int64_t N, int64_t C, int64_t V) {
   std::vector<T> logits(static_cast<size_t>(kRowChunk * std::min(kVocabChunk, V)));
   std::vector<T> run_max(static_cast<size_t>(kRowChunk)), run_sum(static_cast<size_t>(kRowChunk));
   std::vector<T> target_logit(static_cast<size_t>(kRowChunk));
@@ -413,7 +445,7 @@ T crossentropy_forward(T* lse, const T* x, const T* wte, const int32_t* targets,
     std::fill(run_sum.begin(), run_sum.end(), T(0));
     for (int64_t v0 = 0; v0 < V; v0 += kVocabChunk) {
       const int64_t cols = std::min(kVocabChunk, V - v0);
-      gemm(false, true, rows, cols, C, T(1), x + r0 * C, C, wte + v0 * C, C, T(0), logits.data(), cols);
+      gemm(false, true, rows, cols, C, T(1), x + r0 * C, C, wte.rows(v0, cols), C, T(0), logits.data(), cols);
       for (int64_t r = 0; r < rows; ++r) {
         const T* l = logits.data() + r * cols;
         T m = run_max[r];
@@ -435,9 +467,11 @@ T crossentropy_forward(T* lse, const T* x, const T* wte, const int32_t* targets,
   return total / static_cast<T>(N);
 }
 
-template <class T>
-void crossentropy_backward(T* dx, T* dwte, const T* x, const T* wte, const int32_t* targets, const T* lse, T dloss,
-                           int64_t N, int64_t C, int64_t V) {
+// dwte_rows(v0, cols, dl, x_rows, rows) adds dl^T @ x_rows into the
+// embedding's rows [v0, v0 + cols), however they are stored.
+template <class T, class Rows, class DwteRows>
+void crossentropy_backward_impl(T* dx, const DwteRows& dwte_rows, const T* x, Rows& wte, const int32_t* targets,
+                                const T* lse, T dloss, int64_t N, int64_t C, int64_t V) {
   std::vector<T> dlogits(static_cast<size_t>(kRowChunk * std::min(kVocabChunk, V)));
   const T k = dloss / static_cast<T>(N);
   for (int64_t r0 = 0; r0 < N; r0 += kRowChunk) {
@@ -445,7 +479,8 @@ void crossentropy_backward(T* dx, T* dwte, const T* x, const T* wte, const int32
     for (int64_t v0 = 0; v0 < V; v0 += kVocabChunk) {
       const int64_t cols = std::min(kVocabChunk, V - v0);
       T* dl = dlogits.data();
-      gemm(false, true, rows, cols, C, T(1), x + r0 * C, C, wte + v0 * C, C, T(0), dl, cols);
+      const T* w = wte.rows(v0, cols);
+      gemm(false, true, rows, cols, C, T(1), x + r0 * C, C, w, C, T(0), dl, cols);
       // d loss / d logit = (softmax - onehot(target)) / N
       for (int64_t r = 0; r < rows; ++r) {
         T* l = dl + r * cols;
@@ -453,10 +488,64 @@ void crossentropy_backward(T* dx, T* dwte, const T* x, const T* wte, const int32
         int64_t tgt = targets[r0 + r];
         if (tgt >= v0 && tgt < v0 + cols) l[tgt - v0] -= k;
       }
-      gemm(false, false, rows, C, cols, T(1), dl, cols, wte + v0 * C, C, T(1), dx + r0 * C, C);
-      gemm(true, false, cols, C, rows, T(1), dl, cols, x + r0 * C, C, T(1), dwte + v0 * C, C);
+      gemm(false, false, rows, C, cols, T(1), dl, cols, w, C, T(1), dx + r0 * C, C);
+      dwte_rows(v0, cols, dl, x + r0 * C, rows);
     }
   }
+}
+
+}  // namespace
+
+template <class T>
+T crossentropy_forward(T* lse, const T* x, const T* wte, const int32_t* targets, int64_t N, int64_t C, int64_t V) {
+  DirectRows<T> rows{wte, C};
+  return crossentropy_forward_impl(lse, x, rows, targets, N, C, V);
+}
+
+template <class T>
+void crossentropy_backward(T* dx, T* dwte, const T* x, const T* wte, const int32_t* targets, const T* lse, T dloss,
+                           int64_t N, int64_t C, int64_t V) {
+  DirectRows<T> rows{wte, C};
+  auto dwte_rows = [&](int64_t v0, int64_t cols, const T* dl, const T* xr, int64_t rows_n) {
+    gemm(true, false, cols, C, rows_n, T(1), dl, cols, xr, C, T(1), dwte + v0 * C, C);
+  };
+  crossentropy_backward_impl(dx, dwte_rows, x, rows, targets, lse, dloss, N, C, V);
+}
+
+float crossentropy_forward_lp(float* lse, const float* x, const uint16_t* wte, DType wte_dtype,
+                              const int32_t* targets, int64_t N, int64_t C, int64_t V) {
+  WidenedRows rows{wte, wte_dtype, C, {}};
+  return crossentropy_forward_impl(lse, x, rows, targets, N, C, V);
+}
+
+void crossentropy_backward_lp(float* dx, uint16_t* dwte, DType wte_dtype, const float* x, const uint16_t* wte,
+                              const int32_t* targets, const float* lse, float dloss, int64_t N, int64_t C,
+                              int64_t V) {
+  WidenedRows rows{wte, wte_dtype, C, {}};
+  std::vector<float> d(static_cast<size_t>(std::min(kVocabChunk, V) * C));
+  auto dwte_rows = [&](int64_t v0, int64_t cols, const float* dl, const float* xr, int64_t rows_n) {
+    gemm(true, false, cols, C, rows_n, 1.0f, dl, cols, xr, C, 0.0f, d.data(), C);
+    add_rounded(dwte + v0 * C, wte_dtype, d.data(), cols * C);
+  };
+  crossentropy_backward_impl(dx, dwte_rows, x, rows, targets, lse, dloss, N, C, V);
+}
+
+void widen(const uint16_t* src, DType dtype, float* dst, int64_t n) {
+  parallel(n, 1 << 14, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) dst[i] = widen(src[i], dtype);
+  });
+}
+
+void narrow(const float* src, uint16_t* dst, DType dtype, int64_t n) {
+  parallel(n, 1 << 14, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) dst[i] = narrow(src[i], dtype);
+  });
+}
+
+void add_rounded(uint16_t* dst, DType dtype, const float* src, int64_t n) {
+  parallel(n, 1 << 14, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) dst[i] = narrow(widen(dst[i], dtype) + src[i], dtype);
+  });
 }
 
 #define STRATA_HOST_OPS_INSTANTIATE(T)                                                                                 \

@@ -9,6 +9,8 @@
 
 #include <cstdint>
 
+#include "common/dtype.h"
+
 namespace strata::gpu::host {
 
 // The cores the host ops compute on (BLAS threads and the row-parallel
@@ -91,5 +93,20 @@ T crossentropy_forward(T* lse, const T* x, const T* wte, const int32_t* targets,
 template <class T>
 void crossentropy_backward(T* dx, T* dwte, const T* x, const T* wte, const int32_t* targets, const T* lse, T dloss,
                            int64_t N, int64_t C, int64_t V);
+
+// bf16 / fp16 storage (the host backend computes in fp32): n elements
+// widened to fp32, narrowed back (round to nearest even), or dst += src
+// rounded once.
+void widen(const uint16_t* src, DType dtype, float* dst, int64_t n);
+void narrow(const float* src, uint16_t* dst, DType dtype, int64_t n);
+void add_rounded(uint16_t* dst, DType dtype, const float* src, int64_t n);
+
+// The loss with the tied embedding stored in bf16 or fp16 (`wte_dtype`):
+// its rows are widened kVocabChunk at a time, and dwte's rows are added
+// back rounded, one chunk at a time. Everything else as above, in fp32.
+float crossentropy_forward_lp(float* lse, const float* x, const uint16_t* wte, DType wte_dtype,
+                              const int32_t* targets, int64_t N, int64_t C, int64_t V);
+void crossentropy_backward_lp(float* dx, uint16_t* dwte, DType wte_dtype, const float* x, const uint16_t* wte,
+                              const int32_t* targets, const float* lse, float dloss, int64_t N, int64_t C, int64_t V);
 
 }  // namespace strata::gpu::host
