@@ -56,13 +56,9 @@ int run(int argc, char** argv) {
                  "optimizer calls and NVMe requests");
   app.add_option("--prefetch", prefetch, "blocks fetched ahead when streaming (default 1)")->check(CLI::Range(1, 64));
   app.add_option("--device", device, "where forward and backward run: the host backend, or the first CUDA GPU "
-                 "(needs --stream-weights and a CUDA build)")
+                 "(a CUDA build)")
       ->check(CLI::IsMember({"host", "cuda"}));
   CLI11_PARSE(app, argc, argv);
-  if (device == "cuda" && !stream) {
-    std::fprintf(stderr, "strata-train: --device cuda needs --stream-weights\n");
-    return 2;
-  }
   if (resume && checkpoint.empty()) {
     std::fprintf(stderr, "strata-train: --resume needs --checkpoint DIR\n");
     return 2;
@@ -119,7 +115,7 @@ int run(int argc, char** argv) {
                 format_bytes(budgets.device_bytes).c_str(), format_bytes(budgets.host_bytes).c_str());
   }
   o.stream_weights = stream;
-  o.device_bytes = stream ? budgets.device_bytes : 0;
+  o.device_bytes = stream || device == "cuda" ? budgets.device_bytes : 0;
   o.backend = device == "cuda" ? engine::TrainerOptions::Backend::kCuda : engine::TrainerOptions::Backend::kHost;
   o.prefetch_depth = prefetch;
   o.activation_checkpoints = activations == "host"   ? engine::Tier::kHost

@@ -20,7 +20,7 @@ Result<std::unique_ptr<StreamedModel>> StreamedModel::create(const gpu::GptConfi
                                                              Tier checkpoints, io::SwapStore* swap,
                                                              io::BufferAllocator* host_memory) {
   STRATA_RETURN_IF_ERROR(c.validate());
-  if (prefetch_depth < 1 || prefetch_depth > 16) return invalid_argument("prefetch depth must be 1..16");
+  if (prefetch_depth < 1 || prefetch_depth > 1024) return invalid_argument("prefetch depth must be 1..1024");
   if (checkpoints == Tier::kNvme && swap == nullptr) {
     return invalid_argument("activation checkpoints on NVMe need a swap store (NVMe directories)");
   }

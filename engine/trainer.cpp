@@ -58,9 +58,6 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
     return invalid_argument("trainer: compute_threads must be 0..4096, got " + std::to_string(o.compute_threads));
   }
   if (o.backend == TrainerOptions::Backend::kCuda) {
-    if (!o.stream_weights) {
-      return invalid_argument("trainer: the cuda backend runs the streamed model; turn stream_weights on");
-    }
 #ifndef STRATA_HAVE_CUDA
     return unimplemented("trainer: this build has no CUDA (the cuda backend needs nvcc at build time)");
 #endif
@@ -111,7 +108,11 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
 
   STRATA_ASSIGN_OR_RETURN(tr->stage_, OptimizerStage::create(elems, o.states, tr->swap_.get(), tr->staging_.get(),
                                                              *tr->executor_, o.trace));
-  if (o.stream_weights) {
+  // The host backend's resident placement runs HostGpt; on CUDA it is the
+  // streamed model with a slot for every chunk (each copied up once a step,
+  // kept for backward).
+  if (o.stream_weights || o.backend == TrainerOptions::Backend::kCuda) {
+    const int depth = o.stream_weights ? o.prefetch_depth : static_cast<int>(o.model.layers) + 1;
     gpu::HostDevice* host_device = nullptr;
     if (o.backend == TrainerOptions::Backend::kCuda) {
 #ifdef STRATA_HAVE_CUDA
@@ -127,7 +128,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
       tr->device_ = std::move(hd);
     }
     STRATA_ASSIGN_OR_RETURN(tr->streamed_,
-                            StreamedModel::create(o.model, o.batch, o.seq, *tr->device_, o.prefetch_depth,
+                            StreamedModel::create(o.model, o.batch, o.seq, *tr->device_, depth,
                                                   o.activation_checkpoints, tr->swap_.get(), tr->allocator_.get()));
     tr->streamed_->set_trace(o.trace);
     if (host_device != nullptr && o.trace != nullptr && o.trace->enabled()) {

@@ -39,10 +39,10 @@ struct TrainerOptions {
   // `prefetch_depth` chunks ahead, recomputing blocks in backward;
   // otherwise the weights stay resident.
   bool stream_weights = false;
-  // The device: the host backend (HostDevice), or the first CUDA GPU
-  // (CUDA builds; needs stream_weights; device_bytes 0 = what it has free;
-  // host staging buffers pinned with cudaHostAlloc). The compute is fp32
-  // on either.
+  // The device: the host backend (HostDevice), or the first CUDA GPU (CUDA
+  // builds; device_bytes 0 = what it has free; host staging buffers pinned
+  // with cudaHostAlloc). On CUDA the resident placement is the streamed
+  // model with a weight slot for every chunk. The compute is fp32 on either.
   enum class Backend : uint8_t { kHost, kCuda };
   Backend backend = Backend::kHost;
   uint64_t device_bytes = 0;

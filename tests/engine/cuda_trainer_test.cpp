@@ -1,6 +1,6 @@
 // The trainer on a CUDA GPU (the streamed model through the CUDA device's
-// ModelOps, pinned staging): its losses track the host backend's over the
-// same steps — both compute in fp32, so they differ by rounding only — and
+// ModelOps, pinned staging; resident = a slot for every chunk): its losses
+// track the host backend's over the same steps, streamed and resident — both compute in fp32, so they differ by rounding only — and
 // fall. Needs a GPU; skips with the reason otherwise. A build without CUDA
 // refuses the backend with a clear error (tested in trainer_test).
 #include <cuda_runtime.h>
@@ -52,6 +52,20 @@ TEST(CudaTrainer, LossesTrackTheHostBackend) {
     EXPECT_NEAR(gpu[i], host[i], 2e-3 * std::fabs(host[i])) << "step " << i + 1;
   }
   EXPECT_LT(gpu.back(), 0.8f * gpu.front());
+
+  // Resident: HostGpt on the host, every chunk kept in a slot on the GPU.
+  o.stream_weights = false;
+  o.activation_checkpoints = Tier::kDevice;
+  o.device_bytes = 0;
+  o.backend = TrainerOptions::Backend::kHost;
+  const std::vector<float> host_resident = losses(o, steps);
+  o.backend = TrainerOptions::Backend::kCuda;
+  const std::vector<float> gpu_resident = losses(o, steps);
+  ASSERT_EQ(host_resident.size(), static_cast<size_t>(steps));
+  ASSERT_EQ(gpu_resident.size(), static_cast<size_t>(steps));
+  for (int i = 0; i < steps; ++i) {
+    EXPECT_NEAR(gpu_resident[i], host_resident[i], 2e-3 * std::fabs(host_resident[i])) << "resident step " << i + 1;
+  }
 }
 
 }  // namespace
