@@ -55,7 +55,11 @@ Result<std::unique_ptr<StreamedModel>> StreamedModel::create(const gpu::GptConfi
   STRATA_ASSIGN_OR_RETURN(m->workspace_, m->ops_->workspace(B, seq));
   const bool on_device = checkpoints == Tier::kDevice;
   STRATA_ASSIGN_OR_RETURN(m->checkpoints_, floats(dev, (on_device ? L + 1 : 2) * N * C, "block-input checkpoints"));
-  if (checkpoints == Tier::kHost) m->host_checkpoints_.assign(static_cast<size_t>((L + 1) * N * C), 0.0f);
+  if (checkpoints == Tier::kHost) {
+    m->host_checkpoints_.assign(static_cast<size_t>((L + 1) * N * C), 0.0f);
+    STRATA_ASSIGN_OR_RETURN(m->checkpoint_pin_, gpu::HostPin::make(dev, m->host_checkpoints_.data(),
+                                                                  m->host_checkpoints_.size() * 4));
+  }
   if (checkpoints == Tier::kNvme) {
     m->swap_ = swap;
     STRATA_ASSIGN_OR_RETURN(m->staging_, PinnedArena::create("activation checkpoint staging",
@@ -105,8 +109,15 @@ Status StreamedModel::set_nvme_weights(NvmeWeights source) {
     STRATA_ASSIGN_OR_RETURN(PinnedArena::Lease lease, weight_arena_->acquire("weight staging"));
     weight_buf_.push_back(std::move(lease));
   }
+  weight_pins_.clear();
   weight_fp32_.assign(slots_.size(), std::vector<float>(static_cast<size_t>(max_block)));
   embedding_fp32_.assign(static_cast<size_t>(layout_[0].numel), 0.0f);
+  // The widened weights are copy sources: pinned for the device.
+  for (size_t i = 0; i <= weight_fp32_.size(); ++i) {
+    std::vector<float>& v = i < weight_fp32_.size() ? weight_fp32_[i] : embedding_fp32_;
+    STRATA_ASSIGN_OR_RETURN(gpu::HostPin pin, gpu::HostPin::make(*dev_, v.data(), v.size() * 4));
+    weight_pins_.push_back(std::move(pin));
+  }
   nvme_weights_ = std::move(source);
   return ok_status();
 }

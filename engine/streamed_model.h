@@ -153,6 +153,9 @@ class StreamedModel {
   std::vector<float> embedding_fp32_;
   Trace* trace_ = nullptr;
   double wait_s_ = 0;
+  // Last, so they are released before the vectors they pin.
+  gpu::HostPin checkpoint_pin_;            // host_checkpoints_
+  std::vector<gpu::HostPin> weight_pins_;  // weight_fp32_ and embedding_fp32_
 };
 
 }  // namespace strata::engine

@@ -176,10 +176,21 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
     if (o.precision == DType::kF16) tr->grads16_.emplace_back(master.size(), 0);
   }
   STRATA_RETURN_IF_ERROR(tr->refresh_compute_weights());
+  if (tr->device_) {
+    // What the streamed model copies from and to, pinned for the device
+    // (CUDA: asynchronous copies; the host backend: nothing to do).
+    for (auto* set : {&tr->params_, &tr->grads_, &tr->micro_, &tr->grads_alt_}) {
+      for (std::vector<float>& v : *set) {
+        STRATA_ASSIGN_OR_RETURN(gpu::HostPin pin, gpu::HostPin::make(*tr->device_, v.data(), v.size() * 4));
+        tr->pins_.push_back(std::move(pin));
+      }
+    }
+  }
   return tr;
 }
 
 Trainer::~Trainer() {
+  pins_.clear();
   streamed_.reset();  // its device memory goes back before the device
   device_.reset();
   stage_.reset();  // before the staging arena and the swap store it uses

@@ -174,6 +174,7 @@ class Trainer {
   std::vector<std::vector<float>> grads_;
   std::vector<std::vector<float>> micro_;      // one micro-batch's gradients (grad_accum > 1)
   std::vector<std::vector<float>> grads_alt_;  // delayed update: the gradients the stage in flight reads
+  std::vector<gpu::HostPin> pins_;             // the vectors above the streamed model copies, pinned
   bool pending_ = false;                       // delayed update: a stage step in flight
   int64_t t_ = 0;
   StageCounters last_stage_;

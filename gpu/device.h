@@ -93,6 +93,12 @@ class Device {
   // failed, a task that threw); cleared by reading. OK when none.
   virtual Status async_error() = 0;
 
+  // Pins `bytes` of host memory at `data` so copies from and to it run
+  // asynchronously (CUDA: cudaHostRegister; the host backend has nothing to
+  // do), until unpin_host(data). Use HostPin.
+  virtual Status pin_host(void* data, uint64_t bytes) = 0;
+  virtual void unpin_host(void* data) = 0;
+
   // Runs `task` on the host after everything submitted to `stream` before
   // it, and before what comes after (CUDA: cudaLaunchHostFunc, so the task
   // must not call CUDA). A task's error becomes the device's async_error().
@@ -105,6 +111,41 @@ class Device {
  protected:
   friend class DeviceMemory;
   virtual void release(void* data, uint64_t bytes) = 0;
+};
+
+// Keeps a range of host memory pinned for a device while it lives. Move-only.
+class HostPin {
+ public:
+  HostPin() = default;
+  static Result<HostPin> make(Device& device, void* data, uint64_t bytes) {
+    if (data == nullptr || bytes == 0) return HostPin();
+    STRATA_RETURN_IF_ERROR(device.pin_host(data, bytes));
+    HostPin p;
+    p.device_ = &device;
+    p.data_ = data;
+    return Result<HostPin>(std::move(p));
+  }
+  HostPin(HostPin&& other) noexcept : device_(other.device_), data_(other.data_) { other.device_ = nullptr; }
+  HostPin& operator=(HostPin&& other) noexcept {
+    if (this != &other) {
+      reset();
+      device_ = other.device_;
+      data_ = other.data_;
+      other.device_ = nullptr;
+    }
+    return *this;
+  }
+  HostPin(const HostPin&) = delete;
+  HostPin& operator=(const HostPin&) = delete;
+  ~HostPin() { reset(); }
+
+ private:
+  void reset() {
+    if (device_ != nullptr) device_->unpin_host(data_);
+    device_ = nullptr;
+  }
+  Device* device_ = nullptr;
+  void* data_ = nullptr;
 };
 
 inline DeviceMemory::DeviceMemory(DeviceMemory&& other) noexcept { *this = std::move(other); }

@@ -174,6 +174,25 @@ Status CudaDevice::enqueue(Stream stream, std::function<Status()> task) {
   return ok_status();
 }
 
+Status CudaDevice::pin_host(void* data, uint64_t bytes) {
+  const cudaError_t err = cudaHostRegister(data, bytes, cudaHostRegisterPortable);
+  if (err == cudaErrorHostMemoryAlreadyRegistered) {
+    // A page of it is pinned already (small heap blocks share pages): the
+    // range stays pageable, copies from it are merely synchronous.
+    static_cast<void>(cudaGetLastError());
+    return ok_status();
+  }
+  STRATA_CUDA_RETURN_IF_ERROR(err);
+  std::lock_guard lock(mu_);
+  pinned_.insert(data);
+  return ok_status();
+}
+
+void CudaDevice::unpin_host(void* data) {
+  std::lock_guard lock(mu_);
+  if (pinned_.erase(data) > 0) cudaHostUnregister(data);
+}
+
 Status CudaDevice::async_error() {
   {
     std::lock_guard lock(mu_);

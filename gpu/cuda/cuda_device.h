@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <vector>
 
 #include "gpu/device.h"
@@ -48,6 +49,8 @@ class CudaDevice final : public Device {
   bool done(Event event) override;
   Status async_error() override;
   Status enqueue(Stream stream, std::function<Status()> task) override;
+  Status pin_host(void* data, uint64_t bytes) override;
+  void unpin_host(void* data) override;
   // fp32, bf16 or fp16 (cuda/model_ops.cpp).
   Result<std::unique_ptr<ModelOps>> model_ops(const GptConfig& config, DType dtype) override;
 
@@ -69,6 +72,7 @@ class CudaDevice final : public Device {
   std::vector<cudaEvent_t> events_;
   int64_t next_event_ = 0;
   Status host_error_;  // first failure of an enqueued host task, not yet reported
+  std::set<void*> pinned_;  // host ranges this device registered
 };
 
 }  // namespace strata::gpu::cuda

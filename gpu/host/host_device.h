@@ -58,6 +58,10 @@ class HostDevice final : public Device {
   // fp32, bf16 or fp16 storage; the host computes in fp32 (host/model_ops.cpp).
   Result<std::unique_ptr<ModelOps>> model_ops(const GptConfig& config, DType dtype) override;
 
+  // Host memory is the device's memory: nothing to pin.
+  Status pin_host(void*, uint64_t) override { return ok_status(); }
+  void unpin_host(void*) override {}
+
   // Runs `task` on the stream's worker after everything submitted to it before.
   Status enqueue(Stream stream, std::function<Status()> task) override;
 
