@@ -206,13 +206,18 @@ Status StreamedModel::issue_ahead(size_t current) {
     }
     if (slot != kNoPosition) {
       if (nvme_weights_) {
-        // Its read was issued ahead by position: let it land unused.
-        STRATA_RETURN_IF_ERROR(read_weights_ahead(pos));
-        std::optional<io::Ticket>& t = weight_read_[pos % weight_buf_.size()];
-        if (t) {
-          Status s = nvme_weights_->swap->wait(*t);
-          t.reset();
-          STRATA_RETURN_IF_ERROR(s.with_context("reading the weights of chunk " + std::to_string(*chunk)));
+        // Every earlier position was read (staged) or skipped (a hit) in order.
+        STRATA_CHECK_MSG(weights_read_ >= pos, "streamed model: position %zu's read was passed over", pos);
+        if (weights_read_ == pos) {
+          weights_read_ = pos + 1;  // not read yet: it never will be
+        } else {
+          // Already read ahead by position: let it land unused.
+          std::optional<io::Ticket>& t = weight_read_[pos % weight_buf_.size()];
+          if (t) {
+            Status s = nvme_weights_->swap->wait(*t);
+            t.reset();
+            STRATA_RETURN_IF_ERROR(s.with_context("reading the weights of chunk " + std::to_string(*chunk)));
+          }
         }
       }
       ++slot_hits_;
