@@ -414,16 +414,6 @@ class CudaModelOpsTest : public CudaOps, public ::testing::WithParamInterface<DT
     if (GetParam() == DType::kF16) return f16_to_f32(f32_to_f16(x));
     return x;
   }
-  // Host values (fp32) of n device elements of the test's dtype.
-  Vec values(const void* d, size_t n) {
-    if (GetParam() == DType::kF32) return download(static_cast<const float*>(d), n);
-    std::vector<uint16_t> h(n);
-    EXPECT_TRUE(dev_->copy_to_host(handle_, h.data(), d, n * 2).ok());
-    EXPECT_TRUE(dev_->synchronize(handle_).ok());
-    Vec v(n);
-    for (size_t i = 0; i < n; ++i) v[i] = GetParam() == DType::kBF16 ? bf16_to_f32(h[i]) : f16_to_f32(h[i]);
-    return v;
-  }
 };
 
 TEST_P(CudaModelOpsTest, AStepMatchesTheHostModel) {
@@ -450,20 +440,18 @@ TEST_P(CudaModelOpsTest, AStepMatchesTheHostModel) {
   ASSERT_TRUE(ws) << ws.error().to_string();
   Result<testing::ModelStep> m = testing::allocate_model_step(*dev_, **ops, B, Tn);
   ASSERT_TRUE(m) << m.error().to_string();
+  std::vector<std::vector<uint16_t>> w16(w.size());
+  std::vector<const void*> wp;
   for (size_t i = 0; i < w.size(); ++i) {
-    std::vector<uint16_t> h(w[i].size());
-    for (size_t j = 0; j < h.size(); ++j) h[j] = dt == DType::kBF16 ? f32_to_bf16(w[i][j]) : f32_to_f16(w[i][j]);
-    const void* src = dt == DType::kF32 ? static_cast<const void*>(w[i].data()) : h.data();
-    ASSERT_TRUE(dev_->copy_to_device(handle_, m->weights[i].data(), src, w[i].size() * dtype_bytes(dt)).ok());
-    ASSERT_TRUE(dev_->synchronize(handle_).ok());  // h is released at the end of this iteration
+    for (float x : w[i]) w16[i].push_back(dt == DType::kBF16 ? f32_to_bf16(x) : f32_to_f16(x));
+    wp.push_back(dt == DType::kF32 ? static_cast<const void*>(w[i].data()) : w16[i].data());
   }
-  ASSERT_TRUE(dev_->copy_to_device(handle_, m->tokens.data(), tokens.data(), N * 4).ok());
-  ASSERT_TRUE(dev_->copy_to_device(handle_, m->targets.data(), targets.data(), N * 4).ok());
-  ASSERT_TRUE(testing::enqueue_model_step(**ops, handle_, **ws, *m, dloss).ok());
-  const float loss = download(m->loss.as<float>(), 1)[0];
-  EXPECT_NEAR(loss, ref_loss, tol * ref_loss);
-  for (size_t i = 0; i < w.size(); ++i) {
-    const Vec got = values(m->grads[i].data(), g_ref[i].size());
+  std::vector<std::vector<uint8_t>> g;
+  Result<float> loss = testing::run_model_step(*dev_, **ops, handle_, **ws, *m, wp, tokens, targets, dloss, &g);
+  ASSERT_TRUE(loss) << loss.error().to_string();
+  EXPECT_NEAR(*loss, ref_loss, tol * ref_loss);
+  for (size_t i = 0; i < g.size(); ++i) {
+    const Vec got = testing::values_of(g[i], dt);
     double diff = 0, norm = 0;
     for (size_t j = 0; j < got.size(); ++j) {
       ASSERT_TRUE(std::isfinite(got[j])) << "chunk " << i << "[" << j << "]";

@@ -53,27 +53,19 @@ TEST(HostModelOps, AStepThroughTheInterfaceGivesHostGptsBits) {
   Result<testing::ModelStep> m = testing::allocate_model_step(*dev, **ops, B, T);
   ASSERT_TRUE(m) << m.error().to_string();
   Stream s = *dev->create_stream("compute");
+  // Stale gradients: the step must zero them itself.
   for (size_t i = 0; i < w.size(); ++i) {
-    ASSERT_TRUE(dev->copy_to_device(s, m->weights[i].data(), w[i].data(), w[i].size() * 4).ok());
-    // Stale gradients: the step must zero them itself.
     ASSERT_TRUE(dev->copy_to_device(s, m->grads[i].data(), w[i].data(), w[i].size() * 4).ok());
   }
-  ASSERT_TRUE(dev->copy_to_device(s, m->tokens.data(), tokens.data(), N * 4).ok());
-  ASSERT_TRUE(dev->copy_to_device(s, m->targets.data(), targets.data(), N * 4).ok());
-  ASSERT_TRUE(testing::enqueue_model_step(**ops, s, **ws, *m, dloss).ok());
-  float loss = 0;
-  ASSERT_TRUE(dev->copy_to_host(s, &loss, m->loss.data(), 4).ok());
-  std::vector<std::vector<float>> g(w.size());
-  for (size_t i = 0; i < w.size(); ++i) {
-    g[i].resize(w[i].size());
-    ASSERT_TRUE(dev->copy_to_host(s, g[i].data(), m->grads[i].data(), g[i].size() * 4).ok());
-  }
-  ASSERT_TRUE(dev->synchronize(s).ok());
-  ASSERT_TRUE(dev->async_error().ok());
-  EXPECT_EQ(loss, ref_loss);
-  EXPECT_GT(loss, 0.0f);
+  std::vector<const void*> wp;
+  for (const auto& v : w) wp.push_back(v.data());
+  std::vector<std::vector<uint8_t>> g;
+  Result<float> loss = testing::run_model_step(*dev, **ops, s, **ws, *m, wp, tokens, targets, dloss, &g);
+  ASSERT_TRUE(loss) << loss.error().to_string();
+  EXPECT_EQ(*loss, ref_loss);
+  EXPECT_GT(*loss, 0.0f);
   for (size_t i = 0; i < g.size(); ++i) {
-    ASSERT_EQ(std::memcmp(g[i].data(), g_ref[i].data(), g[i].size() * 4), 0) << "chunk " << i << " differs";
+    ASSERT_EQ(std::memcmp(g[i].data(), g_ref[i].data(), g[i].size()), 0) << "chunk " << i << " differs";
   }
 }
 
@@ -136,28 +128,18 @@ TEST_P(HostModelOpsLowPrecision, AStepTracksTheFp32Model) {
   Result<testing::ModelStep> m = testing::allocate_model_step(*dev, **ops, B, T);
   ASSERT_TRUE(m) << m.error().to_string();
   Stream s = *dev->create_stream("compute");
-  for (size_t i = 0; i < w16.size(); ++i) {
-    ASSERT_TRUE(dev->copy_to_device(s, m->weights[i].data(), w16[i].data(), w16[i].size() * 2).ok());
-  }
-  ASSERT_TRUE(dev->copy_to_device(s, m->tokens.data(), tokens.data(), N * 4).ok());
-  ASSERT_TRUE(dev->copy_to_device(s, m->targets.data(), targets.data(), N * 4).ok());
-  ASSERT_TRUE(testing::enqueue_model_step(**ops, s, **ws, *m, 0.5f).ok());
-  float loss = 0;
-  ASSERT_TRUE(dev->copy_to_host(s, &loss, m->loss.data(), 4).ok());
-  std::vector<std::vector<uint16_t>> g(w16.size());
+  std::vector<const void*> wp;
+  for (const auto& v : w16) wp.push_back(v.data());
+  std::vector<std::vector<uint8_t>> g;
+  Result<float> loss = testing::run_model_step(*dev, **ops, s, **ws, *m, wp, tokens, targets, 0.5f, &g);
+  ASSERT_TRUE(loss) << loss.error().to_string();
+  EXPECT_NEAR(*loss, ref_loss, 1e-2 * ref_loss);
   for (size_t i = 0; i < g.size(); ++i) {
-    g[i].resize(w16[i].size());
-    ASSERT_TRUE(dev->copy_to_host(s, g[i].data(), m->grads[i].data(), g[i].size() * 2).ok());
-  }
-  ASSERT_TRUE(dev->synchronize(s).ok());
-  ASSERT_TRUE(dev->async_error().ok());
-  EXPECT_NEAR(loss, ref_loss, 1e-2 * ref_loss);
-  for (size_t i = 0; i < g.size(); ++i) {
+    const std::vector<float> got = testing::values_of(g[i], dt);
     double diff = 0, norm = 0;
-    for (size_t j = 0; j < g[i].size(); ++j) {
-      const float got = dt == DType::kBF16 ? bf16_to_f32(g[i][j]) : f16_to_f32(g[i][j]);
-      ASSERT_TRUE(std::isfinite(got)) << "chunk " << i << "[" << j << "]";
-      diff += std::pow(static_cast<double>(got) - g_ref[i][j], 2);
+    for (size_t j = 0; j < got.size(); ++j) {
+      ASSERT_TRUE(std::isfinite(got[j])) << "chunk " << i << "[" << j << "]";
+      diff += std::pow(static_cast<double>(got[j]) - g_ref[i][j], 2);
       norm += static_cast<double>(g_ref[i][j]) * g_ref[i][j];
     }
     ASSERT_GT(norm, 0.0) << "chunk " << i;
