@@ -5,7 +5,9 @@
 // tests of ModelOps. All buffers are device memory of `dev`.
 #pragma once
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "common/dtype.h"
@@ -119,6 +121,19 @@ inline std::vector<float> values_of(const std::vector<uint8_t>& bytes, DType dty
     }
   }
   return v;
+}
+
+// ||got - ref|| / ||ref||; infinity when ref is all zero, NaN when any
+// element of got is not finite (so a comparison with a tolerance fails).
+inline double relative_error(const std::vector<float>& got, const std::vector<float>& ref) {
+  if (got.size() != ref.size()) return std::numeric_limits<double>::quiet_NaN();
+  double diff = 0, norm = 0;
+  for (size_t j = 0; j < got.size(); ++j) {
+    if (!std::isfinite(got[j])) return std::numeric_limits<double>::quiet_NaN();
+    diff += (static_cast<double>(got[j]) - ref[j]) * (static_cast<double>(got[j]) - ref[j]);
+    norm += static_cast<double>(ref[j]) * ref[j];
+  }
+  return norm > 0 ? std::sqrt(diff / norm) : std::numeric_limits<double>::infinity();
 }
 
 }  // namespace strata::gpu::testing
