@@ -302,18 +302,8 @@ Result<const float*> StreamedModel::weights_for(size_t chunk) {
   return slots_[pos_slot_[use.position]].as<float>();
 }
 
-Result<float> StreamedModel::forward_backward(const std::vector<const float*>& weights, const int32_t* tokens,
-                                             const int32_t* targets, const std::vector<float*>& grads,
-                                             const GradLanded& landed, float dloss) {
-  const gpu::GptConfig& c = config_;
-  const int64_t L = c.layers, N = B_ * T_, C = c.hidden;
-  if (weights.size() != layout_.size() || grads.size() != layout_.size()) {
-    return invalid_argument("streamed model: expected " + std::to_string(layout_.size()) + " chunks");
-  }
-  host_weights_ = weights;
-  issued_ = 0;
-  // Whatever a step that failed left behind: its copies, its checkpoint
-  // I/O and its asynchronous error (already reported by that step).
+void StreamedModel::settle() {
+  dev_->synchronize(compute_).ignore();
   dev_->synchronize(copy_).ignore();
   for (auto* pending : {&stage_read_, &stage_write_}) {
     for (auto& t : *pending) {
@@ -321,12 +311,33 @@ Result<float> StreamedModel::forward_backward(const std::vector<const float*>& w
       t.reset();
     }
   }
+  if (nvme_weights_) drain_weight_reads();
   dev_->async_error().ignore();
-  wait_s_ = 0;
-  if (nvme_weights_) {
-    drain_weight_reads();  // left by a step that failed
-    weights_read_ = 0;
+}
+
+Result<float> StreamedModel::forward_backward(const std::vector<const float*>& weights, const int32_t* tokens,
+                                             const int32_t* targets, const std::vector<float*>& grads,
+                                             const GradLanded& landed, float dloss) {
+  if (weights.size() != layout_.size() || grads.size() != layout_.size()) {
+    return invalid_argument("streamed model: expected " + std::to_string(layout_.size()) + " chunks");
   }
+  Result<float> loss = run_step(weights, tokens, targets, grads, landed, dloss);
+  // A failed step leaves nothing in flight: its copies, compute, checkpoint
+  // I/O and weight reads are waited for here, and the device's leftover
+  // asynchronous errors (the step already reported its own) are cleared.
+  if (!loss) settle();
+  return loss;
+}
+
+Result<float> StreamedModel::run_step(const std::vector<const float*>& weights, const int32_t* tokens,
+                                      const int32_t* targets, const std::vector<float*>& grads,
+                                      const GradLanded& landed, float dloss) {
+  const gpu::GptConfig& c = config_;
+  const int64_t L = c.layers, N = B_ * T_, C = c.hidden;
+  host_weights_ = weights;
+  issued_ = 0;
+  wait_s_ = 0;
+  weights_read_ = 0;
   ready_.assign(ready_.size(), gpu::Event{});
   // The weights change between steps: nothing in a slot carries over.
   slot_chunk_.assign(slots_.size(), std::nullopt);

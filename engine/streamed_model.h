@@ -88,6 +88,10 @@ class StreamedModel {
 
  private:
   StreamedModel() = default;
+  Result<float> run_step(const std::vector<const float*>& weights, const int32_t* tokens, const int32_t* targets,
+                         const std::vector<float*>& grads, const GradLanded& landed, float dloss);
+  // Waits for everything a step put in flight and clears leftover errors.
+  void settle();
   // The device copy of `chunk`'s weights for its next use: fetched now if
   // the schedule did not predict it, already on its way if it did; the
   // uses after it that the schedule knows are issued up to depth ahead.

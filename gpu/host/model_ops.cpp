@@ -71,6 +71,7 @@ class HostModelOps final : public ModelOps {
 
   Status embedding_forward(Stream s, Workspace& w, const void* embedding, const int32_t* tokens,
                            void* x_out) override {
+    HostWorkspace* ws = &static_cast<HostWorkspace&>(w);
     const int64_t B = w.batch(), T = w.seq(), C = config_.hidden;
     const ChunkLayout emb = embedding_layout(config_);
     const int64_t wte = emb.tensors[0].offset, wpe = emb.tensors[1].offset;
@@ -81,17 +82,16 @@ class HostModelOps final : public ModelOps {
         host::embedding_forward(static_cast<float*>(x_out), tokens, e + wte, e + wpe, B, T, C);
         return ok_status();
       }
-      // out = round(wte[token] + wpe[t]), each element from its two stored values
+      // out = round(wte[token] + wpe[t]): both rows widened, added, rounded once
       const uint16_t* e = static_cast<const uint16_t*>(embedding);
       uint16_t* out = static_cast<uint16_t*>(x_out);
-      float a[1], b[1];
+      float* row = ws->xa;
+      float* pos = ws->xa + C;
       for (int64_t n = 0; n < B * T; ++n) {
-        for (int64_t c = 0; c < C; ++c) {
-          host::widen(e + wte + static_cast<int64_t>(tokens[n]) * C + c, dt, a, 1);
-          host::widen(e + wpe + (n % T) * C + c, dt, b, 1);
-          a[0] += b[0];
-          host::narrow(a, out + n * C + c, dt, 1);
-        }
+        host::widen(e + wte + static_cast<int64_t>(tokens[n]) * C, dt, row, C);
+        host::widen(e + wpe + (n % T) * C, dt, pos, C);
+        for (int64_t c = 0; c < C; ++c) row[c] += pos[c];
+        host::narrow(row, out + n * C, dt, C);
       }
       return ok_status();
     });
