@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The one script for a lent GPU machine (about 6 minutes): builds the GPU
 # parts (common/, gpu/, their tests, strata-gpubench), runs the tests
-# labelled `gpu` (CUDA ops and a block against the host reference), then the
-# GPU benchmark, and prints a short table last. Run scripts/fetch-gpu-deps
+# labelled `gpu` (every CUDA op, the fused attention, fp32/bf16/fp16 blocks
+# and a whole-model step through ModelOps, against the host reference), then
+# the GPU benchmark, and prints a short table last. Run scripts/fetch-gpu-deps
 # here first and carry .deps-gpu: the GPU machine cannot download packages.
 #   device run: bash bench/gpu_check.sh   (carry: [".deps-gpu"])
 set -uo pipefail
