@@ -31,7 +31,7 @@ const char* kDefaultConfig = R"({
 })";
 
 int run(int argc, char** argv) {
-  CLI::App app{"strata-train: train a GPT on the host backend (synthetic data) with optimizer states in RAM or on NVMe"};
+  CLI::App app{"strata-train: train a GPT (synthetic data) on the host backend or a CUDA GPU, with optimizer states in RAM or on NVMe"};
   std::string config_path, nvme, checkpoint;
   int64_t steps = -1, save_every = 0;
   bool resume = false, stream = false, delayed = false;
