@@ -41,7 +41,30 @@ Result<std::unique_ptr<OptimizerStage>> OptimizerStage::create(std::vector<int64
 }
 
 OptimizerStage::~OptimizerStage() {
-  if (worker_.joinable()) cancel();
+  cancel();
+  if (worker_.joinable()) {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();
+  }
+}
+
+void OptimizerStage::worker_loop() {
+  std::unique_lock lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return job_ || stop_; });
+    if (!job_) return;  // stopping
+    job_ = false;
+    lock.unlock();
+    Status s = run_overlap();
+    lock.lock();
+    worker_status_ = std::move(s);
+    job_done_ = true;
+    cv_.notify_all();
+  }
 }
 
 Status OptimizerStage::home_weights_on_nvme(DType dtype) {
@@ -155,7 +178,7 @@ cpu_optim::ParamSpan OptimizerStage::span_over(float* state, int64_t n, const Ch
 Result<StageCounters> OptimizerStage::step(const cpu_optim::OptimizerConfig& config, int64_t t,
                                            std::span<const ChunkGrad> grads, std::span<void* const> out,
                                            DType out_dtype, const cpu_optim::StepOptions& options) {
-  STRATA_CHECK_MSG(!worker_.joinable(), "optimizer stage: step() while an overlapped step is in flight");
+  STRATA_CHECK_MSG(!in_step_, "optimizer stage: step() while an overlapped step is in flight");
   if (grads.size() != elems_.size() || out.size() != elems_.size()) {
     return invalid_argument("optimizer stage: " + std::to_string(elems_.size()) + " chunks, but " +
                             std::to_string(grads.size()) + " gradients and " + std::to_string(out.size()) +
@@ -193,7 +216,7 @@ namespace strata::engine {
 // ---- the overlapped step ----
 
 Status OptimizerStage::begin(OverlapStep step) {
-  STRATA_CHECK_MSG(!worker_.joinable(), "optimizer stage: begin() while a step is in flight");
+  STRATA_CHECK_MSG(!in_step_, "optimizer stage: begin() while a step is in flight");
   const size_t C = elems_.size();
   if (step.grads.size() != C || step.out.size() != C || step.order.size() != C) {
     return invalid_argument("optimizer stage: " + std::to_string(C) + " chunks, but " +
@@ -220,9 +243,13 @@ Status OptimizerStage::begin(OverlapStep step) {
     ready_.assign(C, {});
     landed_.assign(C, false);
     abort_ = false;
+    worker_status_ = ok_status();
+    job_done_ = false;
+    job_ = true;
   }
-  worker_status_ = ok_status();
-  worker_ = std::thread([this] { worker_status_ = run_overlap(); });
+  in_step_ = true;
+  if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
+  cv_.notify_all();
   return ok_status();
 }
 
@@ -236,20 +263,25 @@ void OptimizerStage::land(size_t chunk, std::function<Status()> ready) {
 }
 
 Result<OverlapOutcome> OptimizerStage::finish() {
-  STRATA_CHECK_MSG(worker_.joinable(), "optimizer stage: finish() without begin()");
-  worker_.join();
+  STRATA_CHECK_MSG(in_step_, "optimizer stage: finish() without begin()");
+  {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return job_done_; });
+  }
+  in_step_ = false;
   if (!worker_status_.ok()) return std::move(worker_status_);
   return outcome_;
 }
 
 void OptimizerStage::cancel() {
-  if (!worker_.joinable()) return;
+  if (!in_step_) return;
   {
-    std::lock_guard lock(mu_);
+    std::unique_lock lock(mu_);
     abort_ = true;
     cv_.notify_all();
+    cv_.wait(lock, [&] { return job_done_; });
   }
-  worker_.join();
+  in_step_ = false;
 }
 
 Status OptimizerStage::wait_landed(size_t c) {

@@ -125,7 +125,7 @@ class OptimizerStage {
   // Abandons the step in flight (the caller's backward failed): the stage's
   // thread stops at the next chunk that has not landed; no chunk changes.
   void cancel();
-  bool in_step() const { return worker_.joinable(); }
+  bool in_step() const { return in_step_; }
 
   // Copies chunk c's master weights into `dst` (n floats), for checks.
   Status read_master(size_t chunk, float* dst);
@@ -181,8 +181,15 @@ class OptimizerStage {
   OverlapOutcome outcome_;
   std::vector<cpu_optim::GradStats> stats_;
   std::vector<bool> stats_done_;
+  // One worker thread for the stage's life, started by the first begin():
+  // each begin() hands it a step (job_), finish()/cancel() wait for job_done_.
   std::thread worker_;
-  Status worker_status_;
+  void worker_loop();
+  bool in_step_ = false;   // between begin() and finish()/cancel(); the caller's thread only
+  bool job_ = false;       // guarded by mu_
+  bool job_done_ = false;  // guarded by mu_
+  bool stop_ = false;      // guarded by mu_
+  Status worker_status_;   // written by the worker before job_done_
   double idle_s_ = 0;  // the stage's thread waiting for gradients to land
   std::mutex mu_;
   std::condition_variable cv_;
