@@ -1,14 +1,16 @@
 // strata-stepbench: the offloaded training step (weights streamed through a
 // capped device, activation checkpoints on the host, optimizer states on
 // NVMe) next to each of its parts measured alone in the same run:
-//   compute    forward, backward and the recompute (one more forward), the
-//              weights resident, each timed alone;
-//   copies     the step's host<->device bytes through the same device;
+//   compute    the same forward, recompute and backward through the
+//              device's ModelOps with every chunk resident (no copies);
+//   copies     the step's host<->device bytes through a device of the same kind;
 //   optimizer  the optimizer stage's busy time with its states in memory;
 //   nvme       reading and writing every chunk's state once.
 // Prints overlap efficiency = max(parts) / step and the planner's prediction
 // (its model at the link rates just measured) with its error. The host
-// backend runs on CPU cores, so its parts share them; the last line is JSON.
+// backend runs on CPU cores, so its parts share them; `--device cuda` runs
+// the step and the compute and copy parts on the first CUDA GPU. The last
+// line is JSON.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -25,14 +27,38 @@
 #include "engine/plan.h"
 #include "engine/trainer.h"
 #include "gpu/gpt_config.h"
-#include "gpu/host/gpt.h"
 #include "gpu/host/host_device.h"
 #include "gpu/host/ops.h"
+#include "gpu/model_step.h"
+#ifdef STRATA_HAVE_CUDA
+#include "gpu/cuda/cuda_device.h"
+#endif
 
 namespace strata::bench {
 namespace {
 
 #define STEP_CHECK(expr) exit_on_error((expr), "strata-stepbench")
+
+// A device of the kind the step runs on: the host backend (a budget of
+// `bytes`), or the first CUDA GPU.
+std::unique_ptr<gpu::Device> make_device(const std::string& kind, uint64_t bytes) {
+  if (kind == "cuda") {
+#ifdef STRATA_HAVE_CUDA
+    gpu::cuda::CudaDeviceOptions o;
+    o.capacity_bytes = bytes;
+    Result<std::unique_ptr<gpu::cuda::CudaDevice>> d = gpu::cuda::CudaDevice::create(o);
+    STEP_CHECK(d.status());
+    return std::move(*d);
+#else
+    STEP_CHECK(unimplemented("this build has no CUDA"));
+#endif
+  }
+  gpu::HostDeviceOptions o;
+  o.capacity_bytes = bytes;
+  Result<std::unique_ptr<gpu::HostDevice>> d = gpu::HostDevice::create(o);
+  STEP_CHECK(d.status());
+  return std::move(*d);
+}
 
 std::unique_ptr<engine::Trainer> make_trainer(const engine::TrainerOptions& o) {
   Result<std::unique_ptr<engine::Trainer>> tr = engine::Trainer::create(o);
@@ -42,7 +68,7 @@ std::unique_ptr<engine::Trainer> make_trainer(const engine::TrainerOptions& o) {
 
 int run(int argc, char** argv) {
   CLI::App app{"strata-stepbench: the offloaded step against its parts measured alone"};
-  std::string dir = "/tmp/strata-stepbench", trace_path;
+  std::string dir = "/tmp/strata-stepbench", trace_path, device = "host";
   int layers = 12, hidden = 256, reps = 5, prefetch = 2;
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   int compute_threads = std::max(1, cores - 1);
@@ -58,6 +84,8 @@ int run(int argc, char** argv) {
                  "default: all but one")
       ->check(CLI::Range(1, 4096));
   app.add_option("--reps", reps, "timed steps per measurement (median)")->check(CLI::Range(1, 1000));
+  app.add_option("--device", device, "the host backend, or the first CUDA GPU (a CUDA build)")
+      ->check(CLI::IsMember({"host", "cuda"}));
   CLI11_PARSE(app, argc, argv);
   gpu::host::set_compute_threads(compute_threads);  // every part and the step alike
 
@@ -77,6 +105,7 @@ int run(int argc, char** argv) {
   full.activation_checkpoints = engine::Tier::kHost;
   full.states = engine::Tier::kNvme;
   full.nvme_paths = {dir};
+  full.backend = device == "cuda" ? engine::TrainerOptions::Backend::kCuda : engine::TrainerOptions::Backend::kHost;
   engine::Trace trace(!trace_path.empty());
   if (trace.enabled()) full.trace = &trace;
   std::printf("strata-stepbench: %d blocks x hidden %d, %.1fM parameters, %s of model states, device budget %s "
@@ -116,45 +145,56 @@ int run(int argc, char** argv) {
               step_s, format_bytes(device_peak).c_str(), format_bytes(full.device_bytes).c_str(), 100 * idle);
   std::fflush(stdout);
 
-  // Compute alone: the step's forward, its recompute (one more forward) and
-  // its backward, with the weights resident (no copies), timed separately.
+  // Compute alone: the step's forward, then its recompute and backward,
+  // through the device's ModelOps with every chunk resident (no copies).
   const std::vector<gpu::ChunkLayout> layout = gpu::model_layout(base.model);
-  std::vector<std::vector<float>> weights, grads;
-  gpu::host::ModelParams<float> wp, gp;
-  std::mt19937 rng(1);
-  std::normal_distribution<float> normal(0.0f, 0.02f);
-  for (const auto& c : layout) {
-    weights.emplace_back(static_cast<size_t>(c.numel));
-    for (float& w : weights.back()) w = normal(rng);
-    grads.emplace_back(static_cast<size_t>(c.numel), 0.0f);
-    wp.chunks.push_back(weights.back().data());
-    gp.chunks.push_back(grads.back().data());
-  }
-  std::vector<int32_t> tokens(static_cast<size_t>(base.batch * base.seq)), targets(tokens.size());
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    tokens[i] = static_cast<int32_t>(i % static_cast<size_t>(base.model.vocab));
-    targets[i] = static_cast<int32_t>((i + 1) % static_cast<size_t>(base.model.vocab));
-  }
-  gpu::host::HostGpt<float> model(base.model, base.batch, base.seq);
   double fwd_s = 0, bwd_s = 0;
   {
+    // (all of the GPU's free memory on CUDA; a nominal budget on the host)
+    std::unique_ptr<gpu::Device> cdev = make_device(device, device == "cuda" ? 0 : 64ull << 30);
+    Result<std::unique_ptr<gpu::ModelOps>> ops = cdev->model_ops(base.model, DType::kF32);
+    STEP_CHECK(ops.status());
+    Result<std::unique_ptr<gpu::ModelOps::Workspace>> ws = (*ops)->workspace(base.batch, base.seq);
+    STEP_CHECK(ws.status());
+    Result<gpu::ModelStep> m = gpu::allocate_model_step(*cdev, **ops, base.batch, base.seq);
+    STEP_CHECK(m.status());
+    Result<gpu::Stream> cs = cdev->create_stream("compute part");
+    STEP_CHECK(cs.status());
+    std::mt19937 rng(1);
+    std::normal_distribution<float> normal(0.0f, 0.02f);
+    for (size_t c = 0; c < layout.size(); ++c) {
+      std::vector<float> w(static_cast<size_t>(layout[c].numel));
+      for (float& x : w) x = normal(rng);
+      STEP_CHECK(cdev->copy_to_device(*cs, m->weights[c].data(), w.data(), w.size() * 4));
+      STEP_CHECK(cdev->synchronize(*cs));
+    }
+    std::vector<int32_t> tokens(static_cast<size_t>(base.batch * base.seq)), targets(tokens.size());
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      tokens[i] = static_cast<int32_t>(i % static_cast<size_t>(base.model.vocab));
+      targets[i] = static_cast<int32_t>((i + 1) % static_cast<size_t>(base.model.vocab));
+    }
+    STEP_CHECK(cdev->copy_to_device(*cs, m->tokens.data(), tokens.data(), tokens.size() * 4));
+    STEP_CHECK(cdev->copy_to_device(*cs, m->targets.data(), targets.data(), targets.size() * 4));
     std::vector<double> f, b;
     for (int i = 0; i <= reps; ++i) {
       auto t0 = std::chrono::steady_clock::now();
-      (void)model.forward(wp, tokens.data(), targets.data());
+      STEP_CHECK(gpu::enqueue_model_forward(**ops, *cs, **ws, *m));
+      STEP_CHECK(cdev->synchronize(*cs));
       auto t1 = std::chrono::steady_clock::now();
-      model.backward(wp, gp);
+      STEP_CHECK(gpu::enqueue_model_backward(**ops, *cs, **ws, *m, 1.0f));
+      STEP_CHECK(cdev->synchronize(*cs));
       auto t2 = std::chrono::steady_clock::now();
       if (i == 0) continue;  // warm-up
       f.push_back(std::chrono::duration<double>(t1 - t0).count());
       b.push_back(std::chrono::duration<double>(t2 - t1).count());
     }
+    STEP_CHECK(cdev->async_error());
     std::sort(f.begin(), f.end());
     std::sort(b.begin(), b.end());
     fwd_s = f[f.size() / 2];
     bwd_s = b[b.size() / 2];
   }
-  const double compute_s = 2 * fwd_s + bwd_s;
+  const double compute_s = fwd_s + bwd_s;
 
   // The optimizer alone: the stage with its states in memory, after backward.
   engine::TrainerOptions in_memory = base;
@@ -170,25 +210,25 @@ int run(int argc, char** argv) {
   const double optimizer_s = opt[opt.size() / 2];
   resident.reset();
 
-  // Copies alone: the same bytes each way through a device of the same budget.
-  gpu::HostDeviceOptions dopt;
-  dopt.capacity_bytes = full.device_bytes;
-  Result<std::unique_ptr<gpu::HostDevice>> dev = gpu::HostDevice::create(dopt);
-  STEP_CHECK(dev.status());
+  // Copies alone: the same bytes each way through a device of the same kind
+  // and budget, from pinned host memory (as the step's are).
+  std::unique_ptr<gpu::Device> dev = make_device(device, full.device_bytes);
   const uint64_t piece = std::min<uint64_t>(full.device_bytes / 2, 4ull << 20);
-  Result<gpu::DeviceMemory> dbuf = (*dev)->allocate(piece, "copy part");
+  Result<gpu::DeviceMemory> dbuf = dev->allocate(piece, "copy part");
   STEP_CHECK(dbuf.status());
   std::vector<std::byte> host(piece);
-  Result<gpu::Stream> stream = (*dev)->create_stream("copy part");
+  Result<gpu::HostPin> pin = gpu::HostPin::make(*dev, host.data(), host.size());
+  STEP_CHECK(pin.status());
+  Result<gpu::Stream> stream = dev->create_stream("copy part");
   STEP_CHECK(stream.status());
   double copies_s = median_seconds(reps, [&] {
     for (uint64_t done = 0; done < h2d; done += piece) {
-      STEP_CHECK((*dev)->copy_to_device(*stream, dbuf->data(), host.data(), std::min(piece, h2d - done)));
+      STEP_CHECK(dev->copy_to_device(*stream, dbuf->data(), host.data(), std::min(piece, h2d - done)));
     }
     for (uint64_t done = 0; done < d2h; done += piece) {
-      STEP_CHECK((*dev)->copy_to_host(*stream, host.data(), dbuf->data(), std::min(piece, d2h - done)));
+      STEP_CHECK(dev->copy_to_host(*stream, host.data(), dbuf->data(), std::min(piece, d2h - done)));
     }
-    STEP_CHECK((*dev)->synchronize(*stream));
+    STEP_CHECK(dev->synchronize(*stream));
   });
 
   // NVMe alone: every chunk's state read and written back, two buffers.
@@ -248,7 +288,8 @@ int run(int argc, char** argv) {
   const double err = (step_s - predicted) / predicted;
 
   std::printf("\n%-10s %10s %12s\n", "part", "seconds", "bytes/step");
-  std::printf("%-10s %10.4f %12s   (forward %.4f x 2, backward %.4f)\n", "compute", compute_s, "-", fwd_s, bwd_s);
+  std::printf("%-10s %10.4f %12s   (forward %.4f, recompute+backward %.4f)\n", "compute", compute_s, "-", fwd_s,
+              bwd_s);
   std::printf("%-10s %10.4f %12s\n", "copies", copies_s, format_bytes(h2d + d2h).c_str());
   std::printf("%-10s %10.4f %12s\n", "optimizer", optimizer_s, "-");
   std::printf("%-10s %10.4f %12s\n", "nvme", nvme_s, format_bytes(nvme_r + nvme_w).c_str());
@@ -271,6 +312,7 @@ int run(int argc, char** argv) {
                       {"device_peak_bytes", device_peak},
                       {"device_idle_fraction", idle},
                       {"compute_threads", compute_threads},
+                      {"device", device},
                       {"delayed_update_step_s", delayed_s},
                       {"h2d_bytes", h2d},
                       {"d2h_bytes", d2h},

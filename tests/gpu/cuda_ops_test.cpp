@@ -438,7 +438,7 @@ TEST_P(CudaModelOpsTest, AStepMatchesTheHostModel) {
   ASSERT_TRUE(ops) << ops.error().to_string();
   Result<std::unique_ptr<ModelOps::Workspace>> ws = (*ops)->workspace(B, Tn);
   ASSERT_TRUE(ws) << ws.error().to_string();
-  Result<testing::ModelStep> m = testing::allocate_model_step(*dev_, **ops, B, Tn);
+  Result<ModelStep> m = allocate_model_step(*dev_, **ops, B, Tn);
   ASSERT_TRUE(m) << m.error().to_string();
   std::vector<std::vector<uint16_t>> w16(w.size());
   std::vector<const void*> wp;

@@ -50,7 +50,7 @@ TEST(HostModelOps, AStepThroughTheInterfaceGivesHostGptsBits) {
   ASSERT_TRUE(ops) << ops.error().to_string();
   Result<std::unique_ptr<ModelOps::Workspace>> ws = (*ops)->workspace(B, T);
   ASSERT_TRUE(ws) << ws.error().to_string();
-  Result<testing::ModelStep> m = testing::allocate_model_step(*dev, **ops, B, T);
+  Result<ModelStep> m = allocate_model_step(*dev, **ops, B, T);
   ASSERT_TRUE(m) << m.error().to_string();
   Stream s = *dev->create_stream("compute");
   // Stale gradients: the step must zero them itself.
@@ -125,7 +125,7 @@ TEST_P(HostModelOpsLowPrecision, AStepTracksTheFp32Model) {
   EXPECT_EQ((*ops)->dtype(), dt);
   Result<std::unique_ptr<ModelOps::Workspace>> ws = (*ops)->workspace(B, T);
   ASSERT_TRUE(ws) << ws.error().to_string();
-  Result<testing::ModelStep> m = testing::allocate_model_step(*dev, **ops, B, T);
+  Result<ModelStep> m = allocate_model_step(*dev, **ops, B, T);
   ASSERT_TRUE(m) << m.error().to_string();
   Stream s = *dev->create_stream("compute");
   std::vector<const void*> wp;
