@@ -222,13 +222,16 @@ Status StreamedModel::issue_ahead(size_t current) {
       }
       ++slot_hits_;
     } else {
-      std::vector<bool> pending(slots_.size(), false);
-      for (size_t p = current; p < pos; ++p) {
-        if (pos_slot_[p] != kNoPosition) pending[pos_slot_[p]] = true;
-      }
+      // Held by a use still to be computed (current .. pos - 1)?
+      auto pending = [&](size_t k) {
+        for (size_t p = current; p < pos; ++p) {
+          if (pos_slot_[p] == k) return true;
+        }
+        return false;
+      };
       size_t farthest = 0;
       for (size_t k = 0; k < slots_.size(); ++k) {
-        if (pending[k]) continue;
+        if (pending(k)) continue;
         const size_t next = slot_chunk_[k] ? next_use(*slot_chunk_[k], pos) : kNoPosition;
         if (slot == kNoPosition || next > farthest) {
           slot = k;

@@ -74,6 +74,12 @@ ChunkLayout block_layout(const GptConfig& c, int64_t layer) {
   return chunk;
 }
 
+EndOffsets end_offsets(const GptConfig& c) {
+  const ChunkLayout emb = embedding_layout(c), fin = final_layout(c);
+  return {emb.tensors[0].offset, emb.tensors[1].offset, fin.tensors[0].offset, fin.tensors[1].offset, fin.numel,
+          block_layout(c, 0).numel};
+}
+
 BlockOffsets block_offsets(const GptConfig& c) {
   ChunkLayout l = block_layout(c, 0);
   auto at = [&](size_t i) { return l.tensors[i].offset; };

@@ -63,6 +63,15 @@ struct BlockOffsets {
   int64_t ln1w, ln1b, attnw, attnb, projw, projb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb;
 };
 BlockOffsets block_offsets(const GptConfig& config);
+// Where the model's ends keep their tensors, and the chunk sizes a backend
+// sizes its scratch by: taken once, so per-call code needs no layout.
+struct EndOffsets {
+  int64_t wte, wpe;            // in the embedding chunk
+  int64_t lnfw, lnfb;          // in the final chunk
+  int64_t final_numel;         // the final chunk
+  int64_t block_numel;         // every block chunk
+};
+EndOffsets end_offsets(const GptConfig& config);
 ChunkLayout embedding_layout(const GptConfig& config);  // wte [V,C], wpe [max_seq,C]
 ChunkLayout final_layout(const GptConfig& config);      // ln_f.{weight,bias} [C]
 // Every chunk in model order: embedding, blocks 0..L-1, final.

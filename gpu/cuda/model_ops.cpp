@@ -25,7 +25,7 @@ template <class T>
 class CudaModelOps final : public ModelOps {
  public:
   CudaModelOps(CudaDevice& dev, const GptConfig& config, BlasContext blas, DType dtype)
-      : dev_(dev), config_(config), blas_(std::move(blas)), dtype_(dtype) {}
+      : dev_(dev), config_(config), blas_(std::move(blas)), dtype_(dtype), ends_(end_offsets(config)) {}
 
   DType dtype() const override { return dtype_; }
   const GptConfig& config() const override { return config_; }
@@ -62,18 +62,16 @@ class CudaModelOps final : public ModelOps {
   Status embedding_forward(Stream s, Workspace& w, const void* embedding, const int32_t* tokens,
                            void* x_out) override {
     STRATA_ASSIGN_OR_RETURN(cudaStream_t cs, dev_.native(s));
-    const ChunkLayout emb = embedding_layout(config_);
     const T* e = static_cast<const T*>(embedding);
-    return cuda::embedding_forward(cs, static_cast<T*>(x_out), tokens, e + emb.tensors[0].offset,
-                                   e + emb.tensors[1].offset, w.batch(), w.seq(), config_.hidden);
+    return cuda::embedding_forward(cs, static_cast<T*>(x_out), tokens, e + ends_.wte,
+                                   e + ends_.wpe, w.batch(), w.seq(), config_.hidden);
   }
 
   Status embedding_backward(Stream s, Workspace& w, void* dembedding, const int32_t* tokens,
                             const void* dx) override {
     STRATA_ASSIGN_OR_RETURN(cudaStream_t cs, dev_.native(s));
-    const ChunkLayout emb = embedding_layout(config_);
     T* d = static_cast<T*>(dembedding);
-    return cuda::embedding_backward(cs, d + emb.tensors[0].offset, d + emb.tensors[1].offset,
+    return cuda::embedding_backward(cs, d + ends_.wte, d + ends_.wpe,
                                     static_cast<const T*>(dx), tokens, w.batch(), w.seq(), config_.hidden);
   }
 
@@ -96,13 +94,12 @@ class CudaModelOps final : public ModelOps {
     STRATA_ASSIGN_OR_RETURN(cudaStream_t cs, dev_.native(s));
     CudaWorkspace& ws = static_cast<CudaWorkspace&>(w);
     const int64_t N = w.batch() * w.seq(), C = config_.hidden;
-    const ChunkLayout fin = final_layout(config_), emb = embedding_layout(config_);
     const T* f = static_cast<const T*>(final_chunk);
     STRATA_RETURN_IF_ERROR(layernorm_forward(cs, ws.lnf.as<T>(), ws.mean.as<float>(), ws.rstd.as<float>(),
-                                             static_cast<const T*>(x), f + fin.tensors[0].offset,
-                                             f + fin.tensors[1].offset, N, C));
+                                             static_cast<const T*>(x), f + ends_.lnfw,
+                                             f + ends_.lnfb, N, C));
     return crossentropy_forward(blas_, cs, loss, ws.lse.as<float>(), ws.ce.as<float>(), ws.lnf.as<T>(),
-                                static_cast<const T*>(embedding) + emb.tensors[0].offset, targets, N, C,
+                                static_cast<const T*>(embedding) + ends_.wte, targets, N, C,
                                 config_.vocab);
   }
 
@@ -111,17 +108,16 @@ class CudaModelOps final : public ModelOps {
     STRATA_ASSIGN_OR_RETURN(cudaStream_t cs, dev_.native(s));
     CudaWorkspace& ws = static_cast<CudaWorkspace&>(w);
     const int64_t N = w.batch() * w.seq(), C = config_.hidden;
-    const ChunkLayout fin = final_layout(config_), emb = embedding_layout(config_);
     const T* f = static_cast<const T*>(final_chunk);
     T* df = static_cast<T*>(dfinal);
     STRATA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(ws.dlnf.data(), 0, ws.dlnf.bytes(), cs));
     STRATA_RETURN_IF_ERROR(crossentropy_backward(blas_, cs, ws.dlnf.as<T>(),
-                                                 static_cast<T*>(dembedding) + emb.tensors[0].offset,
+                                                 static_cast<T*>(dembedding) + ends_.wte,
                                                  ws.ce.as<float>(), ws.lnf.as<T>(),
-                                                 static_cast<const T*>(embedding) + emb.tensors[0].offset, targets,
+                                                 static_cast<const T*>(embedding) + ends_.wte, targets,
                                                  ws.lse.as<float>(), dloss, N, C, config_.vocab));
-    return layernorm_backward(cs, static_cast<T*>(dx), df + fin.tensors[0].offset, df + fin.tensors[1].offset,
-                              ws.dlnf.as<T>(), static_cast<const T*>(x), f + fin.tensors[0].offset,
+    return layernorm_backward(cs, static_cast<T*>(dx), df + ends_.lnfw, df + ends_.lnfb,
+                              ws.dlnf.as<T>(), static_cast<const T*>(x), f + ends_.lnfw,
                               ws.mean.as<float>(), ws.rstd.as<float>(), N, C);
   }
 
@@ -136,6 +132,7 @@ class CudaModelOps final : public ModelOps {
   GptConfig config_;
   BlasContext blas_;
   DType dtype_;
+  EndOffsets ends_;
 };
 
 }  // namespace

@@ -33,10 +33,8 @@ class HostWorkspace final : public ModelOps::Workspace {
 
 class HostModelOps final : public ModelOps {
  public:
-  HostModelOps(HostDevice& dev, const GptConfig& config, DType dtype) : dev_(dev), config_(config), dtype_(dtype) {
-    const std::vector<ChunkLayout> layout = model_layout(config);
-    for (size_t c = 1; c < layout.size(); ++c) max_chunk_ = std::max(max_chunk_, layout[c].numel);
-  }
+  HostModelOps(HostDevice& dev, const GptConfig& config, DType dtype)
+      : dev_(dev), config_(config), dtype_(dtype), ends_(end_offsets(config)) {}
 
   DType dtype() const override { return dtype_; }
   const GptConfig& config() const override { return config_; }
@@ -44,7 +42,7 @@ class HostModelOps final : public ModelOps {
   uint64_t workspace_bytes(int64_t B, int64_t seq) const override {
     const int64_t N = B * seq, C = config_.hidden;
     int64_t floats = host::BlockActivations<float>::elements(config_, B, seq) + 2 * N * C + 3 * N;
-    if (low_precision()) floats += 2 * max_chunk_ + 3 * N * C;
+    if (low_precision()) floats += 2 * max_chunk() + 3 * N * C;
     return static_cast<uint64_t>(floats) * 4;
   }
 
@@ -63,8 +61,8 @@ class HostModelOps final : public ModelOps {
     ws->lnf = p, ws->dlnf = p + N * C, ws->mean = p + 2 * N * C, ws->rstd = ws->mean + N, ws->lse = ws->rstd + N;
     if (low_precision()) {
       p = ws->lse + N;
-      ws->params = p, ws->dparams = p + max_chunk_;
-      ws->xa = ws->dparams + max_chunk_, ws->xb = ws->xa + N * C, ws->xc = ws->xb + N * C;
+      ws->params = p, ws->dparams = p + max_chunk();
+      ws->xa = ws->dparams + max_chunk(), ws->xb = ws->xa + N * C, ws->xc = ws->xb + N * C;
     }
     return std::unique_ptr<Workspace>(std::move(ws));
   }
@@ -72,9 +70,7 @@ class HostModelOps final : public ModelOps {
   Status embedding_forward(Stream s, Workspace& w, const void* embedding, const int32_t* tokens,
                            void* x_out) override {
     HostWorkspace* ws = &static_cast<HostWorkspace&>(w);
-    const int64_t B = w.batch(), T = w.seq(), C = config_.hidden;
-    const ChunkLayout emb = embedding_layout(config_);
-    const int64_t wte = emb.tensors[0].offset, wpe = emb.tensors[1].offset;
+    const int64_t B = w.batch(), T = w.seq(), C = config_.hidden, wte = ends_.wte, wpe = ends_.wpe;
     const DType dt = dtype_;
     return dev_.enqueue(s, [=]() -> Status {
       if (dt == DType::kF32) {
@@ -100,9 +96,7 @@ class HostModelOps final : public ModelOps {
   Status embedding_backward(Stream s, Workspace& w, void* dembedding, const int32_t* tokens,
                             const void* dx) override {
     HostWorkspace* ws = &static_cast<HostWorkspace&>(w);
-    const int64_t B = w.batch(), T = w.seq(), C = config_.hidden;
-    const ChunkLayout emb = embedding_layout(config_);
-    const int64_t wte = emb.tensors[0].offset, wpe = emb.tensors[1].offset;
+    const int64_t B = w.batch(), T = w.seq(), C = config_.hidden, wte = ends_.wte, wpe = ends_.wpe;
     const DType dt = dtype_;
     return dev_.enqueue(s, [=]() -> Status {
       if (dt == DType::kF32) {
@@ -125,7 +119,7 @@ class HostModelOps final : public ModelOps {
     HostWorkspace* ws = &static_cast<HostWorkspace&>(w);
     const GptConfig c = config_;
     const DType dt = dtype_;
-    const int64_t numel = block_parameter_numel(), NC = w.batch() * w.seq() * c.hidden;
+    const int64_t numel = ends_.block_numel, NC = w.batch() * w.seq() * c.hidden;
     return dev_.enqueue(s, [=]() -> Status {
       if (dt == DType::kF32) {
         host::block_forward(c, static_cast<const float*>(params), static_cast<const float*>(x_in),
@@ -145,7 +139,7 @@ class HostModelOps final : public ModelOps {
     HostWorkspace* ws = &static_cast<HostWorkspace&>(w);
     const GptConfig c = config_;
     const DType dt = dtype_;
-    const int64_t numel = block_parameter_numel(), NC = w.batch() * w.seq() * c.hidden;
+    const int64_t numel = ends_.block_numel, NC = w.batch() * w.seq() * c.hidden;
     return dev_.enqueue(s, [=]() -> Status {
       if (dt == DType::kF32) {
         host::block_backward(c, static_cast<const float*>(params), static_cast<float*>(dparams),
@@ -169,7 +163,7 @@ class HostModelOps final : public ModelOps {
                       const int32_t* targets, float* loss) override {
     HostWorkspace* ws = &static_cast<HostWorkspace&>(w);
     const int64_t N = w.batch() * w.seq(), C = config_.hidden, V = config_.vocab;
-    const ChunkLayout fin = final_layout(config_), emb = embedding_layout(config_);
+    const EndOffsets o = ends_;
     const DType dt = dtype_;
     return dev_.enqueue(s, [=]() -> Status {
       const float *f = nullptr, *in = nullptr;
@@ -177,18 +171,18 @@ class HostModelOps final : public ModelOps {
         f = static_cast<const float*>(final_chunk);
         in = static_cast<const float*>(x);
       } else {
-        host::widen(static_cast<const uint16_t*>(final_chunk), dt, ws->params, fin.numel);
+        host::widen(static_cast<const uint16_t*>(final_chunk), dt, ws->params, o.final_numel);
         host::widen(static_cast<const uint16_t*>(x), dt, ws->xa, N * C);
         f = ws->params;
         in = ws->xa;
       }
-      host::layernorm_forward(ws->lnf, ws->mean, ws->rstd, in, f + fin.tensors[0].offset, f + fin.tensors[1].offset,
+      host::layernorm_forward(ws->lnf, ws->mean, ws->rstd, in, f + o.lnfw, f + o.lnfb,
                               N, C);
       if (dt == DType::kF32) {
-        const float* wte = static_cast<const float*>(embedding) + emb.tensors[0].offset;
+        const float* wte = static_cast<const float*>(embedding) + o.wte;
         *loss = host::crossentropy_forward(ws->lse, ws->lnf, wte, targets, N, C, V);
       } else {
-        const uint16_t* wte = static_cast<const uint16_t*>(embedding) + emb.tensors[0].offset;
+        const uint16_t* wte = static_cast<const uint16_t*>(embedding) + o.wte;
         *loss = host::crossentropy_forward_lp(ws->lse, ws->lnf, wte, dt, targets, N, C, V);
       }
       return ok_status();
@@ -199,31 +193,31 @@ class HostModelOps final : public ModelOps {
                        void* dembedding, const void* x, const int32_t* targets, float dloss, void* dx) override {
     HostWorkspace* ws = &static_cast<HostWorkspace&>(w);
     const int64_t N = w.batch() * w.seq(), C = config_.hidden, V = config_.vocab;
-    const ChunkLayout fin = final_layout(config_), emb = embedding_layout(config_);
+    const EndOffsets o = ends_;
     const DType dt = dtype_;
     return dev_.enqueue(s, [=]() -> Status {
       std::memset(ws->dlnf, 0, static_cast<size_t>(N * C) * 4);
       if (dt == DType::kF32) {
         const float* f = static_cast<const float*>(final_chunk);
         float* df = static_cast<float*>(dfinal);
-        const float* wte = static_cast<const float*>(embedding) + emb.tensors[0].offset;
-        float* dwte = static_cast<float*>(dembedding) + emb.tensors[0].offset;
+        const float* wte = static_cast<const float*>(embedding) + o.wte;
+        float* dwte = static_cast<float*>(dembedding) + o.wte;
         host::crossentropy_backward(ws->dlnf, dwte, ws->lnf, wte, targets, ws->lse, dloss, N, C, V);
-        host::layernorm_backward(static_cast<float*>(dx), df + fin.tensors[0].offset, df + fin.tensors[1].offset,
-                                 ws->dlnf, static_cast<const float*>(x), f + fin.tensors[0].offset, ws->mean,
+        host::layernorm_backward(static_cast<float*>(dx), df + o.lnfw, df + o.lnfb,
+                                 ws->dlnf, static_cast<const float*>(x), f + o.lnfw, ws->mean,
                                  ws->rstd, N, C);
         return ok_status();
       }
-      const uint16_t* wte = static_cast<const uint16_t*>(embedding) + emb.tensors[0].offset;
-      uint16_t* dwte = static_cast<uint16_t*>(dembedding) + emb.tensors[0].offset;
+      const uint16_t* wte = static_cast<const uint16_t*>(embedding) + o.wte;
+      uint16_t* dwte = static_cast<uint16_t*>(dembedding) + o.wte;
       host::crossentropy_backward_lp(ws->dlnf, dwte, dt, ws->lnf, wte, targets, ws->lse, dloss, N, C, V);
-      host::widen(static_cast<const uint16_t*>(final_chunk), dt, ws->params, fin.numel);
+      host::widen(static_cast<const uint16_t*>(final_chunk), dt, ws->params, o.final_numel);
       host::widen(static_cast<const uint16_t*>(x), dt, ws->xa, N * C);
-      std::memset(ws->dparams, 0, static_cast<size_t>(fin.numel) * 4);
+      std::memset(ws->dparams, 0, static_cast<size_t>(o.final_numel) * 4);
       std::memset(ws->xc, 0, static_cast<size_t>(N * C) * 4);
-      host::layernorm_backward(ws->xc, ws->dparams + fin.tensors[0].offset, ws->dparams + fin.tensors[1].offset,
-                               ws->dlnf, ws->xa, ws->params + fin.tensors[0].offset, ws->mean, ws->rstd, N, C);
-      host::add_rounded(static_cast<uint16_t*>(dfinal), dt, ws->dparams, fin.numel);
+      host::layernorm_backward(ws->xc, ws->dparams + o.lnfw, ws->dparams + o.lnfb,
+                               ws->dlnf, ws->xa, ws->params + o.lnfw, ws->mean, ws->rstd, N, C);
+      host::add_rounded(static_cast<uint16_t*>(dfinal), dt, ws->dparams, o.final_numel);
       host::add_rounded(static_cast<uint16_t*>(dx), dt, ws->xc, N * C);
       return ok_status();
     });
@@ -238,12 +232,12 @@ class HostModelOps final : public ModelOps {
 
  private:
   bool low_precision() const { return dtype_ != DType::kF32; }
-  int64_t block_parameter_numel() const { return block_layout(config_, 0).numel; }
+  int64_t max_chunk() const { return std::max(ends_.block_numel, ends_.final_numel); }
 
   HostDevice& dev_;
   GptConfig config_;
   DType dtype_;
-  int64_t max_chunk_ = 0;  // the largest block or final chunk
+  EndOffsets ends_;
 };
 
 }  // namespace

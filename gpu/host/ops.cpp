@@ -226,6 +226,15 @@ void matmul_backward(T* dx, T* dw, T* dbias, const T* dout, const T* x, const T*
 // zeroed), row softmax, out = P V. Backward: dP = dout V^T, dV += P^T dout,
 // dS = P * (dP - rowsum(P * dP)), dQ += scale * dS K, dK += scale * dS^T Q.
 namespace {
+// One (sequence b, head h)'s q, k and v slices of a [B,T,3C] tensor (row
+// stride 3C), for the attention's per-head GEMMs; T is const for inputs.
+template <class T>
+struct HeadQkv {
+  T *q, *k, *v;
+  HeadQkv(T* qkv, int64_t b, int64_t h, int64_t seq, int64_t C, int64_t hs)
+      : q(qkv + b * seq * 3 * C + h * hs), k(q + C), v(q + 2 * C) {}
+};
+
 // Softmax in place over a [rows, cols] block of attention scores whose row r
 // is query `first + r`: columns 0..first + r, zero beyond (causal); with
 // `lse`, lse[first + r] = the row's log-sum-exp.
@@ -255,9 +264,7 @@ void attention_forward(T* out, T* att, const T* qkv, int64_t B, int64_t seq, int
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t h = 0; h < NH; ++h) {
-      const T* q = qkv + b * seq * ld + h * hs;
-      const T* k = q + C;
-      const T* v = q + 2 * C;
+      const auto [q, k, v] = HeadQkv<const T>(qkv, b, h, seq, C, hs);
       T* a = att + (b * NH + h) * seq * seq;
       gemm(false, true, seq, seq, hs, scale, q, ld, k, ld, T(0), a, seq);
       causal_softmax_rows(a, seq, seq, 0, static_cast<T*>(nullptr));
@@ -274,12 +281,8 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* att, int6
   std::vector<T> ds(static_cast<size_t>(seq * seq));
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t h = 0; h < NH; ++h) {
-      const T* q = qkv + b * seq * ld + h * hs;
-      const T* k = q + C;
-      const T* v = q + 2 * C;
-      T* dq = dqkv + b * seq * ld + h * hs;
-      T* dk = dq + C;
-      T* dv = dq + 2 * C;
+      const auto [q, k, v] = HeadQkv<const T>(qkv, b, h, seq, C, hs);
+      const auto [dq, dk, dv] = HeadQkv<T>(dqkv, b, h, seq, C, hs);
       const T* a = att + (b * NH + h) * seq * seq;
       const T* d = dout + b * seq * C + h * hs;
       gemm(false, true, seq, seq, hs, T(1), d, C, v, ld, T(0), ds.data(), seq);  // dP
@@ -305,9 +308,7 @@ void flash_attention_forward(T* out, T* lse, T* scratch, const T* qkv, int64_t B
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t h = 0; h < NH; ++h) {
-      const T* q = qkv + b * seq * ld + h * hs;
-      const T* k = q + C;
-      const T* v = q + 2 * C;
+      const auto [q, k, v] = HeadQkv<const T>(qkv, b, h, seq, C, hs);
       T* l = lse + (b * NH + h) * seq;
       for (int64_t q0 = 0; q0 < seq; q0 += kAttnRows) {
         // rows [q0, q1) see keys [0, q1): a rows x q1 block of scores
@@ -327,12 +328,8 @@ void flash_attention_backward(T* dqkv, T* scratch, const T* dout, const T* out, 
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t h = 0; h < NH; ++h) {
-      const T* q = qkv + b * seq * ld + h * hs;
-      const T* k = q + C;
-      const T* v = q + 2 * C;
-      T* dq = dqkv + b * seq * ld + h * hs;
-      T* dk = dq + C;
-      T* dv = dq + 2 * C;
+      const auto [q, k, v] = HeadQkv<const T>(qkv, b, h, seq, C, hs);
+      const auto [dq, dk, dv] = HeadQkv<T>(dqkv, b, h, seq, C, hs);
       const T* l = lse + (b * NH + h) * seq;
       const T* d = dout + b * seq * C + h * hs;
       const T* o = out + b * seq * C + h * hs;

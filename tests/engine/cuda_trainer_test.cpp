@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -42,30 +43,29 @@ TEST(CudaTrainer, LossesTrackTheHostBackend) {
   o.device_bytes = 16 << 20;
   o.prefetch_depth = 2;
   o.activation_checkpoints = Tier::kHost;
+  // `steps` steps on the host backend and on the GPU with the same options:
+  // the losses within 0.2% of each other; the GPU's losses returned.
   const int steps = 15;
-  const std::vector<float> host = losses(o, steps);
-  o.backend = TrainerOptions::Backend::kCuda;
-  const std::vector<float> gpu = losses(o, steps);
-  ASSERT_EQ(host.size(), static_cast<size_t>(steps));
-  ASSERT_EQ(gpu.size(), static_cast<size_t>(steps));
-  for (int i = 0; i < steps; ++i) {
-    EXPECT_NEAR(gpu[i], host[i], 2e-3 * std::fabs(host[i])) << "step " << i + 1;
-  }
+  auto compare = [&](const char* what) {
+    o.backend = TrainerOptions::Backend::kHost;
+    const std::vector<float> host = losses(o, steps);
+    o.backend = TrainerOptions::Backend::kCuda;
+    const std::vector<float> gpu = losses(o, steps);
+    EXPECT_EQ(host.size(), static_cast<size_t>(steps)) << what;
+    EXPECT_EQ(gpu.size(), static_cast<size_t>(steps)) << what;
+    for (size_t i = 0; i < std::min(host.size(), gpu.size()); ++i) {
+      EXPECT_NEAR(gpu[i], host[i], 2e-3 * std::fabs(host[i])) << what << " step " << i + 1;
+    }
+    return gpu;
+  };
+  const std::vector<float> gpu = compare("streamed");
+  ASSERT_FALSE(gpu.empty());
   EXPECT_LT(gpu.back(), 0.8f * gpu.front());
-
   // Resident: HostGpt on the host, every chunk kept in a slot on the GPU.
   o.stream_weights = false;
   o.activation_checkpoints = Tier::kDevice;
   o.device_bytes = 0;
-  o.backend = TrainerOptions::Backend::kHost;
-  const std::vector<float> host_resident = losses(o, steps);
-  o.backend = TrainerOptions::Backend::kCuda;
-  const std::vector<float> gpu_resident = losses(o, steps);
-  ASSERT_EQ(host_resident.size(), static_cast<size_t>(steps));
-  ASSERT_EQ(gpu_resident.size(), static_cast<size_t>(steps));
-  for (int i = 0; i < steps; ++i) {
-    EXPECT_NEAR(gpu_resident[i], host_resident[i], 2e-3 * std::fabs(host_resident[i])) << "resident step " << i + 1;
-  }
+  compare("resident");
 }
 
 }  // namespace
