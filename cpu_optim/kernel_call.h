@@ -69,8 +69,21 @@ struct ConvertKernel {
   void operator()(Arch, const void* src, DType src_type, void* dst, DType dst_type, int64_t n) const;
 };
 
+// The 8-bit state format on its own (q8.h): n values <-> codes and one scale
+// per kQ8BlockElems, block by block. `is_v` picks v's format over m's.
+struct Q8EncodeKernel {
+  template <class Arch>
+  void operator()(Arch, const float* src, int64_t n, bool is_v, void* codes, float* scales) const;
+};
+struct Q8DecodeKernel {
+  template <class Arch>
+  void operator()(Arch, const void* codes, const float* scales, int64_t n, bool is_v, float* dst) const;
+};
+
 // The scalar reference step over one span (optim_ref.cpp); returns non-finite count.
 int64_t reference_tile(const TileCall& call);
+void reference_q8_encode(const float* src, int64_t n, bool is_v, void* codes, float* scales);
+void reference_q8_decode(const void* codes, const float* scales, int64_t n, bool is_v, float* dst);
 void reference_stats(const void* grad, DType dtype, int64_t n, float scale, double* partials, int64_t* nonfinite);
 inline constexpr int64_t kStatsPartialElems = 1024;  // == kSub in kernels_impl.h
 

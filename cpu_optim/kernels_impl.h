@@ -72,31 +72,62 @@ void from_f32(const float* __restrict src, DType type, int64_t n, void* dst) {
   }
 }
 
-// 8-bit blockwise states (format in q8.h). One block is decoded into /
-// encoded from fp32 scratch at a time; the vector code computes exactly what
-// q8.h's scalar functions compute (rewritten with fewer instructions where
-// the result is bit-for-bit the same), so both give the same codes. A block
-// shorter than kQ8BlockElems (the end of a span) and architectures without
-// lane moves use the scalar functions.
+// 8-bit blockwise states (format in q8.h). The vector code computes exactly
+// what q8.h's scalar functions compute, so both give the same codes and
+// values. A block shorter than kQ8BlockElems (the end of a span) and
+// architectures without lane moves use the scalar functions.
+
+// One batch of codes -> values, given the block's unit (q8_m_unit /
+// q8_v_unit of its scale).
+template <class Arch>
+xsimd::batch<float, Arch> q8_decode_m_batch(const int8_t* q, const xsimd::batch<float, Arch>& unit) {
+  auto c = load_code<Arch>(q);
+  return c * xsimd::abs(c) * unit;
+}
+template <class Arch>
+xsimd::batch<float, Arch> q8_decode_v_batch(const uint8_t* q, const xsimd::batch<float, Arch>& unit) {
+  using B = xsimd::batch<float, Arch>;
+  B c = xsimd::max(load_code<Arch>(q), B(0.5f));  // codes are integers >= 0: q8.h's "0 -> 0.5"
+  B w = c * c * unit;
+  return w * w;
+}
+
+// One batch of values -> codes, given 1 / the block's scale: q8.h's
+// encoders with estimated roots. e is the code or the code + 1 (the
+// estimates are good to well under a quarter of a code), and one comparison
+// with the threshold settles it.
+template <class Arch>
+void q8_encode_m_batch(const xsimd::batch<float, Arch>& x, const xsimd::batch<float, Arch>& inv, int8_t* q) {
+  using B = xsimd::batch<float, Arch>;
+  B y = xsimd::abs(x) * inv;
+  B e = xsimd::trunc(xsimd::fma(rcp_estimate<Arch>(rsqrt_estimate<Arch>(y)), B(kQ8MMax), B(0.75f)));
+  B r = fused_fma<Arch>(e, B(1.0f / kQ8MMax), B(-0.5f / kQ8MMax));
+  B c = xsimd::select(y < r * r, e - B(1.0f), e);
+  c = xsimd::min(xsimd::max(c, B(0.0f)), B(kQ8MMax));  // max(c, 0) returns 0 for a NaN c: NaN -> 0
+  // x's sign onto c: a negative x with code 0 gives -0, stored as 0
+  store_code<Arch>(c | (x & B(-0.0f)), q);
+}
+template <class Arch>
+void q8_encode_v_batch(const xsimd::batch<float, Arch>& x, const xsimd::batch<float, Arch>& inv, uint8_t* q) {
+  using B = xsimd::batch<float, Arch>;
+  B y = (x * inv) * inv;
+  B e = xsimd::trunc(xsimd::fma(rsqrt_estimate<Arch>(rsqrt_estimate<Arch>(y)), B(kQ8VMax), B(0.75f)));
+  B r = fused_fma<Arch>(e, B(1.0f / kQ8VMax), B(-0.5f / kQ8VMax));
+  B r2 = r * r;
+  B c = xsimd::select(y < r2 * r2, e - B(1.0f), e);
+  store_code<Arch>(xsimd::min(xsimd::max(c, B(0.0f)), B(kQ8VMax)), q);  // NaN -> 0, as above
+}
+
 template <class Arch>
 void q8_decode_block(const void* q, float scale, bool is_v, int64_t len, float* __restrict dst) {
   using B = xsimd::batch<float, Arch>;
   if constexpr (has_lane_moves<Arch>()) {
     if (len == kQ8BlockElems) {
-      const B sc(scale);
+      const B unit(is_v ? q8_v_unit(scale) : q8_m_unit(scale));
       for (int64_t i = 0; i < kQ8BlockElems; i += B::size) {
-        if (is_v) {
-          // codes are integers >= 0, so max(code, 0.5) is q8.h's "0 -> 0.5"
-          B code = load_code<Arch>(static_cast<const uint8_t*>(q) + i);
-          B r = xsimd::max(code, B(0.5f)) * B(1.0f / 255.0f);
-          B w = r * r * sc;
-          (w * w).store_aligned(dst + i);
-        } else {
-          // r * |r| is bitwise q8.h's (code < 0 ? -r * r : r * r)
-          B code = load_code<Arch>(static_cast<const int8_t*>(q) + i);
-          B r = code * B(1.0f / 127.0f);
-          (r * xsimd::abs(r) * sc).store_aligned(dst + i);
-        }
+        B x = is_v ? q8_decode_v_batch<Arch>(static_cast<const uint8_t*>(q) + i, unit)
+                   : q8_decode_m_batch<Arch>(static_cast<const int8_t*>(q) + i, unit);
+        x.store_unaligned(dst + i);
       }
       return;
     }
@@ -142,19 +173,12 @@ float q8_encode_block_scaled(const float* __restrict src, bool is_v, int64_t len
   const float inv = q8_inverse(scale);
   if constexpr (has_lane_moves<Arch>()) {
     if (len == kQ8BlockElems) {
-      const B zero(0.0f), magic(12582912.0f), vinv(inv);
+      const B vinv(inv);
       for (int64_t i = 0; i < kQ8BlockElems; i += B::size) {
-        B x = B::load_aligned(src + i);
         if (is_v) {
-          B r = xsimd::sqrt(xsimd::sqrt(x) * vinv);
-          B c = (B(255.0f) * r + magic) - magic;
-          // max(c, 0) returns 0 for a NaN c (its second operand): NaN -> 0
-          store_code<Arch>(xsimd::min(xsimd::max(c, zero), B(255.0f)), static_cast<uint8_t*>(q) + i);
+          q8_encode_v_batch<Arch>(B::load_unaligned(src + i), vinv, static_cast<uint8_t*>(q) + i);
         } else {
-          B r = xsimd::sqrt(xsimd::abs(x) * vinv);
-          B c = (B(127.0f) * r + magic) - magic;
-          c = xsimd::min(xsimd::max(c, zero), B(127.0f));  // NaN -> 0, as above
-          store_code<Arch>(xsimd::select(x < zero, -c, c), static_cast<int8_t*>(q) + i);
+          q8_encode_m_batch<Arch>(B::load_unaligned(src + i), vinv, static_cast<int8_t*>(q) + i);
         }
       }
       return scale;
@@ -214,6 +238,12 @@ struct BatchStep {
   using B = xsimd::batch<float, Arch>;
   B gs, zero, lr, wd, decay, b1, b2, omb1, omb2, eps, step_size, inv_bc2_sqrt, momentum, one_minus_dampening;
   bool decoupled, nesterov, first_step, has_momentum;
+  // Adam over 8-bit states: the denominator's square root and reciprocal
+  // are the bare hardware estimates (coarse_sqrt / coarse_reciprocal). Their
+  // error (~1e-4 relative on AVX-512, ~1e-3 on AVX2) is far below what the
+  // states' own 8 bits carry (~1e-2), and the Newton steps cost a quarter of
+  // the q8 kernel's vector instructions.
+  bool coarse_roots;
   B check;
 
   explicit BatchStep(const TileCall& call)
@@ -222,7 +252,7 @@ struct BatchStep {
         eps(call.c.eps), step_size(call.c.step_size), inv_bc2_sqrt(1.0f / call.c.bias_correction2_sqrt),
         momentum(call.c.momentum), one_minus_dampening(1.0f - call.c.dampening), decoupled(call.c.decoupled),
         nesterov(call.c.nesterov), first_step(call.c.first_step), has_momentum(call.c.momentum != 0.0f),
-        check(0.0f) {}
+        coarse_roots(call.state_type == StateType::kQ8), check(0.0f) {}
 
   void operator()(B& p, B graw, B& m, B& v) {
     check = xsimd::fma(graw, zero, check);
@@ -231,9 +261,14 @@ struct BatchStep {
       if (!decoupled) g = xsimd::fma(wd, p, g);
       m = xsimd::fma(b1, m, omb1 * g);
       v = xsimd::fma(b2, v, omb2 * g * g);
-      B denom = xsimd::fma(fast_sqrt<Arch>(v), inv_bc2_sqrt, eps);
       if (decoupled) p = p * decay;
-      p = xsimd::fnma(step_size, m * fast_reciprocal<Arch>(denom), p);
+      if (coarse_roots) {
+        B denom = xsimd::fma(coarse_sqrt<Arch>(v), inv_bc2_sqrt, eps);
+        p = xsimd::fnma(step_size, m * coarse_reciprocal<Arch>(denom), p);
+      } else {
+        B denom = xsimd::fma(fast_sqrt<Arch>(v), inv_bc2_sqrt, eps);
+        p = xsimd::fnma(step_size, m * fast_reciprocal<Arch>(denom), p);
+      }
     } else if constexpr (K == OptKind::kAdagrad) {
       g = xsimd::fma(wd, p, g);
       v = xsimd::fma(g, g, v);
@@ -389,20 +424,24 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
       if constexpr (O != OutKind::kNone) store_from_f32<Arch>(out, kOut, i, p);
     }
   } else {
+    // Per block: decode, update and keep the new m and v in scratch while
+    // their new scales are gathered, then encode both in one loop.
     alignas(64) float bm[kQ8BlockElems], bv[kQ8BlockElems];
+    auto* const qm = static_cast<int8_t*>(mem_m);
+    auto* const qv = static_cast<uint8_t*>(mem_v);
     for (int64_t b0 = 0; b0 < n; b0 += kQ8BlockElems) {
       const int64_t blk = b0 / kQ8BlockElems;
-      q8_decode_block<Arch>(static_cast<const int8_t*>(mem_m) + b0, call.m_scale[blk], false, kQ8BlockElems, bm);
-      q8_decode_block<Arch>(static_cast<const uint8_t*>(mem_v) + b0, call.v_scale[blk], true, kQ8BlockElems, bv);
+      const B m_unit(q8_m_unit(call.m_scale[blk])), v_unit(q8_v_unit(call.v_scale[blk]));
       B top_m(0.0f), top_v(0.0f);  // the new block scales, gathered on the way
       for (int64_t j = 0; j < kQ8BlockElems; j += W) {
         const int64_t i = b0 + j;
         prefetch_ahead<4>(params, i);
         prefetch_ahead<G == DType::kF32 ? 4 : 2>(grad, i);
-        prefetch_ahead<1>(mem_m, i);
-        prefetch_ahead<1>(mem_v, i);
+        prefetch_ahead<1>(qm, i);
+        prefetch_ahead<1>(qv, i);
         if constexpr (O != OutKind::kNone) prefetch_ahead<2>(out, i);
-        B p = B::load_unaligned(params + i), m = B::load_aligned(bm + j), v = B::load_aligned(bv + j);
+        B p = B::load_unaligned(params + i);
+        B m = q8_decode_m_batch<Arch>(qm + i, m_unit), v = q8_decode_v_batch<Arch>(qv + i, v_unit);
         st(p, load_as_f32<Arch>(grad, G, i), m, v);
         p.store_unaligned(params + i);
         m.store_aligned(bm + j);
@@ -411,10 +450,14 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
         top_v = xsimd::max(v, top_v);
         if constexpr (O != OutKind::kNone) store_from_f32<Arch>(out, kOut, i, p);
       }
-      call.m_scale[blk] = q8_encode_block_scaled<Arch>(bm, false, kQ8BlockElems, static_cast<int8_t*>(mem_m) + b0,
-                                                       max_lane<Arch>(top_m));
-      call.v_scale[blk] = q8_encode_block_scaled<Arch>(bv, true, kQ8BlockElems, static_cast<uint8_t*>(mem_v) + b0,
-                                                       std::sqrt(max_lane<Arch>(top_v)));
+      const float m_scale = max_lane<Arch>(top_m), v_scale = std::sqrt(max_lane<Arch>(top_v));
+      call.m_scale[blk] = m_scale;
+      call.v_scale[blk] = v_scale;
+      const B m_inv(q8_inverse(m_scale)), v_inv(q8_inverse(v_scale));
+      for (int64_t j = 0; j < kQ8BlockElems; j += W) {
+        q8_encode_m_batch<Arch>(B::load_aligned(bm + j), m_inv, qm + b0 + j);
+        q8_encode_v_batch<Arch>(B::load_aligned(bv + j), v_inv, qv + b0 + j);
+      }
     }
   }
   step_state.check = st.check;
@@ -533,6 +576,17 @@ void ConvertKernel::operator()(Arch, const void* src, DType src_type, void* dst,
   }
 }
 
+template <class Arch>
+void Q8EncodeKernel::operator()(Arch, const float* src, int64_t n, bool is_v, void* codes, float* scales) const {
+  q8_store<Arch>(src, is_v, n, codes, scales);
+}
+
+template <class Arch>
+void Q8DecodeKernel::operator()(Arch, const void* codes, const float* scales, int64_t n, bool is_v,
+                                float* dst) const {
+  q8_load<Arch>(codes, scales, is_v, n, dst);
+}
+
 }  // namespace strata::cpu_optim::detail
 
 // Explicit instantiations for one architecture.
@@ -541,4 +595,8 @@ void ConvertKernel::operator()(Arch, const void* src, DType src_type, void* dst,
   template void strata::cpu_optim::detail::StatsKernel::operator()<ARCH>(ARCH, const void*, DType, int64_t,   \
                                                                           float, double*, int64_t*) const;    \
   template void strata::cpu_optim::detail::ConvertKernel::operator()<ARCH>(ARCH, const void*, DType, void*,   \
-                                                                            DType, int64_t) const;
+                                                                            DType, int64_t) const;      \
+  template void strata::cpu_optim::detail::Q8EncodeKernel::operator()<ARCH>(ARCH, const float*, int64_t, bool, \
+                                                                             void*, float*) const;            \
+  template void strata::cpu_optim::detail::Q8DecodeKernel::operator()<ARCH>(ARCH, const void*, const float*,  \
+                                                                             int64_t, bool, float*) const;

@@ -18,6 +18,7 @@
 //   p <- p - lr * g
 // Low-precision states are loaded to fp32, updated, and stored back
 // (bf16: round to nearest even; q8: the companded format of q8.h).
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <vector>
@@ -86,6 +87,15 @@ void store_state(StateType type, void* q, float* scales, bool is_v, const std::v
 }
 
 }  // namespace
+
+void reference_q8_encode(const float* src, int64_t n, bool is_v, void* codes, float* scales) {
+  store_state(StateType::kQ8, codes, scales, is_v, std::vector<float>(src, src + n));
+}
+
+void reference_q8_decode(const void* codes, const float* scales, int64_t n, bool is_v, float* dst) {
+  std::vector<float> x = load_state(StateType::kQ8, codes, scales, is_v, n);
+  std::copy(x.begin(), x.end(), dst);
+}
 
 int64_t reference_tile(const TileCall& call) {
   const Coeffs& c = call.c;

@@ -225,6 +225,36 @@ Status convert(const void* src, DType src_type, void* dst, DType dst_type, int64
   return ok_status();
 }
 
+Status q8_encode(const float* src, int64_t n, Q8Array which, void* codes, float* scales, Isa isa) {
+  if (n < 0 || (n > 0 && (src == nullptr || codes == nullptr || scales == nullptr))) {
+    return invalid_argument("q8_encode: null pointer or n < 0");
+  }
+  STRATA_ASSIGN_OR_RETURN(Isa chosen, resolve_isa(isa));
+  const bool is_v = which == Q8Array::kV;
+  switch (chosen) {
+    case Isa::kAvx512: detail::Q8EncodeKernel{}(xsimd::avx512bw{}, src, n, is_v, codes, scales); break;
+    case Isa::kAvx2: detail::Q8EncodeKernel{}(xsimd::fma3<xsimd::avx2>{}, src, n, is_v, codes, scales); break;
+    case Isa::kSse2: detail::Q8EncodeKernel{}(xsimd::sse2{}, src, n, is_v, codes, scales); break;
+    default: detail::reference_q8_encode(src, n, is_v, codes, scales);
+  }
+  return ok_status();
+}
+
+Status q8_decode(const void* codes, const float* scales, int64_t n, Q8Array which, float* dst, Isa isa) {
+  if (n < 0 || (n > 0 && (codes == nullptr || scales == nullptr || dst == nullptr))) {
+    return invalid_argument("q8_decode: null pointer or n < 0");
+  }
+  STRATA_ASSIGN_OR_RETURN(Isa chosen, resolve_isa(isa));
+  const bool is_v = which == Q8Array::kV;
+  switch (chosen) {
+    case Isa::kAvx512: detail::Q8DecodeKernel{}(xsimd::avx512bw{}, codes, scales, n, is_v, dst); break;
+    case Isa::kAvx2: detail::Q8DecodeKernel{}(xsimd::fma3<xsimd::avx2>{}, codes, scales, n, is_v, dst); break;
+    case Isa::kSse2: detail::Q8DecodeKernel{}(xsimd::sse2{}, codes, scales, n, is_v, dst); break;
+    default: detail::reference_q8_decode(codes, scales, n, is_v, dst);
+  }
+  return ok_status();
+}
+
 Result<GradStats> grad_stats(const void* grad, DType dtype, int64_t n, float grad_scale, Executor& executor,
                              Isa isa) {
   if (n < 0 || (n > 0 && grad == nullptr)) return invalid_argument("grad_stats: null gradient or negative length");

@@ -138,6 +138,14 @@ Result<GradStats> grad_stats(const void* grad, DType dtype, int64_t n, float gra
 // `isa` (bit-identical to dtype.h's scalar conversions).
 Status convert(const void* src, DType src_type, void* dst, DType dst_type, int64_t n, Isa isa = Isa::kAuto);
 
+// The 8-bit state format (q8.h) on its own: encodes n fp32 values as the
+// optimizer stores m (kM) or v (kV) — int8 / uint8 codes and one fp32 scale
+// per kQ8BlockElems elements (ceil(n / 256)) — and decodes them back; for
+// converting states between StateTypes. Every isa gives the same codes.
+enum class Q8Array : uint8_t { kM, kV };
+Status q8_encode(const float* src, int64_t n, Q8Array which, void* codes, float* scales, Isa isa = Isa::kAuto);
+Status q8_decode(const void* codes, const float* scales, int64_t n, Q8Array which, float* dst, Isa isa = Isa::kAuto);
+
 // Bytes of state storage one array of `n` elements needs, scales included.
 uint64_t state_array_bytes(StateType type, int64_t n);
 

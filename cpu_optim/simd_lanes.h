@@ -128,6 +128,59 @@ void store_from_f32(void* base, DType t, int64_t i, const xsimd::batch<float, Ar
   }
 }
 
+// a * b + c rounded once. xsimd 8 has no AVX-512 fma kernel: its generic
+// fallback multiplies and adds, which GCC fuses at -O2 and above but not
+// below, so code that must give the same bits at every optimisation level
+// (the q8 thresholds) calls this instead.
+template <class Arch>
+xsimd::batch<float, Arch> fused_fma(const xsimd::batch<float, Arch>& a, const xsimd::batch<float, Arch>& b,
+                                    const xsimd::batch<float, Arch>& c) {
+  if constexpr (is_avx512<Arch>()) {
+    return _mm512_fmadd_ps(a, b, c);
+  } else {
+    return _mm256_fmadd_ps(a, b, c);
+  }
+}
+
+// The bare hardware estimates of 1/sqrt(x) and 1/x (14 bits on AVX-512, 12
+// on AVX2; rsqrt(0) = inf, rcp(inf) = 0), for callers that only need a root
+// to a few bits (the q8 encoder's code estimate).
+template <class Arch>
+xsimd::batch<float, Arch> rsqrt_estimate(const xsimd::batch<float, Arch>& x) {
+  if constexpr (is_avx512<Arch>()) {
+    return _mm512_rsqrt14_ps(x);
+  } else {
+    return _mm256_rsqrt_ps(x);
+  }
+}
+template <class Arch>
+xsimd::batch<float, Arch> rcp_estimate(const xsimd::batch<float, Arch>& x) {
+  if constexpr (is_avx512<Arch>()) {
+    return _mm512_rcp14_ps(x);
+  } else {
+    return _mm256_rcp_ps(x);
+  }
+}
+
+// sqrt(x) = 1 / rsqrt(x) and 1/x from the bare estimates (no Newton step;
+// sqrt(0) = 0, sqrt(inf) = inf); exact instructions on other architectures.
+template <class Arch>
+xsimd::batch<float, Arch> coarse_sqrt(const xsimd::batch<float, Arch>& x) {
+  if constexpr (has_lane_moves<Arch>()) {
+    return rcp_estimate<Arch>(rsqrt_estimate<Arch>(x));
+  } else {
+    return xsimd::sqrt(x);
+  }
+}
+template <class Arch>
+xsimd::batch<float, Arch> coarse_reciprocal(const xsimd::batch<float, Arch>& x) {
+  if constexpr (has_lane_moves<Arch>()) {
+    return rcp_estimate<Arch>(x);
+  } else {
+    return xsimd::batch<float, Arch>(1.0f) / x;
+  }
+}
+
 // sqrt(x) and 1/x for x >= 0 through the FMA ports instead of the divider
 // (which both vsqrtps and vdivps share, and which bounds Adam otherwise):
 // the hardware estimate (14 bits on AVX-512, 12 on AVX2) refined by one
