@@ -6,6 +6,7 @@
 #include <deque>
 #include <optional>
 
+#include "common/thread.h"
 #include "common/units.h"
 
 namespace strata::engine {
@@ -53,6 +54,7 @@ OptimizerStage::~OptimizerStage() {
 }
 
 void OptimizerStage::worker_loop() {
+  name_this_thread("strata:optim");
   std::unique_lock lock(mu_);
   for (;;) {
     cv_.wait(lock, [&] { return job_ || stop_; });
@@ -311,7 +313,7 @@ Status OptimizerStage::wait_landed(size_t c) {
 class OptimizerStage::Pipeline {
  public:
   explicit Pipeline(OptimizerStage& s)
-      : s_(s), C_(s.elems_.size()), lease_(C_), reads_(C_), writes_(C_), weight_writes_(C_), issued_us_(C_, 0) {}
+      : s_(s), C_(s.elems_.size()), lease_(C_), reads_(C_), writes_(C_), weight_writes_(C_) {}
   ~Pipeline() { drain(); }
 
   // Issues reads for landing positions < upto, freeing buffers of finished writes as needed.
@@ -328,7 +330,6 @@ class OptimizerStage::Pipeline {
       STRATA_ASSIGN_OR_RETURN(lease_[c], s_.staging_->acquire("read " + name));
       STRATA_ASSIGN_OR_RETURN(io::Ticket t, s_.swap_->read(name, lease_[c].buffer()));
       reads_[c] = t;
-      if (s_.trace_) issued_us_[c] = s_.trace_->now_us();
       ++next_read_;
     }
     return ok_status();
@@ -344,9 +345,6 @@ class OptimizerStage::Pipeline {
     reads_[c].reset();
     STRATA_RETURN_IF_ERROR(rs.with_context("reading optimizer state of chunk " + std::to_string(c)));
     counters.nvme_bytes_read += bytes;
-    if (s_.trace_) {
-      s_.trace_->span("nvme", "read chunk " + std::to_string(c), issued_us_[c], s_.trace_->now_us(), "nvme", bytes);
-    }
     const uint64_t woff = s_.weights_nvme_ ? s_.weights_offset(c) : 0;
     void* out = s_.weights_nvme_ ? static_cast<void*>(lease_[c].data() + woff) : s_.ov_.out[c];
     STRATA_RETURN_IF_ERROR(s_.traced_update(c, reinterpret_cast<float*>(lease_[c].data()), out, options, &counters));
@@ -399,7 +397,6 @@ class OptimizerStage::Pipeline {
   const size_t C_;
   std::vector<PinnedArena::Lease> lease_;
   std::vector<std::optional<io::Ticket>> reads_, writes_, weight_writes_;
-  std::vector<double> issued_us_;
   std::deque<size_t> pending_writes_;
   size_t next_read_ = 0;
 };

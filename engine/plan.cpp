@@ -63,7 +63,8 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   // working set of one block (forward-saved tensors and backward scratch:
   // the model ops' workspace, gpu::host::BlockActivations on the host
   // backend), the final LayerNorm and loss rows, and the
-  // block-input checkpoints (two in-flight buffers when they live elsewhere).
+  // block-input checkpoints (kCheckpointBuffers in-flight buffers when they
+  // live elsewhere).
   // When weights stream, the embedding chunk stays resident with its
   // gradient (used at both ends of the step) and the chunk buffers are sized
   // by the largest other chunk. This is what engine/streamed_model.cpp
@@ -87,13 +88,13 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   // and the tokens and targets (int32).
   p.device.io_buffers += (4 * N * C + 3 * N + 1) * z.c + 2 * N * 4;
   if (pl.checkpoints == Tier::kNvme) {
-    // The last two block inputs never leave the device buffers.
-    p.nvme.activations += static_cast<uint64_t>(std::max<int64_t>(s.model.layers - 1, 0)) *
+    // The last kCheckpointBuffers block inputs never leave the device buffers.
+    p.nvme.activations += static_cast<uint64_t>(std::max<int64_t>(s.model.layers + 1 - kCheckpointBuffers, 0)) *
                           round_up(static_cast<uint64_t>(z.tokens) * C * z.c, uint64_t{4096});
   } else {
     tier(p, pl.checkpoints).activations += z.checkpoints;
   }
-  if (pl.checkpoints != Tier::kDevice) p.device.activations += 2 * N * C * z.c;
+  if (pl.checkpoints != Tier::kDevice) p.device.activations += kCheckpointBuffers * N * C * z.c;
 
   // Host: gradients land in host memory in the compute type (a second fp32
   // buffer when accumulating over micro-batches; an fp16 copy when the

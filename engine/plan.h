@@ -39,6 +39,10 @@ struct TrainSetup {
 // Pinned staging buffers of the optimizer stage with states on NVMe (each
 // one chunk's state): one holds the write behind, the rest read ahead.
 inline constexpr int kStateStagingBuffers = 4;
+// Device buffers for block-input checkpoints kept off the device: the
+// backward pass computes from one, and the next two come back on the copy
+// stream meanwhile, so a block never waits for its input's copy.
+inline constexpr int kCheckpointBuffers = 3;
 
 struct Budgets {
   uint64_t device_bytes = 0;

@@ -54,7 +54,7 @@ Result<std::unique_ptr<StreamedModel>> StreamedModel::create(const gpu::GptConfi
   STRATA_ASSIGN_OR_RETURN(m->compute_, dev.create_stream("compute"));
   STRATA_ASSIGN_OR_RETURN(m->workspace_, m->ops_->workspace(B, seq));
   const bool on_device = checkpoints == Tier::kDevice;
-  STRATA_ASSIGN_OR_RETURN(m->checkpoints_, floats(dev, (on_device ? L + 1 : 2) * N * C, "block-input checkpoints"));
+  STRATA_ASSIGN_OR_RETURN(m->checkpoints_, floats(dev, (on_device ? L + 1 : kCheckpointBuffers) * N * C, "block-input checkpoints"));
   if (checkpoints == Tier::kHost) {
     m->host_checkpoints_.assign(static_cast<size_t>((L + 1) * N * C), 0.0f);
     STRATA_ASSIGN_OR_RETURN(m->checkpoint_pin_, gpu::HostPin::make(dev, m->host_checkpoints_.data(),
@@ -355,30 +355,33 @@ Result<float> StreamedModel::run_step(const std::vector<const float*>& weights, 
   const bool host_ckpt = checkpoint_tier_ != Tier::kDevice;  // off the device: host or NVMe
   const bool nvme_ckpt = checkpoint_tier_ == Tier::kNvme;
   auto blob = [](int64_t l) { return "activation-checkpoint/x-" + std::to_string(l); };
-  // On the host tier block input l lives in device buffer l % 2 while in use.
-  auto x_of = [&](int64_t l) { return ckpt + (host_ckpt ? l % 2 : l) * N * C; };
+  // Off the device, block input l lives in device buffer l % K while in use;
+  // the last K stay there from forward to backward.
+  constexpr int64_t K = kCheckpointBuffers;
+  auto x_of = [&](int64_t l) { return ckpt + (host_ckpt ? l % K : l) * N * C; };
   const uint64_t x_bytes = static_cast<uint64_t>(N * C) * 4;
-  ckpt_done_[0] = ckpt_done_[1] = gpu::Event{};
+  for (gpu::Event& e : ckpt_done_) e = gpu::Event{};
+  for (gpu::Event& e : stage_done_) e = gpu::Event{};
   // Before block input l is written into its device buffer, the buffer's
   // previous copy (out to the host, or in from it) must have finished.
   auto claim = [&](int64_t l) -> Status {
-    gpu::Event& e = ckpt_done_[l % 2];
+    gpu::Event& e = ckpt_done_[l % K];
     if (host_ckpt && e.id >= 0) STRATA_RETURN_IF_ERROR(wait_for(e, "checkpoint buffer"));
     return ok_status();
   };
-  // Waits for the last NVMe write out of staging buffer l % 2.
+  // Frees NVMe staging buffer l % 2: its last copy, and the write it fed.
   auto drain_staging = [&](int64_t l) -> Status {
     // The copy stream issues the write: its event first, then the ticket.
-    if (ckpt_done_[l % 2].id >= 0) STRATA_RETURN_IF_ERROR(wait_for(ckpt_done_[l % 2], "checkpoint write issued"));
+    if (stage_done_[l % 2].id >= 0) STRATA_RETURN_IF_ERROR(wait_for(stage_done_[l % 2], "checkpoint staging"));
     std::optional<io::Ticket>& pending = stage_write_[l % 2];
     if (!pending) return ok_status();
     Status w = swap_->wait(*pending);
     pending.reset();
     return w;
   };
-  // Sends block input l to the host (the last two stay on the device for backward).
+  // Sends block input l to the host (the last K stay on the device for backward).
   auto offload = [&](int64_t l) -> Status {
-    if (!host_ckpt || l >= L - 1) return ok_status();
+    if (!host_ckpt || l > L - K) return ok_status();
     if (nvme_ckpt) {
       // Device -> staging buffer on the copy stream, then, on that stream
       // too, the staging buffer's write to NVMe is issued: the compute never
@@ -395,27 +398,27 @@ Result<float> StreamedModel::run_step(const std::vector<const float*>& weights, 
         *pending = *t;
         return ok_status();
       }));
-      STRATA_ASSIGN_OR_RETURN(ckpt_done_[l % 2], dev_->record(copy_));
+      STRATA_ASSIGN_OR_RETURN(ckpt_done_[l % K], dev_->record(copy_));
+      stage_done_[l % 2] = ckpt_done_[l % K];
     } else {
       STRATA_RETURN_IF_ERROR(dev_->copy_to_host(copy_, host_checkpoints_.data() + l * N * C, x_of(l), x_bytes));
-      STRATA_ASSIGN_OR_RETURN(ckpt_done_[l % 2], dev_->record(copy_));
+      STRATA_ASSIGN_OR_RETURN(ckpt_done_[l % K], dev_->record(copy_));
     }
     d2h_bytes_ += x_bytes;
     return ok_status();
   };
-  // Brings block input l back into its device buffer.
-  // On NVMe, block input l's read is issued a block early (fetch_start, at
-  // the top of the block that frees its buffers) and finished after that
-  // block's compute (fetch).
+  // Brings block input l back into its device buffer: fetch(l) at the top
+  // of backward's block l + K, which leaves the copy two blocks' compute to
+  // finish in. On NVMe, input l's read is issued one block earlier still
+  // (fetch_start) into a staging buffer.
   auto fetch_start = [&](int64_t l) -> Status {
-    if (!nvme_ckpt || l < 0 || l >= L - 1) return ok_status();
-    STRATA_RETURN_IF_ERROR(claim(l));  // the buffers' last copies are done
+    if (!nvme_ckpt || l < 0 || l > L - K) return ok_status();
     STRATA_RETURN_IF_ERROR(drain_staging(l));
     STRATA_ASSIGN_OR_RETURN(stage_read_[l % 2], swap_->read(blob(l), stage_buf_[static_cast<size_t>(l % 2)].buffer()));
     return ok_status();
   };
   auto fetch = [&](int64_t l) -> Status {
-    if (!host_ckpt || l < 0 || l >= L - 1) return ok_status();
+    if (!host_ckpt || l < 0 || l > L - K) return ok_status();
     const float* src = host_checkpoints_.data() + (nvme_ckpt ? 0 : l * N * C);
     if (nvme_ckpt) {
       const double t0 = now_s();
@@ -424,11 +427,11 @@ Result<float> StreamedModel::run_step(const std::vector<const float*>& weights, 
       note_wait(t0, "checkpoint from nvme");
       STRATA_RETURN_IF_ERROR(rs);
       src = reinterpret_cast<const float*>(stage_buf_[static_cast<size_t>(l % 2)].data());
-    } else {
-      STRATA_RETURN_IF_ERROR(claim(l));
     }
+    STRATA_RETURN_IF_ERROR(claim(l));  // block l + K's input, used by the block before, is done with
     STRATA_RETURN_IF_ERROR(dev_->copy_to_device(copy_, x_of(l), src, x_bytes));
-    STRATA_ASSIGN_OR_RETURN(ckpt_done_[l % 2], dev_->record(copy_));
+    STRATA_ASSIGN_OR_RETURN(ckpt_done_[l % K], dev_->record(copy_));
+    if (nvme_ckpt) stage_done_[l % 2] = ckpt_done_[l % K];
     h2d_bytes_ += x_bytes;
     return ok_status();
   };
@@ -498,12 +501,14 @@ Result<float> StreamedModel::run_step(const std::vector<const float*>& weights, 
     return ops.head_backward(compute_, ws, pb, dp, embedding_.data(), embedding_grad_.data(), x_of(L), targets_dev,
                              dloss, dx);
   };
+  STRATA_RETURN_IF_ERROR(fetch_start(L - K));
   STRATA_RETURN_IF_ERROR(send_grad(layout_.size() - 1, head_backward));
   for (int64_t l = L; l >= 1; --l) {
-    STRATA_RETURN_IF_ERROR(fetch_start(l - 2));
+    STRATA_RETURN_IF_ERROR(fetch(l - K));
+    STRATA_RETURN_IF_ERROR(fetch_start(l - K - 1));
     STRATA_ASSIGN_OR_RETURN(const float* p, weights_for(static_cast<size_t>(l)));
-    if (host_ckpt && ckpt_done_[(l - 1) % 2].id >= 0) {
-      STRATA_RETURN_IF_ERROR(wait_for(ckpt_done_[(l - 1) % 2], "checkpoint"));
+    if (host_ckpt && ckpt_done_[(l - 1) % K].id >= 0) {
+      STRATA_RETURN_IF_ERROR(wait_for(ckpt_done_[(l - 1) % K], "checkpoint"));
     }
     // Recompute the block's forward from its checkpoint (output discarded into dx_in).
     const double start = trace_ ? trace_->now_us() : 0;
@@ -519,7 +524,6 @@ Result<float> StreamedModel::run_step(const std::vector<const float*>& weights, 
       trace_->span("compute", "recompute+backward block " + std::to_string(l), start, trace_->now_us(), "compute");
     }
     std::swap(dx, dx_in);
-    STRATA_RETURN_IF_ERROR(fetch(l - 2));  // into block l's buffer, now free
   }
   STRATA_RETURN_IF_ERROR(
       run([&] { return ops.embedding_backward(compute_, ws, embedding_grad_.data(), tokens_dev, dx); }));

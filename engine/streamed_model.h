@@ -138,7 +138,8 @@ class StreamedModel {
   gpu::Stream compute_{};
   Tier checkpoint_tier_ = Tier::kDevice;
   std::vector<float> host_checkpoints_;  // (L + 1) block inputs when on the host
-  gpu::Event ckpt_done_[2];              // last copy out of / into each device checkpoint buffer
+  gpu::Event ckpt_done_[kCheckpointBuffers];  // last copy out of / into each device checkpoint buffer
+  gpu::Event stage_done_[2];                  // last copy out of / into each NVMe staging buffer
   io::SwapStore* swap_ = nullptr;        // checkpoints on NVMe
   io::AlignedAllocator own_allocator_;
   io::BufferAllocator* allocator_ = &own_allocator_;  // the staging arenas' host memory

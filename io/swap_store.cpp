@@ -202,6 +202,7 @@ Result<uint32_t> SwapStore::new_op(IoOp kind, const std::string& name, IoBuffer 
   op.kind = kind;
   op.blob = name;
   op.buffer = buffer;
+  op.submitted = std::chrono::steady_clock::now();
   return index;
 }
 
@@ -253,6 +254,7 @@ Result<Ticket> SwapStore::write(const std::string& name, IoBuffer buffer, uint64
     for (Blob::Piece& p : blob.pieces) p.checksum = XXH3_64bits(buffer.data + p.blob_offset_bytes, p.logical_bytes);
   }
   STRATA_ASSIGN_OR_RETURN(uint32_t index, new_op(IoOp::kWrite, name, buffer));
+  ops_[index].bytes = size_bytes;
   blob.state = Blob::State::kWriting;
   blob.failure.clear();
   Ticket ticket = make_ticket(index);
@@ -272,6 +274,7 @@ Result<Ticket> SwapStore::read(const std::string& name, IoBuffer buffer) {
   }
   STRATA_RETURN_IF_ERROR(check_buffer(what, buffer, blob.size_bytes));
   STRATA_ASSIGN_OR_RETURN(uint32_t index, new_op(IoOp::kRead, name, buffer));
+  ops_[index].bytes = blob.size_bytes;
   ++blob.readers;
   Ticket ticket = make_ticket(index);
   STRATA_RETURN_IF_ERROR(submit_pieces(index, blob, IoOp::kRead));
@@ -306,6 +309,10 @@ void SwapStore::on_result(IoResult&& result) {
 
 void SwapStore::finish_op(Op& op) {
   op.done = true;
+  if (options_.on_complete) {
+    options_.on_complete(SwapRequestRecord{op.kind, &op.blob, op.bytes, op.submitted,
+                                           std::chrono::steady_clock::now(), op.status.ok()});
+  }
   Blob& blob = blobs_.at(op.blob);
   if (op.kind == IoOp::kRead) {
     --blob.readers;

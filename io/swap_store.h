@@ -25,6 +25,8 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -43,6 +45,15 @@ namespace strata::io {
 
 inline constexpr uint64_t kUnlimitedBytes = ~0ull;
 
+// One finished request, as handed to SwapStoreOptions::on_complete.
+struct SwapRequestRecord {
+  IoOp kind = IoOp::kRead;
+  const std::string* blob = nullptr;
+  uint64_t bytes = 0;
+  std::chrono::steady_clock::time_point submitted, completed;  // completed: when its last piece was reaped
+  bool ok = true;
+};
+
 struct SwapStoreOptions {
   std::vector<std::string> directories;      // one per NVMe drive
   uint64_t stripe_unit_bytes = 1 << 20;      // multiple of alignment(), <= 1 GiB
@@ -53,6 +64,9 @@ struct SwapStoreOptions {
   IoQueueOptions queue;
   uint32_t max_ops = 1024;                   // tickets outstanding at once
   std::optional<FaultConfig> faults;         // wrap the device in a FaultyDevice (tests)
+  // Called, under the store's lock, as each read or write finishes (for
+  // tracing); it must not call back into the store.
+  std::function<void(const SwapRequestRecord&)> on_complete;
 };
 
 struct Ticket {
@@ -155,6 +169,8 @@ class SwapStore {
     std::string blob;
     IoBuffer buffer;
     uint32_t remaining = 0;
+    uint64_t bytes = 0;
+    std::chrono::steady_clock::time_point submitted;
     Status status;
   };
 

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/thread.h"
 #include "common/units.h"
 
 namespace strata::gpu {
@@ -102,6 +103,7 @@ Result<HostDevice::Worker*> HostDevice::worker(Stream stream) {
 }
 
 void HostDevice::run(Worker* w) {
+  name_this_thread("strata:" + w->name);
   std::unique_lock lock(mu_);
   for (;;) {
     cv_.wait(lock, [&] { return stopping_ || !w->queue.empty(); });

@@ -142,7 +142,7 @@ TEST(Trainer, StreamedWeightsGiveTheSameBitsAtAnyPrefetchDepth) {
   uint64_t seed = strata::testing::test_seed(104);
   strata::testing::TempDir dir;
   TrainerOptions deeper = tiny(seed);
-  deeper.model.layers = 4;
+  deeper.model.layers = 5;
   std::vector<float> resident = run(deeper, 20);
   ASSERT_EQ(resident.size(), 20u);
   for (int depth : {1, 4}) {
@@ -151,7 +151,7 @@ TEST(Trainer, StreamedWeightsGiveTheSameBitsAtAnyPrefetchDepth) {
         if (weights == Tier::kNvme && states != Tier::kNvme) continue;
         for (Tier acts : {Tier::kDevice, Tier::kHost, Tier::kNvme}) {
           TrainerOptions o = tiny(seed);
-          o.model.layers = 4;  // so that some block inputs do leave the device
+          o.model.layers = 5;  // so that block inputs leave the device through every buffer
           o.stream_weights = true;
           o.device_bytes = 8ull << 20;
           o.prefetch_depth = depth;
@@ -423,7 +423,7 @@ TEST(Trainer, GradientAccumulationAveragesMicroBatches) {
 }
 
 // With a trace, every step's phases, the optimizer's chunk updates and the
-// NVMe reads land on their tracks; without one nothing is recorded.
+// NVMe reads and writes land on their tracks; without one nothing is recorded.
 TEST(Trainer, TracesPhasesOptimizerCallsAndNvmeRequests) {
   strata::testing::TempDir dir;
   Trace trace(true);
@@ -433,6 +433,7 @@ TEST(Trainer, TracesPhasesOptimizerCallsAndNvmeRequests) {
   o.trace = &trace;
   o.stream_weights = true;
   o.device_bytes = 8ull << 20;
+  o.model.layers = 4;  // block inputs 0 and 1 leave the device
   o.activation_checkpoints = Tier::kNvme;
   {
     auto tr = std::move(Trainer::create(o)).value();
@@ -449,10 +450,13 @@ TEST(Trainer, TracesPhasesOptimizerCallsAndNvmeRequests) {
     EXPECT_LE(k.device_idle_fraction, 1.0);
   }
   const std::string json = trace.to_json();
+  // Every NVMe request, whichever part issued it: state blobs (the
+  // optimizer stage) and activation checkpoints (the streamed model).
   for (const char* want : {"step 1: forward+backward", "step 2: optimizer stage", "gradient stats chunk 2",
-                           "update chunk 0", "read chunk 1", "forward block 1", "recompute+backward block 2",
-                           "host->device", "device->host", "\"copy stream\"",
-                           "\"trainer\"", "\"nvme\"", "\"compute\""}) {
+                           "update chunk 0", "read optimizer-state/chunk-1", "write optimizer-state/chunk-1",
+                           "write activation-checkpoint/x-", "read activation-checkpoint/x-", "forward block 1",
+                           "recompute+backward block 2", "host->device", "device->host", "\"copy stream\"",
+                           "\"trainer\"", "\"nvme reads\"", "\"nvme writes\"", "\"compute\""}) {
     EXPECT_NE(json.find(want), std::string::npos) << want;
   }
   const std::string path = dir.sub("out") + "/trace.json";
