@@ -114,17 +114,80 @@ int run(int argc, char** argv) {
               format_bytes(full.device_bytes).c_str(), ratio, dir.c_str(), compute_threads, cores);
   std::fflush(stdout);
 
-  // The whole offloaded step.
+  // Compute alone: the step's forward, then its recompute and backward,
+  // through the device's ModelOps with every chunk resident (no copies).
+  // (All of the GPU's free memory on CUDA; a nominal budget on the host.)
+  const std::vector<gpu::ChunkLayout> layout = gpu::model_layout(base.model);
+  std::unique_ptr<gpu::Device> cdev = make_device(device, device == "cuda" ? 0 : 64ull << 30);
+  Result<std::unique_ptr<gpu::ModelOps>> ops = cdev->model_ops(base.model, DType::kF32);
+  STEP_CHECK(ops.status());
+  Result<std::unique_ptr<gpu::ModelOps::Workspace>> ws = (*ops)->workspace(base.batch, base.seq);
+  STEP_CHECK(ws.status());
+  Result<gpu::ModelStep> m = gpu::allocate_model_step(*cdev, **ops, base.batch, base.seq);
+  STEP_CHECK(m.status());
+  Result<gpu::Stream> cs = cdev->create_stream("compute part");
+  STEP_CHECK(cs.status());
+  {
+    std::mt19937 rng(1);
+    std::normal_distribution<float> normal(0.0f, 0.02f);
+    for (size_t c = 0; c < layout.size(); ++c) {
+      std::vector<float> w(static_cast<size_t>(layout[c].numel));
+      for (float& x : w) x = normal(rng);
+      STEP_CHECK(cdev->copy_to_device(*cs, m->weights[c].data(), w.data(), w.size() * 4));
+      STEP_CHECK(cdev->synchronize(*cs));
+    }
+    std::vector<int32_t> tokens(static_cast<size_t>(base.batch * base.seq)), targets(tokens.size());
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      tokens[i] = static_cast<int32_t>(i % static_cast<size_t>(base.model.vocab));
+      targets[i] = static_cast<int32_t>((i + 1) % static_cast<size_t>(base.model.vocab));
+    }
+    STEP_CHECK(cdev->copy_to_device(*cs, m->tokens.data(), tokens.data(), tokens.size() * 4));
+    STEP_CHECK(cdev->copy_to_device(*cs, m->targets.data(), targets.data(), targets.size() * 4));
+    STEP_CHECK(cdev->synchronize(*cs));
+  }
+  auto compute_once = [&](double* fwd, double* bwd) {
+    auto t0 = std::chrono::steady_clock::now();
+    STEP_CHECK(gpu::enqueue_model_forward(**ops, *cs, **ws, *m));
+    STEP_CHECK(cdev->synchronize(*cs));
+    auto t1 = std::chrono::steady_clock::now();
+    STEP_CHECK(gpu::enqueue_model_backward(**ops, *cs, **ws, *m, 1.0f));
+    STEP_CHECK(cdev->synchronize(*cs));
+    auto t2 = std::chrono::steady_clock::now();
+    *fwd = std::chrono::duration<double>(t1 - t0).count();
+    *bwd = std::chrono::duration<double>(t2 - t1).count();
+  };
+
+  // The whole offloaded step, in turns with the compute part: on a shared
+  // machine the speed drifts over seconds, and alternating the two keeps
+  // the drift out of their ratio.
   std::unique_ptr<engine::Trainer> offloaded = make_trainer(full);
   STEP_CHECK(offloaded->step().status());  // warm-up
+  {
+    double f = 0, b = 0;
+    compute_once(&f, &b);  // warm-up
+  }
   uint64_t h2d = 0, d2h = 0, nvme_r = 0, nvme_w = 0;
   double idle = 0;
-  double step_s = median_seconds(reps, [&] {
+  std::vector<double> steps, fwds, bwds;
+  for (int i = 0; i < reps; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
     STEP_CHECK(offloaded->step().status());
+    steps.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     h2d = offloaded->last_counters().h2d_bytes, d2h = offloaded->last_counters().d2h_bytes;
     nvme_r = offloaded->last_stage().nvme_bytes_read, nvme_w = offloaded->last_stage().nvme_bytes_written;
     idle = offloaded->last_counters().device_idle_fraction;
-  });
+    double f = 0, b = 0;
+    compute_once(&f, &b);
+    fwds.push_back(f);
+    bwds.push_back(b);
+  }
+  STEP_CHECK(cdev->async_error());
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const double step_s = median(steps), fwd_s = median(fwds), bwd_s = median(bwds);
+  const double compute_s = fwd_s + bwd_s;
   const uint64_t device_peak = offloaded->device()->peak_bytes();
   // The same placement with the opt-in delayed update (inexact): the
   // optimizer and its NVMe traffic run beside the next step's compute.
@@ -145,56 +208,6 @@ int run(int argc, char** argv) {
               step_s, format_bytes(device_peak).c_str(), format_bytes(full.device_bytes).c_str(), 100 * idle);
   std::fflush(stdout);
 
-  // Compute alone: the step's forward, then its recompute and backward,
-  // through the device's ModelOps with every chunk resident (no copies).
-  const std::vector<gpu::ChunkLayout> layout = gpu::model_layout(base.model);
-  double fwd_s = 0, bwd_s = 0;
-  {
-    // (all of the GPU's free memory on CUDA; a nominal budget on the host)
-    std::unique_ptr<gpu::Device> cdev = make_device(device, device == "cuda" ? 0 : 64ull << 30);
-    Result<std::unique_ptr<gpu::ModelOps>> ops = cdev->model_ops(base.model, DType::kF32);
-    STEP_CHECK(ops.status());
-    Result<std::unique_ptr<gpu::ModelOps::Workspace>> ws = (*ops)->workspace(base.batch, base.seq);
-    STEP_CHECK(ws.status());
-    Result<gpu::ModelStep> m = gpu::allocate_model_step(*cdev, **ops, base.batch, base.seq);
-    STEP_CHECK(m.status());
-    Result<gpu::Stream> cs = cdev->create_stream("compute part");
-    STEP_CHECK(cs.status());
-    std::mt19937 rng(1);
-    std::normal_distribution<float> normal(0.0f, 0.02f);
-    for (size_t c = 0; c < layout.size(); ++c) {
-      std::vector<float> w(static_cast<size_t>(layout[c].numel));
-      for (float& x : w) x = normal(rng);
-      STEP_CHECK(cdev->copy_to_device(*cs, m->weights[c].data(), w.data(), w.size() * 4));
-      STEP_CHECK(cdev->synchronize(*cs));
-    }
-    std::vector<int32_t> tokens(static_cast<size_t>(base.batch * base.seq)), targets(tokens.size());
-    for (size_t i = 0; i < tokens.size(); ++i) {
-      tokens[i] = static_cast<int32_t>(i % static_cast<size_t>(base.model.vocab));
-      targets[i] = static_cast<int32_t>((i + 1) % static_cast<size_t>(base.model.vocab));
-    }
-    STEP_CHECK(cdev->copy_to_device(*cs, m->tokens.data(), tokens.data(), tokens.size() * 4));
-    STEP_CHECK(cdev->copy_to_device(*cs, m->targets.data(), targets.data(), targets.size() * 4));
-    std::vector<double> f, b;
-    for (int i = 0; i <= reps; ++i) {
-      auto t0 = std::chrono::steady_clock::now();
-      STEP_CHECK(gpu::enqueue_model_forward(**ops, *cs, **ws, *m));
-      STEP_CHECK(cdev->synchronize(*cs));
-      auto t1 = std::chrono::steady_clock::now();
-      STEP_CHECK(gpu::enqueue_model_backward(**ops, *cs, **ws, *m, 1.0f));
-      STEP_CHECK(cdev->synchronize(*cs));
-      auto t2 = std::chrono::steady_clock::now();
-      if (i == 0) continue;  // warm-up
-      f.push_back(std::chrono::duration<double>(t1 - t0).count());
-      b.push_back(std::chrono::duration<double>(t2 - t1).count());
-    }
-    STEP_CHECK(cdev->async_error());
-    std::sort(f.begin(), f.end());
-    std::sort(b.begin(), b.end());
-    fwd_s = f[f.size() / 2];
-    bwd_s = b[b.size() / 2];
-  }
-  const double compute_s = fwd_s + bwd_s;
 
   // The optimizer alone: the stage with its states in memory, after backward.
   engine::TrainerOptions in_memory = base;

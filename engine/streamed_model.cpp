@@ -244,6 +244,8 @@ Status StreamedModel::issue_ahead(size_t current) {
       const float* src = host_weights_[*chunk];
       if (nvme_weights_) {
         STRATA_ASSIGN_OR_RETURN(src, stage_nvme_weights(pos, *chunk));
+      } else {
+        STRATA_RETURN_IF_ERROR(before_upload(*chunk));
       }
       STRATA_RETURN_IF_ERROR(dev_->copy_to_device(copy_, slots_[slot].data(), src, bytes));
       STRATA_ASSIGN_OR_RETURN(slot_ready_[slot], dev_->record(copy_));
@@ -255,6 +257,11 @@ Status StreamedModel::issue_ahead(size_t current) {
     ++issued_;
   }
   return ok_status();
+}
+
+Status StreamedModel::before_upload(size_t chunk) {
+  if (!before_upload_) return ok_status();
+  return dev_->enqueue(copy_, [hook = &before_upload_, chunk] { return (*hook)(chunk); });
 }
 
 Status StreamedModel::run(const std::function<Status()>& enqueue) {
@@ -451,6 +458,8 @@ Result<float> StreamedModel::run_step(const std::vector<const float*>& weights, 
     STRATA_RETURN_IF_ERROR(cpu_optim::convert(weight_buf_[0].data(), nvme_weights_->dtype, embedding_fp32_.data(),
                                               DType::kF32, emb.numel));
     emb_src = embedding_fp32_.data();
+  } else {
+    STRATA_RETURN_IF_ERROR(before_upload(0));
   }
   STRATA_RETURN_IF_ERROR(dev_->copy_to_device(copy_, embedding_.data(), emb_src, emb_bytes));
   STRATA_ASSIGN_OR_RETURN(gpu::Event emb_ready, dev_->record(copy_));

@@ -66,12 +66,18 @@ class StreamedModel {
     DType dtype = DType::kBF16;
   };
   Status set_nvme_weights(NvmeWeights source);
+  // Optional: called on the copy stream, in its order, before chunk c's host
+  // weights are read for a copy to the device (so a caller may bring its
+  // host copy up to date there, beside the compute, rather than before the
+  // step). A failure fails the copy's step.
+  void set_before_upload(std::function<Status(size_t chunk)> hook) { before_upload_ = std::move(hook); }
   // Seconds the last forward_backward's compute waited for copies and
   // NVMe reads (the device's idle time).
   double last_wait_seconds() const { return wait_s_; }
   // Optional: spans of each block's compute and of every wait, on the
   // "compute" track.
   void set_trace(Trace* trace) { trace_ = trace; }
+
   // Host memory this model holds: checkpoints, staging arenas, widened weights.
   uint64_t host_bytes() const;
   gpu::Device& device() { return *dev_; }
@@ -106,6 +112,8 @@ class StreamedModel {
   Result<const float*> stage_nvme_weights(size_t pos, size_t chunk);
   Status read_weights_ahead(size_t through);
   Status wait_for(gpu::Event e, const char* what);
+  // Enqueues before_upload_(chunk) on the copy stream (nothing without a hook).
+  Status before_upload(size_t chunk);
   // Enqueues compute on the compute stream and waits for it: the host thread
   // schedules the copies around each block, the device computes.
   Status run(const std::function<Status()>& enqueue);
@@ -159,6 +167,7 @@ class StreamedModel {
   Trace* trace_ = nullptr;
   double wait_s_ = 0;
   // Last, so they are released before the vectors they pin.
+  std::function<Status(size_t)> before_upload_;
   gpu::HostPin checkpoint_pin_;            // host_checkpoints_
   std::vector<gpu::HostPin> weight_pins_;  // weight_fp32_ and embedding_fp32_
 };

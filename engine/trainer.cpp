@@ -185,7 +185,22 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
     if (o.delayed_update) tr->grads_alt_.emplace_back(master.size(), 0.0f);
     if (o.precision == DType::kF16) tr->grads16_.emplace_back(master.size(), 0);
   }
+  tr->stale_ = std::make_unique<std::atomic<bool>[]>(tr->layout_.size());
   STRATA_RETURN_IF_ERROR(tr->refresh_compute_weights());
+  // Streamed weights in RAM, updated in place: each chunk's compute copy is
+  // refreshed on the copy stream just before its first upload of the next
+  // step, beside the compute, instead of all at once after the stage. (A
+  // delayed update's stage writes the weights during that forward, so it
+  // refreshes after the stage instead.)
+  tr->lazy_refresh_ = tr->streamed_ && !tr->weights_.empty() && !o.delayed_update;
+  if (tr->lazy_refresh_) {
+    Trainer* self = tr.get();
+    tr->streamed_->set_before_upload([self](size_t c) -> Status {
+      if (!self->stale_[c].exchange(false)) return ok_status();
+      return cpu_optim::convert(self->weights_[c].data(), self->options_.precision, self->params_[c].data(),
+                                DType::kF32, static_cast<int64_t>(self->params_[c].size()));
+    });
+  }
   if (tr->device_) {
     // What the streamed model copies from and to, pinned for the device
     // (CUDA: asynchronous copies; the host backend: nothing to do).
@@ -227,6 +242,7 @@ Status Trainer::refresh_compute_weights() {
   // next forward, on the step's critical path.
   const uint64_t wb = dtype_bytes(options_.precision);
   for (size_t c = 0; c < weights_.size(); ++c) {
+    stale_[c] = false;
     const uint16_t* src = weights_[c].data();
     float* dst = params_[c].data();
     std::atomic<bool> failed{false};
@@ -274,8 +290,12 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 Status Trainer::restore_weights() {
   // The compute copy still holds the weights the step began with (bf16 ->
-  // fp32 is exact), so the bf16 weights come back bit for bit.
+  // fp32 is exact), so the bf16 weights come back bit for bit. A chunk whose
+  // copy is still stale was not uploaded this step, so the stage, which
+  // updates a chunk only after its backward, has not written it: its
+  // weights are the step's already.
   for (size_t c = 0; c < weights_.size(); ++c) {
+    if (stale_[c]) continue;
     STRATA_RETURN_IF_ERROR(cpu_optim::convert(params_[c].data(), DType::kF32, weights_[c].data(), options_.precision,
                                               static_cast<int64_t>(params_[c].size())));
   }
@@ -295,7 +315,10 @@ Status Trainer::absorb(Result<OverlapOutcome> outcome) {
   last_rolled_back_ = outcome->rolled_back;
   if (options_.precision == DType::kF16) scaler_.update(outcome->skipped);
   rollbacks_ += outcome->rolled_back ? 1 : 0;
-  if (!last_skipped_) STRATA_RETURN_IF_ERROR(refresh_compute_weights());
+  if (!last_skipped_) {
+    if (!lazy_refresh_) return refresh_compute_weights();
+    for (size_t c = 0; c < weights_.size(); ++c) stale_[c] = true;
+  }
   return ok_status();
 }
 

@@ -7,6 +7,7 @@
 // so a run is reproducible from its seed and its loss can fall.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <string>
@@ -169,6 +170,10 @@ class Trainer {
   std::unique_ptr<StreamedModel> streamed_;
   std::vector<std::vector<float>> params_;    // fp32 compute copy of the bf16 weights
   std::vector<std::vector<uint16_t>> weights_;  // bf16 / fp16 weights written by the optimizer
+  // Streamed weights: params_[c] is brought up to date from weights_[c] on
+  // the copy stream before its next upload (stale_[c] says it is due).
+  bool lazy_refresh_ = false;
+  std::unique_ptr<std::atomic<bool>[]> stale_;
   std::vector<std::vector<uint16_t>> grads16_;  // fp16: the gradients as the optimizer sees them
   LossScaler scaler_;
   std::vector<std::vector<float>> grads_;
