@@ -197,8 +197,14 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
     Trainer* self = tr.get();
     tr->streamed_->set_before_upload([self](size_t c) -> Status {
       if (!self->stale_[c].exchange(false)) return ok_status();
-      return cpu_optim::convert(self->weights_[c].data(), self->options_.precision, self->params_[c].data(),
-                                DType::kF32, static_cast<int64_t>(self->params_[c].size()));
+      Trace* trace = self->options_.trace;
+      const double start = trace != nullptr ? trace->now_us() : 0;
+      Status s = cpu_optim::convert(self->weights_[c].data(), self->options_.precision, self->params_[c].data(),
+                                    DType::kF32, static_cast<int64_t>(self->params_[c].size()));
+      if (trace != nullptr) {
+        trace->span("copy stream", "compute copy of chunk " + std::to_string(c), start, trace->now_us(), "copy");
+      }
+      return s;
     });
   }
   if (tr->device_) {
