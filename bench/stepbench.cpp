@@ -311,6 +311,7 @@ int run(int argc, char** argv) {
               std::max({compute_s, copies_s, optimizer_s, nvme_s}) / delayed_s);
   std::printf("%-10s %10.4f   (links: ", "predicted", predicted);
   for (const auto& l : plan.links) std::printf("%s %.4f s; ", l.link.c_str(), l.seconds);
+  std::printf("not overlapped: head %.4f s, tail %.4f s", plan.head_seconds, plan.tail_seconds);
   std::printf(")\noverlap efficiency max(parts)/step: %.3f, sum(parts)/step: %.3f, prediction error: %+.3f\n",
               overlap, (compute_s + copies_s + optimizer_s + nvme_s) / step_s, err);
   nlohmann::json j = {{"bench", "step"},

@@ -89,7 +89,12 @@ struct Plan {
   int device_chunk_buffers = 0;  // weight buffers on the device (0 when weights are resident)
   TierBytes device, host, nvme;
   std::vector<LinkTime> links;
-  double step_seconds = 0;       // the slowest link
+  // The step: the slowest overlapped link, plus what an exact step cannot
+  // overlap (estimate() says which).
+  double step_seconds = 0;
+  double overlapped_seconds = 0;  // the slowest link that runs beside the compute
+  double head_seconds = 0;        // before the first block can compute
+  double tail_seconds = 0;        // after the last gradient lands
   int64_t parameters = 0;
   std::string why;               // one line on the choice
 };

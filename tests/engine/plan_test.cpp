@@ -74,6 +74,42 @@ TEST(Plan, EstimateCountsEveryByteByTier) {
   EXPECT_GT(streamed.step_seconds, 0.0);
 }
 
+// The step is the slowest overlapped link plus what an exact step cannot
+// overlap: the last-landing chunks' update (and, on NVMe, their write-back)
+// after backward, the copy of their new weights before the next forward;
+// with states in RAM the whole optimizer pass after backward.
+TEST(Plan, StepAddsTheHeadAndTailAnExactStepCannotOverlap) {
+  TrainSetup s = gpt2("small", 2);
+  const std::vector<gpu::ChunkLayout> layout = gpu::model_layout(s.model);
+  const double last = static_cast<double>(layout[0].numel + layout[1].numel);
+  const double P = static_cast<double>(gpu::parameter_count(s.model));
+  Bandwidths bw;
+  bw.h2d_gbps = 10, bw.nvme_write_gbps = 1.5, bw.cpu_optimizer_params_per_s = 1e9;
+  auto seconds = [](const Plan& p, const std::string& name) {
+    for (const auto& l : p.links) {
+      if (l.link == name) return l.seconds;
+    }
+    return -1.0;
+  };
+  Plan nvme = estimate(s, {Tier::kHost, Tier::kNvme, Tier::kHost, 2}, bw);
+  EXPECT_DOUBLE_EQ(nvme.head_seconds, last * 2 / 10e9);  // bf16 weights
+  EXPECT_DOUBLE_EQ(nvme.tail_seconds, last / 1e9 + last * 12 / 1.5e9);
+  double slowest = 0;
+  for (const auto& l : nvme.links) slowest = std::max(slowest, l.seconds);
+  EXPECT_DOUBLE_EQ(nvme.overlapped_seconds, slowest);
+  EXPECT_DOUBLE_EQ(nvme.step_seconds, slowest + nvme.head_seconds + nvme.tail_seconds);
+  // Weights on NVMe too: their write-back joins the tail.
+  Plan both = estimate(s, {Tier::kNvme, Tier::kNvme, Tier::kHost, 2}, bw);
+  EXPECT_DOUBLE_EQ(both.tail_seconds, last / 1e9 + last * (12 + 2) / 1.5e9);
+  // States in RAM: the optimizer is all tail, and not among the overlapped links.
+  bw.device_tflops = 1e6;  // so that the optimizer would be the slowest link
+  Plan ram = estimate(s, {Tier::kHost, Tier::kHost, Tier::kHost, 2}, bw);
+  EXPECT_DOUBLE_EQ(ram.tail_seconds, P / 1e9);
+  EXPECT_DOUBLE_EQ(seconds(ram, "cpu optimizer"), P / 1e9);
+  EXPECT_LT(ram.overlapped_seconds, seconds(ram, "cpu optimizer"));
+  EXPECT_DOUBLE_EQ(ram.step_seconds, ram.overlapped_seconds + ram.head_seconds + ram.tail_seconds);
+}
+
 TEST(Plan, ChoosesResidentWeightsWhenTheyFit) {
   Result<Plan> p = make_plan(gpt2("small"), {40 * kGiB, 64 * kGiB, 0}, Bandwidths{});
   ASSERT_TRUE(p) << p.error().to_string();
