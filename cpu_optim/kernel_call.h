@@ -39,6 +39,13 @@ struct TileCall {
   void* v = nullptr;
   float* m_scale = nullptr;
   float* v_scale = nullptr;
+  // Where the new params and states are written: the inputs themselves for
+  // an update in place (optimizer.cpp always fills these in).
+  float* params_next = nullptr;
+  void* m_next = nullptr;
+  void* v_next = nullptr;
+  float* m_scale_next = nullptr;
+  float* v_scale_next = nullptr;
   int64_t n = 0;
 };
 

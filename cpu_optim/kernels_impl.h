@@ -323,12 +323,13 @@ void load_state(const TileCall& call, bool is_v, int64_t off, int64_t len, float
 
 template <class Arch>
 void store_state(const TileCall& call, bool is_v, int64_t off, int64_t len, const float* src) {
-  void* base = is_v ? call.v : call.m;
+  void* base = is_v ? call.v_next : call.m_next;
   switch (call.state_type) {
     case StateType::kF32: from_f32<Arch>(src, DType::kF32, len, static_cast<float*>(base) + off); break;
     case StateType::kBF16: from_f32<Arch>(src, DType::kBF16, len, static_cast<uint16_t*>(base) + off); break;
     case StateType::kQ8:
-      q8_store<Arch>(src, is_v, len, static_cast<uint8_t*>(base) + off, (is_v ? call.v_scale : call.m_scale) + off / kQ8BlockElems);
+      q8_store<Arch>(src, is_v, len, static_cast<uint8_t*>(base) + off,
+                     (is_v ? call.v_scale_next : call.m_scale_next) + off / kQ8BlockElems);
       break;
   }
 }
@@ -358,7 +359,7 @@ void run_staged(const TileCall& call, BatchStep<Arch, K>& st) {
       std::memset(sv + len, 0, pad_bytes);
     }
     update_scratch<Arch, K>(st, sp, sg, sm, sv, padded, has_m, has_v);
-    std::memcpy(call.params + off, sp, static_cast<size_t>(len) * 4);
+    std::memcpy(call.params_next + off, sp, static_cast<size_t>(len) * 4);
     if (has_m) store_state<Arch>(call, false, off, len, sm);
     if (has_v) store_state<Arch>(call, true, off, len, sv);
     if (call.out != nullptr) {
@@ -395,10 +396,13 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
   // alias a referenced object, which would force the constants and the
   // running check back to memory on every batch.
   BatchStep<Arch, K> st = step_state;
-  float* const params = call.params;
+  const float* const params = call.params;
+  float* const params_next = call.params_next;
   const void* const grad = call.grad;
-  void* const mem_m = call.m;
-  void* const mem_v = call.v;
+  const void* const mem_m = call.m;
+  const void* const mem_v = call.v;
+  void* const mem_m_next = call.m_next;
+  void* const mem_v_next = call.v_next;
   void* const out = call.out;
   const bool has_m = uses_m(call.kind, call.c);
   if constexpr (K != OptKind::kAdam && S != StateType::kF32) {
@@ -418,17 +422,19 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
       B m = has_m ? load_as_f32<Arch>(mem_m, kState, i) : B(0.0f);
       B v = kHasV ? load_as_f32<Arch>(mem_v, kState, i) : B(0.0f);
       st(p, load_as_f32<Arch>(grad, G, i), m, v);
-      p.store_unaligned(params + i);
-      if (has_m) store_from_f32<Arch>(mem_m, kState, i, m);
-      if constexpr (kHasV) store_from_f32<Arch>(mem_v, kState, i, v);
+      p.store_unaligned(params_next + i);
+      if (has_m) store_from_f32<Arch>(mem_m_next, kState, i, m);
+      if constexpr (kHasV) store_from_f32<Arch>(mem_v_next, kState, i, v);
       if constexpr (O != OutKind::kNone) store_from_f32<Arch>(out, kOut, i, p);
     }
   } else {
     // Per block: decode, update and keep the new m and v in scratch while
     // their new scales are gathered, then encode both in one loop.
     alignas(64) float bm[kQ8BlockElems], bv[kQ8BlockElems];
-    auto* const qm = static_cast<int8_t*>(mem_m);
-    auto* const qv = static_cast<uint8_t*>(mem_v);
+    const auto* const qm = static_cast<const int8_t*>(mem_m);
+    const auto* const qv = static_cast<const uint8_t*>(mem_v);
+    auto* const qm_next = static_cast<int8_t*>(mem_m_next);
+    auto* const qv_next = static_cast<uint8_t*>(mem_v_next);
     for (int64_t b0 = 0; b0 < n; b0 += kQ8BlockElems) {
       const int64_t blk = b0 / kQ8BlockElems;
       const B m_unit(q8_m_unit(call.m_scale[blk])), v_unit(q8_v_unit(call.v_scale[blk]));
@@ -443,7 +449,7 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
         B p = B::load_unaligned(params + i);
         B m = q8_decode_m_batch<Arch>(qm + i, m_unit), v = q8_decode_v_batch<Arch>(qv + i, v_unit);
         st(p, load_as_f32<Arch>(grad, G, i), m, v);
-        p.store_unaligned(params + i);
+        p.store_unaligned(params_next + i);
         m.store_aligned(bm + j);
         v.store_aligned(bv + j);
         top_m = xsimd::max(xsimd::abs(m), top_m);  // as q8_block_scale: NaN lanes keep the max
@@ -451,12 +457,12 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
         if constexpr (O != OutKind::kNone) store_from_f32<Arch>(out, kOut, i, p);
       }
       const float m_scale = max_lane<Arch>(top_m), v_scale = std::sqrt(max_lane<Arch>(top_v));
-      call.m_scale[blk] = m_scale;
-      call.v_scale[blk] = v_scale;
+      call.m_scale_next[blk] = m_scale;
+      call.v_scale_next[blk] = v_scale;
       const B m_inv(q8_inverse(m_scale)), v_inv(q8_inverse(v_scale));
       for (int64_t j = 0; j < kQ8BlockElems; j += W) {
-        q8_encode_m_batch<Arch>(B::load_aligned(bm + j), m_inv, qm + b0 + j);
-        q8_encode_v_batch<Arch>(B::load_aligned(bv + j), v_inv, qv + b0 + j);
+        q8_encode_m_batch<Arch>(B::load_aligned(bm + j), m_inv, qm_next + b0 + j);
+        q8_encode_v_batch<Arch>(B::load_aligned(bv + j), v_inv, qv_next + b0 + j);
       }
     }
   }
@@ -507,6 +513,11 @@ int64_t run_tile(const TileCall& call) {
     const uint64_t sb = call.state_type == StateType::kF32 ? 4 : (call.state_type == StateType::kBF16 ? 2 : 1);
     TileCall rest = call;
     rest.params += fused;
+    rest.params_next += fused;
+    if (rest.m_next != nullptr) rest.m_next = static_cast<std::byte*>(call.m_next) + fused * sb;
+    if (rest.v_next != nullptr) rest.v_next = static_cast<std::byte*>(call.v_next) + fused * sb;
+    if (rest.m_scale_next != nullptr) rest.m_scale_next += fused / kQ8BlockElems;
+    if (rest.v_scale_next != nullptr) rest.v_scale_next += fused / kQ8BlockElems;
     rest.grad = static_cast<const std::byte*>(call.grad) + fused * dtype_bytes(call.grad_dtype);
     if (rest.out != nullptr) rest.out = static_cast<std::byte*>(call.out) + fused * dtype_bytes(call.out_dtype);
     if (rest.m != nullptr) rest.m = static_cast<std::byte*>(call.m) + fused * sb;

@@ -141,11 +141,11 @@ int64_t reference_tile(const TileCall& call) {
         p = p - c.lr * g;
         break;
     }
-    call.params[i] = p;
+    call.params_next[i] = p;
     if (call.out != nullptr) store(call.out, call.out_dtype, i, p);
   }
-  if (has_m) store_state(call.state_type, call.m, call.m_scale, false, m);
-  if (has_v) store_state(call.state_type, call.v, call.v_scale, true, v);
+  if (has_m) store_state(call.state_type, call.m_next, call.m_scale_next, false, m);
+  if (has_v) store_state(call.state_type, call.v_next, call.v_scale_next, true, v);
   return nonfinite;
 }
 

@@ -145,6 +145,21 @@ Status validate_span(const ParamSpan& span, OptKind kind, const Coeffs& c) {
   if (span.state.type == StateType::kQ8 && (span.state.m_scale == nullptr || span.state.v_scale == nullptr)) {
     return invalid_argument("q8 optimizer states need m_scale and v_scale arrays (ceil(n / 256) floats each)");
   }
+  const StateSpans& next = span.state_next;
+  const bool any_next = next.m != nullptr || next.v != nullptr || next.m_scale != nullptr || next.v_scale != nullptr;
+  if (span.params_next == nullptr) {
+    if (any_next) return invalid_argument("state_next is given without params_next (an update out of place needs both)");
+    return ok_status();
+  }
+  if (next.type != span.state.type) {
+    return invalid_argument(std::string("state_next is ") + std::string(state_type_name(next.type)) + " but state is " +
+                            std::string(state_type_name(span.state.type)));
+  }
+  if ((need_m && next.m == nullptr) || (need_v && next.v == nullptr) ||
+      (next.type == StateType::kQ8 && (next.m_scale == nullptr || next.v_scale == nullptr))) {
+    return invalid_argument("state_next lacks an array the update writes (m needed: " + std::to_string(need_m) +
+                            ", v needed: " + std::to_string(need_v) + ")");
+  }
   return ok_status();
 }
 
@@ -312,6 +327,18 @@ Result<StepReport> step(const OptimizerConfig& config, int64_t t, const ParamSpa
     call.v = span.state.v ? static_cast<std::byte*>(span.state.v) + begin * sbytes : nullptr;
     call.m_scale = span.state.m_scale ? span.state.m_scale + begin / kQ8BlockElems : nullptr;
     call.v_scale = span.state.v_scale ? span.state.v_scale + begin / kQ8BlockElems : nullptr;
+    if (span.params_next == nullptr) {
+      call.params_next = call.params;
+      call.m_next = call.m, call.v_next = call.v;
+      call.m_scale_next = call.m_scale, call.v_scale_next = call.v_scale;
+    } else {
+      const StateSpans& next = span.state_next;
+      call.params_next = span.params_next + begin;
+      call.m_next = next.m ? static_cast<std::byte*>(next.m) + begin * sbytes : nullptr;
+      call.v_next = next.v ? static_cast<std::byte*>(next.v) + begin * sbytes : nullptr;
+      call.m_scale_next = next.m_scale ? next.m_scale + begin / kQ8BlockElems : nullptr;
+      call.v_scale_next = next.v_scale ? next.v_scale + begin / kQ8BlockElems : nullptr;
+    }
     call.n = end - begin;
     int64_t k = run_tile(isa, call);
     if (k != 0) bad.fetch_add(k, std::memory_order_relaxed);

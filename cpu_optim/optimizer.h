@@ -82,13 +82,19 @@ struct StateSpans {
 };
 
 struct ParamSpan {
-  float* params = nullptr;         // fp32 master weights, n elements, updated in place
+  float* params = nullptr;         // fp32 master weights, n elements, updated in place (or see params_next)
   int64_t n = 0;
   const void* grad = nullptr;      // n elements of grad_dtype
   DType grad_dtype = DType::kF32;
   void* weights_out = nullptr;     // optional: n elements of out_dtype, written from the new params
   DType out_dtype = DType::kBF16;  // kBF16 or kF16
   StateSpans state;
+  // Optional, both or neither: the update out of place. The new params and
+  // states are written here (same type and length as `params` / `state`),
+  // and `params` and `state` are only read — what a caller that may have to
+  // roll the step back keeps. The same bits as the update in place.
+  float* params_next = nullptr;
+  StateSpans state_next;
 };
 
 enum class Isa : uint8_t { kAuto, kScalar, kSse2, kAvx2, kAvx512 };
