@@ -34,7 +34,7 @@ int run(int argc, char** argv) {
   CLI::App app{"strata-train: train a GPT (synthetic data) on the host backend or a CUDA GPU, with optimizer states in RAM or on NVMe"};
   std::string config_path, nvme, checkpoint;
   int64_t steps = -1, save_every = 0;
-  bool resume = false, stream = false, delayed = false;
+  bool resume = false, stream = false, delayed = false, speculate_in_ram = false;
   int prefetch = 1;
   std::string activations = "device", weights_on = "host", trace_path, device = "host";
   app.add_option("--config", config_path, "JSON config (strata or DeepSpeed keys); default: an embedded small GPT");
@@ -44,6 +44,9 @@ int run(int argc, char** argv) {
   app.add_option("--save-every", save_every, "also checkpoint every N steps")->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   app.add_flag("--delayed-update", delayed,
                "run each optimizer update beside the next step's compute (NOT exact: one step stale)");
+  app.add_flag("--speculate-in-ram", speculate_in_ram,
+               "with the optimizer states in RAM, keep a second copy of them (12 bytes per parameter) so that "
+               "each chunk is updated as its gradient lands (exact, rolled back when the step clips or skips)");
   app.add_flag("--resume", resume, "continue from the latest checkpoint in --checkpoint");
   app.add_flag("--stream-weights", stream,
                "keep only a window of blocks on the device, capped at the config's device budget");
@@ -105,6 +108,10 @@ int run(int argc, char** argv) {
     o.states = engine::Tier::kNvme;
     o.nvme_paths = cfg->nvme_paths;
   }
+  o.speculate_in_ram = (speculate_in_ram || cfg->speculate_in_ram) && o.states == engine::Tier::kHost;
+  if ((speculate_in_ram || cfg->speculate_in_ram) && !o.speculate_in_ram) {
+    std::printf("speculate_in_ram: the states are on NVMe, where speculation keeps its second copy already\n");
+  }
   engine::Budgets budgets = cfg->budgets;
   // A config without budgets (a DeepSpeed one, say) gets the host backend's
   // defaults: a 1 GiB device and half the machine's memory.
@@ -145,7 +152,8 @@ int run(int argc, char** argv) {
   setup.working = o.precision;
   Result<engine::Plan> plan =
       stream ? Result<engine::Plan>(engine::estimate(
-                   setup, {o.weights, o.states, o.activation_checkpoints, prefetch}, engine::Bandwidths{}))
+                   setup, {o.weights, o.states, o.activation_checkpoints, prefetch, o.speculate_in_ram},
+                   engine::Bandwidths{}))
              : engine::make_plan(setup, budgets, engine::Bandwidths{}, fixed);
   if (stream) plan->why = "weights streamed as asked on the command line (the placement this run uses)";
   if (plan) {

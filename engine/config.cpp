@@ -304,6 +304,7 @@ Status read_native(Reader& top, EngineConfig& c) {
   STRATA_RETURN_IF_ERROR(top.get_choice("states", &c.state_precision, {"fp32", "bf16", "q8"}));
   c.setup.state_bytes_per_param = c.state_precision == "fp32" ? 8 : (c.state_precision == "bf16" ? 4 : 2.0 + 8.0 / 256);
   STRATA_RETURN_IF_ERROR(top.get_bool("delayed_update", &c.delayed_update));
+  STRATA_RETURN_IF_ERROR(top.get_bool("speculate_in_ram", &c.speculate_in_ram));
   STRATA_RETURN_IF_ERROR(top.get_double("gradient_clipping", &c.gradient_clipping, 0, 1e30));
   int64_t seed = static_cast<int64_t>(c.seed);
   STRATA_RETURN_IF_ERROR(top.get_int("seed", &seed, 0, std::numeric_limits<int64_t>::max()));

@@ -49,6 +49,7 @@ struct EngineConfig {
   double gradient_clipping = 0.0;  // global-norm clip; 0 = off
   std::string state_precision = "fp32";  // fp32 | bf16 | q8 (Adam m and v)
   bool delayed_update = false;     // opt-in one-step delayed parameter update (inexact)
+  bool speculate_in_ram = false;   // states in RAM: a second copy, so updates start as gradients land
   IoSpec io;
   uint64_t seed = 1;
   int64_t steps = 20;

@@ -86,6 +86,13 @@ Status OptimizerStage::home_weights_on_nvme(DType dtype) {
   return ok_status();
 }
 
+Status OptimizerStage::enable_ram_speculation() {
+  if (tier_ != Tier::kHost) return failed_precondition("optimizer stage: RAM speculation is for states in RAM");
+  next_.resize(elems_.size());
+  for (size_t c = 0; c < elems_.size(); ++c) next_[c].assign(static_cast<size_t>(3 * elems_[c]), 0.0f);
+  return ok_status();
+}
+
 Status OptimizerStage::initialize(size_t c, const float* master) {
   STRATA_CHECK(c < elems_.size());
   const int64_t n = elems_[c];
@@ -237,7 +244,7 @@ Status OptimizerStage::begin(OverlapStep step) {
     return invalid_argument("optimizer stage: clip_norm must be finite and >= 0");
   }
   ov_ = std::move(step);
-  if (tier_ != Tier::kNvme) ov_.speculate = false;
+  if (tier_ != Tier::kNvme && next_.empty()) ov_.speculate = false;
   outcome_ = OverlapOutcome{};
   stats_.assign(C, cpu_optim::GradStats{});
   {
@@ -402,10 +409,15 @@ class OptimizerStage::Pipeline {
 };
 
 Status OptimizerStage::traced_update(size_t c, float* state, void* out, const cpu_optim::StepOptions& options,
-                                     StageCounters* counters) {
+                                     StageCounters* counters, float* state_next) {
   const double start = trace_ ? trace_->now_us() : 0;
-  Result<cpu_optim::StepReport> r = cpu_optim::step(
-      ov_.config, ov_.t, span_over(state, elems_[c], ov_.grads[c], out, ov_.out_dtype), options, *executor_);
+  cpu_optim::ParamSpan span = span_over(state, elems_[c], ov_.grads[c], out, ov_.out_dtype);
+  if (state_next != nullptr) {
+    span.params_next = state_next;
+    span.state_next.m = state_next + elems_[c];
+    span.state_next.v = state_next + 2 * elems_[c];
+  }
+  Result<cpu_optim::StepReport> r = cpu_optim::step(ov_.config, ov_.t, span, options, *executor_);
   if (!r) return std::move(r).error().with_context("optimizer step of chunk " + std::to_string(c));
   counters->nonfinite += r->nonfinite;
   if (trace_) trace_->span("optimizer", "update chunk " + std::to_string(c), start, trace_->now_us(), "optimizer");
@@ -443,13 +455,21 @@ Status OptimizerStage::run_overlap() {
   const size_t ahead = nvme ? staging_->capacity() - 1 : 0;
   std::optional<Pipeline> pipe;
   if (nvme) pipe.emplace(*this);
-  if (ov_.speculate) {
+  if (ov_.speculate && nvme) {
     for (size_t k = 0; k < C; ++k) {
       STRATA_RETURN_IF_ERROR(pipe->fill(k + ahead));
       STRATA_RETURN_IF_ERROR(wait_landed(ov_.order[k]));
       STRATA_RETURN_IF_ERROR(pipe->update(k, scaled(ov_.grad_scale)));
     }
     STRATA_RETURN_IF_ERROR(pipe->finish_writes());
+  } else if (ov_.speculate) {
+    // In RAM: each chunk's update goes into its second copy; the first stays
+    // as it was until the verdict.
+    for (size_t c : ov_.order) {
+      STRATA_RETURN_IF_ERROR(wait_landed(c));
+      STRATA_RETURN_IF_ERROR(
+          traced_update(c, host_[c].data(), ov_.out[c], scaled(ov_.grad_scale), &outcome_.counters, next_[c].data()));
+    }
   } else {
     if (nvme) STRATA_RETURN_IF_ERROR(pipe->fill(ahead));
     for (size_t k = 0; k < C; ++k) STRATA_RETURN_IF_ERROR(wait_landed(ov_.order[k]));
@@ -491,6 +511,10 @@ Status OptimizerStage::run_overlap() {
   // Every chunk now holds its new state in its other blob: switch to it.
   if (nvme && !o.skipped) {
     for (size_t c = 0; c < C; ++c) gen_[c] = 1 - gen_[c];
+  }
+  // In RAM, a confirmed guess: the second copies become the states.
+  if (!nvme && guess_held) {
+    for (size_t c = 0; c < C; ++c) host_[c].swap(next_[c]);
   }
   o.out_written = !weights_nvme_ && (!o.skipped || ov_.speculate);
   o.counters.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() - idle_s_;

@@ -67,7 +67,9 @@ struct OverlapStep {
   std::vector<size_t> order;  // the order land() will be called in: every chunk once
   float grad_scale = 1.0f;    // applied to every gradient (1/accumulation, 1/loss scale)
   double clip_norm = 0;       // global-norm clipping of the scaled gradients; 0 = off
-  bool speculate = false;     // NVMe only: update as chunks land, assuming no clip and no skip
+  // Update as chunks land, assuming no clip and no skip: on NVMe, or in RAM
+  // after enable_ram_speculation().
+  bool speculate = false;
 };
 
 struct OverlapOutcome {
@@ -96,6 +98,12 @@ class OptimizerStage {
   // staging_bytes_with_weights().
   Status home_weights_on_nvme(DType dtype);
   bool weights_on_nvme() const { return weights_nvme_; }
+  // States in RAM: keep a second copy of every chunk's state (12 bytes per
+  // parameter) so that speculative steps can update each chunk as it lands,
+  // into the copy, and switch to it at the verdict (or drop it), as on NVMe.
+  // Before initialize().
+  Status enable_ram_speculation();
+  bool ram_speculation() const { return !next_.empty(); }
   // The blob holding chunk c's working weights now (not during a step).
   std::string weights_blob(size_t chunk) const { return weights_blob(chunk, gen_[chunk]); }
   static uint64_t staging_bytes_with_weights(const io::SwapStore& swap, int64_t elems) {
@@ -141,6 +149,7 @@ class OptimizerStage {
   uint64_t host_bytes() const {
     uint64_t b = 0;
     for (const auto& v : host_) b += v.capacity() * 4;
+    for (const auto& v : next_) b += v.capacity() * 4;
     return b;
   }
   static uint64_t state_bytes(int64_t elems) { return 12 * static_cast<uint64_t>(elems); }
@@ -159,8 +168,9 @@ class OptimizerStage {
   Status wait_landed(size_t chunk);
   class Pipeline;
   // One chunk's update (in ov_'s step), traced.
+  // `state_next`: null to update in place, else where the new state goes.
   Status traced_update(size_t chunk, float* state, void* out, const cpu_optim::StepOptions& options,
-                       StageCounters* counters);
+                       StageCounters* counters, float* state_next = nullptr);
   // Every chunk, in ov_.order, through the NVMe pipeline (a fresh one, or
   // one whose reads are already under way); writes go to the other blobs.
   Result<StageCounters> update_pass(const cpu_optim::StepOptions& options, Pipeline* prefetched);
@@ -172,6 +182,7 @@ class OptimizerStage {
   cpu_optim::Executor* executor_ = nullptr;
   Trace* trace_ = nullptr;
   std::vector<std::vector<float>> host_;  // states on the host tier
+  std::vector<std::vector<float>> next_;  // their second copies, with RAM speculation
   std::vector<int> gen_;                  // which of its two blobs holds each chunk's state (NVMe)
   bool weights_nvme_ = false;
   DType weights_dtype_ = DType::kBF16;

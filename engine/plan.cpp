@@ -133,6 +133,7 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
     p.host.io_buffers += kStateStagingBuffers * per_buffer;
   } else {
     tier(p, pl.states).model_states += state_total;
+    if (pl.speculate_in_ram) tier(p, pl.states).model_states += state_total;  // the second copy
   }
   if (pl.checkpoints == Tier::kNvme) p.host.io_buffers += 2 * padded(static_cast<uint64_t>(z.tokens) * C * z.c);
 
@@ -185,8 +186,9 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   // backward ends, and on NVMe their new states (and weights) are written
   // back before the verdict; with states in RAM every update waits for the
   // verdict (the global gradient norm: RAM holds no old generation to roll
-  // back to), so the whole optimizer pass follows backward. The next forward
-  // then begins by copying the new weights of those same chunks up.
+  // back to) unless a second copy of the states is kept, so the whole
+  // optimizer pass follows backward. The next forward then begins by copying
+  // the new weights of those same chunks up.
   const double last = static_cast<double>(layout[0].numel) +
                       (s.model.layers > 0 ? static_cast<double>(layout[1].numel) : 0.0);
   const double optimizer_s = P / bw.cpu_optimizer_params_per_s;
@@ -194,12 +196,14 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
     double written = last * state_bytes;
     if (pl.weights == Tier::kNvme) written += last * static_cast<double>(dtype_bytes(s.working));
     p.tail_seconds = last / bw.cpu_optimizer_params_per_s + written / (bw.nvme_write_gbps * 1e9);
+  } else if (pl.speculate_in_ram) {
+    p.tail_seconds = last / bw.cpu_optimizer_params_per_s;
   } else {
     p.tail_seconds = optimizer_s;
   }
   p.head_seconds = last * c / (bw.h2d_gbps * 1e9);
   for (const LinkTime& l : p.links) {
-    if (l.link == "cpu optimizer" && pl.states != Tier::kNvme) continue;  // all of it in the tail
+    if (l.link == "cpu optimizer" && pl.states != Tier::kNvme && !pl.speculate_in_ram) continue;  // all in the tail
     p.overlapped_seconds = std::max(p.overlapped_seconds, l.seconds);
   }
   p.step_seconds = p.overlapped_seconds + p.head_seconds + p.tail_seconds;

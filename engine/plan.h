@@ -81,6 +81,9 @@ struct Placement {
   Tier states = Tier::kHost;         // fp32 master weights + optimizer states
   Tier checkpoints = Tier::kDevice;  // block-input activation checkpoints
   int prefetch_depth = 1;            // chunks fetched ahead when weights stream
+  // States in RAM: a second copy of them, so that chunks are updated as
+  // they land (TrainerOptions::speculate_in_ram).
+  bool speculate_in_ram = false;
 };
 
 struct Plan {

@@ -43,6 +43,10 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
   if (o.weights == Tier::kNvme && (!o.stream_weights || o.states != Tier::kNvme)) {
     return invalid_argument("trainer: weights on NVMe need stream_weights and the optimizer states on NVMe");
   }
+  if (o.speculate_in_ram && o.states != Tier::kHost) {
+    return invalid_argument("trainer: speculate_in_ram is for optimizer states in RAM (on NVMe, speculation keeps "
+                            "its second copy there: `speculate`)");
+  }
   if (o.delayed_update && o.weights == Tier::kNvme) {
     return invalid_argument("trainer: the delayed update needs the weights on the host (not NVMe)");
   }
@@ -118,6 +122,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
 
   STRATA_ASSIGN_OR_RETURN(tr->stage_, OptimizerStage::create(elems, o.states, tr->swap_.get(), tr->staging_.get(),
                                                              *tr->executor_, o.trace));
+  if (o.speculate_in_ram) STRATA_RETURN_IF_ERROR(tr->stage_->enable_ram_speculation());
   // The host backend's resident placement runs HostGpt; on CUDA it is the
   // streamed model with a slot for every chunk (each copied up once a step,
   // kept for backward).

@@ -59,6 +59,11 @@ struct TrainerOptions {
   // redo the step from the untouched old states when the guess was wrong —
   // the same bits either way. Off: the updates wait for the global verdict.
   bool speculate = true;
+  // With states in RAM: the same speculation, at the price of a second copy
+  // of the states in RAM (12 bytes per parameter) — the update of each chunk
+  // goes there, and the copies switch at the verdict. Off (the default): in
+  // RAM the updates wait for the verdict, after backward.
+  bool speculate_in_ram = false;
   // Pinned staging buffers for NVMe states (each one chunk's state): one
   // holds the write behind, the rest read ahead.
   int staging_buffers = kStateStagingBuffers;

@@ -33,6 +33,7 @@ TEST(Config, NativeConfigParsesEveryField) {
             {"placement", {{"checkpoints", "host"}}},
             {"io", {{"backend", "posix"}, {"queue_depth", 64}, {"block_size", "8MiB"}}},
             {"seed", 7},
+            {"speculate_in_ram", true},
             {"steps", 100}};
   std::vector<std::string> warnings;
   Result<EngineConfig> c = parse_config(j, &warnings);
@@ -51,6 +52,7 @@ TEST(Config, NativeConfigParsesEveryField) {
   EXPECT_FALSE(c->constraints.weights.has_value());
   EXPECT_EQ(c->io.block_bytes, 8 * kMiB);
   EXPECT_EQ(c->seed, 7u);
+  EXPECT_TRUE(c->speculate_in_ram);
 }
 
 // A DeepSpeed ZeRO-Infinity config, unchanged.

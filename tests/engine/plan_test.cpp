@@ -108,6 +108,15 @@ TEST(Plan, StepAddsTheHeadAndTailAnExactStepCannotOverlap) {
   EXPECT_DOUBLE_EQ(seconds(ram, "cpu optimizer"), P / 1e9);
   EXPECT_LT(ram.overlapped_seconds, seconds(ram, "cpu optimizer"));
   EXPECT_DOUBLE_EQ(ram.step_seconds, ram.overlapped_seconds + ram.head_seconds + ram.tail_seconds);
+  // With a second copy of the states in RAM, only the last chunks' update
+  // is left after backward; the copy is host memory.
+  Placement spec_pl{Tier::kHost, Tier::kHost, Tier::kHost, 2};
+  spec_pl.speculate_in_ram = true;
+  Plan spec = estimate(s, spec_pl, bw);
+  EXPECT_DOUBLE_EQ(spec.tail_seconds, last / 1e9);
+  EXPECT_DOUBLE_EQ(spec.overlapped_seconds, seconds(spec, "cpu optimizer"));
+  EXPECT_EQ(spec.host.model_states - ram.host.model_states,
+            static_cast<uint64_t>(static_cast<double>(padded_params(s.model)) * 12));
 }
 
 TEST(Plan, ChoosesResidentWeightsWhenTheyFit) {

@@ -188,14 +188,16 @@ TEST(Trainer, ClippingThatFiresOnSomeStepsGivesTheSameBitsEverywhere) {
   EXPECT_EQ(clipped.skipped, 0);
   EXPECT_LT(clipped.clipped, 20);
   EXPECT_NE(clipped.losses, free.losses);
-  // On NVMe the stage updates chunks during backward, guessing "no clip"
-  // after an unclipped step; a wrong guess is rolled back and redone.
-  int64_t rollbacks = 0;
+  // With speculation (on NVMe, or in RAM with speculate_in_ram) the stage
+  // updates chunks during backward, guessing "no clip" after an unclipped
+  // step; a wrong guess is rolled back and redone.
+  int64_t rollbacks = 0, ram_rollbacks = 0;
   for (int depth : {0, 1, 4}) {
     for (Tier states : {Tier::kHost, Tier::kNvme}) {
       for (bool speculate : {true, false}) {
-        if (states == Tier::kHost && !speculate) continue;  // host states never speculate
+        if (depth == 0 && states == Tier::kHost && !speculate) continue;  // that is `clipped`
         TrainerOptions o = base;
+        o.speculate_in_ram = states == Tier::kHost && speculate;
         o.stream_weights = depth > 0;
         o.device_bytes = depth > 0 ? 8ull << 20 : 0;
         o.prefetch_depth = std::max(depth, 1);
@@ -203,26 +205,46 @@ TEST(Trainer, ClippingThatFiresOnSomeStepsGivesTheSameBitsEverywhere) {
         o.speculate = speculate;
         o.staging_buffers = 3 + depth;
         o.nvme_paths = {dir.sub("c" + std::to_string(depth) + (speculate ? "s" : "n"))};
-        if (depth == 0 && states == Tier::kHost) continue;  // that is `clipped`
         RunLog r = run_log(o, 20);
         EXPECT_EQ(r.losses, clipped.losses)
             << "prefetch depth " << depth << ", states on " << tier_name(states) << ", speculate " << speculate;
         EXPECT_EQ(r.clipped, clipped.clipped);
         EXPECT_EQ(r.skipped, 0);
-        if (states == Tier::kNvme && speculate) {
+        if (speculate) {
           EXPECT_GT(r.rollbacks, 0);
           EXPECT_LE(r.rollbacks, r.clipped);
-          rollbacks = r.rollbacks;
+          (states == Tier::kNvme ? rollbacks : ram_rollbacks) = r.rollbacks;
         } else {
           EXPECT_EQ(r.rollbacks, 0);
         }
       }
     }
   }
-  std::printf("clip norm %.4f fired on %d of 20 steps (%lld speculative steps rolled back on NVMe); loss %.4f -> %.4f "
-              "(unclipped %.4f -> %.4f)\n",
-              base.clip_norm, clipped.clipped, static_cast<long long>(rollbacks), clipped.losses.front(),
-              clipped.losses.back(), free.losses.front(), free.losses.back());
+  std::printf("clip norm %.4f fired on %d of 20 steps (%lld speculative steps rolled back on NVMe, %lld in RAM); loss "
+              "%.4f -> %.4f (unclipped %.4f -> %.4f)\n",
+              base.clip_norm, clipped.clipped, static_cast<long long>(rollbacks), static_cast<long long>(ram_rollbacks),
+              clipped.losses.front(), clipped.losses.back(), free.losses.front(), free.losses.back());
+}
+
+// speculate_in_ram is for states in RAM; on NVMe the speculation's second
+// copy is the other blob already. In RAM it costs 12 bytes per parameter.
+TEST(Trainer, SpeculationInRamIsForStatesInRamAndCostsASecondCopy) {
+  strata::testing::TempDir dir;
+  TrainerOptions o = tiny(1);
+  o.speculate_in_ram = true;
+  o.states = Tier::kNvme;
+  o.nvme_paths = {dir.sub("n")};
+  Result<std::unique_ptr<Trainer>> bad = Trainer::create(o);
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.error().message().find("speculate_in_ram"), std::string::npos) << bad.error().to_string();
+  TrainerOptions plain = tiny(1), spec = tiny(1);
+  spec.speculate_in_ram = true;
+  auto a = std::move(Trainer::create(plain)).value();
+  auto b = std::move(Trainer::create(spec)).value();
+  int64_t elems = 0;  // every chunk's elements (padded a little beyond the parameter count)
+  for (const gpu::ChunkLayout& c : gpu::model_layout(plain.model)) elems += c.numel;
+  EXPECT_EQ(b->host_bytes() - a->host_bytes(), static_cast<uint64_t>(12 * elems));
 }
 
 TEST(Trainer, RefusesABadClipNorm) {
@@ -508,6 +530,7 @@ TEST(Trainer, PlannedBytesPerTierMatchWhatTheRunUsed) {
             o.weights = homes.weights;
             o.states = homes.states;
             o.precision = precision;
+            o.speculate_in_ram = homes.states == Tier::kHost && depth == 3;  // the second copy of the states
             o.nvme_paths = {dir.sub("p" + std::to_string(n++))};
             TrainSetup setup;
             setup.model = o.model;
@@ -520,6 +543,7 @@ TEST(Trainer, PlannedBytesPerTierMatchWhatTheRunUsed) {
             pl.states = homes.states;
             pl.checkpoints = acts;
             pl.prefetch_depth = depth;
+            pl.speculate_in_ram = o.speculate_in_ram;
             const Plan plan = estimate(setup, pl, Bandwidths{});
             Result<std::unique_ptr<Trainer>> tr = Trainer::create(o);
             ASSERT_TRUE(tr) << tr.error().to_string();
@@ -636,15 +660,18 @@ TEST(Trainer, Fp16LossScaleOverflowsGiveTheSameBitsEverywhere) {
         o.device_bytes = depth > 0 ? 8ull << 20 : 0;
         o.prefetch_depth = std::max(depth, 1);
         o.states = states;
+        o.speculate_in_ram = states == Tier::kHost && acts != Tier::kHost;  // RAM speculation in some placements
         o.activation_checkpoints = acts;
         o.nvme_paths = {dir.sub("f" + std::to_string(depth) + std::string(tier_name(states)) + std::string(tier_name(acts)))};
         RunLog r = run_log(o, 20);
         EXPECT_EQ(r.losses, ref.losses) << "prefetch depth " << depth << ", states on " << tier_name(states)
                                         << ", checkpoints on " << tier_name(acts);
         EXPECT_EQ(r.scales, ref.scales);
-        if (states == Tier::kNvme) {
+        if (states == Tier::kNvme || o.speculate_in_ram) {
           EXPECT_GT(r.rollbacks, 0);
           rollbacks = r.rollbacks;
+        } else {
+          EXPECT_EQ(r.rollbacks, 0);
         }
       }
     }
