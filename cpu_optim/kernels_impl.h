@@ -100,7 +100,7 @@ template <class Arch>
 void q8_encode_m_batch(const xsimd::batch<float, Arch>& x, const xsimd::batch<float, Arch>& inv, int8_t* q) {
   using B = xsimd::batch<float, Arch>;
   B y = xsimd::abs(x) * inv;
-  B e = xsimd::trunc(xsimd::fma(rcp_estimate<Arch>(rsqrt_estimate<Arch>(y)), B(kQ8MMax), B(0.75f)));
+  B e = xsimd::trunc(fused_fma<Arch>(rcp_estimate<Arch>(rsqrt_estimate<Arch>(y)), B(kQ8MMax), B(0.75f)));
   B r = fused_fma<Arch>(e, B(1.0f / kQ8MMax), B(-0.5f / kQ8MMax));
   B c = xsimd::select(y < r * r, e - B(1.0f), e);
   c = xsimd::min(xsimd::max(c, B(0.0f)), B(kQ8MMax));  // max(c, 0) returns 0 for a NaN c: NaN -> 0
@@ -111,7 +111,7 @@ template <class Arch>
 void q8_encode_v_batch(const xsimd::batch<float, Arch>& x, const xsimd::batch<float, Arch>& inv, uint8_t* q) {
   using B = xsimd::batch<float, Arch>;
   B y = (x * inv) * inv;
-  B e = xsimd::trunc(xsimd::fma(rsqrt_estimate<Arch>(rsqrt_estimate<Arch>(y)), B(kQ8VMax), B(0.75f)));
+  B e = xsimd::trunc(fused_fma<Arch>(rsqrt_estimate<Arch>(rsqrt_estimate<Arch>(y)), B(kQ8VMax), B(0.75f)));
   B r = fused_fma<Arch>(e, B(1.0f / kQ8VMax), B(-0.5f / kQ8VMax));
   B r2 = r * r;
   B c = xsimd::select(y < r2 * r2, e - B(1.0f), e);
@@ -255,36 +255,36 @@ struct BatchStep {
         coarse_roots(call.state_type == StateType::kQ8), check(0.0f) {}
 
   void operator()(B& p, B graw, B& m, B& v) {
-    check = xsimd::fma(graw, zero, check);
+    check = fused_fma<Arch>(graw, zero, check);
     B g = graw * gs;
     if constexpr (K == OptKind::kAdam) {
-      if (!decoupled) g = xsimd::fma(wd, p, g);
-      m = xsimd::fma(b1, m, omb1 * g);
-      v = xsimd::fma(b2, v, omb2 * g * g);
+      if (!decoupled) g = fused_fma<Arch>(wd, p, g);
+      m = fused_fma<Arch>(b1, m, omb1 * g);
+      v = fused_fma<Arch>(b2, v, omb2 * g * g);
       if (decoupled) p = p * decay;
       if (coarse_roots) {
-        B denom = xsimd::fma(coarse_sqrt<Arch>(v), inv_bc2_sqrt, eps);
-        p = xsimd::fnma(step_size, m * coarse_reciprocal<Arch>(denom), p);
+        B denom = fused_fma<Arch>(coarse_sqrt<Arch>(v), inv_bc2_sqrt, eps);
+        p = fused_fnma<Arch>(step_size, m * coarse_reciprocal<Arch>(denom), p);
       } else {
-        B denom = xsimd::fma(fast_sqrt<Arch>(v), inv_bc2_sqrt, eps);
-        p = xsimd::fnma(step_size, m * fast_reciprocal<Arch>(denom), p);
+        B denom = fused_fma<Arch>(fast_sqrt<Arch>(v), inv_bc2_sqrt, eps);
+        p = fused_fnma<Arch>(step_size, m * fast_reciprocal<Arch>(denom), p);
       }
     } else if constexpr (K == OptKind::kAdagrad) {
-      g = xsimd::fma(wd, p, g);
-      v = xsimd::fma(g, g, v);
-      p = xsimd::fnma(step_size, g * fast_reciprocal<Arch>(fast_sqrt<Arch>(v) + eps), p);
+      g = fused_fma<Arch>(wd, p, g);
+      v = fused_fma<Arch>(g, g, v);
+      p = fused_fnma<Arch>(step_size, g * fast_reciprocal<Arch>(fast_sqrt<Arch>(v) + eps), p);
     } else if constexpr (K == OptKind::kLion) {
-      B u = xsimd::fma(b1, m, omb1 * g);
+      B u = fused_fma<Arch>(b1, m, omb1 * g);
       B sign = xsimd::select(u > zero, B(1.0f), xsimd::select(u < zero, B(-1.0f), zero));
-      p = xsimd::fnma(lr, sign, p * decay);
-      m = xsimd::fma(b2, m, omb2 * g);
+      p = fused_fnma<Arch>(lr, sign, p * decay);
+      m = fused_fma<Arch>(b2, m, omb2 * g);
     } else {
-      g = xsimd::fma(wd, p, g);
+      g = fused_fma<Arch>(wd, p, g);
       if (has_momentum) {
-        m = first_step ? g : xsimd::fma(momentum, m, one_minus_dampening * g);
-        g = nesterov ? xsimd::fma(momentum, m, g) : m;
+        m = first_step ? g : fused_fma<Arch>(momentum, m, one_minus_dampening * g);
+        g = nesterov ? fused_fma<Arch>(momentum, m, g) : m;
       }
-      p = xsimd::fnma(lr, g, p);
+      p = fused_fnma<Arch>(lr, g, p);
     }
   }
 
@@ -557,9 +557,9 @@ void StatsKernel::operator()(Arch, const void* grad, DType dtype, int64_t n, flo
     const B zero(0.0f), s(scale);
     for (int64_t i = 0; i < padded; i += W) {
       B x = B::load_aligned(g + i);
-      check = xsimd::fma(x, zero, check);
+      check = fused_fma<Arch>(x, zero, check);
       x = x * s;
-      acc = xsimd::fma(x, x, acc);
+      acc = fused_fma<Arch>(x, x, acc);
     }
     if (!xsimd::all(xsimd::isfinite(check))) {
       // Rare: recount, and redo the sum without the non-finite elements.
@@ -568,7 +568,7 @@ void StatsKernel::operator()(Arch, const void* grad, DType dtype, int64_t n, flo
       for (int64_t i = 0; i < padded; i += W) {
         B x = B::load_aligned(g + i);
         x = xsimd::select(xsimd::isfinite(x), x, zero) * s;
-        acc = xsimd::fma(x, x, acc);
+        acc = fused_fma<Arch>(x, x, acc);
       }
     }
     // One partial per sub-tile; the caller adds them in order in fp64.

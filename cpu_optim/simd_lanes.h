@@ -128,17 +128,27 @@ void store_from_f32(void* base, DType t, int64_t i, const xsimd::batch<float, Ar
   }
 }
 
-// a * b + c rounded once. xsimd 8 has no AVX-512 fma kernel: its generic
-// fallback multiplies and adds, which GCC fuses at -O2 and above but not
-// below, so code that must give the same bits at every optimisation level
-// (the q8 thresholds) calls this instead.
+// a * b + c (fused_fma) and c - a * b (fused_fnma) rounded once. xsimd 8
+// has no AVX-512 fma kernel: its generic fallback multiplies and adds,
+// which GCC fuses at -O2 and above but not below, so the kernels call these
+// instead and compute the same bits at every optimisation level. (SSE2 has
+// no fused instruction: there xsimd's multiply-and-add is what runs.)
 template <class Arch>
 xsimd::batch<float, Arch> fused_fma(const xsimd::batch<float, Arch>& a, const xsimd::batch<float, Arch>& b,
                                     const xsimd::batch<float, Arch>& c) {
   if constexpr (is_avx512<Arch>()) {
     return _mm512_fmadd_ps(a, b, c);
   } else {
-    return _mm256_fmadd_ps(a, b, c);
+    return xsimd::fma(a, b, c);
+  }
+}
+template <class Arch>
+xsimd::batch<float, Arch> fused_fnma(const xsimd::batch<float, Arch>& a, const xsimd::batch<float, Arch>& b,
+                                     const xsimd::batch<float, Arch>& c) {
+  if constexpr (is_avx512<Arch>()) {
+    return _mm512_fnmadd_ps(a, b, c);
+  } else {
+    return xsimd::fnma(a, b, c);
   }
 }
 
@@ -198,7 +208,7 @@ xsimd::batch<float, Arch> fast_sqrt(const xsimd::batch<float, Arch>& x) {
     }
     // y <- y * (1.5 - 0.5 x y^2); sqrt(x) = x * y
     B xy = x * y;
-    B s = xy * xsimd::fnma(B(0.5f) * xy, y, B(1.5f));
+    B s = xy * fused_fnma<Arch>(B(0.5f) * xy, y, B(1.5f));
     return xsimd::select(x == B(0.0f), B(0.0f), xsimd::select(xsimd::isfinite(x), s, x));
   } else {
     return xsimd::sqrt(x);
@@ -215,7 +225,7 @@ xsimd::batch<float, Arch> fast_reciprocal(const xsimd::batch<float, Arch>& x) {
     } else {
       y = _mm256_rcp_ps(x);
     }
-    return y * xsimd::fnma(x, y, B(2.0f));  // y <- y (2 - x y)
+    return y * fused_fnma<Arch>(x, y, B(2.0f));  // y <- y (2 - x y)
   } else {
     return B(1.0f) / x;
   }
