@@ -86,7 +86,18 @@ int run(int argc, char** argv) {
   app.add_option("--reps", reps, "timed steps per measurement (median)")->check(CLI::Range(1, 1000));
   app.add_option("--device", device, "the host backend, or the first CUDA GPU (a CUDA build)")
       ->check(CLI::IsMember({"host", "cuda"}));
+  std::string states_on = "nvme";
+  bool speculate_in_ram = false;
+  app.add_option("--states", states_on, "where the optimizer states live: nvme (in --dir) or ram")
+      ->check(CLI::IsMember({"nvme", "ram"}));
+  app.add_flag("--speculate-in-ram", speculate_in_ram,
+               "with --states ram: a second copy of the states, so chunks update as their gradients land");
   CLI11_PARSE(app, argc, argv);
+  const bool states_nvme = states_on == "nvme";
+  if (speculate_in_ram && states_nvme) {
+    std::fprintf(stderr, "strata-stepbench: --speculate-in-ram needs --states ram\n");
+    return 2;
+  }
   gpu::host::set_compute_threads(compute_threads);  // every part and the step alike
 
   engine::TrainerOptions base;
@@ -103,15 +114,18 @@ int run(int argc, char** argv) {
   full.device_bytes = static_cast<uint64_t>(static_cast<double>(states) / ratio);
   full.prefetch_depth = prefetch;
   full.activation_checkpoints = engine::Tier::kHost;
-  full.states = engine::Tier::kNvme;
-  full.nvme_paths = {dir};
+  full.states = states_nvme ? engine::Tier::kNvme : engine::Tier::kHost;
+  full.speculate_in_ram = speculate_in_ram;
+  if (states_nvme) full.nvme_paths = {dir};
   full.backend = device == "cuda" ? engine::TrainerOptions::Backend::kCuda : engine::TrainerOptions::Backend::kHost;
   engine::Trace trace(!trace_path.empty());
   if (trace.enabled()) full.trace = &trace;
+  const std::string where = states_nvme ? "on NVMe in " + dir
+                                         : std::string("in RAM") + (speculate_in_ram ? " (with a second copy)" : "");
   std::printf("strata-stepbench: %d blocks x hidden %d, %.1fM parameters, %s of model states, device budget %s "
-              "(1/%.3g), states on NVMe in %s; the host device computes on %d of %d cores\n",
+              "(1/%.3g), states %s; the host device computes on %d of %d cores\n",
               layers, hidden, static_cast<double>(params) / 1e6, format_bytes(states).c_str(),
-              format_bytes(full.device_bytes).c_str(), ratio, dir.c_str(), compute_threads, cores);
+              format_bytes(full.device_bytes).c_str(), ratio, where.c_str(), compute_threads, cores);
   std::fflush(stdout);
 
   // Compute alone: the step's forward, then its recompute and backward,
@@ -244,34 +258,38 @@ int run(int argc, char** argv) {
     STEP_CHECK(dev->synchronize(*stream));
   });
 
-  // NVMe alone: every chunk's state read and written back, two buffers.
-  io::SwapStore* swap = offloaded->swap_store();
-  int64_t max_elems = 0;
-  for (const auto& c : layout) max_elems = std::max(max_elems, c.numel);
-  io::AlignedAllocator allocator;
-  Result<std::unique_ptr<engine::PinnedArena>> arena = engine::PinnedArena::create(
-      "nvme part", swap->padded_size(engine::OptimizerStage::state_bytes(max_elems)), 2, allocator, nullptr);
-  STEP_CHECK(arena.status());
-  std::vector<engine::PinnedArena::Lease> leases;
-  for (int i = 0; i < 2; ++i) {
-    Result<engine::PinnedArena::Lease> l = (*arena)->acquire("nvme part");
-    STEP_CHECK(l.status());
-    leases.push_back(std::move(*l));
-  }
-  double nvme_s = median_seconds(reps, [&] {
-    std::vector<std::optional<io::Ticket>> writes(layout.size());
-    for (size_t c = 0; c < layout.size(); ++c) {
-      const std::string name = "optimizer-state/chunk-" + std::to_string(c);
-      if (c >= 2) STEP_CHECK(swap->wait(*writes[c - 2]));
-      Result<io::Ticket> r = swap->read(name, leases[c % 2].buffer());
-      STEP_CHECK(r.status());
-      STEP_CHECK(swap->wait(*r));
-      Result<io::Ticket> w = swap->write(name, leases[c % 2].buffer(), engine::OptimizerStage::state_bytes(layout[c].numel));
-      STEP_CHECK(w.status());
-      writes[c] = *w;
+  // NVMe alone: every chunk's state read and written back, two buffers
+  // (nothing when the states are in RAM).
+  double nvme_s = 0;
+  if (states_nvme) {
+    io::SwapStore* swap = offloaded->swap_store();
+    int64_t max_elems = 0;
+    for (const auto& c : layout) max_elems = std::max(max_elems, c.numel);
+    io::AlignedAllocator allocator;
+    Result<std::unique_ptr<engine::PinnedArena>> arena = engine::PinnedArena::create(
+        "nvme part", swap->padded_size(engine::OptimizerStage::state_bytes(max_elems)), 2, allocator, nullptr);
+    STEP_CHECK(arena.status());
+    std::vector<engine::PinnedArena::Lease> leases;
+    for (int i = 0; i < 2; ++i) {
+      Result<engine::PinnedArena::Lease> l = (*arena)->acquire("nvme part");
+      STEP_CHECK(l.status());
+      leases.push_back(std::move(*l));
     }
-    STEP_CHECK(swap->wait_all());
-  });
+    nvme_s = median_seconds(reps, [&] {
+      std::vector<std::optional<io::Ticket>> writes(layout.size());
+      for (size_t c = 0; c < layout.size(); ++c) {
+        const std::string name = "optimizer-state/chunk-" + std::to_string(c);
+        if (c >= 2) STEP_CHECK(swap->wait(*writes[c - 2]));
+        Result<io::Ticket> r = swap->read(name, leases[c % 2].buffer());
+        STEP_CHECK(r.status());
+        STEP_CHECK(swap->wait(*r));
+        Result<io::Ticket> w = swap->write(name, leases[c % 2].buffer(), engine::OptimizerStage::state_bytes(layout[c].numel));
+        STEP_CHECK(w.status());
+        writes[c] = *w;
+      }
+      STEP_CHECK(swap->wait_all());
+    });
+  }
 
   // The planner's model of this placement at the rates just measured.
   engine::TrainSetup setup;
@@ -281,7 +299,8 @@ int run(int argc, char** argv) {
   setup.compute = DType::kF32;  // the host backend computes in fp32
   engine::Placement placement;
   placement.weights = engine::Tier::kHost;
-  placement.states = engine::Tier::kNvme;
+  placement.states = full.states;
+  placement.speculate_in_ram = speculate_in_ram;
   placement.checkpoints = engine::Tier::kHost;
   placement.prefetch_depth = prefetch;
   engine::Bandwidths bw;
@@ -289,7 +308,7 @@ int run(int argc, char** argv) {
                        static_cast<double>(base.batch * base.seq);
   const double copy_gbps = static_cast<double>(h2d + d2h) / copies_s / 1e9;
   bw.h2d_gbps = bw.d2h_gbps = copy_gbps;
-  bw.nvme_read_gbps = bw.nvme_write_gbps = 2.0 * static_cast<double>(nvme_r) / nvme_s / 1e9;
+  if (nvme_s > 0) bw.nvme_read_gbps = bw.nvme_write_gbps = 2.0 * static_cast<double>(nvme_r) / nvme_s / 1e9;
   bw.cpu_optimizer_params_per_s = static_cast<double>(params) / optimizer_s;
   // The measured rate over the FLOPs compute_s covers (recompute included,
   // as the streamed step recomputes each block).
@@ -331,7 +350,9 @@ int run(int argc, char** argv) {
                       {"h2d_bytes", h2d},
                       {"d2h_bytes", d2h},
                       {"nvme_bytes", nvme_r + nvme_w},
-                      {"io_backend", std::string(swap->backend())},
+                      {"io_backend", states_nvme ? std::string(offloaded->swap_store()->backend()) : "none"},
+                      {"states", states_on},
+                      {"speculate_in_ram", speculate_in_ram},
                       {"system", system_info()}};
   std::printf("%s\n", j.dump().c_str());
   return 0;
