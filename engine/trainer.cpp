@@ -100,8 +100,9 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
     so.device.backend = o.io_backend;
     so.faults = o.faults;
     if (Trace* trace = o.trace; trace != nullptr && trace->enabled()) {
-      // Every NVMe request on the "nvme" track, from submission until its
-      // completion was reaped: state, weight and checkpoint blobs alike.
+      // Every NVMe request on the "nvme reads" / "nvme writes" tracks, from
+      // submission until its completion was reaped: state, weight and
+      // checkpoint blobs alike.
       so.on_complete = [trace](const io::SwapRequestRecord& r) {
         trace->span(r.kind == io::IoOp::kRead ? "nvme reads" : "nvme writes",
                     std::string(r.kind == io::IoOp::kRead ? "read " : "write ") + *r.blob + (r.ok ? "" : " (failed)"),
