@@ -34,6 +34,7 @@ using cpu_optim::DType;
 using cpu_optim::Executor;
 using cpu_optim::Isa;
 using cpu_optim::StateType;
+using cpu_optim::state_elem_bytes;
 
 struct Mode {
   std::string name;
@@ -56,8 +57,6 @@ Aligned alloc_bytes(uint64_t bytes) {
   }
   return a;
 }
-
-uint64_t state_elem_bytes(StateType t) { return t == StateType::kF32 ? 4 : (t == StateType::kBF16 ? 2 : 1); }
 
 // Bytes read + written per parameter by a mode (scales of q8 included).
 double bytes_per_param(const Mode& m) {

@@ -38,6 +38,11 @@ void exit_on_error(const Status& status, std::string_view program) {
   std::exit(1);
 }
 
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
 double median_seconds(int reps, const std::function<void()>& fn) {
   fn();
   std::vector<double> t;
@@ -46,8 +51,7 @@ double median_seconds(int reps, const std::function<void()>& fn) {
     fn();
     t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  return median(std::move(t));
 }
 
 }  // namespace strata::bench

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/status.h"
 
@@ -18,6 +19,9 @@ uint64_t physical_memory_bytes();
 
 // Benchmarks stop at the first failure: prints "program: status" and exits 1.
 void exit_on_error(const Status& status, std::string_view program);
+
+// The median of v (the upper one of an even count).
+double median(std::vector<double> v);
 
 // Median wall seconds of `reps` runs of fn, after one untimed warm-up run.
 double median_seconds(int reps, const std::function<void()>& fn);

@@ -196,10 +196,6 @@ int run(int argc, char** argv) {
     bwds.push_back(b);
   }
   STEP_CHECK(cdev->async_error());
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
   const double step_s = median(steps), fwd_s = median(fwds), bwd_s = median(bwds);
   const double compute_s = fwd_s + bwd_s;
   const uint64_t device_peak = offloaded->device()->peak_bytes();
@@ -222,7 +218,6 @@ int run(int argc, char** argv) {
               step_s, format_bytes(device_peak).c_str(), format_bytes(full.device_bytes).c_str(), 100 * idle);
   std::fflush(stdout);
 
-
   // The optimizer alone: the stage with its states in memory, after backward.
   engine::TrainerOptions in_memory = base;
   in_memory.speculate = false;
@@ -233,8 +228,7 @@ int run(int argc, char** argv) {
     STEP_CHECK(resident->step().status());
     opt.push_back(resident->last_stage().seconds);
   }
-  std::sort(opt.begin(), opt.end());
-  const double optimizer_s = opt[opt.size() / 2];
+  const double optimizer_s = median(opt);
   resident.reset();
 
   // Copies alone: the same bytes each way through a device of the same kind

@@ -23,6 +23,11 @@ enum class StateType : uint8_t { kF32, kBF16, kQ8 };
 
 inline constexpr int64_t kQ8BlockElems = 256;
 
+// Bytes of one state element (q8: the code; its block scales are apart).
+constexpr uint64_t state_elem_bytes(StateType t) {
+  return t == StateType::kF32 ? 4 : (t == StateType::kBF16 ? 2 : 1);
+}
+
 std::string_view state_type_name(StateType t);
 
 }  // namespace strata::cpu_optim

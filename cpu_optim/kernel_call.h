@@ -5,7 +5,9 @@
 // computed once per call in optimizer.cpp.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "cpu_optim/dtype.h"
 
@@ -47,6 +49,28 @@ struct TileCall {
   float* m_scale_next = nullptr;
   float* v_scale_next = nullptr;
   int64_t n = 0;
+
+  // The same call moved `by` elements on (a multiple of kQ8BlockElems for
+  // q8 states, whose scale pointers move by whole blocks): every stream it
+  // reads and writes, and n shortened to what is left.
+  TileCall advanced(int64_t by) const {
+    auto move = [by](auto* p, uint64_t elem_bytes) {
+      using Ptr = decltype(p);
+      using Byte = std::conditional_t<std::is_const_v<std::remove_pointer_t<Ptr>>, const std::byte, std::byte>;
+      return p == nullptr ? p : reinterpret_cast<Ptr>(reinterpret_cast<Byte*>(p) + by * elem_bytes);
+    };
+    auto blocks = [by](float* p) { return p == nullptr ? p : p + by / kQ8BlockElems; };
+    const uint64_t sb = state_elem_bytes(state_type);
+    TileCall t = *this;
+    t.params = move(params, 4), t.params_next = move(params_next, 4);
+    t.grad = move(grad, dtype_bytes(grad_dtype));
+    t.out = move(out, dtype_bytes(out_dtype));
+    t.m = move(m, sb), t.v = move(v, sb), t.m_next = move(m_next, sb), t.v_next = move(v_next, sb);
+    t.m_scale = blocks(m_scale), t.v_scale = blocks(v_scale);
+    t.m_scale_next = blocks(m_scale_next), t.v_scale_next = blocks(v_scale_next);
+    t.n = n - by;
+    return t;
+  }
 };
 
 // Which state arrays an optimizer reads and writes.

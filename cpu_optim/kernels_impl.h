@@ -510,21 +510,7 @@ int64_t run_tile(const TileCall& call) {
     dispatch_fused<Arch, K>(call, st, fused);
   }
   if (fused < call.n) {
-    const uint64_t sb = call.state_type == StateType::kF32 ? 4 : (call.state_type == StateType::kBF16 ? 2 : 1);
-    TileCall rest = call;
-    rest.params += fused;
-    rest.params_next += fused;
-    if (rest.m_next != nullptr) rest.m_next = static_cast<std::byte*>(call.m_next) + fused * sb;
-    if (rest.v_next != nullptr) rest.v_next = static_cast<std::byte*>(call.v_next) + fused * sb;
-    if (rest.m_scale_next != nullptr) rest.m_scale_next += fused / kQ8BlockElems;
-    if (rest.v_scale_next != nullptr) rest.v_scale_next += fused / kQ8BlockElems;
-    rest.grad = static_cast<const std::byte*>(call.grad) + fused * dtype_bytes(call.grad_dtype);
-    if (rest.out != nullptr) rest.out = static_cast<std::byte*>(call.out) + fused * dtype_bytes(call.out_dtype);
-    if (rest.m != nullptr) rest.m = static_cast<std::byte*>(call.m) + fused * sb;
-    if (rest.v != nullptr) rest.v = static_cast<std::byte*>(call.v) + fused * sb;
-    if (rest.m_scale != nullptr) rest.m_scale += fused / kQ8BlockElems;
-    if (rest.v_scale != nullptr) rest.v_scale += fused / kQ8BlockElems;
-    rest.n = call.n - fused;
+    const TileCall rest = call.advanced(fused);
     run_staged<Arch, K>(rest, st);
   }
   return st.saw_nonfinite() ? count_nonfinite_scalar(call.grad, call.grad_dtype, call.n) : 0;

@@ -108,21 +108,37 @@ Result<Isa> resolve_isa(Isa requested) {
                        " is not supported by this CPU or not compiled in");
 }
 
-int64_t run_tile(Isa isa, const TileCall& call) {
+// kernel(arch, args...) with the vector kernels `isa` names (resolved), or
+// reference(args...) for Isa::kScalar.
+template <class Kernel, class Reference, class... Args>
+auto on_isa(Isa isa, const Kernel& kernel, const Reference& reference, const Args&... args) {
   switch (isa) {
-    case Isa::kAvx512: return detail::TileKernel{}(xsimd::avx512bw{}, call);
-    case Isa::kAvx2: return detail::TileKernel{}(xsimd::fma3<xsimd::avx2>{}, call);
-    case Isa::kSse2: return detail::TileKernel{}(xsimd::sse2{}, call);
-    default: return detail::reference_tile(call);
+    case Isa::kAvx512: return kernel(xsimd::avx512bw{}, args...);
+    case Isa::kAvx2: return kernel(xsimd::fma3<xsimd::avx2>{}, args...);
+    case Isa::kSse2: return kernel(xsimd::sse2{}, args...);
+    default: return reference(args...);
   }
 }
 
+int64_t run_tile(Isa isa, const TileCall& call) {
+  return on_isa(isa, detail::TileKernel{}, detail::reference_tile, call);
+}
+
 void run_stats(Isa isa, const void* grad, DType dtype, int64_t n, float scale, double* partials, int64_t* bad) {
-  switch (isa) {
-    case Isa::kAvx512: detail::StatsKernel{}(xsimd::avx512bw{}, grad, dtype, n, scale, partials, bad); break;
-    case Isa::kAvx2: detail::StatsKernel{}(xsimd::fma3<xsimd::avx2>{}, grad, dtype, n, scale, partials, bad); break;
-    case Isa::kSse2: detail::StatsKernel{}(xsimd::sse2{}, grad, dtype, n, scale, partials, bad); break;
-    default: detail::reference_stats(grad, dtype, n, scale, partials, bad); break;
+  on_isa(isa, detail::StatsKernel{}, detail::reference_stats, grad, dtype, n, scale, partials, bad);
+}
+
+// The scalar twin of ConvertKernel: dtype.h's conversions one element at a time.
+void reference_convert(const void* src, DType src_type, void* dst, DType dst_type, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    float x = src_type == DType::kF32    ? static_cast<const float*>(src)[i]
+              : src_type == DType::kBF16 ? bf16_to_f32(static_cast<const uint16_t*>(src)[i])
+                                         : f16_to_f32(static_cast<const uint16_t*>(src)[i]);
+    if (dst_type == DType::kF32) {
+      static_cast<float*>(dst)[i] = x;
+    } else {
+      static_cast<uint16_t*>(dst)[i] = dst_type == DType::kBF16 ? f32_to_bf16(x) : f32_to_f16(x);
+    }
   }
 }
 
@@ -221,22 +237,18 @@ uint64_t state_array_bytes(StateType type, int64_t n) {
 Status convert(const void* src, DType src_type, void* dst, DType dst_type, int64_t n, Isa isa) {
   if (n < 0 || (n > 0 && (src == nullptr || dst == nullptr))) return invalid_argument("convert: null pointer or n < 0");
   STRATA_ASSIGN_OR_RETURN(Isa chosen, resolve_isa(isa));
-  switch (chosen) {
-    case Isa::kAvx512: detail::ConvertKernel{}(xsimd::avx512bw{}, src, src_type, dst, dst_type, n); break;
-    case Isa::kAvx2: detail::ConvertKernel{}(xsimd::fma3<xsimd::avx2>{}, src, src_type, dst, dst_type, n); break;
-    case Isa::kSse2: detail::ConvertKernel{}(xsimd::sse2{}, src, src_type, dst, dst_type, n); break;
-    default:
-      for (int64_t i = 0; i < n; ++i) {
-        float x = src_type == DType::kF32    ? static_cast<const float*>(src)[i]
-                  : src_type == DType::kBF16 ? bf16_to_f32(static_cast<const uint16_t*>(src)[i])
-                                             : f16_to_f32(static_cast<const uint16_t*>(src)[i]);
-        if (dst_type == DType::kF32) {
-          static_cast<float*>(dst)[i] = x;
-        } else {
-          static_cast<uint16_t*>(dst)[i] = dst_type == DType::kBF16 ? f32_to_bf16(x) : f32_to_f16(x);
-        }
-      }
-  }
+  on_isa(chosen, detail::ConvertKernel{}, reference_convert, src, src_type, dst, dst_type, n);
+  return ok_status();
+}
+
+Status convert(const void* src, DType src_type, void* dst, DType dst_type, int64_t n, Executor& executor, Isa isa) {
+  if (n < 0 || (n > 0 && (src == nullptr || dst == nullptr))) return invalid_argument("convert: null pointer or n < 0");
+  STRATA_ASSIGN_OR_RETURN(Isa chosen, resolve_isa(isa));
+  const uint64_t sb = dtype_bytes(src_type), db = dtype_bytes(dst_type);
+  executor.parallel_for(n, kTileQuantum * 16, [&](int64_t begin, int64_t end) {
+    on_isa(chosen, detail::ConvertKernel{}, reference_convert, static_cast<const std::byte*>(src) + begin * sb,
+           src_type, static_cast<void*>(static_cast<std::byte*>(dst) + begin * db), dst_type, end - begin);
+  });
   return ok_status();
 }
 
@@ -245,13 +257,7 @@ Status q8_encode(const float* src, int64_t n, Q8Array which, void* codes, float*
     return invalid_argument("q8_encode: null pointer or n < 0");
   }
   STRATA_ASSIGN_OR_RETURN(Isa chosen, resolve_isa(isa));
-  const bool is_v = which == Q8Array::kV;
-  switch (chosen) {
-    case Isa::kAvx512: detail::Q8EncodeKernel{}(xsimd::avx512bw{}, src, n, is_v, codes, scales); break;
-    case Isa::kAvx2: detail::Q8EncodeKernel{}(xsimd::fma3<xsimd::avx2>{}, src, n, is_v, codes, scales); break;
-    case Isa::kSse2: detail::Q8EncodeKernel{}(xsimd::sse2{}, src, n, is_v, codes, scales); break;
-    default: detail::reference_q8_encode(src, n, is_v, codes, scales);
-  }
+  on_isa(chosen, detail::Q8EncodeKernel{}, detail::reference_q8_encode, src, n, which == Q8Array::kV, codes, scales);
   return ok_status();
 }
 
@@ -260,13 +266,7 @@ Status q8_decode(const void* codes, const float* scales, int64_t n, Q8Array whic
     return invalid_argument("q8_decode: null pointer or n < 0");
   }
   STRATA_ASSIGN_OR_RETURN(Isa chosen, resolve_isa(isa));
-  const bool is_v = which == Q8Array::kV;
-  switch (chosen) {
-    case Isa::kAvx512: detail::Q8DecodeKernel{}(xsimd::avx512bw{}, codes, scales, n, is_v, dst); break;
-    case Isa::kAvx2: detail::Q8DecodeKernel{}(xsimd::fma3<xsimd::avx2>{}, codes, scales, n, is_v, dst); break;
-    case Isa::kSse2: detail::Q8DecodeKernel{}(xsimd::sse2{}, codes, scales, n, is_v, dst); break;
-    default: detail::reference_q8_decode(codes, scales, n, is_v, dst);
-  }
+  on_isa(chosen, detail::Q8DecodeKernel{}, detail::reference_q8_decode, codes, scales, n, which == Q8Array::kV, dst);
   return ok_status();
 }
 
@@ -309,36 +309,28 @@ Result<StepReport> step(const OptimizerConfig& config, int64_t t, const ParamSpa
     }
   }
   int64_t tile = static_cast<int64_t>(round_up(static_cast<uint64_t>(options.tile_elems), kTileQuantum));
-  const uint64_t gbytes = dtype_bytes(span.grad_dtype), obytes = dtype_bytes(span.out_dtype);
-  const uint64_t sbytes = span.state.type == StateType::kF32 ? 4 : (span.state.type == StateType::kBF16 ? 2 : 1);
+  // The whole span as one call; each tile is it moved on to the tile's start.
+  TileCall whole;
+  whole.kind = kind;
+  whole.c = coeffs;
+  whole.grad_scale = options.grad_scale;
+  whole.params = span.params;
+  whole.grad = span.grad;
+  whole.grad_dtype = span.grad_dtype;
+  whole.out = span.weights_out;
+  whole.out_dtype = span.out_dtype;
+  whole.state_type = span.state.type;
+  whole.m = span.state.m, whole.v = span.state.v;
+  whole.m_scale = span.state.m_scale, whole.v_scale = span.state.v_scale;
+  const bool in_place = span.params_next == nullptr;
+  const StateSpans& next = in_place ? span.state : span.state_next;
+  whole.params_next = in_place ? span.params : span.params_next;
+  whole.m_next = next.m, whole.v_next = next.v;
+  whole.m_scale_next = next.m_scale, whole.v_scale_next = next.v_scale;
+  whole.n = span.n;
   std::atomic<int64_t> bad{0};
   executor.parallel_for(span.n, tile, [&](int64_t begin, int64_t end) {
-    TileCall call;
-    call.kind = kind;
-    call.c = coeffs;
-    call.grad_scale = options.grad_scale;
-    call.params = span.params + begin;
-    call.grad = static_cast<const std::byte*>(span.grad) + begin * gbytes;
-    call.grad_dtype = span.grad_dtype;
-    call.out = span.weights_out ? static_cast<std::byte*>(span.weights_out) + begin * obytes : nullptr;
-    call.out_dtype = span.out_dtype;
-    call.state_type = span.state.type;
-    call.m = span.state.m ? static_cast<std::byte*>(span.state.m) + begin * sbytes : nullptr;
-    call.v = span.state.v ? static_cast<std::byte*>(span.state.v) + begin * sbytes : nullptr;
-    call.m_scale = span.state.m_scale ? span.state.m_scale + begin / kQ8BlockElems : nullptr;
-    call.v_scale = span.state.v_scale ? span.state.v_scale + begin / kQ8BlockElems : nullptr;
-    if (span.params_next == nullptr) {
-      call.params_next = call.params;
-      call.m_next = call.m, call.v_next = call.v;
-      call.m_scale_next = call.m_scale, call.v_scale_next = call.v_scale;
-    } else {
-      const StateSpans& next = span.state_next;
-      call.params_next = span.params_next + begin;
-      call.m_next = next.m ? static_cast<std::byte*>(next.m) + begin * sbytes : nullptr;
-      call.v_next = next.v ? static_cast<std::byte*>(next.v) + begin * sbytes : nullptr;
-      call.m_scale_next = next.m_scale ? next.m_scale + begin / kQ8BlockElems : nullptr;
-      call.v_scale_next = next.v_scale ? next.v_scale + begin / kQ8BlockElems : nullptr;
-    }
+    TileCall call = whole.advanced(begin);
     call.n = end - begin;
     int64_t k = run_tile(isa, call);
     if (k != 0) bad.fetch_add(k, std::memory_order_relaxed);

@@ -143,6 +143,9 @@ Result<GradStats> grad_stats(const void* grad, DType dtype, int64_t n, float gra
 // Converts n elements between fp32 / bf16 / fp16 with the vector kernels of
 // `isa` (bit-identical to dtype.h's scalar conversions).
 Status convert(const void* src, DType src_type, void* dst, DType dst_type, int64_t n, Isa isa = Isa::kAuto);
+// The same on the executor's threads (bit-identical: each element is converted alone).
+Status convert(const void* src, DType src_type, void* dst, DType dst_type, int64_t n, Executor& executor,
+               Isa isa = Isa::kAuto);
 
 // The 8-bit state format (q8.h) on its own: encodes n fp32 values as the
 // optimizer stores m (kM) or v (kV) — int8 / uint8 codes and one fp32 scale

@@ -14,7 +14,7 @@
 //
 // "round" is defined by thresholds, not by a rounded root: the code is the
 // number of k in 1..kMax with y >= T(k), where T(k) is the decode curve at
-// k - 1/2 computed in fp32 exactly as q8_threshold does (so at an exact
+// k - 1/2 computed in fp32 exactly as q8_m_threshold / q8_v_threshold do (so at an exact
 // midpoint the code rounds up). Roots need the divider, whose one unit
 // per core bound the vector encoder; with thresholds any estimate of the root
 // good to a quarter of a code will do: the encoders below estimate

@@ -200,12 +200,7 @@ template <class Arch>
 xsimd::batch<float, Arch> fast_sqrt(const xsimd::batch<float, Arch>& x) {
   using B = xsimd::batch<float, Arch>;
   if constexpr (has_lane_moves<Arch>()) {
-    B y;
-    if constexpr (is_avx512<Arch>()) {
-      y = _mm512_rsqrt14_ps(x);
-    } else {
-      y = _mm256_rsqrt_ps(x);
-    }
+    const B y = rsqrt_estimate<Arch>(x);
     // y <- y * (1.5 - 0.5 x y^2); sqrt(x) = x * y
     B xy = x * y;
     B s = xy * fused_fnma<Arch>(B(0.5f) * xy, y, B(1.5f));
@@ -219,12 +214,7 @@ template <class Arch>
 xsimd::batch<float, Arch> fast_reciprocal(const xsimd::batch<float, Arch>& x) {
   using B = xsimd::batch<float, Arch>;
   if constexpr (has_lane_moves<Arch>()) {
-    B y;
-    if constexpr (is_avx512<Arch>()) {
-      y = _mm512_rcp14_ps(x);
-    } else {
-      y = _mm256_rcp_ps(x);
-    }
+    const B y = rcp_estimate<Arch>(x);
     return y * fused_fnma<Arch>(x, y, B(2.0f));  // y <- y (2 - x y)
   } else {
     return B(1.0f) / x;

@@ -191,19 +191,15 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   // the new weights of those same chunks up.
   const double last = static_cast<double>(layout[0].numel) +
                       (s.model.layers > 0 ? static_cast<double>(layout[1].numel) : 0.0);
-  const double optimizer_s = P / bw.cpu_optimizer_params_per_s;
+  const bool speculates = pl.states == Tier::kNvme || pl.speculate_in_ram;
+  p.tail_seconds = (speculates ? last : P) / bw.cpu_optimizer_params_per_s;
   if (pl.states == Tier::kNvme) {
-    double written = last * state_bytes;
-    if (pl.weights == Tier::kNvme) written += last * static_cast<double>(dtype_bytes(s.working));
-    p.tail_seconds = last / bw.cpu_optimizer_params_per_s + written / (bw.nvme_write_gbps * 1e9);
-  } else if (pl.speculate_in_ram) {
-    p.tail_seconds = last / bw.cpu_optimizer_params_per_s;
-  } else {
-    p.tail_seconds = optimizer_s;
+    const double weights = pl.weights == Tier::kNvme ? static_cast<double>(w) : 0.0;  // working weights too
+    p.tail_seconds += last * (state_bytes + weights) / (bw.nvme_write_gbps * 1e9);
   }
   p.head_seconds = last * c / (bw.h2d_gbps * 1e9);
   for (const LinkTime& l : p.links) {
-    if (l.link == "cpu optimizer" && pl.states != Tier::kNvme && !pl.speculate_in_ram) continue;  // all in the tail
+    if (l.link == "cpu optimizer" && !speculates) continue;  // all of it in the tail
     p.overlapped_seconds = std::max(p.overlapped_seconds, l.seconds);
   }
   p.step_seconds = p.overlapped_seconds + p.head_seconds + p.tail_seconds;

@@ -199,7 +199,6 @@ Status StreamedModel::issue_ahead(size_t current) {
     const std::optional<size_t> chunk = chunk_at(pos);
     if (!chunk) break;  // not predicted: fetched when it is used
     if (pos_slot_.size() <= pos) pos_slot_.resize(pos + 1, kNoPosition);
-    if (ready_.size() <= pos) ready_.resize(pos + 1);
     size_t slot = kNoPosition;
     for (size_t k = 0; k < slots_.size(); ++k) {
       if (slot_chunk_[k] == chunk) slot = k;
@@ -253,7 +252,6 @@ Status StreamedModel::issue_ahead(size_t current) {
       h2d_bytes_ += bytes;
     }
     pos_slot_[pos] = slot;
-    ready_[pos] = slot_ready_[slot];
     ++issued_;
   }
   return ok_status();
@@ -308,7 +306,9 @@ Result<const float*> StreamedModel::weights_for(size_t chunk) {
     }
   }
   STRATA_RETURN_IF_ERROR(issue_ahead(use.position));
-  STRATA_RETURN_IF_ERROR(wait_for(ready_[use.position], "weights"));
+  // The slot's copy event is this use's: no copy replaces a slot that an
+  // issued use still to be computed reads.
+  STRATA_RETURN_IF_ERROR(wait_for(slot_ready_[pos_slot_[use.position]], "weights"));
   return slots_[pos_slot_[use.position]].as<float>();
 }
 
@@ -348,7 +348,6 @@ Result<float> StreamedModel::run_step(const std::vector<const float*>& weights, 
   issued_ = 0;
   wait_s_ = 0;
   weights_read_ = 0;
-  ready_.assign(ready_.size(), gpu::Event{});
   // The weights change between steps: nothing in a slot carries over.
   slot_chunk_.assign(slots_.size(), std::nullopt);
   slot_ready_.assign(slots_.size(), gpu::Event{});

@@ -132,7 +132,6 @@ class StreamedModel {
   static constexpr size_t kNoPosition = ~size_t{0};
   size_t cur_pos_ = kNoPosition, cur_chunk_ = 0;  // the use being served
   size_t issued_ = 0;             // positions whose copy has been submitted
-  std::vector<gpu::Event> ready_; // per schedule position
   std::vector<gpu::DeviceMemory> slots_;      // depth + 1 weight buffers
   std::vector<std::optional<size_t>> slot_chunk_;  // the chunk each slot holds (or is being copied into)
   std::vector<gpu::Event> slot_ready_;             // the copy that filled each slot
@@ -166,8 +165,8 @@ class StreamedModel {
   std::vector<float> embedding_fp32_;
   Trace* trace_ = nullptr;
   double wait_s_ = 0;
-  // Last, so they are released before the vectors they pin.
   std::function<Status(size_t)> before_upload_;
+  // Last, so they are released before the vectors they pin.
   gpu::HostPin checkpoint_pin_;            // host_checkpoints_
   std::vector<gpu::HostPin> weight_pins_;  // weight_fp32_ and embedding_fp32_
 };

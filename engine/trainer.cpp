@@ -252,20 +252,10 @@ uint64_t Trainer::host_bytes() const {
 Status Trainer::refresh_compute_weights() {
   // On the executor's threads: this runs between the optimizer stage and the
   // next forward, on the step's critical path.
-  const uint64_t wb = dtype_bytes(options_.precision);
   for (size_t c = 0; c < weights_.size(); ++c) {
     stale_[c] = false;
-    const uint16_t* src = weights_[c].data();
-    float* dst = params_[c].data();
-    std::atomic<bool> failed{false};
-    executor_->parallel_for(static_cast<int64_t>(params_[c].size()), int64_t{1} << 16, [&](int64_t b, int64_t e) {
-      if (!cpu_optim::convert(reinterpret_cast<const std::byte*>(src) + b * wb, options_.precision, dst + b,
-                              DType::kF32, e - b)
-               .ok()) {
-        failed = true;
-      }
-    });
-    if (failed) return internal_error("refreshing the compute copy of chunk " + std::to_string(c));
+    STRATA_RETURN_IF_ERROR(cpu_optim::convert(weights_[c].data(), options_.precision, params_[c].data(), DType::kF32,
+                                              static_cast<int64_t>(params_[c].size()), *executor_));
   }
   return ok_status();
 }

@@ -188,7 +188,7 @@ Status SwapStore::check_buffer(const std::string& what, IoBuffer buffer, uint64_
   return ok_status();
 }
 
-Result<uint32_t> SwapStore::new_op(IoOp kind, const std::string& name, IoBuffer buffer) {
+Result<uint32_t> SwapStore::new_op(IoOp kind, const std::string& name, IoBuffer buffer, uint64_t bytes) {
   if (free_ops_.empty()) {
     return resource_exhausted("swap store: " + std::to_string(options_.max_ops) +
                               " operations outstanding (the maximum); wait for some first");
@@ -202,6 +202,7 @@ Result<uint32_t> SwapStore::new_op(IoOp kind, const std::string& name, IoBuffer 
   op.kind = kind;
   op.blob = name;
   op.buffer = buffer;
+  op.bytes = bytes;
   op.submitted = std::chrono::steady_clock::now();
   return index;
 }
@@ -253,8 +254,7 @@ Result<Ticket> SwapStore::write(const std::string& name, IoBuffer buffer, uint64
   if (options_.checksums) {
     for (Blob::Piece& p : blob.pieces) p.checksum = XXH3_64bits(buffer.data + p.blob_offset_bytes, p.logical_bytes);
   }
-  STRATA_ASSIGN_OR_RETURN(uint32_t index, new_op(IoOp::kWrite, name, buffer));
-  ops_[index].bytes = size_bytes;
+  STRATA_ASSIGN_OR_RETURN(uint32_t index, new_op(IoOp::kWrite, name, buffer, size_bytes));
   blob.state = Blob::State::kWriting;
   blob.failure.clear();
   Ticket ticket = make_ticket(index);
@@ -273,8 +273,7 @@ Result<Ticket> SwapStore::read(const std::string& name, IoBuffer buffer) {
     return data_loss(what + ": its last write failed, so it holds no valid data (" + blob.failure + ")");
   }
   STRATA_RETURN_IF_ERROR(check_buffer(what, buffer, blob.size_bytes));
-  STRATA_ASSIGN_OR_RETURN(uint32_t index, new_op(IoOp::kRead, name, buffer));
-  ops_[index].bytes = blob.size_bytes;
+  STRATA_ASSIGN_OR_RETURN(uint32_t index, new_op(IoOp::kRead, name, buffer, blob.size_bytes));
   ++blob.readers;
   Ticket ticket = make_ticket(index);
   STRATA_RETURN_IF_ERROR(submit_pieces(index, blob, IoOp::kRead));

@@ -181,7 +181,7 @@ class SwapStore {
   Result<uint64_t> allocate_in(Directory& dir, uint64_t length_bytes);
   void release_in(Directory& dir, uint64_t offset_bytes, uint64_t length_bytes);
   Status check_buffer(const std::string& what, IoBuffer buffer, uint64_t size_bytes) const;
-  Result<uint32_t> new_op(IoOp kind, const std::string& name, IoBuffer buffer);
+  Result<uint32_t> new_op(IoOp kind, const std::string& name, IoBuffer buffer, uint64_t bytes);
   Status submit_pieces(uint32_t op_index, Blob& blob, IoOp kind);
   Status pump_results(size_t min_results);
   void on_result(IoResult&& result);

@@ -422,10 +422,7 @@ struct WidenedRows {
   std::vector<float> buf;
   const float* rows(int64_t v0, int64_t cols) {
     buf.resize(static_cast<size_t>(cols * C));
-    const uint16_t* src = wte + v0 * C;
-    parallel(cols * C, 1 << 14, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) buf[static_cast<size_t>(i)] = widen(src[i], dtype);
-    });
+    host::widen(wte + v0 * C, dtype, buf.data(), cols * C);
     return buf.data();
   }
 };

@@ -27,7 +27,6 @@ std::unique_ptr<Executor> make_executor(int threads) {
   return std::move(ex).value();
 }
 
-uint64_t state_elem_bytes(StateType t) { return t == StateType::kF32 ? 4 : (t == StateType::kBF16 ? 2 : 1); }
 
 // Every buffer of one span, starting `skew` elements into its allocation so
 // the kernels see misaligned addresses.
