@@ -23,6 +23,7 @@
 
 #include "bench/bench_util.h"
 #include "common/units.h"
+#include "cpu_optim/optimizer.h"
 #include "engine/pinned_arena.h"
 #include "engine/plan.h"
 #include "engine/trainer.h"
@@ -133,7 +134,8 @@ int run(int argc, char** argv) {
   // (All of the GPU's free memory on CUDA; a nominal budget on the host.)
   const std::vector<gpu::ChunkLayout> layout = gpu::model_layout(base.model);
   std::unique_ptr<gpu::Device> cdev = make_device(device, device == "cuda" ? 0 : 64ull << 30);
-  Result<std::unique_ptr<gpu::ModelOps>> ops = cdev->model_ops(base.model, DType::kF32);
+  // In the step's type: the device computes with the working weights as they are.
+  Result<std::unique_ptr<gpu::ModelOps>> ops = cdev->model_ops(base.model, full.precision);
   STEP_CHECK(ops.status());
   Result<std::unique_ptr<gpu::ModelOps::Workspace>> ws = (*ops)->workspace(base.batch, base.seq);
   STEP_CHECK(ws.status());
@@ -147,7 +149,9 @@ int run(int argc, char** argv) {
     for (size_t c = 0; c < layout.size(); ++c) {
       std::vector<float> w(static_cast<size_t>(layout[c].numel));
       for (float& x : w) x = normal(rng);
-      STEP_CHECK(cdev->copy_to_device(*cs, m->weights[c].data(), w.data(), w.size() * 4));
+      std::vector<uint16_t> lp(w.size());
+      STEP_CHECK(cpu_optim::convert(w.data(), DType::kF32, lp.data(), full.precision, layout[c].numel));
+      STEP_CHECK(cdev->copy_to_device(*cs, m->weights[c].data(), lp.data(), lp.size() * 2));
       STEP_CHECK(cdev->synchronize(*cs));
     }
     std::vector<int32_t> tokens(static_cast<size_t>(base.batch * base.seq)), targets(tokens.size());
@@ -290,7 +294,9 @@ int run(int argc, char** argv) {
   setup.model = base.model;
   setup.micro_batch = base.batch;
   setup.seq = base.seq;
-  setup.compute = DType::kF32;  // the host backend computes in fp32
+  setup.compute = full.precision;
+  setup.working = full.precision;
+  setup.host_backend = device != "cuda";
   engine::Placement placement;
   placement.weights = engine::Tier::kHost;
   placement.states = full.states;

@@ -148,8 +148,9 @@ int run(int argc, char** argv) {
   engine::Constraints fixed;
   fixed.states = o.states;
   engine::TrainSetup setup = cfg->setup;
-  setup.compute = DType::kF32;  // the host backend computes in fp32
+  setup.compute = o.precision;  // the device computes with the working weights
   setup.working = o.precision;
+  setup.host_backend = o.backend == engine::TrainerOptions::Backend::kHost;
   Result<engine::Plan> plan =
       stream ? Result<engine::Plan>(engine::estimate(
                    setup, {o.weights, o.states, o.activation_checkpoints, prefetch, o.speculate_in_ram},

@@ -81,12 +81,23 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
     p.device.model_states += 2 * static_cast<uint64_t>(layout[0].numel) * z.c;
   }
   const auto N = static_cast<uint64_t>(z.tokens);
+  // The host backend computes in fp32 whatever the storage type: its
+  // workspace holds the block's tensors in fp32 and, for bf16 / fp16
+  // storage, fp32 copies of a chunk's parameters and gradient and three
+  // [N,C] rows (gpu/host/model_ops.cpp).
+  const bool widened = s.host_backend && z.c != 4;
   p.device.activations +=
-      static_cast<uint64_t>(gpu::host::BlockActivations<float>::elements(s.model, s.micro_batch, s.seq)) * z.c;
+      static_cast<uint64_t>(gpu::host::BlockActivations<float>::elements(s.model, s.micro_batch, s.seq)) *
+      (s.host_backend ? 4 : z.c);
   // The head's LayerNorm output and gradient, its statistics and lse (the
   // rest of the model ops' workspace), the step's dx and dx_in, the loss,
   // and the tokens and targets (int32).
-  p.device.io_buffers += (4 * N * C + 3 * N + 1) * z.c + 2 * N * 4;
+  if (s.host_backend) {
+    p.device.io_buffers += (2 * N * C + 3 * N) * 4 + 2 * N * C * z.c + (1 + 2 * N) * 4;
+    if (widened) p.device.io_buffers += (2 * block_chunk + 3 * N * C) * 4;
+  } else {
+    p.device.io_buffers += (4 * N * C + 3 * N + 1) * z.c + 2 * N * 4;
+  }
   if (pl.checkpoints == Tier::kNvme) {
     // The last kCheckpointBuffers block inputs never leave the device buffers.
     p.nvme.activations += static_cast<uint64_t>(std::max<int64_t>(s.model.layers + 1 - kCheckpointBuffers, 0)) *
@@ -96,11 +107,10 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   }
   if (pl.checkpoints != Tier::kDevice) p.device.activations += kCheckpointBuffers * N * C * z.c;
 
-  // Host: gradients land in host memory in the compute type (a second fp32
-  // buffer when accumulating over micro-batches; an fp16 copy when the
-  // working weights are fp16 and the device computes in another type).
-  // Streamed weights on the host keep the working copy and, when the device
-  // computes in another type, a compute copy. On NVMe, states and weights
+  // Host: gradients land in host memory in the compute type (their fp32
+  // sum too when accumulating over micro-batches). Weights on the host: the
+  // ones the device computes with and the buffer the optimizer writes the
+  // next ones into. On NVMe, states and weights
   // have two generations (an update is written beside the old state and
   // switched to at the step's verdict). This is what engine/trainer.cpp and
   // engine/streamed_model.cpp allocate; a test holds the two within 5%.
@@ -108,8 +118,7 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   auto padded = [](uint64_t bytes) { return round_up(bytes, uint64_t{4096}); };  // NVMe blocks and pinned buffers
   p.host.model_states += z.padded * z.c;
   if (s.grad_accum > 1) p.host.model_states += z.padded * 4;
-  if (s.working == DType::kF16 && s.compute != DType::kF16) p.host.model_states += z.padded * 2;
-  if (pl.weights == Tier::kHost) p.host.model_states += z.padded * (w + (s.compute != s.working ? z.c : 0));
+  if (pl.weights == Tier::kHost) p.host.model_states += 2 * z.padded * w;
   // Every NVMe blob takes whole 4 KiB blocks.
   auto blobs = [&](double bytes_per_param) {
     uint64_t total = 0;
@@ -120,11 +129,8 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   };
   if (pl.weights == Tier::kNvme) {
     p.nvme.model_states += 2 * blobs(static_cast<double>(w));
-    // depth + 3 aligned read buffers (any chunk), the widened copies of the
-    // chunks in flight to the device, and the embedding's.
-    p.host.io_buffers += static_cast<uint64_t>(pl.prefetch_depth + 3) * padded(z.max_chunk * w) +
-                         static_cast<uint64_t>(pl.prefetch_depth + 1) * block_chunk * z.c +
-                         static_cast<uint64_t>(layout[0].numel) * z.c;
+    // depth + 3 aligned read buffers (any chunk), which the copies to the device read.
+    p.host.io_buffers += static_cast<uint64_t>(pl.prefetch_depth + 3) * padded(z.max_chunk * w);
   }
   if (pl.states == Tier::kNvme) {
     p.nvme.model_states += 2 * blobs(state_bytes);

@@ -33,6 +33,9 @@ struct TrainSetup {
   int64_t grad_accum = 1;
   DType compute = DType::kBF16;      // what the device computes in (and its gradients' type)
   DType working = DType::kBF16;      // the low-precision weights the optimizer writes (bf16 / fp16)
+  // The host backend (gpu/host) stands in for the device: it computes in
+  // fp32 whatever the storage type, so its workspace is larger.
+  bool host_backend = false;
   double state_bytes_per_param = 8;  // Adam m and v: 8 (fp32), 4 (bf16), ~2.03 (8-bit blockwise)
 };
 

@@ -4,13 +4,14 @@
 #include <chrono>
 #include <cstring>
 
-#include "cpu_optim/optimizer.h"
+#include "common/dtype.h"
 
 namespace strata::engine {
 namespace {
 
-Result<gpu::DeviceMemory> floats(gpu::Device& dev, int64_t n, const char* what) {
-  return dev.allocate(static_cast<uint64_t>(n) * 4, what);
+// n elements of `bytes_each` from the device's budget.
+Result<gpu::DeviceMemory> elements(gpu::Device& dev, int64_t n, uint64_t bytes_each, const char* what) {
+  return dev.allocate(static_cast<uint64_t>(n) * bytes_each, what);
 }
 
 }  // namespace
@@ -18,8 +19,11 @@ Result<gpu::DeviceMemory> floats(gpu::Device& dev, int64_t n, const char* what) 
 Result<std::unique_ptr<StreamedModel>> StreamedModel::create(const gpu::GptConfig& c, int64_t B, int64_t seq,
                                                              gpu::Device& dev, int prefetch_depth,
                                                              Tier checkpoints, io::SwapStore* swap,
-                                                             io::BufferAllocator* host_memory) {
+                                                             io::BufferAllocator* host_memory, DType dtype) {
   STRATA_RETURN_IF_ERROR(c.validate());
+  if (dtype != DType::kF32 && dtype != DType::kBF16 && dtype != DType::kF16) {
+    return invalid_argument("streamed model: computes in fp32, bf16 or fp16");
+  }
   if (prefetch_depth < 1 || prefetch_depth > 1024) return invalid_argument("prefetch depth must be 1..1024");
   if (checkpoints == Tier::kNvme && swap == nullptr) {
     return invalid_argument("activation checkpoints on NVMe need a swap store (NVMe directories)");
@@ -31,6 +35,9 @@ Result<std::unique_ptr<StreamedModel>> StreamedModel::create(const gpu::GptConfi
   m->dev_ = &dev;
   m->depth_ = prefetch_depth;
   m->checkpoint_tier_ = checkpoints;
+  m->dtype_ = dtype;
+  m->es_ = dtype_bytes(dtype);
+  const uint64_t es = m->es_;
   if (host_memory != nullptr) m->allocator_ = host_memory;
   m->layout_ = gpu::model_layout(c);
   const int64_t L = c.layers, N = B * seq, C = c.hidden;
@@ -38,40 +45,43 @@ Result<std::unique_ptr<StreamedModel>> StreamedModel::create(const gpu::GptConfi
   for (size_t i = 1; i < m->layout_.size(); ++i) max_chunk = std::max(max_chunk, m->layout_[i].numel);
   STRATA_ASSIGN_OR_RETURN(m->copy_, dev.create_stream("copy"));
   for (int s = 0; s <= prefetch_depth; ++s) {
-    STRATA_ASSIGN_OR_RETURN(gpu::DeviceMemory slot, floats(dev, max_chunk, "weight chunk buffer"));
+    STRATA_ASSIGN_OR_RETURN(gpu::DeviceMemory slot, elements(dev, max_chunk, es, "weight chunk buffer"));
     m->slots_.push_back(std::move(slot));
   }
   for (int s = 0; s < 2; ++s) {
-    STRATA_ASSIGN_OR_RETURN(gpu::DeviceMemory slot, floats(dev, max_chunk, "gradient chunk buffer"));
+    STRATA_ASSIGN_OR_RETURN(gpu::DeviceMemory slot, elements(dev, max_chunk, es, "gradient chunk buffer"));
     m->grad_slots_.push_back(std::move(slot));
     m->grad_done_.push_back(gpu::Event{});
   }
-  STRATA_ASSIGN_OR_RETURN(m->embedding_, floats(dev, m->layout_[0].numel, "embedding weights"));
-  STRATA_ASSIGN_OR_RETURN(m->embedding_grad_, floats(dev, m->layout_[0].numel, "embedding gradients"));
+  STRATA_ASSIGN_OR_RETURN(m->embedding_, elements(dev, m->layout_[0].numel, es, "embedding weights"));
+  STRATA_ASSIGN_OR_RETURN(m->embedding_grad_, elements(dev, m->layout_[0].numel, es, "embedding gradients"));
   // The compute: the device's model ops on their own stream, with one
   // block's working set and the head's (the workspace) from the budget.
-  STRATA_ASSIGN_OR_RETURN(m->ops_, dev.model_ops(c, DType::kF32));
+  STRATA_ASSIGN_OR_RETURN(m->ops_, dev.model_ops(c, dtype));
   STRATA_ASSIGN_OR_RETURN(m->compute_, dev.create_stream("compute"));
   STRATA_ASSIGN_OR_RETURN(m->workspace_, m->ops_->workspace(B, seq));
   const bool on_device = checkpoints == Tier::kDevice;
-  STRATA_ASSIGN_OR_RETURN(m->checkpoints_, floats(dev, (on_device ? L + 1 : kCheckpointBuffers) * N * C, "block-input checkpoints"));
+  STRATA_ASSIGN_OR_RETURN(m->checkpoints_, elements(dev, (on_device ? L + 1 : kCheckpointBuffers) * N * C, es, "block-input checkpoints"));
   if (checkpoints == Tier::kHost) {
-    m->host_checkpoints_.assign(static_cast<size_t>((L + 1) * N * C), 0.0f);
+    m->host_checkpoints_.assign(static_cast<size_t>((L + 1) * N * C) * es, 0);
     STRATA_ASSIGN_OR_RETURN(m->checkpoint_pin_, gpu::HostPin::make(dev, m->host_checkpoints_.data(),
-                                                                  m->host_checkpoints_.size() * 4));
+                                                                  m->host_checkpoints_.size()));
   }
   if (checkpoints == Tier::kNvme) {
     m->swap_ = swap;
     STRATA_ASSIGN_OR_RETURN(m->staging_, PinnedArena::create("activation checkpoint staging",
-                                                             swap->padded_size(static_cast<uint64_t>(N * C) * 4), 2,
+                                                             swap->padded_size(static_cast<uint64_t>(N * C) * es), 2,
                                                              *m->allocator_));
     for (int i = 0; i < 2; ++i) {
       STRATA_ASSIGN_OR_RETURN(PinnedArena::Lease lease, m->staging_->acquire("activation checkpoints"));
       m->stage_buf_.push_back(std::move(lease));
     }
   }
-  // dx and dx_in [N,C], the loss, then the tokens and targets (int32).
-  STRATA_ASSIGN_OR_RETURN(m->step_mem_, floats(dev, 2 * N * C + 1 + 2 * N, "block gradients, loss and tokens"));
+  // dx and dx_in [N,C] (2 * N * C * es bytes: a multiple of 4), the loss
+  // (fp32), then the tokens and targets (int32).
+  STRATA_ASSIGN_OR_RETURN(m->step_mem_, dev.allocate(static_cast<uint64_t>(2 * N * C) * es +
+                                                         static_cast<uint64_t>(1 + 2 * N) * 4,
+                                                     "block gradients, loss and tokens"));
   return m;
 }
 
@@ -91,40 +101,29 @@ StreamedModel::~StreamedModel() {
 
 Status StreamedModel::set_nvme_weights(NvmeWeights source) {
   if (source.swap == nullptr || !source.blob) return invalid_argument("streamed model: NVMe weights need a store");
-  if (source.dtype != DType::kBF16 && source.dtype != DType::kF16) {
-    return invalid_argument("streamed model: NVMe weights are bf16 or fp16");
+  if (source.dtype != dtype_) {
+    return invalid_argument("streamed model: NVMe weights in " + std::string(dtype_name(source.dtype)) +
+                            ", but the model computes in " + std::string(dtype_name(dtype_)));
   }
-  int64_t max_all = 0, max_block = 0;
-  for (size_t c = 0; c < layout_.size(); ++c) {
-    max_all = std::max(max_all, layout_[c].numel);
-    if (c > 0) max_block = std::max(max_block, layout_[c].numel);
-  }
+  int64_t max_all = 0;
+  for (const gpu::ChunkLayout& chunk : layout_) max_all = std::max(max_all, chunk.numel);
   const int ring = depth_ + 3;
   STRATA_ASSIGN_OR_RETURN(weight_arena_, PinnedArena::create("weight staging",
-                                                             source.swap->padded_size(2 * static_cast<uint64_t>(max_all)),
+                                                             source.swap->padded_size(es_ * static_cast<uint64_t>(max_all)),
                                                              static_cast<uint32_t>(ring), *allocator_));
   weight_buf_.clear();
   weight_read_.assign(static_cast<size_t>(ring), std::nullopt);
+  weight_copied_.assign(static_cast<size_t>(ring), gpu::Event{});
   for (int i = 0; i < ring; ++i) {
     STRATA_ASSIGN_OR_RETURN(PinnedArena::Lease lease, weight_arena_->acquire("weight staging"));
     weight_buf_.push_back(std::move(lease));
-  }
-  weight_pins_.clear();
-  weight_fp32_.assign(slots_.size(), std::vector<float>(static_cast<size_t>(max_block)));
-  embedding_fp32_.assign(static_cast<size_t>(layout_[0].numel), 0.0f);
-  // The widened weights are copy sources: pinned for the device.
-  for (size_t i = 0; i <= weight_fp32_.size(); ++i) {
-    std::vector<float>& v = i < weight_fp32_.size() ? weight_fp32_[i] : embedding_fp32_;
-    STRATA_ASSIGN_OR_RETURN(gpu::HostPin pin, gpu::HostPin::make(*dev_, v.data(), v.size() * 4));
-    weight_pins_.push_back(std::move(pin));
   }
   nvme_weights_ = std::move(source);
   return ok_status();
 }
 
 uint64_t StreamedModel::host_bytes() const {
-  uint64_t b = host_checkpoints_.capacity() * 4 + embedding_fp32_.capacity() * 4;
-  for (const auto& v : weight_fp32_) b += v.capacity() * 4;
+  uint64_t b = host_checkpoints_.capacity();
   if (staging_) b += staging_->total_bytes();
   if (weight_arena_) b += weight_arena_->total_bytes();
   return b;
@@ -151,6 +150,11 @@ Status StreamedModel::read_weights_ahead(size_t through) {
     const size_t ring = weight_buf_.size();
     std::optional<io::Ticket>& slot = weight_read_[pos % ring];
     STRATA_CHECK_MSG(!slot.has_value(), "streamed model: weight staging slot %zu still busy", pos % ring);
+    // The buffer's last copy to the device reads it until done.
+    if (gpu::Event& copied = weight_copied_[pos % ring]; copied.id >= 0) {
+      STRATA_RETURN_IF_ERROR(wait_for(copied, "weight staging"));
+      copied = gpu::Event{};
+    }
     STRATA_ASSIGN_OR_RETURN(io::Ticket t, nvme_weights_->swap->read(nvme_weights_->blob(*chunk),
                                                                     weight_buf_[pos % ring].buffer()));
     slot = t;
@@ -159,9 +163,9 @@ Status StreamedModel::read_weights_ahead(size_t through) {
   return ok_status();
 }
 
-Result<const float*> StreamedModel::stage_nvme_weights(size_t pos, size_t chunk) {
-  // The whole ring ahead: while this chunk is widened and copied, the next
-  // depth + 2 known uses are on their way from NVMe.
+Result<const void*> StreamedModel::stage_nvme_weights(size_t pos, size_t chunk) {
+  // The whole ring ahead: while this chunk is copied, the next depth + 2
+  // known uses are on their way from NVMe.
   const size_t ring = weight_buf_.size();
   STRATA_RETURN_IF_ERROR(read_weights_ahead(pos + ring - 1));
   std::optional<io::Ticket>& slot = weight_read_[pos % ring];
@@ -171,12 +175,7 @@ Result<const float*> StreamedModel::stage_nvme_weights(size_t pos, size_t chunk)
   note_wait(t0, "weights from nvme");
   slot.reset();
   STRATA_RETURN_IF_ERROR(s.with_context("reading the weights of chunk " + std::to_string(chunk)));
-  const int64_t n = layout_[chunk].numel;
-  // The previous user of this fp32 buffer (depth + 1 positions back) has
-  // been waited for before any later position was computed.
-  float* dst = weight_fp32_[pos % weight_fp32_.size()].data();
-  STRATA_RETURN_IF_ERROR(cpu_optim::convert(weight_buf_[pos % ring].data(), nvme_weights_->dtype, dst, DType::kF32, n));
-  return static_cast<const float*>(dst);
+  return static_cast<const void*>(weight_buf_[pos % ring].data());
 }
 
 size_t StreamedModel::next_use(size_t chunk, size_t after) const {
@@ -239,15 +238,14 @@ Status StreamedModel::issue_ahead(size_t current) {
         if (next == kNoPosition) break;  // empty, or not needed again: nothing is better
       }
       STRATA_CHECK_MSG(slot != kNoPosition, "streamed model: no free weight slot for position %zu", pos);
-      const uint64_t bytes = static_cast<uint64_t>(layout_[*chunk].numel) * 4;
-      const float* src = host_weights_[*chunk];
+      const uint64_t bytes = static_cast<uint64_t>(layout_[*chunk].numel) * es_;
+      const void* src = host_weights_[*chunk];
       if (nvme_weights_) {
         STRATA_ASSIGN_OR_RETURN(src, stage_nvme_weights(pos, *chunk));
-      } else {
-        STRATA_RETURN_IF_ERROR(before_upload(*chunk));
       }
       STRATA_RETURN_IF_ERROR(dev_->copy_to_device(copy_, slots_[slot].data(), src, bytes));
       STRATA_ASSIGN_OR_RETURN(slot_ready_[slot], dev_->record(copy_));
+      if (nvme_weights_) weight_copied_[pos % weight_buf_.size()] = slot_ready_[slot];
       slot_chunk_[slot] = *chunk;
       h2d_bytes_ += bytes;
     }
@@ -255,11 +253,6 @@ Status StreamedModel::issue_ahead(size_t current) {
     ++issued_;
   }
   return ok_status();
-}
-
-Status StreamedModel::before_upload(size_t chunk) {
-  if (!before_upload_) return ok_status();
-  return dev_->enqueue(copy_, [hook = &before_upload_, chunk] { return (*hook)(chunk); });
 }
 
 Status StreamedModel::run(const std::function<Status()>& enqueue) {
@@ -291,7 +284,7 @@ void StreamedModel::note_wait(double t0, const char* what) {
   }
 }
 
-Result<const float*> StreamedModel::weights_for(size_t chunk) {
+Result<const void*> StreamedModel::weights_for(size_t chunk) {
   const AccessSchedule::Use use = schedule_.use(chunk);
   cur_pos_ = use.position;
   cur_chunk_ = chunk;
@@ -309,7 +302,7 @@ Result<const float*> StreamedModel::weights_for(size_t chunk) {
   // The slot's copy event is this use's: no copy replaces a slot that an
   // issued use still to be computed reads.
   STRATA_RETURN_IF_ERROR(wait_for(slot_ready_[pos_slot_[use.position]], "weights"));
-  return slots_[pos_slot_[use.position]].as<float>();
+  return static_cast<const void*>(slots_[pos_slot_[use.position]].data());
 }
 
 void StreamedModel::settle() {
@@ -321,12 +314,15 @@ void StreamedModel::settle() {
       t.reset();
     }
   }
-  if (nvme_weights_) drain_weight_reads();
+  if (nvme_weights_) {
+    drain_weight_reads();
+    weight_copied_.assign(weight_copied_.size(), gpu::Event{});
+  }
   dev_->async_error().ignore();
 }
 
-Result<float> StreamedModel::forward_backward(const std::vector<const float*>& weights, const int32_t* tokens,
-                                             const int32_t* targets, const std::vector<float*>& grads,
+Result<float> StreamedModel::forward_backward(const std::vector<const void*>& weights, const int32_t* tokens,
+                                             const int32_t* targets, const std::vector<void*>& grads,
                                              const GradLanded& landed, float dloss) {
   if (weights.size() != layout_.size() || grads.size() != layout_.size()) {
     return invalid_argument("streamed model: expected " + std::to_string(layout_.size()) + " chunks");
@@ -339,8 +335,8 @@ Result<float> StreamedModel::forward_backward(const std::vector<const float*>& w
   return loss;
 }
 
-Result<float> StreamedModel::run_step(const std::vector<const float*>& weights, const int32_t* tokens,
-                                      const int32_t* targets, const std::vector<float*>& grads,
+Result<float> StreamedModel::run_step(const std::vector<const void*>& weights, const int32_t* tokens,
+                                      const int32_t* targets, const std::vector<void*>& grads,
                                       const GradLanded& landed, float dloss) {
   const gpu::GptConfig& c = config_;
   const int64_t L = c.layers, N = B_ * T_, C = c.hidden;
@@ -356,16 +352,17 @@ Result<float> StreamedModel::run_step(const std::vector<const float*>& weights, 
   schedule_.begin_step();
   cur_pos_ = kNoPosition;
   const gpu::ChunkLayout& emb = layout_[0];
-  const uint64_t emb_bytes = static_cast<uint64_t>(emb.numel) * 4;
-  float* ckpt = checkpoints_.as<float>();
+  const uint64_t es = es_;
+  const uint64_t emb_bytes = static_cast<uint64_t>(emb.numel) * es;
+  uint8_t* ckpt = checkpoints_.as<uint8_t>();
   const bool host_ckpt = checkpoint_tier_ != Tier::kDevice;  // off the device: host or NVMe
   const bool nvme_ckpt = checkpoint_tier_ == Tier::kNvme;
   auto blob = [](int64_t l) { return "activation-checkpoint/x-" + std::to_string(l); };
   // Off the device, block input l lives in device buffer l % K while in use;
   // the last K stay there from forward to backward.
   constexpr int64_t K = kCheckpointBuffers;
-  auto x_of = [&](int64_t l) { return ckpt + (host_ckpt ? l % K : l) * N * C; };
-  const uint64_t x_bytes = static_cast<uint64_t>(N * C) * 4;
+  const uint64_t x_bytes = static_cast<uint64_t>(N * C) * es;
+  auto x_of = [&](int64_t l) { return ckpt + static_cast<uint64_t>(host_ckpt ? l % K : l) * x_bytes; };
   for (gpu::Event& e : ckpt_done_) e = gpu::Event{};
   for (gpu::Event& e : stage_done_) e = gpu::Event{};
   // Before block input l is written into its device buffer, the buffer's
@@ -407,7 +404,7 @@ Result<float> StreamedModel::run_step(const std::vector<const float*>& weights, 
       STRATA_ASSIGN_OR_RETURN(ckpt_done_[l % K], dev_->record(copy_));
       stage_done_[l % 2] = ckpt_done_[l % K];
     } else {
-      STRATA_RETURN_IF_ERROR(dev_->copy_to_host(copy_, host_checkpoints_.data() + l * N * C, x_of(l), x_bytes));
+      STRATA_RETURN_IF_ERROR(dev_->copy_to_host(copy_, host_checkpoints_.data() + static_cast<uint64_t>(l) * x_bytes, x_of(l), x_bytes));
       STRATA_ASSIGN_OR_RETURN(ckpt_done_[l % K], dev_->record(copy_));
     }
     d2h_bytes_ += x_bytes;
@@ -425,14 +422,14 @@ Result<float> StreamedModel::run_step(const std::vector<const float*>& weights, 
   };
   auto fetch = [&](int64_t l) -> Status {
     if (!host_ckpt || l < 0 || l > L - K) return ok_status();
-    const float* src = host_checkpoints_.data() + (nvme_ckpt ? 0 : l * N * C);
+    const uint8_t* src = host_checkpoints_.data() + (nvme_ckpt ? 0 : static_cast<uint64_t>(l) * x_bytes);
     if (nvme_ckpt) {
       const double t0 = now_s();
       Status rs = swap_->wait(*stage_read_[l % 2]);
       stage_read_[l % 2].reset();
       note_wait(t0, "checkpoint from nvme");
       STRATA_RETURN_IF_ERROR(rs);
-      src = reinterpret_cast<const float*>(stage_buf_[static_cast<size_t>(l % 2)].data());
+      src = reinterpret_cast<const uint8_t*>(stage_buf_[static_cast<size_t>(l % 2)].data());
     }
     STRATA_RETURN_IF_ERROR(claim(l));  // block l + K's input, used by the block before, is done with
     STRATA_RETURN_IF_ERROR(dev_->copy_to_device(copy_, x_of(l), src, x_bytes));
@@ -441,27 +438,26 @@ Result<float> StreamedModel::run_step(const std::vector<const float*>& weights, 
     h2d_bytes_ += x_bytes;
     return ok_status();
   };
-  float* dx = step_mem_.as<float>();
-  float* dx_in = dx + N * C;
-  float* loss_dev = dx_in + N * C;
+  uint8_t* dx = step_mem_.as<uint8_t>();
+  uint8_t* dx_in = dx + x_bytes;
+  float* loss_dev = reinterpret_cast<float*>(dx_in + x_bytes);
   int32_t* tokens_dev = reinterpret_cast<int32_t*>(loss_dev + 1);
   int32_t* targets_dev = tokens_dev + N;
   gpu::ModelOps& ops = *ops_;
   gpu::ModelOps::Workspace& ws = *workspace_;
 
   // The embedding chunk is used at both ends: it stays resident for the step.
-  const float* emb_src = weights[0];
+  const void* emb_src = weights[0];
   if (nvme_weights_) {
+    // Read into the ring's first buffer, which position 0's read waits to
+    // reuse until this copy is done.
     STRATA_ASSIGN_OR_RETURN(io::Ticket t, nvme_weights_->swap->read(nvme_weights_->blob(0), weight_buf_[0].buffer()));
     STRATA_RETURN_IF_ERROR(nvme_weights_->swap->wait(t).with_context("reading the weights of chunk 0"));
-    STRATA_RETURN_IF_ERROR(cpu_optim::convert(weight_buf_[0].data(), nvme_weights_->dtype, embedding_fp32_.data(),
-                                              DType::kF32, emb.numel));
-    emb_src = embedding_fp32_.data();
-  } else {
-    STRATA_RETURN_IF_ERROR(before_upload(0));
+    emb_src = weight_buf_[0].data();
   }
   STRATA_RETURN_IF_ERROR(dev_->copy_to_device(copy_, embedding_.data(), emb_src, emb_bytes));
   STRATA_ASSIGN_OR_RETURN(gpu::Event emb_ready, dev_->record(copy_));
+  if (nvme_weights_) weight_copied_[0] = emb_ready;
   h2d_bytes_ += emb_bytes;
   STRATA_RETURN_IF_ERROR(issue_ahead(0));  // the first uses on their way (once recorded)
   STRATA_RETURN_IF_ERROR(dev_->copy_to_device(compute_, tokens_dev, tokens, static_cast<uint64_t>(N) * 4));
@@ -472,14 +468,14 @@ Result<float> StreamedModel::run_step(const std::vector<const float*>& weights, 
 
   // Forward: keep only each block's input.
   for (int64_t l = 1; l <= L; ++l) {
-    STRATA_ASSIGN_OR_RETURN(const float* p, weights_for(static_cast<size_t>(l)));
+    STRATA_ASSIGN_OR_RETURN(const void* p, weights_for(static_cast<size_t>(l)));
     STRATA_RETURN_IF_ERROR(claim(l));
     const double start = trace_ ? trace_->now_us() : 0;
     STRATA_RETURN_IF_ERROR(run([&] { return ops.block_forward(compute_, ws, p, x_of(l - 1), x_of(l)); }));
     if (trace_) trace_->span("compute", "forward block " + std::to_string(l), start, trace_->now_us(), "compute");
     STRATA_RETURN_IF_ERROR(offload(l));
   }
-  STRATA_ASSIGN_OR_RETURN(const float* pf, weights_for(static_cast<size_t>(L + 1)));
+  STRATA_ASSIGN_OR_RETURN(const void* pf, weights_for(static_cast<size_t>(L + 1)));
   STRATA_RETURN_IF_ERROR(
       run([&] { return ops.head_forward(compute_, ws, pf, embedding_.data(), x_of(L), targets_dev, loss_dev); }));
 
@@ -489,8 +485,8 @@ Result<float> StreamedModel::run_step(const std::vector<const float*>& weights, 
   auto send_grad = [&](size_t chunk, auto&& compute) -> Status {
     const size_t g = next_grad++ % grad_slots_.size();
     if (grad_done_[g].id >= 0) STRATA_RETURN_IF_ERROR(wait_for(grad_done_[g], "gradient buffer"));
-    float* slot = grad_slots_[g].as<float>();
-    const uint64_t bytes = static_cast<uint64_t>(layout_[chunk].numel) * 4;
+    void* slot = grad_slots_[g].data();
+    const uint64_t bytes = static_cast<uint64_t>(layout_[chunk].numel) * es;
     auto zeroed_then_computed = [&]() -> Status {
       STRATA_RETURN_IF_ERROR(ops.zero(compute_, slot, bytes));
       return compute(slot);
@@ -502,10 +498,10 @@ Result<float> StreamedModel::run_step(const std::vector<const float*>& weights, 
     if (landed) landed(chunk, grad_done_[g]);
     return ok_status();
   };
-  STRATA_ASSIGN_OR_RETURN(const float* pb, weights_for(static_cast<size_t>(L + 1)));
-  auto head_backward = [&](float* dp) -> Status {
+  STRATA_ASSIGN_OR_RETURN(const void* pb, weights_for(static_cast<size_t>(L + 1)));
+  auto head_backward = [&](void* dp) -> Status {
     STRATA_RETURN_IF_ERROR(ops.zero(compute_, embedding_grad_.data(), embedding_grad_.bytes()));
-    STRATA_RETURN_IF_ERROR(ops.zero(compute_, dx, static_cast<uint64_t>(2 * N * C) * 4));  // dx, dx_in
+    STRATA_RETURN_IF_ERROR(ops.zero(compute_, dx, 2 * x_bytes));  // dx, dx_in
     return ops.head_backward(compute_, ws, pb, dp, embedding_.data(), embedding_grad_.data(), x_of(L), targets_dev,
                              dloss, dx);
   };
@@ -514,7 +510,7 @@ Result<float> StreamedModel::run_step(const std::vector<const float*>& weights, 
   for (int64_t l = L; l >= 1; --l) {
     STRATA_RETURN_IF_ERROR(fetch(l - K));
     STRATA_RETURN_IF_ERROR(fetch_start(l - K - 1));
-    STRATA_ASSIGN_OR_RETURN(const float* p, weights_for(static_cast<size_t>(l)));
+    STRATA_ASSIGN_OR_RETURN(const void* p, weights_for(static_cast<size_t>(l)));
     if (host_ckpt && ckpt_done_[(l - 1) % K].id >= 0) {
       STRATA_RETURN_IF_ERROR(wait_for(ckpt_done_[(l - 1) % K], "checkpoint"));
     }
@@ -522,10 +518,10 @@ Result<float> StreamedModel::run_step(const std::vector<const float*>& weights, 
     const double start = trace_ ? trace_->now_us() : 0;
     auto recompute = [&]() -> Status {
       STRATA_RETURN_IF_ERROR(ops.block_forward(compute_, ws, p, x_of(l - 1), dx_in));
-      return ops.zero(compute_, dx_in, static_cast<uint64_t>(N * C) * 4);
+      return ops.zero(compute_, dx_in, x_bytes);
     };
     STRATA_RETURN_IF_ERROR(run(recompute));
-    STRATA_RETURN_IF_ERROR(send_grad(static_cast<size_t>(l), [&](float* dp) {
+    STRATA_RETURN_IF_ERROR(send_grad(static_cast<size_t>(l), [&](void* dp) {
       return ops.block_backward(compute_, ws, p, dp, x_of(l - 1), dx, dx_in);
     }));
     if (trace_) {

@@ -16,7 +16,10 @@
 // one block ahead in backward; with Tier::kNvme they go on through two
 // aligned host buffers into `swap` blobs (the write issued in the copy
 // stream's order through Device::enqueue) and are read back the same way.
-// Gives the same bits as HostGpt (tested).
+// Everything on the device — weights, gradients, block inputs — is in the
+// model's dtype (the trainer's bf16 or fp16 working weights, copied up as
+// they are; fp32 gives the same bits as HostGpt, tested); host weights and
+// gradients are in that dtype too.
 #pragma once
 
 #include <functional>
@@ -41,36 +44,33 @@ class StreamedModel {
                                                        gpu::Device& device, int prefetch_depth,
                                                        Tier checkpoints = Tier::kDevice,
                                                        io::SwapStore* swap = nullptr,
-                                                       io::BufferAllocator* host_memory = nullptr);
+                                                       io::BufferAllocator* host_memory = nullptr,
+                                                       DType dtype = DType::kF32);
   ~StreamedModel();
 
   // Called once per chunk, in backward order, when its gradient's copy to
   // the host has been issued; the host bytes are final once `copied` is done.
   using GradLanded = std::function<void(size_t chunk, gpu::Event copied)>;
 
-  // Mean loss; `grads` (host, one per chunk) are overwritten with
-  // dloss * d(mean loss)/d(weights). `weights` are the host copies, in model_layout order.
-  Result<float> forward_backward(const std::vector<const float*>& weights, const int32_t* tokens,
-                                 const int32_t* targets, const std::vector<float*>& grads,
+  // Mean loss; `grads` (host, one per chunk, in dtype()) are overwritten
+  // with dloss * d(mean loss)/d(weights). `weights` are the host copies (in
+  // dtype()), in model_layout order.
+  Result<float> forward_backward(const std::vector<const void*>& weights, const int32_t* tokens,
+                                 const int32_t* targets, const std::vector<void*>& grads,
                                  const GradLanded& landed = {}, float dloss = 1.0f);
   // The order in which backward finishes the chunks (what `landed` sees).
   static std::vector<size_t> landing_order(const gpu::GptConfig& config);
 
-  // Weights homed on NVMe: chunk c's working weights (bf16 or fp16) are
-  // read from blob `blob(c)` of `swap` up to depth + 2 schedule positions
-  // ahead of their copy (through depth + 3 aligned host buffers), widened to
-  // fp32 on the host, and copied; forward_backward's `weights` are then unused.
+  // Weights homed on NVMe: chunk c's working weights (in dtype()) are read
+  // from blob `blob(c)` of `swap` up to depth + 2 schedule positions ahead
+  // of their copy, through depth + 3 aligned host buffers the copies read
+  // from; forward_backward's `weights` are then unused.
   struct NvmeWeights {
     io::SwapStore* swap = nullptr;
     std::function<std::string(size_t)> blob;
-    DType dtype = DType::kBF16;
+    DType dtype = DType::kBF16;  // must be the model's
   };
   Status set_nvme_weights(NvmeWeights source);
-  // Optional: called on the copy stream, in its order, before chunk c's host
-  // weights are read for a copy to the device (so a caller may bring its
-  // host copy up to date there, beside the compute, rather than before the
-  // step). A failure fails the copy's step.
-  void set_before_upload(std::function<Status(size_t chunk)> hook) { before_upload_ = std::move(hook); }
   // Seconds the last forward_backward's compute waited for copies and
   // NVMe reads (the device's idle time).
   double last_wait_seconds() const { return wait_s_; }
@@ -81,6 +81,7 @@ class StreamedModel {
   // Host memory this model holds: checkpoints, staging arenas, widened weights.
   uint64_t host_bytes() const;
   gpu::Device& device() { return *dev_; }
+  DType dtype() const { return dtype_; }
 
   // The order of chunk uses: recorded on the first step (whose weights are
   // fetched on demand), replayed by later steps, which fetch depth uses
@@ -94,26 +95,25 @@ class StreamedModel {
 
  private:
   StreamedModel() = default;
-  Result<float> run_step(const std::vector<const float*>& weights, const int32_t* tokens, const int32_t* targets,
-                         const std::vector<float*>& grads, const GradLanded& landed, float dloss);
+  Result<float> run_step(const std::vector<const void*>& weights, const int32_t* tokens, const int32_t* targets,
+                         const std::vector<void*>& grads, const GradLanded& landed, float dloss);
   // Waits for everything a step put in flight and clears leftover errors.
   void settle();
   // The device copy of `chunk`'s weights for its next use: fetched now if
   // the schedule did not predict it, already on its way if it did; the
   // uses after it that the schedule knows are issued up to depth ahead.
-  Result<const float*> weights_for(size_t chunk);
+  Result<const void*> weights_for(size_t chunk);
   // Issues the copies of positions up to current + depth whose chunks are known.
   Status issue_ahead(size_t current);
   // The chunk used at position `pos` of this step, if known (the current use, or predicted).
   std::optional<size_t> chunk_at(size_t pos) const;
   // The next known position after `after` that uses `chunk` (kNoPosition: none known).
   size_t next_use(size_t chunk, size_t after) const;
-  // NVMe weights: the fp32 host copy of `chunk`, used at position `pos`.
-  Result<const float*> stage_nvme_weights(size_t pos, size_t chunk);
+  // NVMe weights: the host buffer holding `chunk`, used at position `pos`,
+  // once its read is done.
+  Result<const void*> stage_nvme_weights(size_t pos, size_t chunk);
   Status read_weights_ahead(size_t through);
   Status wait_for(gpu::Event e, const char* what);
-  // Enqueues before_upload_(chunk) on the copy stream (nothing without a hook).
-  Status before_upload(size_t chunk);
   // Enqueues compute on the compute stream and waits for it: the host thread
   // schedules the copies around each block, the device computes.
   Status run(const std::function<Status()>& enqueue);
@@ -127,7 +127,9 @@ class StreamedModel {
   gpu::Stream copy_{};
   int depth_ = 1;
   std::vector<gpu::ChunkLayout> layout_;
-  std::vector<const float*> host_weights_;
+  std::vector<const void*> host_weights_;
+  DType dtype_ = DType::kF32;
+  uint64_t es_ = 4;  // bytes of one element of dtype_
   AccessSchedule schedule_;       // the chunks' order of use, recorded on the first step
   static constexpr size_t kNoPosition = ~size_t{0};
   size_t cur_pos_ = kNoPosition, cur_chunk_ = 0;  // the use being served
@@ -144,7 +146,7 @@ class StreamedModel {
   std::unique_ptr<gpu::ModelOps::Workspace> workspace_;
   gpu::Stream compute_{};
   Tier checkpoint_tier_ = Tier::kDevice;
-  std::vector<float> host_checkpoints_;  // (L + 1) block inputs when on the host
+  std::vector<uint8_t> host_checkpoints_;  // (L + 1) block inputs when on the host
   gpu::Event ckpt_done_[kCheckpointBuffers];  // last copy out of / into each device checkpoint buffer
   gpu::Event stage_done_[2];                  // last copy out of / into each NVMe staging buffer
   io::SwapStore* swap_ = nullptr;        // checkpoints on NVMe
@@ -161,14 +163,11 @@ class StreamedModel {
   std::vector<PinnedArena::Lease> weight_buf_;          // depth + 3, by schedule position
   std::vector<std::optional<io::Ticket>> weight_read_;  // one per weight_buf_
   size_t weights_read_ = 0;                             // schedule positions whose read was issued
-  std::vector<std::vector<float>> weight_fp32_;         // depth + 1, by schedule position % (depth + 1)
-  std::vector<float> embedding_fp32_;
+  std::vector<gpu::Event> weight_copied_;               // the last copy out of each weight_buf_
   Trace* trace_ = nullptr;
   double wait_s_ = 0;
-  std::function<Status(size_t)> before_upload_;
   // Last, so they are released before the vectors they pin.
-  gpu::HostPin checkpoint_pin_;            // host_checkpoints_
-  std::vector<gpu::HostPin> weight_pins_;  // weight_fp32_ and embedding_fp32_
+  gpu::HostPin checkpoint_pin_;  // host_checkpoints_
 };
 
 }  // namespace strata::engine

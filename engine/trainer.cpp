@@ -1,6 +1,6 @@
 #include "engine/trainer.h"
 
-#include <atomic>
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <fstream>
@@ -17,11 +17,8 @@
 namespace strata::engine {
 namespace {
 
-gpu::host::ModelParams<float> view(std::vector<std::vector<float>>& chunks) {
-  gpu::host::ModelParams<float> p;
-  for (auto& c : chunks) p.chunks.push_back(c.data());
-  return p;
-}
+// The host backend's device when device_bytes is 0: no cap.
+constexpr uint64_t kUncappedHostDevice = uint64_t{1} << 60;
 
 nlohmann::json model_json(const gpu::GptConfig& c) {
   return {{"layers", c.layers}, {"hidden", c.hidden}, {"heads", c.heads}, {"vocab", c.vocab}, {"max_seq", c.max_seq}};
@@ -79,7 +76,14 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
   if (o.precision == DType::kF16) {
     STRATA_ASSIGN_OR_RETURN(tr->scaler_, LossScaler::create(o.loss_scale));
   }
-  STRATA_ASSIGN_OR_RETURN(tr->executor_, cpu_optim::Executor::create({}));
+  // The host backend computes on the CPU: with its compute capped at
+  // compute_threads cores, the optimizer gets the others (as beside a GPU),
+  // instead of time-slicing the compute thread's core.
+  cpu_optim::ExecutorOptions eo;
+  if (o.backend == TrainerOptions::Backend::kHost && o.compute_threads > 0) {
+    eo.threads = std::max(1, cpu_optim::hardware_threads() - o.compute_threads);
+  }
+  STRATA_ASSIGN_OR_RETURN(tr->executor_, cpu_optim::Executor::create(eo));
   std::vector<int64_t> elems;
   int64_t max_elems = 0;
   for (const auto& chunk : tr->layout_) {
@@ -124,10 +128,10 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
   STRATA_ASSIGN_OR_RETURN(tr->stage_, OptimizerStage::create(elems, o.states, tr->swap_.get(), tr->staging_.get(),
                                                              *tr->executor_, o.trace));
   if (o.speculate_in_ram) STRATA_RETURN_IF_ERROR(tr->stage_->enable_ram_speculation());
-  // The host backend's resident placement runs HostGpt; on CUDA it is the
-  // streamed model with a slot for every chunk (each copied up once a step,
-  // kept for backward).
-  if (o.stream_weights || o.backend == TrainerOptions::Backend::kCuda) {
+  // The device computes in the working weights' type. The resident
+  // placement is the streamed model with a slot for every chunk (each
+  // copied up once a step, kept for backward).
+  {
     const int depth = o.stream_weights ? o.prefetch_depth : static_cast<int>(o.model.layers) + 1;
     gpu::HostDevice* host_device = nullptr;
     if (o.backend == TrainerOptions::Backend::kCuda) {
@@ -138,14 +142,15 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
 #endif
     } else {
       gpu::HostDeviceOptions d;
-      d.capacity_bytes = o.device_bytes;
+      d.capacity_bytes = o.device_bytes > 0 ? o.device_bytes : kUncappedHostDevice;
       STRATA_ASSIGN_OR_RETURN(std::unique_ptr<gpu::HostDevice> hd, gpu::HostDevice::create(d));
       host_device = hd.get();
       tr->device_ = std::move(hd);
     }
     STRATA_ASSIGN_OR_RETURN(tr->streamed_,
                             StreamedModel::create(o.model, o.batch, o.seq, *tr->device_, depth,
-                                                  o.activation_checkpoints, tr->swap_.get(), tr->allocator_.get()));
+                                                  o.activation_checkpoints, tr->swap_.get(), tr->allocator_.get(),
+                                                  o.precision));
     tr->streamed_->set_trace(o.trace);
     if (host_device != nullptr && o.trace != nullptr && o.trace->enabled()) {
       Trace* trace = o.trace;
@@ -161,8 +166,6 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
       STRATA_RETURN_IF_ERROR(tr->streamed_->set_nvme_weights(
           {tr->swap_.get(), [stage](size_t c) { return stage->weights_blob(c); }, o.precision}));
     }
-  } else {
-    tr->model_ = std::make_unique<gpu::host::HostGpt<float>>(o.model, o.batch, o.seq);
   }
   // GPT-2's initialisation: weights ~ N(0, 0.02), the residual projections
   // (attn.c_proj, mlp.c_proj) scaled by 1/sqrt(2L), LayerNorm weights 1, biases 0.
@@ -184,43 +187,24 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
       tr->weights_.emplace_back(master.size());
       STRATA_RETURN_IF_ERROR(cpu_optim::convert(master.data(), DType::kF32, tr->weights_[c].data(), o.precision,
                                                 elems[c]));
-      tr->params_.emplace_back(master.size());
+      tr->weights_next_.emplace_back(master.size());
     }
-    tr->grads_.emplace_back(master.size(), 0.0f);
-    if (o.grad_accum > 1) tr->micro_.emplace_back(master.size(), 0.0f);
-    if (o.delayed_update) tr->grads_alt_.emplace_back(master.size(), 0.0f);
-    if (o.precision == DType::kF16) tr->grads16_.emplace_back(master.size(), 0);
-  }
-  tr->stale_ = std::make_unique<std::atomic<bool>[]>(tr->layout_.size());
-  STRATA_RETURN_IF_ERROR(tr->refresh_compute_weights());
-  // Streamed weights in RAM, updated in place: each chunk's compute copy is
-  // refreshed on the copy stream just before its first upload of the next
-  // step, beside the compute, instead of all at once after the stage. (A
-  // delayed update's stage writes the weights during that forward, so it
-  // refreshes after the stage instead.)
-  tr->lazy_refresh_ = tr->streamed_ && !tr->weights_.empty() && !o.delayed_update;
-  if (tr->lazy_refresh_) {
-    Trainer* self = tr.get();
-    tr->streamed_->set_before_upload([self](size_t c) -> Status {
-      if (!self->stale_[c].exchange(false)) return ok_status();
-      Trace* trace = self->options_.trace;
-      const double start = trace != nullptr ? trace->now_us() : 0;
-      Status s = cpu_optim::convert(self->weights_[c].data(), self->options_.precision, self->params_[c].data(),
-                                    DType::kF32, static_cast<int64_t>(self->params_[c].size()));
-      if (trace != nullptr) {
-        trace->span("copy stream", "compute copy of chunk " + std::to_string(c), start, trace->now_us(), "copy");
+    tr->grads_.emplace_back(master.size(), 0);
+    if (o.grad_accum > 1) tr->acc_.emplace_back(master.size(), 0.0f);
+    if (o.delayed_update) {
+      if (o.grad_accum > 1) {
+        tr->acc_alt_.emplace_back(master.size(), 0.0f);
+      } else {
+        tr->grads_alt_.emplace_back(master.size(), 0);
       }
-      return s;
-    });
+    }
   }
-  if (tr->device_) {
-    // What the streamed model copies from and to, pinned for the device
-    // (CUDA: asynchronous copies; the host backend: nothing to do).
-    for (auto* set : {&tr->params_, &tr->grads_, &tr->micro_, &tr->grads_alt_}) {
-      for (std::vector<float>& v : *set) {
-        STRATA_ASSIGN_OR_RETURN(gpu::HostPin pin, gpu::HostPin::make(*tr->device_, v.data(), v.size() * 4));
-        tr->pins_.push_back(std::move(pin));
-      }
+  // What the streamed model copies from and to, pinned for the device
+  // (CUDA: asynchronous copies; the host backend: nothing to do).
+  for (auto* set : {&tr->weights_, &tr->weights_next_, &tr->grads_, &tr->grads_alt_}) {
+    for (std::vector<uint16_t>& v : *set) {
+      STRATA_ASSIGN_OR_RETURN(gpu::HostPin pin, gpu::HostPin::make(*tr->device_, v.data(), v.size() * 2));
+      tr->pins_.push_back(std::move(pin));
     }
   }
   return tr;
@@ -237,27 +221,16 @@ Trainer::~Trainer() {
 
 uint64_t Trainer::host_bytes() const {
   uint64_t b = 0;
-  for (const auto& v : params_) b += v.capacity() * 4;
-  for (const auto& v : grads_) b += v.capacity() * 4;
-  for (const auto& v : micro_) b += v.capacity() * 4;
-  for (const auto& v : grads_alt_) b += v.capacity() * 4;
-  for (const auto& v : weights_) b += v.capacity() * 2;
-  for (const auto& v : grads16_) b += v.capacity() * 2;
+  for (const auto* set : {&weights_, &weights_next_, &grads_, &grads_alt_}) {
+    for (const auto& v : *set) b += v.capacity() * 2;
+  }
+  for (const auto* set : {&acc_, &acc_alt_}) {
+    for (const auto& v : *set) b += v.capacity() * 4;
+  }
   b += stage_->host_bytes();
   if (staging_) b += staging_->total_bytes();
   if (streamed_) b += streamed_->host_bytes();
   return b;
-}
-
-Status Trainer::refresh_compute_weights() {
-  // On the executor's threads: this runs between the optimizer stage and the
-  // next forward, on the step's critical path.
-  for (size_t c = 0; c < weights_.size(); ++c) {
-    stale_[c] = false;
-    STRATA_RETURN_IF_ERROR(cpu_optim::convert(weights_[c].data(), options_.precision, params_[c].data(), DType::kF32,
-                                              static_cast<int64_t>(params_[c].size()), *executor_));
-  }
-  return ok_status();
 }
 
 void Trainer::make_batch(int64_t index, std::vector<int32_t>* tokens, std::vector<int32_t>* targets) const {
@@ -277,11 +250,15 @@ void Trainer::make_batch(int64_t index, std::vector<int32_t>* tokens, std::vecto
 }
 
 namespace {
-// acc += add, element by element on the executor's threads (the same bits
-// at any thread count: each element is one addition).
-void add_into(float* acc, const float* add, size_t n, cpu_optim::Executor& ex) {
-  ex.parallel_for(static_cast<int64_t>(n), int64_t{1} << 16, [acc, add](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) acc[i] += add[i];
+// acc (fp32) = or += the bf16 / fp16 gradient g, element by element on the
+// executor's threads (the same bits at any thread count: each element is
+// one widening and at most one addition).
+void accumulate(float* acc, const uint16_t* g, DType dtype, size_t n, bool first, cpu_optim::Executor& ex) {
+  ex.parallel_for(static_cast<int64_t>(n), int64_t{1} << 16, [=](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float x = dtype == DType::kBF16 ? bf16_to_f32(g[i]) : f16_to_f32(g[i]);
+      acc[i] = first ? x : acc[i] + x;
+    }
   });
 }
 
@@ -290,26 +267,11 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 }  // namespace
 
-Status Trainer::restore_weights() {
-  // The compute copy still holds the weights the step began with (bf16 ->
-  // fp32 is exact), so the bf16 weights come back bit for bit. A chunk whose
-  // copy is still stale was not uploaded this step, so the stage, which
-  // updates a chunk only after its backward, has not written it: its
-  // weights are the step's already.
-  for (size_t c = 0; c < weights_.size(); ++c) {
-    if (stale_[c]) continue;
-    STRATA_RETURN_IF_ERROR(cpu_optim::convert(params_[c].data(), DType::kF32, weights_[c].data(), options_.precision,
-                                              static_cast<int64_t>(params_[c].size())));
-  }
-  return ok_status();
-}
-
 Status Trainer::absorb(Result<OverlapOutcome> outcome) {
-  if (!outcome) {
-    Status r = restore_weights();
-    return r.ok() ? std::move(outcome).error() : r;
-  }
-  if (outcome->skipped && outcome->out_written) STRATA_RETURN_IF_ERROR(restore_weights());
+  // The stage wrote the new weights beside the ones the step computed with;
+  // they take their place only when the step updated (not failed, not
+  // skipped), so nothing needs restoring.
+  if (!outcome) return std::move(outcome).error();
   last_stage_ = outcome->counters;
   last_grad_norm_ = outcome->grad_norm;
   last_clipped_ = outcome->clipped;
@@ -317,10 +279,7 @@ Status Trainer::absorb(Result<OverlapOutcome> outcome) {
   last_rolled_back_ = outcome->rolled_back;
   if (options_.precision == DType::kF16) scaler_.update(outcome->skipped);
   rollbacks_ += outcome->rolled_back ? 1 : 0;
-  if (!last_skipped_) {
-    if (!lazy_refresh_) return refresh_compute_weights();
-    for (size_t c = 0; c < weights_.size(); ++c) stale_[c] = true;
-  }
+  if (!last_skipped_) std::swap(weights_, weights_next_);
   return ok_status();
 }
 
@@ -347,24 +306,32 @@ Result<float> Trainer::step() {
   const bool delayed = options_.delayed_update;
   StepCounters counters;  // this step's, published at its end
   // Delayed update: the previous step's stage may still be reading the
-  // other set of gradient buffers.
-  if (delayed) std::swap(grads_, grads_alt_);
-  // fp16: the loss is scaled, and each gradient is rounded to fp16 as it
-  // lands (what an fp16 backward hands over), so a scale too large
-  // overflows to inf there, and the step is skipped.
-  const bool fp16 = options_.precision == DType::kF16;
+  // other set of the buffers it takes its gradients from.
+  if (delayed) {
+    if (A == 1) {
+      std::swap(grads_, grads_alt_);
+    } else {
+      std::swap(acc_, acc_alt_);
+    }
+  }
+  // fp16: the loss is scaled, so a scale too large overflows the fp16
+  // backward to inf, and the step is skipped.
+  const DType dtype = options_.precision;
+  const bool fp16 = dtype == DType::kF16;
   const float dloss = fp16 ? static_cast<float>(scaler_.scale()) : 1.0f;
   auto make_step = [&]() {
     OverlapStep ov;
     ov.config = options_.adam;
     ov.t = t_ + 1;
     for (size_t c = 0; c < C; ++c) {
-      if (fp16) {
-        ov.grads.push_back({grads16_[c].data(), DType::kF16});
+      // The device's gradients as they landed, or their fp32 sum over the micro-batches.
+      if (A > 1) {
+        ov.grads.push_back({acc_[c].data(), DType::kF32});
       } else {
-        ov.grads.push_back({grads_[c].data(), DType::kF32});
+        ov.grads.push_back({grads_[c].data(), dtype});
       }
-      ov.out.push_back(weights_.empty() ? nullptr : weights_[c].data());  // null: the stage writes them to NVMe
+      // The new weights go beside the ones this step computes with (null: the stage writes them to NVMe).
+      ov.out.push_back(weights_next_.empty() ? nullptr : weights_next_[c].data());
     }
     ov.out_dtype = options_.precision;
     ov.order = landing_order_;
@@ -379,67 +346,56 @@ Result<float> Trainer::step() {
   // gradient lands. Delayed: it starts after this step's backward and runs
   // beside the next step's forward and backward.
   if (!delayed) STRATA_RETURN_IF_ERROR(stage_->begin(make_step()));
-  // Any failure from here on: stop the stage, and the bf16 weights it may
-  // have begun to write go back to what they were.
+  // Any failure from here on: stop the stage (the weights this step
+  // computed with are untouched; a delayed update in flight lands).
   auto abandon = [&](Status s) -> Status {
     if (!delayed) stage_->cancel();
-    Status r = delayed ? flush() : restore_weights();
+    Status r = delayed ? flush() : ok_status();
     return r.ok() ? std::move(s) : std::move(r);
   };
   // Hands chunk c to the stage: when accumulating, the stage's thread adds
-  // the last micro-batch into the sum first; with fp16 it rounds the sum.
-  // The buffers are captured, not the trainer's members (a delayed step
-  // swaps those while the stage may still run).
-  auto hand_over = [&](size_t c, bool sum_micro, std::function<Status()> ready) {
-    if (!sum_micro && !fp16) return stage_->land(c, std::move(ready));
-    float* acc = grads_[c].data();
-    const float* add = sum_micro ? micro_[c].data() : nullptr;
-    uint16_t* half = fp16 ? grads16_[c].data() : nullptr;
+  // the last micro-batch into the sum first. The buffers are captured, not
+  // the trainer's members (a delayed step swaps those while the stage may
+  // still run).
+  auto hand_over = [&](size_t c, std::function<Status()> ready) {
+    if (A == 1) return stage_->land(c, std::move(ready));
+    float* acc = acc_[c].data();
+    const uint16_t* g = grads_[c].data();
     const size_t n = grads_[c].size();
     cpu_optim::Executor* ex = executor_.get();
-    stage_->land(c, [acc, add, half, n, ex, ready = std::move(ready)]() -> Status {
+    stage_->land(c, [acc, g, dtype, n, ex, ready = std::move(ready)]() -> Status {
       if (ready) STRATA_RETURN_IF_ERROR(ready());
-      if (add != nullptr) add_into(acc, add, n, *ex);
-      if (half == nullptr) return ok_status();
-      return cpu_optim::convert(acc, DType::kF32, half, DType::kF16, static_cast<int64_t>(n));
+      accumulate(acc, g, dtype, n, /*first=*/false, *ex);
+      return ok_status();
     });
   };
 
   std::vector<int32_t> tokens, targets;
   // One micro-batch's gradients into `into` (overwritten); returns its loss.
   // With `land`, every chunk goes to the stage as it lands.
-  auto micro_batch = [&](int64_t index, std::vector<std::vector<float>>& into, bool land) -> Result<float> {
+  // One micro-batch's forward and backward: every chunk's gradient lands
+  // whole in grads_ (overwritten). With `land`, each goes to the stage as
+  // it lands.
+  auto micro_batch = [&](int64_t index, bool land) -> Result<float> {
     make_batch(index, &tokens, &targets);
-    const bool sum_micro = &into != &grads_;
-    float l = 0;
-    if (streamed_) {  // writes every chunk's gradient whole
-      std::vector<const float*> w;
-      std::vector<float*> gr;
-      for (size_t c = 0; c < C; ++c) {
-        w.push_back(params_.empty() ? nullptr : params_[c].data());  // empty: the weights come from NVMe
-        gr.push_back(into[c].data());
-      }
-      const uint64_t h2d = streamed_->bytes_to_device(), d2h = streamed_->bytes_to_host();
-      StreamedModel::GradLanded landed;
-      if (land) {
-        landed = [&](size_t c, gpu::Event copied) {
-          gpu::Device* dev = &streamed_->device();
-          hand_over(c, sum_micro, [dev, copied] { return dev->synchronize(copied); });
-        };
-      }
-      STRATA_ASSIGN_OR_RETURN(l, streamed_->forward_backward(w, tokens.data(), targets.data(), gr, landed, dloss));
-      counters.h2d_bytes += streamed_->bytes_to_device() - h2d;
-      counters.d2h_bytes += streamed_->bytes_to_host() - d2h;
-      counters.device_wait_s += streamed_->last_wait_seconds();
-    } else {
-      for (auto& g : into) std::fill(g.begin(), g.end(), 0.0f);  // HostGpt::backward accumulates
-      auto params = view(params_);
-      l = model_->forward(params, tokens.data(), targets.data());
-      model_->backward(params, view(into), dloss);
-      if (land) {
-        for (size_t c : landing_order_) hand_over(c, sum_micro, {});
-      }
+    std::vector<const void*> w;
+    std::vector<void*> gr;
+    for (size_t c = 0; c < C; ++c) {
+      w.push_back(weights_.empty() ? nullptr : weights_[c].data());  // empty: the weights come from NVMe
+      gr.push_back(grads_[c].data());
     }
+    const uint64_t h2d = streamed_->bytes_to_device(), d2h = streamed_->bytes_to_host();
+    StreamedModel::GradLanded landed;
+    if (land) {
+      landed = [&](size_t c, gpu::Event copied) {
+        gpu::Device* dev = &streamed_->device();
+        hand_over(c, [dev, copied] { return dev->synchronize(copied); });
+      };
+    }
+    STRATA_ASSIGN_OR_RETURN(float l, streamed_->forward_backward(w, tokens.data(), targets.data(), gr, landed, dloss));
+    counters.h2d_bytes += streamed_->bytes_to_device() - h2d;
+    counters.d2h_bytes += streamed_->bytes_to_host() - d2h;
+    counters.device_wait_s += streamed_->last_wait_seconds();
     return l;
   };
   auto nvme_totals = [this](uint64_t* read, uint64_t* written) {
@@ -452,16 +408,16 @@ Result<float> Trainer::step() {
   };
   uint64_t nvme_read0 = 0, nvme_written0 = 0;
   nvme_totals(&nvme_read0, &nvme_written0);
-  // Each micro-batch's gradient is computed alone and summed in order (the
-  // same bits whichever path computed it); the 1/A goes into the scale.
+  // Each micro-batch's gradient is computed alone and summed in fp32, in
+  // order (the same bits in every placement); the 1/A goes into the scale.
   double sum = 0;
   for (int64_t k = 0; k < A; ++k) {
     const bool last_landing = k == A - 1 && !delayed;
-    Result<float> l = micro_batch(t_ * A + k, k == 0 ? grads_ : micro_, last_landing);
+    Result<float> l = micro_batch(t_ * A + k, last_landing);
     if (!l) return abandon(std::move(l).error());
     sum += *l;
-    if (k == 0 || last_landing) continue;
-    for (size_t c = 0; c < C; ++c) add_into(grads_[c].data(), micro_[c].data(), grads_[c].size(), *executor_);
+    if (A == 1 || last_landing) continue;
+    for (size_t c = 0; c < C; ++c) accumulate(acc_[c].data(), grads_[c].data(), dtype, grads_[c].size(), k == 0, *executor_);
   }
   const float loss = A == 1 ? static_cast<float>(sum) : static_cast<float>(sum / static_cast<double>(A));
   last_times_.forward_backward = seconds_since(t0);
@@ -472,7 +428,7 @@ Result<float> Trainer::step() {
     // next forward to run beside.
     STRATA_RETURN_IF_ERROR(flush());
     STRATA_RETURN_IF_ERROR(stage_->begin(make_step()));
-    for (size_t c : landing_order_) hand_over(c, false, {});
+    for (size_t c : landing_order_) hand_over(c, {});
     pending_ = true;
   } else {
     STRATA_RETURN_IF_ERROR(absorb(stage_->finish()));
@@ -586,7 +542,7 @@ Status Trainer::load(const std::string& root) {
     if (weights_.empty()) {
       STRATA_RETURN_IF_ERROR(stage_->write_weights(c, chunk.data()));
     } else {
-      weights_[c] = std::move(chunk);
+      std::copy(chunk.begin(), chunk.end(), weights_[c].begin());  // in place: the buffer is pinned
     }
   }
   STRATA_ASSIGN_OR_RETURN(SafetensorsReader opt, SafetensorsReader::open(path + "/optimizer.safetensors"));
@@ -602,7 +558,7 @@ Status Trainer::load(const std::string& root) {
   }
   t_ = meta["step"].get<int64_t>();
   if (options_.precision == DType::kF16) STRATA_RETURN_IF_ERROR(scaler_.restore(ls));
-  return refresh_compute_weights();
+  return ok_status();
 }
 
 }  // namespace strata::engine

@@ -1,5 +1,6 @@
 // Trainer: the GPT training loop on the host backend, end to end — forward
-// and backward of the whole model with bf16 working weights, fp32 gradients,
+// and backward of the whole model in the working weights' type (bf16 or
+// fp16: the device's weights, activations and gradients),
 // the optimizer stage (master weights and Adam states in host memory or on
 // NVMe), and checkpoint/resume through safetensors. The working weights stay
 // resident, or stream block by block through a capped device (StreamedModel);
@@ -7,7 +8,6 @@
 // so a run is reproducible from its seed and its loss can fall.
 #pragma once
 
-#include <atomic>
 #include <memory>
 #include <optional>
 #include <string>
@@ -19,9 +19,7 @@
 #include "engine/optimizer_stage.h"
 #include "engine/streamed_model.h"
 #include "engine/trace.h"
-#include "gpu/host/gpt.h"
 #include "gpu/host/host_device.h"
-#include "gpu/host/gpt.h"
 #include "io/swap_store.h"
 
 namespace strata::engine {
@@ -42,8 +40,9 @@ struct TrainerOptions {
   bool stream_weights = false;
   // The device: the host backend (HostDevice), or the first CUDA GPU (CUDA
   // builds; device_bytes 0 = what it has free; host staging buffers pinned
-  // with cudaHostAlloc). On CUDA the resident placement is the streamed
-  // model with a weight slot for every chunk. The compute is fp32 on either.
+  // with cudaHostAlloc); device_bytes 0 on the host backend: no cap. The
+  // resident placement is the streamed model with a weight slot for every
+  // chunk. The device computes in `precision`.
   enum class Backend : uint8_t { kHost, kCuda };
   Backend backend = Backend::kHost;
   uint64_t device_bytes = 0;
@@ -82,8 +81,9 @@ struct TrainerOptions {
   // optimizer writes): bf16, or fp16 with dynamic loss scaling.
   DType precision = DType::kBF16;
   LossScaleOptions loss_scale;  // fp16 only
-  // Where the working weights live between uses: kHost (with their fp32
-  // compute copy), or kNvme — one blob per chunk beside its optimizer
+  // Where the working weights live between uses: kHost (twice: the ones
+  // the step computes with, and the next ones the optimizer writes), or
+  // kNvme — one blob per chunk beside its optimizer
   // state, read ahead as the streamed model needs each block (needs
   // stream_weights and the states on NVMe).
   Tier weights = Tier::kHost;
@@ -95,8 +95,7 @@ struct TrainerOptions {
 
 // Where the last step's time went (seconds, wall clock, one after another).
 // The optimizer stage runs beside forward+backward; `optimizer` is what is
-// left of it after backward (the part the overlap did not hide), with the
-// new weights' conversion to the compute copy.
+// left of it after backward (the part the overlap did not hide).
 struct StepTimes {
   double forward_backward = 0;  // including weight streaming when on
   double optimizer = 0;         // waiting for the optimizer stage after backward
@@ -155,8 +154,6 @@ class Trainer {
  private:
   Trainer() = default;
   void make_batch(int64_t index, std::vector<int32_t>* tokens, std::vector<int32_t>* targets) const;
-  Status refresh_compute_weights();
-  Status restore_weights();
   // Takes a finished stage's outcome: counters, the loss scale, the new weights.
   Status absorb(Result<OverlapOutcome> outcome);
   // Delayed update: waits for the update in flight and takes it.
@@ -170,21 +167,19 @@ class Trainer {
   std::unique_ptr<io::BufferAllocator> allocator_;  // locked host memory, or CUDA-pinned
   std::unique_ptr<PinnedArena> staging_;
   std::unique_ptr<OptimizerStage> stage_;
-  std::unique_ptr<gpu::host::HostGpt<float>> model_;
   std::unique_ptr<gpu::Device> device_;
   std::unique_ptr<StreamedModel> streamed_;
-  std::vector<std::vector<float>> params_;    // fp32 compute copy of the bf16 weights
-  std::vector<std::vector<uint16_t>> weights_;  // bf16 / fp16 weights written by the optimizer
-  // Streamed weights: params_[c] is brought up to date from weights_[c] on
-  // the copy stream before its next upload (stale_[c] says it is due).
-  bool lazy_refresh_ = false;
-  std::unique_ptr<std::atomic<bool>[]> stale_;
-  std::vector<std::vector<uint16_t>> grads16_;  // fp16: the gradients as the optimizer sees them
+  // Weights in RAM (bf16 / fp16): the ones the device computes with, and
+  // the buffer the optimizer writes the next ones into; they trade places
+  // when a step updates (empty with the weights on NVMe).
+  std::vector<std::vector<uint16_t>> weights_, weights_next_;
   LossScaler scaler_;
-  std::vector<std::vector<float>> grads_;
-  std::vector<std::vector<float>> micro_;      // one micro-batch's gradients (grad_accum > 1)
-  std::vector<std::vector<float>> grads_alt_;  // delayed update: the gradients the stage in flight reads
-  std::vector<gpu::HostPin> pins_;             // the vectors above the streamed model copies, pinned
+  std::vector<std::vector<uint16_t>> grads_;   // one micro-batch's gradients as the device computed them
+  std::vector<std::vector<float>> acc_;        // their fp32 sum over the micro-batches (grad_accum > 1)
+  // Delayed update: the buffers the stage in flight reads (grads_ or acc_'s other set).
+  std::vector<std::vector<uint16_t>> grads_alt_;
+  std::vector<std::vector<float>> acc_alt_;
+  std::vector<gpu::HostPin> pins_;             // the vectors the streamed model copies from and to, pinned
   bool pending_ = false;                       // delayed update: a stage step in flight
   int64_t t_ = 0;
   StageCounters last_stage_;

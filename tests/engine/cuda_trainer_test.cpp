@@ -1,6 +1,8 @@
 // The trainer on a CUDA GPU (the streamed model through the CUDA device's
 // ModelOps, pinned staging; resident = a slot for every chunk): its losses
-// track the host backend's over the same steps, streamed and resident — both compute in fp32, so they differ by rounding only — and
+// track the host backend's over the same steps, streamed and resident — both
+// keep bf16 weights, activations and gradients, rounded at the same points
+// (block edges), and differ by the rounding inside the blocks only — and
 // fall. Needs a GPU; skips with the reason otherwise. A build without CUDA
 // refuses the backend with a clear error (tested in trainer_test).
 #include <cuda_runtime.h>
@@ -44,7 +46,8 @@ TEST(CudaTrainer, LossesTrackTheHostBackend) {
   o.prefetch_depth = 2;
   o.activation_checkpoints = Tier::kHost;
   // `steps` steps on the host backend and on the GPU with the same options:
-  // the losses within 0.2% of each other; the GPU's losses returned.
+  // the losses within 1% of each other (bf16 storage: ~0.4% per rounding,
+  // which the blocks' internal sums do differently); the GPU's losses returned.
   const int steps = 15;
   auto compare = [&](const char* what) {
     o.backend = TrainerOptions::Backend::kHost;
@@ -54,7 +57,7 @@ TEST(CudaTrainer, LossesTrackTheHostBackend) {
     EXPECT_EQ(host.size(), static_cast<size_t>(steps)) << what;
     EXPECT_EQ(gpu.size(), static_cast<size_t>(steps)) << what;
     for (size_t i = 0; i < std::min(host.size(), gpu.size()); ++i) {
-      EXPECT_NEAR(gpu[i], host[i], 2e-3 * std::fabs(host[i])) << what << " step " << i + 1;
+      EXPECT_NEAR(gpu[i], host[i], 1e-2 * std::fabs(host[i])) << what << " step " << i + 1;
     }
     return gpu;
   };

@@ -37,8 +37,8 @@ TEST(StreamedModel, RecordsTheOrderOnTheFirstStepAndAMispredictionCostsNoBits) {
   ASSERT_TRUE(dev);
   Result<std::unique_ptr<StreamedModel>> m = StreamedModel::create(c, B, T, **dev, 2);
   ASSERT_TRUE(m) << m.error().to_string();
-  std::vector<const float*> wp;
-  std::vector<float*> gp;
+  std::vector<const void*> wp;
+  std::vector<void*> gp;
   for (auto& v : w) wp.push_back(v.data());
   for (auto& v : g) gp.push_back(v.data());
   auto step_matches = [&](const char* what) {

@@ -360,10 +360,10 @@ TEST(Trainer, NvmeFaultsEndTheStepAndLeaveTheCheckpointIntact) {
 TEST(Trainer, AFailedStepChangesNothingAndTheTrainerContinues) {
   uint64_t seed = strata::testing::test_seed(113);
   strata::testing::TempDir dir;
-  // Weights on NVMe, and in RAM (where each chunk's compute copy is
-  // refreshed at its first upload: a forward that fails part way, as a
-  // failed checkpoint write after block 2 makes it, leaves later chunks
-  // un-refreshed, and restoring must not take them back a step).
+  // Weights on NVMe, and in RAM (where the optimizer writes the new weights
+  // beside the ones the step computes with, switched to only when the step
+  // updates: a forward that fails part way, as a failed checkpoint write
+  // after block 2 makes it, must leave the weights the step began with).
   for (Tier weights : {Tier::kNvme, Tier::kHost}) {
     SCOPED_TRACE(weights == Tier::kNvme ? "weights on nvme" : "weights in ram");
     TrainerOptions o = tiny(seed);
@@ -536,8 +536,9 @@ TEST(Trainer, PlannedBytesPerTierMatchWhatTheRunUsed) {
             setup.model = o.model;
             setup.micro_batch = o.batch;
             setup.seq = o.seq;
-            setup.compute = DType::kF32;  // the host backend computes in fp32
+            setup.compute = precision;
             setup.working = precision;
+            setup.host_backend = true;
             Placement pl;
             pl.weights = homes.weights;
             pl.states = homes.states;
