@@ -353,12 +353,12 @@ Result<float> Trainer::step() {
     Status r = delayed ? flush() : ok_status();
     return r.ok() ? std::move(s) : std::move(r);
   };
-  // Hands chunk c to the stage: when accumulating, the stage's thread adds
+  // Hands chunk c to the stage: with `add_last`, the stage's thread adds
   // the last micro-batch into the sum first. The buffers are captured, not
   // the trainer's members (a delayed step swaps those while the stage may
   // still run).
-  auto hand_over = [&](size_t c, std::function<Status()> ready) {
-    if (A == 1) return stage_->land(c, std::move(ready));
+  auto hand_over = [&](size_t c, bool add_last, std::function<Status()> ready) {
+    if (!add_last) return stage_->land(c, std::move(ready));
     float* acc = acc_[c].data();
     const uint16_t* g = grads_[c].data();
     const size_t n = grads_[c].size();
@@ -389,7 +389,7 @@ Result<float> Trainer::step() {
     if (land) {
       landed = [&](size_t c, gpu::Event copied) {
         gpu::Device* dev = &streamed_->device();
-        hand_over(c, [dev, copied] { return dev->synchronize(copied); });
+        hand_over(c, A > 1, [dev, copied] { return dev->synchronize(copied); });
       };
     }
     STRATA_ASSIGN_OR_RETURN(float l, streamed_->forward_backward(w, tokens.data(), targets.data(), gr, landed, dloss));
@@ -428,7 +428,7 @@ Result<float> Trainer::step() {
     // next forward to run beside.
     STRATA_RETURN_IF_ERROR(flush());
     STRATA_RETURN_IF_ERROR(stage_->begin(make_step()));
-    for (size_t c : landing_order_) hand_over(c, {});
+    for (size_t c : landing_order_) hand_over(c, false, {});  // the sum is complete
     pending_ = true;
   } else {
     STRATA_RETURN_IF_ERROR(absorb(stage_->finish()));

@@ -772,6 +772,23 @@ TEST(Trainer, DelayedUpdateIsDeterministicAcrossPlacementsAndDocumentedInexact) 
   clipped.states = Tier::kNvme;
   clipped.nvme_paths = {dir.sub("clip")};
   EXPECT_EQ(run(clipped, 12), clipped_ref);
+  // The delayed stage sees the same mean gradient as the exact one: step 1
+  // starts from the same weights in both, and its norm is reported when
+  // its update lands (after step 2 in the delayed schedule).
+  {
+    TrainerOptions accum = base;
+    accum.grad_accum = 2;
+    accum.clip_norm = 1e6f;  // never fires
+    accum.delayed_update = false;
+    auto exact_tr = std::move(Trainer::create(accum)).value();
+    ASSERT_TRUE(exact_tr->step());
+    accum.delayed_update = true;
+    auto delayed_tr = std::move(Trainer::create(accum)).value();
+    ASSERT_TRUE(delayed_tr->step());
+    ASSERT_TRUE(delayed_tr->step());
+    EXPECT_GT(exact_tr->last_grad_norm(), 0.0);
+    EXPECT_EQ(delayed_tr->last_grad_norm(), exact_tr->last_grad_norm());
+  }
   // Save at 10 lands the update in flight; the resumed run continues like the saving one.
   TrainerOptions o = base;
   o.states = Tier::kNvme;
