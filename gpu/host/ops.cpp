@@ -377,7 +377,7 @@ constexpr T kGeluScale = static_cast<T>(0.79788456080286535587989211986876);  //
 inline float gelu_tanh(float u) {
   const float x = std::min(std::max(2.0f * u, -40.0f), 40.0f);
   const float t = x * 1.44269504088896341f;  // x / ln 2
-  const int n = static_cast<int>(t + (t >= 0.0f ? 0.5f : -0.5f));
+  const int n = static_cast<int>(t + std::copysign(0.5f, t));
   const float fn = static_cast<float>(n);
   const float r = (x - fn * 0.693145751953125f) - fn * 1.42860682030941723212e-6f;  // ln 2 = hi + lo
   float p = 1.0f / 5040.0f;
