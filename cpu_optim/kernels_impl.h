@@ -77,45 +77,108 @@ void from_f32(const float* __restrict src, DType type, int64_t n, void* dst) {
 // values. A block shorter than kQ8BlockElems (the end of a span) and
 // architectures without lane moves use the scalar functions.
 
-// One batch of codes -> values, given the block's unit (q8_m_unit /
-// q8_v_unit of its scale).
+// One batch of codes -> values (q8.h's decoders, the same operations in
+// the same order), given the block's scale. Integer lanes through the
+// AVX-512 / AVX2 intrinsics (xsimd 8 has no byte widening).
 template <class Arch>
-xsimd::batch<float, Arch> q8_decode_m_batch(const int8_t* q, const xsimd::batch<float, Arch>& unit) {
-  auto c = load_code<Arch>(q);
-  return c * xsimd::abs(c) * unit;
+auto q8_load_bytes(const void* q) {
+  if constexpr (is_avx512<Arch>()) {
+    return _mm512_cvtepu8_epi32(_mm_loadu_si128(static_cast<const __m128i*>(q)));
+  } else {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64(static_cast<const __m128i*>(q)));
+  }
 }
 template <class Arch>
-xsimd::batch<float, Arch> q8_decode_v_batch(const uint8_t* q, const xsimd::batch<float, Arch>& unit) {
+xsimd::batch<float, Arch> q8_decode_m_batch(const int8_t* q, const xsimd::batch<float, Arch>& factor) {
   using B = xsimd::batch<float, Arch>;
-  B c = xsimd::max(load_code<Arch>(q), B(0.5f));  // codes are integers >= 0: q8.h's "0 -> 0.5"
-  B w = c * c * unit;
-  return w * w;
+  if constexpr (is_avx512<Arch>()) {
+    const __m512i c = q8_load_bytes<Arch>(q);
+    const __m512i mag = _mm512_and_si512(c, _mm512_set1_epi32(0x7F));
+    const __m512i linear = _mm512_castps_si512(_mm512_mul_ps(_mm512_cvtepi32_ps(mag), _mm512_set1_ps(kQ8MLinearStep)));
+    const __m512i normal = _mm512_slli_epi32(_mm512_add_epi32(mag, _mm512_set1_epi32(kQ8MOffset)), kQ8MShift);
+    const __m512i bits =
+        _mm512_mask_blend_epi32(_mm512_cmplt_epi32_mask(mag, _mm512_set1_epi32(kQ8MLinear)), normal, linear);
+    const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(c, _mm512_set1_epi32(0x80)), 24);
+    return B(_mm512_castsi512_ps(_mm512_or_si512(bits, sign))) * factor;
+  } else {
+    const __m256i c = q8_load_bytes<Arch>(q);
+    const __m256i mag = _mm256_and_si256(c, _mm256_set1_epi32(0x7F));
+    const __m256i linear = _mm256_castps_si256(_mm256_mul_ps(_mm256_cvtepi32_ps(mag), _mm256_set1_ps(kQ8MLinearStep)));
+    const __m256i normal = _mm256_slli_epi32(_mm256_add_epi32(mag, _mm256_set1_epi32(kQ8MOffset)), kQ8MShift);
+    const __m256i below = _mm256_cmpgt_epi32(_mm256_set1_epi32(kQ8MLinear), mag);
+    const __m256i bits = _mm256_blendv_epi8(normal, linear, below);
+    const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x80)), 24);
+    return B(_mm256_castsi256_ps(_mm256_or_si256(bits, sign))) * factor;
+  }
+}
+template <class Arch>
+xsimd::batch<float, Arch> q8_decode_v_batch(const uint8_t* q, const xsimd::batch<float, Arch>& factor) {
+  using B = xsimd::batch<float, Arch>;
+  if constexpr (is_avx512<Arch>()) {
+    const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(q8_load_bytes<Arch>(q), _mm512_set1_epi32(kQ8VOffset)), kQ8VShift);
+    return B(_mm512_castsi512_ps(bits)) * factor;
+  } else {
+    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(q8_load_bytes<Arch>(q), _mm256_set1_epi32(kQ8VOffset)), kQ8VShift);
+    return B(_mm256_castsi256_ps(bits)) * factor;
+  }
 }
 
-// One batch of values -> codes, given 1 / the block's scale: q8.h's
-// encoders with estimated roots. e is the code or the code + 1 (the
-// estimates are good to well under a quarter of a code), and one comparison
-// with the threshold settles it.
+// Integer lanes of a batch and back, and the normal-range code of t
+// (q8_shifted_code).
 template <class Arch>
-void q8_encode_m_batch(const xsimd::batch<float, Arch>& x, const xsimd::batch<float, Arch>& inv, int8_t* q) {
-  using B = xsimd::batch<float, Arch>;
-  B y = xsimd::abs(x) * inv;
-  B e = xsimd::trunc(fused_fma<Arch>(rcp_estimate<Arch>(rsqrt_estimate<Arch>(y)), B(kQ8MMax), B(0.75f)));
-  B r = fused_fma<Arch>(e, B(1.0f / kQ8MMax), B(-0.5f / kQ8MMax));
-  B c = xsimd::select(y < r * r, e - B(1.0f), e);
-  c = xsimd::min(xsimd::max(c, B(0.0f)), B(kQ8MMax));  // max(c, 0) returns 0 for a NaN c: NaN -> 0
-  // x's sign onto c: a negative x with code 0 gives -0, stored as 0
-  store_code<Arch>(c | (x & B(-0.0f)), q);
+auto q8_bits(const xsimd::batch<float, Arch>& x) {
+  if constexpr (is_avx512<Arch>()) {
+    return _mm512_castps_si512(x);
+  } else {
+    return _mm256_castps_si256(x);
+  }
 }
 template <class Arch>
-void q8_encode_v_batch(const xsimd::batch<float, Arch>& x, const xsimd::batch<float, Arch>& inv, uint8_t* q) {
+void q8_store_codes(const auto& c, uint8_t* q) {
+  if constexpr (is_avx512<Arch>()) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(c));
+  } else {
+    // Every lane is 0..255: saturating packs keep it.
+    const __m128i i16 = _mm_packs_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(q), _mm_packus_epi16(i16, i16));
+  }
+}
+
+// One batch of values -> codes (q8.h's encoders, the same operations),
+// given the block's encode factor.
+template <class Arch>
+void q8_encode_m_batch(const xsimd::batch<float, Arch>& x, const xsimd::batch<float, Arch>& factor, int8_t* q) {
   using B = xsimd::batch<float, Arch>;
-  B y = (x * inv) * inv;
-  B e = xsimd::trunc(fused_fma<Arch>(rsqrt_estimate<Arch>(rsqrt_estimate<Arch>(y)), B(kQ8VMax), B(0.75f)));
-  B r = fused_fma<Arch>(e, B(1.0f / kQ8VMax), B(-0.5f / kQ8VMax));
-  B r2 = r * r;
-  B c = xsimd::select(y < r2 * r2, e - B(1.0f), e);
-  store_code<Arch>(xsimd::min(xsimd::max(c, B(0.0f)), B(kQ8VMax)), q);  // NaN -> 0, as above
+  const B t = xsimd::abs(x) * factor;
+  const B rounded = fused_fma<Arch>(t, B(1.0f / kQ8MLinearStep), B(kQ8Magic));
+  if constexpr (is_avx512<Arch>()) {
+    const __m512i normal = _mm512_srai_epi32(_mm512_add_epi32(q8_bits<Arch>(t), _mm512_set1_epi32(kQ8MAdd)), kQ8MShift);
+    const __m512i linear = _mm512_sub_epi32(q8_bits<Arch>(rounded), _mm512_set1_epi32(std::bit_cast<int32_t>(kQ8Magic)));
+    __m512i c = _mm512_max_epi32(normal, _mm512_min_epi32(linear, _mm512_set1_epi32(kQ8MLinear)));
+    c = _mm512_min_epi32(c, _mm512_set1_epi32(kQ8MMax));
+    c = _mm512_or_si512(c, _mm512_and_si512(_mm512_srli_epi32(q8_bits<Arch>(x), 24), _mm512_set1_epi32(0x80)));
+    q8_store_codes<Arch>(c, reinterpret_cast<uint8_t*>(q));
+  } else {
+    const __m256i normal = _mm256_srai_epi32(_mm256_add_epi32(q8_bits<Arch>(t), _mm256_set1_epi32(kQ8MAdd)), kQ8MShift);
+    const __m256i linear = _mm256_sub_epi32(q8_bits<Arch>(rounded), _mm256_set1_epi32(std::bit_cast<int32_t>(kQ8Magic)));
+    __m256i c = _mm256_max_epi32(normal, _mm256_min_epi32(linear, _mm256_set1_epi32(kQ8MLinear)));
+    c = _mm256_min_epi32(c, _mm256_set1_epi32(kQ8MMax));
+    c = _mm256_or_si256(c, _mm256_and_si256(_mm256_srli_epi32(q8_bits<Arch>(x), 24), _mm256_set1_epi32(0x80)));
+    q8_store_codes<Arch>(c, reinterpret_cast<uint8_t*>(q));
+  }
+}
+template <class Arch>
+void q8_encode_v_batch(const xsimd::batch<float, Arch>& x, const xsimd::batch<float, Arch>& factor, uint8_t* q) {
+  const xsimd::batch<float, Arch> t = x * factor;
+  if constexpr (is_avx512<Arch>()) {
+    __m512i c = _mm512_srai_epi32(_mm512_add_epi32(q8_bits<Arch>(t), _mm512_set1_epi32(kQ8VAdd)), kQ8VShift);
+    c = _mm512_min_epi32(_mm512_max_epi32(c, _mm512_setzero_si512()), _mm512_set1_epi32(kQ8VMax));
+    q8_store_codes<Arch>(c, q);
+  } else {
+    __m256i c = _mm256_srai_epi32(_mm256_add_epi32(q8_bits<Arch>(t), _mm256_set1_epi32(kQ8VAdd)), kQ8VShift);
+    c = _mm256_min_epi32(_mm256_max_epi32(c, _mm256_setzero_si256()), _mm256_set1_epi32(kQ8VMax));
+    q8_store_codes<Arch>(c, q);
+  }
 }
 
 template <class Arch>
@@ -123,18 +186,18 @@ void q8_decode_block(const void* q, float scale, bool is_v, int64_t len, float* 
   using B = xsimd::batch<float, Arch>;
   if constexpr (has_lane_moves<Arch>()) {
     if (len == kQ8BlockElems) {
-      const B unit(is_v ? q8_v_unit(scale) : q8_m_unit(scale));
+      const B factor(is_v ? q8_v_decode_factor(scale) : q8_m_decode_factor(scale));
       for (int64_t i = 0; i < kQ8BlockElems; i += B::size) {
-        B x = is_v ? q8_decode_v_batch<Arch>(static_cast<const uint8_t*>(q) + i, unit)
-                   : q8_decode_m_batch<Arch>(static_cast<const int8_t*>(q) + i, unit);
+        B x = is_v ? q8_decode_v_batch<Arch>(static_cast<const uint8_t*>(q) + i, factor)
+                   : q8_decode_m_batch<Arch>(static_cast<const int8_t*>(q) + i, factor);
         x.store_unaligned(dst + i);
       }
       return;
     }
   }
   for (int64_t i = 0; i < len; ++i) {
-    dst[i] = is_v ? q8_v_decode(static_cast<const uint8_t*>(q)[i], scale)
-                  : q8_m_decode(static_cast<const int8_t*>(q)[i], scale);
+    dst[i] = is_v ? q8_v_decode(static_cast<const uint8_t*>(q)[i], q8_v_decode_factor(scale))
+                  : q8_m_decode(static_cast<const int8_t*>(q)[i], q8_m_decode_factor(scale));
   }
 }
 
@@ -148,8 +211,8 @@ float max_lane(const xsimd::batch<float, Arch>& x) {
   return top;
 }
 
-// Largest scale term of a block: |m|, or sqrt(v) = sqrt(max v) since sqrt is
-// monotonic. Max is exact, so comparison order does not change the result.
+// A block's scale: its largest |m| or v (q8.h). Max is exact, so comparison
+// order does not change the result.
 template <class Arch>
 float q8_block_scale(const float* x, int64_t len, bool is_v) {
   using B = xsimd::batch<float, Arch>;
@@ -162,7 +225,7 @@ float q8_block_scale(const float* x, int64_t len, bool is_v) {
   }
   float top = max_lane<Arch>(acc);
   for (; i < len; ++i) top = std::max(top, is_v ? x[i] : std::fabs(x[i]));
-  return is_v ? std::sqrt(top) : top;
+  return top;
 }
 
 // Encodes one block with its scale (q8_block_scale of the same values, which
@@ -170,10 +233,10 @@ float q8_block_scale(const float* x, int64_t len, bool is_v) {
 template <class Arch>
 float q8_encode_block_scaled(const float* __restrict src, bool is_v, int64_t len, void* q, float scale) {
   using B = xsimd::batch<float, Arch>;
-  const float inv = q8_inverse(scale);
+  const float factor = is_v ? q8_v_encode_factor(scale) : q8_m_encode_factor(scale);
   if constexpr (has_lane_moves<Arch>()) {
     if (len == kQ8BlockElems) {
-      const B vinv(inv);
+      const B vinv(factor);
       for (int64_t i = 0; i < kQ8BlockElems; i += B::size) {
         if (is_v) {
           q8_encode_v_batch<Arch>(B::load_unaligned(src + i), vinv, static_cast<uint8_t*>(q) + i);
@@ -186,9 +249,9 @@ float q8_encode_block_scaled(const float* __restrict src, bool is_v, int64_t len
   }
   for (int64_t i = 0; i < len; ++i) {
     if (is_v) {
-      static_cast<uint8_t*>(q)[i] = q8_v_encode(src[i], inv);
+      static_cast<uint8_t*>(q)[i] = q8_v_encode(src[i], factor);
     } else {
-      static_cast<int8_t*>(q)[i] = q8_m_encode(src[i], inv);
+      static_cast<int8_t*>(q)[i] = q8_m_encode(src[i], factor);
     }
   }
   return scale;
@@ -437,7 +500,7 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
     auto* const qv_next = static_cast<uint8_t*>(mem_v_next);
     for (int64_t b0 = 0; b0 < n; b0 += kQ8BlockElems) {
       const int64_t blk = b0 / kQ8BlockElems;
-      const B m_unit(q8_m_unit(call.m_scale[blk])), v_unit(q8_v_unit(call.v_scale[blk]));
+      const B m_dec(q8_m_decode_factor(call.m_scale[blk])), v_dec(q8_v_decode_factor(call.v_scale[blk]));
       B top_m(0.0f), top_v(0.0f);  // the new block scales, gathered on the way
       for (int64_t j = 0; j < kQ8BlockElems; j += W) {
         const int64_t i = b0 + j;
@@ -447,7 +510,7 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
         prefetch_ahead<1>(qv, i);
         if constexpr (O != OutKind::kNone) prefetch_ahead<2>(out, i);
         B p = B::load_unaligned(params + i);
-        B m = q8_decode_m_batch<Arch>(qm + i, m_unit), v = q8_decode_v_batch<Arch>(qv + i, v_unit);
+        B m = q8_decode_m_batch<Arch>(qm + i, m_dec), v = q8_decode_v_batch<Arch>(qv + i, v_dec);
         st(p, load_as_f32<Arch>(grad, G, i), m, v);
         p.store_unaligned(params_next + i);
         m.store_aligned(bm + j);
@@ -456,13 +519,13 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
         top_v = xsimd::max(v, top_v);
         if constexpr (O != OutKind::kNone) store_from_f32<Arch>(out, kOut, i, p);
       }
-      const float m_scale = max_lane<Arch>(top_m), v_scale = std::sqrt(max_lane<Arch>(top_v));
+      const float m_scale = max_lane<Arch>(top_m), v_scale = max_lane<Arch>(top_v);
       call.m_scale_next[blk] = m_scale;
       call.v_scale_next[blk] = v_scale;
-      const B m_inv(q8_inverse(m_scale)), v_inv(q8_inverse(v_scale));
+      const B m_enc(q8_m_encode_factor(m_scale)), v_enc(q8_v_encode_factor(v_scale));
       for (int64_t j = 0; j < kQ8BlockElems; j += W) {
-        q8_encode_m_batch<Arch>(B::load_aligned(bm + j), m_inv, qm_next + b0 + j);
-        q8_encode_v_batch<Arch>(B::load_aligned(bv + j), v_inv, qv_next + b0 + j);
+        q8_encode_m_batch<Arch>(B::load_aligned(bm + j), m_enc, qm_next + b0 + j);
+        q8_encode_v_batch<Arch>(B::load_aligned(bv + j), v_enc, qv_next + b0 + j);
       }
     }
   }

@@ -17,7 +17,7 @@
 //                                  g <- nesterov ? g + momentum * b : b
 //   p <- p - lr * g
 // Low-precision states are loaded to fp32, updated, and stored back
-// (bf16: round to nearest even; q8: the companded format of q8.h).
+// (bf16: round to nearest even; q8: the mini-float format of q8.h).
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
@@ -56,9 +56,9 @@ std::vector<float> load_state(StateType type, const void* q, const float* scales
     } else if (type == StateType::kBF16) {
       out[i] = bf16_to_f32(static_cast<const uint16_t*>(q)[i]);
     } else if (is_v) {
-      out[i] = q8_v_decode(static_cast<const uint8_t*>(q)[i], scales[i / kQ8BlockElems]);
+      out[i] = q8_v_decode(static_cast<const uint8_t*>(q)[i], q8_v_decode_factor(scales[i / kQ8BlockElems]));
     } else {
-      out[i] = q8_m_decode(static_cast<const int8_t*>(q)[i], scales[i / kQ8BlockElems]);
+      out[i] = q8_m_decode(static_cast<const int8_t*>(q)[i], q8_m_decode_factor(scales[i / kQ8BlockElems]));
     }
   }
   return out;
@@ -75,12 +75,12 @@ void store_state(StateType type, void* q, float* scales, bool is_v, const std::v
     float scale = 0;
     for (int64_t i = begin; i < end; ++i) scale = std::max(scale, is_v ? q8_v_scale_of(x[i]) : q8_m_scale_of(x[i]));
     scales[b] = scale;
-    float inv = q8_inverse(scale);
+    const float factor = is_v ? q8_v_encode_factor(scale) : q8_m_encode_factor(scale);
     for (int64_t i = begin; i < end; ++i) {
       if (is_v) {
-        static_cast<uint8_t*>(q)[i] = q8_v_encode(x[i], inv);
+        static_cast<uint8_t*>(q)[i] = q8_v_encode(x[i], factor);
       } else {
-        static_cast<int8_t*>(q)[i] = q8_m_encode(x[i], inv);
+        static_cast<int8_t*>(q)[i] = q8_m_encode(x[i], factor);
       }
     }
   }

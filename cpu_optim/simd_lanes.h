@@ -1,6 +1,6 @@
 // Per-architecture lane operations for the cpu_optim vector kernels: the
-// narrowing and widening moves xsimd 8 lacks (fp16 via F16C, bf16, 8-bit
-// codes), typed batch loads/stores, and sqrt / reciprocal through the FMA
+// narrowing and widening moves xsimd 8 lacks (fp16 via F16C, bf16), typed
+// batch loads/stores, and sqrt / reciprocal through the FMA
 // ports. Specialised for the AVX-512 and AVX2 batches; kernels for other
 // architectures use scalar conversions instead (has_lane_moves() is false).
 // Every conversion here is bit-identical to its scalar twin in dtype.h.
@@ -45,32 +45,6 @@ void store_f16(const xsimd::batch<float, Arch>& x, uint16_t* dst) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm512_cvtps_ph(x, kMode));
   } else {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm256_cvtps_ph(x, kMode));
-  }
-}
-
-// 8-bit codes <-> float (codes are exact small integers).
-template <class Arch, class Code>
-xsimd::batch<float, Arch> load_code(const Code* src) {
-  constexpr bool kSigned = std::is_signed_v<Code>;
-  if constexpr (is_avx512<Arch>()) {
-    __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
-    return _mm512_cvtepi32_ps(kSigned ? _mm512_cvtepi8_epi32(raw) : _mm512_cvtepu8_epi32(raw));
-  } else {
-    __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(src));
-    return _mm256_cvtepi32_ps(kSigned ? _mm256_cvtepi8_epi32(raw) : _mm256_cvtepu8_epi32(raw));
-  }
-}
-
-template <class Arch, class Code>
-void store_code(const xsimd::batch<float, Arch>& x, Code* dst) {
-  constexpr bool kSigned = std::is_signed_v<Code>;
-  if constexpr (is_avx512<Arch>()) {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(x)));
-  } else {
-    __m256i i32 = _mm256_cvtps_epi32(x);
-    __m128i i16 = _mm_packs_epi32(_mm256_castsi256_si128(i32), _mm256_extracti128_si256(i32, 1));
-    __m128i i8 = kSigned ? _mm_packs_epi16(i16, i16) : _mm_packus_epi16(i16, i16);
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(dst), i8);
   }
 }
 

@@ -1,7 +1,7 @@
-// The 8-bit state format (q8.h): the encoders give the code that counting
-// thresholds gives (the estimate-and-settle shortcut never lands elsewhere),
-// every compiled ISA gives the scalar codes and scales bit for bit, and a
-// decoded value is within half a code of what was encoded.
+// The 8-bit state format (q8.h): the encoders give the nearest code (ties
+// to the larger magnitude) of the mini-float grid, every compiled ISA gives
+// the scalar codes and scales bit for bit, and a decoded value is within
+// half a step (relative, or half the smallest step) of what was encoded.
 #include "cpu_optim/q8.h"
 
 #include <gtest/gtest.h>
@@ -19,68 +19,92 @@
 namespace strata::cpu_optim {
 namespace {
 
-// The format's definition: the number of k in 1..max_code with y >= T(k).
-int threshold_count(float y, bool is_v) {
-  const int max_code = is_v ? 255 : 127;
-  int c = 0;
-  for (int k = 1; k <= max_code; ++k) {
-    float t = is_v ? q8_v_threshold(static_cast<float>(k)) : q8_m_threshold(static_cast<float>(k));
-    c += y >= t ? 1 : 0;
+// The grid, from the format's definition. m: E3M4 with subnormals — codes
+// below 16 are c * 2^-10, the others 2^(c / 16 - 7) * (1 + (c % 16) / 16),
+// up to 1.9375. v: code c stands for 2^e * (1 + f / 8) with e * 8 + f =
+// c + 761, up to 1.0 (code 255).
+double grid(uint32_t c, bool is_v) {
+  if (!is_v) {
+    if (c < 16) return std::ldexp(static_cast<double>(c), -10);
+    return std::ldexp(1.0 + static_cast<double>(c & 15) / 16, static_cast<int>(c >> 4) - 7);
   }
-  return c;
+  const int k = static_cast<int>(c) + 761;
+  return std::ldexp(1.0 + static_cast<double>(k & 7) / 8, (k >> 3) - 127);
 }
 
-// y in [0, 1]: every threshold and its neighbours (+-6 ulps), the ends, tiny
-// and subnormal values, and uniform draws.
+// The code of y (relative to the block's factor of 1) by search: the
+// nearest grid point, ties to the larger (to the even one among m's linear
+// codes 0..16); v below its code 0's lower half-step: code 0.
+uint32_t nearest_code(float y, bool is_v) {
+  const double t = std::fabs(static_cast<double>(y));
+  const uint32_t max_code = is_v ? 255 : 127;
+  uint32_t best = 0;
+  for (uint32_t c = 1; c <= max_code; ++c) {
+    const double d = std::fabs(grid(c, is_v) - t), db = std::fabs(grid(best, is_v) - t);
+    const bool tie_to_even = !is_v && c <= 16 && d == db;
+    if (tie_to_even ? (c % 2 == 0) : d <= db) best = c;
+  }
+  return best;
+}
+
+// y in [0, top] (top: 1.9375 for m, 1 for v): every grid point, the
+// midpoints and their neighbours (+-3 ulps), tiny and subnormal values, and
+// uniform and log-uniform draws.
 std::vector<float> probe_values(bool is_v, uint64_t seed) {
   std::vector<float> y = {0.0f, std::numeric_limits<float>::denorm_min(), 1e-38f, 1e-30f, 1e-12f, 1.0f};
-  const int max_code = is_v ? 255 : 127;
-  for (int k = 1; k <= max_code + 1; ++k) {
-    float t = is_v ? q8_v_threshold(static_cast<float>(k)) : q8_m_threshold(static_cast<float>(k));
-    float lo = t, hi = t;
-    y.push_back(t);
-    for (int s = 0; s < 6; ++s) {
+  const uint32_t top_code = is_v ? 255 : 127;
+  const auto top = static_cast<float>(grid(top_code, is_v));
+  y.push_back(top);
+  for (uint32_t c = 0; c < top_code; ++c) {
+    const auto mid = static_cast<float>((grid(c, is_v) + grid(c + 1, is_v)) / 2);
+    float lo = mid, hi = mid;
+    y.push_back(static_cast<float>(grid(c, is_v)));
+    y.push_back(mid);
+    for (int s = 0; s < 3; ++s) {
       lo = std::nextafter(lo, 0.0f);
-      hi = std::nextafter(hi, 2.0f);
+      hi = std::nextafter(hi, top);
       y.push_back(lo);
-      if (hi <= 1.0f) y.push_back(hi);
+      y.push_back(hi);
     }
   }
   std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  std::uniform_real_distribution<float> u(0.0f, top);
   for (int i = 0; i < 20000; ++i) y.push_back(u(rng));
-  std::uniform_real_distribution<float> e(-40.0f, 0.0f);
+  std::uniform_real_distribution<float> e(-40.0f, std::log2(top));
   for (int i = 0; i < 4000; ++i) y.push_back(std::exp2(e(rng)));
   return y;
 }
 
-TEST(Q8, ThresholdsRiseWithTheCode) {
-  for (int k = 1; k < 127; ++k) EXPECT_LT(q8_m_threshold(static_cast<float>(k)), q8_m_threshold(k + 1.0f)) << k;
-  for (int k = 1; k < 255; ++k) EXPECT_LT(q8_v_threshold(static_cast<float>(k)), q8_v_threshold(k + 1.0f)) << k;
-  // The code-0 threshold is the code-1 one (so a y below it settles on 0).
-  EXPECT_EQ(q8_m_threshold(0.0f), q8_m_threshold(1.0f));
-  EXPECT_EQ(q8_v_threshold(0.0f), q8_v_threshold(1.0f));
-}
-
-TEST(Q8, ScalarEncodersGiveTheThresholdCount) {
+TEST(Q8, ScalarEncodersGiveTheNearestCode) {
   uint64_t seed = strata::testing::test_seed(17);
   for (float y : probe_values(false, seed)) {
-    int want = threshold_count(y, false);
-    ASSERT_EQ(q8_m_encode(y, 1.0f), want) << "m, y = " << y << " bits " << std::hex << std::bit_cast<uint32_t>(y);
-    ASSERT_EQ(q8_m_encode(-y, 1.0f), -want) << "m, y = -" << y;
+    const auto want = static_cast<int>(nearest_code(y, false));
+    ASSERT_EQ(static_cast<uint8_t>(q8_m_encode(y, 1.0f)), want) << "m, y = " << y << " bits " << std::hex
+                                                                 << std::bit_cast<uint32_t>(y);
+    ASSERT_EQ(static_cast<uint8_t>(q8_m_encode(-y, 1.0f)), want | 0x80) << "m, y = -" << y;
+    // Decoding gives the grid point back, with the sign.
+    ASSERT_EQ(q8_m_decode(q8_m_encode(-y, 1.0f), 1.0f), -static_cast<float>(grid(static_cast<uint32_t>(want), false)));
   }
   for (float y : probe_values(true, seed + 1)) {
-    int want = threshold_count(y, true);
+    const auto want = static_cast<int>(nearest_code(y, true));
     ASSERT_EQ(q8_v_encode(y, 1.0f), want) << "v, y = " << y << " bits " << std::hex << std::bit_cast<uint32_t>(y);
+    ASSERT_EQ(q8_v_decode(static_cast<uint8_t>(want), 1.0f), static_cast<float>(grid(static_cast<uint32_t>(want), true)));
   }
-  EXPECT_EQ(q8_m_encode(std::nanf(""), 1.0f), 0);
-  EXPECT_EQ(q8_m_encode(-std::nanf(""), 1.0f), 0);
-  EXPECT_EQ(q8_v_encode(std::nanf(""), 1.0f), 0);
+  // m's code 0 is 0, v's a value just below its code 1 (never 0); NaN takes the largest code.
+  EXPECT_EQ(q8_m_decode(0, 1.0f), 0.0f);
+  EXPECT_GT(q8_v_decode(0, 1.0f), 0.0f);
+  EXPECT_LT(q8_v_decode(0, 1.0f), q8_v_decode(1, 1.0f));
+  EXPECT_EQ(static_cast<uint8_t>(q8_m_encode(std::nanf(""), 1.0f)) & 0x7F, 127);
+  EXPECT_EQ(q8_v_encode(std::nanf(""), 1.0f), 255);
+  // A block's largest value is its scale, and takes the top code.
+  EXPECT_EQ(q8_m_encode(-3.7f, q8_m_encode_factor(3.7f)), static_cast<int8_t>(0xFF));
+  EXPECT_EQ(q8_v_encode(3.7f, q8_v_encode_factor(3.7f)), 255);
+  EXPECT_NEAR(q8_m_decode(static_cast<int8_t>(0xFF), q8_m_decode_factor(3.7f)), -3.7f, 1e-6f);
+  EXPECT_EQ(q8_v_decode(255, q8_v_decode_factor(3.7f)), 3.7f);
 }
 
-// Blocks of kQ8BlockElems whose largest element sets an exact scale (1, or a
-// power of two / four), so the probe values reach the encoders unrounded;
-// then blocks with an inexact scale, an all-zero block, a NaN, and a tail.
+// Blocks of kQ8BlockElems whose largest element sets the scale (1, powers
+// of two, and others), then an all-zero block, a NaN, and a tail.
 std::vector<float> block_inputs(bool is_v, uint64_t seed) {
   std::vector<float> probes = probe_values(is_v, seed);
   std::vector<float> x;
@@ -132,9 +156,10 @@ TEST(Q8, EveryIsaGivesTheScalarCodesAndScales) {
   }
 }
 
-// Decoded values lie within half a code of the encoded ones, measured on the
-// companded axis (sqrt(|m| / scale), (v / scale^2)^(1/4)).
-TEST(Q8, DecodedValuesAreWithinHalfACode) {
+// Decoded values lie within half a step of the encoded ones: 1/32 (m) or
+// 1/16 (v) of the value, or half a linear step of m (2^-11 / 1.9375 of the
+// scale), or v's code 0 (1.125 * 2^-32 of the scale).
+TEST(Q8, DecodedValuesAreWithinHalfAStep) {
   uint64_t seed = strata::testing::test_seed(29);
   for (Q8Array which : {Q8Array::kM, Q8Array::kV}) {
     const bool is_v = which == Q8Array::kV;
@@ -145,13 +170,11 @@ TEST(Q8, DecodedValuesAreWithinHalfACode) {
     std::vector<float> scales(static_cast<size_t>(n / kQ8BlockElems)), back(x.size());
     ASSERT_TRUE(q8_encode(x.data(), n, which, codes.data(), scales.data()).ok());
     ASSERT_TRUE(q8_decode(codes.data(), scales.data(), n, which, back.data()).ok());
-    const double half = is_v ? 0.5 / 255 : 0.5 / 127;
     for (int64_t i = 0; i < n; ++i) {
-      double s = scales[static_cast<size_t>(i / kQ8BlockElems)];
-      double a = is_v ? std::sqrt(std::sqrt(x[i]) / s) : std::sqrt(std::fabs(x[i]) / s);
-      double b = is_v ? std::sqrt(std::sqrt(back[i]) / s) : std::sqrt(std::fabs(back[i]) / s);
-      if (is_v && codes[i] == 0) continue;  // code 0 decodes to half a step by design
-      ASSERT_LE(std::fabs(a - b), half + 2e-6) << "element " << i << " = " << x[i];  // + fp32 rounding
+      const double s = scales[static_cast<size_t>(i / kQ8BlockElems)];
+      const double a = x[i], b = back[i];
+      const double tol = std::fabs(a) / (is_v ? 16 : 32) + s * (is_v ? 1.125 * 0x1p-32 : 0x1p-11 / 1.9375);
+      ASSERT_LE(std::fabs(a - b), tol * (1 + 1e-6)) << "element " << i << " = " << x[i] << " (scale " << s << ")";
       if (!is_v && x[i] != 0.0f && back[i] != 0.0f) {
         ASSERT_EQ(std::signbit(x[i]), std::signbit(back[i])) << "element " << i;
       }

@@ -27,10 +27,10 @@ inline constexpr int kBF16StateUlps = 2;
 // rounded the other way (one bf16 ulp, or one q8 quantum of absmax/127) moves
 // the step by about 1%, so parameters differ by a small fraction of lr = 1e-3.
 inline constexpr Tolerance kLowPrecisionStateParams{2e-5, 2e-5};
-// q8: where a state is small against its block's absmax, one quantum is a
-// large relative change (up to 1 -> 0 or 0 -> 1 codes), and Adam's step
-// m / sqrt(v) is bounded by about 2, so that element's step can differ by up
-// to ~2 lr. Checked together with "codes differ by at most one".
+// q8: a state one step away (1/8 of itself, more near the bottom of its
+// block's range) changes Adam's step m / sqrt(v), bounded by about 2, so an
+// element's step can differ by up to ~2 lr. Checked together with "decoded
+// states at most a step apart".
 inline constexpr Tolerance kQ8Params{2 * 2e-3, 0};
 
 inline Tolerance for_dtype(DType t) {
