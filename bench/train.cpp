@@ -151,6 +151,7 @@ int run(int argc, char** argv) {
   setup.compute = o.precision;  // the device computes with the working weights
   setup.working = o.precision;
   setup.host_backend = o.backend == engine::TrainerOptions::Backend::kHost;
+  setup.delayed_update = o.delayed_update;
   Result<engine::Plan> plan =
       stream ? Result<engine::Plan>(engine::estimate(
                    setup, {o.weights, o.states, o.activation_checkpoints, prefetch, o.speculate_in_ram},

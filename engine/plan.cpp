@@ -108,7 +108,8 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   if (pl.checkpoints != Tier::kDevice) p.device.activations += kCheckpointBuffers * N * C * z.c;
 
   // Host: gradients land in host memory in the compute type (their fp32
-  // sum too when accumulating over micro-batches). Weights on the host: the
+  // sum too when accumulating over micro-batches; a delayed update keeps a
+  // second set of whichever of the two the optimizer reads). Weights on the host: the
   // ones the device computes with and the buffer the optimizer writes the
   // next ones into. On NVMe, states and weights
   // have two generations (an update is written beside the old state and
@@ -118,6 +119,7 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   auto padded = [](uint64_t bytes) { return round_up(bytes, uint64_t{4096}); };  // NVMe blocks and pinned buffers
   p.host.model_states += z.padded * z.c;
   if (s.grad_accum > 1) p.host.model_states += z.padded * 4;
+  if (s.delayed_update) p.host.model_states += z.padded * (s.grad_accum > 1 ? 4 : z.c);
   if (pl.weights == Tier::kHost) p.host.model_states += 2 * z.padded * w;
   // Every NVMe blob takes whole 4 KiB blocks.
   auto blobs = [&](double bytes_per_param) {

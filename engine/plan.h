@@ -36,6 +36,9 @@ struct TrainSetup {
   // The host backend (gpu/host) stands in for the device: it computes in
   // fp32 whatever the storage type, so its workspace is larger.
   bool host_backend = false;
+  // The opt-in delayed parameter update keeps a second set of the buffers
+  // the optimizer reads its gradients from (TrainerOptions::delayed_update).
+  bool delayed_update = false;
   double state_bytes_per_param = 8;  // Adam m and v: 8 (fp32), 4 (bf16), ~2.03 (8-bit blockwise)
 };
 

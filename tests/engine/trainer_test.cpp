@@ -578,6 +578,32 @@ TEST(Trainer, PlannedBytesPerTierMatchWhatTheRunUsed) {
       }
     }
   }
+  // The delayed update's second set of gradient buffers (bf16, or the fp32
+  // sums when accumulating).
+  for (int64_t accum : {1, 2}) {
+    TrainerOptions o = tiny(7);
+    o.grad_accum = accum;
+    o.delayed_update = true;
+    o.stream_weights = true;
+    o.device_bytes = 1ull << 30;
+    TrainSetup setup;
+    setup.model = o.model;
+    setup.micro_batch = o.batch;
+    setup.seq = o.seq;
+    setup.grad_accum = accum;
+    setup.host_backend = true;
+    setup.delayed_update = true;
+    Placement pl;
+    pl.weights = Tier::kHost;
+    const Plan plan = estimate(setup, pl, Bandwidths{});
+    Result<std::unique_ptr<Trainer>> tr = Trainer::create(o);
+    ASSERT_TRUE(tr) << tr.error().to_string();
+    ASSERT_TRUE((*tr)->step());
+    const double ratio = static_cast<double>(plan.host.total()) / static_cast<double>((*tr)->host_bytes());
+    worst = std::max(worst, std::abs(ratio - 1.0));
+    EXPECT_NEAR(ratio, 1.0, 0.05) << "delayed update, grad_accum " << accum;
+    ++n;
+  }
   std::printf("%d placements; the worst planned/measured deviation over the three tiers: %.2f%%\n", n, worst * 100);
 }
 
