@@ -10,6 +10,7 @@
 // Bytes counted per parameter are the bytes the mode reads plus writes.
 // Prints a table and ends with one JSON line holding every figure.
 #include <CLI/CLI.hpp>
+#include <immintrin.h>
 #include <algorithm>
 #include <bit>
 #include <atomic>
@@ -70,7 +71,8 @@ double bytes_per_param(const Mode& m) {
 // writes exactly the mode's bytes — p read and written (its two halves
 // swapped), m and v read and written (swapped with each other), g read (into
 // the low-precision output, or into a checksum when the mode writes none) —
-// as 8-byte words the compiler turns into full-width vector moves.
+// as 8-byte words the compiler turns into full-width vector moves (the
+// output with non-temporal stores, as the optimizer's kernels write it).
 // Multiversioned so it runs with the widest vectors the CPU has.
 template <int kGBytes, int kSBytes, bool kOut>
 __attribute__((target_clones("avx512f", "avx2", "default"))) uint64_t roofline_loop(std::byte* p, const std::byte* g,
@@ -90,12 +92,14 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) uint64_t roofline_l
     for (int k = 0; k < kS; ++k) mw[k] = vw[k];
     for (int k = 0; k < kS; ++k) vw[k] = tm[k];
     if constexpr (kOut) {
+      // Non-temporal, as the optimizer writes its low-precision copy.
       uint64_t* ow = reinterpret_cast<uint64_t*>(out) + u * kG;
-      for (int k = 0; k < kG; ++k) ow[k] = gw[k];
+      for (int k = 0; k < kG; ++k) _mm_stream_si64(reinterpret_cast<long long*>(ow + k), static_cast<long long>(gw[k]));
     } else {
       for (int k = 0; k < kG; ++k) sink ^= gw[k];
     }
   }
+  if constexpr (kOut) _mm_sfence();
   return sink;
 }
 

@@ -449,12 +449,38 @@ inline void prefetch_ahead(const void* base, int64_t i) {
   _mm_prefetch(static_cast<const char*>(base) + (i + kPrefetchElems) * Bytes, _MM_HINT_T0);
 }
 
+// The low-precision copy of the new weights, element i.. of `out`:
+// non-temporal when `stream` (the caller checked the alignment) — nothing
+// reads it back during the update, and streaming spares the read for
+// ownership of every line (2 of the offload mode's 28 bytes per parameter).
+template <class Arch, OutKind O>
+void store_out(void* out, int64_t i, const xsimd::batch<float, Arch>& p, bool stream) {
+  auto* dst = static_cast<uint16_t*>(out) + i;
+  if constexpr (O == OutKind::kNone) {
+    return;
+  } else if constexpr (has_lane_moves<Arch>()) {
+    if (stream) {
+      if constexpr (O == OutKind::kBF16) store_bf16<Arch, true>(p, dst);
+      if constexpr (O == OutKind::kF16) store_f16<Arch, true>(p, dst);
+      return;
+    }
+  }
+  store_from_f32<Arch>(out, O == OutKind::kF16 ? DType::kF16 : DType::kBF16, i, p);
+}
+
+// Whether a tile's `out` may be streamed: a lane-move ISA and `out` aligned
+// to a batch of 2-byte lanes.
+template <class Arch, OutKind O>
+bool can_stream_out(const void* out) {
+  constexpr uintptr_t kBytes = xsimd::batch<float, Arch>::size * 2;
+  return O != OutKind::kNone && has_lane_moves<Arch>() && reinterpret_cast<uintptr_t>(out) % kBytes == 0;
+}
+
 template <class Arch, OptKind K, DType G, StateType S, OutKind O>
 void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) {
   using B = xsimd::batch<float, Arch>;
   constexpr int64_t W = B::size;
   constexpr bool kHasV = K == OptKind::kAdam || K == OptKind::kAdagrad;
-  constexpr DType kOut = O == OutKind::kF16 ? DType::kF16 : DType::kBF16;
   // Locals, not references: stores through the float pointers below could
   // alias a referenced object, which would force the constants and the
   // running check back to memory on every batch.
@@ -468,6 +494,7 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
   void* const mem_v_next = call.v_next;
   void* const out = call.out;
   const bool has_m = uses_m(call.kind, call.c);
+  const bool stream_out = can_stream_out<Arch, O>(out);
   if constexpr (K != OptKind::kAdam && S != StateType::kF32) {
     STRATA_CHECK_MSG(false, "low-precision states reached a non-Adam kernel");
   } else if constexpr (S != StateType::kQ8) {
@@ -480,7 +507,7 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
       prefetch_ahead<G == DType::kF32 ? 4 : 2>(grad, i);
       if (has_m) prefetch_ahead<kSB>(mem_m, i);
       if constexpr (kHasV) prefetch_ahead<kSB>(mem_v, i);
-      if constexpr (O != OutKind::kNone) prefetch_ahead<2>(out, i);
+      if (O != OutKind::kNone && !stream_out) prefetch_ahead<2>(out, i);  // a streamed out is never read
       B p = B::load_unaligned(params + i);
       B m = has_m ? load_as_f32<Arch>(mem_m, kState, i) : B(0.0f);
       B v = kHasV ? load_as_f32<Arch>(mem_v, kState, i) : B(0.0f);
@@ -488,7 +515,7 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
       p.store_unaligned(params_next + i);
       if (has_m) store_from_f32<Arch>(mem_m_next, kState, i, m);
       if constexpr (kHasV) store_from_f32<Arch>(mem_v_next, kState, i, v);
-      if constexpr (O != OutKind::kNone) store_from_f32<Arch>(out, kOut, i, p);
+      store_out<Arch, O>(out, i, p, stream_out);
     }
   } else {
     // Per block: decode, update and keep the new m and v in scratch while
@@ -508,7 +535,7 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
         prefetch_ahead<G == DType::kF32 ? 4 : 2>(grad, i);
         prefetch_ahead<1>(qm, i);
         prefetch_ahead<1>(qv, i);
-        if constexpr (O != OutKind::kNone) prefetch_ahead<2>(out, i);
+        if (O != OutKind::kNone && !stream_out) prefetch_ahead<2>(out, i);
         B p = B::load_unaligned(params + i);
         B m = q8_decode_m_batch<Arch>(qm + i, m_dec), v = q8_decode_v_batch<Arch>(qv + i, v_dec);
         st(p, load_as_f32<Arch>(grad, G, i), m, v);
@@ -517,7 +544,7 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
         v.store_aligned(bv + j);
         top_m = xsimd::max(xsimd::abs(m), top_m);  // as q8_block_scale: NaN lanes keep the max
         top_v = xsimd::max(v, top_v);
-        if constexpr (O != OutKind::kNone) store_from_f32<Arch>(out, kOut, i, p);
+        store_out<Arch, O>(out, i, p, stream_out);
       }
       const float m_scale = max_lane<Arch>(top_m), v_scale = max_lane<Arch>(top_v);
       call.m_scale_next[blk] = m_scale;
@@ -529,6 +556,7 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
       }
     }
   }
+  if (stream_out) _mm_sfence();  // the streamed lines reach memory before the tile is reported done
   step_state.check = st.check;
 }
 

@@ -38,13 +38,33 @@ xsimd::batch<float, Arch> load_f16(const uint16_t* src) {
   }
 }
 
-template <class Arch>
+// Stores one batch of 2-byte lanes; kStream: non-temporal (no read for
+// ownership, around the caches; dst aligned to the batch's bytes, and an
+// _mm_sfence before another thread reads it).
+template <bool kStream>
+void put_lanes(uint16_t* dst, __m256i lanes) {
+  if constexpr (kStream) {
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst), lanes);
+  } else {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), lanes);
+  }
+}
+template <bool kStream>
+void put_lanes(uint16_t* dst, __m128i lanes) {
+  if constexpr (kStream) {
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst), lanes);
+  } else {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), lanes);
+  }
+}
+
+template <class Arch, bool kStream = false>
 void store_f16(const xsimd::batch<float, Arch>& x, uint16_t* dst) {
   constexpr int kMode = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
   if constexpr (is_avx512<Arch>()) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm512_cvtps_ph(x, kMode));
+    put_lanes<kStream>(dst, _mm512_cvtps_ph(x, kMode));
   } else {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm256_cvtps_ph(x, kMode));
+    put_lanes<kStream>(dst, _mm256_cvtps_ph(x, kMode));
   }
 }
 
@@ -60,7 +80,7 @@ xsimd::batch<float, Arch> load_bf16(const uint16_t* src) {
 }
 
 // Round to nearest even; NaN -> quiet NaN keeping sign and top payload (f32_to_bf16).
-template <class Arch>
+template <class Arch, bool kStream = false>
 void store_bf16(const xsimd::batch<float, Arch>& x, uint16_t* dst) {
   if constexpr (is_avx512<Arch>()) {
     __m512i u = _mm512_castps_si512(x);
@@ -69,7 +89,7 @@ void store_bf16(const xsimd::batch<float, Arch>& x, uint16_t* dst) {
     __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb), 16);
     __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
     r = _mm512_mask_blend_epi32(nan, r, _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm512_cvtepi32_epi16(r));
+    put_lanes<kStream>(dst, _mm512_cvtepi32_epi16(r));
   } else {
     __m256i u = _mm256_castps_si256(x);
     __m256i hi = _mm256_srli_epi32(u, 16);
@@ -77,8 +97,7 @@ void store_bf16(const xsimd::batch<float, Arch>& x, uint16_t* dst) {
     __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), lsb), 16);
     __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
     r = _mm256_blendv_epi8(r, _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan);
-    __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), packed);
+    put_lanes<kStream>(dst, _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
   }
 }
 

@@ -202,7 +202,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
   // What the streamed model copies from and to, pinned for the device
   // (CUDA: asynchronous copies; the host backend: nothing to do).
   for (auto* set : {&tr->weights_, &tr->weights_next_, &tr->grads_, &tr->grads_alt_}) {
-    for (std::vector<uint16_t>& v : *set) {
+    for (AlignedVector<uint16_t>& v : *set) {
       STRATA_ASSIGN_OR_RETURN(gpu::HostPin pin, gpu::HostPin::make(*tr->device_, v.data(), v.size() * 2));
       tr->pins_.push_back(std::move(pin));
     }

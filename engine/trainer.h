@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/aligned_vector.h"
 #include "cpu_optim/executor.h"
 #include "cpu_optim/optimizer.h"
 #include "engine/loss_scaler.h"
@@ -172,12 +173,13 @@ class Trainer {
   // Weights in RAM (bf16 / fp16): the ones the device computes with, and
   // the buffer the optimizer writes the next ones into; they trade places
   // when a step updates (empty with the weights on NVMe).
-  std::vector<std::vector<uint16_t>> weights_, weights_next_;
+  // Cache-line aligned, so the optimizer streams the new ones past the caches.
+  std::vector<AlignedVector<uint16_t>> weights_, weights_next_;
   LossScaler scaler_;
-  std::vector<std::vector<uint16_t>> grads_;   // one micro-batch's gradients as the device computed them
+  std::vector<AlignedVector<uint16_t>> grads_;  // one micro-batch's gradients as the device computed them
   std::vector<std::vector<float>> acc_;        // their fp32 sum over the micro-batches (grad_accum > 1)
   // Delayed update: the buffers the stage in flight reads (grads_ or acc_'s other set).
-  std::vector<std::vector<uint16_t>> grads_alt_;
+  std::vector<AlignedVector<uint16_t>> grads_alt_;
   std::vector<std::vector<float>> acc_alt_;
   std::vector<gpu::HostPin> pins_;             // the vectors the streamed model copies from and to, pinned
   bool pending_ = false;                       // delayed update: a stage step in flight
