@@ -290,13 +290,7 @@ int run(int argc, char** argv) {
   }
 
   // The planner's model of this placement at the rates just measured.
-  engine::TrainSetup setup;
-  setup.model = base.model;
-  setup.micro_batch = base.batch;
-  setup.seq = base.seq;
-  setup.compute = full.precision;
-  setup.working = full.precision;
-  setup.host_backend = device != "cuda";
+  const engine::TrainSetup setup = engine::training_setup(full);
   engine::Placement placement;
   placement.weights = engine::Tier::kHost;
   placement.states = full.states;

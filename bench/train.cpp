@@ -92,6 +92,12 @@ int run(int argc, char** argv) {
   o.clip_norm = static_cast<float>(cfg->gradient_clipping);
   o.delayed_update = delayed || cfg->delayed_update;
   if (o.delayed_update) std::printf("delayed parameter update: each step computes with weights one update stale\n");
+  if (cfg->state_precision != "fp32") {
+    std::fprintf(stderr,
+                 "strata-train: config key states: the trainer keeps fp32 Adam states; bf16 and q8 states exist in "
+                 "cpu_optim (strata-adambench) but not yet in the engine — use \"fp32\"\n");
+    return 2;
+  }
   if (cfg->setup.compute == DType::kF32) {
     std::fprintf(stderr, "strata-train: the trainer's working weights are bf16 or fp16; the config asks for fp32\n");
     return 2;
@@ -147,11 +153,7 @@ int run(int argc, char** argv) {
   if (o.states == engine::Tier::kNvme && budgets.nvme_bytes == 0) budgets.nvme_bytes = 1ull << 40;
   engine::Constraints fixed;
   fixed.states = o.states;
-  engine::TrainSetup setup = cfg->setup;
-  setup.compute = o.precision;  // the device computes with the working weights
-  setup.working = o.precision;
-  setup.host_backend = o.backend == engine::TrainerOptions::Backend::kHost;
-  setup.delayed_update = o.delayed_update;
+  const engine::TrainSetup setup = engine::training_setup(o);
   Result<engine::Plan> plan =
       stream ? Result<engine::Plan>(engine::estimate(
                    setup, {o.weights, o.states, o.activation_checkpoints, prefetch, o.speculate_in_ram},

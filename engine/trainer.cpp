@@ -26,6 +26,20 @@ nlohmann::json model_json(const gpu::GptConfig& c) {
 
 }  // namespace
 
+TrainSetup training_setup(const TrainerOptions& o) {
+  TrainSetup s;
+  s.model = o.model;
+  s.micro_batch = o.batch;
+  s.seq = o.seq;
+  s.grad_accum = o.grad_accum;
+  s.compute = o.precision;
+  s.working = o.precision;
+  s.state_bytes_per_param = 8;
+  s.host_backend = o.backend == TrainerOptions::Backend::kHost;
+  s.delayed_update = o.delayed_update;
+  return s;
+}
+
 Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
   STRATA_RETURN_IF_ERROR(o.model.validate());
   if (o.batch < 1 || o.seq < 1 || o.seq > o.model.max_seq) {

@@ -94,6 +94,11 @@ struct TrainerOptions {
   Trace* trace = nullptr;                   // optional: phases, optimizer calls, NVMe requests (not owned)
 };
 
+// The planner's view of a trainer's run: model, micro-batch, sequence,
+// accumulation, the device computing in `precision`, fp32 Adam states, the
+// host backend's workspace, a delayed update's second gradient buffers.
+TrainSetup training_setup(const TrainerOptions& options);
+
 // Where the last step's time went (seconds, wall clock, one after another).
 // The optimizer stage runs beside forward+backward; `optimizer` is what is
 // left of it after backward (the part the overlap did not hide).

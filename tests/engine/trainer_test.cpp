@@ -532,13 +532,7 @@ TEST(Trainer, PlannedBytesPerTierMatchWhatTheRunUsed) {
             o.precision = precision;
             o.speculate_in_ram = homes.states == Tier::kHost && depth == 3;  // the second copy of the states
             o.nvme_paths = {dir.sub("p" + std::to_string(n++))};
-            TrainSetup setup;
-            setup.model = o.model;
-            setup.micro_batch = o.batch;
-            setup.seq = o.seq;
-            setup.compute = precision;
-            setup.working = precision;
-            setup.host_backend = true;
+            const TrainSetup setup = training_setup(o);
             Placement pl;
             pl.weights = homes.weights;
             pl.states = homes.states;
@@ -586,13 +580,7 @@ TEST(Trainer, PlannedBytesPerTierMatchWhatTheRunUsed) {
     o.delayed_update = true;
     o.stream_weights = true;
     o.device_bytes = 1ull << 30;
-    TrainSetup setup;
-    setup.model = o.model;
-    setup.micro_batch = o.batch;
-    setup.seq = o.seq;
-    setup.grad_accum = accum;
-    setup.host_backend = true;
-    setup.delayed_update = true;
+    const TrainSetup setup = training_setup(o);
     Placement pl;
     pl.weights = Tier::kHost;
     const Plan plan = estimate(setup, pl, Bandwidths{});
