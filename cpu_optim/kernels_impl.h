@@ -88,43 +88,7 @@ auto q8_load_bytes(const void* q) {
     return _mm256_cvtepu8_epi32(_mm_loadl_epi64(static_cast<const __m128i*>(q)));
   }
 }
-template <class Arch>
-xsimd::batch<float, Arch> q8_decode_m_batch(const int8_t* q, const xsimd::batch<float, Arch>& factor) {
-  using B = xsimd::batch<float, Arch>;
-  if constexpr (is_avx512<Arch>()) {
-    const __m512i c = q8_load_bytes<Arch>(q);
-    const __m512i mag = _mm512_and_si512(c, _mm512_set1_epi32(0x7F));
-    const __m512i linear = _mm512_castps_si512(_mm512_mul_ps(_mm512_cvtepi32_ps(mag), _mm512_set1_ps(kQ8MLinearStep)));
-    const __m512i normal = _mm512_slli_epi32(_mm512_add_epi32(mag, _mm512_set1_epi32(kQ8MOffset)), kQ8MShift);
-    const __m512i bits =
-        _mm512_mask_blend_epi32(_mm512_cmplt_epi32_mask(mag, _mm512_set1_epi32(kQ8MLinear)), normal, linear);
-    const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(c, _mm512_set1_epi32(0x80)), 24);
-    return B(_mm512_castsi512_ps(_mm512_or_si512(bits, sign))) * factor;
-  } else {
-    const __m256i c = q8_load_bytes<Arch>(q);
-    const __m256i mag = _mm256_and_si256(c, _mm256_set1_epi32(0x7F));
-    const __m256i linear = _mm256_castps_si256(_mm256_mul_ps(_mm256_cvtepi32_ps(mag), _mm256_set1_ps(kQ8MLinearStep)));
-    const __m256i normal = _mm256_slli_epi32(_mm256_add_epi32(mag, _mm256_set1_epi32(kQ8MOffset)), kQ8MShift);
-    const __m256i below = _mm256_cmpgt_epi32(_mm256_set1_epi32(kQ8MLinear), mag);
-    const __m256i bits = _mm256_blendv_epi8(normal, linear, below);
-    const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x80)), 24);
-    return B(_mm256_castsi256_ps(_mm256_or_si256(bits, sign))) * factor;
-  }
-}
-template <class Arch>
-xsimd::batch<float, Arch> q8_decode_v_batch(const uint8_t* q, const xsimd::batch<float, Arch>& factor) {
-  using B = xsimd::batch<float, Arch>;
-  if constexpr (is_avx512<Arch>()) {
-    const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(q8_load_bytes<Arch>(q), _mm512_set1_epi32(kQ8VOffset)), kQ8VShift);
-    return B(_mm512_castsi512_ps(bits)) * factor;
-  } else {
-    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(q8_load_bytes<Arch>(q), _mm256_set1_epi32(kQ8VOffset)), kQ8VShift);
-    return B(_mm256_castsi256_ps(bits)) * factor;
-  }
-}
-
-// Integer lanes of a batch and back, and the normal-range code of t
-// (q8_shifted_code).
+// A batch's lanes as integers, and codes (0..255 in 32-bit lanes) stored as bytes.
 template <class Arch>
 auto q8_bits(const xsimd::batch<float, Arch>& x) {
   if constexpr (is_avx512<Arch>()) {
@@ -144,24 +108,48 @@ void q8_store_codes(const auto& c, uint8_t* q) {
   }
 }
 
+template <class Arch>
+xsimd::batch<float, Arch> q8_decode_m_batch(const int8_t* q, const xsimd::batch<float, Arch>& factor) {
+  using B = xsimd::batch<float, Arch>;
+  if constexpr (is_avx512<Arch>()) {
+    const __m512i c = q8_load_bytes<Arch>(q);
+    const __m512i mag = _mm512_and_si512(c, _mm512_set1_epi32(0x7F));
+    const B shifted(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(mag, _mm512_set1_epi32(kQ8MOffset)), kQ8MShift)));
+    const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(c, _mm512_set1_epi32(0x80)), 24);
+    return B(_mm512_castsi512_ps(_mm512_or_si512(q8_bits<Arch>(shifted - B(kQ8MZero)), sign))) * factor;
+  } else {
+    const __m256i c = q8_load_bytes<Arch>(q);
+    const __m256i mag = _mm256_and_si256(c, _mm256_set1_epi32(0x7F));
+    const B shifted(_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(mag, _mm256_set1_epi32(kQ8MOffset)), kQ8MShift)));
+    const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x80)), 24);
+    return B(_mm256_castsi256_ps(_mm256_or_si256(q8_bits<Arch>(shifted - B(kQ8MZero)), sign))) * factor;
+  }
+}
+template <class Arch>
+xsimd::batch<float, Arch> q8_decode_v_batch(const uint8_t* q, const xsimd::batch<float, Arch>& factor) {
+  using B = xsimd::batch<float, Arch>;
+  if constexpr (is_avx512<Arch>()) {
+    const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(q8_load_bytes<Arch>(q), _mm512_set1_epi32(kQ8VOffset)), kQ8VShift);
+    return B(_mm512_castsi512_ps(bits)) * factor;
+  } else {
+    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(q8_load_bytes<Arch>(q), _mm256_set1_epi32(kQ8VOffset)), kQ8VShift);
+    return B(_mm256_castsi256_ps(bits)) * factor;
+  }
+}
+
 // One batch of values -> codes (q8.h's encoders, the same operations),
 // given the block's encode factor.
 template <class Arch>
 void q8_encode_m_batch(const xsimd::batch<float, Arch>& x, const xsimd::batch<float, Arch>& factor, int8_t* q) {
   using B = xsimd::batch<float, Arch>;
-  const B t = xsimd::abs(x) * factor;
-  const B rounded = fused_fma<Arch>(t, B(1.0f / kQ8MLinearStep), B(kQ8Magic));
+  const B y = fused_fma<Arch>(xsimd::abs(x), factor, B(kQ8MZero));
   if constexpr (is_avx512<Arch>()) {
-    const __m512i normal = _mm512_srai_epi32(_mm512_add_epi32(q8_bits<Arch>(t), _mm512_set1_epi32(kQ8MAdd)), kQ8MShift);
-    const __m512i linear = _mm512_sub_epi32(q8_bits<Arch>(rounded), _mm512_set1_epi32(std::bit_cast<int32_t>(kQ8Magic)));
-    __m512i c = _mm512_max_epi32(normal, _mm512_min_epi32(linear, _mm512_set1_epi32(kQ8MLinear)));
+    __m512i c = _mm512_srai_epi32(_mm512_add_epi32(q8_bits<Arch>(y), _mm512_set1_epi32(kQ8MAdd)), kQ8MShift);
     c = _mm512_min_epi32(c, _mm512_set1_epi32(kQ8MMax));
     c = _mm512_or_si512(c, _mm512_and_si512(_mm512_srli_epi32(q8_bits<Arch>(x), 24), _mm512_set1_epi32(0x80)));
     q8_store_codes<Arch>(c, reinterpret_cast<uint8_t*>(q));
   } else {
-    const __m256i normal = _mm256_srai_epi32(_mm256_add_epi32(q8_bits<Arch>(t), _mm256_set1_epi32(kQ8MAdd)), kQ8MShift);
-    const __m256i linear = _mm256_sub_epi32(q8_bits<Arch>(rounded), _mm256_set1_epi32(std::bit_cast<int32_t>(kQ8Magic)));
-    __m256i c = _mm256_max_epi32(normal, _mm256_min_epi32(linear, _mm256_set1_epi32(kQ8MLinear)));
+    __m256i c = _mm256_srai_epi32(_mm256_add_epi32(q8_bits<Arch>(y), _mm256_set1_epi32(kQ8MAdd)), kQ8MShift);
     c = _mm256_min_epi32(c, _mm256_set1_epi32(kQ8MMax));
     c = _mm256_or_si256(c, _mm256_and_si256(_mm256_srli_epi32(q8_bits<Arch>(x), 24), _mm256_set1_epi32(0x80)));
     q8_store_codes<Arch>(c, reinterpret_cast<uint8_t*>(q));

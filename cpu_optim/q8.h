@@ -6,22 +6,23 @@
 // values (in a transformer, a block of Adam states easily spans 100x), so
 // the codes are small floating-point numbers relative to the block's largest
 // value, in the spirit of 8-bit Adam's dynamic (exponent-carrying) maps:
-//   m: int8, sign and magnitude: bit 7 the sign, bits 0..6 an E3M4 number
-//      (3 exponent bits, 4 mantissa bits, subnormals): |m| / scale in
-//      [2^-6, 1] in steps of 1/16 relative, down to 2^-10 in steps of 2^-10;
+//   m: int8, sign and magnitude: bit 7 the sign, bits 0..6 a 3-exponent,
+//      4-mantissa-bit float shifted so that 0 is a code (see below):
+//      |m| / scale in steps of 1/16 relative above 2^-7, of 2^-11 below;
 //      scale = max |m|;
 //   v: uint8, an E5M3 number: v / scale in [2^-30, 1] in steps of 1/8
 //      relative, down to 2^-33; scale = max v.
-// A mini-float's bits, shifted left by 23 - mantissa bits, are those of an
-// fp32 number 2^120 (m) or 2^96 (v) times smaller, so decoding is a shift
-// and two multiplications, and encoding two multiplications, an integer add
-// of half a step (round half up in magnitude), a shift and a clamp — no
-// divide, root or table. The scale is the block's largest value itself, not
-// a power of two: it moves a little every step, so the grid does too, and a
+// A code, offset and shifted left by 23 - mantissa bits, is the bit
+// pattern of an fp32 number, so decoding is an add, a shift (m: and a
+// subtraction) and a multiplication, and encoding a multiplication (m: and
+// an addition), an integer add of half a step (round half up), a shift and
+// a clamp — no divide, root or table. The scale is the block's largest
+// value itself, not a power of two: it moves a little every step, so the
+// grid does too, and a
 // state whose per-step change is below half a step (v's is 0.1% at beta2 =
 // 0.999) is not pinned to its code (with power-of-two scales Adam's v stuck
 // and the steps shrank: tests/cpu_optim/optimizer_test.cpp's accuracy test
-// found it). v's code 0 decodes to half the smallest step, not 0: a
+// found it). v's code 0 decodes to a value just below its code 1, not 0: a
 // non-zero m over a v that rounded to zero must not divide by eps. NaN
 // encodes as the largest code.
 #pragma once
@@ -37,18 +38,17 @@ namespace strata::cpu_optim {
 inline float q8_m_scale_of(float m) { return std::fabs(m); }
 inline float q8_v_scale_of(float v) { return v; }
 
-// m: E3M4 with subnormals. Codes 0..15 are c * 2^-10 (linear); codes
-// 16..127 are 2^(c / 16 - 7) * (1 + (c % 16) / 16), the fp32 number with
-// bits (c + kQ8MOffset) << 19; the top code is 1.9375, where the block's
-// largest |m| lands.
+// m: a 3-exponent, 4-mantissa-bit float shifted down by its smallest
+// value, so that code 0 is 0 and the codes below 16 are linear: code c is
+// the fp32 number with bits (c + kQ8MOffset) << 19, less kQ8MZero = 2^-7 —
+// c * 2^-11 for c < 16, 2^(c / 16 - 8) * (1 + (c % 16) / 16) - 2^-7 above.
+// The top code is 1.9296875, where the block's largest |m| lands.
 inline constexpr int32_t kQ8MMax = 127;
 inline constexpr int kQ8MShift = 19;
-inline constexpr int32_t kQ8MLinear = 16;                               // codes below: linear
-inline constexpr int32_t kQ8MOffset = (121 << 4) - kQ8MLinear;          // code 16 is 2^-6
+inline constexpr int32_t kQ8MOffset = 120 << 4;                            // code 0 is 2^-7 before the shift
 inline constexpr int32_t kQ8MAdd = (1 << 18) - (kQ8MOffset << kQ8MShift);  // half a step, less the offset
-inline constexpr float kQ8MTop = 1.9375f;
-inline constexpr float kQ8MLinearStep = 0x1p-10f;
-inline constexpr float kQ8Magic = 0x1p23f;  // adding it rounds [0, 2^22) to an integer in the low mantissa bits
+inline constexpr float kQ8MZero = 0x1p-7f;
+inline constexpr float kQ8MTop = 1.9296875f;  // 1.9375 - 2^-7
 // v: E5M3 without subnormals: code c is the fp32 number with bits
 // (c + kQ8VOffset) << 20; the top code is 1.0, where the block's largest v
 // lands; code 0 (1.125 * 2^-32) is also where anything below the grid goes.
@@ -70,24 +70,19 @@ inline int32_t q8_shifted_code(float t, int32_t add, int shift) {
 }
 
 inline int8_t q8_m_encode(float m, float factor) {
-  const float t = std::fabs(m) * factor;
-  // Linear codes: t * 2^10 rounded to nearest (ties to even) by the magic
-  // add; at most kQ8MLinear, so the normal-range code wins above 2^-6.
-  const int32_t linear =
-      static_cast<int32_t>(std::bit_cast<uint32_t>(std::fma(t, 1.0f / kQ8MLinearStep, kQ8Magic)) -
-                           std::bit_cast<uint32_t>(kQ8Magic));
-  const int32_t c = std::min(std::max(q8_shifted_code(t, kQ8MAdd, kQ8MShift), std::min(linear, kQ8MLinear)), kQ8MMax);
+  // |m| * factor + 2^-7, rounded once (a fused multiply-add, as the vector
+  // code does); then its bits round half up to the grid (y >= 2^-7, so the
+  // code is >= 0; NaN takes the top code).
+  const float y = std::fma(std::fabs(m), factor, kQ8MZero);
+  const int32_t c = std::min(q8_shifted_code(y, kQ8MAdd, kQ8MShift), kQ8MMax);
   const uint32_t sign = (std::bit_cast<uint32_t>(m) >> 24) & 0x80u;
   return static_cast<int8_t>(static_cast<uint8_t>(static_cast<uint32_t>(c) | sign));
 }
 
 inline float q8_m_decode(int8_t code, float factor) {
   const auto c = static_cast<uint32_t>(static_cast<uint8_t>(code));
-  const uint32_t mag = c & 0x7Fu;
-  const uint32_t bits = mag < static_cast<uint32_t>(kQ8MLinear)
-                            ? std::bit_cast<uint32_t>(static_cast<float>(mag) * kQ8MLinearStep)
-                            : (mag + kQ8MOffset) << kQ8MShift;
-  return std::bit_cast<float>(bits | ((c & 0x80u) << 24)) * factor;
+  const float mag = std::bit_cast<float>(((c & 0x7Fu) + kQ8MOffset) << kQ8MShift) - kQ8MZero;  // exact
+  return std::bit_cast<float>(std::bit_cast<uint32_t>(mag) | ((c & 0x80u) << 24)) * factor;
 }
 
 inline uint8_t q8_v_encode(float v, float factor) {

@@ -19,30 +19,27 @@
 namespace strata::cpu_optim {
 namespace {
 
-// The grid, from the format's definition. m: E3M4 with subnormals — codes
-// below 16 are c * 2^-10, the others 2^(c / 16 - 7) * (1 + (c % 16) / 16),
-// up to 1.9375. v: code c stands for 2^e * (1 + f / 8) with e * 8 + f =
-// c + 761, up to 1.0 (code 255).
-double grid(uint32_t c, bool is_v) {
-  if (!is_v) {
-    if (c < 16) return std::ldexp(static_cast<double>(c), -10);
-    return std::ldexp(1.0 + static_cast<double>(c & 15) / 16, static_cast<int>(c >> 4) - 7);
-  }
-  const int k = static_cast<int>(c) + 761;
-  return std::ldexp(1.0 + static_cast<double>(k & 7) / 8, (k >> 3) - 127);
+// The grid before m's shift, from the format's definition: m's code c
+// stands for 2^(k / 16 - 127) * (1 + (k % 16) / 16) with k = c + 1920, less
+// 2^-7 (so code 0 is 0), up to 1.9296875; v's for 2^(k / 8 - 127) * (1 +
+// (k % 8) / 8) with k = c + 761, up to 1.0 (code 255).
+double unshifted(uint32_t c, bool is_v) {
+  const int mant = is_v ? 3 : 4, k = static_cast<int>(c) + (is_v ? 761 : 1920);
+  return std::ldexp(1.0 + static_cast<double>(k & ((1 << mant) - 1)) / (1 << mant), (k >> mant) - 127);
 }
+double grid(uint32_t c, bool is_v) { return is_v ? unshifted(c, true) : unshifted(c, false) - 0x1p-7; }
 
-// The code of y (relative to the block's factor of 1) by search: the
-// nearest grid point, ties to the larger (to the even one among m's linear
-// codes 0..16); v below its code 0's lower half-step: code 0.
+// The code of y (relative to the block's factor of 1) by search: m's y goes
+// through the fp32 fused multiply-add the encoder forms (|y| + 2^-7, one
+// rounding), then the nearest unshifted grid point wins, ties to the
+// larger; v below its code 0's lower half-step: code 0.
 uint32_t nearest_code(float y, bool is_v) {
-  const double t = std::fabs(static_cast<double>(y));
+  const double t = is_v ? std::fabs(static_cast<double>(y))
+                        : static_cast<double>(std::fma(std::fabs(y), 1.0f, 0x1p-7f));
   const uint32_t max_code = is_v ? 255 : 127;
   uint32_t best = 0;
   for (uint32_t c = 1; c <= max_code; ++c) {
-    const double d = std::fabs(grid(c, is_v) - t), db = std::fabs(grid(best, is_v) - t);
-    const bool tie_to_even = !is_v && c <= 16 && d == db;
-    if (tie_to_even ? (c % 2 == 0) : d <= db) best = c;
+    if (std::fabs(unshifted(c, is_v) - t) <= std::fabs(unshifted(best, is_v) - t)) best = c;
   }
   return best;
 }
@@ -157,8 +154,8 @@ TEST(Q8, EveryIsaGivesTheScalarCodesAndScales) {
 }
 
 // Decoded values lie within half a step of the encoded ones: 1/32 (m) or
-// 1/16 (v) of the value, or half a linear step of m (2^-11 / 1.9375 of the
-// scale), or v's code 0 (1.125 * 2^-32 of the scale).
+// 1/16 (v) of the value, or half a linear step of m (2^-12 / 1.9296875 of
+// the scale), or v's code 0 (1.125 * 2^-32 of the scale).
 TEST(Q8, DecodedValuesAreWithinHalfAStep) {
   uint64_t seed = strata::testing::test_seed(29);
   for (Q8Array which : {Q8Array::kM, Q8Array::kV}) {
@@ -173,7 +170,7 @@ TEST(Q8, DecodedValuesAreWithinHalfAStep) {
     for (int64_t i = 0; i < n; ++i) {
       const double s = scales[static_cast<size_t>(i / kQ8BlockElems)];
       const double a = x[i], b = back[i];
-      const double tol = std::fabs(a) / (is_v ? 16 : 32) + s * (is_v ? 1.125 * 0x1p-32 : 0x1p-11 / 1.9375);
+      const double tol = std::fabs(a) / (is_v ? 16 : 32) + s * (is_v ? 1.125 * 0x1p-32 : 0x1p-12 / 1.9296875);
       ASSERT_LE(std::fabs(a - b), tol * (1 + 1e-6)) << "element " << i << " = " << x[i] << " (scale " << s << ")";
       if (!is_v && x[i] != 0.0f && back[i] != 0.0f) {
         ASSERT_EQ(std::signbit(x[i]), std::signbit(back[i])) << "element " << i;
