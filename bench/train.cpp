@@ -34,7 +34,7 @@ int run(int argc, char** argv) {
   CLI::App app{"strata-train: train a GPT (synthetic data) on the host backend or a CUDA GPU, with optimizer states in RAM or on NVMe"};
   std::string config_path, nvme, checkpoint;
   int64_t steps = -1, save_every = 0;
-  bool resume = false, stream = false, delayed = false, speculate_in_ram = false;
+  bool resume = false, stream = false, delayed = false, speculate_in_ram = false, plan_only = false;
   int prefetch = 1;
   std::string activations = "device", weights_on = "host", trace_path, device = "host";
   app.add_option("--config", config_path, "JSON config (strata or DeepSpeed keys); default: an embedded small GPT");
@@ -48,6 +48,9 @@ int run(int argc, char** argv) {
                "with the optimizer states in RAM, keep a second copy of them (12 bytes per parameter) so that "
                "each chunk is updated as its gradient lands (exact, rolled back when the step clips or skips)");
   app.add_flag("--resume", resume, "continue from the latest checkpoint in --checkpoint");
+  app.add_flag("--plan-only", plan_only,
+               "print the planner's estimate for this config and these flags (bytes per tier, time per link, "
+               "the placement) and exit: 0 if it fits the budgets, 1 if not");
   app.add_flag("--stream-weights", stream,
                "keep only a window of blocks on the device, capped at the config's device budget");
   app.add_option("--activations-on", activations, "where block inputs wait for backward when streaming")
@@ -92,12 +95,6 @@ int run(int argc, char** argv) {
   o.clip_norm = static_cast<float>(cfg->gradient_clipping);
   o.delayed_update = delayed || cfg->delayed_update;
   if (o.delayed_update) std::printf("delayed parameter update: each step computes with weights one update stale\n");
-  if (cfg->state_precision != "fp32") {
-    std::fprintf(stderr,
-                 "strata-train: config key states: the trainer keeps fp32 Adam states; bf16 and q8 states exist in "
-                 "cpu_optim (strata-adambench) but not yet in the engine — use \"fp32\"\n");
-    return 2;
-  }
   if (cfg->setup.compute == DType::kF32) {
     std::fprintf(stderr, "strata-train: the trainer's working weights are bf16 or fp16; the config asks for fp32\n");
     return 2;
@@ -153,7 +150,10 @@ int run(int argc, char** argv) {
   if (o.states == engine::Tier::kNvme && budgets.nvme_bytes == 0) budgets.nvme_bytes = 1ull << 40;
   engine::Constraints fixed;
   fixed.states = o.states;
-  const engine::TrainSetup setup = engine::training_setup(o);
+  engine::TrainSetup setup = engine::training_setup(o);
+  // The estimate alone may size the config's low-precision Adam states; the
+  // trainer keeps fp32 ones (below).
+  if (plan_only) setup.state_bytes_per_param = cfg->setup.state_bytes_per_param;
   Result<engine::Plan> plan =
       stream ? Result<engine::Plan>(engine::estimate(
                    setup, {o.weights, o.states, o.activation_checkpoints, prefetch, o.speculate_in_ram},
@@ -164,6 +164,18 @@ int run(int argc, char** argv) {
     std::printf("%s", engine::format_plan(*plan, budgets).c_str());
   } else {
     std::printf("planner: %s\n", plan.error().to_string().c_str());
+  }
+  if (plan_only) {
+    const bool fits = plan && plan->device.total() <= budgets.device_bytes && plan->host.total() <= budgets.host_bytes &&
+                      (plan->nvme.total() == 0 || plan->nvme.total() <= budgets.nvme_bytes);
+    std::printf("plan only: %s\n", fits ? "fits the budgets" : "does not fit the budgets");
+    return fits ? 0 : 1;
+  }
+  if (cfg->state_precision != "fp32") {
+    std::fprintf(stderr,
+                 "strata-train: config key states: the trainer keeps fp32 Adam states; bf16 and q8 states exist in "
+                 "cpu_optim (strata-adambench) and in --plan-only estimates, not yet in the engine — use \"fp32\"\n");
+    return 2;
   }
   engine::Trace trace(!trace_path.empty());
   if (trace.enabled()) o.trace = &trace;

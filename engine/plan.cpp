@@ -50,8 +50,6 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   const Sizes z = sizes_of(s);
   const double state_bytes = 4.0 + s.state_bytes_per_param;  // fp32 master + m, v
   const auto state_total = static_cast<uint64_t>(static_cast<double>(z.padded) * state_bytes);
-  const uint64_t weights_total = z.padded * z.c;
-  const uint64_t chunk_lp = z.max_chunk * z.c;
   const double A = static_cast<double>(s.grad_accum);
   const uint64_t C = static_cast<uint64_t>(s.model.hidden);
   Plan p;
@@ -73,8 +71,11 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   uint64_t block_chunk = 0;
   for (size_t i = 1; i < layout.size(); ++i) block_chunk = std::max<uint64_t>(block_chunk, static_cast<uint64_t>(layout[i].numel));
   if (pl.weights == Tier::kDevice) {
-    p.device.model_states += weights_total;
-    p.device.buffers += 2 * chunk_lp;  // gradient chunks, double-buffered towards the host
+    // A slot (of the largest non-embedding chunk) for every chunk but the
+    // embedding, which stays in its own buffer; gradients as when streaming.
+    p.device.model_states += (static_cast<uint64_t>(layout.size()) - 1) * block_chunk * z.c +
+                             static_cast<uint64_t>(layout[0].numel) * z.c;
+    p.device.buffers += 2 * block_chunk * z.c + static_cast<uint64_t>(layout[0].numel) * z.c;
   } else {
     p.device_chunk_buffers = pl.prefetch_depth + 1;
     p.device.buffers += static_cast<uint64_t>(p.device_chunk_buffers + 2) * block_chunk * z.c;
@@ -120,7 +121,9 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   p.host.model_states += z.padded * z.c;
   if (s.grad_accum > 1) p.host.model_states += z.padded * 4;
   if (s.delayed_update) p.host.model_states += z.padded * (s.grad_accum > 1 ? 4 : z.c);
-  if (pl.weights == Tier::kHost) p.host.model_states += 2 * z.padded * w;
+  // The CPU optimizer writes the working weights in host memory, from where
+  // they go up each step (resident too); with the weights on NVMe, to their blob.
+  if (pl.weights != Tier::kNvme) p.host.model_states += 2 * z.padded * w;
   // Every NVMe blob takes whole 4 KiB blocks.
   auto blobs = [&](double bytes_per_param) {
     uint64_t total = 0;

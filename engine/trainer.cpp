@@ -143,10 +143,11 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
                                                              *tr->executor_, o.trace));
   if (o.speculate_in_ram) STRATA_RETURN_IF_ERROR(tr->stage_->enable_ram_speculation());
   // The device computes in the working weights' type. The resident
-  // placement is the streamed model with a slot for every chunk (each
-  // copied up once a step, kept for backward).
+  // placement is the streamed model with a slot for every chunk but the
+  // resident embedding (L + 1 slots: depth L), each copied up once a step
+  // and kept for backward.
   {
-    const int depth = o.stream_weights ? o.prefetch_depth : static_cast<int>(o.model.layers) + 1;
+    const int depth = o.stream_weights ? o.prefetch_depth : static_cast<int>(o.model.layers);
     gpu::HostDevice* host_device = nullptr;
     if (o.backend == TrainerOptions::Backend::kCuda) {
 #ifdef STRATA_HAVE_CUDA

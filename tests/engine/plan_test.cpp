@@ -32,9 +32,12 @@ TEST(Plan, EstimateCountsEveryByteByTier) {
   const uint64_t emb = static_cast<uint64_t>(layout[0].numel);
   const uint64_t N = 2 * 1024, C = 768;
   Plan resident = estimate(s, {Tier::kDevice, Tier::kHost, Tier::kDevice, 1}, Bandwidths{});
-  EXPECT_EQ(resident.device.model_states, padded * 2);          // bf16 weights
-  EXPECT_EQ(resident.host.model_states, padded * 2 + padded * 12);  // bf16 grads + fp32 master, m, v
-  EXPECT_EQ(resident.device.buffers, 2 * max_chunk * 2);        // gradient staging
+  // bf16 weights: a slot (of the largest block-sized chunk) for each of the
+  // L + 1 non-embedding chunks, and the embedding
+  EXPECT_EQ(resident.device.model_states, (layout.size() - 1) * block_chunk * 2 + emb * 2);
+  // bf16 grads, the bf16 weights the optimizer writes and the next ones, fp32 master, m, v
+  EXPECT_EQ(resident.host.model_states, padded * 2 + 2 * padded * 2 + padded * 12);
+  EXPECT_EQ(resident.device.buffers, 2 * block_chunk * 2 + emb * 2);  // gradient staging, the embedding's gradient
   EXPECT_EQ(resident.device_chunk_buffers, 0);
   // checkpoints: (L + 1) * tokens * C * 2 bytes; one block's working set
   const uint64_t ckpt = 13ull * N * C * 2;

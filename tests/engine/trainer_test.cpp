@@ -592,6 +592,33 @@ TEST(Trainer, PlannedBytesPerTierMatchWhatTheRunUsed) {
     EXPECT_NEAR(ratio, 1.0, 0.05) << "delayed update, grad_accum " << accum;
     ++n;
   }
+  // Resident weights (a slot for every chunk), states in RAM and on NVMe:
+  // the device's peak against the plan.
+  for (Tier states : {Tier::kHost, Tier::kNvme}) {
+    TrainerOptions o = tiny(9);
+    o.model.layers = 4;
+    o.states = states;
+    o.nvme_paths = {dir.sub("resident" + std::to_string(n))};
+    Placement pl;
+    pl.weights = Tier::kDevice;
+    pl.states = states;
+    const Plan plan = estimate(training_setup(o), pl, Bandwidths{});
+    Result<std::unique_ptr<Trainer>> tr = Trainer::create(o);
+    ASSERT_TRUE(tr) << tr.error().to_string();
+    ASSERT_TRUE((*tr)->step());
+    ASSERT_TRUE((*tr)->step());
+    const double measured[2] = {static_cast<double>((*tr)->device()->peak_bytes()),
+                                static_cast<double>((*tr)->host_bytes())};
+    const double planned[2] = {static_cast<double>(plan.device.total()), static_cast<double>(plan.host.total())};
+    for (int k = 0; k < 2; ++k) {
+      const double ratio = planned[k] / measured[k];
+      worst = std::max(worst, std::abs(ratio - 1.0));
+      EXPECT_NEAR(ratio, 1.0, 0.05) << "resident, states on " << tier_name(states) << ": "
+                                    << (k == 0 ? "device" : "host") << " planned " << planned[k] << ", measured "
+                                    << measured[k];
+    }
+    ++n;
+  }
   std::printf("%d placements; the worst planned/measured deviation over the three tiers: %.2f%%\n", n, worst * 100);
 }
 
