@@ -189,10 +189,10 @@ Status StreamedModel::issue_ahead(size_t current) {
   // The weight slots hold chunks, not positions: a use whose chunk is still
   // in a slot (the final chunk at the turn, the last blocks of forward again
   // at the start of backward) takes it without a copy. Otherwise the copy
-  // goes into a slot no pending use (current .. pos - 1) holds, the one
+  // goes into a slot no pending use holds (slot_uses_: each issued use
+  // takes a reference on its slot and drops it once computed), the one
   // whose chunk is used again farthest ahead (Belady's choice: the order is
-  // known). Compute is synchronous, so every use before `current` is done
-  // with its slot.
+  // known).
   while (issued_ <= current + static_cast<size_t>(depth_)) {
     const size_t pos = issued_;
     const std::optional<size_t> chunk = chunk_at(pos);
@@ -220,16 +220,9 @@ Status StreamedModel::issue_ahead(size_t current) {
       }
       ++slot_hits_;
     } else {
-      // Held by a use still to be computed (current .. pos - 1)?
-      auto pending = [&](size_t k) {
-        for (size_t p = current; p < pos; ++p) {
-          if (pos_slot_[p] == k) return true;
-        }
-        return false;
-      };
       size_t farthest = 0;
       for (size_t k = 0; k < slots_.size(); ++k) {
-        if (pending(k)) continue;
+        if (slot_uses_[k] > 0) continue;  // a use still to be computed reads it
         const size_t next = slot_chunk_[k] ? next_use(*slot_chunk_[k], pos) : kNoPosition;
         if (slot == kNoPosition || next > farthest) {
           slot = k;
@@ -250,6 +243,7 @@ Status StreamedModel::issue_ahead(size_t current) {
       h2d_bytes_ += bytes;
     }
     pos_slot_[pos] = slot;
+    ++slot_uses_[slot];
     ++issued_;
   }
   return ok_status();
@@ -284,7 +278,15 @@ void StreamedModel::note_wait(double t0, const char* what) {
   }
 }
 
+void StreamedModel::drop_use(size_t pos) {
+  const size_t slot = pos_slot_[pos];
+  STRATA_CHECK_MSG(slot_uses_[slot] > 0, "streamed model: position %zu's slot %zu has no use to drop", pos, slot);
+  --slot_uses_[slot];
+}
+
 Result<const void*> StreamedModel::weights_for(size_t chunk) {
+  // Compute is synchronous: the previous use is done with its slot.
+  if (cur_pos_ != kNoPosition) drop_use(cur_pos_);
   const AccessSchedule::Use use = schedule_.use(chunk);
   cur_pos_ = use.position;
   cur_chunk_ = chunk;
@@ -292,6 +294,7 @@ Result<const void*> StreamedModel::weights_for(size_t chunk) {
     // Mispredicted: what was fetched for this position and after is the
     // wrong chunk. Let those copies and reads finish, then fetch again.
     STRATA_RETURN_IF_ERROR(dev_->synchronize(copy_));
+    for (size_t p = use.position; p < issued_; ++p) drop_use(p);
     issued_ = use.position;
     if (nvme_weights_) {
       drain_weight_reads();
@@ -346,6 +349,7 @@ Result<float> StreamedModel::run_step(const std::vector<const void*>& weights, c
   weights_read_ = 0;
   // The weights change between steps: nothing in a slot carries over.
   slot_chunk_.assign(slots_.size(), std::nullopt);
+  slot_uses_.assign(slots_.size(), 0);
   slot_ready_.assign(slots_.size(), gpu::Event{});
   pos_slot_.clear();
   slot_hits_ = 0;

@@ -103,6 +103,8 @@ class StreamedModel {
   // the schedule did not predict it, already on its way if it did; the
   // uses after it that the schedule knows are issued up to depth ahead.
   Result<const void*> weights_for(size_t chunk);
+  // Drops the reference the use at `pos` holds on its slot.
+  void drop_use(size_t pos);
   // Issues the copies of positions up to current + depth whose chunks are known.
   Status issue_ahead(size_t current);
   // The chunk used at position `pos` of this step, if known (the current use, or predicted).
@@ -138,6 +140,7 @@ class StreamedModel {
   std::vector<std::optional<size_t>> slot_chunk_;  // the chunk each slot holds (or is being copied into)
   std::vector<gpu::Event> slot_ready_;             // the copy that filled each slot
   std::vector<size_t> pos_slot_;                   // the slot each issued position reads
+  std::vector<int> slot_uses_;                     // issued uses not yet computed, per slot (its references)
   uint64_t slot_hits_ = 0;                         // uses served without a copy, this step
   std::vector<gpu::DeviceMemory> grad_slots_; // 2 gradient buffers
   std::vector<gpu::Event> grad_done_;         // last D2H from each gradient slot
