@@ -77,96 +77,64 @@ void from_f32(const float* __restrict src, DType type, int64_t n, void* dst) {
 // values. A block shorter than kQ8BlockElems (the end of a span) and
 // architectures without lane moves use the scalar functions.
 
-// One batch of codes -> values (q8.h's decoders, the same operations in
-// the same order), given the block's scale. Integer lanes through the
-// AVX-512 / AVX2 intrinsics (xsimd 8 has no byte widening).
+// One batch of codes -> values and values -> codes: q8.h's functions, the
+// same operations in the same order, on 32-bit integer lanes. Only the
+// byte widening and narrowing need intrinsics (xsimd 8 has neither).
 template <class Arch>
-auto q8_load_bytes(const void* q) {
+using I32 = xsimd::batch<int32_t, Arch>;
+
+template <class Arch>
+I32<Arch> q8_load_codes(const void* q) {
   if constexpr (is_avx512<Arch>()) {
     return _mm512_cvtepu8_epi32(_mm_loadu_si128(static_cast<const __m128i*>(q)));
   } else {
     return _mm256_cvtepu8_epi32(_mm_loadl_epi64(static_cast<const __m128i*>(q)));
   }
 }
-// A batch's lanes as integers, and codes (0..255 in 32-bit lanes) stored as bytes.
+// Codes 0..255 in 32-bit lanes, stored as bytes.
 template <class Arch>
-auto q8_bits(const xsimd::batch<float, Arch>& x) {
+void q8_store_codes(const I32<Arch>& c, void* q) {
   if constexpr (is_avx512<Arch>()) {
-    return _mm512_castps_si512(x);
-  } else {
-    return _mm256_castps_si256(x);
-  }
-}
-template <class Arch>
-void q8_store_codes(const auto& c, uint8_t* q) {
-  if constexpr (is_avx512<Arch>()) {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(c));
+    _mm_storeu_si128(static_cast<__m128i*>(q), _mm512_cvtepi32_epi8(c));
   } else {
     // Every lane is 0..255: saturating packs keep it.
     const __m128i i16 = _mm_packs_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(q), _mm_packus_epi16(i16, i16));
+    _mm_storel_epi64(static_cast<__m128i*>(q), _mm_packus_epi16(i16, i16));
   }
 }
 
 template <class Arch>
 xsimd::batch<float, Arch> q8_decode_m_batch(const int8_t* q, const xsimd::batch<float, Arch>& factor) {
   using B = xsimd::batch<float, Arch>;
-  if constexpr (is_avx512<Arch>()) {
-    const __m512i c = q8_load_bytes<Arch>(q);
-    const __m512i mag = _mm512_and_si512(c, _mm512_set1_epi32(0x7F));
-    const B shifted(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(mag, _mm512_set1_epi32(kQ8MOffset)), kQ8MShift)));
-    const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(c, _mm512_set1_epi32(0x80)), 24);
-    return B(_mm512_castsi512_ps(_mm512_or_si512(q8_bits<Arch>(shifted - B(kQ8MZero)), sign))) * factor;
-  } else {
-    const __m256i c = q8_load_bytes<Arch>(q);
-    const __m256i mag = _mm256_and_si256(c, _mm256_set1_epi32(0x7F));
-    const B shifted(_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(mag, _mm256_set1_epi32(kQ8MOffset)), kQ8MShift)));
-    const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x80)), 24);
-    return B(_mm256_castsi256_ps(_mm256_or_si256(q8_bits<Arch>(shifted - B(kQ8MZero)), sign))) * factor;
-  }
+  const I32<Arch> c = q8_load_codes<Arch>(q);
+  const B mag = xsimd::bitwise_cast<B>(((c & I32<Arch>(0x7F)) + I32<Arch>(kQ8MOffset)) << kQ8MShift) - B(kQ8MZero);
+  const I32<Arch> sign = (c & I32<Arch>(0x80)) << 24;
+  return xsimd::bitwise_cast<B>(xsimd::bitwise_cast<I32<Arch>>(mag) | sign) * factor;
 }
 template <class Arch>
 xsimd::batch<float, Arch> q8_decode_v_batch(const uint8_t* q, const xsimd::batch<float, Arch>& factor) {
   using B = xsimd::batch<float, Arch>;
-  if constexpr (is_avx512<Arch>()) {
-    const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(q8_load_bytes<Arch>(q), _mm512_set1_epi32(kQ8VOffset)), kQ8VShift);
-    return B(_mm512_castsi512_ps(bits)) * factor;
-  } else {
-    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(q8_load_bytes<Arch>(q), _mm256_set1_epi32(kQ8VOffset)), kQ8VShift);
-    return B(_mm256_castsi256_ps(bits)) * factor;
-  }
+  return xsimd::bitwise_cast<B>((q8_load_codes<Arch>(q) + I32<Arch>(kQ8VOffset)) << kQ8VShift) * factor;
 }
 
-// One batch of values -> codes (q8.h's encoders, the same operations),
-// given the block's encode factor.
+// The code of t from its fp32 bits (q8_shifted_code): the add rounds half
+// up, the shift is arithmetic.
+template <class Arch>
+I32<Arch> q8_shifted_codes(const xsimd::batch<float, Arch>& t, int32_t add, int shift) {
+  return (xsimd::bitwise_cast<I32<Arch>>(t) + I32<Arch>(add)) >> shift;
+}
 template <class Arch>
 void q8_encode_m_batch(const xsimd::batch<float, Arch>& x, const xsimd::batch<float, Arch>& factor, int8_t* q) {
   using B = xsimd::batch<float, Arch>;
   const B y = fused_fma<Arch>(xsimd::abs(x), factor, B(kQ8MZero));
-  if constexpr (is_avx512<Arch>()) {
-    __m512i c = _mm512_srai_epi32(_mm512_add_epi32(q8_bits<Arch>(y), _mm512_set1_epi32(kQ8MAdd)), kQ8MShift);
-    c = _mm512_min_epi32(c, _mm512_set1_epi32(kQ8MMax));
-    c = _mm512_or_si512(c, _mm512_and_si512(_mm512_srli_epi32(q8_bits<Arch>(x), 24), _mm512_set1_epi32(0x80)));
-    q8_store_codes<Arch>(c, reinterpret_cast<uint8_t*>(q));
-  } else {
-    __m256i c = _mm256_srai_epi32(_mm256_add_epi32(q8_bits<Arch>(y), _mm256_set1_epi32(kQ8MAdd)), kQ8MShift);
-    c = _mm256_min_epi32(c, _mm256_set1_epi32(kQ8MMax));
-    c = _mm256_or_si256(c, _mm256_and_si256(_mm256_srli_epi32(q8_bits<Arch>(x), 24), _mm256_set1_epi32(0x80)));
-    q8_store_codes<Arch>(c, reinterpret_cast<uint8_t*>(q));
-  }
+  const I32<Arch> c = xsimd::min(q8_shifted_codes<Arch>(y, kQ8MAdd, kQ8MShift), I32<Arch>(kQ8MMax));
+  const I32<Arch> sign = (xsimd::bitwise_cast<I32<Arch>>(x) >> 24) & I32<Arch>(0x80);
+  q8_store_codes<Arch>(c | sign, q);
 }
 template <class Arch>
 void q8_encode_v_batch(const xsimd::batch<float, Arch>& x, const xsimd::batch<float, Arch>& factor, uint8_t* q) {
-  const xsimd::batch<float, Arch> t = x * factor;
-  if constexpr (is_avx512<Arch>()) {
-    __m512i c = _mm512_srai_epi32(_mm512_add_epi32(q8_bits<Arch>(t), _mm512_set1_epi32(kQ8VAdd)), kQ8VShift);
-    c = _mm512_min_epi32(_mm512_max_epi32(c, _mm512_setzero_si512()), _mm512_set1_epi32(kQ8VMax));
-    q8_store_codes<Arch>(c, q);
-  } else {
-    __m256i c = _mm256_srai_epi32(_mm256_add_epi32(q8_bits<Arch>(t), _mm256_set1_epi32(kQ8VAdd)), kQ8VShift);
-    c = _mm256_min_epi32(_mm256_max_epi32(c, _mm256_setzero_si256()), _mm256_set1_epi32(kQ8VMax));
-    q8_store_codes<Arch>(c, q);
-  }
+  const I32<Arch> c = q8_shifted_codes<Arch>(x * factor, kQ8VAdd, kQ8VShift);
+  q8_store_codes<Arch>(xsimd::min(xsimd::max(c, I32<Arch>(0)), I32<Arch>(kQ8VMax)), q);
 }
 
 template <class Arch>
@@ -174,7 +142,7 @@ void q8_decode_block(const void* q, float scale, bool is_v, int64_t len, float* 
   using B = xsimd::batch<float, Arch>;
   if constexpr (has_lane_moves<Arch>()) {
     if (len == kQ8BlockElems) {
-      const B factor(is_v ? q8_v_decode_factor(scale) : q8_m_decode_factor(scale));
+      const B factor(q8_decode_factor(scale, is_v));
       for (int64_t i = 0; i < kQ8BlockElems; i += B::size) {
         B x = is_v ? q8_decode_v_batch<Arch>(static_cast<const uint8_t*>(q) + i, factor)
                    : q8_decode_m_batch<Arch>(static_cast<const int8_t*>(q) + i, factor);
@@ -184,8 +152,8 @@ void q8_decode_block(const void* q, float scale, bool is_v, int64_t len, float* 
     }
   }
   for (int64_t i = 0; i < len; ++i) {
-    dst[i] = is_v ? q8_v_decode(static_cast<const uint8_t*>(q)[i], q8_v_decode_factor(scale))
-                  : q8_m_decode(static_cast<const int8_t*>(q)[i], q8_m_decode_factor(scale));
+    dst[i] = is_v ? q8_v_decode(static_cast<const uint8_t*>(q)[i], q8_decode_factor(scale, true))
+                  : q8_m_decode(static_cast<const int8_t*>(q)[i], q8_decode_factor(scale, false));
   }
 }
 
@@ -221,15 +189,15 @@ float q8_block_scale(const float* x, int64_t len, bool is_v) {
 template <class Arch>
 float q8_encode_block_scaled(const float* __restrict src, bool is_v, int64_t len, void* q, float scale) {
   using B = xsimd::batch<float, Arch>;
-  const float factor = is_v ? q8_v_encode_factor(scale) : q8_m_encode_factor(scale);
+  const float factor = q8_encode_factor(scale, is_v);
   if constexpr (has_lane_moves<Arch>()) {
     if (len == kQ8BlockElems) {
-      const B vinv(factor);
+      const B vfactor(factor);
       for (int64_t i = 0; i < kQ8BlockElems; i += B::size) {
         if (is_v) {
-          q8_encode_v_batch<Arch>(B::load_unaligned(src + i), vinv, static_cast<uint8_t*>(q) + i);
+          q8_encode_v_batch<Arch>(B::load_unaligned(src + i), vfactor, static_cast<uint8_t*>(q) + i);
         } else {
-          q8_encode_m_batch<Arch>(B::load_unaligned(src + i), vinv, static_cast<int8_t*>(q) + i);
+          q8_encode_m_batch<Arch>(B::load_unaligned(src + i), vfactor, static_cast<int8_t*>(q) + i);
         }
       }
       return scale;
@@ -515,7 +483,7 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
     auto* const qv_next = static_cast<uint8_t*>(mem_v_next);
     for (int64_t b0 = 0; b0 < n; b0 += kQ8BlockElems) {
       const int64_t blk = b0 / kQ8BlockElems;
-      const B m_dec(q8_m_decode_factor(call.m_scale[blk])), v_dec(q8_v_decode_factor(call.v_scale[blk]));
+      const B m_dec(q8_decode_factor(call.m_scale[blk], false)), v_dec(q8_decode_factor(call.v_scale[blk], true));
       B top_m(0.0f), top_v(0.0f);  // the new block scales, gathered on the way
       for (int64_t j = 0; j < kQ8BlockElems; j += W) {
         const int64_t i = b0 + j;
@@ -537,7 +505,7 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
       const float m_scale = max_lane<Arch>(top_m), v_scale = max_lane<Arch>(top_v);
       call.m_scale_next[blk] = m_scale;
       call.v_scale_next[blk] = v_scale;
-      const B m_enc(q8_m_encode_factor(m_scale)), v_enc(q8_v_encode_factor(v_scale));
+      const B m_enc(q8_encode_factor(m_scale, false)), v_enc(q8_encode_factor(v_scale, true));
       for (int64_t j = 0; j < kQ8BlockElems; j += W) {
         q8_encode_m_batch<Arch>(B::load_aligned(bm + j), m_enc, qm_next + b0 + j);
         q8_encode_v_batch<Arch>(B::load_aligned(bv + j), v_enc, qv_next + b0 + j);

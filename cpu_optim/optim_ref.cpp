@@ -56,9 +56,9 @@ std::vector<float> load_state(StateType type, const void* q, const float* scales
     } else if (type == StateType::kBF16) {
       out[i] = bf16_to_f32(static_cast<const uint16_t*>(q)[i]);
     } else if (is_v) {
-      out[i] = q8_v_decode(static_cast<const uint8_t*>(q)[i], q8_v_decode_factor(scales[i / kQ8BlockElems]));
+      out[i] = q8_v_decode(static_cast<const uint8_t*>(q)[i], q8_decode_factor(scales[i / kQ8BlockElems], true));
     } else {
-      out[i] = q8_m_decode(static_cast<const int8_t*>(q)[i], q8_m_decode_factor(scales[i / kQ8BlockElems]));
+      out[i] = q8_m_decode(static_cast<const int8_t*>(q)[i], q8_decode_factor(scales[i / kQ8BlockElems], false));
     }
   }
   return out;
@@ -73,9 +73,9 @@ void store_state(StateType type, void* q, float* scales, bool is_v, const std::v
   for (int64_t b = 0; b * kQ8BlockElems < n; ++b) {
     int64_t begin = b * kQ8BlockElems, end = std::min(n, begin + kQ8BlockElems);
     float scale = 0;
-    for (int64_t i = begin; i < end; ++i) scale = std::max(scale, is_v ? q8_v_scale_of(x[i]) : q8_m_scale_of(x[i]));
+    for (int64_t i = begin; i < end; ++i) scale = std::max(scale, q8_scale_of(x[i], is_v));
     scales[b] = scale;
-    const float factor = is_v ? q8_v_encode_factor(scale) : q8_m_encode_factor(scale);
+    const float factor = q8_encode_factor(scale, is_v);
     for (int64_t i = begin; i < end; ++i) {
       if (is_v) {
         static_cast<uint8_t*>(q)[i] = q8_v_encode(x[i], factor);

@@ -35,8 +35,7 @@
 namespace strata::cpu_optim {
 
 // The value each element contributes to its block's scale (the largest).
-inline float q8_m_scale_of(float m) { return std::fabs(m); }
-inline float q8_v_scale_of(float v) { return v; }
+inline float q8_scale_of(float x, bool is_v) { return is_v ? x : std::fabs(x); }
 
 // m: a 3-exponent, 4-mantissa-bit float shifted down by its smallest
 // value, so that code 0 is 0 and the codes below 16 are linear: code c is
@@ -57,11 +56,12 @@ inline constexpr int kQ8VShift = 20;
 inline constexpr int32_t kQ8VOffset = (127 << 3) - kQ8VMax;
 inline constexpr int32_t kQ8VAdd = (1 << 19) - (kQ8VOffset << kQ8VShift);
 
-// Per block: what encoding multiplies values by, and decoding codes by.
-inline float q8_m_encode_factor(float scale) { return scale > 0.0f ? kQ8MTop / scale : 0.0f; }
-inline float q8_m_decode_factor(float scale) { return scale * (1.0f / kQ8MTop); }
-inline float q8_v_encode_factor(float scale) { return scale > 0.0f ? 1.0f / scale : 0.0f; }
-inline float q8_v_decode_factor(float scale) { return scale; }
+// Per block: what encoding multiplies values by (the top code's value over
+// the scale; 0 for an all-zero block), and decoding codes by.
+inline float q8_encode_factor(float scale, bool is_v) {
+  return scale > 0.0f ? (is_v ? 1.0f : kQ8MTop) / scale : 0.0f;
+}
+inline float q8_decode_factor(float scale, bool is_v) { return is_v ? scale : scale * (1.0f / kQ8MTop); }
 
 // The normal-range code of t from its fp32 bits: rounded half up (the add),
 // then an arithmetic shift (below the range: negative).

@@ -1,7 +1,7 @@
 // Per-architecture lane operations for the cpu_optim vector kernels: the
 // narrowing and widening moves xsimd 8 lacks (fp16 via F16C, bf16), typed
-// batch loads/stores, and sqrt / reciprocal through the FMA
-// ports. Specialised for the AVX-512 and AVX2 batches; kernels for other
+// batch loads/stores (optionally non-temporal), and sqrt / reciprocal
+// through the FMA ports. Specialised for the AVX-512 and AVX2 batches; kernels for other
 // architectures use scalar conversions instead (has_lane_moves() is false).
 // Every conversion here is bit-identical to its scalar twin in dtype.h.
 #pragma once
@@ -146,8 +146,8 @@ xsimd::batch<float, Arch> fused_fnma(const xsimd::batch<float, Arch>& a, const x
 }
 
 // The bare hardware estimates of 1/sqrt(x) and 1/x (14 bits on AVX-512, 12
-// on AVX2; rsqrt(0) = inf, rcp(inf) = 0), for callers that only need a root
-// to a few bits (the q8 encoder's code estimate).
+// on AVX2; rsqrt(0) = inf, rcp(inf) = 0): what coarse_* below return, and
+// the start of fast_*'s Newton step.
 template <class Arch>
 xsimd::batch<float, Arch> rsqrt_estimate(const xsimd::batch<float, Arch>& x) {
   if constexpr (is_avx512<Arch>()) {

@@ -94,10 +94,10 @@ TEST(Q8, ScalarEncodersGiveTheNearestCode) {
   EXPECT_EQ(static_cast<uint8_t>(q8_m_encode(std::nanf(""), 1.0f)) & 0x7F, 127);
   EXPECT_EQ(q8_v_encode(std::nanf(""), 1.0f), 255);
   // A block's largest value is its scale, and takes the top code.
-  EXPECT_EQ(q8_m_encode(-3.7f, q8_m_encode_factor(3.7f)), static_cast<int8_t>(0xFF));
-  EXPECT_EQ(q8_v_encode(3.7f, q8_v_encode_factor(3.7f)), 255);
-  EXPECT_NEAR(q8_m_decode(static_cast<int8_t>(0xFF), q8_m_decode_factor(3.7f)), -3.7f, 1e-6f);
-  EXPECT_EQ(q8_v_decode(255, q8_v_decode_factor(3.7f)), 3.7f);
+  EXPECT_EQ(q8_m_encode(-3.7f, q8_encode_factor(3.7f, false)), static_cast<int8_t>(0xFF));
+  EXPECT_EQ(q8_v_encode(3.7f, q8_encode_factor(3.7f, true)), 255);
+  EXPECT_NEAR(q8_m_decode(static_cast<int8_t>(0xFF), q8_decode_factor(3.7f, false)), -3.7f, 1e-6f);
+  EXPECT_EQ(q8_v_decode(255, q8_decode_factor(3.7f, true)), 3.7f);
 }
 
 // Blocks of kQ8BlockElems whose largest element sets the scale (1, powers
