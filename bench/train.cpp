@@ -166,8 +166,7 @@ int run(int argc, char** argv) {
     std::printf("planner: %s\n", plan.error().to_string().c_str());
   }
   if (plan_only) {
-    const bool fits = plan && plan->device.total() <= budgets.device_bytes && plan->host.total() <= budgets.host_bytes &&
-                      (plan->nvme.total() == 0 || plan->nvme.total() <= budgets.nvme_bytes);
+    const bool fits = plan && engine::fits(*plan, budgets);
     std::printf("plan only: %s\n", fits ? "fits the budgets" : "does not fit the budgets");
     return fits ? 0 : 1;
   }

@@ -6,6 +6,7 @@
 
 #include "common/units.h"
 #include "gpu/host/gpt.h"
+#include "gpu/host/host_device.h"
 
 namespace strata::engine {
 namespace {
@@ -70,33 +71,37 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   const std::vector<gpu::ChunkLayout> layout = gpu::model_layout(s.model);
   uint64_t block_chunk = 0;
   for (size_t i = 1; i < layout.size(); ++i) block_chunk = std::max<uint64_t>(block_chunk, static_cast<uint64_t>(layout[i].numel));
-  if (pl.weights == Tier::kDevice) {
-    // A slot (of the largest non-embedding chunk) for every chunk but the
-    // embedding, which stays in its own buffer; gradients as when streaming.
-    p.device.model_states += (static_cast<uint64_t>(layout.size()) - 1) * block_chunk * z.c +
-                             static_cast<uint64_t>(layout[0].numel) * z.c;
-    p.device.buffers += 2 * block_chunk * z.c + static_cast<uint64_t>(layout[0].numel) * z.c;
+  // Both are the streamed model: depth + 1 weight slots of the largest
+  // non-embedding chunk (resident: depth L, a slot for each of the L + 1
+  // non-embedding chunks), two gradient slots, and the embedding and its
+  // gradient in their own buffers. Resident, the slots and the embedding
+  // count as the weights, streamed as buffers.
+  const bool resident = pl.weights == Tier::kDevice;
+  const uint64_t slots = static_cast<uint64_t>(resident ? s.model.layers : pl.prefetch_depth) + 1;
+  const uint64_t emb_bytes = static_cast<uint64_t>(layout[0].numel) * z.c;
+  const uint64_t slot_bytes = slots * block_chunk * z.c, grad_slot_bytes = 2 * block_chunk * z.c;
+  if (resident) {
+    p.device.model_states += slot_bytes + emb_bytes;
+    p.device.buffers += grad_slot_bytes + emb_bytes;
   } else {
-    p.device_chunk_buffers = pl.prefetch_depth + 1;
-    p.device.buffers += static_cast<uint64_t>(p.device_chunk_buffers + 2) * block_chunk * z.c;
-    p.device.model_states += 2 * static_cast<uint64_t>(layout[0].numel) * z.c;
+    p.device_chunk_buffers = static_cast<int>(slots);
+    p.device.buffers += slot_bytes + grad_slot_bytes;
+    p.device.model_states += 2 * emb_bytes;
   }
   const auto N = static_cast<uint64_t>(z.tokens);
-  // The host backend computes in fp32 whatever the storage type: its
-  // workspace holds the block's tensors in fp32 and, for bf16 / fp16
-  // storage, fp32 copies of a chunk's parameters and gradient and three
-  // [N,C] rows (gpu/host/model_ops.cpp).
-  const bool widened = s.host_backend && z.c != 4;
-  p.device.activations +=
-      static_cast<uint64_t>(gpu::host::BlockActivations<float>::elements(s.model, s.micro_batch, s.seq)) *
-      (s.host_backend ? 4 : z.c);
-  // The head's LayerNorm output and gradient, its statistics and lse (the
-  // rest of the model ops' workspace), the step's dx and dx_in, the loss,
-  // and the tokens and targets (int32).
+  // The model ops' workspace: one block's working set (activations) and
+  // the head's rows and statistics (io buffers); beside it the step's dx
+  // and dx_in, the loss, and the tokens and targets (int32). The host
+  // backend says what its workspace takes (fp32 whatever the storage type).
+  const auto block_acts =
+      static_cast<uint64_t>(gpu::host::BlockActivations<float>::elements(s.model, s.micro_batch, s.seq));
   if (s.host_backend) {
-    p.device.io_buffers += (2 * N * C + 3 * N) * 4 + 2 * N * C * z.c + (1 + 2 * N) * 4;
-    if (widened) p.device.io_buffers += (2 * block_chunk + 3 * N * C) * 4;
+    const uint64_t workspace =
+        gpu::HostDevice::model_ops_workspace_bytes(s.model, s.compute, s.micro_batch, s.seq);
+    p.device.activations += block_acts * 4;
+    p.device.io_buffers += workspace - block_acts * 4 + 2 * N * C * z.c + (1 + 2 * N) * 4;
   } else {
+    p.device.activations += block_acts * z.c;
     p.device.io_buffers += (4 * N * C + 3 * N + 1) * z.c + 2 * N * 4;
   }
   if (pl.checkpoints == Tier::kNvme) {
@@ -217,11 +222,11 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   return p;
 }
 
-namespace {
-
 bool fits(const Plan& p, const Budgets& b) {
   return p.device.total() <= b.device_bytes && p.host.total() <= b.host_bytes && p.nvme.total() <= b.nvme_bytes;
 }
+
+namespace {
 
 // How far over its budget the worst tier is (1 = exactly full).
 double overflow(const Plan& p, const Budgets& b) {

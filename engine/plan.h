@@ -118,6 +118,8 @@ struct Constraints {
 
 // The bytes and link times of one placement, whether or not it fits.
 Plan estimate(const TrainSetup& setup, const Placement& placement, const Bandwidths& bw);
+// Whether every tier of the plan is within its budget.
+bool fits(const Plan& plan, const Budgets& budgets);
 
 // The fastest placement that fits the budgets. When none fits,
 // ResourceExhausted says which budget is short by how much for the closest

@@ -101,10 +101,6 @@ StreamedModel::~StreamedModel() {
 
 Status StreamedModel::set_nvme_weights(NvmeWeights source) {
   if (source.swap == nullptr || !source.blob) return invalid_argument("streamed model: NVMe weights need a store");
-  if (source.dtype != dtype_) {
-    return invalid_argument("streamed model: NVMe weights in " + std::string(dtype_name(source.dtype)) +
-                            ", but the model computes in " + std::string(dtype_name(dtype_)));
-  }
   int64_t max_all = 0;
   for (const gpu::ChunkLayout& chunk : layout_) max_all = std::max(max_all, chunk.numel);
   const int ring = depth_ + 3;

@@ -68,7 +68,6 @@ class StreamedModel {
   struct NvmeWeights {
     io::SwapStore* swap = nullptr;
     std::function<std::string(size_t)> blob;
-    DType dtype = DType::kBF16;  // must be the model's
   };
   Status set_nvme_weights(NvmeWeights source);
   // Seconds the last forward_backward's compute waited for copies and

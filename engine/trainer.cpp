@@ -146,41 +146,39 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
   // placement is the streamed model with a slot for every chunk but the
   // resident embedding (L + 1 slots: depth L), each copied up once a step
   // and kept for backward.
-  {
-    const int depth = o.stream_weights ? o.prefetch_depth : static_cast<int>(o.model.layers);
-    gpu::HostDevice* host_device = nullptr;
-    if (o.backend == TrainerOptions::Backend::kCuda) {
+  const int depth = o.stream_weights ? o.prefetch_depth : static_cast<int>(o.model.layers);
+  gpu::HostDevice* host_device = nullptr;
+  if (o.backend == TrainerOptions::Backend::kCuda) {
 #ifdef STRATA_HAVE_CUDA
-      gpu::cuda::CudaDeviceOptions d;
-      d.capacity_bytes = o.device_bytes;
-      STRATA_ASSIGN_OR_RETURN(tr->device_, gpu::cuda::CudaDevice::create(d));
+    gpu::cuda::CudaDeviceOptions d;
+    d.capacity_bytes = o.device_bytes;
+    STRATA_ASSIGN_OR_RETURN(tr->device_, gpu::cuda::CudaDevice::create(d));
 #endif
-    } else {
-      gpu::HostDeviceOptions d;
-      d.capacity_bytes = o.device_bytes > 0 ? o.device_bytes : kUncappedHostDevice;
-      STRATA_ASSIGN_OR_RETURN(std::unique_ptr<gpu::HostDevice> hd, gpu::HostDevice::create(d));
-      host_device = hd.get();
-      tr->device_ = std::move(hd);
-    }
-    STRATA_ASSIGN_OR_RETURN(tr->streamed_,
-                            StreamedModel::create(o.model, o.batch, o.seq, *tr->device_, depth,
-                                                  o.activation_checkpoints, tr->swap_.get(), tr->allocator_.get(),
-                                                  o.precision));
-    tr->streamed_->set_trace(o.trace);
-    if (host_device != nullptr && o.trace != nullptr && o.trace->enabled()) {
-      Trace* trace = o.trace;
-      host_device->set_copy_observer([trace](bool to_device, uint64_t bytes, Trace::Clock::time_point start,
-                                             Trace::Clock::time_point end) {
-        trace->span("copy stream", to_device ? "host->device" : "device->host", trace->us(start), trace->us(end), "copy",
-                    bytes);
-      });
-    }
-    if (o.weights == Tier::kNvme) {
-      STRATA_RETURN_IF_ERROR(tr->stage_->home_weights_on_nvme(o.precision));
-      OptimizerStage* stage = tr->stage_.get();
-      STRATA_RETURN_IF_ERROR(tr->streamed_->set_nvme_weights(
-          {tr->swap_.get(), [stage](size_t c) { return stage->weights_blob(c); }, o.precision}));
-    }
+  } else {
+    gpu::HostDeviceOptions d;
+    d.capacity_bytes = o.device_bytes > 0 ? o.device_bytes : kUncappedHostDevice;
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<gpu::HostDevice> hd, gpu::HostDevice::create(d));
+    host_device = hd.get();
+    tr->device_ = std::move(hd);
+  }
+  STRATA_ASSIGN_OR_RETURN(tr->streamed_,
+                          StreamedModel::create(o.model, o.batch, o.seq, *tr->device_, depth,
+                                                o.activation_checkpoints, tr->swap_.get(), tr->allocator_.get(),
+                                                o.precision));
+  tr->streamed_->set_trace(o.trace);
+  if (host_device != nullptr && o.trace != nullptr && o.trace->enabled()) {
+    Trace* trace = o.trace;
+    host_device->set_copy_observer([trace](bool to_device, uint64_t bytes, Trace::Clock::time_point start,
+                                           Trace::Clock::time_point end) {
+      trace->span("copy stream", to_device ? "host->device" : "device->host", trace->us(start), trace->us(end), "copy",
+                  bytes);
+    });
+  }
+  if (o.weights == Tier::kNvme) {
+    STRATA_RETURN_IF_ERROR(tr->stage_->home_weights_on_nvme(o.precision));
+    OptimizerStage* stage = tr->stage_.get();
+    STRATA_RETURN_IF_ERROR(tr->streamed_->set_nvme_weights(
+        {tr->swap_.get(), [stage](size_t c) { return stage->weights_blob(c); }}));
   }
   // GPT-2's initialisation: weights ~ N(0, 0.02), the residual projections
   // (attn.c_proj, mlp.c_proj) scaled by 1/sqrt(2L), LayerNorm weights 1, biases 0.
@@ -244,7 +242,7 @@ uint64_t Trainer::host_bytes() const {
   }
   b += stage_->host_bytes();
   if (staging_) b += staging_->total_bytes();
-  if (streamed_) b += streamed_->host_bytes();
+  b += streamed_->host_bytes();
   return b;
 }
 
@@ -386,8 +384,6 @@ Result<float> Trainer::step() {
   };
 
   std::vector<int32_t> tokens, targets;
-  // One micro-batch's gradients into `into` (overwritten); returns its loss.
-  // With `land`, every chunk goes to the stage as it lands.
   // One micro-batch's forward and backward: every chunk's gradient lands
   // whole in grads_ (overwritten). With `land`, each goes to the stage as
   // it lands.

@@ -109,7 +109,7 @@ struct StepTimes {
 
 // What the last step moved, per link, and how busy the device was.
 struct StepCounters {
-  uint64_t h2d_bytes = 0, d2h_bytes = 0;  // streaming only
+  uint64_t h2d_bytes = 0, d2h_bytes = 0;  // weights, gradients and block inputs
   uint64_t nvme_read_bytes = 0;           // every NVMe byte: states, weights, checkpoints
   uint64_t nvme_written_bytes = 0;        // the SSD's endurance meter
   double device_wait_s = 0;               // the compute waiting for copies and NVMe (streaming)
@@ -147,7 +147,7 @@ class Trainer {
   // Host memory the trainer holds, summed from its buffers and arenas:
   // gradients, weights, host states, checkpoints, staging.
   uint64_t host_bytes() const;
-  // The capped device when streaming (null otherwise).
+  // The device the model computes on (capped when streaming).
   const gpu::Device* device() const { return device_.get(); }
 
   // Writes <root>/step-<t> (model.safetensors with GPT-2 names in bf16,

@@ -40,10 +40,7 @@ class HostModelOps final : public ModelOps {
   const GptConfig& config() const override { return config_; }
 
   uint64_t workspace_bytes(int64_t B, int64_t seq) const override {
-    const int64_t N = B * seq, C = config_.hidden;
-    int64_t floats = host::BlockActivations<float>::elements(config_, B, seq) + 2 * N * C + 3 * N;
-    if (low_precision()) floats += 2 * max_chunk() + 3 * N * C;
-    return static_cast<uint64_t>(floats) * 4;
+    return HostDevice::model_ops_workspace_bytes(config_, dtype_, B, seq);
   }
 
   Result<std::unique_ptr<Workspace>> workspace(int64_t B, int64_t seq) override {
@@ -241,6 +238,16 @@ class HostModelOps final : public ModelOps {
 };
 
 }  // namespace
+
+uint64_t HostDevice::model_ops_workspace_bytes(const GptConfig& config, DType dtype, int64_t B, int64_t seq) {
+  const int64_t N = B * seq, C = config.hidden;
+  int64_t floats = host::BlockActivations<float>::elements(config, B, seq) + 2 * N * C + 3 * N;
+  if (dtype != DType::kF32) {
+    const EndOffsets ends = end_offsets(config);
+    floats += 2 * std::max(ends.block_numel, ends.final_numel) + 3 * N * C;
+  }
+  return static_cast<uint64_t>(floats) * 4;
+}
 
 Result<std::unique_ptr<ModelOps>> HostDevice::model_ops(const GptConfig& config, DType dtype) {
   STRATA_RETURN_IF_ERROR(config.validate());
