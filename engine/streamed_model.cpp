@@ -19,7 +19,8 @@ Result<gpu::DeviceMemory> elements(gpu::Device& dev, int64_t n, uint64_t bytes_e
 Result<std::unique_ptr<StreamedModel>> StreamedModel::create(const gpu::GptConfig& c, int64_t B, int64_t seq,
                                                              gpu::Device& dev, int prefetch_depth,
                                                              Tier checkpoints, io::SwapStore* swap,
-                                                             io::BufferAllocator* host_memory, DType dtype) {
+                                                             io::BufferAllocator* host_memory, DType dtype,
+                                                             Tier states) {
   STRATA_RETURN_IF_ERROR(c.validate());
   if (dtype != DType::kF32 && dtype != DType::kBF16 && dtype != DType::kF16) {
     return invalid_argument("streamed model: computes in fp32, bf16 or fp16");
@@ -33,7 +34,6 @@ Result<std::unique_ptr<StreamedModel>> StreamedModel::create(const gpu::GptConfi
   m->B_ = B;
   m->T_ = seq;
   m->dev_ = &dev;
-  m->depth_ = prefetch_depth;
   m->checkpoint_tier_ = checkpoints;
   m->dtype_ = dtype;
   m->es_ = dtype_bytes(dtype);
@@ -41,20 +41,13 @@ Result<std::unique_ptr<StreamedModel>> StreamedModel::create(const gpu::GptConfi
   if (host_memory != nullptr) m->allocator_ = host_memory;
   m->layout_ = gpu::model_layout(c);
   const int64_t L = c.layers, N = B * seq, C = c.hidden;
-  int64_t max_chunk = 0;
-  for (size_t i = 1; i < m->layout_.size(); ++i) max_chunk = std::max(max_chunk, m->layout_[i].numel);
   STRATA_ASSIGN_OR_RETURN(m->copy_, dev.create_stream("copy"));
-  for (int s = 0; s <= prefetch_depth; ++s) {
-    STRATA_ASSIGN_OR_RETURN(gpu::DeviceMemory slot, elements(dev, max_chunk, es, "weight chunk buffer"));
-    m->slots_.push_back(std::move(slot));
-  }
-  for (int s = 0; s < 2; ++s) {
-    STRATA_ASSIGN_OR_RETURN(gpu::DeviceMemory slot, elements(dev, max_chunk, es, "gradient chunk buffer"));
-    m->grad_slots_.push_back(std::move(slot));
-    m->grad_done_.push_back(gpu::Event{});
-  }
-  STRATA_ASSIGN_OR_RETURN(m->embedding_, elements(dev, m->layout_[0].numel, es, "embedding weights"));
-  STRATA_ASSIGN_OR_RETURN(m->embedding_grad_, elements(dev, m->layout_[0].numel, es, "embedding gradients"));
+  ChunkStoreOptions so;
+  so.prefetch_depth = prefetch_depth;
+  so.dtype = dtype;
+  so.states = states;
+  so.host_memory = host_memory;
+  STRATA_ASSIGN_OR_RETURN(m->store_, ChunkStore::create(m->layout_, dev, m->copy_, &m->meter_, so));
   // The compute: the device's model ops on their own stream, with one
   // block's working set and the head's (the workspace) from the budget.
   STRATA_ASSIGN_OR_RETURN(m->ops_, dev.model_ops(c, dtype));
@@ -90,7 +83,6 @@ StreamedModel::~StreamedModel() {
     dev_->synchronize(compute_).ignore();
     dev_->synchronize(copy_).ignore();
   }
-  drain_weight_reads();
   for (auto& t : stage_write_) {
     if (t) swap_->wait(*t).ignore();
   }
@@ -99,150 +91,10 @@ StreamedModel::~StreamedModel() {
   }
 }
 
-Status StreamedModel::set_nvme_weights(NvmeWeights source) {
-  if (source.swap == nullptr || !source.blob) return invalid_argument("streamed model: NVMe weights need a store");
-  int64_t max_all = 0;
-  for (const gpu::ChunkLayout& chunk : layout_) max_all = std::max(max_all, chunk.numel);
-  const int ring = depth_ + 3;
-  STRATA_ASSIGN_OR_RETURN(weight_arena_, PinnedArena::create("weight staging",
-                                                             source.swap->padded_size(es_ * static_cast<uint64_t>(max_all)),
-                                                             static_cast<uint32_t>(ring), *allocator_));
-  weight_buf_.clear();
-  weight_read_.assign(static_cast<size_t>(ring), std::nullopt);
-  weight_copied_.assign(static_cast<size_t>(ring), gpu::Event{});
-  for (int i = 0; i < ring; ++i) {
-    STRATA_ASSIGN_OR_RETURN(PinnedArena::Lease lease, weight_arena_->acquire("weight staging"));
-    weight_buf_.push_back(std::move(lease));
-  }
-  nvme_weights_ = std::move(source);
-  return ok_status();
-}
-
 uint64_t StreamedModel::host_bytes() const {
-  uint64_t b = host_checkpoints_.capacity();
+  uint64_t b = host_checkpoints_.capacity() + store_->host_bytes();
   if (staging_) b += staging_->total_bytes();
-  if (weight_arena_) b += weight_arena_->total_bytes();
   return b;
-}
-
-void StreamedModel::drain_weight_reads() {
-  for (auto& t : weight_read_) {
-    if (t) nvme_weights_->swap->wait(*t).ignore();
-    t.reset();
-  }
-}
-
-std::optional<size_t> StreamedModel::chunk_at(size_t pos) const {
-  if (pos == cur_pos_) return cur_chunk_;
-  if (schedule_.known(pos)) return schedule_.chunk_at(pos);
-  return std::nullopt;
-}
-
-Status StreamedModel::read_weights_ahead(size_t through) {
-  while (weights_read_ <= through) {
-    const size_t pos = weights_read_;
-    const std::optional<size_t> chunk = chunk_at(pos);
-    if (!chunk) break;  // not known yet: read when it is used
-    const size_t ring = weight_buf_.size();
-    std::optional<io::Ticket>& slot = weight_read_[pos % ring];
-    STRATA_CHECK_MSG(!slot.has_value(), "streamed model: weight staging slot %zu still busy", pos % ring);
-    // The buffer's last copy to the device reads it until done.
-    if (gpu::Event& copied = weight_copied_[pos % ring]; copied.id >= 0) {
-      STRATA_RETURN_IF_ERROR(wait_for(copied, "weight staging"));
-      copied = gpu::Event{};
-    }
-    STRATA_ASSIGN_OR_RETURN(io::Ticket t, nvme_weights_->swap->read(nvme_weights_->blob(*chunk),
-                                                                    weight_buf_[pos % ring].buffer()));
-    slot = t;
-    ++weights_read_;
-  }
-  return ok_status();
-}
-
-Result<const void*> StreamedModel::stage_nvme_weights(size_t pos, size_t chunk) {
-  // The whole ring ahead: while this chunk is copied, the next depth + 2
-  // known uses are on their way from NVMe.
-  const size_t ring = weight_buf_.size();
-  STRATA_RETURN_IF_ERROR(read_weights_ahead(pos + ring - 1));
-  std::optional<io::Ticket>& slot = weight_read_[pos % ring];
-  STRATA_CHECK_MSG(slot.has_value(), "streamed model: no read issued for position %zu", pos);
-  const double t0 = now_s();
-  Status s = nvme_weights_->swap->wait(*slot);
-  note_wait(t0, "weights from nvme");
-  slot.reset();
-  STRATA_RETURN_IF_ERROR(s.with_context("reading the weights of chunk " + std::to_string(chunk)));
-  return static_cast<const void*>(weight_buf_[pos % ring].data());
-}
-
-size_t StreamedModel::next_use(size_t chunk, size_t after) const {
-  for (size_t p = after + 1; schedule_.known(p); ++p) {
-    if (schedule_.chunk_at(p) == chunk) return p;
-  }
-  return kNoPosition;  // not used again as far as the schedule knows
-}
-
-Status StreamedModel::issue_ahead(size_t current) {
-  // The weight slots hold chunks, not positions: a use whose chunk is still
-  // in a slot (the final chunk at the turn, the last blocks of forward again
-  // at the start of backward) takes it without a copy. Otherwise the copy
-  // goes into a slot no pending use holds (slot_uses_: each issued use
-  // takes a reference on its slot and drops it once computed), the one
-  // whose chunk is used again farthest ahead (Belady's choice: the order is
-  // known).
-  while (issued_ <= current + static_cast<size_t>(depth_)) {
-    const size_t pos = issued_;
-    const std::optional<size_t> chunk = chunk_at(pos);
-    if (!chunk) break;  // not predicted: fetched when it is used
-    if (pos_slot_.size() <= pos) pos_slot_.resize(pos + 1, kNoPosition);
-    size_t slot = kNoPosition;
-    for (size_t k = 0; k < slots_.size(); ++k) {
-      if (slot_chunk_[k] == chunk) slot = k;
-    }
-    if (slot != kNoPosition) {
-      if (nvme_weights_) {
-        // Every earlier position was read (staged) or skipped (a hit) in order.
-        STRATA_CHECK_MSG(weights_read_ >= pos, "streamed model: position %zu's read was passed over", pos);
-        if (weights_read_ == pos) {
-          weights_read_ = pos + 1;  // not read yet: it never will be
-        } else {
-          // Already read ahead by position: let it land unused.
-          std::optional<io::Ticket>& t = weight_read_[pos % weight_buf_.size()];
-          if (t) {
-            Status s = nvme_weights_->swap->wait(*t);
-            t.reset();
-            STRATA_RETURN_IF_ERROR(s.with_context("reading the weights of chunk " + std::to_string(*chunk)));
-          }
-        }
-      }
-      ++slot_hits_;
-    } else {
-      size_t farthest = 0;
-      for (size_t k = 0; k < slots_.size(); ++k) {
-        if (slot_uses_[k] > 0) continue;  // a use still to be computed reads it
-        const size_t next = slot_chunk_[k] ? next_use(*slot_chunk_[k], pos) : kNoPosition;
-        if (slot == kNoPosition || next > farthest) {
-          slot = k;
-          farthest = next;
-        }
-        if (next == kNoPosition) break;  // empty, or not needed again: nothing is better
-      }
-      STRATA_CHECK_MSG(slot != kNoPosition, "streamed model: no free weight slot for position %zu", pos);
-      const uint64_t bytes = static_cast<uint64_t>(layout_[*chunk].numel) * es_;
-      const void* src = host_weights_[*chunk];
-      if (nvme_weights_) {
-        STRATA_ASSIGN_OR_RETURN(src, stage_nvme_weights(pos, *chunk));
-      }
-      STRATA_RETURN_IF_ERROR(dev_->copy_to_device(copy_, slots_[slot].data(), src, bytes));
-      STRATA_ASSIGN_OR_RETURN(slot_ready_[slot], dev_->record(copy_));
-      if (nvme_weights_) weight_copied_[pos % weight_buf_.size()] = slot_ready_[slot];
-      slot_chunk_[slot] = *chunk;
-      h2d_bytes_ += bytes;
-    }
-    pos_slot_[pos] = slot;
-    ++slot_uses_[slot];
-    ++issued_;
-  }
-  return ok_status();
 }
 
 Status StreamedModel::run(const std::function<Status()>& enqueue) {
@@ -254,56 +106,6 @@ Status StreamedModel::run(const std::function<Status()>& enqueue) {
   return done;
 }
 
-Status StreamedModel::wait_for(gpu::Event e, const char* what) {
-  const double t0 = now_s();
-  Status s = dev_->synchronize(e);
-  note_wait(t0, what);
-  return s;
-}
-
-double StreamedModel::now_s() const {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-void StreamedModel::note_wait(double t0, const char* what) {
-  const double waited = now_s() - t0;
-  wait_s_ += waited;
-  if (trace_ != nullptr && waited > 20e-6) {
-    const double end = trace_->now_us();
-    trace_->span("compute", std::string("wait: ") + what, end - waited * 1e6, end, "wait");
-  }
-}
-
-void StreamedModel::drop_use(size_t pos) {
-  const size_t slot = pos_slot_[pos];
-  STRATA_CHECK_MSG(slot_uses_[slot] > 0, "streamed model: position %zu's slot %zu has no use to drop", pos, slot);
-  --slot_uses_[slot];
-}
-
-Result<const void*> StreamedModel::weights_for(size_t chunk) {
-  // Compute is synchronous: the previous use is done with its slot.
-  if (cur_pos_ != kNoPosition) drop_use(cur_pos_);
-  const AccessSchedule::Use use = schedule_.use(chunk);
-  cur_pos_ = use.position;
-  cur_chunk_ = chunk;
-  if (!use.predicted && issued_ > use.position) {
-    // Mispredicted: what was fetched for this position and after is the
-    // wrong chunk. Let those copies and reads finish, then fetch again.
-    STRATA_RETURN_IF_ERROR(dev_->synchronize(copy_));
-    for (size_t p = use.position; p < issued_; ++p) drop_use(p);
-    issued_ = use.position;
-    if (nvme_weights_) {
-      drain_weight_reads();
-      weights_read_ = use.position;
-    }
-  }
-  STRATA_RETURN_IF_ERROR(issue_ahead(use.position));
-  // The slot's copy event is this use's: no copy replaces a slot that an
-  // issued use still to be computed reads.
-  STRATA_RETURN_IF_ERROR(wait_for(slot_ready_[pos_slot_[use.position]], "weights"));
-  return static_cast<const void*>(slots_[pos_slot_[use.position]].data());
-}
-
 void StreamedModel::settle() {
   dev_->synchronize(compute_).ignore();
   dev_->synchronize(copy_).ignore();
@@ -313,10 +115,7 @@ void StreamedModel::settle() {
       t.reset();
     }
   }
-  if (nvme_weights_) {
-    drain_weight_reads();
-    weight_copied_.assign(weight_copied_.size(), gpu::Event{});
-  }
+  store_->settle();
   dev_->async_error().ignore();
 }
 
@@ -339,21 +138,9 @@ Result<float> StreamedModel::run_step(const std::vector<const void*>& weights, c
                                       const GradLanded& landed, float dloss) {
   const gpu::GptConfig& c = config_;
   const int64_t L = c.layers, N = B_ * T_, C = c.hidden;
-  host_weights_ = weights;
-  issued_ = 0;
-  wait_s_ = 0;
-  weights_read_ = 0;
-  // The weights change between steps: nothing in a slot carries over.
-  slot_chunk_.assign(slots_.size(), std::nullopt);
-  slot_uses_.assign(slots_.size(), 0);
-  slot_ready_.assign(slots_.size(), gpu::Event{});
-  pos_slot_.clear();
-  slot_hits_ = 0;
-  schedule_.begin_step();
-  cur_pos_ = kNoPosition;
-  const gpu::ChunkLayout& emb = layout_[0];
+  meter_.reset();
+  STRATA_RETURN_IF_ERROR(store_->begin_step(weights));  // chunk 0's copy, and the first uses once recorded
   const uint64_t es = es_;
-  const uint64_t emb_bytes = static_cast<uint64_t>(emb.numel) * es;
   uint8_t* ckpt = checkpoints_.as<uint8_t>();
   const bool host_ckpt = checkpoint_tier_ != Tier::kDevice;  // off the device: host or NVMe
   const bool nvme_ckpt = checkpoint_tier_ == Tier::kNvme;
@@ -424,10 +211,10 @@ Result<float> StreamedModel::run_step(const std::vector<const void*>& weights, c
     if (!host_ckpt || l < 0 || l > L - K) return ok_status();
     const uint8_t* src = host_checkpoints_.data() + (nvme_ckpt ? 0 : static_cast<uint64_t>(l) * x_bytes);
     if (nvme_ckpt) {
-      const double t0 = now_s();
+      const double t0 = WaitMeter::now_s();
       Status rs = swap_->wait(*stage_read_[l % 2]);
       stage_read_[l % 2].reset();
-      note_wait(t0, "checkpoint from nvme");
+      meter_.note(t0, "checkpoint from nvme");
       STRATA_RETURN_IF_ERROR(rs);
       src = reinterpret_cast<const uint8_t*>(stage_buf_[static_cast<size_t>(l % 2)].data());
     }
@@ -446,101 +233,90 @@ Result<float> StreamedModel::run_step(const std::vector<const void*>& weights, c
   gpu::ModelOps& ops = *ops_;
   gpu::ModelOps::Workspace& ws = *workspace_;
 
-  // The embedding chunk is used at both ends: it stays resident for the step.
-  const void* emb_src = weights[0];
-  if (nvme_weights_) {
-    // Read into the ring's first buffer, which position 0's read waits to
-    // reuse until this copy is done.
-    STRATA_ASSIGN_OR_RETURN(io::Ticket t, nvme_weights_->swap->read(nvme_weights_->blob(0), weight_buf_[0].buffer()));
-    STRATA_RETURN_IF_ERROR(nvme_weights_->swap->wait(t).with_context("reading the weights of chunk 0"));
-    emb_src = weight_buf_[0].data();
-  }
-  STRATA_RETURN_IF_ERROR(dev_->copy_to_device(copy_, embedding_.data(), emb_src, emb_bytes));
-  STRATA_ASSIGN_OR_RETURN(gpu::Event emb_ready, dev_->record(copy_));
-  if (nvme_weights_) weight_copied_[0] = emb_ready;
-  h2d_bytes_ += emb_bytes;
-  STRATA_RETURN_IF_ERROR(issue_ahead(0));  // the first uses on their way (once recorded)
   STRATA_RETURN_IF_ERROR(dev_->copy_to_device(compute_, tokens_dev, tokens, static_cast<uint64_t>(N) * 4));
   STRATA_RETURN_IF_ERROR(dev_->copy_to_device(compute_, targets_dev, targets, static_cast<uint64_t>(N) * 4));
-  STRATA_RETURN_IF_ERROR(wait_for(emb_ready, "embedding"));
-  STRATA_RETURN_IF_ERROR(run([&] { return ops.embedding_forward(compute_, ws, embedding_.data(), tokens_dev, x_of(0)); }));
+  // The embedding chunk is used at both ends: it stays resident for the step.
+  STRATA_ASSIGN_OR_RETURN(const void* emb, store_->resident_weights());
+  STRATA_RETURN_IF_ERROR(run([&] { return ops.embedding_forward(compute_, ws, emb, tokens_dev, x_of(0)); }));
   STRATA_RETURN_IF_ERROR(offload(0));
 
   // Forward: keep only each block's input.
   for (int64_t l = 1; l <= L; ++l) {
-    STRATA_ASSIGN_OR_RETURN(const void* p, weights_for(static_cast<size_t>(l)));
+    STRATA_ASSIGN_OR_RETURN(const ChunkStore::Use w, store_->acquire(static_cast<size_t>(l)));
     STRATA_RETURN_IF_ERROR(claim(l));
     const double start = trace_ ? trace_->now_us() : 0;
-    STRATA_RETURN_IF_ERROR(run([&] { return ops.block_forward(compute_, ws, p, x_of(l - 1), x_of(l)); }));
+    STRATA_RETURN_IF_ERROR(run([&] { return ops.block_forward(compute_, ws, w.data, x_of(l - 1), x_of(l)); }));
     if (trace_) trace_->span("compute", "forward block " + std::to_string(l), start, trace_->now_us(), "compute");
+    store_->release(w);
     STRATA_RETURN_IF_ERROR(offload(l));
   }
-  STRATA_ASSIGN_OR_RETURN(const void* pf, weights_for(static_cast<size_t>(L + 1)));
-  STRATA_RETURN_IF_ERROR(
-      run([&] { return ops.head_forward(compute_, ws, pf, embedding_.data(), x_of(L), targets_dev, loss_dev); }));
+  const size_t final_chunk = static_cast<size_t>(L + 1);
+  {
+    STRATA_ASSIGN_OR_RETURN(const ChunkStore::Use w, store_->acquire(final_chunk));
+    STRATA_RETURN_IF_ERROR(
+        run([&] { return ops.head_forward(compute_, ws, w.data, emb, x_of(L), targets_dev, loss_dev); }));
+    store_->release(w);
+  }
 
-  // Backward.
-  size_t next_grad = 0;
-  // Each chunk's gradient goes to the host as soon as it is complete.
+  // Backward. Each chunk's gradient goes to the host as soon as it is complete.
   auto send_grad = [&](size_t chunk, auto&& compute) -> Status {
-    const size_t g = next_grad++ % grad_slots_.size();
-    if (grad_done_[g].id >= 0) STRATA_RETURN_IF_ERROR(wait_for(grad_done_[g], "gradient buffer"));
-    void* slot = grad_slots_[g].data();
+    STRATA_ASSIGN_OR_RETURN(void* slot, store_->gradient_buffer(chunk));
     const uint64_t bytes = static_cast<uint64_t>(layout_[chunk].numel) * es;
     auto zeroed_then_computed = [&]() -> Status {
       STRATA_RETURN_IF_ERROR(ops.zero(compute_, slot, bytes));
       return compute(slot);
     };
     STRATA_RETURN_IF_ERROR(run(zeroed_then_computed));
-    STRATA_RETURN_IF_ERROR(dev_->copy_to_host(copy_, grads[chunk], slot, bytes));
-    STRATA_ASSIGN_OR_RETURN(grad_done_[g], dev_->record(copy_));
-    d2h_bytes_ += bytes;
-    if (landed) landed(chunk, grad_done_[g]);
+    STRATA_RETURN_IF_ERROR(store_->send_gradient(chunk, grads[chunk]));
+    if (landed) landed(chunk);
     return ok_status();
   };
-  STRATA_ASSIGN_OR_RETURN(const void* pb, weights_for(static_cast<size_t>(L + 1)));
-  auto head_backward = [&](void* dp) -> Status {
-    STRATA_RETURN_IF_ERROR(ops.zero(compute_, embedding_grad_.data(), embedding_grad_.bytes()));
-    STRATA_RETURN_IF_ERROR(ops.zero(compute_, dx, 2 * x_bytes));  // dx, dx_in
-    return ops.head_backward(compute_, ws, pb, dp, embedding_.data(), embedding_grad_.data(), x_of(L), targets_dev,
-                             dloss, dx);
-  };
+  // The embeddings' gradient (tied: the head adds to it) is complete only
+  // after the embedding's backward.
+  STRATA_ASSIGN_OR_RETURN(void* emb_grad, store_->gradient_buffer(0));
   STRATA_RETURN_IF_ERROR(fetch_start(L - K));
-  STRATA_RETURN_IF_ERROR(send_grad(layout_.size() - 1, head_backward));
+  {
+    STRATA_ASSIGN_OR_RETURN(const ChunkStore::Use w, store_->acquire(final_chunk));
+    auto head_backward = [&](void* dp) -> Status {
+      STRATA_RETURN_IF_ERROR(ops.zero(compute_, emb_grad, static_cast<uint64_t>(layout_[0].numel) * es));
+      STRATA_RETURN_IF_ERROR(ops.zero(compute_, dx, 2 * x_bytes));  // dx, dx_in
+      return ops.head_backward(compute_, ws, w.data, dp, emb, emb_grad, x_of(L), targets_dev, dloss, dx);
+    };
+    STRATA_RETURN_IF_ERROR(send_grad(final_chunk, head_backward));
+    store_->release(w);
+  }
   for (int64_t l = L; l >= 1; --l) {
     STRATA_RETURN_IF_ERROR(fetch(l - K));
     STRATA_RETURN_IF_ERROR(fetch_start(l - K - 1));
-    STRATA_ASSIGN_OR_RETURN(const void* p, weights_for(static_cast<size_t>(l)));
+    STRATA_ASSIGN_OR_RETURN(const ChunkStore::Use w, store_->acquire(static_cast<size_t>(l)));
     if (host_ckpt && ckpt_done_[(l - 1) % K].id >= 0) {
       STRATA_RETURN_IF_ERROR(wait_for(ckpt_done_[(l - 1) % K], "checkpoint"));
     }
     // Recompute the block's forward from its checkpoint (output discarded into dx_in).
     const double start = trace_ ? trace_->now_us() : 0;
     auto recompute = [&]() -> Status {
-      STRATA_RETURN_IF_ERROR(ops.block_forward(compute_, ws, p, x_of(l - 1), dx_in));
+      STRATA_RETURN_IF_ERROR(ops.block_forward(compute_, ws, w.data, x_of(l - 1), dx_in));
       return ops.zero(compute_, dx_in, x_bytes);
     };
     STRATA_RETURN_IF_ERROR(run(recompute));
     STRATA_RETURN_IF_ERROR(send_grad(static_cast<size_t>(l), [&](void* dp) {
-      return ops.block_backward(compute_, ws, p, dp, x_of(l - 1), dx, dx_in);
+      return ops.block_backward(compute_, ws, w.data, dp, x_of(l - 1), dx, dx_in);
     }));
     if (trace_) {
       trace_->span("compute", "recompute+backward block " + std::to_string(l), start, trace_->now_us(), "compute");
     }
+    store_->release(w);
     std::swap(dx, dx_in);
   }
-  STRATA_RETURN_IF_ERROR(
-      run([&] { return ops.embedding_backward(compute_, ws, embedding_grad_.data(), tokens_dev, dx); }));
-  STRATA_RETURN_IF_ERROR(dev_->copy_to_host(copy_, grads[0], embedding_grad_.data(), emb_bytes));
-  d2h_bytes_ += emb_bytes;
-  STRATA_ASSIGN_OR_RETURN(gpu::Event emb_copied, dev_->record(copy_));
-  if (landed) landed(0, emb_copied);
+  STRATA_RETURN_IF_ERROR(run([&] { return ops.embedding_backward(compute_, ws, emb_grad, tokens_dev, dx); }));
+  STRATA_RETURN_IF_ERROR(store_->send_gradient(0, grads[0]));
+  if (landed) landed(0);
   float loss = 0;
   STRATA_RETURN_IF_ERROR(dev_->copy_to_host(compute_, &loss, loss_dev, 4));
   STRATA_RETURN_IF_ERROR(dev_->synchronize(compute_));
   STRATA_RETURN_IF_ERROR(dev_->synchronize(copy_));
   STRATA_RETURN_IF_ERROR(dev_->async_error());
-  schedule_.end_step();  // a complete step's uses: what later steps prefetch by
+  store_->end_step();  // a complete step's uses: what later steps prefetch by
   return loss;
 }
 

@@ -164,7 +164,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
   STRATA_ASSIGN_OR_RETURN(tr->streamed_,
                           StreamedModel::create(o.model, o.batch, o.seq, *tr->device_, depth,
                                                 o.activation_checkpoints, tr->swap_.get(), tr->allocator_.get(),
-                                                o.precision));
+                                                o.precision, o.states));
   tr->streamed_->set_trace(o.trace);
   if (host_device != nullptr && o.trace != nullptr && o.trace->enabled()) {
     Trace* trace = o.trace;
@@ -398,9 +398,9 @@ Result<float> Trainer::step() {
     const uint64_t h2d = streamed_->bytes_to_device(), d2h = streamed_->bytes_to_host();
     StreamedModel::GradLanded landed;
     if (land) {
-      landed = [&](size_t c, gpu::Event copied) {
-        gpu::Device* dev = &streamed_->device();
-        hand_over(c, A > 1, [dev, copied] { return dev->synchronize(copied); });
+      landed = [&](size_t c) {
+        StreamedModel* model = streamed_.get();
+        hand_over(c, A > 1, [model, c] { return model->await_gradient(c); });
       };
     }
     STRATA_ASSIGN_OR_RETURN(float l, streamed_->forward_backward(w, tokens.data(), targets.data(), gr, landed, dloss));

@@ -1,0 +1,428 @@
+#include "engine/chunk_store.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "common/dtype.h"
+
+namespace strata::engine {
+
+std::string_view view_name(View view) {
+  switch (view) {
+    case View::kWeights: return "weights";
+    case View::kGradient: return "gradient";
+    case View::kMaster: return "master";
+    case View::kAdamM: return "adam m";
+    case View::kAdamV: return "adam v";
+  }
+  return "?";
+}
+
+std::string_view residency_name(Residency residency) {
+  switch (residency) {
+    case Residency::kOnNvme: return "on nvme";
+    case Residency::kLoading: return "loading";
+    case Residency::kOnHost: return "on host";
+    case Residency::kCopying: return "copying";
+    case Residency::kOnDevice: return "on device";
+    case Residency::kDirty: return "dirty";
+  }
+  return "?";
+}
+
+double WaitMeter::now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+void WaitMeter::note(double t0_s, const char* what) {
+  const double waited = now_s() - t0_s;
+  wait_s_ += waited;
+  if (trace_ != nullptr && waited > 20e-6) {
+    const double end = trace_->now_us();
+    trace_->span("compute", std::string("wait: ") + what, end - waited * 1e6, end, "wait");
+  }
+}
+
+Status WaitMeter::wait(gpu::Device& device, gpu::Event event, const char* what) {
+  const double t0 = now_s();
+  Status s = device.synchronize(event);
+  note(t0, what);
+  return s;
+}
+
+Result<std::unique_ptr<ChunkStore>> ChunkStore::create(std::vector<gpu::ChunkLayout> layout, gpu::Device& device,
+                                                       gpu::Stream copy, WaitMeter* meter,
+                                                       ChunkStoreOptions options) {
+  if (layout.size() < 2) return invalid_argument("chunk store: needs the resident chunk and at least one more");
+  if (options.prefetch_depth < 1 || options.prefetch_depth > 1024) {
+    return invalid_argument("prefetch depth must be 1..1024");
+  }
+  if (options.states != Tier::kHost && options.states != Tier::kNvme) {
+    return invalid_argument("chunk store: the optimizer states live on the host or on NVMe");
+  }
+  if (meter == nullptr) return invalid_argument("chunk store: needs a wait meter");
+  std::unique_ptr<ChunkStore> s(new ChunkStore());
+  s->layout_ = std::move(layout);
+  s->dev_ = &device;
+  s->copy_ = copy;
+  s->meter_ = meter;
+  s->depth_ = options.prefetch_depth;
+  s->dtype_ = options.dtype;
+  s->es_ = dtype_bytes(options.dtype);
+  s->states_home_ = options.states;
+  if (options.host_memory != nullptr) s->allocator_ = options.host_memory;
+  const size_t n = s->layout_.size();
+  int64_t max_chunk = 0;
+  for (size_t i = 1; i < n; ++i) max_chunk = std::max(max_chunk, s->layout_[i].numel);
+  const uint64_t slot_bytes = static_cast<uint64_t>(max_chunk) * s->es_;
+  for (int k = 0; k <= s->depth_; ++k) {
+    STRATA_ASSIGN_OR_RETURN(gpu::DeviceMemory slot, device.allocate(slot_bytes, "weight chunk buffer"));
+    s->slots_.push_back(std::move(slot));
+  }
+  for (int k = 0; k < 2; ++k) {
+    STRATA_ASSIGN_OR_RETURN(gpu::DeviceMemory slot, device.allocate(slot_bytes, "gradient chunk buffer"));
+    s->grad_slots_.push_back(std::move(slot));
+  }
+  STRATA_ASSIGN_OR_RETURN(s->resident_, device.allocate(s->bytes_of(0), "embedding weights"));
+  STRATA_ASSIGN_OR_RETURN(s->resident_grad_, device.allocate(s->bytes_of(0), "embedding gradients"));
+  s->grad_slot_done_.assign(2, gpu::Event{});
+  s->grad_slot_of_.assign(n, std::nullopt);
+  s->grad_copied_.assign(n, gpu::Event{});
+  s->slot_chunk_.assign(s->slots_.size(), std::nullopt);
+  s->slot_uses_.assign(s->slots_.size(), 0);
+  s->slot_ready_.assign(s->slots_.size(), gpu::Event{});
+  const Residency states = options.states == Tier::kNvme ? Residency::kOnNvme : Residency::kOnHost;
+  s->state_.assign(n, {Residency::kOnHost, Residency::kOnHost, states, states, states});
+  return s;
+}
+
+ChunkStore::~ChunkStore() {
+  if (dev_ != nullptr) dev_->synchronize(copy_).ignore();
+  if (nvme_) drain_weight_reads();
+}
+
+Status ChunkStore::set_nvme_weights(NvmeWeights source) {
+  if (source.swap == nullptr || !source.blob) return invalid_argument("chunk store: NVMe weights need a store");
+  int64_t max_all = 0;
+  for (const gpu::ChunkLayout& chunk : layout_) max_all = std::max(max_all, chunk.numel);
+  const int ring = depth_ + 3;
+  STRATA_ASSIGN_OR_RETURN(weight_arena_, PinnedArena::create("weight staging",
+                                                             source.swap->padded_size(es_ * static_cast<uint64_t>(max_all)),
+                                                             static_cast<uint32_t>(ring), *allocator_));
+  weight_buf_.clear();
+  weight_read_.assign(static_cast<size_t>(ring), std::nullopt);
+  weight_read_chunk_.assign(static_cast<size_t>(ring), std::nullopt);
+  weight_copied_.assign(static_cast<size_t>(ring), gpu::Event{});
+  for (int i = 0; i < ring; ++i) {
+    STRATA_ASSIGN_OR_RETURN(PinnedArena::Lease lease, weight_arena_->acquire("weight staging"));
+    weight_buf_.push_back(std::move(lease));
+  }
+  nvme_ = std::move(source);
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& s : state_) s[static_cast<size_t>(View::kWeights)] = Residency::kOnNvme;
+  return ok_status();
+}
+
+void ChunkStore::set_state(size_t chunk, View view, Residency r) {
+  std::lock_guard<std::mutex> lock(mu_);
+  state_[chunk][static_cast<size_t>(view)] = r;
+}
+
+Residency ChunkStore::residency(size_t chunk, View view) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return state_.at(chunk)[static_cast<size_t>(view)];
+}
+
+Tier ChunkStore::home(size_t chunk, View view) const {
+  STRATA_CHECK_MSG(chunk < layout_.size(), "chunk store: no chunk %zu", chunk);
+  switch (view) {
+    case View::kWeights: return nvme_ ? Tier::kNvme : Tier::kHost;
+    case View::kGradient: return Tier::kHost;
+    default: return states_home_;
+  }
+}
+
+void ChunkStore::drain_weight_reads() {
+  for (size_t i = 0; i < weight_read_.size(); ++i) {
+    if (weight_read_[i]) nvme_->swap->wait(*weight_read_[i]).ignore();
+    weight_read_[i].reset();
+    weight_read_chunk_[i].reset();
+  }
+}
+
+std::optional<size_t> ChunkStore::chunk_at(size_t pos) const {
+  if (pos == cur_pos_) return cur_chunk_;
+  if (schedule_.known(pos)) return schedule_.chunk_at(pos);
+  return std::nullopt;
+}
+
+size_t ChunkStore::next_use(size_t chunk, size_t after) const {
+  for (size_t p = after + 1; schedule_.known(p); ++p) {
+    if (schedule_.chunk_at(p) == chunk) return p;
+  }
+  return kNoPosition;  // not used again as far as the schedule knows
+}
+
+Status ChunkStore::read_weights_ahead(size_t through) {
+  while (weights_read_ <= through) {
+    const size_t pos = weights_read_;
+    const std::optional<size_t> chunk = chunk_at(pos);
+    if (!chunk) break;  // not known yet: read when it is used
+    const size_t b = pos % weight_buf_.size();
+    STRATA_CHECK_MSG(!weight_read_[b].has_value(), "chunk store: weight staging buffer %zu still busy", b);
+    // The buffer's last copy to the device reads it until done.
+    if (gpu::Event& copied = weight_copied_[b]; copied.id >= 0) {
+      STRATA_RETURN_IF_ERROR(meter_->wait(*dev_, copied, "weight staging"));
+      copied = gpu::Event{};
+    }
+    STRATA_ASSIGN_OR_RETURN(io::Ticket t, nvme_->swap->read(nvme_->blob(*chunk), weight_buf_[b].buffer()));
+    weight_read_[b] = t;
+    weight_read_chunk_[b] = *chunk;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      Residency& r = state_[*chunk][static_cast<size_t>(View::kWeights)];
+      if (r == Residency::kOnNvme) r = Residency::kLoading;
+    }
+    ++weights_read_;
+  }
+  return ok_status();
+}
+
+Result<const void*> ChunkStore::stage_nvme_weights(size_t pos, size_t chunk) {
+  // The whole ring ahead: while this chunk is copied, the next depth + 2
+  // known uses are on their way from NVMe.
+  const size_t ring = weight_buf_.size();
+  STRATA_RETURN_IF_ERROR(read_weights_ahead(pos + ring - 1));
+  const size_t b = pos % ring;
+  STRATA_CHECK_MSG(weight_read_[b].has_value(), "chunk store: no read issued for position %zu", pos);
+  const double t0 = WaitMeter::now_s();
+  Status s = nvme_->swap->wait(*weight_read_[b]);
+  meter_->note(t0, "weights from nvme");
+  weight_read_[b].reset();
+  weight_read_chunk_[b].reset();
+  STRATA_RETURN_IF_ERROR(s.with_context("reading the weights of chunk " + std::to_string(chunk)));
+  set_state(chunk, View::kWeights, Residency::kOnHost);
+  return static_cast<const void*>(weight_buf_[b].data());
+}
+
+Status ChunkStore::begin_step(const std::vector<const void*>& host_weights) {
+  if (host_weights.size() != layout_.size()) {
+    return invalid_argument("chunk store: expected " + std::to_string(layout_.size()) + " chunks");
+  }
+  host_weights_ = host_weights;
+  issued_ = 0;
+  weights_read_ = 0;
+  slot_hits_ = 0;
+  // The weights change between steps: nothing in a slot carries over.
+  slot_chunk_.assign(slots_.size(), std::nullopt);
+  slot_uses_.assign(slots_.size(), 0);
+  slot_ready_.assign(slots_.size(), gpu::Event{});
+  pos_slot_.clear();
+  grad_slot_done_.assign(grad_slot_done_.size(), gpu::Event{});
+  grad_slot_of_.assign(layout_.size(), std::nullopt);
+  next_grad_slot_ = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t c = 0; c < layout_.size(); ++c) {
+      state_[c][static_cast<size_t>(View::kWeights)] = weights_home_state();
+      state_[c][static_cast<size_t>(View::kGradient)] = Residency::kOnHost;
+      grad_copied_[c] = gpu::Event{};
+    }
+  }
+  schedule_.begin_step();
+  cur_pos_ = kNoPosition;
+  // Chunk 0 stays resident for the step.
+  const void* src = host_weights_[0];
+  if (nvme_) {
+    // Read into the ring's first buffer, which position 0's read waits to
+    // reuse until this copy is done.
+    set_state(0, View::kWeights, Residency::kLoading);
+    STRATA_ASSIGN_OR_RETURN(io::Ticket t, nvme_->swap->read(nvme_->blob(0), weight_buf_[0].buffer()));
+    STRATA_RETURN_IF_ERROR(nvme_->swap->wait(t).with_context("reading the weights of chunk 0"));
+    src = weight_buf_[0].data();
+  }
+  if (src == nullptr) return invalid_argument("chunk store: no host weights for chunk 0");
+  STRATA_RETURN_IF_ERROR(dev_->copy_to_device(copy_, resident_.data(), src, bytes_of(0)));
+  STRATA_ASSIGN_OR_RETURN(resident_ready_, dev_->record(copy_));
+  set_state(0, View::kWeights, Residency::kCopying);
+  if (nvme_) weight_copied_[0] = resident_ready_;
+  h2d_bytes_ += bytes_of(0);
+  return issue_ahead(0);  // the first uses on their way (once recorded)
+}
+
+Result<const void*> ChunkStore::resident_weights() {
+  STRATA_RETURN_IF_ERROR(meter_->wait(*dev_, resident_ready_, "embedding"));
+  set_state(0, View::kWeights, Residency::kOnDevice);
+  return static_cast<const void*>(resident_.data());
+}
+
+Status ChunkStore::issue_ahead(size_t current) {
+  // The weight slots hold chunks, not positions: a use whose chunk is still
+  // in a slot (the final chunk at the turn, the last blocks of forward again
+  // at the start of backward) takes it without a copy. Otherwise the copy
+  // goes into a slot no pending use references, the one whose chunk is used
+  // again farthest ahead.
+  while (issued_ <= current + static_cast<size_t>(depth_)) {
+    const size_t pos = issued_;
+    const std::optional<size_t> chunk = chunk_at(pos);
+    if (!chunk) break;  // not predicted: fetched when it is used
+    if (pos_slot_.size() <= pos) pos_slot_.resize(pos + 1, kNoPosition);
+    size_t slot = kNoPosition;
+    for (size_t k = 0; k < slots_.size(); ++k) {
+      if (slot_chunk_[k] == chunk) slot = k;
+    }
+    if (slot != kNoPosition) {
+      if (nvme_) {
+        // Every earlier position was read (staged) or skipped (a hit) in order.
+        STRATA_CHECK_MSG(weights_read_ >= pos, "chunk store: position %zu's read was passed over", pos);
+        if (weights_read_ == pos) {
+          weights_read_ = pos + 1;  // not read yet: it never will be
+        } else if (std::optional<io::Ticket>& t = weight_read_[pos % weight_buf_.size()]; t) {
+          // Already read ahead by position: let it land unused.
+          Status s = nvme_->swap->wait(*t);
+          t.reset();
+          weight_read_chunk_[pos % weight_buf_.size()].reset();
+          STRATA_RETURN_IF_ERROR(s.with_context("reading the weights of chunk " + std::to_string(*chunk)));
+        }
+      }
+      ++slot_hits_;
+    } else {
+      size_t farthest = 0;
+      for (size_t k = 0; k < slots_.size(); ++k) {
+        if (slot_uses_[k] > 0) continue;  // a use still to be computed reads it
+        const size_t next = slot_chunk_[k] ? next_use(*slot_chunk_[k], pos) : kNoPosition;
+        if (slot == kNoPosition || next > farthest) {
+          slot = k;
+          farthest = next;
+        }
+        if (next == kNoPosition) break;  // empty, or not needed again: nothing is better
+      }
+      if (slot == kNoPosition) {
+        return resource_exhausted("chunk store: all " + std::to_string(slots_.size()) +
+                                  " weight slots are referenced; release a use before acquiring chunk " +
+                                  std::to_string(*chunk) + " (prefetch depth " + std::to_string(depth_) + ")");
+      }
+      const void* src = host_weights_[*chunk];
+      if (nvme_) {
+        STRATA_ASSIGN_OR_RETURN(src, stage_nvme_weights(pos, *chunk));
+      }
+      if (src == nullptr) return invalid_argument("chunk store: no host weights for chunk " + std::to_string(*chunk));
+      if (const std::optional<size_t> evicted = slot_chunk_[slot]) {
+        // Its device copy is gone: back to its home (or to the read already under way).
+        bool reading = false;
+        for (const std::optional<size_t>& c : weight_read_chunk_) reading = reading || c == evicted;
+        set_state(*evicted, View::kWeights, reading ? Residency::kLoading : weights_home_state());
+      }
+      STRATA_RETURN_IF_ERROR(dev_->copy_to_device(copy_, slots_[slot].data(), src, bytes_of(*chunk)));
+      STRATA_ASSIGN_OR_RETURN(slot_ready_[slot], dev_->record(copy_));
+      if (nvme_) weight_copied_[pos % weight_buf_.size()] = slot_ready_[slot];
+      slot_chunk_[slot] = *chunk;
+      set_state(*chunk, View::kWeights, Residency::kCopying);
+      h2d_bytes_ += bytes_of(*chunk);
+    }
+    pos_slot_[pos] = slot;
+    ++slot_uses_[slot];
+    ++issued_;
+  }
+  return ok_status();
+}
+
+void ChunkStore::drop_use(size_t pos) {
+  const size_t slot = pos_slot_[pos];
+  STRATA_CHECK_MSG(slot_uses_[slot] > 0, "chunk store: position %zu's slot %zu has no use to drop", pos, slot);
+  --slot_uses_[slot];
+}
+
+Result<ChunkStore::Use> ChunkStore::acquire(size_t chunk) {
+  if (chunk == 0 || chunk >= layout_.size()) {
+    return invalid_argument("chunk store: acquire takes chunks 1.." + std::to_string(layout_.size() - 1) +
+                            " (chunk 0 is resident), not " + std::to_string(chunk));
+  }
+  const AccessSchedule::Use use = schedule_.use(chunk);
+  cur_pos_ = use.position;
+  cur_chunk_ = chunk;
+  if (!use.predicted && issued_ > use.position) {
+    // Mispredicted: what was fetched for this position and after is the
+    // wrong chunk. Let those copies and reads finish, then fetch again.
+    STRATA_RETURN_IF_ERROR(dev_->synchronize(copy_));
+    for (size_t p = use.position; p < issued_; ++p) drop_use(p);
+    issued_ = use.position;
+    if (nvme_) {
+      drain_weight_reads();
+      weights_read_ = use.position;
+    }
+  }
+  STRATA_RETURN_IF_ERROR(issue_ahead(use.position));
+  // The slot's copy event is this use's: no copy replaces a slot that a
+  // use not yet released reads.
+  const size_t slot = pos_slot_[use.position];
+  STRATA_RETURN_IF_ERROR(meter_->wait(*dev_, slot_ready_[slot], "weights"));
+  set_state(chunk, View::kWeights, Residency::kOnDevice);
+  return Use{use.position, slots_[slot].data()};
+}
+
+void ChunkStore::release(const Use& use) { drop_use(use.position); }
+
+Result<void*> ChunkStore::gradient_buffer(size_t chunk) {
+  if (chunk >= layout_.size()) return invalid_argument("chunk store: no chunk " + std::to_string(chunk));
+  void* buffer = resident_grad_.data();
+  if (chunk != 0) {
+    const size_t g = next_grad_slot_++ % grad_slots_.size();
+    if (grad_slot_done_[g].id >= 0) STRATA_RETURN_IF_ERROR(meter_->wait(*dev_, grad_slot_done_[g], "gradient buffer"));
+    grad_slot_done_[g] = gpu::Event{};
+    grad_slot_of_[chunk] = g;
+    buffer = grad_slots_[g].data();
+  }
+  set_state(chunk, View::kGradient, Residency::kDirty);
+  return buffer;
+}
+
+Status ChunkStore::send_gradient(size_t chunk, void* host_dst) {
+  if (chunk >= layout_.size()) return invalid_argument("chunk store: no chunk " + std::to_string(chunk));
+  if (residency(chunk, View::kGradient) != Residency::kDirty) {
+    return failed_precondition("chunk store: chunk " + std::to_string(chunk) + "'s gradient was not computed");
+  }
+  const void* src = resident_grad_.data();
+  if (chunk != 0) src = grad_slots_[*grad_slot_of_[chunk]].data();
+  STRATA_RETURN_IF_ERROR(dev_->copy_to_host(copy_, host_dst, src, bytes_of(chunk)));
+  STRATA_ASSIGN_OR_RETURN(gpu::Event copied, dev_->record(copy_));
+  if (chunk != 0) grad_slot_done_[*grad_slot_of_[chunk]] = copied;
+  d2h_bytes_ += bytes_of(chunk);
+  std::lock_guard<std::mutex> lock(mu_);
+  grad_copied_[chunk] = copied;
+  state_[chunk][static_cast<size_t>(View::kGradient)] = Residency::kCopying;
+  return ok_status();
+}
+
+Status ChunkStore::await_gradient(size_t chunk) {
+  gpu::Event copied;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (chunk >= layout_.size()) return invalid_argument("chunk store: no chunk " + std::to_string(chunk));
+    if (state_[chunk][static_cast<size_t>(View::kGradient)] == Residency::kOnHost) return ok_status();
+    copied = grad_copied_[chunk];
+  }
+  if (copied.id < 0) {
+    return failed_precondition("chunk store: chunk " + std::to_string(chunk) + "'s gradient was not sent");
+  }
+  STRATA_RETURN_IF_ERROR(dev_->synchronize(copied));
+  set_state(chunk, View::kGradient, Residency::kOnHost);
+  return ok_status();
+}
+
+void ChunkStore::settle() {
+  dev_->synchronize(copy_).ignore();
+  if (nvme_) {
+    drain_weight_reads();
+    weight_copied_.assign(weight_copied_.size(), gpu::Event{});
+  }
+  slot_uses_.assign(slots_.size(), 0);
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t c = 0; c < layout_.size(); ++c) {
+    // What a slot held is still there, but the next step starts afresh.
+    state_[c][static_cast<size_t>(View::kWeights)] = weights_home_state();
+    state_[c][static_cast<size_t>(View::kGradient)] = Residency::kOnHost;
+  }
+}
+
+}  // namespace strata::engine

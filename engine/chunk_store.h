@@ -1,0 +1,212 @@
+// ChunkStore: where every view of every chunk is, and the moves that bring
+// a chunk's weights to the device and its gradient back.
+//
+// A chunk (gpu::model_layout: the embeddings, each block, the final layer
+// norm) has five views — working weights (bf16 / fp16, or fp32), gradient,
+// fp32 master, Adam m, Adam v — each with a home tier and a residency state
+// that only the store changes:
+//   on nvme -> loading -> on host -> copying -> on device   (weights going up)
+//   dirty -> copying -> on host                              (a gradient coming back)
+// Every transition is asynchronous and completes with an event: an NVMe
+// read's ticket, a copy's gpu::Event; the consumer waits through the store
+// (acquire, await_gradient), which then records the new state.
+//
+// The device side holds `prefetch_depth + 1` weight slots, two gradient
+// slots and, resident for the whole step, chunk 0 (the embeddings, used at
+// both ends of the step) with its gradient — every byte from the device's
+// budget. acquire() takes a reference on the slot holding a chunk's next use
+// and issues the copies of the uses up to depth ahead in the order the first
+// step recorded (AccessSchedule), each of which takes a reference too;
+// release() drops it, and a slot nobody references is reused at once for
+// the copy whose chunk is needed again farthest ahead (Belady's rule — the
+// order is known), so a chunk still in a slot when it is used again costs no
+// copy. A slot that is still referenced is never overwritten: asking for
+// more uses than slots while holding them is ResourceExhausted.
+//
+// Weights homed on NVMe (set_nvme_weights) are read, by schedule position,
+// into depth + 3 aligned host buffers up to depth + 2 uses ahead of their
+// copy. The master weights and Adam states are the optimizer stage's
+// (OptimizerStage moves them between NVMe and its staging buffers); the
+// store reports their home.
+#pragma once
+
+#include <array>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/access_schedule.h"
+#include "engine/pinned_arena.h"
+#include "engine/plan.h"
+#include "engine/trace.h"
+#include "gpu/device.h"
+#include "gpu/model_ops.h"
+#include "io/swap_store.h"
+
+namespace strata::engine {
+
+enum class View : uint8_t { kWeights, kGradient, kMaster, kAdamM, kAdamV };
+inline constexpr size_t kViews = 5;
+std::string_view view_name(View view);
+
+enum class Residency : uint8_t { kOnNvme, kLoading, kOnHost, kCopying, kOnDevice, kDirty };
+std::string_view residency_name(Residency residency);
+
+// The compute thread's waits: their total (the device's idle time) and, with
+// a trace, a span for each on the "compute" track.
+class WaitMeter {
+ public:
+  void set_trace(Trace* trace) { trace_ = trace; }
+  Trace* trace() const { return trace_; }
+  void reset() { wait_s_ = 0; }
+  double seconds() const { return wait_s_; }
+  static double now_s();
+  // Counts the time since t0_s as a wait for `what`.
+  void note(double t0_s, const char* what);
+  Status wait(gpu::Device& device, gpu::Event event, const char* what);
+
+ private:
+  Trace* trace_ = nullptr;
+  double wait_s_ = 0;
+};
+
+struct ChunkStoreOptions {
+  int prefetch_depth = 1;  // uses fetched ahead; depth + 1 weight slots
+  DType dtype = DType::kF32;  // the working weights' and gradients' type on every tier
+  Tier states = Tier::kHost;  // the master weights' and Adam states' home (kHost or kNvme)
+  io::BufferAllocator* host_memory = nullptr;  // staging for NVMe weights (null: page-aligned heap)
+};
+
+class ChunkStore {
+ public:
+  // `copy` is the stream the store's copies run on (the caller may share it);
+  // `meter` counts the waits of acquire() and of the slots' reuse.
+  static Result<std::unique_ptr<ChunkStore>> create(std::vector<gpu::ChunkLayout> layout, gpu::Device& device,
+                                                    gpu::Stream copy, WaitMeter* meter, ChunkStoreOptions options);
+  ~ChunkStore();
+
+  // Weights homed on NVMe: chunk c's working weights are blob `blob(c)` of
+  // `swap`; begin_step's host weights are then unused.
+  struct NvmeWeights {
+    io::SwapStore* swap = nullptr;
+    std::function<std::string(size_t)> blob;
+  };
+  Status set_nvme_weights(NvmeWeights source);
+
+  // A new step over `host_weights` (one per chunk, in dtype; homed on the
+  // host): nothing in a slot carries over (the weights changed), the
+  // schedule starts at its first use, and chunk 0's copy to its resident
+  // buffer is issued (read from NVMe first when homed there).
+  Status begin_step(const std::vector<const void*>& host_weights);
+  // The step's last use was released: a step that recorded the order
+  // becomes the one later steps replay.
+  void end_step() { schedule_.end_step(); }
+  // Waits for everything in flight (a failed step) and forgets it.
+  void settle();
+
+  // Chunk 0's weights on the device once its copy is done (resident for the
+  // step; needs no acquire).
+  Result<const void*> resident_weights();
+
+  // A reference on `chunk`'s weights on the device, for its next use: the
+  // copy was issued ahead when the schedule predicted it, or is issued now;
+  // returns once it is done. Compute is synchronous: release a use before
+  // acquiring the next one, unless the slots allow holding more.
+  struct Use {
+    size_t position = 0;  // in the step's order of uses
+    const void* data = nullptr;
+  };
+  Result<Use> acquire(size_t chunk);
+  void release(const Use& use);
+
+  // Gradients. gradient_buffer(): where `chunk`'s gradient is computed on
+  // the device (a free gradient slot; chunk 0's own buffer); its view turns
+  // dirty. send_gradient(): after the compute that wrote it (on `after`'s
+  // order), copies it to `host_dst` on the copy stream; the view is copying.
+  // await_gradient() (any thread): waits for that copy; the view is on host.
+  Result<void*> gradient_buffer(size_t chunk);
+  Status send_gradient(size_t chunk, void* host_dst);
+  Status await_gradient(size_t chunk);
+
+  Residency residency(size_t chunk, View view) const;
+  Tier home(size_t chunk, View view) const;
+
+  // The order of chunk uses (writable for tests: a wrong order costs waiting, not bits).
+  AccessSchedule& schedule() { return schedule_; }
+  // Uses of this step served by a slot that already held the chunk (no copy).
+  uint64_t slot_hits() const { return slot_hits_; }
+  uint64_t bytes_to_device() const { return h2d_bytes_; }
+  uint64_t bytes_to_host() const { return d2h_bytes_; }
+  // Host memory the store holds (the NVMe weights' staging).
+  uint64_t host_bytes() const { return weight_arena_ ? weight_arena_->total_bytes() : 0; }
+  size_t chunks() const { return layout_.size(); }
+  DType dtype() const { return dtype_; }
+
+ private:
+  ChunkStore() = default;
+  static constexpr size_t kNoPosition = ~size_t{0};
+  void set_state(size_t chunk, View view, Residency r);
+  Residency weights_home_state() const { return nvme_ ? Residency::kOnNvme : Residency::kOnHost; }
+  uint64_t bytes_of(size_t chunk) const { return static_cast<uint64_t>(layout_[chunk].numel) * es_; }
+  // The chunk used at position `pos` of this step, if known (the current use, or predicted).
+  std::optional<size_t> chunk_at(size_t pos) const;
+  // The next known position after `after` that uses `chunk` (kNoPosition: none known).
+  size_t next_use(size_t chunk, size_t after) const;
+  // Issues the copies of positions up to current + depth whose chunks are known.
+  Status issue_ahead(size_t current);
+  void drop_use(size_t pos);
+  // NVMe weights: reads issued by position up to `through`; the host buffer
+  // holding `chunk` for position `pos` once its read is done.
+  Status read_weights_ahead(size_t through);
+  Result<const void*> stage_nvme_weights(size_t pos, size_t chunk);
+  void drain_weight_reads();
+
+  std::vector<gpu::ChunkLayout> layout_;
+  gpu::Device* dev_ = nullptr;
+  gpu::Stream copy_{};
+  WaitMeter* meter_ = nullptr;
+  int depth_ = 1;
+  DType dtype_ = DType::kF32;
+  uint64_t es_ = 4;
+  Tier states_home_ = Tier::kHost;
+  io::AlignedAllocator own_allocator_;
+  io::BufferAllocator* allocator_ = &own_allocator_;
+
+  // Residency of every (chunk, view); guarded by mu_ (gradients land on other threads).
+  mutable std::mutex mu_;
+  std::vector<std::array<Residency, kViews>> state_;
+
+  std::vector<const void*> host_weights_;
+  AccessSchedule schedule_;
+  size_t cur_pos_ = kNoPosition, cur_chunk_ = 0;   // the newest use acquired
+  size_t issued_ = 0;                              // positions whose copy has been submitted
+  std::vector<gpu::DeviceMemory> slots_;           // depth + 1 weight buffers
+  std::vector<std::optional<size_t>> slot_chunk_;  // the chunk each slot holds (or is being copied into)
+  std::vector<gpu::Event> slot_ready_;             // the copy that filled each slot
+  std::vector<size_t> pos_slot_;                   // the slot each issued position reads
+  std::vector<int> slot_uses_;                     // references: issued uses not yet released, per slot
+  uint64_t slot_hits_ = 0;
+  gpu::DeviceMemory resident_, resident_grad_;  // chunk 0's weights and gradient
+  gpu::Event resident_ready_;
+  std::vector<gpu::DeviceMemory> grad_slots_;   // two gradient buffers
+  std::vector<gpu::Event> grad_slot_done_;      // the last copy out of each
+  size_t next_grad_slot_ = 0;
+  std::vector<std::optional<size_t>> grad_slot_of_;  // chunk -> its gradient's slot this step (kNoPosition: resident)
+  std::vector<gpu::Event> grad_copied_;              // chunk -> its gradient's copy; guarded by mu_
+  uint64_t h2d_bytes_ = 0, d2h_bytes_ = 0;
+
+  // Weights on NVMe.
+  std::optional<NvmeWeights> nvme_;
+  std::unique_ptr<PinnedArena> weight_arena_;
+  std::vector<PinnedArena::Lease> weight_buf_;          // depth + 3, by schedule position
+  std::vector<std::optional<io::Ticket>> weight_read_;  // one per weight_buf_
+  std::vector<std::optional<size_t>> weight_read_chunk_;  // the chunk each read brings
+  size_t weights_read_ = 0;                             // schedule positions whose read was issued
+  std::vector<gpu::Event> weight_copied_;               // the last copy out of each weight_buf_
+};
+
+}  // namespace strata::engine
