@@ -297,6 +297,7 @@ Status ChunkStore::issue_ahead(size_t current) {
         }
         if (next == kNoPosition) break;  // empty, or not needed again: nothing is better
       }
+      if (slot == kNoPosition && pos > current) break;  // every slot referenced: fetched later
       if (slot == kNoPosition) {
         return resource_exhausted("chunk store: all " + std::to_string(slots_.size()) +
                                   " weight slots are referenced; release a use before acquiring chunk " +

@@ -20,8 +20,9 @@
 // release() drops it, and a slot nobody references is reused at once for
 // the copy whose chunk is needed again farthest ahead (Belady's rule — the
 // order is known), so a chunk still in a slot when it is used again costs no
-// copy. A slot that is still referenced is never overwritten: asking for
-// more uses than slots while holding them is ResourceExhausted.
+// copy. A slot that is still referenced is never overwritten: the prefetch
+// waits for a release, and a use that finds every slot referenced is
+// ResourceExhausted.
 //
 // Weights homed on NVMe (set_nvme_weights) are read, by schedule position,
 // into depth + 3 aligned host buffers up to depth + 2 uses ahead of their

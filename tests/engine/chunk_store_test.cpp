@@ -1,0 +1,264 @@
+// The chunk store: each view's residency state through its transitions
+// (weights NVMe -> host -> device and back home when their slot is reused;
+// a gradient dirty -> copying -> on host), reference-counted slots that a
+// held use keeps, the recorded order prefetched depth uses ahead, and the
+// bytes that arrive — on the host backend with a capped device.
+#include "engine/chunk_store.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "common/dtype.h"
+#include "gpu/host/host_device.h"
+#include "tests/test_util.h"
+
+namespace strata::engine {
+namespace {
+
+struct Rig {
+  gpu::GptConfig config;
+  std::vector<gpu::ChunkLayout> layout;
+  std::unique_ptr<gpu::HostDevice> device;
+  gpu::Stream copy{};
+  WaitMeter meter;
+  std::unique_ptr<ChunkStore> store;
+  std::vector<std::vector<std::byte>> host;  // each chunk's weights (bf16), stamped
+  std::vector<const void*> weights;
+
+  explicit Rig(int depth = 1, Tier states = Tier::kHost, uint64_t device_bytes = 8 << 20) {
+    config.layers = 4, config.hidden = 32, config.heads = 4, config.vocab = 41, config.max_seq = 8;
+    layout = gpu::model_layout(config);
+    Result<std::unique_ptr<gpu::HostDevice>> d = gpu::HostDevice::create({.capacity_bytes = device_bytes});
+    EXPECT_TRUE(d);
+    device = std::move(*d);
+    copy = *device->create_stream("copy");
+    for (size_t c = 0; c < layout.size(); ++c) {
+      host.emplace_back(static_cast<size_t>(layout[c].numel) * 2);
+      strata::testing::fill_stamped(host.back().data(), host.back().size(), c << 32, 77);
+      weights.push_back(host.back().data());
+    }
+    ChunkStoreOptions o;
+    o.prefetch_depth = depth;
+    o.dtype = DType::kBF16;
+    o.states = states;
+    Result<std::unique_ptr<ChunkStore>> s = ChunkStore::create(layout, *device, copy, &meter, o);
+    if (s) {
+      store = std::move(*s);
+    } else {
+      error = s.error();
+    }
+  }
+  // The device bytes at `data` equal chunk c's host weights.
+  std::string check(size_t c, const void* data) {
+    std::vector<std::byte> back(host[c].size());
+    Status s = device->copy_to_host(copy, back.data(), data, back.size());
+    if (s.ok()) s = device->synchronize(copy);
+    if (!s.ok()) return s.to_string();
+    return strata::testing::check_stamped(back.data(), back.size(), c << 32, 77);
+  }
+  Residency at(size_t c) const { return store->residency(c, View::kWeights); }
+  Status error;
+};
+
+// Forward: blocks 1..L, the final chunk; backward: the final chunk, blocks L..1.
+std::vector<size_t> step_order(int64_t L) {
+  std::vector<size_t> order;
+  for (int64_t l = 1; l <= L + 1; ++l) order.push_back(static_cast<size_t>(l));
+  for (int64_t l = L + 1; l >= 1; --l) order.push_back(static_cast<size_t>(l));
+  return order;
+}
+
+// One step's uses in order, each checked for its bytes and state.
+void run_step(Rig& r) {
+  ASSERT_TRUE(r.store->begin_step(r.weights).ok());
+  Result<const void*> emb = r.store->resident_weights();
+  ASSERT_TRUE(emb);
+  EXPECT_EQ(r.check(0, *emb), "");
+  EXPECT_EQ(r.at(0), Residency::kOnDevice);
+  for (size_t c : step_order(r.config.layers)) {
+    Result<ChunkStore::Use> u = r.store->acquire(c);
+    ASSERT_TRUE(u) << u.error().to_string();
+    EXPECT_EQ(r.at(c), Residency::kOnDevice) << "chunk " << c;
+    EXPECT_EQ(r.check(c, u->data), "") << "chunk " << c << " at position " << u->position;
+    r.store->release(*u);
+  }
+  r.store->end_step();
+}
+
+TEST(ChunkStore, WeightsComeUpAheadAndGoHomeWhenTheirSlotIsReused) {
+  Rig r(/*depth=*/1);
+  ASSERT_TRUE(r.store) << r.error.to_string();
+  for (size_t c = 0; c < r.layout.size(); ++c) {
+    EXPECT_EQ(r.at(c), Residency::kOnHost);
+    EXPECT_EQ(r.store->home(c, View::kWeights), Tier::kHost);
+    EXPECT_EQ(r.store->home(c, View::kMaster), Tier::kHost);
+  }
+  // The first step records the order, fetching each use on demand.
+  ASSERT_TRUE(r.store->begin_step(r.weights).ok());
+  EXPECT_EQ(r.at(0), Residency::kCopying) << "chunk 0's copy is issued by begin_step";
+  EXPECT_EQ(r.at(1), Residency::kOnHost) << "nothing is predicted while recording";
+  r.store->settle();
+  run_step(r);
+  ASSERT_TRUE(r.store->schedule().replaying());
+  EXPECT_EQ(r.store->schedule().order(), step_order(r.config.layers));
+
+  // A replayed step: begin_step issues positions 0 and 1 (depth 1).
+  ASSERT_TRUE(r.store->begin_step(r.weights).ok());
+  EXPECT_NE(r.at(1), Residency::kOnHost);
+  EXPECT_NE(r.at(2), Residency::kOnHost);
+  EXPECT_EQ(r.at(3), Residency::kOnHost);
+  Result<const void*> emb = r.store->resident_weights();
+  ASSERT_TRUE(emb);
+  Result<ChunkStore::Use> u1 = r.store->acquire(1);
+  ASSERT_TRUE(u1);
+  EXPECT_EQ(r.at(1), Residency::kOnDevice);
+  r.store->release(*u1);
+  // Chunk 2's use fetches chunk 3 ahead into chunk 1's slot, which nobody
+  // references any more: chunk 1's device copy is gone.
+  Result<ChunkStore::Use> u2 = r.store->acquire(2);
+  ASSERT_TRUE(u2);
+  EXPECT_EQ(r.check(2, u2->data), "");
+  EXPECT_EQ(r.at(1), Residency::kOnHost);
+  EXPECT_NE(r.at(3), Residency::kOnHost);
+  r.store->release(*u2);
+  r.store->settle();
+  for (size_t c = 0; c < r.layout.size(); ++c) EXPECT_EQ(r.at(c), Residency::kOnHost) << "chunk " << c;
+  // And a whole replayed step serves the right bytes everywhere.
+  run_step(r);
+  EXPECT_EQ(r.store->schedule().deviations(), 0u);
+  EXPECT_GT(r.store->slot_hits(), 0u) << "the final chunk's second use finds it in its slot";
+}
+
+TEST(ChunkStore, AReferencedSlotIsNeverReused) {
+  Rig r(/*depth=*/1);  // two weight slots
+  ASSERT_TRUE(r.store) << r.error.to_string();
+  run_step(r);  // records the order
+  ASSERT_TRUE(r.store->begin_step(r.weights).ok());
+  Result<ChunkStore::Use> a = r.store->acquire(1);
+  ASSERT_TRUE(a);
+  // Holding chunk 1 and taking chunk 2: the prefetch of chunk 3 has no free
+  // slot and waits; chunk 1's bytes are untouched.
+  Result<ChunkStore::Use> b = r.store->acquire(2);
+  ASSERT_TRUE(b) << b.error().to_string();
+  EXPECT_EQ(r.at(3), Residency::kOnHost) << "no slot was free to fetch it into";
+  EXPECT_EQ(r.check(1, a->data), "");
+  EXPECT_EQ(r.check(2, b->data), "");
+  // A third use while both are held: no slot, a clear error.
+  Result<ChunkStore::Use> c = r.store->acquire(3);
+  ASSERT_FALSE(c);
+  EXPECT_EQ(c.error().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(c.error().message().find("release a use"), std::string::npos) << c.error().to_string();
+  EXPECT_EQ(r.check(1, a->data), "") << "a referenced slot was overwritten";
+  // After the failed step, the next one starts clean.
+  r.store->settle();
+  run_step(r);
+}
+
+TEST(ChunkStore, ReleasingAUseLetsThePrefetchGoOn) {
+  Rig r(/*depth=*/2);  // three slots
+  ASSERT_TRUE(r.store) << r.error.to_string();
+  run_step(r);
+  ASSERT_TRUE(r.store->begin_step(r.weights).ok());
+  Result<ChunkStore::Use> a = r.store->acquire(1);
+  ASSERT_TRUE(a);
+  Result<ChunkStore::Use> b = r.store->acquire(2);  // would fetch 3 and 4; one slot free
+  ASSERT_TRUE(b);
+  EXPECT_NE(r.at(3), Residency::kOnHost);
+  EXPECT_EQ(r.at(4), Residency::kOnHost);
+  r.store->release(*a);
+  r.store->release(*b);
+  Result<ChunkStore::Use> c = r.store->acquire(3);  // now 4 and 5 go into the released slots
+  ASSERT_TRUE(c);
+  EXPECT_NE(r.at(4), Residency::kOnHost);
+  EXPECT_NE(r.at(5), Residency::kOnHost);
+  EXPECT_EQ(r.at(1), Residency::kOnHost);
+  EXPECT_EQ(r.check(3, c->data), "");
+  r.store->release(*c);
+  r.store->settle();
+}
+
+TEST(ChunkStore, AGradientIsDirtyThenCopyingThenOnTheHost) {
+  Rig r;
+  ASSERT_TRUE(r.store) << r.error.to_string();
+  ASSERT_TRUE(r.store->begin_step(r.weights).ok());
+  const size_t c = 3;
+  EXPECT_EQ(r.store->residency(c, View::kGradient), Residency::kOnHost);
+  EXPECT_EQ(r.store->home(c, View::kGradient), Tier::kHost);
+  std::vector<std::byte> out(r.host[c].size());
+  EXPECT_EQ(r.store->send_gradient(c, out.data()).code(), StatusCode::kFailedPrecondition)
+      << "a gradient that was never computed cannot be sent";
+  Result<void*> buf = r.store->gradient_buffer(c);
+  ASSERT_TRUE(buf);
+  EXPECT_EQ(r.store->residency(c, View::kGradient), Residency::kDirty);
+  // The "compute": the chunk's stamped bytes written into the device buffer.
+  ASSERT_TRUE(r.device->copy_to_device(r.copy, *buf, r.host[c].data(), r.host[c].size()).ok());
+  ASSERT_TRUE(r.store->send_gradient(c, out.data()).ok());
+  EXPECT_EQ(r.store->residency(c, View::kGradient), Residency::kCopying);
+  Status landed;
+  std::thread waiter([&] { landed = r.store->await_gradient(c); });  // as the optimizer's thread does
+  waiter.join();
+  ASSERT_TRUE(landed.ok()) << landed.to_string();
+  EXPECT_EQ(r.store->residency(c, View::kGradient), Residency::kOnHost);
+  EXPECT_EQ(strata::testing::check_stamped(out.data(), out.size(), c << 32, 77), "");
+  r.store->settle();
+}
+
+TEST(ChunkStore, WeightsHomedOnNvmeAreLoadedThroughTheHost) {
+  strata::testing::TempDir dir;
+  Rig r(/*depth=*/1, Tier::kNvme);
+  ASSERT_TRUE(r.store) << r.error.to_string();
+  io::SwapStoreOptions so;
+  so.directories = {dir.path()};
+  std::string why;
+  so.device.backend = strata::testing::uring_available(&why) ? io::Backend::kUring : io::Backend::kPosix;
+  Result<std::unique_ptr<io::SwapStore>> swap = io::SwapStore::open(so);
+  ASSERT_TRUE(swap) << swap.error().to_string();
+  auto blob = [](size_t c) { return "weights/chunk-" + std::to_string(c); };
+  for (size_t c = 0; c < r.layout.size(); ++c) {
+    Result<io::Buffer> b = io::allocate_aligned((*swap)->padded_size(r.host[c].size()));
+    ASSERT_TRUE(b);
+    std::memcpy(b->data(), r.host[c].data(), r.host[c].size());
+    Result<io::Ticket> t = (*swap)->write(blob(c), b->view(), r.host[c].size());
+    ASSERT_TRUE(t);
+    ASSERT_TRUE((*swap)->wait(*t).ok());
+  }
+  ASSERT_TRUE(r.store->set_nvme_weights({swap->get(), blob}).ok());
+  for (size_t c = 0; c < r.layout.size(); ++c) {
+    EXPECT_EQ(r.at(c), Residency::kOnNvme);
+    EXPECT_EQ(r.store->home(c, View::kWeights), Tier::kNvme);
+    EXPECT_EQ(r.store->home(c, View::kAdamV), Tier::kNvme);
+    EXPECT_EQ(r.store->residency(c, View::kAdamM), Residency::kOnNvme);
+  }
+  const std::vector<const void*> none(r.layout.size(), nullptr);
+  r.weights = none;  // the host copies are not used: every byte comes from NVMe
+  run_step(r);
+  // Replayed: the reads run ahead of the copies (depth + 2 uses).
+  ASSERT_TRUE(r.store->begin_step(r.weights).ok());
+  EXPECT_NE(r.at(1), Residency::kOnNvme);
+  EXPECT_NE(r.at(3), Residency::kOnNvme) << "read ahead of its copy";
+  r.store->settle();
+  for (size_t c = 0; c < r.layout.size(); ++c) EXPECT_EQ(r.at(c), Residency::kOnNvme) << "chunk " << c;
+  run_step(r);
+  EXPECT_EQ(r.store->schedule().deviations(), 0u);
+}
+
+TEST(ChunkStore, ItsDeviceBuffersComeFromTheBudget) {
+  Rig r(/*depth=*/1, Tier::kHost, /*device_bytes=*/16 << 10);
+  ASSERT_FALSE(r.store);
+  EXPECT_EQ(r.error.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(r.error.message().find("buffer"), std::string::npos) << r.error.to_string();
+  Rig ok(/*depth=*/1);
+  ASSERT_TRUE(ok.store);
+  uint64_t max_chunk = 0;
+  for (size_t c = 1; c < ok.layout.size(); ++c) max_chunk = std::max<uint64_t>(max_chunk, ok.layout[c].numel);
+  // Two weight slots, two gradient slots, chunk 0's weights and gradient,
+  // each rounded up to the device's allocation granule.
+  auto granule = [](uint64_t bytes) { return (bytes + 255) / 256 * 256; };
+  EXPECT_EQ(ok.device->used_bytes(), 4 * granule(2 * max_chunk) + 2 * granule(2 * static_cast<uint64_t>(ok.layout[0].numel)));
+}
+
+}  // namespace
+}  // namespace strata::engine
