@@ -128,6 +128,12 @@ void ChunkStore::set_state(size_t chunk, View view, Residency r) {
   state_[chunk][static_cast<size_t>(view)] = r;
 }
 
+void ChunkStore::states_moved(size_t chunk, Residency now) {
+  STRATA_CHECK_MSG(chunk < layout_.size(), "chunk store: no chunk %zu", chunk);
+  std::lock_guard<std::mutex> lock(mu_);
+  for (View v : {View::kMaster, View::kAdamM, View::kAdamV}) state_[chunk][static_cast<size_t>(v)] = now;
+}
+
 Residency ChunkStore::residency(size_t chunk, View view) const {
   std::lock_guard<std::mutex> lock(mu_);
   return state_.at(chunk)[static_cast<size_t>(view)];

@@ -26,9 +26,9 @@
 //
 // Weights homed on NVMe (set_nvme_weights) are read, by schedule position,
 // into depth + 3 aligned host buffers up to depth + 2 uses ahead of their
-// copy. The master weights and Adam states are the optimizer stage's
-// (OptimizerStage moves them between NVMe and its staging buffers); the
-// store reports their home.
+// copy. The master weights and Adam states are moved by the optimizer stage
+// (OptimizerStage, between NVMe and its staging buffers), which reports
+// each move to the store (states_moved).
 #pragma once
 
 #include <array>
@@ -132,6 +132,13 @@ class ChunkStore {
   Result<void*> gradient_buffer(size_t chunk);
   Status send_gradient(size_t chunk, void* host_dst);
   Status await_gradient(size_t chunk);
+
+  // The optimizer stage moves the master weights and Adam states (one blob
+  // per chunk: OptimizerStage) and reports each move of chunk c's three
+  // views here: loading (a read issued), on host (read, in a staging
+  // buffer), dirty (updated there, not yet written back), on nvme (written,
+  // or the step dropped the buffer). Any thread.
+  void states_moved(size_t chunk, Residency now);
 
   Residency residency(size_t chunk, View view) const;
   Tier home(size_t chunk, View view) const;

@@ -337,6 +337,7 @@ class OptimizerStage::Pipeline {
       STRATA_ASSIGN_OR_RETURN(lease_[c], s_.staging_->acquire("read " + name));
       STRATA_ASSIGN_OR_RETURN(io::Ticket t, s_.swap_->read(name, lease_[c].buffer()));
       reads_[c] = t;
+      s_.moved(c, Residency::kLoading);
       ++next_read_;
     }
     return ok_status();
@@ -352,9 +353,11 @@ class OptimizerStage::Pipeline {
     reads_[c].reset();
     STRATA_RETURN_IF_ERROR(rs.with_context("reading optimizer state of chunk " + std::to_string(c)));
     counters.nvme_bytes_read += bytes;
+    s_.moved(c, Residency::kOnHost);
     const uint64_t woff = s_.weights_nvme_ ? s_.weights_offset(c) : 0;
     void* out = s_.weights_nvme_ ? static_cast<void*>(lease_[c].data() + woff) : s_.ov_.out[c];
     STRATA_RETURN_IF_ERROR(s_.traced_update(c, reinterpret_cast<float*>(lease_[c].data()), out, options, &counters));
+    s_.moved(c, Residency::kDirty);
     STRATA_ASSIGN_OR_RETURN(io::Ticket w, s_.swap_->write(blob(c, 1 - s_.gen_[c]), lease_[c].buffer(), bytes));
     writes_[c] = w;
     pending_writes_.push_back(c);
@@ -388,6 +391,7 @@ class OptimizerStage::Pipeline {
       if (s.ok() && !w.ok()) s = std::move(w);
     }
     lease_[c] = PinnedArena::Lease();
+    s_.moved(c, Residency::kOnNvme);
     return s.with_context("writing optimizer state of chunk " + std::to_string(c));
   }
   // Every issued request is waited for before its buffer's lease can end,
@@ -397,6 +401,8 @@ class OptimizerStage::Pipeline {
       if (reads_[c]) s_.swap_->wait(*reads_[c]).ignore();
       if (writes_[c]) s_.swap_->wait(*writes_[c]).ignore();
       if (weight_writes_[c]) s_.swap_->wait(*weight_writes_[c]).ignore();
+      // A buffer dropped unwritten: the blob on NVMe is what the chunk has.
+      if (lease_[c].valid()) s_.moved(c, Residency::kOnNvme);
     }
   }
 

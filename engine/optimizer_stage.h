@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "cpu_optim/optimizer.h"
+#include "engine/chunk_store.h"
 #include "engine/pinned_arena.h"
 #include "engine/plan.h"
 #include "engine/trace.h"
@@ -134,6 +135,9 @@ class OptimizerStage {
   // thread stops at the next chunk that has not landed; no chunk changes.
   void cancel();
   bool in_step() const { return in_step_; }
+  // Reports every move of the states between NVMe and the staging buffers
+  // to `store` (its residency record); null: none. Not during a step.
+  void set_store(ChunkStore* store) { store_ = store; }
 
   // Copies chunk c's master weights into `dst` (n floats), for checks.
   Status read_master(size_t chunk, float* dst);
@@ -181,6 +185,10 @@ class OptimizerStage {
   PinnedArena* staging_ = nullptr;
   cpu_optim::Executor* executor_ = nullptr;
   Trace* trace_ = nullptr;
+  ChunkStore* store_ = nullptr;
+  void moved(size_t chunk, Residency now) const {
+    if (store_ != nullptr) store_->states_moved(chunk, now);
+  }
   std::vector<std::vector<float>> host_;  // states on the host tier
   std::vector<std::vector<float>> next_;  // their second copies, with RAM speculation
   std::vector<int> gen_;                  // which of its two blobs holds each chunk's state (NVMe)

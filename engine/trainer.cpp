@@ -166,6 +166,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
                                                 o.activation_checkpoints, tr->swap_.get(), tr->allocator_.get(),
                                                 o.precision, o.states));
   tr->streamed_->set_trace(o.trace);
+  tr->stage_->set_store(&tr->streamed_->store());  // the states' moves, in the store's record
   if (host_device != nullptr && o.trace != nullptr && o.trace->enabled()) {
     Trace* trace = o.trace;
     host_device->set_copy_observer([trace](bool to_device, uint64_t bytes, Trace::Clock::time_point start,
@@ -224,6 +225,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
 }
 
 Trainer::~Trainer() {
+  if (stage_) stage_->cancel();  // its thread reports to the streamed model's store
   pins_.clear();
   streamed_.reset();  // its device memory goes back before the device
   device_.reset();

@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "cpu_optim/executor.h"
+#include "engine/optimizer_stage.h"
 #include "gpu/host/host_device.h"
 #include "tests/test_util.h"
 
@@ -258,6 +260,93 @@ TEST(ChunkStore, ItsDeviceBuffersComeFromTheBudget) {
   // each rounded up to the device's allocation granule.
   auto granule = [](uint64_t bytes) { return (bytes + 255) / 256 * 256; };
   EXPECT_EQ(ok.device->used_bytes(), 4 * granule(2 * max_chunk) + 2 * granule(2 * static_cast<uint64_t>(ok.layout[0].numel)));
+}
+
+// The optimizer stage moves the master weights and Adam states between NVMe
+// and its staging buffers and reports each move: when a chunk's gradient
+// is taken (its `ready` runs on the stage's thread), the chunk's states are
+// loading, the ones read ahead of it too, those further on still on NVMe,
+// and the ones before it updated (dirty) or written back; after the step,
+// all are on NVMe again.
+TEST(ChunkStore, RecordsTheStatesMovesTheOptimizerStageReports) {
+  const std::vector<int64_t> elems = {64, 1000, 5000, 33, 4096, 7, 640};
+  std::vector<gpu::ChunkLayout> layout(elems.size());
+  for (size_t c = 0; c < elems.size(); ++c) layout[c].numel = elems[c];
+  Result<std::unique_ptr<gpu::HostDevice>> dev = gpu::HostDevice::create({.capacity_bytes = 1 << 20});
+  ASSERT_TRUE(dev);
+  WaitMeter meter;
+  ChunkStoreOptions so;
+  so.dtype = DType::kBF16;
+  so.states = Tier::kNvme;
+  Result<std::unique_ptr<ChunkStore>> store = ChunkStore::create(layout, **dev, *(*dev)->create_stream("copy"), &meter, so);
+  ASSERT_TRUE(store) << store.error().to_string();
+
+  strata::testing::TempDir dir;
+  io::SwapStoreOptions io_options;
+  io_options.directories = {dir.path()};
+  std::string why;
+  io_options.device.backend = strata::testing::uring_available(&why) ? io::Backend::kUring : io::Backend::kPosix;
+  Result<std::unique_ptr<io::SwapStore>> swap = io::SwapStore::open(io_options);
+  ASSERT_TRUE(swap) << swap.error().to_string();
+  io::AlignedAllocator allocator;
+  constexpr uint32_t kBuffers = 4;  // one write behind, three read ahead
+  Result<std::unique_ptr<PinnedArena>> staging = PinnedArena::create(
+      "optimizer staging", (*swap)->padded_size(OptimizerStage::state_bytes(5000)), kBuffers, allocator);
+  ASSERT_TRUE(staging);
+  Result<std::unique_ptr<cpu_optim::Executor>> executor = cpu_optim::Executor::create({.threads = 1});
+  ASSERT_TRUE(executor);
+  Result<std::unique_ptr<OptimizerStage>> stage =
+      OptimizerStage::create(elems, Tier::kNvme, swap->get(), staging->get(), **executor);
+  ASSERT_TRUE(stage);
+  std::vector<std::vector<uint16_t>> grads, out;
+  OverlapStep step;
+  for (size_t c = 0; c < elems.size(); ++c) {
+    const std::vector<float> master(static_cast<size_t>(elems[c]), 0.5f);
+    ASSERT_TRUE((*stage)->initialize(c, master.data()).ok());
+    grads.emplace_back(static_cast<size_t>(elems[c]), f32_to_bf16(0.01f));
+    out.emplace_back(static_cast<size_t>(elems[c]), 0);
+    step.grads.push_back({grads.back().data(), DType::kBF16});
+    step.out.push_back(out.back().data());
+  }
+  (*stage)->set_store(store->get());
+  for (size_t c = 0; c < elems.size(); ++c) EXPECT_EQ((*store)->residency(c, View::kMaster), Residency::kOnNvme);
+
+  step.t = 1;
+  step.speculate = true;
+  for (size_t c = elems.size(); c > 0; --c) step.order.push_back(c - 1);
+  const std::vector<size_t> order = step.order;
+  // seen[k][j]: chunk order[j]'s master-weights residency as order[k]'s gradient was taken.
+  std::vector<std::vector<Residency>> seen(order.size());
+  ASSERT_TRUE((*stage)->begin(step).ok());
+  for (size_t k = 0; k < order.size(); ++k) {
+    (*stage)->land(order[k], [&, k]() -> Status {
+      for (size_t c : order) seen[k].push_back((*store)->residency(c, View::kMaster));
+      return ok_status();
+    });
+  }
+  Result<OverlapOutcome> outcome = (*stage)->finish();
+  ASSERT_TRUE(outcome) << outcome.error().to_string();
+  ASSERT_FALSE(outcome->rolled_back);
+  const size_t ahead = kBuffers - 1;
+  for (size_t k = 0; k < order.size(); ++k) {
+    ASSERT_EQ(seen[k].size(), order.size());
+    for (size_t j = 0; j < order.size(); ++j) {
+      const Residency r = seen[k][j];
+      if (j < k) {
+        EXPECT_TRUE(r == Residency::kDirty || r == Residency::kOnNvme)
+            << "taking chunk " << order[k] << ": chunk " << order[j] << " is " << residency_name(r);
+      } else if (j < k + ahead) {
+        EXPECT_EQ(r, Residency::kLoading) << "taking chunk " << order[k] << ": chunk " << order[j];
+      } else {
+        EXPECT_EQ(r, Residency::kOnNvme) << "taking chunk " << order[k] << ": chunk " << order[j];
+      }
+    }
+  }
+  for (size_t c = 0; c < elems.size(); ++c) {
+    EXPECT_EQ((*store)->residency(c, View::kMaster), Residency::kOnNvme);
+    EXPECT_EQ((*store)->residency(c, View::kAdamV), Residency::kOnNvme);
+  }
+  (*stage)->set_store(nullptr);
 }
 
 }  // namespace
