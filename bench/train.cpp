@@ -128,6 +128,7 @@ int run(int argc, char** argv) {
   o.device_bytes = stream || device == "cuda" ? budgets.device_bytes : 0;
   o.backend = device == "cuda" ? engine::TrainerOptions::Backend::kCuda : engine::TrainerOptions::Backend::kHost;
   o.prefetch_depth = prefetch;
+  o.numa_node = static_cast<int>(cfg->numa_node);
   o.activation_checkpoints = activations == "host"   ? engine::Tier::kHost
                              : activations == "nvme" ? engine::Tier::kNvme
                                                      : engine::Tier::kDevice;

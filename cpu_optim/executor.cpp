@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <string>
 
@@ -122,6 +123,46 @@ Status Executor::first_touch(void* data, uint64_t bytes) {
     }
   });
   return ok_status();
+}
+
+Result<Executor::NodeMemoryScope> Executor::node_memory_scope() const {
+  NodeMemoryScope scope;
+  if (impl_->node == nullptr) return scope;
+  hwloc_bitmap_t saved = hwloc_bitmap_alloc();
+  hwloc_membind_policy_t policy = HWLOC_MEMBIND_DEFAULT;
+  if (hwloc_get_membind(impl_->topo, saved, &policy, HWLOC_MEMBIND_THREAD | HWLOC_MEMBIND_BYNODESET) != 0) {
+    hwloc_bitmap_free(saved);
+    return unavailable(std::string("hwloc: cannot read this thread's memory policy: ") + std::strerror(errno));
+  }
+  if (hwloc_set_membind(impl_->topo, impl_->node->nodeset, HWLOC_MEMBIND_BIND,
+                        HWLOC_MEMBIND_THREAD | HWLOC_MEMBIND_BYNODESET) != 0) {
+    hwloc_bitmap_free(saved);
+    return unavailable("hwloc: cannot bind this thread's memory to NUMA node " + std::to_string(numa_node_) + ": " +
+                       std::strerror(errno));
+  }
+  scope.executor_ = this;
+  scope.saved_ = saved;
+  scope.saved_policy_ = static_cast<int>(policy);
+  return scope;
+}
+
+Executor::NodeMemoryScope::NodeMemoryScope(NodeMemoryScope&& other) noexcept
+    : executor_(other.executor_), saved_(other.saved_), saved_policy_(other.saved_policy_) {
+  other.saved_ = nullptr;
+}
+
+Executor::NodeMemoryScope::~NodeMemoryScope() {
+  if (saved_ == nullptr) return;
+  auto* saved = static_cast<hwloc_bitmap_t>(saved_);
+  const auto policy = static_cast<hwloc_membind_policy_t>(saved_policy_);
+  hwloc_topology_t topo = executor_->impl_->topo;
+  if (policy == HWLOC_MEMBIND_DEFAULT || hwloc_bitmap_iszero(saved)) {
+    hwloc_set_membind(topo, hwloc_topology_get_complete_nodeset(topo), HWLOC_MEMBIND_DEFAULT,
+                      HWLOC_MEMBIND_THREAD | HWLOC_MEMBIND_BYNODESET);
+  } else {
+    hwloc_set_membind(topo, saved, policy, HWLOC_MEMBIND_THREAD | HWLOC_MEMBIND_BYNODESET);
+  }
+  hwloc_bitmap_free(saved);
 }
 
 }  // namespace strata::cpu_optim

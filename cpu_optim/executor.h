@@ -37,6 +37,28 @@ class Executor {
   // range there with hwloc when a node was given).
   Status first_touch(void* data, uint64_t bytes);
 
+  // While a scope lives, the pages the calling thread faults in come from
+  // the executor's NUMA node (hwloc binds the thread's memory policy; the
+  // previous policy comes back when the scope ends). For allocators that
+  // fault memory in themselves — mlock, cudaHostAlloc — and for buffers
+  // filled where they are made. Without a node it does nothing.
+  class NodeMemoryScope {
+   public:
+    NodeMemoryScope() = default;
+    NodeMemoryScope(NodeMemoryScope&& other) noexcept;
+    NodeMemoryScope& operator=(NodeMemoryScope&&) = delete;
+    NodeMemoryScope(const NodeMemoryScope&) = delete;
+    ~NodeMemoryScope();
+    bool active() const { return saved_ != nullptr; }
+
+   private:
+    friend class Executor;
+    const Executor* executor_ = nullptr;
+    void* saved_ = nullptr;  // hwloc_bitmap_t: the thread's nodeset before
+    int saved_policy_ = 0;
+  };
+  Result<NodeMemoryScope> node_memory_scope() const;
+
  private:
   struct Impl;
   Executor() = default;

@@ -310,6 +310,7 @@ Status read_native(Reader& top, EngineConfig& c) {
   STRATA_RETURN_IF_ERROR(top.get_int("seed", &seed, 0, std::numeric_limits<int64_t>::max()));
   c.seed = static_cast<uint64_t>(seed);
   STRATA_RETURN_IF_ERROR(top.get_int("steps", &c.steps, 0, int64_t{1} << 40));
+  STRATA_RETURN_IF_ERROR(top.get_int("numa_node", &c.numa_node, -1, 4095));
   if (top.has("placement")) {
     STRATA_ASSIGN_OR_RETURN(Reader p, top.object("placement"));
     std::string w, s, ck;

@@ -53,6 +53,9 @@ struct EngineConfig {
   IoSpec io;
   uint64_t seed = 1;
   int64_t steps = 20;
+  // The NUMA node of the optimizer's threads and the host memory: -1 picks
+  // the one nearest the GPU (none on the host backend).
+  int64_t numa_node = -1;
 };
 
 // Parses a config (native or the DeepSpeed offload subset). Warnings about

@@ -8,6 +8,7 @@
 #include <random>
 
 #include "engine/checkpoint_io.h"
+#include "gpu/device_info.h"
 #include "gpu/host/ops.h"
 #ifdef STRATA_HAVE_CUDA
 #include "engine/cuda_host_memory.h"
@@ -97,7 +98,20 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
   if (o.backend == TrainerOptions::Backend::kHost && o.compute_threads > 0) {
     eo.threads = std::max(1, cpu_optim::hardware_threads() - o.compute_threads);
   }
+  if (o.numa_node < -1) {
+    return invalid_argument("trainer: numa_node must be -1 (auto) or a node number, got " + std::to_string(o.numa_node));
+  }
+  eo.numa_node = o.numa_node;
+  if (eo.numa_node < 0 && o.backend == TrainerOptions::Backend::kCuda) {
+    if (Result<std::vector<gpu::CudaDeviceInfo>> gpus = gpu::cuda_devices(); gpus && !gpus->empty()) {
+      eo.numa_node = gpu::numa_node_of_pci(gpus->front().pci_bus_id);
+    }
+  }
   STRATA_ASSIGN_OR_RETURN(tr->executor_, cpu_optim::Executor::create(eo));
+  // Everything the trainer allocates from here on — arenas (locked or
+  // cudaHostAlloc'ed, their pages faulted in here), states, weights,
+  // gradients — takes its pages from that node.
+  STRATA_ASSIGN_OR_RETURN(cpu_optim::Executor::NodeMemoryScope on_node, tr->executor_->node_memory_scope());
   std::vector<int64_t> elems;
   int64_t max_elems = 0;
   for (const auto& chunk : tr->layout_) {

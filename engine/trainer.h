@@ -78,6 +78,11 @@ struct TrainerOptions {
   // below the core count, the rest are left to the optimizer stage and the
   // I/O, as a GPU would leave them.
   int compute_threads = 0;
+  // The NUMA node for the optimizer's threads and the trainer's host memory
+  // (pinned arenas, states, weights and gradient buffers): -1 picks the node
+  // nearest the GPU on CUDA (as sysfs reports it; none on a one-node
+  // machine) and none on the host backend; >= 0 names one.
+  int numa_node = -1;
   // The working weights' type (what the device computes with and the
   // optimizer writes): bf16, or fp16 with dynamic loss scaling.
   DType precision = DType::kBF16;

@@ -16,7 +16,13 @@ struct CudaDeviceInfo {
   int compute_major = 0;
   int compute_minor = 0;
   uint64_t memory_bytes = 0;
+  std::string pci_bus_id;  // "0000:3b:00.0", as sysfs names it
 };
+
+// The NUMA node a PCI device hangs off (sysfs' numa_node under `root`, by
+// default /sys/bus/pci/devices/<bus id>/), or -1 when the machine does not
+// say (one node, or no such device).
+int numa_node_of_pci(const std::string& pci_bus_id, const std::string& root = "/sys/bus/pci/devices");
 
 // True when this binary contains the CUDA backend.
 bool built_with_cuda();

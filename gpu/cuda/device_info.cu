@@ -3,6 +3,7 @@
 // or driver gets a clear reason.
 #include <cuda_runtime.h>
 
+#include <cstdio>
 #include <string>
 
 #include "gpu/device_info.h"
@@ -24,7 +25,10 @@ Result<std::vector<CudaDeviceInfo>> cuda_devices() {
     if (err != cudaSuccess) {
       return unavailable("cudaGetDeviceProperties(" + std::to_string(i) + "): " + cudaGetErrorString(err));
     }
-    devices.push_back({i, prop.name, prop.major, prop.minor, static_cast<uint64_t>(prop.totalGlobalMem)});
+    char bus_id[32];
+    std::snprintf(bus_id, sizeof bus_id, "%04x:%02x:%02x.0", static_cast<unsigned>(prop.pciDomainID),
+                  static_cast<unsigned>(prop.pciBusID), static_cast<unsigned>(prop.pciDeviceID));
+    devices.push_back({i, prop.name, prop.major, prop.minor, static_cast<uint64_t>(prop.totalGlobalMem), bus_id});
   }
   return devices;
 }

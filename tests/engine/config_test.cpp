@@ -34,6 +34,7 @@ TEST(Config, NativeConfigParsesEveryField) {
             {"io", {{"backend", "posix"}, {"queue_depth", 64}, {"block_size", "8MiB"}}},
             {"seed", 7},
             {"speculate_in_ram", true},
+            {"numa_node", 1},
             {"steps", 100}};
   std::vector<std::string> warnings;
   Result<EngineConfig> c = parse_config(j, &warnings);
@@ -53,6 +54,7 @@ TEST(Config, NativeConfigParsesEveryField) {
   EXPECT_EQ(c->io.block_bytes, 8 * kMiB);
   EXPECT_EQ(c->seed, 7u);
   EXPECT_TRUE(c->speculate_in_ram);
+  EXPECT_EQ(c->numa_node, 1);
 }
 
 // A DeepSpeed ZeRO-Infinity config, unchanged.
@@ -128,6 +130,8 @@ TEST(Config, InvalidValuesNameTheKeyAndWhatIsAllowed) {
   EXPECT_NE(m.find("heads"), std::string::npos) << m;
   m = error_of({{"nvme_paths", {"/nonexistent-strata"}}});
   EXPECT_NE(m.find("/nonexistent-strata"), std::string::npos) << m;
+  m = error_of({{"numa_node", -2}});
+  EXPECT_NE(m.find("numa_node"), std::string::npos) << m;
   m = error_of(json::array());
   EXPECT_NE(m.find("JSON object"), std::string::npos);
 }

@@ -79,6 +79,16 @@ TEST(Trainer, SameLossesBitForBitWhereverTheStatesLive) {
     uring.io_backend = io::Backend::kUring;
     EXPECT_EQ(run(uring, 20), host);
   }
+  // The optimizer's threads and the host memory bound to NUMA node 0 (as on
+  // a GPU server, the node nearest the GPU): the same bits.
+  TrainerOptions numa = posix;
+  numa.nvme_paths = {dir.sub("numa")};
+  numa.numa_node = 0;
+  EXPECT_EQ(run(numa, 20), host);
+  numa.numa_node = 4000;
+  Result<std::unique_ptr<Trainer>> none = Trainer::create(numa);
+  ASSERT_FALSE(none);
+  EXPECT_NE(none.error().message().find("NUMA node 4000"), std::string::npos) << none.error().to_string();
 }
 
 TEST(Trainer, LossFalls) {

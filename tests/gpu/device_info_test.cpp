@@ -20,6 +20,9 @@ TEST(DeviceInfo, ReportsDevicesOrWhyNot) {
     EXPECT_FALSE(d.name.empty());
     EXPECT_GE(d.compute_major, 7);
     EXPECT_GT(d.memory_bytes, 1ull << 30);
+    EXPECT_EQ(d.pci_bus_id.size(), 12u) << d.pci_bus_id;  // dddd:bb:dd.f
+    const int node = numa_node_of_pci(d.pci_bus_id);
+    EXPECT_GE(node, -1);
   }
 }
 
