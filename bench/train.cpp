@@ -32,6 +32,7 @@ const char* kDefaultConfig = R"({
 
 int run(int argc, char** argv) {
   CLI::App app{"strata-train: train a GPT (synthetic data) on the host backend or a CUDA GPU, with optimizer states in RAM or on NVMe"};
+  std::string adam_states;
   std::string config_path, nvme, checkpoint;
   int64_t steps = -1, save_every = 0;
   bool resume = false, stream = false, delayed = false, speculate_in_ram = false, plan_only = false;
@@ -60,6 +61,9 @@ int run(int argc, char** argv) {
       ->check(CLI::IsMember({"host", "nvme"}));
   app.add_option("--trace", trace_path, "write a Chrome-trace JSON (opens in Perfetto) of every step's phases, "
                  "optimizer calls and NVMe requests");
+  app.add_option("--adam-states", adam_states, "how Adam's m and v are stored: fp32, bf16 or q8 (8-bit blockwise); "
+                 "default: the config's \"states\" (fp32)")
+      ->check(CLI::IsMember({"fp32", "bf16", "q8"}));
   app.add_option("--prefetch", prefetch, "blocks fetched ahead when streaming (default 1)")->check(CLI::Range(1, 64));
   app.add_option("--device", device, "where forward and backward run: the host backend, or the first CUDA GPU "
                  "(a CUDA build)")
@@ -128,6 +132,10 @@ int run(int argc, char** argv) {
   o.device_bytes = stream || device == "cuda" ? budgets.device_bytes : 0;
   o.backend = device == "cuda" ? engine::TrainerOptions::Backend::kCuda : engine::TrainerOptions::Backend::kHost;
   o.prefetch_depth = prefetch;
+  if (adam_states.empty()) adam_states = cfg->state_precision;
+  o.adam_states = adam_states == "bf16" ? cpu_optim::StateType::kBF16
+                  : adam_states == "q8" ? cpu_optim::StateType::kQ8
+                                        : cpu_optim::StateType::kF32;
   o.numa_node = static_cast<int>(cfg->numa_node);
   o.activation_checkpoints = activations == "host"   ? engine::Tier::kHost
                              : activations == "nvme" ? engine::Tier::kNvme
@@ -152,9 +160,6 @@ int run(int argc, char** argv) {
   engine::Constraints fixed;
   fixed.states = o.states;
   engine::TrainSetup setup = engine::training_setup(o);
-  // The estimate alone may size the config's low-precision Adam states; the
-  // trainer keeps fp32 ones (below).
-  if (plan_only) setup.state_bytes_per_param = cfg->setup.state_bytes_per_param;
   Result<engine::Plan> plan =
       stream ? Result<engine::Plan>(engine::estimate(
                    setup, {o.weights, o.states, o.activation_checkpoints, prefetch, o.speculate_in_ram},
@@ -170,12 +175,6 @@ int run(int argc, char** argv) {
     const bool fits = plan && engine::fits(*plan, budgets);
     std::printf("plan only: %s\n", fits ? "fits the budgets" : "does not fit the budgets");
     return fits ? 0 : 1;
-  }
-  if (cfg->state_precision != "fp32") {
-    std::fprintf(stderr,
-                 "strata-train: config key states: the trainer keeps fp32 Adam states; bf16 and q8 states exist in "
-                 "cpu_optim (strata-adambench) and in --plan-only estimates, not yet in the engine — use \"fp32\"\n");
-    return 2;
   }
   engine::Trace trace(!trace_path.empty());
   if (trace.enabled()) o.trace = &trace;
@@ -232,6 +231,7 @@ int run(int argc, char** argv) {
                       {"tokens_per_s", ran > 0 ? tokens * ran / total_s : 0.0},
                       {"parameters", gpu::parameter_count(o.model)},
                       {"states", std::string(engine::tier_name(o.states))},
+                      {"adam_states", std::string(cpu_optim::state_type_name(o.adam_states))},
                       {"weights", std::string(engine::tier_name(o.weights))}, {"nvme_bytes", nvme_bytes},
                       {"ssd_bytes_written", ssd_written},
                       {"device_idle_fraction", ran > 0 ? idle_sum / static_cast<double>(ran) : 0.0},

@@ -13,20 +13,22 @@
 namespace strata::engine {
 namespace {
 
-std::string_view st_dtype(DType t) {
+std::string_view st_dtype(TensorType t) {
   switch (t) {
-    case DType::kF32: return "F32";
-    case DType::kBF16: return "BF16";
-    case DType::kF16: return "F16";
+    case TensorType::kF32: return "F32";
+    case TensorType::kBF16: return "BF16";
+    case TensorType::kF16: return "F16";
+    case TensorType::kU8: return "U8";
   }
   return "?";
 }
 
-Result<DType> dtype_from(const std::string& s) {
-  if (s == "F32") return DType::kF32;
-  if (s == "BF16") return DType::kBF16;
-  if (s == "F16") return DType::kF16;
-  return invalid_argument("safetensors dtype " + s + " is not supported (F32, BF16, F16)");
+Result<TensorType> dtype_from(const std::string& s) {
+  if (s == "F32") return TensorType::kF32;
+  if (s == "BF16") return TensorType::kBF16;
+  if (s == "F16") return TensorType::kF16;
+  if (s == "U8") return TensorType::kU8;
+  return invalid_argument("safetensors dtype " + s + " is not supported (F32, BF16, F16, U8)");
 }
 
 Status write_all(int fd, const void* data, uint64_t bytes, const std::string& path) {
@@ -51,8 +53,18 @@ Status fsync_path(const std::string& path, bool directory) {
 
 }  // namespace
 
+uint64_t tensor_type_bytes(TensorType t) {
+  switch (t) {
+    case TensorType::kF32: return 4;
+    case TensorType::kF16:
+    case TensorType::kBF16: return 2;
+    case TensorType::kU8: return 1;
+  }
+  return 0;
+}
+
 uint64_t TensorInfo::bytes() const {
-  uint64_t n = dtype_bytes(dtype);
+  uint64_t n = tensor_type_bytes(dtype);
   for (int64_t d : shape) n *= static_cast<uint64_t>(d);
   return n;
 }

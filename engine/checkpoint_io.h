@@ -22,9 +22,17 @@
 
 namespace strata::engine {
 
+// A safetensors element type: strata's floating types, and U8 for raw
+// bytes (8-bit optimizer-state codes).
+enum class TensorType : uint8_t { kF32, kF16, kBF16, kU8 };
+constexpr TensorType tensor_type(DType t) {
+  return t == DType::kF32 ? TensorType::kF32 : (t == DType::kF16 ? TensorType::kF16 : TensorType::kBF16);
+}
+uint64_t tensor_type_bytes(TensorType t);
+
 struct TensorInfo {
   std::string name;
-  DType dtype = DType::kF32;
+  TensorType dtype = TensorType::kF32;
   std::vector<int64_t> shape;
   uint64_t bytes() const;
 };

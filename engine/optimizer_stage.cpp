@@ -11,9 +11,27 @@
 
 namespace strata::engine {
 
+StateLayout StateLayout::of(int64_t elems, cpu_optim::StateType type) {
+  auto line = [](uint64_t b) { return (b + 63) / 64 * 64; };
+  const uint64_t n = static_cast<uint64_t>(elems);
+  const bool q8 = type == cpu_optim::StateType::kQ8;
+  // 8-bit arrays: n codes, then the scales (cpu_optim::state_array_bytes counts both).
+  const uint64_t values = q8 ? n : cpu_optim::state_array_bytes(type, elems);
+  const uint64_t scales = q8 ? cpu_optim::state_array_bytes(type, elems) - n : 0;
+  StateLayout l;
+  l.m = line(4 * n);
+  l.m_scale = l.m + line(values);
+  l.v = l.m_scale + line(scales);
+  l.v_scale = l.v + line(values);
+  l.bytes = l.v_scale + line(scales);
+  if (!q8) l.m_scale = l.v_scale = 0;
+  return l;
+}
+
 Result<std::unique_ptr<OptimizerStage>> OptimizerStage::create(std::vector<int64_t> chunk_elems, Tier tier,
                                                                io::SwapStore* swap, PinnedArena* staging,
-                                                               cpu_optim::Executor& executor, Trace* trace) {
+                                                               cpu_optim::Executor& executor, Trace* trace,
+                                                               cpu_optim::StateType states) {
   if (chunk_elems.empty()) return invalid_argument("optimizer stage: no chunks");
   if (tier == Tier::kDevice) return invalid_argument("optimizer stage: states live on the host or NVMe");
   int64_t max_elems = 0;
@@ -22,7 +40,7 @@ Result<std::unique_ptr<OptimizerStage>> OptimizerStage::create(std::vector<int64
     if (swap == nullptr || staging == nullptr) {
       return invalid_argument("optimizer stage: states on NVMe need a swap store and a staging arena");
     }
-    uint64_t need = swap->padded_size(state_bytes(max_elems));
+    uint64_t need = swap->padded_size(state_bytes(max_elems, states));
     if (staging->capacity() < 3 || staging->buffer_bytes() < need) {
       return invalid_argument("optimizer stage: the staging arena needs 3 buffers of " + format_bytes(need) +
                               " (has " + std::to_string(staging->capacity()) + " of " +
@@ -36,6 +54,7 @@ Result<std::unique_ptr<OptimizerStage>> OptimizerStage::create(std::vector<int64
   stage->staging_ = staging;
   stage->executor_ = &executor;
   stage->trace_ = trace;
+  stage->state_type_ = states;
   if (tier == Tier::kHost) stage->host_.resize(stage->elems_.size());
   stage->gen_.assign(stage->elems_.size(), 0);
   return stage;
@@ -76,7 +95,7 @@ Status OptimizerStage::home_weights_on_nvme(DType dtype) {
   }
   int64_t max_elems = 0;
   for (int64_t n : elems_) max_elems = std::max(max_elems, n);
-  const uint64_t need = staging_bytes_with_weights(*swap_, max_elems);
+  const uint64_t need = staging_bytes_with_weights(*swap_, max_elems, state_type_);
   if (staging_->buffer_bytes() < need) {
     return invalid_argument("optimizer stage: weights on NVMe need staging buffers of " + format_bytes(need) +
                             " (have " + format_bytes(staging_->buffer_bytes()) + ")");
@@ -89,7 +108,7 @@ Status OptimizerStage::home_weights_on_nvme(DType dtype) {
 Status OptimizerStage::enable_ram_speculation() {
   if (tier_ != Tier::kHost) return failed_precondition("optimizer stage: RAM speculation is for states in RAM");
   next_.resize(elems_.size());
-  for (size_t c = 0; c < elems_.size(); ++c) next_[c].assign(static_cast<size_t>(3 * elems_[c]), 0.0f);
+  for (size_t c = 0; c < elems_.size(); ++c) next_[c].assign(state_bytes(elems_[c], state_type_), std::byte{0});
   return ok_status();
 }
 
@@ -97,14 +116,15 @@ Status OptimizerStage::initialize(size_t c, const float* master) {
   STRATA_CHECK(c < elems_.size());
   const int64_t n = elems_[c];
   if (tier_ == Tier::kHost) {
-    host_[c].assign(static_cast<size_t>(3 * n), 0.0f);
+    // m = v = 0 (8-bit states: zero codes under zero scales decode to 0).
+    host_[c].assign(state_bytes(n, state_type_), std::byte{0});
     std::memcpy(host_[c].data(), master, static_cast<size_t>(n) * 4);
     return ok_status();
   }
   STRATA_ASSIGN_OR_RETURN(PinnedArena::Lease lease, staging_->acquire("initialise " + blob(c)));
   std::memset(lease.data(), 0, lease.buffer().capacity_bytes);
   std::memcpy(lease.data(), master, static_cast<size_t>(n) * 4);
-  STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->write(blob(c), lease.buffer(), state_bytes(n)));
+  STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->write(blob(c), lease.buffer(), state_bytes(n, state_type_)));
   STRATA_RETURN_IF_ERROR(swap_->wait(t));
   if (!weights_nvme_) return ok_status();
   std::byte* w = lease.data() + weights_offset(c);
@@ -134,15 +154,15 @@ Status OptimizerStage::write_weights(size_t c, const void* src) {
 
 Status OptimizerStage::read_master(size_t c, float* dst) {
   STRATA_CHECK(c < elems_.size());
-  std::vector<float> state(static_cast<size_t>(3 * elems_[c]));
+  std::vector<std::byte> state(state_bytes(elems_[c], state_type_));
   STRATA_RETURN_IF_ERROR(read_state(c, state.data()));
   std::memcpy(dst, state.data(), static_cast<size_t>(elems_[c]) * 4);
   return ok_status();
 }
 
-Status OptimizerStage::read_state(size_t c, float* dst) {
+Status OptimizerStage::read_state(size_t c, std::byte* dst) {
   STRATA_CHECK(c < elems_.size());
-  const uint64_t bytes = state_bytes(elems_[c]);
+  const uint64_t bytes = state_bytes(elems_[c], state_type_);
   if (tier_ == Tier::kHost) {
     STRATA_CHECK_MSG(!host_[c].empty(), "optimizer stage: chunk %zu was never initialised", c);
     std::memcpy(dst, host_[c].data(), bytes);
@@ -155,11 +175,11 @@ Status OptimizerStage::read_state(size_t c, float* dst) {
   return ok_status();
 }
 
-Status OptimizerStage::write_state(size_t c, const float* src) {
+Status OptimizerStage::write_state(size_t c, const std::byte* src) {
   STRATA_CHECK(c < elems_.size());
-  const uint64_t bytes = state_bytes(elems_[c]);
+  const uint64_t bytes = state_bytes(elems_[c], state_type_);
   if (tier_ == Tier::kHost) {
-    host_[c].assign(src, src + 3 * elems_[c]);
+    host_[c].assign(src, src + bytes);
     return ok_status();
   }
   STRATA_ASSIGN_OR_RETURN(PinnedArena::Lease lease, staging_->acquire("write " + blob(c)));
@@ -169,18 +189,23 @@ Status OptimizerStage::write_state(size_t c, const float* src) {
   return swap_->wait(t).with_context("writing optimizer state of chunk " + std::to_string(c));
 }
 
-cpu_optim::ParamSpan OptimizerStage::span_over(float* state, int64_t n, const ChunkGrad& g, void* out,
+cpu_optim::ParamSpan OptimizerStage::span_over(std::byte* state, int64_t n, const ChunkGrad& g, void* out,
                                                DType out_dtype) const {
+  const StateLayout l = StateLayout::of(n, state_type_);
   cpu_optim::ParamSpan s;
-  s.params = state;
+  s.params = reinterpret_cast<float*>(state);
   s.n = n;
   s.grad = g.data;
   s.grad_dtype = g.dtype;
   s.weights_out = out;
   s.out_dtype = out_dtype;
-  s.state.type = cpu_optim::StateType::kF32;
-  s.state.m = state + n;
-  s.state.v = state + 2 * n;
+  s.state.type = state_type_;
+  s.state.m = state + l.m;
+  s.state.v = state + l.v;
+  if (state_type_ == cpu_optim::StateType::kQ8) {
+    s.state.m_scale = reinterpret_cast<float*>(state + l.m_scale);
+    s.state.v_scale = reinterpret_cast<float*>(state + l.v_scale);
+  }
   return s;
 }
 
@@ -348,7 +373,7 @@ class OptimizerStage::Pipeline {
     const size_t c = s_.ov_.order[k];
     STRATA_RETURN_IF_ERROR(fill(k + 1));
     STRATA_CHECK_MSG(reads_[c].has_value(), "optimizer stage: chunk %zu updated before it was read", c);
-    const uint64_t bytes = state_bytes(s_.elems_[c]);
+    const uint64_t bytes = state_bytes(s_.elems_[c], s_.state_type_);
     Status rs = s_.swap_->wait(*reads_[c]);
     reads_[c].reset();
     STRATA_RETURN_IF_ERROR(rs.with_context("reading optimizer state of chunk " + std::to_string(c)));
@@ -356,7 +381,7 @@ class OptimizerStage::Pipeline {
     s_.moved(c, Residency::kOnHost);
     const uint64_t woff = s_.weights_nvme_ ? s_.weights_offset(c) : 0;
     void* out = s_.weights_nvme_ ? static_cast<void*>(lease_[c].data() + woff) : s_.ov_.out[c];
-    STRATA_RETURN_IF_ERROR(s_.traced_update(c, reinterpret_cast<float*>(lease_[c].data()), out, options, &counters));
+    STRATA_RETURN_IF_ERROR(s_.traced_update(c, lease_[c].data(), out, options, &counters));
     s_.moved(c, Residency::kDirty);
     STRATA_ASSIGN_OR_RETURN(io::Ticket w, s_.swap_->write(blob(c, 1 - s_.gen_[c]), lease_[c].buffer(), bytes));
     writes_[c] = w;
@@ -414,14 +439,14 @@ class OptimizerStage::Pipeline {
   size_t next_read_ = 0;
 };
 
-Status OptimizerStage::traced_update(size_t c, float* state, void* out, const cpu_optim::StepOptions& options,
-                                     StageCounters* counters, float* state_next) {
+Status OptimizerStage::traced_update(size_t c, std::byte* state, void* out, const cpu_optim::StepOptions& options,
+                                     StageCounters* counters, std::byte* state_next) {
   const double start = trace_ ? trace_->now_us() : 0;
   cpu_optim::ParamSpan span = span_over(state, elems_[c], ov_.grads[c], out, ov_.out_dtype);
   if (state_next != nullptr) {
-    span.params_next = state_next;
-    span.state_next.m = state_next + elems_[c];
-    span.state_next.v = state_next + 2 * elems_[c];
+    const cpu_optim::ParamSpan next = span_over(state_next, elems_[c], ov_.grads[c], out, ov_.out_dtype);
+    span.params_next = next.params;
+    span.state_next = next.state;
   }
   Result<cpu_optim::StepReport> r = cpu_optim::step(ov_.config, ov_.t, span, options, *executor_);
   if (!r) return std::move(r).error().with_context("optimizer step of chunk " + std::to_string(c));

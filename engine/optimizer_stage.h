@@ -10,7 +10,10 @@
 // (tested). A failed read or write ends the step with the error (naming the
 // chunk); the swap store never serves a half-written chunk as valid.
 //
-// Per chunk the state is one blob: [master fp32 | m fp32 | v fp32], n each.
+// Per chunk the state is one blob: [master fp32 | m | v], m and v in the
+// stage's state type (fp32, bf16, or 8-bit blockwise codes followed by
+// their per-block fp32 scales: cpu_optim's StateType), each array starting
+// on a 64-byte boundary (StateLayout).
 //
 // The overlapped step (begin / land / finish) runs the stage on its own
 // thread while the caller is still in backward: states are read ahead in the
@@ -36,6 +39,7 @@
 #include <string>
 #include <vector>
 
+#include "common/aligned_vector.h"
 #include "cpu_optim/optimizer.h"
 #include "engine/chunk_store.h"
 #include "engine/pinned_arena.h"
@@ -82,15 +86,25 @@ struct OverlapOutcome {
   bool out_written = false;  // `out` was written (false when skipped without speculation)
 };
 
+// Where each array of a chunk's state blob starts, in bytes.
+struct StateLayout {
+  uint64_t m = 0, v = 0;              // the m and v arrays
+  uint64_t m_scale = 0, v_scale = 0;  // their per-block scales (8-bit states only)
+  uint64_t bytes = 0;                 // the whole blob
+  static StateLayout of(int64_t elems, cpu_optim::StateType type);
+};
+
 class OptimizerStage {
  public:
   // `chunk_elems`: elements per chunk (model_layout order). States on
   // Tier::kHost or Tier::kNvme; for NVMe, `swap` and `staging` (>= 3 buffers
   // of >= 12 * max chunk bytes, padded to the swap alignment) are required.
   ~OptimizerStage();
+  // `states`: how m and v are stored (fp32, bf16 or 8-bit blockwise).
   static Result<std::unique_ptr<OptimizerStage>> create(std::vector<int64_t> chunk_elems, Tier tier,
                                                         io::SwapStore* swap, PinnedArena* staging,
-                                                        cpu_optim::Executor& executor, Trace* trace = nullptr);
+                                                        cpu_optim::Executor& executor, Trace* trace = nullptr,
+                                                        cpu_optim::StateType states = cpu_optim::StateType::kF32);
 
   // Homes the working weights (dtype: bf16 or fp16) on NVMe too, one blob
   // per chunk beside its state, written by every update; the caller then
@@ -107,8 +121,9 @@ class OptimizerStage {
   bool ram_speculation() const { return !next_.empty(); }
   // The blob holding chunk c's working weights now (not during a step).
   std::string weights_blob(size_t chunk) const { return weights_blob(chunk, gen_[chunk]); }
-  static uint64_t staging_bytes_with_weights(const io::SwapStore& swap, int64_t elems) {
-    return swap.padded_size(state_bytes(elems)) + swap.padded_size(2 * static_cast<uint64_t>(elems));
+  static uint64_t staging_bytes_with_weights(const io::SwapStore& swap, int64_t elems,
+                                             cpu_optim::StateType states = cpu_optim::StateType::kF32) {
+    return swap.padded_size(state_bytes(elems, states)) + swap.padded_size(2 * static_cast<uint64_t>(elems));
   }
   // Chunk c's working weights out of / into their NVMe blob (checkpoints).
   Status read_weights(size_t chunk, void* dst);
@@ -141,10 +156,12 @@ class OptimizerStage {
 
   // Copies chunk c's master weights into `dst` (n floats), for checks.
   Status read_master(size_t chunk, float* dst);
-  // Chunk c's whole state [master | m | v] (3n floats) out of / into the
-  // stage, for checkpoints and resume. Through the staging arena on NVMe.
-  Status read_state(size_t chunk, float* dst);
-  Status write_state(size_t chunk, const float* src);
+  // Chunk c's whole state blob (state_bytes(n, state_type()) bytes, laid
+  // out as StateLayout says) out of / into the stage, for checkpoints and
+  // resume. Through the staging arena on NVMe.
+  Status read_state(size_t chunk, std::byte* dst);
+  Status write_state(size_t chunk, const std::byte* src);
+  cpu_optim::StateType state_type() const { return state_type_; }
   size_t chunks() const { return elems_.size(); }
   int64_t chunk_elems(size_t chunk) const { return elems_[chunk]; }
 
@@ -152,11 +169,13 @@ class OptimizerStage {
   // Host memory the stage's states hold (host tier; staging arenas are the caller's).
   uint64_t host_bytes() const {
     uint64_t b = 0;
-    for (const auto& v : host_) b += v.capacity() * 4;
-    for (const auto& v : next_) b += v.capacity() * 4;
+    for (const auto& v : host_) b += v.capacity();
+    for (const auto& v : next_) b += v.capacity();
     return b;
   }
-  static uint64_t state_bytes(int64_t elems) { return 12 * static_cast<uint64_t>(elems); }
+  static uint64_t state_bytes(int64_t elems, cpu_optim::StateType states = cpu_optim::StateType::kF32) {
+    return StateLayout::of(elems, states).bytes;
+  }
 
  private:
   OptimizerStage() = default;
@@ -167,18 +186,19 @@ class OptimizerStage {
   static std::string weights_blob(size_t chunk, int gen) {
     return "weights/chunk-" + std::to_string(chunk) + (gen == 0 ? "" : ".b");
   }
-  uint64_t weights_offset(size_t chunk) const { return swap_->padded_size(state_bytes(elems_[chunk])); }
+  uint64_t weights_offset(size_t chunk) const { return swap_->padded_size(state_bytes(elems_[chunk], state_type_)); }
   Status run_overlap();
   Status wait_landed(size_t chunk);
   class Pipeline;
   // One chunk's update (in ov_'s step), traced.
   // `state_next`: null to update in place, else where the new state goes.
-  Status traced_update(size_t chunk, float* state, void* out, const cpu_optim::StepOptions& options,
-                       StageCounters* counters, float* state_next = nullptr);
+  Status traced_update(size_t chunk, std::byte* state, void* out, const cpu_optim::StepOptions& options,
+                       StageCounters* counters, std::byte* state_next = nullptr);
   // Every chunk, in ov_.order, through the NVMe pipeline (a fresh one, or
   // one whose reads are already under way); writes go to the other blobs.
   Result<StageCounters> update_pass(const cpu_optim::StepOptions& options, Pipeline* prefetched);
-  cpu_optim::ParamSpan span_over(float* state, int64_t n, const ChunkGrad& g, void* out, DType out_dtype) const;
+  cpu_optim::ParamSpan span_over(std::byte* state, int64_t n, const ChunkGrad& g, void* out, DType out_dtype) const;
+  cpu_optim::StateType state_type_ = cpu_optim::StateType::kF32;
   std::vector<int64_t> elems_;
   Tier tier_ = Tier::kHost;
   io::SwapStore* swap_ = nullptr;
@@ -189,8 +209,8 @@ class OptimizerStage {
   void moved(size_t chunk, Residency now) const {
     if (store_ != nullptr) store_->states_moved(chunk, now);
   }
-  std::vector<std::vector<float>> host_;  // states on the host tier
-  std::vector<std::vector<float>> next_;  // their second copies, with RAM speculation
+  std::vector<AlignedVector<std::byte>> host_;  // state blobs on the host tier
+  std::vector<AlignedVector<std::byte>> next_;  // their second copies, with RAM speculation
   std::vector<int> gen_;                  // which of its two blobs holds each chunk's state (NVMe)
   bool weights_nvme_ = false;
   DType weights_dtype_ = DType::kBF16;

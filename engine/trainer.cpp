@@ -18,6 +18,30 @@
 namespace strata::engine {
 namespace {
 
+// One tensor of a chunk's optimizer state in a checkpoint: where it lies in
+// the stage's blob (StateLayout) and how it is stored.
+struct StatePart {
+  std::string name;
+  TensorType type;
+  int64_t elems;
+  uint64_t offset;
+  size_t bytes() const { return static_cast<size_t>(tensor_type_bytes(type) * static_cast<uint64_t>(elems)); }
+};
+
+std::vector<StatePart> state_parts(int64_t n, cpu_optim::StateType states) {
+  const StateLayout l = StateLayout::of(n, states);
+  const TensorType mv = states == cpu_optim::StateType::kF32    ? TensorType::kF32
+                        : states == cpu_optim::StateType::kBF16 ? TensorType::kBF16
+                                                                : TensorType::kU8;
+  std::vector<StatePart> parts = {{"master", TensorType::kF32, n, 0}, {"m", mv, n, l.m}, {"v", mv, n, l.v}};
+  if (states == cpu_optim::StateType::kQ8) {
+    const int64_t blocks = (n + cpu_optim::kQ8BlockElems - 1) / cpu_optim::kQ8BlockElems;
+    parts.push_back({"m_scale", TensorType::kF32, blocks, l.m_scale});
+    parts.push_back({"v_scale", TensorType::kF32, blocks, l.v_scale});
+  }
+  return parts;
+}
+
 // The host backend's device when device_bytes is 0: no cap.
 constexpr uint64_t kUncappedHostDevice = uint64_t{1} << 60;
 
@@ -35,7 +59,9 @@ TrainSetup training_setup(const TrainerOptions& o) {
   s.grad_accum = o.grad_accum;
   s.compute = o.precision;
   s.working = o.precision;
-  s.state_bytes_per_param = 8;
+  s.state_bytes_per_param = o.adam_states == cpu_optim::StateType::kF32    ? 8.0
+                            : o.adam_states == cpu_optim::StateType::kBF16 ? 4.0
+                                                                          : 2.0 + 8.0 / cpu_optim::kQ8BlockElems;
   s.host_backend = o.backend == TrainerOptions::Backend::kHost;
   s.delayed_update = o.delayed_update;
   return s;
@@ -145,8 +171,8 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
   }
   if (o.states == Tier::kNvme) {
     const uint64_t staging_bytes = o.weights == Tier::kNvme
-                                       ? OptimizerStage::staging_bytes_with_weights(*tr->swap_, max_elems)
-                                       : tr->swap_->padded_size(OptimizerStage::state_bytes(max_elems));
+                                       ? OptimizerStage::staging_bytes_with_weights(*tr->swap_, max_elems, o.adam_states)
+                                       : tr->swap_->padded_size(OptimizerStage::state_bytes(max_elems, o.adam_states));
     STRATA_ASSIGN_OR_RETURN(tr->staging_,
                             PinnedArena::create("optimizer staging", staging_bytes,
                                                 static_cast<uint32_t>(o.staging_buffers), *tr->allocator_,
@@ -154,7 +180,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
   }
 
   STRATA_ASSIGN_OR_RETURN(tr->stage_, OptimizerStage::create(elems, o.states, tr->swap_.get(), tr->staging_.get(),
-                                                             *tr->executor_, o.trace));
+                                                             *tr->executor_, o.trace, o.adam_states));
   if (o.speculate_in_ram) STRATA_RETURN_IF_ERROR(tr->stage_->enable_ram_speculation());
   // The device computes in the working weights' type. The resident
   // placement is the streamed model with a slot for every chunk but the
@@ -479,7 +505,7 @@ Status Trainer::save(const std::string& root) {
   // Model weights, bf16, GPT-2 names.
   std::vector<TensorInfo> tensors;
   for (const auto& chunk : layout_) {
-    for (const auto& t : chunk.tensors) tensors.push_back({t.name, options_.precision, t.shape});
+    for (const auto& t : chunk.tensors) tensors.push_back({t.name, tensor_type(options_.precision), t.shape});
   }
   STRATA_ASSIGN_OR_RETURN(SafetensorsWriter model,
                           SafetensorsWriter::create(tmp + "/model.safetensors", tensors, {{"format", "pt"}}));
@@ -498,23 +524,30 @@ Status Trainer::save(const std::string& root) {
     }
   }
   STRATA_RETURN_IF_ERROR(model.finish());
-  // Optimizer state, streamed chunk by chunk from its tier.
+  // Optimizer state, streamed chunk by chunk from its tier: the master
+  // weights, m and v in their stored type (8-bit states: the codes and
+  // their per-block scales).
   std::vector<TensorInfo> states;
+  std::vector<std::vector<StatePart>> parts;
   for (size_t c = 0; c < layout_.size(); ++c) {
-    for (const char* part : {"master", "m", "v"}) {
-      states.push_back({"chunk-" + std::to_string(c) + "." + part, DType::kF32, {layout_[c].numel}});
+    parts.push_back(state_parts(layout_[c].numel, options_.adam_states));
+    for (const StatePart& part : parts.back()) {
+      states.push_back({"chunk-" + std::to_string(c) + "." + part.name, part.type, {part.elems}});
     }
   }
   STRATA_ASSIGN_OR_RETURN(SafetensorsWriter opt, SafetensorsWriter::create(tmp + "/optimizer.safetensors", states));
   for (size_t c = 0; c < layout_.size(); ++c) {
-    std::vector<float> state(static_cast<size_t>(3 * layout_[c].numel));
-    STRATA_RETURN_IF_ERROR(stage_->read_state(c, state.data()));
-    STRATA_RETURN_IF_ERROR(opt.append(std::as_bytes(std::span(state))));
+    std::vector<std::byte> blob(OptimizerStage::state_bytes(layout_[c].numel, options_.adam_states));
+    STRATA_RETURN_IF_ERROR(stage_->read_state(c, blob.data()));
+    for (const StatePart& part : parts[c]) {
+      STRATA_RETURN_IF_ERROR(opt.append(std::span(blob.data() + part.offset, part.bytes())));
+    }
   }
   STRATA_RETURN_IF_ERROR(opt.finish());
   nlohmann::json meta = {{"step", t_}, {"seed", options_.seed}, {"data_position", t_ * options_.grad_accum},
                          {"grad_accum", options_.grad_accum}, {"model", model_json(options_.model)},
-                         {"precision", dtype_name(options_.precision)}};
+                         {"precision", dtype_name(options_.precision)},
+                         {"adam_states", cpu_optim::state_type_name(options_.adam_states)}};
   if (options_.precision == DType::kF16) {
     const LossScaler::State ls = scaler_.state();
     meta["loss_scale"] = {{"scale", ls.scale}, {"good_steps", ls.good_steps}, {"hysteresis_left", ls.hysteresis_left}};
@@ -550,6 +583,11 @@ Status Trainer::load(const std::string& root) {
     return failed_precondition("checkpoint " + path + " holds " + precision + " weights, this run uses " +
                                std::string(dtype_name(options_.precision)));
   }
+  const std::string adam_states = meta.value("adam_states", std::string("fp32"));
+  if (adam_states != cpu_optim::state_type_name(options_.adam_states)) {
+    return failed_precondition("checkpoint " + path + " holds " + adam_states + " Adam states, this run keeps " +
+                               std::string(cpu_optim::state_type_name(options_.adam_states)));
+  }
   LossScaler::State ls;
   if (options_.precision == DType::kF16) {
     if (!meta.contains("loss_scale")) return data_loss(path + "/trainer.json: an fp16 checkpoint without loss_scale");
@@ -574,14 +612,12 @@ Status Trainer::load(const std::string& root) {
   }
   STRATA_ASSIGN_OR_RETURN(SafetensorsReader opt, SafetensorsReader::open(path + "/optimizer.safetensors"));
   for (size_t c = 0; c < layout_.size(); ++c) {
-    const int64_t n = layout_[c].numel;
-    std::vector<float> state(static_cast<size_t>(3 * n));
-    const char* parts[] = {"master", "m", "v"};
-    for (int k = 0; k < 3; ++k) {
-      STRATA_RETURN_IF_ERROR(opt.read("chunk-" + std::to_string(c) + "." + parts[k],
-                                      std::as_writable_bytes(std::span(state.data() + k * n, static_cast<size_t>(n)))));
+    std::vector<std::byte> blob(OptimizerStage::state_bytes(layout_[c].numel, options_.adam_states), std::byte{0});
+    for (const StatePart& part : state_parts(layout_[c].numel, options_.adam_states)) {
+      STRATA_RETURN_IF_ERROR(
+          opt.read("chunk-" + std::to_string(c) + "." + part.name, std::span(blob.data() + part.offset, part.bytes())));
     }
-    STRATA_RETURN_IF_ERROR(stage_->write_state(c, state.data()));
+    STRATA_RETURN_IF_ERROR(stage_->write_state(c, blob.data()));
   }
   t_ = meta["step"].get<int64_t>();
   if (options_.precision == DType::kF16) STRATA_RETURN_IF_ERROR(scaler_.restore(ls));

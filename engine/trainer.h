@@ -34,6 +34,11 @@ struct TrainerOptions {
   int64_t grad_accum = 1;
   uint64_t seed = 1;
   cpu_optim::AdamConfig adam;
+  // How Adam's m and v are stored (the master weights are fp32 always):
+  // fp32 (12 bytes of state per parameter with the master weights), bf16
+  // (8), or 8-bit blockwise codes with a scale per 256 (~6.03). Checkpoints
+  // keep them as stored, so a resume continues bit for bit.
+  cpu_optim::StateType adam_states = cpu_optim::StateType::kF32;
   Tier states = Tier::kHost;                // kHost or kNvme
   // Stream each block's weights through a capped device (of device_bytes)
   // `prefetch_depth` chunks ahead, recomputing blocks in backward;
@@ -100,7 +105,7 @@ struct TrainerOptions {
 };
 
 // The planner's view of a trainer's run: model, micro-batch, sequence,
-// accumulation, the device computing in `precision`, fp32 Adam states, the
+// accumulation, the device computing in `precision`, the Adam states' type, the
 // host backend's workspace, a delayed update's second gradient buffers.
 TrainSetup training_setup(const TrainerOptions& options);
 

@@ -20,7 +20,7 @@ namespace {
 std::vector<TensorInfo> gpt_tensors(const gpu::GptConfig& c) {
   std::vector<TensorInfo> out;
   for (const auto& chunk : gpu::model_layout(c)) {
-    for (const auto& t : chunk.tensors) out.push_back({t.name, DType::kF32, t.shape});
+    for (const auto& t : chunk.tensors) out.push_back({t.name, TensorType::kF32, t.shape});
   }
   return out;
 }
@@ -75,7 +75,7 @@ TEST(Safetensors, RoundTripWithGpt2NamesStreamedInPieces) {
 
 TEST(Safetensors, WrongAmountsAndTruncationAreErrors) {
   strata::testing::TempDir dir;
-  std::vector<TensorInfo> t = {{"a", DType::kBF16, {3, 2}}, {"b", DType::kF32, {5}}};
+  std::vector<TensorInfo> t = {{"a", TensorType::kBF16, {3, 2}}, {"b", TensorType::kF32, {5}}};
   Result<SafetensorsWriter> w = SafetensorsWriter::create(dir.path() + "/x.safetensors", t);
   ASSERT_TRUE(w);
   std::vector<std::byte> twelve(12), too_much(21);
@@ -84,7 +84,7 @@ TEST(Safetensors, WrongAmountsAndTruncationAreErrors) {
   Result<SafetensorsWriter> w2 = SafetensorsWriter::create(dir.path() + "/y.safetensors", t);
   EXPECT_EQ(w2->append(std::vector<std::byte>(33)).code(), StatusCode::kInvalidArgument);
   // A file cut short is DataLoss, not garbage.
-  ASSERT_TRUE(write_model(dir.path() + "/z.safetensors", {{"w", DType::kF32, {100}}}, 64).ok());
+  ASSERT_TRUE(write_model(dir.path() + "/z.safetensors", {{"w", TensorType::kF32, {100}}}, 64).ok());
   std::filesystem::resize_file(dir.path() + "/z.safetensors", std::filesystem::file_size(dir.path() + "/z.safetensors") - 4);
   EXPECT_EQ(SafetensorsReader::open(dir.path() + "/z.safetensors").error().code(), StatusCode::kDataLoss);
   EXPECT_EQ(SafetensorsReader::open(dir.path() + "/missing").error().code(), StatusCode::kNotFound);
@@ -94,7 +94,7 @@ TEST(CheckpointDir, CommitIsAtomicAndAKilledWriterLeavesThePreviousOne) {
   strata::testing::TempDir dir;
   CheckpointDir ckpt(dir.path() + "/ckpt");
   EXPECT_EQ(ckpt.latest_step().error().code(), StatusCode::kNotFound);
-  std::vector<TensorInfo> model = {{"w", DType::kF32, {1 << 16}}};
+  std::vector<TensorInfo> model = {{"w", TensorType::kF32, {1 << 16}}};
   Result<std::string> tmp = ckpt.begin(10);
   ASSERT_TRUE(tmp);
   ASSERT_TRUE(write_model(*tmp + "/model.safetensors", model, 4096).ok());
@@ -107,7 +107,7 @@ TEST(CheckpointDir, CommitIsAtomicAndAKilledWriterLeavesThePreviousOne) {
   if (child == 0) {
     Result<std::string> t20 = ckpt.begin(20);
     if (!t20) ::_exit(2);
-    std::vector<TensorInfo> big = {{"w", DType::kF32, {1 << 26}}};
+    std::vector<TensorInfo> big = {{"w", TensorType::kF32, {1 << 26}}};
     Result<SafetensorsWriter> w = SafetensorsWriter::create(*t20 + "/model.safetensors", big);
     if (!w) ::_exit(3);
     std::vector<std::byte> piece(1 << 16);

@@ -29,6 +29,7 @@ struct Rig {
   std::unique_ptr<io::SwapStore> swap;
   std::unique_ptr<PinnedArena> staging;
   std::unique_ptr<OptimizerStage> stage;
+  cpu_optim::StateType states = cpu_optim::StateType::kF32;  // how m and v are stored
 
   Status open(Tier tier, const std::string& dir, io::Backend backend, std::optional<io::FaultConfig> faults = {}) {
     if (tier == Tier::kNvme) {
@@ -39,10 +40,11 @@ struct Rig {
       STRATA_ASSIGN_OR_RETURN(swap, io::SwapStore::open(o));
       int64_t max_n = *std::max_element(kChunks.begin(), kChunks.end());
       STRATA_ASSIGN_OR_RETURN(staging, PinnedArena::create("optimizer staging",
-                                                           swap->padded_size(OptimizerStage::state_bytes(max_n)), 3,
+                                                           swap->padded_size(OptimizerStage::state_bytes(max_n, states)), 3,
                                                            allocator));
     }
-    STRATA_ASSIGN_OR_RETURN(stage, OptimizerStage::create(kChunks, tier, swap.get(), staging.get(), *executor));
+    STRATA_ASSIGN_OR_RETURN(stage, OptimizerStage::create(kChunks, tier, swap.get(), staging.get(), *executor,
+                                                          nullptr, states));
     for (size_t c = 0; c < kChunks.size(); ++c) {
       std::vector<float> init(static_cast<size_t>(kChunks[c]));
       std::mt19937 rng(static_cast<uint32_t>(c));
@@ -87,7 +89,7 @@ Status run(Rig& rig, int steps, uint64_t seed, std::vector<std::vector<float>>* 
     STRATA_ASSIGN_OR_RETURN(StageCounters counters, rig.stage->step(adamw, t, g, o, DType::kBF16, options));
     if (rig.stage->tier() == Tier::kNvme) {
       uint64_t total = 0;
-      for (int64_t n : kChunks) total += OptimizerStage::state_bytes(n);
+      for (int64_t n : kChunks) total += OptimizerStage::state_bytes(n, rig.states);
       if (counters.nvme_bytes_read != total || counters.nvme_bytes_written != total) {
         return internal_error("byte counters off");
       }
@@ -135,6 +137,55 @@ TEST(OptimizerStage, HostAndNvmeGiveTheSameBits) {
   EXPECT_EQ(m_host, m_posix);
   EXPECT_EQ(o_host, o_uring);
   EXPECT_EQ(o_host, o_posix);
+}
+
+// bf16 and 8-bit m and v: the blob holds them as stored (StateLayout), and
+// host and NVMe still give the same bits — different ones from fp32 states.
+TEST(OptimizerStage, LowPrecisionStatesGiveTheSameBitsOnHostAndNvme) {
+  uint64_t seed = strata::testing::test_seed(92);
+  strata::testing::TempDir dir;
+  std::vector<std::vector<float>> m_fp32;
+  std::vector<std::vector<uint16_t>> o_fp32;
+  {
+    Rig fp32;
+    ASSERT_TRUE(fp32.open(Tier::kHost, "", io::Backend::kAuto).ok());
+    ASSERT_TRUE(run(fp32, 4, seed, &m_fp32, &o_fp32).ok());
+  }
+  for (cpu_optim::StateType st : {cpu_optim::StateType::kBF16, cpu_optim::StateType::kQ8}) {
+    const std::string name(cpu_optim::state_type_name(st));
+    std::vector<std::vector<float>> m_host, m_nvme;
+    std::vector<std::vector<uint16_t>> o_host, o_nvme;
+    {
+      Rig host;
+      host.states = st;
+      ASSERT_TRUE(host.open(Tier::kHost, "", io::Backend::kAuto).ok());
+      ASSERT_TRUE(run(host, 4, seed, &m_host, &o_host).ok());
+      EXPECT_EQ(host.stage->host_bytes(), [&] {
+        uint64_t b = 0;
+        for (int64_t n : kChunks) b += OptimizerStage::state_bytes(n, st);
+        return b;
+      }()) << name;
+    }
+    {
+      Rig nvme;
+      nvme.states = st;
+      Status s = nvme.open(Tier::kNvme, dir.sub(name), io::Backend::kPosix);
+      ASSERT_TRUE(s.ok()) << s.to_string();
+      s = run(nvme, 4, seed, &m_nvme, &o_nvme);
+      ASSERT_TRUE(s.ok()) << s.to_string();
+    }
+    EXPECT_EQ(m_host, m_nvme) << name;
+    EXPECT_EQ(o_host, o_nvme) << name;
+    EXPECT_NE(m_host, m_fp32) << name << " states round m and v: the path differs from fp32's";
+  }
+  // The layout: master, then m and v (8-bit: each followed by its scales),
+  // every array on a 64-byte line.
+  const StateLayout q8 = StateLayout::of(1000, cpu_optim::StateType::kQ8);
+  EXPECT_EQ(q8.m, 4000u / 64 * 64 + 64);
+  EXPECT_EQ(q8.m_scale, q8.m + 1024);
+  EXPECT_EQ(q8.v, q8.m_scale + 64);  // 4 scales
+  EXPECT_EQ(q8.bytes, q8.v_scale + 64);
+  EXPECT_EQ(OptimizerStage::state_bytes(1024), 12u * 1024) << "fp32 states: 12 bytes per parameter, no padding";
 }
 
 TEST(OptimizerStage, NvmeFaultsEndTheStepWithTheChunkNamed) {

@@ -91,6 +91,70 @@ TEST(Trainer, SameLossesBitForBitWhereverTheStatesLive) {
   EXPECT_NE(none.error().message().find("NUMA node 4000"), std::string::npos) << none.error().to_string();
 }
 
+// Adam's m and v stored in bf16 or as 8-bit blockwise codes: the same bits
+// wherever the states and weights live, a resume at step 10 continues bit
+// for bit (the checkpoint keeps the states as stored), the loss falls, and
+// the states take the bytes their type says.
+TEST(Trainer, LowPrecisionAdamStatesGiveTheSameBitsEverywhereAndResume) {
+  uint64_t seed = strata::testing::test_seed(111);
+  strata::testing::TempDir dir;
+  uint64_t host_bytes[3] = {};
+  for (cpu_optim::StateType st : {cpu_optim::StateType::kF32, cpu_optim::StateType::kBF16, cpu_optim::StateType::kQ8}) {
+    const std::string name(cpu_optim::state_type_name(st));
+    TrainerOptions o = tiny(seed);
+    o.adam_states = st;
+    std::vector<float> host = run(o, 20);
+    ASSERT_EQ(host.size(), 20u);
+    EXPECT_LT(host.back(), 0.7f * host.front()) << name;
+    {
+      auto tr = std::move(Trainer::create(o)).value();
+      host_bytes[static_cast<int>(st)] = tr->host_bytes();
+    }
+    TrainerOptions nvme = o;
+    nvme.states = Tier::kNvme;
+    nvme.nvme_paths = {dir.sub("nvme-" + name)};
+    EXPECT_EQ(run(nvme, 20), host) << name << " states on NVMe";
+    TrainerOptions all_nvme = nvme;
+    all_nvme.nvme_paths = {dir.sub("all-nvme-" + name)};
+    all_nvme.stream_weights = true;
+    all_nvme.device_bytes = 8ull << 20;
+    all_nvme.weights = Tier::kNvme;
+    EXPECT_EQ(run(all_nvme, 20), host) << name << " states and weights on NVMe";
+    TrainerOptions ram_spec = o;
+    ram_spec.speculate_in_ram = true;
+    ram_spec.clip_norm = 0.5f;  // fires on some steps: rollbacks from the second copy
+    TrainerOptions ram_plain = o;
+    ram_plain.clip_norm = 0.5f;
+    EXPECT_EQ(run(ram_spec, 12), run(ram_plain, 12)) << name << " speculation in RAM";
+
+    const std::string root = dir.path() + "/ckpt-" + name;
+    {
+      auto tr = std::move(Trainer::create(nvme)).value();
+      for (int i = 0; i < 10; ++i) ASSERT_TRUE(tr->step());
+      ASSERT_TRUE(tr->save(root).ok());
+    }
+    auto resumed = std::move(Trainer::create(o)).value();  // states from NVMe into RAM
+    Status s = resumed->load(root);
+    ASSERT_TRUE(s.ok()) << s.to_string();
+    for (int i = 10; i < 20; ++i) {
+      Result<float> loss = resumed->step();
+      ASSERT_TRUE(loss);
+      EXPECT_EQ(*loss, host[static_cast<size_t>(i)]) << name << ": step " << i + 1 << " after the resume";
+    }
+  }
+  // m and v take 8, 4 and ~2 bytes per parameter: the host memory shrinks by
+  // the difference (the chunks' padded sizes; 64-byte array alignment aside).
+  const uint64_t params = [] {
+    uint64_t n = 0;
+    for (const gpu::ChunkLayout& c : gpu::model_layout(tiny(1).model)) n += static_cast<uint64_t>(c.numel);
+    return n;
+  }();
+  const double fp32_to_bf16 = static_cast<double>(host_bytes[0] - host_bytes[1]) / static_cast<double>(params);
+  const double fp32_to_q8 = static_cast<double>(host_bytes[0] - host_bytes[2]) / static_cast<double>(params);
+  EXPECT_NEAR(fp32_to_bf16, 4.0, 0.05);
+  EXPECT_NEAR(fp32_to_q8, 6.0 - 8.0 / 256, 0.1);
+}
+
 TEST(Trainer, LossFalls) {
   std::vector<float> losses = run(tiny(strata::testing::test_seed(102)), 60);
   ASSERT_EQ(losses.size(), 60u);
@@ -132,6 +196,12 @@ TEST(Trainer, ResumeFromStep10ReproducesSteps11To20) {
     }
   }
   // A checkpoint of another model is refused, naming both.
+  TrainerOptions q8 = tiny(seed);
+  q8.adam_states = cpu_optim::StateType::kQ8;
+  auto other_states = std::move(Trainer::create(q8)).value();
+  Status mismatch = other_states->load(dir.path() + "/ckpt-host");
+  EXPECT_EQ(mismatch.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(mismatch.message().find("fp32 Adam states"), std::string::npos) << mismatch.to_string();
   TrainerOptions other = tiny(seed);
   other.model.layers = 3;
   auto tr = std::move(Trainer::create(other)).value();
@@ -518,6 +588,11 @@ TEST(Trainer, PlannedBytesPerTierMatchWhatTheRunUsed) {
   struct Homes {
     Tier weights, states;
   };
+  // The working type and how Adam's m and v are stored.
+  const std::pair<DType, cpu_optim::StateType> kinds[] = {{DType::kBF16, cpu_optim::StateType::kF32},
+                                                           {DType::kF16, cpu_optim::StateType::kF32},
+                                                           {DType::kBF16, cpu_optim::StateType::kBF16},
+                                                           {DType::kBF16, cpu_optim::StateType::kQ8}};
   strata::testing::TempDir dir;
   int n = 0;
   double worst = 0;
@@ -526,8 +601,10 @@ TEST(Trainer, PlannedBytesPerTierMatchWhatTheRunUsed) {
       for (Tier acts : {Tier::kDevice, Tier::kHost, Tier::kNvme}) {
         for (Homes homes : {Homes{Tier::kHost, Tier::kHost}, Homes{Tier::kHost, Tier::kNvme},
                             Homes{Tier::kNvme, Tier::kNvme}}) {
-          for (DType precision : {DType::kBF16, DType::kF16}) {
+          for (const auto& [precision, st] : kinds) {
             if (precision == DType::kF16 && (sh.layers != 6 || depth != 1)) continue;
+            // Low-precision Adam states: one shape and depth.
+            if (st != cpu_optim::StateType::kF32 && (sh.layers != 6 || depth != 1)) continue;
             TrainerOptions o;
             o.model.layers = sh.layers, o.model.hidden = sh.hidden, o.model.heads = 4, o.model.vocab = sh.vocab;
             o.model.max_seq = sh.seq;
@@ -540,6 +617,7 @@ TEST(Trainer, PlannedBytesPerTierMatchWhatTheRunUsed) {
             o.weights = homes.weights;
             o.states = homes.states;
             o.precision = precision;
+            o.adam_states = st;
             o.speculate_in_ram = homes.states == Tier::kHost && depth == 3;  // the second copy of the states
             o.nvme_paths = {dir.sub("p" + std::to_string(n++))};
             const TrainSetup setup = training_setup(o);
@@ -557,7 +635,8 @@ TEST(Trainer, PlannedBytesPerTierMatchWhatTheRunUsed) {
             const std::string what = std::to_string(sh.layers) + "x" + std::to_string(sh.hidden) + " depth " +
                                      std::to_string(depth) + ", weights on " + std::string(tier_name(homes.weights)) +
                                      ", states on " + std::string(tier_name(homes.states)) + ", checkpoints on " +
-                                     std::string(tier_name(acts)) + ", " + std::string(dtype_name(precision));
+                                     std::string(tier_name(acts)) + ", " + std::string(dtype_name(precision)) +
+                                     ", " + std::string(cpu_optim::state_type_name(st)) + " Adam states";
             const double measured[3] = {
                 static_cast<double>((*tr)->device()->peak_bytes()), static_cast<double>((*tr)->host_bytes()),
                 (*tr)->swap_store() ? static_cast<double>((*tr)->swap_store()->stats().peak_used_bytes) : 0.0};
