@@ -77,7 +77,7 @@ int run(int argc, char** argv) {
   app.add_option("--dir", dir, "directory for the NVMe state files (O_DIRECT-capable)");
   app.add_option("--layers", layers, "transformer blocks")->check(CLI::Range(1, 4096));
   app.add_option("--hidden", hidden, "hidden size (multiple of 64)")->check(CLI::Range(64, 65536));
-  app.add_option("--ratio", ratio, "model states / device budget")->check(CLI::Range(1.0, 1e6));
+  app.add_option("--ratio", ratio, "model states (with fp32 Adam states) / device budget")->check(CLI::Range(1.0, 1e6));
   app.add_option("--prefetch", prefetch, "chunks fetched ahead")->check(CLI::Range(1, 16));
   app.add_option("--trace", trace_path, "write a Chrome-trace JSON of the offloaded steps (opens in Perfetto)");
   app.add_option("--compute-threads", compute_threads,
@@ -93,6 +93,9 @@ int run(int argc, char** argv) {
       ->check(CLI::IsMember({"nvme", "ram"}));
   app.add_flag("--speculate-in-ram", speculate_in_ram,
                "with --states ram: a second copy of the states, so chunks update as their gradients land");
+  std::string adam_states = "fp32";
+  app.add_option("--adam-states", adam_states, "how Adam's m and v are stored: fp32, bf16 or q8 (8-bit blockwise)")
+      ->check(CLI::IsMember({"fp32", "bf16", "q8"}));
   CLI11_PARSE(app, argc, argv);
   const bool states_nvme = states_on == "nvme";
   if (speculate_in_ram && states_nvme) {
@@ -107,12 +110,20 @@ int run(int argc, char** argv) {
   base.batch = 4;
   base.seq = 64;
   base.adam.lr = 1e-4f;
+  base.adam_states = adam_states == "bf16" ? cpu_optim::StateType::kBF16
+                     : adam_states == "q8" ? cpu_optim::StateType::kQ8
+                                           : cpu_optim::StateType::kF32;
   const int64_t params = gpu::parameter_count(base.model);
-  const uint64_t states = 16ull * static_cast<uint64_t>(params);  // bf16 w+g, fp32 master+m+v
+  // bf16 weights and gradients, fp32 master weights, m and v as stored; the
+  // device budget is a fraction of the fp32-state figure (16 bytes per
+  // parameter) whatever the states' type, so the types compare on one device.
+  const uint64_t states = static_cast<uint64_t>(
+      static_cast<double>(params) * (8.0 + engine::training_setup(base).state_bytes_per_param));
+  const uint64_t fp32_states = 16ull * static_cast<uint64_t>(params);
 
   engine::TrainerOptions full = base;
   full.stream_weights = true;
-  full.device_bytes = static_cast<uint64_t>(static_cast<double>(states) / ratio);
+  full.device_bytes = static_cast<uint64_t>(static_cast<double>(fp32_states) / ratio);
   full.prefetch_depth = prefetch;
   full.activation_checkpoints = engine::Tier::kHost;
   full.states = states_nvme ? engine::Tier::kNvme : engine::Tier::kHost;
@@ -124,9 +135,10 @@ int run(int argc, char** argv) {
   const std::string where = states_nvme ? "on NVMe in " + dir
                                          : std::string("in RAM") + (speculate_in_ram ? " (with a second copy)" : "");
   std::printf("strata-stepbench: %d blocks x hidden %d, %.1fM parameters, %s of model states, device budget %s "
-              "(1/%.3g), states %s; the host device computes on %d of %d cores\n",
+              "(1/%.3g), %s Adam states %s; the host device computes on %d of %d cores\n",
               layers, hidden, static_cast<double>(params) / 1e6, format_bytes(states).c_str(),
-              format_bytes(full.device_bytes).c_str(), ratio, where.c_str(), compute_threads, cores);
+              format_bytes(full.device_bytes).c_str(), ratio, adam_states.c_str(), where.c_str(), compute_threads,
+              cores);
   std::fflush(stdout);
 
   // Compute alone: the step's forward, then its recompute and backward,
@@ -265,7 +277,8 @@ int run(int argc, char** argv) {
     for (const auto& c : layout) max_elems = std::max(max_elems, c.numel);
     io::AlignedAllocator allocator;
     Result<std::unique_ptr<engine::PinnedArena>> arena = engine::PinnedArena::create(
-        "nvme part", swap->padded_size(engine::OptimizerStage::state_bytes(max_elems)), 2, allocator, nullptr);
+        "nvme part", swap->padded_size(engine::OptimizerStage::state_bytes(max_elems, base.adam_states)), 2,
+        allocator, nullptr);
     STEP_CHECK(arena.status());
     std::vector<engine::PinnedArena::Lease> leases;
     for (int i = 0; i < 2; ++i) {
@@ -281,7 +294,7 @@ int run(int argc, char** argv) {
         Result<io::Ticket> r = swap->read(name, leases[c % 2].buffer());
         STEP_CHECK(r.status());
         STEP_CHECK(swap->wait(*r));
-        Result<io::Ticket> w = swap->write(name, leases[c % 2].buffer(), engine::OptimizerStage::state_bytes(layout[c].numel));
+        Result<io::Ticket> w = swap->write(name, leases[c % 2].buffer(), engine::OptimizerStage::state_bytes(layout[c].numel, base.adam_states));
         STEP_CHECK(w.status());
         writes[c] = *w;
       }
@@ -346,6 +359,7 @@ int run(int argc, char** argv) {
                       {"nvme_bytes", nvme_r + nvme_w},
                       {"io_backend", states_nvme ? std::string(offloaded->swap_store()->backend()) : "none"},
                       {"states", states_on},
+                      {"adam_states", adam_states},
                       {"speculate_in_ram", speculate_in_ram},
                       {"system", system_info()}};
   std::printf("%s\n", j.dump().c_str());
