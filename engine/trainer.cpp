@@ -134,6 +134,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
     }
   }
   STRATA_ASSIGN_OR_RETURN(tr->executor_, cpu_optim::Executor::create(eo));
+  if (o.grad_accum > 1) tr->accumulator_ = std::make_unique<SerialQueue>("strata:accum");
   // Everything the trainer allocates from here on — arenas (locked or
   // cudaHostAlloc'ed, their pages faulted in here), states, weights,
   // gradients — takes its pages from that node.
@@ -428,8 +429,10 @@ Result<float> Trainer::step() {
   std::vector<int32_t> tokens, targets;
   // One micro-batch's forward and backward: every chunk's gradient lands
   // whole in grads_ (overwritten). With `land`, each goes to the stage as
-  // it lands.
-  auto micro_batch = [&](int64_t index, bool land) -> Result<float> {
+  // it lands; otherwise (accumulating) it is added into the fp32 sums as it
+  // lands, on the accumulator's thread beside the rest of backward — the
+  // sum starts over with the `first` micro-batch.
+  auto micro_batch = [&](int64_t index, bool land, bool first) -> Result<float> {
     make_batch(index, &tokens, &targets);
     std::vector<const void*> w;
     std::vector<void*> gr;
@@ -439,13 +442,28 @@ Result<float> Trainer::step() {
     }
     const uint64_t h2d = streamed_->bytes_to_device(), d2h = streamed_->bytes_to_host();
     StreamedModel::GradLanded landed;
+    StreamedModel* model = streamed_.get();
     if (land) {
-      landed = [&](size_t c) {
-        StreamedModel* model = streamed_.get();
-        hand_over(c, A > 1, [model, c] { return model->await_gradient(c); });
+      landed = [&, model](size_t c) { hand_over(c, A > 1, [model, c] { return model->await_gradient(c); }); };
+    } else if (A > 1) {
+      landed = [&, model, first](size_t c) {
+        float* acc = acc_[c].data();
+        const uint16_t* g = grads_[c].data();
+        const size_t n = grads_[c].size();
+        cpu_optim::Executor* ex = executor_.get();
+        accumulator_->submit([model, c, acc, g, n, dtype, first, ex]() -> Status {
+          STRATA_RETURN_IF_ERROR(model->await_gradient(c));
+          accumulate(acc, g, dtype, n, first, *ex);
+          return ok_status();
+        });
       };
     }
-    STRATA_ASSIGN_OR_RETURN(float l, streamed_->forward_backward(w, tokens.data(), targets.data(), gr, landed, dloss));
+    Result<float> fb = streamed_->forward_backward(w, tokens.data(), targets.data(), gr, landed, dloss);
+    // Every sum in flight reads grads_, which the next micro-batch overwrites.
+    Status summed = accumulator_ ? accumulator_->drain() : ok_status();
+    if (!fb) return std::move(fb).error();
+    STRATA_RETURN_IF_ERROR(summed);
+    const float l = *fb;
     counters.h2d_bytes += streamed_->bytes_to_device() - h2d;
     counters.d2h_bytes += streamed_->bytes_to_host() - d2h;
     counters.device_wait_s += streamed_->last_wait_seconds();
@@ -466,11 +484,9 @@ Result<float> Trainer::step() {
   double sum = 0;
   for (int64_t k = 0; k < A; ++k) {
     const bool last_landing = k == A - 1 && !delayed;
-    Result<float> l = micro_batch(t_ * A + k, last_landing);
+    Result<float> l = micro_batch(t_ * A + k, last_landing, k == 0);
     if (!l) return abandon(std::move(l).error());
     sum += *l;
-    if (A == 1 || last_landing) continue;
-    for (size_t c = 0; c < C; ++c) accumulate(acc_[c].data(), grads_[c].data(), dtype, grads_[c].size(), k == 0, *executor_);
   }
   const float loss = A == 1 ? static_cast<float>(sum) : static_cast<float>(sum / static_cast<double>(A));
   last_times_.forward_backward = seconds_since(t0);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/aligned_vector.h"
+#include "common/serial_queue.h"
 #include "cpu_optim/executor.h"
 #include "cpu_optim/optimizer.h"
 #include "engine/loss_scaler.h"
@@ -196,6 +197,9 @@ class Trainer {
   // Delayed update: the buffers the stage in flight reads (grads_ or acc_'s other set).
   std::vector<AlignedVector<uint16_t>> grads_alt_;
   std::vector<std::vector<float>> acc_alt_;
+  // Adds each chunk's gradient into acc_ as it lands (micro-batches whose
+  // gradients do not go to the stage directly), beside the rest of backward.
+  std::unique_ptr<SerialQueue> accumulator_;
   std::vector<gpu::HostPin> pins_;             // the vectors the streamed model copies from and to, pinned
   bool pending_ = false;                       // delayed update: a stage step in flight
   int64_t t_ = 0;
