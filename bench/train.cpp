@@ -61,6 +61,8 @@ int run(int argc, char** argv) {
       ->check(CLI::IsMember({"host", "nvme"}));
   app.add_option("--trace", trace_path, "write a Chrome-trace JSON (opens in Perfetto) of every step's phases, "
                  "optimizer calls and NVMe requests");
+  bool no_pin = false;
+  app.add_flag("--no-pin-memory", no_pin, "do not lock the host staging buffers in RAM (config pin_memory: false)");
   app.add_option("--adam-states", adam_states, "how Adam's m and v are stored: fp32, bf16 or q8 (8-bit blockwise); "
                  "default: the config's \"states\" (fp32)")
       ->check(CLI::IsMember({"fp32", "bf16", "q8"}));
@@ -137,6 +139,7 @@ int run(int argc, char** argv) {
                   : adam_states == "q8" ? cpu_optim::StateType::kQ8
                                         : cpu_optim::StateType::kF32;
   o.numa_node = static_cast<int>(cfg->numa_node);
+  o.pin_memory = cfg->pin_memory && !no_pin;
   o.activation_checkpoints = activations == "host"   ? engine::Tier::kHost
                              : activations == "nvme" ? engine::Tier::kNvme
                                                      : engine::Tier::kDevice;

@@ -231,8 +231,13 @@ Status read_offload(Reader& zero, const std::string& key, std::optional<Tier>* t
   if (!path.empty() && std::find(c.nvme_paths.begin(), c.nvme_paths.end(), path) == c.nvme_paths.end()) {
     c.nvme_paths.push_back(path);
   }
-  const std::string chosen = "the planner sizes and pins buffers itself; value ignored";
-  for (const char* k : {"pin_memory", "buffer_count", "buffer_size", "max_in_cpu", "fast_init", "ratio"}) o.ignore(k, chosen);
+  // pin_memory: false anywhere turns locking off (DeepSpeed pins per tier;
+  // strata's staging arenas serve both).
+  bool pin = true;
+  STRATA_RETURN_IF_ERROR(o.get_bool("pin_memory", &pin));
+  c.pin_memory = c.pin_memory && pin;
+  const std::string chosen = "the planner sizes the buffers itself; value ignored";
+  for (const char* k : {"buffer_count", "buffer_size", "max_in_cpu", "fast_init", "ratio"}) o.ignore(k, chosen);
   o.finish();
   return ok_status();
 }
@@ -311,6 +316,7 @@ Status read_native(Reader& top, EngineConfig& c) {
   c.seed = static_cast<uint64_t>(seed);
   STRATA_RETURN_IF_ERROR(top.get_int("steps", &c.steps, 0, int64_t{1} << 40));
   STRATA_RETURN_IF_ERROR(top.get_int("numa_node", &c.numa_node, -1, 4095));
+  STRATA_RETURN_IF_ERROR(top.get_bool("pin_memory", &c.pin_memory));
   if (top.has("placement")) {
     STRATA_ASSIGN_OR_RETURN(Reader p, top.object("placement"));
     std::string w, s, ck;

@@ -56,6 +56,8 @@ struct EngineConfig {
   // The NUMA node of the optimizer's threads and the host memory: -1 picks
   // the one nearest the GPU (none on the host backend).
   int64_t numa_node = -1;
+  // Lock the host staging arenas in RAM (mlock; cudaHostAlloc on a GPU).
+  bool pin_memory = true;
 };
 
 // Parses a config (native or the DeepSpeed offload subset). Warnings about

@@ -42,6 +42,26 @@ std::vector<StatePart> state_parts(int64_t n, cpu_optim::StateType states) {
   return parts;
 }
 
+// The host backend's staging memory: page-aligned, locked when asked, and
+// a refusal says how to turn locking off in the trainer's terms.
+class PinnedHostMemory final : public io::BufferAllocator {
+ public:
+  explicit PinnedHostMemory(bool lock) : inner_(lock), lock_(lock) {}
+  Result<io::Buffer> allocate(uint64_t capacity_bytes, uint64_t alignment) override {
+    Result<io::Buffer> b = inner_.allocate(capacity_bytes, alignment);
+    if (!b && lock_) {
+      return std::move(b).error().with_context(
+          "locking the trainer's host staging memory (pin_memory: false in the config, TrainerOptions::pin_memory "
+          "or strata-train --no-pin-memory turns locking off)");
+    }
+    return b;
+  }
+
+ private:
+  io::AlignedAllocator inner_;
+  bool lock_;
+};
+
 // The host backend's device when device_bytes is 0: no cap.
 constexpr uint64_t kUncappedHostDevice = uint64_t{1} << 60;
 
@@ -108,9 +128,13 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
   if (o.compute_threads > 0) gpu::host::set_compute_threads(o.compute_threads);
   std::unique_ptr<Trainer> tr(new Trainer());
 #ifdef STRATA_HAVE_CUDA
-  if (o.backend == TrainerOptions::Backend::kCuda) tr->allocator_ = std::make_unique<CudaPinnedAllocator>();
+  if (o.backend == TrainerOptions::Backend::kCuda && o.pin_memory) {
+    tr->allocator_ = std::make_unique<CudaPinnedAllocator>();
+  }
 #endif
-  if (!tr->allocator_) tr->allocator_ = std::make_unique<io::AlignedAllocator>();
+  if (!tr->allocator_) {
+    tr->allocator_ = std::make_unique<PinnedHostMemory>(o.pin_memory && o.backend == TrainerOptions::Backend::kHost);
+  }
   tr->options_ = o;
   tr->layout_ = gpu::model_layout(o.model);
   tr->landing_order_ = StreamedModel::landing_order(o.model);

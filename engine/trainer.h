@@ -89,6 +89,11 @@ struct TrainerOptions {
   // nearest the GPU on CUDA (as sysfs reports it; none on a one-node
   // machine) and none on the host backend; >= 0 names one.
   int numa_node = -1;
+  // The host staging arenas (NVMe states, weights and checkpoints on their
+  // way) locked in RAM: mlock on the host backend, cudaHostAlloc on a GPU
+  // (what makes its copies asynchronous). When locking is refused the error
+  // names `ulimit -l` and this option; off, they are ordinary memory.
+  bool pin_memory = true;
   // The working weights' type (what the device computes with and the
   // optimizer writes): bf16, or fp16 with dynamic loss scaling.
   DType precision = DType::kBF16;

@@ -35,6 +35,7 @@ TEST(Config, NativeConfigParsesEveryField) {
             {"seed", 7},
             {"speculate_in_ram", true},
             {"numa_node", 1},
+            {"pin_memory", false},
             {"steps", 100}};
   std::vector<std::string> warnings;
   Result<EngineConfig> c = parse_config(j, &warnings);
@@ -55,6 +56,7 @@ TEST(Config, NativeConfigParsesEveryField) {
   EXPECT_EQ(c->seed, 7u);
   EXPECT_TRUE(c->speculate_in_ram);
   EXPECT_EQ(c->numa_node, 1);
+  EXPECT_FALSE(c->pin_memory);
 }
 
 // A DeepSpeed ZeRO-Infinity config, unchanged.
@@ -100,7 +102,15 @@ TEST(Config, DeepSpeedOffloadSubsetIsAcceptedUnchanged) {
   EXPECT_TRUE(contains(warnings, "unknown key zero_optimization.stage3_max_live_parameters")) << warnings.size();
   EXPECT_TRUE(contains(warnings, "unknown key steps_per_print"));
   EXPECT_TRUE(contains(warnings, "zero_optimization.offload_optimizer.buffer_count: the planner"));
+  EXPECT_FALSE(contains(warnings, "pin_memory")) << "pin_memory is used, not ignored";
+  EXPECT_TRUE(c->pin_memory);
   EXPECT_TRUE(contains(warnings, "aio.thread_count"));
+  // DeepSpeed's pin_memory: false turns locking off.
+  json unpinned = j;
+  unpinned["zero_optimization"]["offload_optimizer"]["pin_memory"] = false;
+  Result<EngineConfig> u = parse_config(unpinned, nullptr);
+  ASSERT_TRUE(u) << u.error().to_string();
+  EXPECT_FALSE(u->pin_memory);
 }
 
 TEST(Config, InvalidValuesNameTheKeyAndWhatIsAllowed) {

@@ -4,6 +4,11 @@
 // reproduces steps 11-20 bit for bit.
 #include "engine/trainer.h"
 
+#include <linux/capability.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,6 +16,8 @@
 #include <cmath>
 #include <functional>
 #include <cstdio>
+#include <cstring>
+#include <thread>
 
 #include "tests/test_util.h"
 
@@ -153,6 +160,56 @@ TEST(Trainer, LowPrecisionAdamStatesGiveTheSameBitsEverywhereAndResume) {
   const double fp32_to_q8 = static_cast<double>(host_bytes[0] - host_bytes[2]) / static_cast<double>(params);
   EXPECT_NEAR(fp32_to_bf16, 4.0, 0.05);
   EXPECT_NEAR(fp32_to_q8, 6.0 - 8.0 / 256, 0.1);
+}
+
+// Drops CAP_IPC_LOCK from the calling thread's effective set (Linux keeps
+// capabilities per thread), so RLIMIT_MEMLOCK binds it even as root.
+bool drop_ipc_lock(std::string* why) {
+  __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[2] = {};
+  if (::syscall(SYS_capget, &header, data) != 0) {
+    *why = std::string("capget: ") + std::strerror(errno);
+    return false;
+  }
+  data[0].effective &= ~(1u << CAP_IPC_LOCK);
+  if (::syscall(SYS_capset, &header, data) != 0) {
+    *why = std::string("capset: ") + std::strerror(errno);
+    return false;
+  }
+  return true;
+}
+
+// Locking the staging arenas refused (a 16 KiB RLIMIT_MEMLOCK, no
+// CAP_IPC_LOCK): the trainer says so, naming `ulimit -l` and the switch;
+// with pin_memory off the same run trains.
+TEST(Trainer, RefusedMemoryLockingNamesTheLimitAndTheSwitch) {
+  strata::testing::TempDir dir;
+  rlimit before{};
+  ASSERT_EQ(::getrlimit(RLIMIT_MEMLOCK, &before), 0);
+  rlimit small = before;
+  small.rlim_cur = std::min<rlim_t>(before.rlim_cur, 16 << 10);
+  ASSERT_EQ(::setrlimit(RLIMIT_MEMLOCK, &small), 0);
+  std::string why, refused;
+  bool dropped = false, unpinned_ok = false;
+  std::thread([&] {
+    dropped = drop_ipc_lock(&why);
+    if (!dropped) return;
+    TrainerOptions o = tiny(5);
+    o.states = Tier::kNvme;
+    o.nvme_paths = {dir.sub("locked")};
+    Result<std::unique_ptr<Trainer>> tr = Trainer::create(o);
+    refused = tr ? std::string() : std::string(tr.error().message());
+    o.pin_memory = false;
+    o.nvme_paths = {dir.sub("unlocked")};
+    Result<std::unique_ptr<Trainer>> plain = Trainer::create(o);
+    unpinned_ok = plain && (*plain)->step().has_value();
+  }).join();
+  ASSERT_EQ(::setrlimit(RLIMIT_MEMLOCK, &before), 0);
+  if (!dropped) GTEST_SKIP() << "cannot drop CAP_IPC_LOCK here: " << why;
+  ASSERT_FALSE(refused.empty()) << "locked staging memory beyond RLIMIT_MEMLOCK was not refused";
+  EXPECT_NE(refused.find("ulimit -l"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("pin_memory"), std::string::npos) << refused;
+  EXPECT_TRUE(unpinned_ok) << "with pin_memory off the run should not need locked memory";
 }
 
 TEST(Trainer, LossFalls) {
