@@ -65,6 +65,15 @@ struct Rig {
   Status error;
 };
 
+// A swap store in `dir`, on io_uring where this machine allows it.
+Result<std::unique_ptr<io::SwapStore>> open_swap(const strata::testing::TempDir& dir) {
+  io::SwapStoreOptions o;
+  o.directories = {dir.path()};
+  std::string why;
+  o.device.backend = strata::testing::uring_available(&why) ? io::Backend::kUring : io::Backend::kPosix;
+  return io::SwapStore::open(o);
+}
+
 // Forward: blocks 1..L, the final chunk; backward: the final chunk, blocks L..1.
 std::vector<size_t> step_order(int64_t L) {
   std::vector<size_t> order;
@@ -212,11 +221,7 @@ TEST(ChunkStore, WeightsHomedOnNvmeAreLoadedThroughTheHost) {
   strata::testing::TempDir dir;
   Rig r(/*depth=*/1, Tier::kNvme);
   ASSERT_TRUE(r.store) << r.error.to_string();
-  io::SwapStoreOptions so;
-  so.directories = {dir.path()};
-  std::string why;
-  so.device.backend = strata::testing::uring_available(&why) ? io::Backend::kUring : io::Backend::kPosix;
-  Result<std::unique_ptr<io::SwapStore>> swap = io::SwapStore::open(so);
+  Result<std::unique_ptr<io::SwapStore>> swap = open_swap(dir);
   ASSERT_TRUE(swap) << swap.error().to_string();
   auto blob = [](size_t c) { return "weights/chunk-" + std::to_string(c); };
   for (size_t c = 0; c < r.layout.size(); ++c) {
@@ -282,11 +287,7 @@ TEST(ChunkStore, RecordsTheStatesMovesTheOptimizerStageReports) {
   ASSERT_TRUE(store) << store.error().to_string();
 
   strata::testing::TempDir dir;
-  io::SwapStoreOptions io_options;
-  io_options.directories = {dir.path()};
-  std::string why;
-  io_options.device.backend = strata::testing::uring_available(&why) ? io::Backend::kUring : io::Backend::kPosix;
-  Result<std::unique_ptr<io::SwapStore>> swap = io::SwapStore::open(io_options);
+  Result<std::unique_ptr<io::SwapStore>> swap = open_swap(dir);
   ASSERT_TRUE(swap) << swap.error().to_string();
   io::AlignedAllocator allocator;
   constexpr uint32_t kBuffers = 4;  // one write behind, three read ahead
