@@ -169,6 +169,9 @@ int run(int argc, char** argv) {
                    engine::Bandwidths{}))
              : engine::make_plan(setup, budgets, engine::Bandwidths{}, fixed);
   if (stream) plan->why = "weights streamed as asked on the command line (the placement this run uses)";
+  std::printf("Adam states: %s m and v (%.2f bytes per parameter, with the fp32 master weights %.2f)\n",
+              std::string(cpu_optim::state_type_name(o.adam_states)).c_str(), setup.state_bytes_per_param,
+              4.0 + setup.state_bytes_per_param);
   if (plan) {
     std::printf("%s", engine::format_plan(*plan, budgets).c_str());
   } else {
