@@ -14,6 +14,8 @@ struct HostDevice::Worker {
   std::deque<std::pair<int64_t, std::function<Status()>>> queue;  // (seq, task)
   int64_t submitted = 0;
   int64_t completed = 0;
+  bool running = false;          // one of its tasks is running (on its thread or a waiter's)
+  std::condition_variable wake;  // its thread's: a task queued, or stopping
   std::thread thread;
 };
 
@@ -36,7 +38,7 @@ HostDevice::~HostDevice() {
     std::lock_guard lock(mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
+  for (auto& w : workers_) w->wake.notify_all();
   for (auto& w : workers_) w->thread.join();
   STRATA_CHECK_MSG(allocations_.empty(), "host device destroyed with %zu allocations alive", allocations_.size());
 }
@@ -106,18 +108,35 @@ void HostDevice::run(Worker* w) {
   name_this_thread("strata:" + w->name);
   std::unique_lock lock(mu_);
   for (;;) {
-    cv_.wait(lock, [&] { return stopping_ || !w->queue.empty(); });
+    w->wake.wait(lock, [&] { return (!w->queue.empty() && !w->running) || (stopping_ && w->queue.empty()); });
     if (w->queue.empty()) return;  // stopping, and everything submitted ran
-    auto [seq, task] = std::move(w->queue.front());
-    w->queue.pop_front();
-    lock.unlock();
-    Status status = task();
-    lock.lock();
-    if (!status.ok() && async_error_.ok()) {
-      async_error_ = std::move(status).with_context("stream '" + w->name + "'");
+    run_front(w, lock);
+  }
+}
+
+void HostDevice::run_front(Worker* w, std::unique_lock<std::mutex>& lock) {
+  auto [seq, task] = std::move(w->queue.front());
+  w->queue.pop_front();
+  w->running = true;
+  lock.unlock();
+  Status status = task();
+  lock.lock();
+  w->running = false;
+  if (!status.ok() && async_error_.ok()) {
+    async_error_ = std::move(status).with_context("stream '" + w->name + "'");
+  }
+  w->completed = seq;
+  cv_.notify_all();
+  if (!w->queue.empty()) w->wake.notify_one();
+}
+
+void HostDevice::wait_completed(Worker* w, int64_t seq, std::unique_lock<std::mutex>& lock) {
+  while (w->completed < seq) {
+    if (!w->running && !w->queue.empty() && w->queue.front().first <= seq) {
+      run_front(w, lock);
+    } else {
+      cv_.wait(lock);
     }
-    w->completed = seq;
-    cv_.notify_all();
   }
 }
 
@@ -131,7 +150,7 @@ Status HostDevice::enqueue(Stream stream, std::function<Status()> task) {
     }
     w->queue.emplace_back(++w->submitted, std::move(task));
   }
-  cv_.notify_all();
+  w->wake.notify_one();
   return ok_status();
 }
 
@@ -174,7 +193,7 @@ Status HostDevice::stream_wait(Stream stream, Event event) {
   if (source->id == stream.id) return ok_status();  // a stream is already ordered after its own events
   return enqueue(stream, [this, source, seq] {
     std::unique_lock lock(mu_);
-    cv_.wait(lock, [&] { return source->completed >= seq; });
+    wait_completed(source, seq, lock);
     return ok_status();
   });
 }
@@ -191,7 +210,7 @@ Status HostDevice::synchronize(Event event) {
   int64_t seq = 0;
   STRATA_ASSIGN_OR_RETURN(Worker * w, event_worker(event, &seq));
   std::unique_lock lock(mu_);
-  cv_.wait(lock, [&] { return w->completed >= seq; });
+  wait_completed(w, seq, lock);
   return ok_status();
 }
 
@@ -201,7 +220,7 @@ Status HostDevice::synchronize(Stream stream) {
   STRATA_ASSIGN_OR_RETURN(Worker * w, worker(stream));
   std::unique_lock lock(mu_);
   const int64_t seq = w->submitted;
-  cv_.wait(lock, [&] { return w->completed >= seq; });
+  wait_completed(w, seq, lock);
   return ok_status();
 }
 

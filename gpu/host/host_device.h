@@ -80,6 +80,13 @@ class HostDevice final : public Device {
   Result<Worker*> event_worker(Event event, int64_t* seq);
   Status check_range(const void* device_ptr, uint64_t bytes, const char* what) const;
   void run(Worker* w);
+  // Runs w's first queued task on the calling thread (mu_ held, released
+  // while the task runs): a stream's tasks run one at a time, in order, on
+  // its thread or on a thread waiting for them.
+  void run_front(Worker* w, std::unique_lock<std::mutex>& lock);
+  // Waits until w has completed task `seq`, running its queued tasks up to
+  // it meanwhile rather than waiting for its thread to wake.
+  void wait_completed(Worker* w, int64_t seq, std::unique_lock<std::mutex>& lock);
 
   // Events are (stream, sequence number): a stream's tasks are numbered in
   // submission order, and an event is done when its stream has completed
