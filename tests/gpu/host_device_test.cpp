@@ -1,14 +1,19 @@
 // HostDevice: the budget is hard and named, copies are real and ordered per
-// stream, events order streams, streams really run concurrently, and async
-// failures surface.
+// stream, events order streams, streams really run concurrently, waiting
+// threads that run a stream's tasks keep them in order and one at a time,
+// and async failures surface.
 #include "gpu/host/host_device.h"
 
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <future>
+#include <mutex>
 #include <numeric>
+#include <set>
+#include <thread>
 #include <vector>
 
 namespace strata::gpu {
@@ -105,6 +110,77 @@ TEST(HostDevice, EventsOrderStreamsAndStreamsRunConcurrently) {
   gate.set_value();
   ASSERT_TRUE(dev->synchronize(copy).ok());
   EXPECT_EQ(seen.load(), 42);
+}
+
+// Threads waiting for a stream run its queued tasks themselves when its
+// thread has not started them: still one task at a time, in submission
+// order, whichever thread runs each.
+TEST(HostDevice, WaitersRunQueuedTasksInOrderOneAtATime) {
+  auto dev = make(1 << 20);
+  Stream s = *dev->create_stream("busy");
+  constexpr int kBatches = 100, kBatch = 30;  // two batches (and their events) fit the 64-task queue
+  std::vector<int> order;
+  order.reserve(kBatches * kBatch);
+  std::atomic<int> active{0}, overlapped{0};
+  std::mutex mu;  // guards ran_on and events
+  std::set<std::thread::id> ran_on;
+  std::vector<Event> events;
+  // Three threads wait on the events as they are recorded, while the queue drains.
+  std::vector<std::thread> waiters;
+  for (int w = 0; w < 3; ++w) {
+    waiters.emplace_back([&, w] {
+      for (size_t k = static_cast<size_t>(w); k < kBatches; k += 3) {
+        Event e;
+        for (;;) {
+          {
+            std::lock_guard lock(mu);
+            if (events.size() > k) {
+              e = events[k];
+              break;
+            }
+          }
+          std::this_thread::yield();
+        }
+        EXPECT_TRUE(dev->synchronize(e).ok());
+      }
+    });
+  }
+  for (int b = 0; b < kBatches; ++b) {
+    if (b >= 2) {
+      Event older;
+      {
+        std::lock_guard lock(mu);
+        older = events[static_cast<size_t>(b - 2)];
+      }
+      EXPECT_TRUE(dev->synchronize(older).ok());  // keeps the queue within its bound
+    }
+    for (int j = 0; j < kBatch; ++j) {
+      const int i = b * kBatch + j;
+      EXPECT_TRUE(dev->enqueue(s, [&, i] {
+                       if (active.fetch_add(1) != 0) ++overlapped;
+                       // A few microseconds of work: two tasks running at once would overlap here.
+                       const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(5);
+                       while (std::chrono::steady_clock::now() < until) {
+                       }
+                       order.push_back(i);  // safe only if tasks never overlap
+                       {
+                         std::lock_guard lock(mu);
+                         ran_on.insert(std::this_thread::get_id());
+                       }
+                       active.fetch_sub(1);
+                       return ok_status();
+                     }).ok());
+    }
+    Event e = *dev->record(s);
+    std::lock_guard lock(mu);
+    events.push_back(e);
+  }
+  for (std::thread& t : waiters) t.join();
+  ASSERT_TRUE(dev->synchronize(s).ok());
+  EXPECT_EQ(overlapped.load(), 0) << "two tasks of one stream ran at once";
+  ASSERT_EQ(order.size(), static_cast<size_t>(kBatches * kBatch));
+  for (int i = 0; i < kBatches * kBatch; ++i) ASSERT_EQ(order[static_cast<size_t>(i)], i) << "out of order";
+  std::printf("tasks ran on %zu threads\n", ran_on.size());
 }
 
 TEST(HostDevice, AsyncFailuresSurfaceOnceAndQueuesAreBounded) {
