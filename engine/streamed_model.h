@@ -9,10 +9,11 @@
 // gpu::ModelOps on a compute stream (the host thread enqueues each block and
 // waits for it, scheduling the copies around it). Every device byte — the
 // store's weight and gradient slots, the ops' workspace, checkpoints — is
-// allocated from the device, so its budget is exact. Block inputs (the activation checkpoints)
-// stay on the device, or with `checkpoints` = Tier::kHost go to host memory
-// as soon as they are written, through two device buffers, and come back
-// one block ahead in backward; with Tier::kNvme they go on through two
+// allocated from the device, so its budget is exact. Block inputs (the
+// activation checkpoints) stay on the device, or with `checkpoints` =
+// Tier::kHost go to host memory as soon as they are written, through
+// kCheckpointBuffers device buffers, and come back ahead of their block in
+// backward; with Tier::kNvme they go on through two
 // aligned host buffers into `swap` blobs (the write issued in the copy
 // stream's order through Device::enqueue) and are read back the same way.
 // Everything on the device — weights, gradients, block inputs — is in the
@@ -40,6 +41,7 @@ namespace strata::engine {
 
 class StreamedModel {
  public:
+  // `states`: where the optimizer states live (the store records their home).
   static Result<std::unique_ptr<StreamedModel>> create(const gpu::GptConfig& config, int64_t B, int64_t seq,
                                                        gpu::Device& device, int prefetch_depth,
                                                        Tier checkpoints = Tier::kDevice,
