@@ -88,7 +88,7 @@ void store_bf16(const xsimd::batch<float, Arch>& x, uint16_t* dst) {
     __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
     __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb), 16);
     __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-    r = _mm512_mask_blend_epi32(nan, r, _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
+    r = _mm512_mask_or_epi32(r, nan, hi, _mm512_set1_epi32(0x40));  // NaN lanes: quieted, truncated
     put_lanes<kStream>(dst, _mm512_cvtepi32_epi16(r));
   } else {
     __m256i u = _mm256_castps_si256(x);
