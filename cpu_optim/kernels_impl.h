@@ -84,43 +84,28 @@ void from_f32(const float* __restrict src, DType type, int64_t n, void* dst) {
 template <class Arch>
 using I32 = xsimd::batch<int32_t, Arch>;
 
-template <class Arch>
+// Bytes widened into 32-bit lanes: zero-extended (v codes), or with
+// kSigned sign-extended (m codes: bit 31 is then the byte's bit 7).
+template <class Arch, bool kSigned = false>
 I32<Arch> q8_load_codes(const void* q) {
   if constexpr (is_avx512<Arch>()) {
-    return _mm512_cvtepu8_epi32(_mm_loadu_si128(static_cast<const __m128i*>(q)));
+    const __m128i b = _mm_loadu_si128(static_cast<const __m128i*>(q));
+    return kSigned ? _mm512_cvtepi8_epi32(b) : _mm512_cvtepu8_epi32(b);
   } else {
-    return _mm256_cvtepu8_epi32(_mm_loadl_epi64(static_cast<const __m128i*>(q)));
+    const __m128i b = _mm_loadl_epi64(static_cast<const __m128i*>(q));
+    return kSigned ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b);
   }
 }
-// Codes as signed bytes, sign-extended into 32-bit lanes (bit 31 is the
-// byte's bit 7).
-template <class Arch>
-I32<Arch> q8_load_codes_signed(const void* q) {
-  if constexpr (is_avx512<Arch>()) {
-    return _mm512_cvtepi8_epi32(_mm_loadu_si128(static_cast<const __m128i*>(q)));
-  } else {
-    return _mm256_cvtepi8_epi32(_mm_loadl_epi64(static_cast<const __m128i*>(q)));
-  }
-}
-// Any 32-bit lanes, clamped to 0..255 and stored as bytes (the narrowing
-// saturates: one instruction does the clamp).
-template <class Arch>
-void q8_store_codes_clamped(const I32<Arch>& c, void* q) {
-  if constexpr (is_avx512<Arch>()) {
-    _mm_storeu_si128(static_cast<__m128i*>(q), _mm512_cvtusepi32_epi8(xsimd::max(c, I32<Arch>(0))));
-  } else {
-    // Signed saturation to 16 bits, then unsigned saturation to 8: 0..255.
-    const __m128i i16 = _mm_packs_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
-    _mm_storel_epi64(static_cast<__m128i*>(q), _mm_packus_epi16(i16, i16));
-  }
-}
-// Codes 0..255 in 32-bit lanes, stored as bytes.
-template <class Arch>
+// 32-bit lanes stored as bytes: lanes already 0..255, or with kClamp any
+// lanes, clamped to 0..255 by the saturating narrow (one instruction does
+// the clamp; AVX2's two saturating packs always do).
+template <class Arch, bool kClamp = false>
 void q8_store_codes(const I32<Arch>& c, void* q) {
   if constexpr (is_avx512<Arch>()) {
-    _mm_storeu_si128(static_cast<__m128i*>(q), _mm512_cvtepi32_epi8(c));
+    _mm_storeu_si128(static_cast<__m128i*>(q), kClamp ? _mm512_cvtusepi32_epi8(xsimd::max(c, I32<Arch>(0)))
+                                                       : _mm512_cvtepi32_epi8(c));
   } else {
-    // Every lane is 0..255: saturating packs keep it.
+    // Signed saturation to 16 bits, then unsigned saturation to 8: 0..255.
     const __m128i i16 = _mm_packs_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
     _mm_storel_epi64(static_cast<__m128i*>(q), _mm_packus_epi16(i16, i16));
   }
@@ -129,7 +114,7 @@ void q8_store_codes(const I32<Arch>& c, void* q) {
 template <class Arch>
 xsimd::batch<float, Arch> q8_decode_m_batch(const int8_t* q, const xsimd::batch<float, Arch>& factor) {
   using B = xsimd::batch<float, Arch>;
-  const I32<Arch> c = q8_load_codes_signed<Arch>(q);
+  const I32<Arch> c = q8_load_codes<Arch, true>(q);
   const B mag = xsimd::bitwise_cast<B>(((c & I32<Arch>(0x7F)) + I32<Arch>(kQ8MOffset)) << kQ8MShift) - B(kQ8MZero);
   const I32<Arch> sign = c & I32<Arch>(INT32_MIN);
   return xsimd::bitwise_cast<B>(xsimd::bitwise_cast<I32<Arch>>(mag) | sign) * factor;
@@ -157,7 +142,7 @@ void q8_encode_m_batch(const xsimd::batch<float, Arch>& x, const xsimd::batch<fl
 template <class Arch>
 void q8_encode_v_batch(const xsimd::batch<float, Arch>& x, const xsimd::batch<float, Arch>& factor, uint8_t* q) {
   static_assert(kQ8VMax == 255, "the saturating narrow clamps to 255");
-  q8_store_codes_clamped<Arch>(q8_shifted_codes<Arch>(x * factor, kQ8VAdd, kQ8VShift), q);
+  q8_store_codes<Arch, true>(q8_shifted_codes<Arch>(x * factor, kQ8VAdd, kQ8VShift), q);
 }
 
 template <class Arch>
