@@ -110,9 +110,7 @@ int run(int argc, char** argv) {
   base.batch = 4;
   base.seq = 64;
   base.adam.lr = 1e-4f;
-  base.adam_states = adam_states == "bf16" ? cpu_optim::StateType::kBF16
-                     : adam_states == "q8" ? cpu_optim::StateType::kQ8
-                                           : cpu_optim::StateType::kF32;
+  base.adam_states = *cpu_optim::parse_state_type(adam_states);  // CLI11 checked the name
   const int64_t params = gpu::parameter_count(base.model);
   // bf16 weights and gradients, fp32 master weights, m and v as stored; the
   // device budget is a fraction of the fp32-state figure (16 bytes per

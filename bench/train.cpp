@@ -134,10 +134,7 @@ int run(int argc, char** argv) {
   o.device_bytes = stream || device == "cuda" ? budgets.device_bytes : 0;
   o.backend = device == "cuda" ? engine::TrainerOptions::Backend::kCuda : engine::TrainerOptions::Backend::kHost;
   o.prefetch_depth = prefetch;
-  if (adam_states.empty()) adam_states = cfg->state_precision;
-  o.adam_states = adam_states == "bf16" ? cpu_optim::StateType::kBF16
-                  : adam_states == "q8" ? cpu_optim::StateType::kQ8
-                                        : cpu_optim::StateType::kF32;
+  o.adam_states = adam_states.empty() ? cfg->adam_states : *cpu_optim::parse_state_type(adam_states);
   o.numa_node = static_cast<int>(cfg->numa_node);
   o.pin_memory = cfg->pin_memory && !no_pin;
   o.activation_checkpoints = activations == "host"   ? engine::Tier::kHost

@@ -6,6 +6,7 @@
 #include <string_view>
 
 #include "common/dtype.h"
+#include "common/status.h"
 
 namespace strata::cpu_optim {
 
@@ -29,5 +30,14 @@ constexpr uint64_t state_elem_bytes(StateType t) {
 }
 
 std::string_view state_type_name(StateType t);
+// The inverse of state_type_name ("fp32", "bf16", "q8"); InvalidArgument
+// naming the allowed names otherwise.
+Result<StateType> parse_state_type(std::string_view name);
+
+// Bytes of Adam's m and v together per parameter, block scales included
+// on average: 8 (fp32), 4 (bf16), 2 + 8/256 (q8).
+constexpr double adam_state_bytes_per_param(StateType t) {
+  return 2.0 * (static_cast<double>(state_elem_bytes(t)) + (t == StateType::kQ8 ? 4.0 / kQ8BlockElems : 0.0));
+}
 
 }  // namespace strata::cpu_optim

@@ -181,6 +181,13 @@ Status validate_span(const ParamSpan& span, OptKind kind, const Coeffs& c) {
 
 }  // namespace
 
+Result<StateType> parse_state_type(std::string_view name) {
+  for (StateType t : {StateType::kF32, StateType::kBF16, StateType::kQ8}) {
+    if (name == state_type_name(t)) return t;
+  }
+  return invalid_argument("optimizer state type '" + std::string(name) + "': expected fp32, bf16 or q8");
+}
+
 std::string_view state_type_name(StateType t) {
   switch (t) {
     case StateType::kF32: return "fp32";

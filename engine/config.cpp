@@ -306,8 +306,10 @@ Status read_native(Reader& top, EngineConfig& c) {
   std::string precision;
   STRATA_RETURN_IF_ERROR(top.get_choice("precision", &precision, {"bf16", "fp16", "fp32"}));
   if (!precision.empty()) c.setup.compute = precision == "bf16" ? DType::kBF16 : (precision == "fp16" ? DType::kF16 : DType::kF32);
-  STRATA_RETURN_IF_ERROR(top.get_choice("states", &c.state_precision, {"fp32", "bf16", "q8"}));
-  c.setup.state_bytes_per_param = c.state_precision == "fp32" ? 8 : (c.state_precision == "bf16" ? 4 : 2.0 + 8.0 / 256);
+  std::string states;
+  STRATA_RETURN_IF_ERROR(top.get_choice("states", &states, {"fp32", "bf16", "q8"}));
+  if (!states.empty()) c.adam_states = *cpu_optim::parse_state_type(states);
+  c.setup.state_bytes_per_param = cpu_optim::adam_state_bytes_per_param(c.adam_states);
   STRATA_RETURN_IF_ERROR(top.get_bool("delayed_update", &c.delayed_update));
   STRATA_RETURN_IF_ERROR(top.get_bool("speculate_in_ram", &c.speculate_in_ram));
   STRATA_RETURN_IF_ERROR(top.get_double("gradient_clipping", &c.gradient_clipping, 0, 1e30));

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu_optim/dtype.h"
 #include "engine/plan.h"
 
 namespace strata::engine {
@@ -47,7 +48,7 @@ struct EngineConfig {
   OptimizerSpec optimizer;
   LossScaling loss_scaling;
   double gradient_clipping = 0.0;  // global-norm clip; 0 = off
-  std::string state_precision = "fp32";  // fp32 | bf16 | q8 (Adam m and v)
+  cpu_optim::StateType adam_states = cpu_optim::StateType::kF32;  // "states": fp32 | bf16 | q8 (Adam m and v)
   bool delayed_update = false;     // opt-in one-step delayed parameter update (inexact)
   bool speculate_in_ram = false;   // states in RAM: a second copy, so updates start as gradients land
   IoSpec io;

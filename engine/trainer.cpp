@@ -79,9 +79,7 @@ TrainSetup training_setup(const TrainerOptions& o) {
   s.grad_accum = o.grad_accum;
   s.compute = o.precision;
   s.working = o.precision;
-  s.state_bytes_per_param = o.adam_states == cpu_optim::StateType::kF32    ? 8.0
-                            : o.adam_states == cpu_optim::StateType::kBF16 ? 4.0
-                                                                          : 2.0 + 8.0 / cpu_optim::kQ8BlockElems;
+  s.state_bytes_per_param = cpu_optim::adam_state_bytes_per_param(o.adam_states);
   s.host_backend = o.backend == TrainerOptions::Backend::kHost;
   s.delayed_update = o.delayed_update;
   return s;

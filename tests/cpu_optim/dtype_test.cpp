@@ -95,5 +95,21 @@ TEST(Convert, EveryIsaMatchesTheScalarConversionBitwise) {
   }
 }
 
+TEST(StateType, NamesRoundTripAndBytesPerParameter) {
+  for (StateType t : {StateType::kF32, StateType::kBF16, StateType::kQ8}) {
+    Result<StateType> back = parse_state_type(state_type_name(t));
+    ASSERT_TRUE(back);
+    EXPECT_EQ(*back, t);
+  }
+  Result<StateType> bad = parse_state_type("fp8");
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message().find("fp32, bf16 or q8"), std::string::npos) << bad.error().to_string();
+  // m and v together, scales included: what state_array_bytes stores per element, twice.
+  for (StateType t : {StateType::kF32, StateType::kBF16, StateType::kQ8}) {
+    const double per = 2.0 * static_cast<double>(state_array_bytes(t, 1 << 20)) / (1 << 20);
+    EXPECT_DOUBLE_EQ(adam_state_bytes_per_param(t), per) << state_type_name(t);
+  }
+}
+
 }  // namespace
 }  // namespace strata::cpu_optim

@@ -47,6 +47,7 @@ TEST(Config, NativeConfigParsesEveryField) {
   EXPECT_EQ(c->setup.grad_accum, 8);
   EXPECT_EQ(c->setup.compute, DType::kF16);
   EXPECT_NEAR(c->setup.state_bytes_per_param, 2.03125, 1e-12);
+  EXPECT_EQ(c->adam_states, cpu_optim::StateType::kQ8);
   EXPECT_EQ(c->budgets.device_bytes, 24 * kGiB);
   EXPECT_EQ(c->budgets.nvme_bytes, 1024 * kGiB);
   EXPECT_DOUBLE_EQ(c->optimizer.beta2, 0.95);
