@@ -91,7 +91,10 @@ Executor::~Executor() = default;
 void Executor::parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body) {
   if (n <= 0) return;
   int64_t chunks = (n + grain - 1) / grain;
-  if (chunks == 1 || threads_ == 1) {
+  // Inline on the calling thread when that changes nothing; with a NUMA
+  // node the work goes through the arena even then, whose observer binds
+  // every thread that runs in it to the node's cores.
+  if ((chunks == 1 || threads_ == 1) && impl_->node == nullptr) {
     for (int64_t c = 0; c < chunks; ++c) body(c * grain, std::min(n, (c + 1) * grain));
     return;
   }

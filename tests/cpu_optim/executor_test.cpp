@@ -52,6 +52,16 @@ TEST(Executor, RunsOnTheCoresAndPlacesPagesOnTheNodeAskedFor) {
   });
   EXPECT_EQ(asked, 64);
   EXPECT_EQ(outside, 0) << "chunks ran on threads not bound to node 0's cores";
+  // One thread, one chunk: still bound (not run inline on an unbound caller).
+  Result<std::unique_ptr<Executor>> one = Executor::create({.threads = 1, .numa_node = 0});
+  ASSERT_TRUE(one) << one.error().to_string();
+  bool one_bound = false;
+  (*one)->parallel_for(1, 1, [&](int64_t, int64_t) {
+    hwloc_bitmap_t set = hwloc_bitmap_alloc();
+    one_bound = hwloc_get_cpubind(t.topo, set, HWLOC_CPUBIND_THREAD) == 0 && hwloc_bitmap_isincluded(set, node->cpuset);
+    hwloc_bitmap_free(set);
+  });
+  EXPECT_TRUE(one_bound) << "a one-thread executor ran its chunk on a thread not bound to node 0";
 
   // first_touch binds the range to the node and faults its pages in there.
   constexpr size_t kBytes = 64 * 4096;
