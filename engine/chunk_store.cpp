@@ -67,7 +67,6 @@ Result<std::unique_ptr<ChunkStore>> ChunkStore::create(std::vector<gpu::ChunkLay
   s->copy_ = copy;
   s->meter_ = meter;
   s->depth_ = options.prefetch_depth;
-  s->dtype_ = options.dtype;
   s->es_ = dtype_bytes(options.dtype);
   s->states_home_ = options.states;
   if (options.host_memory != nullptr) s->allocator_ = options.host_memory;

@@ -126,8 +126,9 @@ class ChunkStore {
 
   // Gradients. gradient_buffer(): where `chunk`'s gradient is computed on
   // the device (a free gradient slot; chunk 0's own buffer); its view turns
-  // dirty. send_gradient(): after the compute that wrote it (on `after`'s
-  // order), copies it to `host_dst` on the copy stream; the view is copying.
+  // dirty. send_gradient(): once the compute that wrote it has finished (the
+  // caller waited for it), copies it to `host_dst` on the copy stream; the
+  // view is copying.
   // await_gradient() (any thread): waits for that copy; the view is on host.
   Result<void*> gradient_buffer(size_t chunk);
   Status send_gradient(size_t chunk, void* host_dst);
@@ -151,8 +152,6 @@ class ChunkStore {
   uint64_t bytes_to_host() const { return d2h_bytes_; }
   // Host memory the store holds (the NVMe weights' staging).
   uint64_t host_bytes() const { return weight_arena_ ? weight_arena_->total_bytes() : 0; }
-  size_t chunks() const { return layout_.size(); }
-  DType dtype() const { return dtype_; }
 
  private:
   ChunkStore() = default;
@@ -178,8 +177,7 @@ class ChunkStore {
   gpu::Stream copy_{};
   WaitMeter* meter_ = nullptr;
   int depth_ = 1;
-  DType dtype_ = DType::kF32;
-  uint64_t es_ = 4;
+  uint64_t es_ = 4;  // bytes of one element of the working type
   Tier states_home_ = Tier::kHost;
   io::AlignedAllocator own_allocator_;
   io::BufferAllocator* allocator_ = &own_allocator_;
@@ -203,7 +201,7 @@ class ChunkStore {
   std::vector<gpu::DeviceMemory> grad_slots_;   // two gradient buffers
   std::vector<gpu::Event> grad_slot_done_;      // the last copy out of each
   size_t next_grad_slot_ = 0;
-  std::vector<std::optional<size_t>> grad_slot_of_;  // chunk -> its gradient's slot this step (kNoPosition: resident)
+  std::vector<std::optional<size_t>> grad_slot_of_;  // chunk -> its gradient's slot this step (chunk 0: none, its own buffer)
   std::vector<gpu::Event> grad_copied_;              // chunk -> its gradient's copy; guarded by mu_
   uint64_t h2d_bytes_ = 0, d2h_bytes_ = 0;
 

@@ -25,6 +25,7 @@ StateLayout StateLayout::of(int64_t elems, cpu_optim::StateType type) {
   l.v_scale = l.v + line(values);
   l.bytes = l.v_scale + line(scales);
   if (!q8) l.m_scale = l.v_scale = 0;
+  l.scales = static_cast<int64_t>(scales / 4);
   return l;
 }
 

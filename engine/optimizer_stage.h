@@ -90,6 +90,7 @@ struct OverlapOutcome {
 struct StateLayout {
   uint64_t m = 0, v = 0;              // the m and v arrays
   uint64_t m_scale = 0, v_scale = 0;  // their per-block scales (8-bit states only)
+  int64_t scales = 0;                 // how many scales each 8-bit array has (0 otherwise)
   uint64_t bytes = 0;                 // the whole blob
   static StateLayout of(int64_t elems, cpu_optim::StateType type);
 };

@@ -244,9 +244,9 @@ Result<float> StreamedModel::run_step(const std::vector<const void*>& weights, c
   for (int64_t l = 1; l <= L; ++l) {
     STRATA_ASSIGN_OR_RETURN(const ChunkStore::Use w, store_->acquire(static_cast<size_t>(l)));
     STRATA_RETURN_IF_ERROR(claim(l));
-    const double start = trace_ ? trace_->now_us() : 0;
+    const double start = meter_.trace() ? meter_.trace()->now_us() : 0;
     STRATA_RETURN_IF_ERROR(run([&] { return ops.block_forward(compute_, ws, w.data, x_of(l - 1), x_of(l)); }));
-    if (trace_) trace_->span("compute", "forward block " + std::to_string(l), start, trace_->now_us(), "compute");
+    if (Trace* t = meter_.trace()) t->span("compute", "forward block " + std::to_string(l), start, t->now_us(), "compute");
     store_->release(w);
     STRATA_RETURN_IF_ERROR(offload(l));
   }
@@ -293,7 +293,7 @@ Result<float> StreamedModel::run_step(const std::vector<const void*>& weights, c
       STRATA_RETURN_IF_ERROR(wait_for(ckpt_done_[(l - 1) % K], "checkpoint"));
     }
     // Recompute the block's forward from its checkpoint (output discarded into dx_in).
-    const double start = trace_ ? trace_->now_us() : 0;
+    const double start = meter_.trace() ? meter_.trace()->now_us() : 0;
     auto recompute = [&]() -> Status {
       STRATA_RETURN_IF_ERROR(ops.block_forward(compute_, ws, w.data, x_of(l - 1), dx_in));
       return ops.zero(compute_, dx_in, x_bytes);
@@ -302,8 +302,8 @@ Result<float> StreamedModel::run_step(const std::vector<const void*>& weights, c
     STRATA_RETURN_IF_ERROR(send_grad(static_cast<size_t>(l), [&](void* dp) {
       return ops.block_backward(compute_, ws, w.data, dp, x_of(l - 1), dx, dx_in);
     }));
-    if (trace_) {
-      trace_->span("compute", "recompute+backward block " + std::to_string(l), start, trace_->now_us(), "compute");
+    if (Trace* t = meter_.trace()) {
+      t->span("compute", "recompute+backward block " + std::to_string(l), start, t->now_us(), "compute");
     }
     store_->release(w);
     std::swap(dx, dx_in);

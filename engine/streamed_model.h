@@ -78,10 +78,7 @@ class StreamedModel {
   double last_wait_seconds() const { return meter_.seconds(); }
   // Optional: spans of each block's compute and of every wait, on the
   // "compute" track.
-  void set_trace(Trace* trace) {
-    trace_ = trace;
-    meter_.set_trace(trace);
-  }
+  void set_trace(Trace* trace) { meter_.set_trace(trace); }
 
   // Host memory this model holds: checkpoints, staging arenas.
   uint64_t host_bytes() const;
@@ -137,7 +134,6 @@ class StreamedModel {
   std::optional<io::Ticket> stage_write_[2];       // last write from each
   std::optional<io::Ticket> stage_read_[2];        // a block input on its way back
   uint64_t h2d_bytes_ = 0, d2h_bytes_ = 0;         // block inputs (the store counts weights and gradients)
-  Trace* trace_ = nullptr;
   // Last, so they are released before the vectors they pin.
   gpu::HostPin checkpoint_pin_;  // host_checkpoints_
 };

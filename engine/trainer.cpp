@@ -34,10 +34,9 @@ std::vector<StatePart> state_parts(int64_t n, cpu_optim::StateType states) {
                         : states == cpu_optim::StateType::kBF16 ? TensorType::kBF16
                                                                 : TensorType::kU8;
   std::vector<StatePart> parts = {{"master", TensorType::kF32, n, 0}, {"m", mv, n, l.m}, {"v", mv, n, l.v}};
-  if (states == cpu_optim::StateType::kQ8) {
-    const int64_t blocks = (n + cpu_optim::kQ8BlockElems - 1) / cpu_optim::kQ8BlockElems;
-    parts.push_back({"m_scale", TensorType::kF32, blocks, l.m_scale});
-    parts.push_back({"v_scale", TensorType::kF32, blocks, l.v_scale});
+  if (l.scales > 0) {
+    parts.push_back({"m_scale", TensorType::kF32, l.scales, l.m_scale});
+    parts.push_back({"v_scale", TensorType::kF32, l.scales, l.v_scale});
   }
   return parts;
 }

@@ -185,6 +185,8 @@ TEST(OptimizerStage, LowPrecisionStatesGiveTheSameBitsOnHostAndNvme) {
   EXPECT_EQ(q8.m_scale, q8.m + 1024);
   EXPECT_EQ(q8.v, q8.m_scale + 64);  // 4 scales
   EXPECT_EQ(q8.bytes, q8.v_scale + 64);
+  EXPECT_EQ(q8.scales, 4);
+  EXPECT_EQ(StateLayout::of(1000, cpu_optim::StateType::kBF16).scales, 0);
   EXPECT_EQ(OptimizerStage::state_bytes(1024), 12u * 1024) << "fp32 states: 12 bytes per parameter, no padding";
 }
 
