@@ -61,9 +61,6 @@ class PinnedHostMemory final : public io::BufferAllocator {
   bool lock_;
 };
 
-// The host backend's device when device_bytes is 0: no cap.
-constexpr uint64_t kUncappedHostDevice = uint64_t{1} << 60;
-
 nlohmann::json model_json(const gpu::GptConfig& c) {
   return {{"layers", c.layers}, {"hidden", c.hidden}, {"heads", c.heads}, {"vocab", c.vocab}, {"max_seq", c.max_seq}};
 }
@@ -218,7 +215,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
 #endif
   } else {
     gpu::HostDeviceOptions d;
-    d.capacity_bytes = o.device_bytes > 0 ? o.device_bytes : kUncappedHostDevice;
+    d.capacity_bytes = o.device_bytes > 0 ? o.device_bytes : gpu::HostDeviceOptions::kNoCap;
     STRATA_ASSIGN_OR_RETURN(std::unique_ptr<gpu::HostDevice> hd, gpu::HostDevice::create(d));
     host_device = hd.get();
     tr->device_ = std::move(hd);

@@ -23,7 +23,9 @@
 namespace strata::gpu {
 
 struct HostDeviceOptions {
-  uint64_t capacity_bytes = 0;   // the simulated device memory budget (> 0)
+  // capacity_bytes = kNoCap: a device limited only by the host's memory.
+  static constexpr uint64_t kNoCap = ~uint64_t{0};
+  uint64_t capacity_bytes = 0;   // the simulated device memory budget (> 0, or kNoCap)
   uint32_t max_streams = 8;
   uint32_t max_queued = 4096;    // tasks queued per stream; more is ResourceExhausted
   uint64_t alignment = 256;      // of every allocation (like cudaMalloc's)

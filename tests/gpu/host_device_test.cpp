@@ -46,6 +46,23 @@ TEST(HostDevice, BudgetIsHardNamedAndTracked) {
   EXPECT_EQ(HostDevice::create({0, 1, 1, 256}).error().code(), StatusCode::kInvalidArgument);
 }
 
+// kNoCap: a device limited only by the host's memory, still counting what
+// it holds (the trainer's host backend without a device budget).
+TEST(HostDevice, NoCapCountsButNeverRefuses) {
+  Result<std::unique_ptr<HostDevice>> d = HostDevice::create({HostDeviceOptions::kNoCap, 4, 64, 256});
+  ASSERT_TRUE(d) << d.error().to_string();
+  EXPECT_EQ((*d)->capacity_bytes(), HostDeviceOptions::kNoCap);
+  {
+    Result<DeviceMemory> a = (*d)->allocate(64 << 20, "big");
+    ASSERT_TRUE(a) << a.error().to_string();
+    Result<DeviceMemory> b = (*d)->allocate(64 << 20, "bigger");
+    ASSERT_TRUE(b) << b.error().to_string();
+    EXPECT_EQ((*d)->used_bytes(), 128u << 20);
+  }
+  EXPECT_EQ((*d)->used_bytes(), 0u);
+  EXPECT_EQ((*d)->peak_bytes(), 128u << 20);
+}
+
 TEST(HostDevice, CopiesAreOrderedOnAStreamAndChecked) {
   auto dev = make(1 << 20);
   Result<DeviceMemory> mem = dev->allocate(4096 * 4, "buf");
