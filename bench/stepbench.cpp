@@ -96,7 +96,17 @@ int run(int argc, char** argv) {
   std::string adam_states = "fp32";
   app.add_option("--adam-states", adam_states, "how Adam's m and v are stored: fp32, bf16 or q8 (8-bit blockwise)")
       ->check(CLI::IsMember({"fp32", "bf16", "q8"}));
+  int64_t sub_group = engine::TrainSetup{}.state_piece_elems;
+  app.add_option("--sub-group-size", sub_group,
+                 "NVMe states: a chunk read, updated and written in pieces of at most this many parameters "
+                 "(0: whole chunks; at least 4096)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 50));
   CLI11_PARSE(app, argc, argv);
+  if (sub_group != 0 && sub_group < engine::kStatePieceGranule) {
+    std::fprintf(stderr, "strata-stepbench: --sub-group-size: 0 or at least %lld\n",
+                 static_cast<long long>(engine::kStatePieceGranule));
+    return 2;
+  }
   const bool states_nvme = states_on == "nvme";
   if (speculate_in_ram && states_nvme) {
     std::fprintf(stderr, "strata-stepbench: --speculate-in-ram needs --states ram\n");
@@ -111,6 +121,7 @@ int run(int argc, char** argv) {
   base.seq = 64;
   base.adam.lr = 1e-4f;
   base.adam_states = *cpu_optim::parse_state_type(adam_states);  // CLI11 checked the name
+  base.state_piece_elems = sub_group;
   const int64_t params = gpu::parameter_count(base.model);
   // bf16 weights and gradients, fp32 master weights, m and v as stored; the
   // device budget is a fraction of the fp32-state figure (16 bytes per
@@ -266,13 +277,15 @@ int run(int argc, char** argv) {
     STEP_CHECK(dev->synchronize(*stream));
   });
 
-  // NVMe alone: every chunk's state read and written back, two buffers
+  // NVMe alone: every state blob (a chunk's, or a piece's of a chunk
+  // bigger than the stage's pieces) read and written back, two buffers
   // (nothing when the states are in RAM).
   double nvme_s = 0;
   if (states_nvme) {
     io::SwapStore* swap = offloaded->swap_store();
+    const engine::OptimizerStage& stage = offloaded->optimizer_stage();
     int64_t max_elems = 0;
-    for (const auto& c : layout) max_elems = std::max(max_elems, c.numel);
+    for (size_t u = 0; u < stage.pieces(); ++u) max_elems = std::max(max_elems, stage.piece_elems(u));
     io::AlignedAllocator allocator;
     Result<std::unique_ptr<engine::PinnedArena>> arena = engine::PinnedArena::create(
         "nvme part", swap->padded_size(engine::OptimizerStage::state_bytes(max_elems, base.adam_states)), 2,
@@ -285,16 +298,17 @@ int run(int argc, char** argv) {
       leases.push_back(std::move(*l));
     }
     nvme_s = median_seconds(reps, [&] {
-      std::vector<std::optional<io::Ticket>> writes(layout.size());
-      for (size_t c = 0; c < layout.size(); ++c) {
-        const std::string name = "optimizer-state/chunk-" + std::to_string(c);
-        if (c >= 2) STEP_CHECK(swap->wait(*writes[c - 2]));
-        Result<io::Ticket> r = swap->read(name, leases[c % 2].buffer());
+      std::vector<std::optional<io::Ticket>> writes(stage.pieces());
+      for (size_t u = 0; u < stage.pieces(); ++u) {
+        const std::string name = stage.state_blob(u);
+        if (u >= 2) STEP_CHECK(swap->wait(*writes[u - 2]));
+        Result<io::Ticket> r = swap->read(name, leases[u % 2].buffer());
         STEP_CHECK(r.status());
         STEP_CHECK(swap->wait(*r));
-        Result<io::Ticket> w = swap->write(name, leases[c % 2].buffer(), engine::OptimizerStage::state_bytes(layout[c].numel, base.adam_states));
+        Result<io::Ticket> w = swap->write(name, leases[u % 2].buffer(),
+                                           engine::OptimizerStage::state_bytes(stage.piece_elems(u), base.adam_states));
         STEP_CHECK(w.status());
-        writes[c] = *w;
+        writes[u] = *w;
       }
       STEP_CHECK(swap->wait_all());
     });
@@ -357,6 +371,7 @@ int run(int argc, char** argv) {
                       {"nvme_bytes", nvme_r + nvme_w},
                       {"io_backend", states_nvme ? std::string(offloaded->swap_store()->backend()) : "none"},
                       {"states", states_on},
+                      {"sub_group_size", sub_group},
                       {"adam_states", adam_states},
                       {"speculate_in_ram", speculate_in_ram},
                       {"system", system_info()}};

@@ -66,6 +66,11 @@ int run(int argc, char** argv) {
   app.add_option("--adam-states", adam_states, "how Adam's m and v are stored: fp32, bf16 or q8 (8-bit blockwise); "
                  "default: the config's \"states\" (fp32)")
       ->check(CLI::IsMember({"fp32", "bf16", "q8"}));
+  int64_t sub_group = -1;
+  app.add_option("--sub-group-size", sub_group,
+                 "with the states on NVMe, read, update and write a chunk in pieces of at most this many parameters "
+                 "(0: whole chunks; default: the config's sub_group_size, else 2^25)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 50));
   app.add_option("--prefetch", prefetch, "blocks fetched ahead when streaming (default 1)")->check(CLI::Range(1, 64));
   app.add_option("--device", device, "where forward and backward run: the host backend, or the first CUDA GPU "
                  "(a CUDA build)")
@@ -116,6 +121,12 @@ int run(int argc, char** argv) {
   } else if (cfg->constraints.states == engine::Tier::kNvme) {
     o.states = engine::Tier::kNvme;
     o.nvme_paths = cfg->nvme_paths;
+  }
+  o.state_piece_elems = sub_group >= 0 ? sub_group : cfg->setup.state_piece_elems;
+  if (o.state_piece_elems != 0 && o.state_piece_elems < engine::kStatePieceGranule) {
+    std::fprintf(stderr, "strata-train: --sub-group-size %lld: 0 (whole chunks) or at least %lld parameters\n",
+                 static_cast<long long>(o.state_piece_elems), static_cast<long long>(engine::kStatePieceGranule));
+    return 2;
   }
   o.speculate_in_ram = (speculate_in_ram || cfg->speculate_in_ram) && o.states == engine::Tier::kHost;
   if ((speculate_in_ram || cfg->speculate_in_ram) && !o.speculate_in_ram) {

@@ -92,6 +92,7 @@ Result<std::unique_ptr<ChunkStore>> ChunkStore::create(std::vector<gpu::ChunkLay
   s->slot_ready_.assign(s->slots_.size(), gpu::Event{});
   const Residency states = options.states == Tier::kNvme ? Residency::kOnNvme : Residency::kOnHost;
   s->state_.assign(n, {Residency::kOnHost, Residency::kOnHost, states, states, states});
+  s->state_pieces_.assign(n, std::vector<Residency>{states});
   return s;
 }
 
@@ -101,7 +102,7 @@ ChunkStore::~ChunkStore() {
 }
 
 Status ChunkStore::set_nvme_weights(NvmeWeights source) {
-  if (source.swap == nullptr || !source.blob) return invalid_argument("chunk store: NVMe weights need a store");
+  if (source.swap == nullptr || !source.blobs) return invalid_argument("chunk store: NVMe weights need a store");
   int64_t max_all = 0;
   for (const gpu::ChunkLayout& chunk : layout_) max_all = std::max(max_all, chunk.numel);
   const int ring = depth_ + 3;
@@ -109,7 +110,7 @@ Status ChunkStore::set_nvme_weights(NvmeWeights source) {
                                                              source.swap->padded_size(es_ * static_cast<uint64_t>(max_all)),
                                                              static_cast<uint32_t>(ring), *allocator_));
   weight_buf_.clear();
-  weight_read_.assign(static_cast<size_t>(ring), std::nullopt);
+  weight_read_.assign(static_cast<size_t>(ring), {});
   weight_read_chunk_.assign(static_cast<size_t>(ring), std::nullopt);
   weight_copied_.assign(static_cast<size_t>(ring), gpu::Event{});
   for (int i = 0; i < ring; ++i) {
@@ -127,14 +128,31 @@ void ChunkStore::set_state(size_t chunk, View view, Residency r) {
   state_[chunk][static_cast<size_t>(view)] = r;
 }
 
-void ChunkStore::states_moved(size_t chunk, Residency now) {
-  STRATA_CHECK_MSG(chunk < layout_.size(), "chunk store: no chunk %zu", chunk);
+void ChunkStore::set_state_pieces(size_t chunk, size_t pieces) {
+  STRATA_CHECK_MSG(chunk < layout_.size() && pieces >= 1, "chunk store: no chunk %zu, or no pieces", chunk);
   std::lock_guard<std::mutex> lock(mu_);
-  for (View v : {View::kMaster, View::kAdamM, View::kAdamV}) state_[chunk][static_cast<size_t>(v)] = now;
+  state_pieces_[chunk].assign(pieces, state_[chunk][static_cast<size_t>(View::kMaster)]);
 }
 
-Residency ChunkStore::residency(size_t chunk, View view) const {
+size_t ChunkStore::state_pieces(size_t chunk) const {
   std::lock_guard<std::mutex> lock(mu_);
+  return state_pieces_.at(chunk).size();
+}
+
+void ChunkStore::states_moved(size_t chunk, Residency now, size_t piece) {
+  STRATA_CHECK_MSG(chunk < layout_.size(), "chunk store: no chunk %zu", chunk);
+  std::lock_guard<std::mutex> lock(mu_);
+  STRATA_CHECK_MSG(piece < state_pieces_[chunk].size(), "chunk store: chunk %zu has no state piece %zu", chunk, piece);
+  state_pieces_[chunk][piece] = now;
+  if (piece == 0) {
+    for (View v : {View::kMaster, View::kAdamM, View::kAdamV}) state_[chunk][static_cast<size_t>(v)] = now;
+  }
+}
+
+Residency ChunkStore::residency(size_t chunk, View view, size_t piece) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (view == View::kMaster || view == View::kAdamM || view == View::kAdamV) return state_pieces_.at(chunk).at(piece);
+  STRATA_CHECK_MSG(piece == 0, "chunk store: the %s view has one piece", std::string(view_name(view)).c_str());
   return state_.at(chunk)[static_cast<size_t>(view)];
 }
 
@@ -149,8 +167,8 @@ Tier ChunkStore::home(size_t chunk, View view) const {
 
 void ChunkStore::drain_weight_reads() {
   for (size_t i = 0; i < weight_read_.size(); ++i) {
-    if (weight_read_[i]) nvme_->swap->wait(*weight_read_[i]).ignore();
-    weight_read_[i].reset();
+    for (io::Ticket t : weight_read_[i]) nvme_->swap->wait(t).ignore();
+    weight_read_[i].clear();
     weight_read_chunk_[i].reset();
   }
 }
@@ -174,14 +192,13 @@ Status ChunkStore::read_weights_ahead(size_t through) {
     const std::optional<size_t> chunk = chunk_at(pos);
     if (!chunk) break;  // not known yet: read when it is used
     const size_t b = pos % weight_buf_.size();
-    STRATA_CHECK_MSG(!weight_read_[b].has_value(), "chunk store: weight staging buffer %zu still busy", b);
+    STRATA_CHECK_MSG(weight_read_[b].empty(), "chunk store: weight staging buffer %zu still busy", b);
     // The buffer's last copy to the device reads it until done.
     if (gpu::Event& copied = weight_copied_[b]; copied.id >= 0) {
       STRATA_RETURN_IF_ERROR(meter_->wait(*dev_, copied, "weight staging"));
       copied = gpu::Event{};
     }
-    STRATA_ASSIGN_OR_RETURN(io::Ticket t, nvme_->swap->read(nvme_->blob(*chunk), weight_buf_[b].buffer()));
-    weight_read_[b] = t;
+    STRATA_ASSIGN_OR_RETURN(weight_read_[b], read_weight_pieces(*chunk, weight_buf_[b]));
     weight_read_chunk_[b] = *chunk;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -193,19 +210,48 @@ Status ChunkStore::read_weights_ahead(size_t through) {
   return ok_status();
 }
 
+Result<std::vector<io::Ticket>> ChunkStore::read_weight_pieces(size_t chunk, const PinnedArena::Lease& buf) {
+  std::vector<io::Ticket> reads;
+  const io::IoBuffer whole = buf.buffer();
+  for (const BlobPiece& piece : nvme_->blobs(chunk)) {
+    if (piece.offset_bytes % nvme_->swap->alignment() != 0 || piece.offset_bytes >= whole.capacity_bytes) {
+      for (io::Ticket t : reads) nvme_->swap->wait(t).ignore();
+      return internal_error("chunk store: weight piece " + piece.blob + " at byte " + std::to_string(piece.offset_bytes) +
+                            " does not fit an aligned place in the staging buffer");
+    }
+    Result<io::Ticket> t = nvme_->swap->read(
+        piece.blob, {whole.data + piece.offset_bytes, whole.capacity_bytes - piece.offset_bytes});
+    if (!t) {
+      for (io::Ticket r : reads) nvme_->swap->wait(r).ignore();  // the buffer is reused: nothing may still land in it
+      return std::move(t).error().with_context("reading the weights of chunk " + std::to_string(chunk));
+    }
+    reads.push_back(*t);
+  }
+  return reads;
+}
+
+Status ChunkStore::wait_reads(std::vector<io::Ticket>& reads, size_t chunk) {
+  Status first = ok_status();
+  for (io::Ticket t : reads) {
+    Status s = nvme_->swap->wait(t);
+    if (first.ok() && !s.ok()) first = std::move(s);
+  }
+  reads.clear();
+  return first.with_context("reading the weights of chunk " + std::to_string(chunk));
+}
+
 Result<const void*> ChunkStore::stage_nvme_weights(size_t pos, size_t chunk) {
   // The whole ring ahead: while this chunk is copied, the next depth + 2
   // known uses are on their way from NVMe.
   const size_t ring = weight_buf_.size();
   STRATA_RETURN_IF_ERROR(read_weights_ahead(pos + ring - 1));
   const size_t b = pos % ring;
-  STRATA_CHECK_MSG(weight_read_[b].has_value(), "chunk store: no read issued for position %zu", pos);
+  STRATA_CHECK_MSG(!weight_read_[b].empty(), "chunk store: no read issued for position %zu", pos);
   const double t0 = WaitMeter::now_s();
-  Status s = nvme_->swap->wait(*weight_read_[b]);
+  Status s = wait_reads(weight_read_[b], chunk);
   meter_->note(t0, "weights from nvme");
-  weight_read_[b].reset();
   weight_read_chunk_[b].reset();
-  STRATA_RETURN_IF_ERROR(s.with_context("reading the weights of chunk " + std::to_string(chunk)));
+  STRATA_RETURN_IF_ERROR(s);
   set_state(chunk, View::kWeights, Residency::kOnHost);
   return static_cast<const void*>(weight_buf_[b].data());
 }
@@ -242,8 +288,8 @@ Status ChunkStore::begin_step(const std::vector<const void*>& host_weights) {
     // Read into the ring's first buffer, which position 0's read waits to
     // reuse until this copy is done.
     set_state(0, View::kWeights, Residency::kLoading);
-    STRATA_ASSIGN_OR_RETURN(io::Ticket t, nvme_->swap->read(nvme_->blob(0), weight_buf_[0].buffer()));
-    STRATA_RETURN_IF_ERROR(nvme_->swap->wait(t).with_context("reading the weights of chunk 0"));
+    STRATA_ASSIGN_OR_RETURN(std::vector<io::Ticket> reads, read_weight_pieces(0, weight_buf_[0]));
+    STRATA_RETURN_IF_ERROR(wait_reads(reads, 0));
     src = weight_buf_[0].data();
   }
   if (src == nullptr) return invalid_argument("chunk store: no host weights for chunk 0");
@@ -282,12 +328,11 @@ Status ChunkStore::issue_ahead(size_t current) {
         STRATA_CHECK_MSG(weights_read_ >= pos, "chunk store: position %zu's read was passed over", pos);
         if (weights_read_ == pos) {
           weights_read_ = pos + 1;  // not read yet: it never will be
-        } else if (std::optional<io::Ticket>& t = weight_read_[pos % weight_buf_.size()]; t) {
+        } else if (std::vector<io::Ticket>& t = weight_read_[pos % weight_buf_.size()]; !t.empty()) {
           // Already read ahead by position: let it land unused.
-          Status s = nvme_->swap->wait(*t);
-          t.reset();
+          Status s = wait_reads(t, *chunk);
           weight_read_chunk_[pos % weight_buf_.size()].reset();
-          STRATA_RETURN_IF_ERROR(s.with_context("reading the weights of chunk " + std::to_string(*chunk)));
+          STRATA_RETURN_IF_ERROR(s);
         }
       }
       ++slot_hits_;

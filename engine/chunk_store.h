@@ -90,11 +90,17 @@ class ChunkStore {
                                                     gpu::Stream copy, WaitMeter* meter, ChunkStoreOptions options);
   ~ChunkStore();
 
-  // Weights homed on NVMe: chunk c's working weights are blob `blob(c)` of
-  // `swap`; begin_step's host weights are then unused.
+  // Weights homed on NVMe: chunk c's working weights are the blobs
+  // `blobs(c)` of `swap`, each read to its byte offset in the chunk (a
+  // multiple of the store's alignment; the optimizer stage splits big
+  // chunks into pieces); begin_step's host weights are then unused.
+  struct BlobPiece {
+    std::string blob;
+    uint64_t offset_bytes = 0;
+  };
   struct NvmeWeights {
     io::SwapStore* swap = nullptr;
-    std::function<std::string(size_t)> blob;
+    std::function<std::vector<BlobPiece>(size_t)> blobs;
   };
   Status set_nvme_weights(NvmeWeights source);
 
@@ -135,13 +141,18 @@ class ChunkStore {
   Status await_gradient(size_t chunk);
 
   // The optimizer stage moves the master weights and Adam states (one blob
-  // per chunk: OptimizerStage) and reports each move of chunk c's three
+  // per chunk, or per piece of a chunk bigger than the stage's sub-group:
+  // OptimizerStage) and reports each move of a piece of chunk c's three
   // views here: loading (a read issued), on host (read, in a staging
   // buffer), dirty (updated there, not yet written back), on nvme (written,
-  // or the step dropped the buffer). Any thread.
-  void states_moved(size_t chunk, Residency now);
+  // or the step dropped the buffer). Any thread. set_state_pieces() says
+  // how many pieces chunk c's states have (1 unless told).
+  void set_state_pieces(size_t chunk, size_t pieces);
+  void states_moved(size_t chunk, Residency now, size_t piece = 0);
+  size_t state_pieces(size_t chunk) const;
 
-  Residency residency(size_t chunk, View view) const;
+  // A view's residency; the state views (master, m, v) per piece.
+  Residency residency(size_t chunk, View view, size_t piece = 0) const;
   Tier home(size_t chunk, View view) const;
 
   // The order of chunk uses (writable for tests: a wrong order costs waiting, not bits).
@@ -170,6 +181,9 @@ class ChunkStore {
   // holding `chunk` for position `pos` once its read is done.
   Status read_weights_ahead(size_t through);
   Result<const void*> stage_nvme_weights(size_t pos, size_t chunk);
+  // Issues the reads of `chunk`'s weight pieces into `buf`; waits for reads.
+  Result<std::vector<io::Ticket>> read_weight_pieces(size_t chunk, const PinnedArena::Lease& buf);
+  Status wait_reads(std::vector<io::Ticket>& reads, size_t chunk);
   void drain_weight_reads();
 
   std::vector<gpu::ChunkLayout> layout_;
@@ -184,7 +198,8 @@ class ChunkStore {
 
   // Residency of every (chunk, view); guarded by mu_ (gradients land on other threads).
   mutable std::mutex mu_;
-  std::vector<std::array<Residency, kViews>> state_;
+  std::vector<std::array<Residency, kViews>> state_;  // the state views: piece 0's
+  std::vector<std::vector<Residency>> state_pieces_;  // every piece of the state views, per chunk
 
   std::vector<const void*> host_weights_;
   AccessSchedule schedule_;
@@ -209,7 +224,7 @@ class ChunkStore {
   std::optional<NvmeWeights> nvme_;
   std::unique_ptr<PinnedArena> weight_arena_;
   std::vector<PinnedArena::Lease> weight_buf_;          // depth + 3, by schedule position
-  std::vector<std::optional<io::Ticket>> weight_read_;  // one per weight_buf_
+  std::vector<std::vector<io::Ticket>> weight_read_;  // one per weight_buf_: its pieces' reads (none: idle)
   std::vector<std::optional<size_t>> weight_read_chunk_;  // the chunk each read brings
   size_t weights_read_ = 0;                             // schedule positions whose read was issued
   std::vector<gpu::Event> weight_copied_;               // the last copy out of each weight_buf_

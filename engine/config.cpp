@@ -2,6 +2,7 @@
 
 #include <sys/statvfs.h>
 
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -35,6 +36,19 @@ class Reader {
       return bad(key, "an integer in " + std::to_string(lo) + ".." + std::to_string(hi), v);
     }
     *out = v.get<int64_t>();
+    return ok_status();
+  }
+
+  // A count that DeepSpeed configs often write as a float (1e9): any
+  // integral number in lo..hi.
+  Status get_count(const std::string& key, int64_t* out, int64_t lo, int64_t hi) {
+    if (!has(key)) return ok_status();
+    const json& v = raw(key);
+    const double d = v.is_number() ? v.get<double>() : -1.0;
+    if (!v.is_number() || d != std::floor(d) || d < static_cast<double>(lo) || d > static_cast<double>(hi)) {
+      return bad(key, "a whole number in " + std::to_string(lo) + ".." + std::to_string(hi), v);
+    }
+    *out = static_cast<int64_t>(d);
     return ok_status();
   }
 
@@ -210,6 +224,19 @@ Status read_precision_blocks(Reader& top, EngineConfig& c) {
   return ok_status();
 }
 
+// The optimizer stage's pieces on NVMe (DeepSpeed's sub_group_size): 0
+// (whole chunks) or at least kStatePieceGranule parameters.
+Status read_sub_group(Reader& r, EngineConfig& c) {
+  int64_t n = c.setup.state_piece_elems;
+  STRATA_RETURN_IF_ERROR(r.get_count("sub_group_size", &n, 0, int64_t{1} << 50));
+  if (n != 0 && n < kStatePieceGranule) {
+    return invalid_argument("config key " + r.key_path("sub_group_size") + ": " + std::to_string(n) +
+                            " parameters; 0 (whole chunks) or at least " + std::to_string(kStatePieceGranule));
+  }
+  c.setup.state_piece_elems = n;
+  return ok_status();
+}
+
 Status read_offload(Reader& zero, const std::string& key, std::optional<Tier>* tier, EngineConfig& c) {
   if (!zero.has(key)) return ok_status();
   STRATA_ASSIGN_OR_RETURN(Reader o, zero.object(key));
@@ -261,6 +288,7 @@ Status read_deepspeed(Reader& top, EngineConfig& c) {
     STRATA_RETURN_IF_ERROR(z.get_int("stage", &stage, 0, 3));
     STRATA_RETURN_IF_ERROR(read_offload(z, "offload_optimizer", &c.constraints.states, c));
     STRATA_RETURN_IF_ERROR(read_offload(z, "offload_param", &c.constraints.weights, c));
+    STRATA_RETURN_IF_ERROR(read_sub_group(z, c));
     z.finish();
   }
   if (top.has("aio")) {
@@ -328,6 +356,7 @@ Status read_native(Reader& top, EngineConfig& c) {
     if (!w.empty()) c.constraints.weights = *tier_from(w);
     if (!s.empty()) c.constraints.states = *tier_from(s);
     if (!ck.empty()) c.constraints.checkpoints = *tier_from(ck);
+    STRATA_RETURN_IF_ERROR(read_sub_group(p, c));
     p.finish();
   }
   if (top.has("io")) {

@@ -29,17 +29,31 @@ StateLayout StateLayout::of(int64_t elems, cpu_optim::StateType type) {
   return l;
 }
 
+std::string OptimizerStage::piece_name(size_t piece) const {
+  const Piece& p = pieces_[piece];
+  const size_t count = first_piece_[p.chunk + 1] - first_piece_[p.chunk];
+  return "chunk-" + std::to_string(p.chunk) + (count == 1 ? "" : "-piece-" + std::to_string(p.index));
+}
+
 Result<std::unique_ptr<OptimizerStage>> OptimizerStage::create(std::vector<int64_t> chunk_elems, Tier tier,
                                                                io::SwapStore* swap, PinnedArena* staging,
                                                                cpu_optim::Executor& executor, Trace* trace,
-                                                               cpu_optim::StateType states) {
+                                                               cpu_optim::StateType states, int64_t piece_elems) {
   if (chunk_elems.empty()) return invalid_argument("optimizer stage: no chunks");
   if (tier == Tier::kDevice) return invalid_argument("optimizer stage: states live on the host or NVMe");
-  int64_t max_elems = 0;
-  for (int64_t n : chunk_elems) max_elems = std::max(max_elems, n);
+  if (piece_elems != 0 && piece_elems < kStatePieceGranule) {
+    return invalid_argument("optimizer stage: pieces of " + std::to_string(piece_elems) + " elements; at least " +
+                            std::to_string(kStatePieceGranule) + " (or 0: whole chunks)");
+  }
+  if (tier != Tier::kNvme) piece_elems = 0;  // in RAM a chunk is updated in place, whole
+  const int64_t max_elems = max_state_piece(chunk_elems, piece_elems);
   if (tier == Tier::kNvme) {
     if (swap == nullptr || staging == nullptr) {
       return invalid_argument("optimizer stage: states on NVMe need a swap store and a staging arena");
+    }
+    if (2 * static_cast<uint64_t>(kStatePieceGranule) % swap->alignment() != 0) {
+      return invalid_argument("optimizer stage: the swap store's alignment " + std::to_string(swap->alignment()) +
+                              " does not divide a piece's weights boundary");
     }
     uint64_t need = swap->padded_size(state_bytes(max_elems, states));
     if (staging->capacity() < 3 || staging->buffer_bytes() < need) {
@@ -50,14 +64,23 @@ Result<std::unique_ptr<OptimizerStage>> OptimizerStage::create(std::vector<int64
   }
   std::unique_ptr<OptimizerStage> stage(new OptimizerStage());
   stage->elems_ = std::move(chunk_elems);
+  for (size_t c = 0; c < stage->elems_.size(); ++c) {
+    stage->first_piece_.push_back(stage->pieces_.size());
+    int64_t offset = 0;
+    for (int64_t n : state_piece_sizes(stage->elems_[c], piece_elems)) {
+      stage->pieces_.push_back({c, stage->pieces_.size() - stage->first_piece_.back(), offset, n});
+      offset += n;
+    }
+  }
+  stage->first_piece_.push_back(stage->pieces_.size());
   stage->tier_ = tier;
   stage->swap_ = swap;
   stage->staging_ = staging;
   stage->executor_ = &executor;
   stage->trace_ = trace;
   stage->state_type_ = states;
-  if (tier == Tier::kHost) stage->host_.resize(stage->elems_.size());
-  stage->gen_.assign(stage->elems_.size(), 0);
+  if (tier == Tier::kHost) stage->host_.resize(stage->pieces_.size());
+  stage->gen_.assign(stage->pieces_.size(), 0);
   return stage;
 }
 
@@ -95,7 +118,7 @@ Status OptimizerStage::home_weights_on_nvme(DType dtype) {
     return invalid_argument("optimizer stage: working weights on NVMe are bf16 or fp16");
   }
   int64_t max_elems = 0;
-  for (int64_t n : elems_) max_elems = std::max(max_elems, n);
+  for (const Piece& p : pieces_) max_elems = std::max(max_elems, p.elems);
   const uint64_t need = staging_bytes_with_weights(*swap_, max_elems, state_type_);
   if (staging_->buffer_bytes() < need) {
     return invalid_argument("optimizer stage: weights on NVMe need staging buffers of " + format_bytes(need) +
@@ -108,49 +131,100 @@ Status OptimizerStage::home_weights_on_nvme(DType dtype) {
 
 Status OptimizerStage::enable_ram_speculation() {
   if (tier_ != Tier::kHost) return failed_precondition("optimizer stage: RAM speculation is for states in RAM");
-  next_.resize(elems_.size());
-  for (size_t c = 0; c < elems_.size(); ++c) next_[c].assign(state_bytes(elems_[c], state_type_), std::byte{0});
+  next_.resize(pieces_.size());
+  for (size_t u = 0; u < pieces_.size(); ++u) next_[u].assign(state_bytes(pieces_[u].elems, state_type_), std::byte{0});
   return ok_status();
+}
+
+void OptimizerStage::set_store(ChunkStore* store) {
+  store_ = store;
+  if (store_ == nullptr) return;
+  for (size_t c = 0; c < elems_.size(); ++c) store_->set_state_pieces(c, first_piece_[c + 1] - first_piece_[c]);
+}
+
+std::vector<ChunkStore::BlobPiece> OptimizerStage::weights_blobs(size_t chunk) const {
+  STRATA_CHECK(chunk < elems_.size() && weights_nvme_);
+  std::vector<ChunkStore::BlobPiece> blobs;
+  for (size_t u = first_piece_[chunk]; u < first_piece_[chunk + 1]; ++u) {
+    blobs.push_back({weights_blob(u, gen_[u]), 2 * static_cast<uint64_t>(pieces_[u].offset)});
+  }
+  return blobs;
+}
+
+void OptimizerStage::copy_piece_state(size_t piece, const std::byte* from, std::byte* to, bool to_chunk) const {
+  const Piece& p = pieces_[piece];
+  const StateLayout lc = StateLayout::of(elems_[p.chunk], state_type_);
+  const StateLayout lp = StateLayout::of(p.elems, state_type_);
+  const uint64_t off = static_cast<uint64_t>(p.offset), n = static_cast<uint64_t>(p.elems);
+  const uint64_t eb = cpu_optim::state_elem_bytes(state_type_);
+  auto move = [&](uint64_t chunk_at, uint64_t piece_at, uint64_t bytes) {
+    if (to_chunk) {
+      std::memcpy(to + chunk_at, from + piece_at, bytes);
+    } else {
+      std::memcpy(to + piece_at, from + chunk_at, bytes);
+    }
+  };
+  move(4 * off, 0, 4 * n);
+  move(lc.m + eb * off, lp.m, eb * n);
+  move(lc.v + eb * off, lp.v, eb * n);
+  if (lp.scales > 0) {  // pieces start on whole 8-bit blocks
+    const uint64_t first = off / static_cast<uint64_t>(cpu_optim::kQ8BlockElems);
+    move(lc.m_scale + 4 * first, lp.m_scale, 4 * static_cast<uint64_t>(lp.scales));
+    move(lc.v_scale + 4 * first, lp.v_scale, 4 * static_cast<uint64_t>(lp.scales));
+  }
 }
 
 Status OptimizerStage::initialize(size_t c, const float* master) {
   STRATA_CHECK(c < elems_.size());
-  const int64_t n = elems_[c];
-  if (tier_ == Tier::kHost) {
-    // m = v = 0 (8-bit states: zero codes under zero scales decode to 0).
-    host_[c].assign(state_bytes(n, state_type_), std::byte{0});
-    std::memcpy(host_[c].data(), master, static_cast<size_t>(n) * 4);
-    return ok_status();
+  for (size_t u = first_piece_[c]; u < first_piece_[c + 1]; ++u) {
+    const int64_t n = pieces_[u].elems;
+    const float* src = master + pieces_[u].offset;
+    if (tier_ == Tier::kHost) {
+      // m = v = 0 (8-bit states: zero codes under zero scales decode to 0).
+      host_[u].assign(state_bytes(n, state_type_), std::byte{0});
+      std::memcpy(host_[u].data(), src, static_cast<size_t>(n) * 4);
+      continue;
+    }
+    STRATA_ASSIGN_OR_RETURN(PinnedArena::Lease lease, staging_->acquire("initialise " + blob(u, gen_[u])));
+    std::memset(lease.data(), 0, lease.buffer().capacity_bytes);
+    std::memcpy(lease.data(), src, static_cast<size_t>(n) * 4);
+    STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->write(blob(u, gen_[u]), lease.buffer(), state_bytes(n, state_type_)));
+    STRATA_RETURN_IF_ERROR(swap_->wait(t));
+    if (!weights_nvme_) continue;
+    std::byte* w = lease.data() + weights_offset(u);
+    STRATA_RETURN_IF_ERROR(cpu_optim::convert(src, DType::kF32, w, weights_dtype_, n));
+    STRATA_ASSIGN_OR_RETURN(io::Ticket tw,
+                            swap_->write(weights_blob(u, gen_[u]), {w, lease.buffer().capacity_bytes - weights_offset(u)},
+                                         2 * static_cast<uint64_t>(n)));
+    STRATA_RETURN_IF_ERROR(swap_->wait(tw));
   }
-  STRATA_ASSIGN_OR_RETURN(PinnedArena::Lease lease, staging_->acquire("initialise " + blob(c)));
-  std::memset(lease.data(), 0, lease.buffer().capacity_bytes);
-  std::memcpy(lease.data(), master, static_cast<size_t>(n) * 4);
-  STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->write(blob(c), lease.buffer(), state_bytes(n, state_type_)));
-  STRATA_RETURN_IF_ERROR(swap_->wait(t));
-  if (!weights_nvme_) return ok_status();
-  std::byte* w = lease.data() + weights_offset(c);
-  STRATA_RETURN_IF_ERROR(cpu_optim::convert(master, DType::kF32, w, weights_dtype_, n));
-  STRATA_ASSIGN_OR_RETURN(io::Ticket tw, swap_->write(weights_blob(c), {w, lease.buffer().capacity_bytes - weights_offset(c)},
-                                                      2 * static_cast<uint64_t>(n)));
-  return swap_->wait(tw);
+  return ok_status();
 }
 
 Status OptimizerStage::read_weights(size_t c, void* dst) {
   STRATA_CHECK(c < elems_.size() && weights_nvme_);
-  STRATA_ASSIGN_OR_RETURN(PinnedArena::Lease lease, staging_->acquire("read " + weights_blob(c)));
-  STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->read(weights_blob(c), lease.buffer()));
-  STRATA_RETURN_IF_ERROR(swap_->wait(t).with_context("reading the weights of chunk " + std::to_string(c)));
-  std::memcpy(dst, lease.data(), 2 * static_cast<size_t>(elems_[c]));
+  for (size_t u = first_piece_[c]; u < first_piece_[c + 1]; ++u) {
+    const std::string name = weights_blob(u, gen_[u]);
+    STRATA_ASSIGN_OR_RETURN(PinnedArena::Lease lease, staging_->acquire("read " + name));
+    STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->read(name, lease.buffer()));
+    STRATA_RETURN_IF_ERROR(swap_->wait(t).with_context("reading the weights of chunk " + std::to_string(c)));
+    std::memcpy(static_cast<std::byte*>(dst) + 2 * pieces_[u].offset, lease.data(), 2 * static_cast<size_t>(pieces_[u].elems));
+  }
   return ok_status();
 }
 
 Status OptimizerStage::write_weights(size_t c, const void* src) {
   STRATA_CHECK(c < elems_.size() && weights_nvme_);
-  STRATA_ASSIGN_OR_RETURN(PinnedArena::Lease lease, staging_->acquire("write " + weights_blob(c)));
-  std::memset(lease.data(), 0, lease.buffer().capacity_bytes);
-  std::memcpy(lease.data(), src, 2 * static_cast<size_t>(elems_[c]));
-  STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->write(weights_blob(c), lease.buffer(), 2 * static_cast<uint64_t>(elems_[c])));
-  return swap_->wait(t).with_context("writing the weights of chunk " + std::to_string(c));
+  for (size_t u = first_piece_[c]; u < first_piece_[c + 1]; ++u) {
+    const std::string name = weights_blob(u, gen_[u]);
+    const uint64_t bytes = 2 * static_cast<uint64_t>(pieces_[u].elems);
+    STRATA_ASSIGN_OR_RETURN(PinnedArena::Lease lease, staging_->acquire("write " + name));
+    std::memset(lease.data(), 0, lease.buffer().capacity_bytes);
+    std::memcpy(lease.data(), static_cast<const std::byte*>(src) + 2 * pieces_[u].offset, bytes);
+    STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->write(name, lease.buffer(), bytes));
+    STRATA_RETURN_IF_ERROR(swap_->wait(t).with_context("writing the weights of chunk " + std::to_string(c)));
+  }
+  return ok_status();
 }
 
 Status OptimizerStage::read_master(size_t c, float* dst) {
@@ -163,31 +237,38 @@ Status OptimizerStage::read_master(size_t c, float* dst) {
 
 Status OptimizerStage::read_state(size_t c, std::byte* dst) {
   STRATA_CHECK(c < elems_.size());
-  const uint64_t bytes = state_bytes(elems_[c], state_type_);
-  if (tier_ == Tier::kHost) {
-    STRATA_CHECK_MSG(!host_[c].empty(), "optimizer stage: chunk %zu was never initialised", c);
-    std::memcpy(dst, host_[c].data(), bytes);
-    return ok_status();
+  for (size_t u = first_piece_[c]; u < first_piece_[c + 1]; ++u) {
+    if (tier_ == Tier::kHost) {
+      STRATA_CHECK_MSG(!host_[u].empty(), "optimizer stage: chunk %zu was never initialised", c);
+      copy_piece_state(u, host_[u].data(), dst, /*to_chunk=*/true);
+      continue;
+    }
+    const std::string name = blob(u, gen_[u]);
+    STRATA_ASSIGN_OR_RETURN(PinnedArena::Lease lease, staging_->acquire("read " + name));
+    STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->read(name, lease.buffer()));
+    STRATA_RETURN_IF_ERROR(swap_->wait(t).with_context("reading optimizer state of chunk " + std::to_string(c)));
+    copy_piece_state(u, lease.data(), dst, /*to_chunk=*/true);
   }
-  STRATA_ASSIGN_OR_RETURN(PinnedArena::Lease lease, staging_->acquire("read " + blob(c)));
-  STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->read(blob(c), lease.buffer()));
-  STRATA_RETURN_IF_ERROR(swap_->wait(t).with_context("reading optimizer state of chunk " + std::to_string(c)));
-  std::memcpy(dst, lease.data(), bytes);
   return ok_status();
 }
 
 Status OptimizerStage::write_state(size_t c, const std::byte* src) {
   STRATA_CHECK(c < elems_.size());
-  const uint64_t bytes = state_bytes(elems_[c], state_type_);
-  if (tier_ == Tier::kHost) {
-    host_[c].assign(src, src + bytes);
-    return ok_status();
+  for (size_t u = first_piece_[c]; u < first_piece_[c + 1]; ++u) {
+    const uint64_t bytes = state_bytes(pieces_[u].elems, state_type_);
+    if (tier_ == Tier::kHost) {
+      host_[u].assign(bytes, std::byte{0});
+      copy_piece_state(u, src, host_[u].data(), /*to_chunk=*/false);
+      continue;
+    }
+    const std::string name = blob(u, gen_[u]);
+    STRATA_ASSIGN_OR_RETURN(PinnedArena::Lease lease, staging_->acquire("write " + name));
+    std::memset(lease.data(), 0, lease.buffer().capacity_bytes);
+    copy_piece_state(u, src, lease.data(), /*to_chunk=*/false);
+    STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->write(name, lease.buffer(), bytes));
+    STRATA_RETURN_IF_ERROR(swap_->wait(t).with_context("writing optimizer state of chunk " + std::to_string(c)));
   }
-  STRATA_ASSIGN_OR_RETURN(PinnedArena::Lease lease, staging_->acquire("write " + blob(c)));
-  std::memset(lease.data(), 0, lease.buffer().capacity_bytes);
-  std::memcpy(lease.data(), src, bytes);
-  STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->write(blob(c), lease.buffer(), bytes));
-  return swap_->wait(t).with_context("writing optimizer state of chunk " + std::to_string(c));
+  return ok_status();
 }
 
 cpu_optim::ParamSpan OptimizerStage::span_over(std::byte* state, int64_t n, const ChunkGrad& g, void* out,
@@ -230,14 +311,16 @@ Result<StageCounters> OptimizerStage::step(const cpu_optim::OptimizerConfig& con
   ov_.out.assign(out.begin(), out.end());
   ov_.out_dtype = out_dtype;
   for (size_t c = 0; c < elems_.size(); ++c) ov_.order.push_back(c);
+  piece_order_.resize(pieces_.size());
+  for (size_t u = 0; u < pieces_.size(); ++u) piece_order_[u] = u;
   StageCounters counters;
   if (tier_ == Tier::kNvme) {
     STRATA_ASSIGN_OR_RETURN(counters, update_pass(options, nullptr));
     for (int& g : gen_) g = 1 - g;
   } else {
-    for (size_t c = 0; c < elems_.size(); ++c) {
-      STRATA_CHECK_MSG(!host_[c].empty(), "optimizer stage: chunk %zu was never initialised", c);
-      STRATA_RETURN_IF_ERROR(traced_update(c, host_[c].data(), out[c], options, &counters));
+    for (size_t u = 0; u < pieces_.size(); ++u) {
+      STRATA_CHECK_MSG(!host_[u].empty(), "optimizer stage: chunk %zu was never initialised", pieces_[u].chunk);
+      STRATA_RETURN_IF_ERROR(traced_update(u, host_[u].data(), nullptr, options, &counters));
     }
   }
   counters.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -270,6 +353,10 @@ Status OptimizerStage::begin(OverlapStep step) {
     return invalid_argument("optimizer stage: clip_norm must be finite and >= 0");
   }
   ov_ = std::move(step);
+  piece_order_.clear();
+  for (size_t c : ov_.order) {
+    for (size_t u = first_piece_[c]; u < first_piece_[c + 1]; ++u) piece_order_.push_back(u);
+  }
   if (tier_ != Tier::kNvme && next_.empty()) ov_.speculate = false;
   outcome_ = OverlapOutcome{};
   stats_.assign(C, cpu_optim::GradStats{});
@@ -340,59 +427,60 @@ Status OptimizerStage::wait_landed(size_t c) {
   return ok_status();
 }
 
-// The NVMe read -> update -> write pipeline over the landing order, with as
-// many chunks in flight as the staging arena has buffers. Reads come from
-// each chunk's current blob, writes go to its other one.
+// The NVMe read -> update -> write pipeline over the pieces in landing
+// order, with as many pieces in flight as the staging arena has buffers.
+// Reads come from each piece's current blob, writes go to its other one.
 class OptimizerStage::Pipeline {
  public:
   explicit Pipeline(OptimizerStage& s)
-      : s_(s), C_(s.elems_.size()), lease_(C_), reads_(C_), writes_(C_), weight_writes_(C_) {}
+      : s_(s), U_(s.pieces_.size()), lease_(U_), reads_(U_), writes_(U_), weight_writes_(U_) {}
   ~Pipeline() { drain(); }
 
-  // Issues reads for landing positions < upto, freeing buffers of finished writes as needed.
+  // Issues reads for positions < upto of the piece order, freeing buffers of finished writes as needed.
   Status fill(size_t upto) {
-    upto = std::min(upto, C_);
+    upto = std::min(upto, U_);
     while (next_read_ < upto) {
       if (s_.staging_->in_use() >= s_.staging_->capacity()) {
         if (pending_writes_.empty()) break;
         STRATA_RETURN_IF_ERROR(retire_oldest_write());
         continue;
       }
-      const size_t c = s_.ov_.order[next_read_];
-      const std::string name = blob(c, s_.gen_[c]);
-      STRATA_ASSIGN_OR_RETURN(lease_[c], s_.staging_->acquire("read " + name));
-      STRATA_ASSIGN_OR_RETURN(io::Ticket t, s_.swap_->read(name, lease_[c].buffer()));
-      reads_[c] = t;
-      s_.moved(c, Residency::kLoading);
+      const size_t u = s_.piece_order_[next_read_];
+      const std::string name = s_.blob(u, s_.gen_[u]);
+      STRATA_ASSIGN_OR_RETURN(lease_[u], s_.staging_->acquire("read " + name));
+      STRATA_ASSIGN_OR_RETURN(io::Ticket t, s_.swap_->read(name, lease_[u].buffer()));
+      reads_[u] = t;
+      s_.moved(u, Residency::kLoading);
       ++next_read_;
     }
     return ok_status();
   }
 
-  // Updates the chunk at landing position k and issues its write.
+  // Updates the piece at position k of the piece order and issues its write.
   Status update(size_t k, const cpu_optim::StepOptions& options) {
-    const size_t c = s_.ov_.order[k];
+    const size_t u = s_.piece_order_[k];
+    const size_t c = s_.pieces_[u].chunk;
     STRATA_RETURN_IF_ERROR(fill(k + 1));
-    STRATA_CHECK_MSG(reads_[c].has_value(), "optimizer stage: chunk %zu updated before it was read", c);
-    const uint64_t bytes = state_bytes(s_.elems_[c], s_.state_type_);
-    Status rs = s_.swap_->wait(*reads_[c]);
-    reads_[c].reset();
+    STRATA_CHECK_MSG(reads_[u].has_value(), "optimizer stage: piece %zu updated before it was read", u);
+    const uint64_t bytes = state_bytes(s_.pieces_[u].elems, s_.state_type_);
+    Status rs = s_.swap_->wait(*reads_[u]);
+    reads_[u].reset();
     STRATA_RETURN_IF_ERROR(rs.with_context("reading optimizer state of chunk " + std::to_string(c)));
     counters.nvme_bytes_read += bytes;
-    s_.moved(c, Residency::kOnHost);
-    const uint64_t woff = s_.weights_nvme_ ? s_.weights_offset(c) : 0;
-    void* out = s_.weights_nvme_ ? static_cast<void*>(lease_[c].data() + woff) : s_.ov_.out[c];
-    STRATA_RETURN_IF_ERROR(s_.traced_update(c, lease_[c].data(), out, options, &counters));
-    s_.moved(c, Residency::kDirty);
-    STRATA_ASSIGN_OR_RETURN(io::Ticket w, s_.swap_->write(blob(c, 1 - s_.gen_[c]), lease_[c].buffer(), bytes));
-    writes_[c] = w;
-    pending_writes_.push_back(c);
+    s_.moved(u, Residency::kOnHost);
+    const uint64_t woff = s_.weights_nvme_ ? s_.weights_offset(u) : 0;
+    void* out = s_.weights_nvme_ ? static_cast<void*>(lease_[u].data() + woff) : nullptr;
+    STRATA_RETURN_IF_ERROR(s_.traced_update(u, lease_[u].data(), out, options, &counters));
+    s_.moved(u, Residency::kDirty);
+    STRATA_ASSIGN_OR_RETURN(io::Ticket w, s_.swap_->write(s_.blob(u, 1 - s_.gen_[u]), lease_[u].buffer(), bytes));
+    writes_[u] = w;
+    pending_writes_.push_back(u);
     counters.nvme_bytes_written += bytes;
     if (s_.weights_nvme_) {
-      const uint64_t wbytes = 2 * static_cast<uint64_t>(s_.elems_[c]);
-      io::IoBuffer wbuf{lease_[c].data() + woff, lease_[c].buffer().capacity_bytes - woff};
-      STRATA_ASSIGN_OR_RETURN(io::Ticket ww, s_.swap_->write(weights_blob(c, 1 - s_.gen_[c]), wbuf, wbytes));
-      weight_writes_[c] = ww;
+      const uint64_t wbytes = 2 * static_cast<uint64_t>(s_.pieces_[u].elems);
+      io::IoBuffer wbuf{lease_[u].data() + woff, lease_[u].buffer().capacity_bytes - woff};
+      STRATA_ASSIGN_OR_RETURN(io::Ticket ww, s_.swap_->write(s_.weights_blob(u, 1 - s_.gen_[u]), wbuf, wbytes));
+      weight_writes_[u] = ww;
       counters.nvme_bytes_written += wbytes;
     }
     return ok_status();
@@ -407,52 +495,65 @@ class OptimizerStage::Pipeline {
 
  private:
   Status retire_oldest_write() {
-    const size_t c = pending_writes_.front();
+    const size_t u = pending_writes_.front();
     pending_writes_.pop_front();
-    Status s = s_.swap_->wait(*writes_[c]);
-    writes_[c].reset();
-    if (weight_writes_[c]) {
-      Status w = s_.swap_->wait(*weight_writes_[c]);
-      weight_writes_[c].reset();
+    Status s = s_.swap_->wait(*writes_[u]);
+    writes_[u].reset();
+    if (weight_writes_[u]) {
+      Status w = s_.swap_->wait(*weight_writes_[u]);
+      weight_writes_[u].reset();
       if (s.ok() && !w.ok()) s = std::move(w);
     }
-    lease_[c] = PinnedArena::Lease();
-    s_.moved(c, Residency::kOnNvme);
-    return s.with_context("writing optimizer state of chunk " + std::to_string(c));
+    lease_[u] = PinnedArena::Lease();
+    s_.moved(u, Residency::kOnNvme);
+    return s.with_context("writing optimizer state of chunk " + std::to_string(s_.pieces_[u].chunk));
   }
   // Every issued request is waited for before its buffer's lease can end,
   // on the error path too: the kernel may still be writing into it.
   void drain() {
-    for (size_t c = 0; c < C_; ++c) {
-      if (reads_[c]) s_.swap_->wait(*reads_[c]).ignore();
-      if (writes_[c]) s_.swap_->wait(*writes_[c]).ignore();
-      if (weight_writes_[c]) s_.swap_->wait(*weight_writes_[c]).ignore();
-      // A buffer dropped unwritten: the blob on NVMe is what the chunk has.
-      if (lease_[c].valid()) s_.moved(c, Residency::kOnNvme);
+    for (size_t u = 0; u < U_; ++u) {
+      if (reads_[u]) s_.swap_->wait(*reads_[u]).ignore();
+      if (writes_[u]) s_.swap_->wait(*writes_[u]).ignore();
+      if (weight_writes_[u]) s_.swap_->wait(*weight_writes_[u]).ignore();
+      // A buffer dropped unwritten: the blob on NVMe is what the piece has.
+      if (lease_[u].valid()) s_.moved(u, Residency::kOnNvme);
     }
   }
 
   OptimizerStage& s_;
-  const size_t C_;
+  const size_t U_;
   std::vector<PinnedArena::Lease> lease_;
   std::vector<std::optional<io::Ticket>> reads_, writes_, weight_writes_;
   std::deque<size_t> pending_writes_;
   size_t next_read_ = 0;
 };
 
-Status OptimizerStage::traced_update(size_t c, std::byte* state, void* out, const cpu_optim::StepOptions& options,
+Status OptimizerStage::traced_update(size_t piece, std::byte* state, void* out, const cpu_optim::StepOptions& options,
                                      StageCounters* counters, std::byte* state_next) {
   const double start = trace_ ? trace_->now_us() : 0;
-  cpu_optim::ParamSpan span = span_over(state, elems_[c], ov_.grads[c], out, ov_.out_dtype);
+  const Piece& p = pieces_[piece];
+  // The piece's part of its chunk's gradient and new weights.
+  ChunkGrad g = ov_.grads[p.chunk];
+  g.data = static_cast<const std::byte*>(g.data) + dtype_bytes(g.dtype) * static_cast<uint64_t>(p.offset);
+  if (out == nullptr && ov_.out[p.chunk] != nullptr) {
+    out = static_cast<std::byte*>(ov_.out[p.chunk]) + dtype_bytes(ov_.out_dtype) * static_cast<uint64_t>(p.offset);
+  }
+  cpu_optim::ParamSpan span = span_over(state, p.elems, g, out, ov_.out_dtype);
   if (state_next != nullptr) {
-    const cpu_optim::ParamSpan next = span_over(state_next, elems_[c], ov_.grads[c], out, ov_.out_dtype);
+    const cpu_optim::ParamSpan next = span_over(state_next, p.elems, g, out, ov_.out_dtype);
     span.params_next = next.params;
     span.state_next = next.state;
   }
   Result<cpu_optim::StepReport> r = cpu_optim::step(ov_.config, ov_.t, span, options, *executor_);
-  if (!r) return std::move(r).error().with_context("optimizer step of chunk " + std::to_string(c));
+  if (!r) return std::move(r).error().with_context("optimizer step of chunk " + std::to_string(p.chunk));
   counters->nonfinite += r->nonfinite;
-  if (trace_) trace_->span("optimizer", "update chunk " + std::to_string(c), start, trace_->now_us(), "optimizer");
+  if (trace_) {
+    const size_t count = first_piece_[p.chunk + 1] - first_piece_[p.chunk];
+    trace_->span("optimizer",
+                 "update chunk " + std::to_string(p.chunk) +
+                     (count == 1 ? "" : " piece " + std::to_string(p.index + 1) + "/" + std::to_string(count)),
+                 start, trace_->now_us(), "optimizer");
+  }
   return ok_status();
 }
 
@@ -461,7 +562,7 @@ Result<StageCounters> OptimizerStage::update_pass(const cpu_optim::StepOptions& 
   Pipeline* pipe = prefetched;
   if (pipe == nullptr) pipe = &fresh.emplace(*this);
   const size_t ahead = staging_->capacity() - 1;  // one buffer for the write behind
-  for (size_t k = 0; k < elems_.size(); ++k) {
+  for (size_t k = 0; k < piece_order_.size(); ++k) {
     STRATA_RETURN_IF_ERROR(pipe->fill(k + ahead));
     STRATA_RETURN_IF_ERROR(pipe->update(k, options));
   }
@@ -488,19 +589,20 @@ Status OptimizerStage::run_overlap() {
   std::optional<Pipeline> pipe;
   if (nvme) pipe.emplace(*this);
   if (ov_.speculate && nvme) {
-    for (size_t k = 0; k < C; ++k) {
+    for (size_t k = 0; k < piece_order_.size(); ++k) {
       STRATA_RETURN_IF_ERROR(pipe->fill(k + ahead));
-      STRATA_RETURN_IF_ERROR(wait_landed(ov_.order[k]));
+      const Piece& p = pieces_[piece_order_[k]];
+      if (p.index == 0) STRATA_RETURN_IF_ERROR(wait_landed(p.chunk));
       STRATA_RETURN_IF_ERROR(pipe->update(k, scaled(ov_.grad_scale)));
     }
     STRATA_RETURN_IF_ERROR(pipe->finish_writes());
   } else if (ov_.speculate) {
     // In RAM: each chunk's update goes into its second copy; the first stays
     // as it was until the verdict.
-    for (size_t c : ov_.order) {
-      STRATA_RETURN_IF_ERROR(wait_landed(c));
+    for (size_t u : piece_order_) {
+      if (pieces_[u].index == 0) STRATA_RETURN_IF_ERROR(wait_landed(pieces_[u].chunk));
       STRATA_RETURN_IF_ERROR(
-          traced_update(c, host_[c].data(), ov_.out[c], scaled(ov_.grad_scale), &outcome_.counters, next_[c].data()));
+          traced_update(u, host_[u].data(), nullptr, scaled(ov_.grad_scale), &outcome_.counters, next_[u].data()));
     }
   } else {
     if (nvme) STRATA_RETURN_IF_ERROR(pipe->fill(ahead));
@@ -529,8 +631,8 @@ Status OptimizerStage::run_overlap() {
       if (ov_.speculate) pipe.emplace(*this);  // a fresh pass over the old states
       STRATA_RETURN_IF_ERROR(update_pass(scaled(scale), &*pipe).status());  // counted with the pipeline below
     } else {
-      for (size_t c : ov_.order) {
-        STRATA_RETURN_IF_ERROR(traced_update(c, host_[c].data(), ov_.out[c], scaled(scale), &o.counters));
+      for (size_t u : piece_order_) {
+        STRATA_RETURN_IF_ERROR(traced_update(u, host_[u].data(), nullptr, scaled(scale), &o.counters));
       }
     }
   }
@@ -540,13 +642,13 @@ Status OptimizerStage::run_overlap() {
     o.counters.nonfinite += pipe->counters.nonfinite;
     pipe.reset();
   }
-  // Every chunk now holds its new state in its other blob: switch to it.
+  // Every piece now holds its new state in its other blob: switch to it.
   if (nvme && !o.skipped) {
-    for (size_t c = 0; c < C; ++c) gen_[c] = 1 - gen_[c];
+    for (int& g : gen_) g = 1 - g;
   }
   // In RAM, a confirmed guess: the second copies become the states.
   if (!nvme && guess_held) {
-    for (size_t c = 0; c < C; ++c) host_[c].swap(next_[c]);
+    for (size_t u = 0; u < host_.size(); ++u) host_[u].swap(next_[u]);
   }
   o.out_written = !weights_nvme_ && (!o.skipped || ov_.speculate);
   o.counters.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() - idle_s_;

@@ -99,13 +99,20 @@ class OptimizerStage {
  public:
   // `chunk_elems`: elements per chunk (model_layout order). States on
   // Tier::kHost or Tier::kNvme; for NVMe, `swap` and `staging` (>= 3 buffers
-  // of >= 12 * max chunk bytes, padded to the swap alignment) are required.
-  ~OptimizerStage();
+  // of state_bytes(max piece), padded to the swap alignment) are required.
   // `states`: how m and v are stored (fp32, bf16 or 8-bit blockwise).
+  // `piece_elems` (states on NVMe; DeepSpeed's sub_group_size): a chunk of
+  // more elements is split into pieces of at most that many, each with its
+  // own blobs, staging buffer, read, update and write — the unit of the
+  // NVMe pipeline, so the staging buffers hold pieces, not chunks, and a
+  // big chunk's read, update and write overlap one another. 0: whole chunks.
+  // The same bits either way (tested). Pieces: state_piece_sizes (plan.h).
+  ~OptimizerStage();
   static Result<std::unique_ptr<OptimizerStage>> create(std::vector<int64_t> chunk_elems, Tier tier,
                                                         io::SwapStore* swap, PinnedArena* staging,
                                                         cpu_optim::Executor& executor, Trace* trace = nullptr,
-                                                        cpu_optim::StateType states = cpu_optim::StateType::kF32);
+                                                        cpu_optim::StateType states = cpu_optim::StateType::kF32,
+                                                        int64_t piece_elems = 0);
 
   // Homes the working weights (dtype: bf16 or fp16) on NVMe too, one blob
   // per chunk beside its state, written by every update; the caller then
@@ -120,8 +127,14 @@ class OptimizerStage {
   // Before initialize().
   Status enable_ram_speculation();
   bool ram_speculation() const { return !next_.empty(); }
-  // The blob holding chunk c's working weights now (not during a step).
-  std::string weights_blob(size_t chunk) const { return weights_blob(chunk, gen_[chunk]); }
+  // The blobs holding chunk c's working weights now, one per piece at its
+  // byte offset in the chunk (not during a step).
+  std::vector<ChunkStore::BlobPiece> weights_blobs(size_t chunk) const;
+  // The NVMe pipeline's units: every chunk's pieces, in chunk order.
+  size_t pieces() const { return pieces_.size(); }
+  int64_t piece_elems(size_t piece) const { return pieces_[piece].elems; }
+  // The blob holding a piece's state now (not during a step).
+  std::string state_blob(size_t piece) const { return blob(piece, gen_[piece]); }
   static uint64_t staging_bytes_with_weights(const io::SwapStore& swap, int64_t elems,
                                              cpu_optim::StateType states = cpu_optim::StateType::kF32) {
     return swap.padded_size(state_bytes(elems, states)) + swap.padded_size(2 * static_cast<uint64_t>(elems));
@@ -153,7 +166,7 @@ class OptimizerStage {
   bool in_step() const { return in_step_; }
   // Reports every move of the states between NVMe and the staging buffers
   // to `store` (its residency record); null: none. Not during a step.
-  void set_store(ChunkStore* store) { store_ = store; }
+  void set_store(ChunkStore* store);
 
   // Copies chunk c's master weights into `dst` (n floats), for checks.
   Status read_master(size_t chunk, float* dst);
@@ -180,39 +193,58 @@ class OptimizerStage {
 
  private:
   OptimizerStage() = default;
-  std::string blob(size_t chunk) const { return blob(chunk, gen_[chunk]); }
-  static std::string blob(size_t chunk, int gen) {
-    return "optimizer-state/chunk-" + std::to_string(chunk) + (gen == 0 ? "" : ".b");
+  // A piece of a chunk: its elements [offset, offset + elems).
+  struct Piece {
+    size_t chunk = 0;
+    size_t index = 0;  // among its chunk's pieces
+    int64_t offset = 0;
+    int64_t elems = 0;
+  };
+  // A piece's blobs (a chunk in one piece keeps the chunk's name).
+  std::string piece_name(size_t piece) const;
+  std::string blob(size_t piece, int gen) const {
+    return "optimizer-state/" + piece_name(piece) + (gen == 0 ? "" : ".b");
   }
-  static std::string weights_blob(size_t chunk, int gen) {
-    return "weights/chunk-" + std::to_string(chunk) + (gen == 0 ? "" : ".b");
+  std::string weights_blob(size_t piece, int gen) const {
+    return "weights/" + piece_name(piece) + (gen == 0 ? "" : ".b");
   }
-  uint64_t weights_offset(size_t chunk) const { return swap_->padded_size(state_bytes(elems_[chunk], state_type_)); }
+  uint64_t weights_offset(size_t piece) const {
+    return swap_->padded_size(state_bytes(pieces_[piece].elems, state_type_));
+  }
   Status run_overlap();
   Status wait_landed(size_t chunk);
   class Pipeline;
-  // One chunk's update (in ov_'s step), traced.
+  // One piece's update (in ov_'s step), traced. `out`: where its new
+  // weights go (null: ov_'s output for its chunk, at the piece's offset).
   // `state_next`: null to update in place, else where the new state goes.
-  Status traced_update(size_t chunk, std::byte* state, void* out, const cpu_optim::StepOptions& options,
+  Status traced_update(size_t piece, std::byte* state, void* out, const cpu_optim::StepOptions& options,
                        StageCounters* counters, std::byte* state_next = nullptr);
-  // Every chunk, in ov_.order, through the NVMe pipeline (a fresh one, or
-  // one whose reads are already under way); writes go to the other blobs.
+  // Every piece, in ov_.order's chunk order, through the NVMe pipeline (a
+  // fresh one, or one whose reads are already under way); writes go to the
+  // other blobs.
   Result<StageCounters> update_pass(const cpu_optim::StepOptions& options, Pipeline* prefetched);
   cpu_optim::ParamSpan span_over(std::byte* state, int64_t n, const ChunkGrad& g, void* out, DType out_dtype) const;
+  // A piece's state copied between its own blob layout and its chunk's
+  // (the whole chunk's state, as read_state gives it): `from` is the
+  // piece's and `to` the chunk's when to_chunk, the other way round if not.
+  void copy_piece_state(size_t piece, const std::byte* from, std::byte* to, bool to_chunk) const;
   cpu_optim::StateType state_type_ = cpu_optim::StateType::kF32;
   std::vector<int64_t> elems_;
+  std::vector<Piece> pieces_;       // every chunk's pieces, in chunk order
+  std::vector<size_t> first_piece_;  // chunk c's pieces: [first_piece_[c], first_piece_[c + 1])
+  std::vector<size_t> piece_order_;  // the step's pieces in ov_.order's chunk order
   Tier tier_ = Tier::kHost;
   io::SwapStore* swap_ = nullptr;
   PinnedArena* staging_ = nullptr;
   cpu_optim::Executor* executor_ = nullptr;
   Trace* trace_ = nullptr;
   ChunkStore* store_ = nullptr;
-  void moved(size_t chunk, Residency now) const {
-    if (store_ != nullptr) store_->states_moved(chunk, now);
+  void moved(size_t piece, Residency now) const {
+    if (store_ != nullptr) store_->states_moved(pieces_[piece].chunk, now, pieces_[piece].index);
   }
-  std::vector<AlignedVector<std::byte>> host_;  // state blobs on the host tier
+  std::vector<AlignedVector<std::byte>> host_;  // state blobs on the host tier (one piece per chunk)
   std::vector<AlignedVector<std::byte>> next_;  // their second copies, with RAM speculation
-  std::vector<int> gen_;                  // which of its two blobs holds each chunk's state (NVMe)
+  std::vector<int> gen_;                  // which of its two blobs holds each piece's state (NVMe)
   bool weights_nvme_ = false;
   DType weights_dtype_ = DType::kBF16;
 

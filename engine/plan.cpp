@@ -38,6 +38,24 @@ TierBytes& tier(Plan& p, Tier t) { return t == Tier::kDevice ? p.device : (t == 
 
 }  // namespace
 
+std::vector<int64_t> state_piece_sizes(int64_t n, int64_t piece_elems) {
+  if (piece_elems <= 0 || n <= piece_elems) return {n};
+  const int64_t k = (n + piece_elems - 1) / piece_elems;
+  const int64_t even = (n + k - 1) / k;
+  const int64_t size = (even + kStatePieceGranule - 1) / kStatePieceGranule * kStatePieceGranule;
+  std::vector<int64_t> sizes;
+  for (int64_t left = n; left > 0; left -= size) sizes.push_back(std::min(size, left));
+  return sizes;
+}
+
+int64_t max_state_piece(const std::vector<int64_t>& chunk_elems, int64_t piece_elems) {
+  int64_t m = 0;
+  for (int64_t n : chunk_elems) {
+    for (int64_t p : state_piece_sizes(n, piece_elems)) m = std::max(m, p);
+  }
+  return m;
+}
+
 std::string_view tier_name(Tier t) {
   switch (t) {
     case Tier::kDevice: return "device";
@@ -129,11 +147,16 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   // The CPU optimizer writes the working weights in host memory, from where
   // they go up each step (resident too); with the weights on NVMe, to their blob.
   if (pl.weights != Tier::kNvme) p.host.model_states += 2 * z.padded * w;
-  // Every NVMe blob takes whole 4 KiB blocks.
+  // Every NVMe blob (one per piece of a chunk) takes whole 4 KiB blocks.
+  std::vector<int64_t> chunk_elems;
+  for (const gpu::ChunkLayout& chunk : layout) chunk_elems.push_back(chunk.numel);
+  const uint64_t max_piece = static_cast<uint64_t>(max_state_piece(chunk_elems, s.state_piece_elems));
   auto blobs = [&](double bytes_per_param) {
     uint64_t total = 0;
-    for (const gpu::ChunkLayout& chunk : layout) {
-      total += padded(static_cast<uint64_t>(static_cast<double>(chunk.numel) * bytes_per_param));
+    for (int64_t n : chunk_elems) {
+      for (int64_t piece : state_piece_sizes(n, s.state_piece_elems)) {
+        total += padded(static_cast<uint64_t>(static_cast<double>(piece) * bytes_per_param));
+      }
     }
     return total;
   };
@@ -144,8 +167,8 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   }
   if (pl.states == Tier::kNvme) {
     p.nvme.model_states += 2 * blobs(state_bytes);
-    const uint64_t per_buffer = padded(static_cast<uint64_t>(static_cast<double>(z.max_chunk) * state_bytes)) +
-                                (pl.weights == Tier::kNvme ? padded(z.max_chunk * w) : 0);
+    const uint64_t per_buffer = padded(static_cast<uint64_t>(static_cast<double>(max_piece) * state_bytes)) +
+                                (pl.weights == Tier::kNvme ? padded(max_piece * w) : 0);
     p.host.io_buffers += kStateStagingBuffers * per_buffer;
   } else {
     tier(p, pl.states).model_states += state_total;
@@ -210,8 +233,16 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   const bool speculates = pl.states == Tier::kNvme || pl.speculate_in_ram;
   p.tail_seconds = (speculates ? last : P) / bw.cpu_optimizer_params_per_s;
   if (pl.states == Tier::kNvme) {
+    // Their pieces' updates and writes overlap one another but the last
+    // piece's: the slower of the two over `last`, plus the faster over one piece.
     const double weights = pl.weights == Tier::kNvme ? static_cast<double>(w) : 0.0;  // working weights too
-    p.tail_seconds += last * (state_bytes + weights) / (bw.nvme_write_gbps * 1e9);
+    const double update = p.tail_seconds;
+    const double write = last * (state_bytes + weights) / (bw.nvme_write_gbps * 1e9);
+    double unit = static_cast<double>(state_piece_sizes(layout[0].numel, s.state_piece_elems)[0]);
+    if (s.model.layers > 0) {
+      unit = std::max(unit, static_cast<double>(state_piece_sizes(layout[1].numel, s.state_piece_elems)[0]));
+    }
+    p.tail_seconds = std::max(update, write) + std::min(update, write) * std::min(1.0, unit / last);
   }
   p.head_seconds = last * c / (bw.h2d_gbps * 1e9);
   for (const LinkTime& l : p.links) {
@@ -311,6 +342,10 @@ Result<Plan> make_plan(const TrainSetup& s, const Budgets& b, const Bandwidths& 
     return invalid_argument("training setup: micro_batch, grad_accum >= 1 and 1 <= seq <= max_seq (" +
                             std::to_string(s.model.max_seq) + ") required");
   }
+  if (s.state_piece_elems != 0 && s.state_piece_elems < kStatePieceGranule) {
+    return invalid_argument("training setup: optimizer state pieces of " + std::to_string(s.state_piece_elems) +
+                            " parameters; at least " + std::to_string(kStatePieceGranule) + ", or 0 for whole chunks");
+  }
   if ((fixed.weights == Tier::kNvme || fixed.states == Tier::kNvme || fixed.checkpoints == Tier::kNvme) &&
       b.nvme_bytes == 0) {
     return invalid_argument("the configuration puts data on NVMe but gives no NVMe budget (or path)");
@@ -362,6 +397,18 @@ std::string format_plan(const Plan& p, const Budgets& b) {
   row("device", p.device, b.device_bytes);
   row("host", p.host, b.host_bytes);
   row("nvme", p.nvme, b.nvme_bytes);
+  if (p.placement.states == Tier::kNvme) {
+    std::vector<int64_t> chunks;
+    for (const gpu::ChunkLayout& chunk : gpu::model_layout(p.setup.model)) chunks.push_back(chunk.numel);
+    size_t pieces = 0;
+    for (int64_t n : chunks) pieces += state_piece_sizes(n, p.setup.state_piece_elems).size();
+    std::snprintf(line, sizeof(line),
+                  "  optimizer states on NVMe: %zu pieces of at most %lld parameters (sub_group_size %lld), "
+                  "%d staged at a time\n",
+                  pieces, static_cast<long long>(max_state_piece(chunks, p.setup.state_piece_elems)),
+                  static_cast<long long>(p.setup.state_piece_elems), kStateStagingBuffers);
+    out += line;
+  }
   std::snprintf(line, sizeof(line), "  %-14s %14s %10s\n", "link", "per step", "seconds");
   out += line;
   for (const LinkTime& l : p.links) {

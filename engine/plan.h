@@ -40,7 +40,19 @@ struct TrainSetup {
   // the optimizer reads its gradients from (TrainerOptions::delayed_update).
   bool delayed_update = false;
   double state_bytes_per_param = 8;  // Adam m and v: 8 (fp32), 4 (bf16), ~2.03 (8-bit blockwise)
+  // States on NVMe move in pieces of at most this many parameters
+  // (state_piece_sizes; DeepSpeed's sub_group_size); 0: whole chunks.
+  int64_t state_piece_elems = int64_t{1} << 25;
 };
+
+// The optimizer stage's unit on NVMe: a chunk of n parameters in pieces of
+// at most `piece_elems` (0: one piece), equal but the last, each a multiple
+// of kStatePieceGranule — whole 8-bit blocks, and 2-byte weights on 8 KiB
+// boundaries, so a chunk's weight pieces land aligned in one buffer.
+inline constexpr int64_t kStatePieceGranule = 4096;
+std::vector<int64_t> state_piece_sizes(int64_t n, int64_t piece_elems);
+// The largest piece of any of these chunks: what one staging buffer holds.
+int64_t max_state_piece(const std::vector<int64_t>& chunk_elems, int64_t piece_elems);
 
 // Pinned staging buffers of the optimizer stage with states on NVMe (each
 // one chunk's state): one holds the write behind, the rest read ahead.

@@ -76,6 +76,7 @@ TrainSetup training_setup(const TrainerOptions& o) {
   s.compute = o.precision;
   s.working = o.precision;
   s.state_bytes_per_param = cpu_optim::adam_state_bytes_per_param(o.adam_states);
+  s.state_piece_elems = o.state_piece_elems;
   s.host_backend = o.backend == TrainerOptions::Backend::kHost;
   s.delayed_update = o.delayed_update;
   return s;
@@ -158,11 +159,13 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
   // gradients — takes its pages from that node.
   STRATA_ASSIGN_OR_RETURN(cpu_optim::Executor::NodeMemoryScope on_node, tr->executor_->node_memory_scope());
   std::vector<int64_t> elems;
-  int64_t max_elems = 0;
-  for (const auto& chunk : tr->layout_) {
-    elems.push_back(chunk.numel);
-    max_elems = std::max(max_elems, chunk.numel);
+  for (const auto& chunk : tr->layout_) elems.push_back(chunk.numel);
+  if (o.state_piece_elems != 0 && o.state_piece_elems < kStatePieceGranule) {
+    return invalid_argument("trainer: state_piece_elems must be 0 (whole chunks) or at least " +
+                            std::to_string(kStatePieceGranule) + ", got " + std::to_string(o.state_piece_elems));
   }
+  // What one staging buffer holds: the largest piece of a chunk's state.
+  const int64_t max_piece = max_state_piece(elems, o.states == Tier::kNvme ? o.state_piece_elems : 0);
   if (o.states == Tier::kNvme || o.activation_checkpoints == Tier::kNvme) {
     if (o.nvme_paths.empty()) return invalid_argument("trainer: optimizer states or checkpoints on NVMe need nvme_paths");
   }
@@ -190,8 +193,8 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
   }
   if (o.states == Tier::kNvme) {
     const uint64_t staging_bytes = o.weights == Tier::kNvme
-                                       ? OptimizerStage::staging_bytes_with_weights(*tr->swap_, max_elems, o.adam_states)
-                                       : tr->swap_->padded_size(OptimizerStage::state_bytes(max_elems, o.adam_states));
+                                       ? OptimizerStage::staging_bytes_with_weights(*tr->swap_, max_piece, o.adam_states)
+                                       : tr->swap_->padded_size(OptimizerStage::state_bytes(max_piece, o.adam_states));
     STRATA_ASSIGN_OR_RETURN(tr->staging_,
                             PinnedArena::create("optimizer staging", staging_bytes,
                                                 static_cast<uint32_t>(o.staging_buffers), *tr->allocator_,
@@ -199,7 +202,8 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
   }
 
   STRATA_ASSIGN_OR_RETURN(tr->stage_, OptimizerStage::create(elems, o.states, tr->swap_.get(), tr->staging_.get(),
-                                                             *tr->executor_, o.trace, o.adam_states));
+                                                             *tr->executor_, o.trace, o.adam_states,
+                                                             o.state_piece_elems));
   if (o.speculate_in_ram) STRATA_RETURN_IF_ERROR(tr->stage_->enable_ram_speculation());
   // The device computes in the working weights' type. The resident
   // placement is the streamed model with a slot for every chunk but the
@@ -238,7 +242,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
     STRATA_RETURN_IF_ERROR(tr->stage_->home_weights_on_nvme(o.precision));
     OptimizerStage* stage = tr->stage_.get();
     STRATA_RETURN_IF_ERROR(tr->streamed_->set_nvme_weights(
-        {tr->swap_.get(), [stage](size_t c) { return stage->weights_blob(c); }}));
+        {tr->swap_.get(), [stage](size_t c) { return stage->weights_blobs(c); }}));
   }
   // GPT-2's initialisation: weights ~ N(0, 0.02), the residual projections
   // (attn.c_proj, mlp.c_proj) scaled by 1/sqrt(2L), LayerNorm weights 1, biases 0.

@@ -70,9 +70,15 @@ struct TrainerOptions {
   // goes there, and the copies switch at the verdict. Off (the default): in
   // RAM the updates wait for the verdict, after backward.
   bool speculate_in_ram = false;
-  // Pinned staging buffers for NVMe states (each one chunk's state): one
+  // Pinned staging buffers for NVMe states (each one piece's state): one
   // holds the write behind, the rest read ahead.
   int staging_buffers = kStateStagingBuffers;
+  // With states on NVMe, a chunk of more parameters is read, updated and
+  // written in pieces of at most this many (DeepSpeed's sub_group_size):
+  // the staging buffers hold a piece, and a big chunk's read, update and
+  // write overlap. The same bits for any size. >= kStatePieceGranule, or 0
+  // for whole chunks.
+  int64_t state_piece_elems = TrainSetup{}.state_piece_elems;
   // Opt-in, NOT exact: the optimizer update of step t runs beside the
   // forward and backward of step t+1, which therefore computes with the
   // weights from before update t (one step stale). Hides the optimizer and
@@ -158,6 +164,7 @@ class Trainer {
   // The NVMe store of everything on NVMe (null when nothing is); tests
   // reach its fault injector through it.
   io::SwapStore* swap_store() { return swap_.get(); }
+  const OptimizerStage& optimizer_stage() const { return *stage_; }
   const StepTimes& last_times() const { return last_times_; }
   const StepCounters& last_counters() const { return last_counters_; }
   // Host memory the trainer holds, summed from its buffers and arenas:

@@ -232,7 +232,8 @@ TEST(ChunkStore, WeightsHomedOnNvmeAreLoadedThroughTheHost) {
     ASSERT_TRUE(t);
     ASSERT_TRUE((*swap)->wait(*t).ok());
   }
-  ASSERT_TRUE(r.store->set_nvme_weights({swap->get(), blob}).ok());
+  auto blobs = [&](size_t c) { return std::vector<ChunkStore::BlobPiece>{{blob(c), 0}}; };
+  ASSERT_TRUE(r.store->set_nvme_weights({swap->get(), blobs}).ok());
   for (size_t c = 0; c < r.layout.size(); ++c) {
     EXPECT_EQ(r.at(c), Residency::kOnNvme);
     EXPECT_EQ(r.store->home(c, View::kWeights), Tier::kNvme);
@@ -347,6 +348,70 @@ TEST(ChunkStore, RecordsTheStatesMovesTheOptimizerStageReports) {
     EXPECT_EQ((*store)->residency(c, View::kMaster), Residency::kOnNvme);
     EXPECT_EQ((*store)->residency(c, View::kAdamV), Residency::kOnNvme);
   }
+  (*stage)->set_store(nullptr);
+}
+
+// A chunk bigger than the stage's pieces has a residency per piece: when
+// its gradient is taken, the pieces read ahead are loading and the one
+// beyond the staging buffers still on NVMe; after the step every piece is
+// on NVMe again.
+TEST(ChunkStore, RecordsEachPieceOfABigChunksStates) {
+  const std::vector<int64_t> elems = {64, 4 * kStatePieceGranule + 5};
+  std::vector<gpu::ChunkLayout> layout(elems.size());
+  for (size_t c = 0; c < elems.size(); ++c) layout[c].numel = elems[c];
+  Result<std::unique_ptr<gpu::HostDevice>> dev = gpu::HostDevice::create({.capacity_bytes = 1 << 20});
+  ASSERT_TRUE(dev);
+  WaitMeter meter;
+  ChunkStoreOptions so;
+  so.dtype = DType::kBF16;
+  so.states = Tier::kNvme;
+  Result<std::unique_ptr<ChunkStore>> store = ChunkStore::create(layout, **dev, *(*dev)->create_stream("copy"), &meter, so);
+  ASSERT_TRUE(store) << store.error().to_string();
+  strata::testing::TempDir dir;
+  Result<std::unique_ptr<io::SwapStore>> swap = open_swap(dir);
+  ASSERT_TRUE(swap) << swap.error().to_string();
+  io::AlignedAllocator allocator;
+  constexpr uint32_t kBuffers = 4;  // one write behind, three read ahead
+  Result<std::unique_ptr<PinnedArena>> staging = PinnedArena::create(
+      "optimizer staging", (*swap)->padded_size(OptimizerStage::state_bytes(kStatePieceGranule)), kBuffers, allocator);
+  ASSERT_TRUE(staging);
+  Result<std::unique_ptr<cpu_optim::Executor>> executor = cpu_optim::Executor::create({.threads = 1});
+  ASSERT_TRUE(executor);
+  Result<std::unique_ptr<OptimizerStage>> stage = OptimizerStage::create(
+      elems, Tier::kNvme, swap->get(), staging->get(), **executor, nullptr, cpu_optim::StateType::kF32,
+      kStatePieceGranule);
+  ASSERT_TRUE(stage) << stage.error().to_string();
+  std::vector<std::vector<uint16_t>> grads, out;
+  OverlapStep step;
+  for (size_t c = 0; c < elems.size(); ++c) {
+    const std::vector<float> master(static_cast<size_t>(elems[c]), 0.5f);
+    ASSERT_TRUE((*stage)->initialize(c, master.data()).ok());
+    grads.emplace_back(static_cast<size_t>(elems[c]), f32_to_bf16(0.01f));
+    out.emplace_back(static_cast<size_t>(elems[c]), 0);
+    step.grads.push_back({grads.back().data(), DType::kBF16});
+    step.out.push_back(out.back().data());
+  }
+  (*stage)->set_store(store->get());
+  EXPECT_EQ((*store)->state_pieces(0), 1u);
+  ASSERT_EQ((*store)->state_pieces(1), 5u);
+  step.t = 1;
+  step.speculate = true;
+  step.order = {1, 0};
+  std::vector<Residency> seen;
+  ASSERT_TRUE((*stage)->begin(step).ok());
+  (*stage)->land(1, [&]() -> Status {
+    for (size_t p = 0; p < 5; ++p) seen.push_back((*store)->residency(1, View::kAdamM, p));
+    return ok_status();
+  });
+  (*stage)->land(0);
+  Result<OverlapOutcome> outcome = (*stage)->finish();
+  ASSERT_TRUE(outcome) << outcome.error().to_string();
+  const std::vector<Residency> want = {Residency::kLoading, Residency::kLoading, Residency::kLoading,
+                                       Residency::kOnNvme, Residency::kOnNvme};
+  EXPECT_EQ(seen, want);
+  for (size_t p = 0; p < 5; ++p) EXPECT_EQ((*store)->residency(1, View::kMaster, p), Residency::kOnNvme) << p;
+  EXPECT_EQ(out[1][4 * kStatePieceGranule + 4], out[1][0]) << "the last piece updated like the first";
+  EXPECT_NE(out[1][0], 0);
   (*stage)->set_store(nullptr);
 }
 

@@ -30,7 +30,7 @@ TEST(Config, NativeConfigParsesEveryField) {
             {"states", "q8"},
             {"optimizer", {{"type", "adamw"}, {"lr", 3e-4}, {"betas", {0.9, 0.95}}, {"weight_decay", 0.1}}},
             {"gradient_clipping", 1.0},
-            {"placement", {{"checkpoints", "host"}}},
+            {"placement", {{"checkpoints", "host"}, {"sub_group_size", 1 << 20}}},
             {"io", {{"backend", "posix"}, {"queue_depth", 64}, {"block_size", "8MiB"}}},
             {"seed", 7},
             {"speculate_in_ram", true},
@@ -52,6 +52,7 @@ TEST(Config, NativeConfigParsesEveryField) {
   EXPECT_EQ(c->budgets.nvme_bytes, 1024 * kGiB);
   EXPECT_DOUBLE_EQ(c->optimizer.beta2, 0.95);
   EXPECT_EQ(c->constraints.checkpoints, Tier::kHost);
+  EXPECT_EQ(c->setup.state_piece_elems, 1 << 20);
   EXPECT_FALSE(c->constraints.weights.has_value());
   EXPECT_EQ(c->io.block_bytes, 8 * kMiB);
   EXPECT_EQ(c->seed, 7u);
@@ -78,7 +79,8 @@ TEST(Config, DeepSpeedOffloadSubsetIsAcceptedUnchanged) {
       "offload_optimizer": {"device": "nvme", "nvme_path": ")" + dir.path() + R"(", "pin_memory": true,
                             "buffer_count": 4, "fast_init": false},
       "offload_param": {"device": "cpu", "pin_memory": true},
-      "stage3_max_live_parameters": 1e9
+      "stage3_max_live_parameters": 1e9,
+      "sub_group_size": 1e8
     },
     "aio": {"block_size": 1048576, "queue_depth": 16, "thread_count": 1, "single_submit": false,
             "overlap_events": true}
@@ -99,6 +101,7 @@ TEST(Config, DeepSpeedOffloadSubsetIsAcceptedUnchanged) {
   ASSERT_EQ(c->nvme_paths.size(), 1u);
   EXPECT_GT(c->budgets.nvme_bytes, 0u);  // the free space of nvme_path
   EXPECT_EQ(c->io.queue_depth, 16u);
+  EXPECT_EQ(c->setup.state_piece_elems, 100000000);  // written as a float, as DeepSpeed's examples do
   // Unknown keys are named; understood-but-unused ones say why.
   EXPECT_TRUE(contains(warnings, "unknown key zero_optimization.stage3_max_live_parameters")) << warnings.size();
   EXPECT_TRUE(contains(warnings, "unknown key steps_per_print"));
@@ -141,6 +144,11 @@ TEST(Config, InvalidValuesNameTheKeyAndWhatIsAllowed) {
   EXPECT_NE(m.find("heads"), std::string::npos) << m;
   m = error_of({{"nvme_paths", {"/nonexistent-strata"}}});
   EXPECT_NE(m.find("/nonexistent-strata"), std::string::npos) << m;
+  m = error_of({{"placement", {{"sub_group_size", 100}}}});
+  EXPECT_NE(m.find("placement.sub_group_size: 100 parameters; 0 (whole chunks) or at least 4096"), std::string::npos)
+      << m;
+  m = error_of({{"zero_optimization", {{"sub_group_size", 1.5e4 + 0.5}}}});
+  EXPECT_NE(m.find("zero_optimization.sub_group_size"), std::string::npos) << m;
   m = error_of({{"numa_node", -2}});
   EXPECT_NE(m.find("numa_node"), std::string::npos) << m;
   m = error_of(json::array());

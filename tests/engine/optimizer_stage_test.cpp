@@ -30,6 +30,7 @@ struct Rig {
   std::unique_ptr<PinnedArena> staging;
   std::unique_ptr<OptimizerStage> stage;
   cpu_optim::StateType states = cpu_optim::StateType::kF32;  // how m and v are stored
+  int64_t piece_elems = 0;                                   // NVMe: whole chunks
 
   Status open(Tier tier, const std::string& dir, io::Backend backend, std::optional<io::FaultConfig> faults = {}) {
     if (tier == Tier::kNvme) {
@@ -38,13 +39,13 @@ struct Rig {
       o.device.backend = backend;
       o.faults = faults;
       STRATA_ASSIGN_OR_RETURN(swap, io::SwapStore::open(o));
-      int64_t max_n = *std::max_element(kChunks.begin(), kChunks.end());
+      const int64_t max_n = max_state_piece(kChunks, piece_elems);
       STRATA_ASSIGN_OR_RETURN(staging, PinnedArena::create("optimizer staging",
                                                            swap->padded_size(OptimizerStage::state_bytes(max_n, states)), 3,
                                                            allocator));
     }
     STRATA_ASSIGN_OR_RETURN(stage, OptimizerStage::create(kChunks, tier, swap.get(), staging.get(), *executor,
-                                                          nullptr, states));
+                                                          nullptr, states, piece_elems));
     for (size_t c = 0; c < kChunks.size(); ++c) {
       std::vector<float> init(static_cast<size_t>(kChunks[c]));
       std::mt19937 rng(static_cast<uint32_t>(c));
@@ -89,7 +90,9 @@ Status run(Rig& rig, int steps, uint64_t seed, std::vector<std::vector<float>>* 
     STRATA_ASSIGN_OR_RETURN(StageCounters counters, rig.stage->step(adamw, t, g, o, DType::kBF16, options));
     if (rig.stage->tier() == Tier::kNvme) {
       uint64_t total = 0;
-      for (int64_t n : kChunks) total += OptimizerStage::state_bytes(n, rig.states);
+      for (int64_t n : kChunks) {
+        for (int64_t piece : state_piece_sizes(n, rig.piece_elems)) total += OptimizerStage::state_bytes(piece, rig.states);
+      }
       if (counters.nvme_bytes_read != total || counters.nvme_bytes_written != total) {
         return internal_error("byte counters off");
       }
@@ -137,6 +140,55 @@ TEST(OptimizerStage, HostAndNvmeGiveTheSameBits) {
   EXPECT_EQ(m_host, m_posix);
   EXPECT_EQ(o_host, o_uring);
   EXPECT_EQ(o_host, o_posix);
+}
+
+// A chunk bigger than the stage's pieces is read, updated and written piece
+// by piece: the same weights, outputs and state (as read_state gathers it
+// for checkpoints) as whole chunks, for every state type; and a state
+// written back whole lands in the right pieces.
+TEST(OptimizerStage, ChunksInPiecesGiveTheSameBitsAndTheSameState) {
+  uint64_t seed = strata::testing::test_seed(93);
+  strata::testing::TempDir dir;
+  for (cpu_optim::StateType st : {cpu_optim::StateType::kF32, cpu_optim::StateType::kBF16, cpu_optim::StateType::kQ8}) {
+    const std::string name(cpu_optim::state_type_name(st));
+    std::vector<std::vector<float>> m_whole, m_pieces;
+    std::vector<std::vector<uint16_t>> o_whole, o_pieces;
+    std::vector<std::vector<std::byte>> state_whole(kChunks.size()), state_pieces(kChunks.size());
+    Rig whole;
+    whole.states = st;
+    ASSERT_TRUE(whole.open(Tier::kHost, "", io::Backend::kAuto).ok());
+    ASSERT_TRUE(run(whole, 3, seed, &m_whole, &o_whole).ok());
+    Rig pieces;
+    pieces.states = st;
+    pieces.piece_elems = kStatePieceGranule;
+    Status s = pieces.open(Tier::kNvme, dir.sub(name), io::Backend::kPosix);
+    ASSERT_TRUE(s.ok()) << s.to_string();
+    EXPECT_EQ(pieces.stage->pieces(), 18u + 1 + 1 + 1 + 1 + 5 + 1) << name << ": 70001 and 20000 in pieces of 4096";
+    EXPECT_TRUE(pieces.swap->contains("optimizer-state/chunk-1-piece-17")) << name;
+    EXPECT_TRUE(pieces.swap->contains("optimizer-state/chunk-3")) << name << ": a chunk in one piece keeps its name";
+    s = run(pieces, 3, seed, &m_pieces, &o_pieces);
+    ASSERT_TRUE(s.ok()) << s.to_string();
+    EXPECT_EQ(m_whole, m_pieces) << name;
+    EXPECT_EQ(o_whole, o_pieces) << name;
+    for (size_t c = 0; c < kChunks.size(); ++c) {
+      const size_t bytes = OptimizerStage::state_bytes(kChunks[c], st);
+      state_whole[c].resize(bytes);
+      state_pieces[c].resize(bytes);
+      ASSERT_TRUE(whole.stage->read_state(c, state_whole[c].data()).ok());
+      ASSERT_TRUE(pieces.stage->read_state(c, state_pieces[c].data()).ok());
+      EXPECT_EQ(state_whole[c], state_pieces[c]) << name << " chunk " << c;
+    }
+    // Chunk 1's state put back whole from another run's: the pieces take it.
+    std::vector<std::byte> other = state_whole[5];
+    other.resize(OptimizerStage::state_bytes(kChunks[1], st));  // any bytes of the right size
+    for (size_t i = 0; i < other.size(); ++i) other[i] = state_whole[1][(i * 7919) % other.size()];
+    ASSERT_TRUE(pieces.stage->write_state(1, other.data()).ok());
+    ASSERT_TRUE(whole.stage->write_state(1, other.data()).ok());
+    std::vector<std::byte> back(other.size()), back_whole(other.size());
+    ASSERT_TRUE(pieces.stage->read_state(1, back.data()).ok());
+    ASSERT_TRUE(whole.stage->read_state(1, back_whole.data()).ok());
+    EXPECT_EQ(back, back_whole) << name << ": the arrays, without the padding between them";
+  }
 }
 
 // bf16 and 8-bit m and v: the blob holds them as stored (StateLayout), and

@@ -18,6 +18,10 @@
 #include <functional>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
 #include <thread>
 #include <vector>
 
@@ -70,6 +74,18 @@ RunLog run_log(const TrainerOptions& o, int steps) {
 }
 
 std::vector<float> run(const TrainerOptions& o, int steps) { return run_log(o, steps).losses; }
+
+// Every file under `root` (relative path -> bytes).
+std::map<std::string, std::string> files_under(const std::string& root) {
+  std::map<std::string, std::string> files;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(root)) {
+    if (!e.is_regular_file()) continue;
+    std::ifstream in(e.path(), std::ios::binary);
+    files[std::filesystem::relative(e.path(), root).string()] =
+        std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  return files;
+}
 
 TEST(Trainer, SameLossesBitForBitWhereverTheStatesLive) {
   uint64_t seed = strata::testing::test_seed(101);
@@ -129,6 +145,11 @@ TEST(Trainer, LowPrecisionAdamStatesGiveTheSameBitsEverywhereAndResume) {
     all_nvme.device_bytes = 8ull << 20;
     all_nvme.weights = Tier::kNvme;
     EXPECT_EQ(run(all_nvme, 20), host) << name << " states and weights on NVMe";
+    // The tiny model's blocks (12,704 parameters) in 4 pieces each.
+    TrainerOptions pieces = all_nvme;
+    pieces.nvme_paths = {dir.sub("pieces-" + name)};
+    pieces.state_piece_elems = kStatePieceGranule;
+    EXPECT_EQ(run(pieces, 20), host) << name << " states and weights on NVMe, in pieces";
     TrainerOptions ram_spec = o;
     ram_spec.speculate_in_ram = true;
     ram_spec.clip_norm = 0.5f;  // fires on some steps: rollbacks from the second copy
@@ -142,6 +163,15 @@ TEST(Trainer, LowPrecisionAdamStatesGiveTheSameBitsEverywhereAndResume) {
       for (int i = 0; i < 10; ++i) ASSERT_TRUE(tr->step());
       ASSERT_TRUE(tr->save(root).ok());
     }
+    // Written from pieces on NVMe: the same files, byte for byte.
+    {
+      pieces.nvme_paths = {dir.sub("pieces-ckpt-" + name)};
+      auto tr = std::move(Trainer::create(pieces)).value();
+      for (int i = 0; i < 10; ++i) ASSERT_TRUE(tr->step());
+      ASSERT_TRUE(tr->save(root + "-pieces").ok());
+    }
+    EXPECT_GE(files_under(root).size(), 3u) << "weights, optimizer state, trainer.json";
+    EXPECT_EQ(files_under(root + "-pieces"), files_under(root)) << name;
     auto resumed = std::move(Trainer::create(o)).value();  // states from NVMe into RAM
     Status s = resumed->load(root);
     ASSERT_TRUE(s.ok()) << s.to_string();
@@ -686,6 +716,8 @@ TEST(Trainer, PlannedBytesPerTierMatchWhatTheRunUsed) {
             o.precision = precision;
             o.adam_states = st;
             o.speculate_in_ram = homes.states == Tier::kHost && depth == 3;  // the second copy of the states
+            // The widest shape's NVMe states in pieces (its blocks: 13 pieces).
+            if (sh.hidden == 128) o.state_piece_elems = 4 * kStatePieceGranule;
             o.nvme_paths = {dir.sub("p" + std::to_string(n++))};
             const TrainSetup setup = training_setup(o);
             Placement pl;
@@ -703,7 +735,8 @@ TEST(Trainer, PlannedBytesPerTierMatchWhatTheRunUsed) {
                                      std::to_string(depth) + ", weights on " + std::string(tier_name(homes.weights)) +
                                      ", states on " + std::string(tier_name(homes.states)) + ", checkpoints on " +
                                      std::string(tier_name(acts)) + ", " + std::string(dtype_name(precision)) +
-                                     ", " + std::string(cpu_optim::state_type_name(st)) + " Adam states";
+                                     ", " + std::string(cpu_optim::state_type_name(st)) + " Adam states" +
+                                     (sh.hidden == 128 && homes.states == Tier::kNvme ? " in pieces" : "");
             const double measured[3] = {
                 static_cast<double>((*tr)->device()->peak_bytes()), static_cast<double>((*tr)->host_bytes()),
                 (*tr)->swap_store() ? static_cast<double>((*tr)->swap_store()->stats().peak_used_bytes) : 0.0};
