@@ -2,15 +2,16 @@
 // every chunk, kept in host memory or on NVMe (SwapStore), updated by the CPU
 // optimizer, with the new low-precision weights written out for the device.
 //
-// With states on NVMe the stage is a three-deep pipeline over the chunks:
-// while chunk j is updated on the optimizer threads, chunk j+1 is being read
-// and chunk j-1 written, through three leased staging buffers — so the step
-// costs about the slower of NVMe and CPU, not their sum. Where the bytes
+// With states on NVMe the stage is a pipeline over the chunks' pieces (a
+// chunk, or a piece of one bigger than `piece_elems`): while piece j is
+// updated on the optimizer threads, the next ones are being read and piece
+// j-1 written, through the leased staging buffers — so the step costs
+// about the slower of NVMe and CPU, not their sum. Where the bytes
 // live never changes what they are: host and NVMe give the same bits
 // (tested). A failed read or write ends the step with the error (naming the
 // chunk); the swap store never serves a half-written chunk as valid.
 //
-// Per chunk the state is one blob: [master fp32 | m | v], m and v in the
+// Per piece the state is one blob: [master fp32 | m | v], m and v in the
 // stage's state type (fp32, bf16, or 8-bit blockwise codes followed by
 // their per-block fp32 scales: cpu_optim's StateType), each array starting
 // on a 64-byte boundary (StateLayout).
