@@ -268,6 +268,56 @@ TEST(ChunkStore, ItsDeviceBuffersComeFromTheBudget) {
   EXPECT_EQ(ok.device->used_bytes(), 4 * granule(2 * max_chunk) + 2 * granule(2 * static_cast<uint64_t>(ok.layout[0].numel)));
 }
 
+// A chunk store with an optimizer stage on NVMe reporting to it: chunks of
+// `elems` parameters, four staging buffers (one write behind, three read
+// ahead), states at 0.5 and bf16 gradients of 0.01 ready in `step`.
+struct StagedStore {
+  static constexpr uint32_t kBuffers = 4;
+  std::unique_ptr<gpu::HostDevice> dev;
+  WaitMeter meter;
+  std::unique_ptr<ChunkStore> store;
+  strata::testing::TempDir dir;
+  std::unique_ptr<io::SwapStore> swap;
+  io::AlignedAllocator allocator;
+  std::unique_ptr<PinnedArena> staging;
+  std::unique_ptr<cpu_optim::Executor> executor;
+  std::unique_ptr<OptimizerStage> stage;
+  std::vector<std::vector<uint16_t>> grads, out;
+  OverlapStep step;
+
+  Status open(const std::vector<int64_t>& elems, int64_t piece_elems) {
+    std::vector<gpu::ChunkLayout> layout(elems.size());
+    for (size_t c = 0; c < elems.size(); ++c) layout[c].numel = elems[c];
+    STRATA_ASSIGN_OR_RETURN(dev, gpu::HostDevice::create({.capacity_bytes = 1 << 20}));
+    ChunkStoreOptions so;
+    so.dtype = DType::kBF16;
+    so.states = Tier::kNvme;
+    STRATA_ASSIGN_OR_RETURN(gpu::Stream copy, dev->create_stream("copy"));
+    STRATA_ASSIGN_OR_RETURN(store, ChunkStore::create(layout, *dev, copy, &meter, so));
+    STRATA_ASSIGN_OR_RETURN(swap, open_swap(dir));
+    const uint64_t buffer = swap->padded_size(OptimizerStage::state_bytes(max_state_piece(elems, piece_elems)));
+    STRATA_ASSIGN_OR_RETURN(staging, PinnedArena::create("optimizer staging", buffer, kBuffers, allocator));
+    STRATA_ASSIGN_OR_RETURN(executor, cpu_optim::Executor::create({.threads = 1}));
+    STRATA_ASSIGN_OR_RETURN(stage, OptimizerStage::create(elems, Tier::kNvme, swap.get(), staging.get(), *executor,
+                                                          nullptr, cpu_optim::StateType::kF32, piece_elems));
+    for (size_t c = 0; c < elems.size(); ++c) {
+      const std::vector<float> master(static_cast<size_t>(elems[c]), 0.5f);
+      STRATA_RETURN_IF_ERROR(stage->initialize(c, master.data()));
+      grads.emplace_back(static_cast<size_t>(elems[c]), f32_to_bf16(0.01f));
+      out.emplace_back(static_cast<size_t>(elems[c]), 0);
+      step.grads.push_back({grads.back().data(), DType::kBF16});
+      step.out.push_back(out.back().data());
+    }
+    stage->set_store(store.get());
+    step.t = 1;
+    step.speculate = true;
+    return ok_status();
+  }
+  ~StagedStore() {
+    if (stage) stage->set_store(nullptr);
+  }
+};
+
 // The optimizer stage moves the master weights and Adam states between NVMe
 // and its staging buffers and reports each move: when a chunk's gradient
 // is taken (its `ready` runs on the stage's thread), the chunk's states are
@@ -276,79 +326,47 @@ TEST(ChunkStore, ItsDeviceBuffersComeFromTheBudget) {
 // all are on NVMe again.
 TEST(ChunkStore, RecordsTheStatesMovesTheOptimizerStageReports) {
   const std::vector<int64_t> elems = {64, 1000, 5000, 33, 4096, 7, 640};
-  std::vector<gpu::ChunkLayout> layout(elems.size());
-  for (size_t c = 0; c < elems.size(); ++c) layout[c].numel = elems[c];
-  Result<std::unique_ptr<gpu::HostDevice>> dev = gpu::HostDevice::create({.capacity_bytes = 1 << 20});
-  ASSERT_TRUE(dev);
-  WaitMeter meter;
-  ChunkStoreOptions so;
-  so.dtype = DType::kBF16;
-  so.states = Tier::kNvme;
-  Result<std::unique_ptr<ChunkStore>> store = ChunkStore::create(layout, **dev, *(*dev)->create_stream("copy"), &meter, so);
-  ASSERT_TRUE(store) << store.error().to_string();
+  StagedStore r;
+  Status opened = r.open(elems, /*piece_elems=*/0);
+  ASSERT_TRUE(opened.ok()) << opened.to_string();
+  ChunkStore* store = r.store.get();
+  OptimizerStage* stage = r.stage.get();
+  OverlapStep& step = r.step;
+  for (size_t c = 0; c < elems.size(); ++c) EXPECT_EQ(store->residency(c, View::kMaster), Residency::kOnNvme);
 
-  strata::testing::TempDir dir;
-  Result<std::unique_ptr<io::SwapStore>> swap = open_swap(dir);
-  ASSERT_TRUE(swap) << swap.error().to_string();
-  io::AlignedAllocator allocator;
-  constexpr uint32_t kBuffers = 4;  // one write behind, three read ahead
-  Result<std::unique_ptr<PinnedArena>> staging = PinnedArena::create(
-      "optimizer staging", (*swap)->padded_size(OptimizerStage::state_bytes(5000)), kBuffers, allocator);
-  ASSERT_TRUE(staging);
-  Result<std::unique_ptr<cpu_optim::Executor>> executor = cpu_optim::Executor::create({.threads = 1});
-  ASSERT_TRUE(executor);
-  Result<std::unique_ptr<OptimizerStage>> stage =
-      OptimizerStage::create(elems, Tier::kNvme, swap->get(), staging->get(), **executor);
-  ASSERT_TRUE(stage);
-  std::vector<std::vector<uint16_t>> grads, out;
-  OverlapStep step;
-  for (size_t c = 0; c < elems.size(); ++c) {
-    const std::vector<float> master(static_cast<size_t>(elems[c]), 0.5f);
-    ASSERT_TRUE((*stage)->initialize(c, master.data()).ok());
-    grads.emplace_back(static_cast<size_t>(elems[c]), f32_to_bf16(0.01f));
-    out.emplace_back(static_cast<size_t>(elems[c]), 0);
-    step.grads.push_back({grads.back().data(), DType::kBF16});
-    step.out.push_back(out.back().data());
-  }
-  (*stage)->set_store(store->get());
-  for (size_t c = 0; c < elems.size(); ++c) EXPECT_EQ((*store)->residency(c, View::kMaster), Residency::kOnNvme);
-
-  step.t = 1;
-  step.speculate = true;
   for (size_t c = elems.size(); c > 0; --c) step.order.push_back(c - 1);
   const std::vector<size_t> order = step.order;
   // seen[k][j]: chunk order[j]'s master-weights residency as order[k]'s gradient was taken.
   std::vector<std::vector<Residency>> seen(order.size());
-  ASSERT_TRUE((*stage)->begin(step).ok());
+  ASSERT_TRUE(stage->begin(step).ok());
   for (size_t k = 0; k < order.size(); ++k) {
-    (*stage)->land(order[k], [&, k]() -> Status {
-      for (size_t c : order) seen[k].push_back((*store)->residency(c, View::kMaster));
+    stage->land(order[k], [&, k]() -> Status {
+      for (size_t c : order) seen[k].push_back(store->residency(c, View::kMaster));
       return ok_status();
     });
   }
-  Result<OverlapOutcome> outcome = (*stage)->finish();
+  Result<OverlapOutcome> outcome = stage->finish();
   ASSERT_TRUE(outcome) << outcome.error().to_string();
   ASSERT_FALSE(outcome->rolled_back);
-  const size_t ahead = kBuffers - 1;
+  const size_t ahead = StagedStore::kBuffers - 1;
   for (size_t k = 0; k < order.size(); ++k) {
     ASSERT_EQ(seen[k].size(), order.size());
     for (size_t j = 0; j < order.size(); ++j) {
-      const Residency r = seen[k][j];
+      const Residency now = seen[k][j];
       if (j < k) {
-        EXPECT_TRUE(r == Residency::kDirty || r == Residency::kOnNvme)
-            << "taking chunk " << order[k] << ": chunk " << order[j] << " is " << residency_name(r);
+        EXPECT_TRUE(now == Residency::kDirty || now == Residency::kOnNvme)
+            << "taking chunk " << order[k] << ": chunk " << order[j] << " is " << residency_name(now);
       } else if (j < k + ahead) {
-        EXPECT_EQ(r, Residency::kLoading) << "taking chunk " << order[k] << ": chunk " << order[j];
+        EXPECT_EQ(now, Residency::kLoading) << "taking chunk " << order[k] << ": chunk " << order[j];
       } else {
-        EXPECT_EQ(r, Residency::kOnNvme) << "taking chunk " << order[k] << ": chunk " << order[j];
+        EXPECT_EQ(now, Residency::kOnNvme) << "taking chunk " << order[k] << ": chunk " << order[j];
       }
     }
   }
   for (size_t c = 0; c < elems.size(); ++c) {
-    EXPECT_EQ((*store)->residency(c, View::kMaster), Residency::kOnNvme);
-    EXPECT_EQ((*store)->residency(c, View::kAdamV), Residency::kOnNvme);
+    EXPECT_EQ(store->residency(c, View::kMaster), Residency::kOnNvme);
+    EXPECT_EQ(store->residency(c, View::kAdamV), Residency::kOnNvme);
   }
-  (*stage)->set_store(nullptr);
 }
 
 // A chunk bigger than the stage's pieces has a residency per piece: when
@@ -356,63 +374,30 @@ TEST(ChunkStore, RecordsTheStatesMovesTheOptimizerStageReports) {
 // beyond the staging buffers still on NVMe; after the step every piece is
 // on NVMe again.
 TEST(ChunkStore, RecordsEachPieceOfABigChunksStates) {
-  const std::vector<int64_t> elems = {64, 4 * kStatePieceGranule + 5};
-  std::vector<gpu::ChunkLayout> layout(elems.size());
-  for (size_t c = 0; c < elems.size(); ++c) layout[c].numel = elems[c];
-  Result<std::unique_ptr<gpu::HostDevice>> dev = gpu::HostDevice::create({.capacity_bytes = 1 << 20});
-  ASSERT_TRUE(dev);
-  WaitMeter meter;
-  ChunkStoreOptions so;
-  so.dtype = DType::kBF16;
-  so.states = Tier::kNvme;
-  Result<std::unique_ptr<ChunkStore>> store = ChunkStore::create(layout, **dev, *(*dev)->create_stream("copy"), &meter, so);
-  ASSERT_TRUE(store) << store.error().to_string();
-  strata::testing::TempDir dir;
-  Result<std::unique_ptr<io::SwapStore>> swap = open_swap(dir);
-  ASSERT_TRUE(swap) << swap.error().to_string();
-  io::AlignedAllocator allocator;
-  constexpr uint32_t kBuffers = 4;  // one write behind, three read ahead
-  Result<std::unique_ptr<PinnedArena>> staging = PinnedArena::create(
-      "optimizer staging", (*swap)->padded_size(OptimizerStage::state_bytes(kStatePieceGranule)), kBuffers, allocator);
-  ASSERT_TRUE(staging);
-  Result<std::unique_ptr<cpu_optim::Executor>> executor = cpu_optim::Executor::create({.threads = 1});
-  ASSERT_TRUE(executor);
-  Result<std::unique_ptr<OptimizerStage>> stage = OptimizerStage::create(
-      elems, Tier::kNvme, swap->get(), staging->get(), **executor, nullptr, cpu_optim::StateType::kF32,
-      kStatePieceGranule);
-  ASSERT_TRUE(stage) << stage.error().to_string();
-  std::vector<std::vector<uint16_t>> grads, out;
-  OverlapStep step;
-  for (size_t c = 0; c < elems.size(); ++c) {
-    const std::vector<float> master(static_cast<size_t>(elems[c]), 0.5f);
-    ASSERT_TRUE((*stage)->initialize(c, master.data()).ok());
-    grads.emplace_back(static_cast<size_t>(elems[c]), f32_to_bf16(0.01f));
-    out.emplace_back(static_cast<size_t>(elems[c]), 0);
-    step.grads.push_back({grads.back().data(), DType::kBF16});
-    step.out.push_back(out.back().data());
-  }
-  (*stage)->set_store(store->get());
-  EXPECT_EQ((*store)->state_pieces(0), 1u);
-  ASSERT_EQ((*store)->state_pieces(1), 5u);
-  step.t = 1;
-  step.speculate = true;
+  StagedStore r;
+  Status opened = r.open({64, 4 * kStatePieceGranule + 5}, kStatePieceGranule);
+  ASSERT_TRUE(opened.ok()) << opened.to_string();
+  ChunkStore* store = r.store.get();
+  OptimizerStage* stage = r.stage.get();
+  OverlapStep& step = r.step;
+  EXPECT_EQ(store->state_pieces(0), 1u);
+  ASSERT_EQ(store->state_pieces(1), 5u);
   step.order = {1, 0};
   std::vector<Residency> seen;
-  ASSERT_TRUE((*stage)->begin(step).ok());
-  (*stage)->land(1, [&]() -> Status {
-    for (size_t p = 0; p < 5; ++p) seen.push_back((*store)->residency(1, View::kAdamM, p));
+  ASSERT_TRUE(stage->begin(step).ok());
+  stage->land(1, [&]() -> Status {
+    for (size_t p = 0; p < 5; ++p) seen.push_back(store->residency(1, View::kAdamM, p));
     return ok_status();
   });
-  (*stage)->land(0);
-  Result<OverlapOutcome> outcome = (*stage)->finish();
+  stage->land(0);
+  Result<OverlapOutcome> outcome = stage->finish();
   ASSERT_TRUE(outcome) << outcome.error().to_string();
   const std::vector<Residency> want = {Residency::kLoading, Residency::kLoading, Residency::kLoading,
                                        Residency::kOnNvme, Residency::kOnNvme};
   EXPECT_EQ(seen, want);
-  for (size_t p = 0; p < 5; ++p) EXPECT_EQ((*store)->residency(1, View::kMaster, p), Residency::kOnNvme) << p;
-  EXPECT_EQ(out[1][4 * kStatePieceGranule + 4], out[1][0]) << "the last piece updated like the first";
-  EXPECT_NE(out[1][0], 0);
-  (*stage)->set_store(nullptr);
+  for (size_t p = 0; p < 5; ++p) EXPECT_EQ(store->residency(1, View::kMaster, p), Residency::kOnNvme) << p;
+  EXPECT_EQ(r.out[1][4 * kStatePieceGranule + 4], r.out[1][0]) << "the last piece updated like the first";
+  EXPECT_NE(r.out[1][0], 0);
 }
 
 }  // namespace
