@@ -43,6 +43,19 @@ Status write_all(int fd, const void* data, uint64_t bytes, const std::string& pa
   return ok_status();
 }
 
+Status pwrite_all(int fd, const void* data, uint64_t bytes, uint64_t offset, const std::string& path) {
+  const auto* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    ssize_t n = ::pwrite(fd, p, bytes, static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return errno_status(errno, "write " + path);
+    p += n;
+    bytes -= static_cast<uint64_t>(n);
+    offset += static_cast<uint64_t>(n);
+  }
+  return ok_status();
+}
+
 Status fsync_path(const std::string& path, bool directory) {
   int fd = ::open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
   if (fd < 0) return errno_status(errno, "open " + path + " for fsync");
@@ -74,8 +87,10 @@ Result<SafetensorsWriter> SafetensorsWriter::create(const std::string& path, std
   nlohmann::json header = nlohmann::json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
+  std::vector<uint64_t> begin;
   for (const TensorInfo& t : tensors) {
     if (header.contains(t.name)) return invalid_argument("safetensors " + path + ": tensor " + t.name + " twice");
+    begin.push_back(offset);
     header[t.name] = {{"dtype", st_dtype(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.bytes()}}};
     offset += t.bytes();
   }
@@ -87,39 +102,47 @@ Result<SafetensorsWriter> SafetensorsWriter::create(const std::string& path, std
   w.fd_ = UniqueFd(fd);
   w.path_ = path;
   w.tensors_ = std::move(tensors);
+  w.begin_ = std::move(begin);
+  w.written_.assign(w.tensors_.size(), 0);
+  w.data_start_ = 8 + text.size();
   uint64_t length = text.size();
   unsigned char le[8];
   for (int i = 0; i < 8; ++i) le[i] = static_cast<unsigned char>(length >> (8 * i));
   STRATA_RETURN_IF_ERROR(write_all(fd, le, 8, path));
   STRATA_RETURN_IF_ERROR(write_all(fd, text.data(), text.size(), path));
-  while (w.current_ < w.tensors_.size() && w.tensors_[w.current_].bytes() == 0) ++w.current_;
   return w;
 }
 
 Status SafetensorsWriter::append(std::span<const std::byte> data) {
   while (!data.empty()) {
+    while (current_ < tensors_.size() && written_[current_] == tensors_[current_].bytes()) ++current_;
     if (current_ >= tensors_.size()) {
       return invalid_argument("safetensors " + path_ + ": more data than the declared tensors hold");
     }
-    const TensorInfo& t = tensors_[current_];
-    uint64_t room = t.bytes() - written_in_current_;
-    uint64_t n = std::min<uint64_t>(room, data.size());
-    STRATA_RETURN_IF_ERROR(write_all(fd_.get(), data.data(), n, path_));
-    written_in_current_ += n;
-    data = data.subspan(n);
-    if (written_in_current_ == t.bytes()) {
-      ++current_;
-      written_in_current_ = 0;
-      while (current_ < tensors_.size() && tensors_[current_].bytes() == 0) ++current_;
-    }
+    const uint64_t n = std::min<uint64_t>(tensors_[current_].bytes() - written_[current_], data.size());
+    STRATA_RETURN_IF_ERROR(write_at(current_, written_[current_], data.first(static_cast<size_t>(n))));
+    data = data.subspan(static_cast<size_t>(n));
   }
   return ok_status();
 }
 
+Status SafetensorsWriter::write_at(size_t index, uint64_t offset, std::span<const std::byte> data) {
+  if (index >= tensors_.size() || offset > tensors_[index].bytes() ||
+      data.size() > tensors_[index].bytes() - offset) {
+    return invalid_argument("safetensors " + path_ + ": " + std::to_string(data.size()) + " bytes at " +
+                            std::to_string(offset) + " do not fit tensor " +
+                            (index < tensors_.size() ? tensors_[index].name : std::to_string(index)));
+  }
+  STRATA_RETURN_IF_ERROR(pwrite_all(fd_.get(), data.data(), data.size(), data_start_ + begin_[index] + offset, path_));
+  written_[index] += data.size();
+  return ok_status();
+}
+
 Status SafetensorsWriter::finish() {
-  if (current_ < tensors_.size()) {
-    return failed_precondition("safetensors " + path_ + ": tensor " + tensors_[current_].name +
-                               " was not written in full");
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    if (written_[i] != tensors_[i].bytes()) {
+      return failed_precondition("safetensors " + path_ + ": tensor " + tensors_[i].name + " was not written in full");
+    }
   }
   if (::fsync(fd_.get()) != 0) return errno_status(errno, "fsync " + path_);
   return fd_.close();

@@ -38,8 +38,9 @@ struct TensorInfo {
 };
 
 // Writes one .safetensors file: the header (all names, dtypes, shapes and
-// offsets) first, then each tensor's bytes in the declared order, appended
-// in as many pieces as the caller likes.
+// offsets) first, then each tensor's bytes — in the declared order,
+// appended in as many pieces as the caller likes, or placed at an offset
+// in a tensor (write_at), each byte once.
 class SafetensorsWriter {
  public:
   static Result<SafetensorsWriter> create(const std::string& path, std::vector<TensorInfo> tensors,
@@ -49,6 +50,8 @@ class SafetensorsWriter {
 
   // Appends bytes of the current tensor (moving on to the next when it is full).
   Status append(std::span<const std::byte> data);
+  // Writes bytes of tensor `index` from byte `offset` of it.
+  Status write_at(size_t index, uint64_t offset, std::span<const std::byte> data);
   // Checks every tensor was written in full, fsyncs and closes.
   Status finish();
 
@@ -57,8 +60,10 @@ class SafetensorsWriter {
   std::string path_;
   UniqueFd fd_;
   std::vector<TensorInfo> tensors_;
-  size_t current_ = 0;
-  uint64_t written_in_current_ = 0;
+  uint64_t data_start_ = 0;          // file offset of the first tensor's bytes
+  std::vector<uint64_t> begin_;      // each tensor's bytes, from data_start_
+  std::vector<uint64_t> written_;    // bytes written of each tensor
+  size_t current_ = 0;               // the tensor append() writes
 };
 
 class SafetensorsReader {

@@ -1,5 +1,6 @@
 #include "engine/optimizer_stage.h"
 
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -151,27 +152,19 @@ std::vector<ChunkStore::BlobPiece> OptimizerStage::weights_blobs(size_t chunk) c
   return blobs;
 }
 
-void OptimizerStage::copy_piece_state(size_t piece, const std::byte* from, std::byte* to, bool to_chunk) const {
+std::vector<OptimizerStage::Slice> OptimizerStage::slices(size_t piece) const {
   const Piece& p = pieces_[piece];
-  const StateLayout lc = StateLayout::of(elems_[p.chunk], state_type_);
-  const StateLayout lp = StateLayout::of(p.elems, state_type_);
+  const StateLayout l = StateLayout::of(p.elems, state_type_);
   const uint64_t off = static_cast<uint64_t>(p.offset), n = static_cast<uint64_t>(p.elems);
   const uint64_t eb = cpu_optim::state_elem_bytes(state_type_);
-  auto move = [&](uint64_t chunk_at, uint64_t piece_at, uint64_t bytes) {
-    if (to_chunk) {
-      std::memcpy(to + chunk_at, from + piece_at, bytes);
-    } else {
-      std::memcpy(to + piece_at, from + chunk_at, bytes);
-    }
-  };
-  move(4 * off, 0, 4 * n);
-  move(lc.m + eb * off, lp.m, eb * n);
-  move(lc.v + eb * off, lp.v, eb * n);
-  if (lp.scales > 0) {  // pieces start on whole 8-bit blocks
-    const uint64_t first = off / static_cast<uint64_t>(cpu_optim::kQ8BlockElems);
-    move(lc.m_scale + 4 * first, lp.m_scale, 4 * static_cast<uint64_t>(lp.scales));
-    move(lc.v_scale + 4 * first, lp.v_scale, 4 * static_cast<uint64_t>(lp.scales));
+  std::vector<Slice> out = {{0, 4 * off, 0, 4 * n}, {1, eb * off, l.m, eb * n}, {2, eb * off, l.v, eb * n}};
+  if (l.scales > 0) {  // pieces start on whole 8-bit blocks
+    const uint64_t block = off / static_cast<uint64_t>(cpu_optim::kQ8BlockElems);
+    const uint64_t bytes = 4 * static_cast<uint64_t>(l.scales);
+    out.push_back({3, 4 * block, l.m_scale, bytes});
+    out.push_back({4, 4 * block, l.v_scale, bytes});
   }
+  return out;
 }
 
 Status OptimizerStage::initialize(size_t c, const float* master) {
@@ -201,26 +194,26 @@ Status OptimizerStage::initialize(size_t c, const float* master) {
   return ok_status();
 }
 
-Status OptimizerStage::read_weights(size_t c, void* dst) {
+Status OptimizerStage::visit_weights(size_t c, const WeightsSlice& slice) {
   STRATA_CHECK(c < elems_.size() && weights_nvme_);
   for (size_t u = first_piece_[c]; u < first_piece_[c + 1]; ++u) {
     const std::string name = weights_blob(u, gen_[u]);
     STRATA_ASSIGN_OR_RETURN(PinnedArena::Lease lease, staging_->acquire("read " + name));
     STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->read(name, lease.buffer()));
     STRATA_RETURN_IF_ERROR(swap_->wait(t).with_context("reading the weights of chunk " + std::to_string(c)));
-    std::memcpy(static_cast<std::byte*>(dst) + 2 * pieces_[u].offset, lease.data(), 2 * static_cast<size_t>(pieces_[u].elems));
+    STRATA_RETURN_IF_ERROR(slice(pieces_[u].offset, {lease.data(), 2 * static_cast<size_t>(pieces_[u].elems)}));
   }
   return ok_status();
 }
 
-Status OptimizerStage::write_weights(size_t c, const void* src) {
+Status OptimizerStage::replace_weights(size_t c, const WeightsSlice& slice) {
   STRATA_CHECK(c < elems_.size() && weights_nvme_);
   for (size_t u = first_piece_[c]; u < first_piece_[c + 1]; ++u) {
     const std::string name = weights_blob(u, gen_[u]);
     const uint64_t bytes = 2 * static_cast<uint64_t>(pieces_[u].elems);
     STRATA_ASSIGN_OR_RETURN(PinnedArena::Lease lease, staging_->acquire("write " + name));
     std::memset(lease.data(), 0, lease.buffer().capacity_bytes);
-    std::memcpy(lease.data(), static_cast<const std::byte*>(src) + 2 * pieces_[u].offset, bytes);
+    STRATA_RETURN_IF_ERROR(slice(pieces_[u].offset, {lease.data(), static_cast<size_t>(bytes)}));
     STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->write(name, lease.buffer(), bytes));
     STRATA_RETURN_IF_ERROR(swap_->wait(t).with_context("writing the weights of chunk " + std::to_string(c)));
   }
@@ -235,40 +228,71 @@ Status OptimizerStage::read_master(size_t c, float* dst) {
   return ok_status();
 }
 
-Status OptimizerStage::read_state(size_t c, std::byte* dst) {
+Status OptimizerStage::visit_state(size_t c, const StateSlice& slice) {
   STRATA_CHECK(c < elems_.size());
   for (size_t u = first_piece_[c]; u < first_piece_[c + 1]; ++u) {
+    std::byte* state = nullptr;
+    PinnedArena::Lease lease;
     if (tier_ == Tier::kHost) {
       STRATA_CHECK_MSG(!host_[u].empty(), "optimizer stage: chunk %zu was never initialised", c);
-      copy_piece_state(u, host_[u].data(), dst, /*to_chunk=*/true);
-      continue;
+      state = host_[u].data();
+    } else {
+      const std::string name = blob(u, gen_[u]);
+      STRATA_ASSIGN_OR_RETURN(lease, staging_->acquire("read " + name));
+      STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->read(name, lease.buffer()));
+      STRATA_RETURN_IF_ERROR(swap_->wait(t).with_context("reading optimizer state of chunk " + std::to_string(c)));
+      state = lease.data();
     }
-    const std::string name = blob(u, gen_[u]);
-    STRATA_ASSIGN_OR_RETURN(PinnedArena::Lease lease, staging_->acquire("read " + name));
-    STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->read(name, lease.buffer()));
-    STRATA_RETURN_IF_ERROR(swap_->wait(t).with_context("reading optimizer state of chunk " + std::to_string(c)));
-    copy_piece_state(u, lease.data(), dst, /*to_chunk=*/true);
+    for (const Slice& s : slices(u)) {
+      STRATA_RETURN_IF_ERROR(slice(s.part, s.offset, {state + s.at, static_cast<size_t>(s.bytes)}));
+    }
   }
   return ok_status();
 }
 
-Status OptimizerStage::write_state(size_t c, const std::byte* src) {
+Status OptimizerStage::replace_state(size_t c, const StateSlice& slice) {
   STRATA_CHECK(c < elems_.size());
   for (size_t u = first_piece_[c]; u < first_piece_[c + 1]; ++u) {
     const uint64_t bytes = state_bytes(pieces_[u].elems, state_type_);
+    std::byte* state = nullptr;
+    PinnedArena::Lease lease;
     if (tier_ == Tier::kHost) {
       host_[u].assign(bytes, std::byte{0});
-      copy_piece_state(u, src, host_[u].data(), /*to_chunk=*/false);
-      continue;
+      state = host_[u].data();
+    } else {
+      STRATA_ASSIGN_OR_RETURN(lease, staging_->acquire("write " + blob(u, gen_[u])));
+      std::memset(lease.data(), 0, lease.buffer().capacity_bytes);
+      state = lease.data();
     }
-    const std::string name = blob(u, gen_[u]);
-    STRATA_ASSIGN_OR_RETURN(PinnedArena::Lease lease, staging_->acquire("write " + name));
-    std::memset(lease.data(), 0, lease.buffer().capacity_bytes);
-    copy_piece_state(u, src, lease.data(), /*to_chunk=*/false);
-    STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->write(name, lease.buffer(), bytes));
+    for (const Slice& s : slices(u)) {
+      STRATA_RETURN_IF_ERROR(slice(s.part, s.offset, {state + s.at, static_cast<size_t>(s.bytes)}));
+    }
+    if (tier_ == Tier::kHost) continue;
+    STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->write(blob(u, gen_[u]), lease.buffer(), bytes));
     STRATA_RETURN_IF_ERROR(swap_->wait(t).with_context("writing optimizer state of chunk " + std::to_string(c)));
   }
   return ok_status();
+}
+
+namespace {
+// Where each array (StateSlice's parts) of a chunk's state blob starts.
+std::array<uint64_t, 5> part_starts(const StateLayout& l) { return {0, l.m, l.v, l.m_scale, l.v_scale}; }
+}  // namespace
+
+Status OptimizerStage::read_state(size_t c, std::byte* dst) {
+  const std::array<uint64_t, 5> at = part_starts(StateLayout::of(elems_[c], state_type_));
+  return visit_state(c, [&](int part, uint64_t offset, std::span<std::byte> bytes) {
+    std::memcpy(dst + at[static_cast<size_t>(part)] + offset, bytes.data(), bytes.size());
+    return ok_status();
+  });
+}
+
+Status OptimizerStage::write_state(size_t c, const std::byte* src) {
+  const std::array<uint64_t, 5> at = part_starts(StateLayout::of(elems_[c], state_type_));
+  return replace_state(c, [&](int part, uint64_t offset, std::span<std::byte> bytes) {
+    std::memcpy(bytes.data(), src + at[static_cast<size_t>(part)] + offset, bytes.size());
+    return ok_status();
+  });
 }
 
 cpu_optim::ParamSpan OptimizerStage::span_over(std::byte* state, int64_t n, const ChunkGrad& g, void* out,

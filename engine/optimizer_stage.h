@@ -141,8 +141,12 @@ class OptimizerStage {
     return swap.padded_size(state_bytes(elems, states)) + swap.padded_size(2 * static_cast<uint64_t>(elems));
   }
   // Chunk c's working weights out of / into their NVMe blob (checkpoints).
-  Status read_weights(size_t chunk, void* dst);
-  Status write_weights(size_t chunk, const void* src);
+  // A piece at a time: `slice(offset, bytes)` gets the piece's 2-byte
+  // weights from element `offset` of the chunk; visit_weights' bytes hold
+  // them, replace_weights' are to be filled, then written back.
+  using WeightsSlice = std::function<Status(int64_t offset, std::span<std::byte> bytes)>;
+  Status visit_weights(size_t chunk, const WeightsSlice& slice);
+  Status replace_weights(size_t chunk, const WeightsSlice& slice);
 
   // Sets chunk c's master weights (m = v = 0), and its working weights when on NVMe.
   Status initialize(size_t chunk, const float* master);
@@ -176,6 +180,15 @@ class OptimizerStage {
   // resume. Through the staging arena on NVMe.
   Status read_state(size_t chunk, std::byte* dst);
   Status write_state(size_t chunk, const std::byte* src);
+  // The same a piece at a time, with no chunk-sized buffer (checkpoints of
+  // big chunks): `slice(part, offset, bytes)` is called for each array of
+  // each piece — part 0..4: master, m, v, m's scales, v's scales (8-bit
+  // states) — with `offset` the bytes' place in that array of the whole
+  // chunk. visit_state's bytes hold the state; replace_state's are to be
+  // filled (all of them, over the calls), then written back.
+  using StateSlice = std::function<Status(int part, uint64_t offset, std::span<std::byte> bytes)>;
+  Status visit_state(size_t chunk, const StateSlice& slice);
+  Status replace_state(size_t chunk, const StateSlice& slice);
   cpu_optim::StateType state_type() const { return state_type_; }
   size_t chunks() const { return elems_.size(); }
   int64_t chunk_elems(size_t chunk) const { return elems_[chunk]; }
@@ -225,10 +238,13 @@ class OptimizerStage {
   // other blobs.
   Result<StageCounters> update_pass(const cpu_optim::StepOptions& options, Pipeline* prefetched);
   cpu_optim::ParamSpan span_over(std::byte* state, int64_t n, const ChunkGrad& g, void* out, DType out_dtype) const;
-  // A piece's state copied between its own blob layout and its chunk's
-  // (the whole chunk's state, as read_state gives it): `from` is the
-  // piece's and `to` the chunk's when to_chunk, the other way round if not.
-  void copy_piece_state(size_t piece, const std::byte* from, std::byte* to, bool to_chunk) const;
+  // Where each array of a piece's state lies in its blob (`at`) and in
+  // that array of its chunk (`offset`).
+  struct Slice {
+    int part = 0;
+    uint64_t offset = 0, at = 0, bytes = 0;
+  };
+  std::vector<Slice> slices(size_t piece) const;
   cpu_optim::StateType state_type_ = cpu_optim::StateType::kF32;
   std::vector<int64_t> elems_;
   std::vector<Piece> pieces_;       // every chunk's pieces, in chunk order

@@ -18,25 +18,19 @@
 namespace strata::engine {
 namespace {
 
-// One tensor of a chunk's optimizer state in a checkpoint: where it lies in
-// the stage's blob (StateLayout) and how it is stored.
-struct StatePart {
-  std::string name;
-  TensorType type;
-  int64_t elems;
-  uint64_t offset;
-  size_t bytes() const { return static_cast<size_t>(tensor_type_bytes(type) * static_cast<uint64_t>(elems)); }
-};
-
-std::vector<StatePart> state_parts(int64_t n, cpu_optim::StateType states) {
+// The tensors of a chunk's optimizer state in a checkpoint, in the order of
+// OptimizerStage::StateSlice's parts, as stored: master, m, v (and the
+// 8-bit states' scales).
+std::vector<TensorInfo> state_tensors(size_t chunk, int64_t n, cpu_optim::StateType states) {
   const StateLayout l = StateLayout::of(n, states);
   const TensorType mv = states == cpu_optim::StateType::kF32    ? TensorType::kF32
                         : states == cpu_optim::StateType::kBF16 ? TensorType::kBF16
                                                                 : TensorType::kU8;
-  std::vector<StatePart> parts = {{"master", TensorType::kF32, n, 0}, {"m", mv, n, l.m}, {"v", mv, n, l.v}};
+  const std::string c = "chunk-" + std::to_string(chunk) + ".";
+  std::vector<TensorInfo> parts = {{c + "master", TensorType::kF32, {n}}, {c + "m", mv, {n}}, {c + "v", mv, {n}}};
   if (l.scales > 0) {
-    parts.push_back({"m_scale", TensorType::kF32, l.scales, l.m_scale});
-    parts.push_back({"v_scale", TensorType::kF32, l.scales, l.v_scale});
+    parts.push_back({c + "m_scale", TensorType::kF32, {l.scales}});
+    parts.push_back({c + "v_scale", TensorType::kF32, {l.scales}});
   }
   return parts;
 }
@@ -547,39 +541,48 @@ Status Trainer::save(const std::string& root) {
   }
   STRATA_ASSIGN_OR_RETURN(SafetensorsWriter model,
                           SafetensorsWriter::create(tmp + "/model.safetensors", tensors, {{"format", "pt"}}));
-  std::vector<uint16_t> from_nvme;
+  size_t first = 0;  // chunk c's first tensor
   for (size_t c = 0; c < layout_.size(); ++c) {
-    const uint16_t* w = nullptr;
-    if (weights_.empty()) {  // streamed straight from their NVMe blob, a chunk at a time
-      from_nvme.resize(static_cast<size_t>(layout_[c].numel));
-      STRATA_RETURN_IF_ERROR(stage_->read_weights(c, from_nvme.data()));
-      w = from_nvme.data();
+    const std::vector<gpu::TensorSlot>& slots = layout_[c].tensors;
+    if (weights_.empty()) {
+      // Streamed straight from their NVMe blobs, a piece at a time, each
+      // tensor's part of the piece into its place.
+      auto place = [&](int64_t offset, std::span<std::byte> bytes) -> Status {
+        const int64_t end = offset + static_cast<int64_t>(bytes.size() / 2);
+        for (size_t k = 0; k < slots.size(); ++k) {
+          const int64_t lo = std::max(offset, slots[k].offset), hi = std::min(end, slots[k].offset + slots[k].numel());
+          if (lo >= hi) continue;
+          STRATA_RETURN_IF_ERROR(model.write_at(first + k, 2 * static_cast<uint64_t>(lo - slots[k].offset),
+                                                bytes.subspan(2 * static_cast<size_t>(lo - offset),
+                                                              2 * static_cast<size_t>(hi - lo))));
+        }
+        return ok_status();
+      };
+      STRATA_RETURN_IF_ERROR(stage_->visit_weights(c, place));
     } else {
-      w = weights_[c].data();
+      const uint16_t* w = weights_[c].data();
+      for (size_t k = 0; k < slots.size(); ++k) {
+        STRATA_RETURN_IF_ERROR(model.write_at(
+            first + k, 0, std::as_bytes(std::span(w + slots[k].offset, static_cast<size_t>(slots[k].numel())))));
+      }
     }
-    for (const auto& t : layout_[c].tensors) {
-      STRATA_RETURN_IF_ERROR(model.append(std::as_bytes(std::span(w + t.offset, static_cast<size_t>(t.numel())))));
-    }
+    first += slots.size();
   }
   STRATA_RETURN_IF_ERROR(model.finish());
-  // Optimizer state, streamed chunk by chunk from its tier: the master
-  // weights, m and v in their stored type (8-bit states: the codes and
-  // their per-block scales).
+  // Optimizer state, streamed piece by piece from its tier into place (no
+  // chunk-sized buffer): the master weights, m and v in their stored type
+  // (8-bit states: the codes and their per-block scales).
   std::vector<TensorInfo> states;
-  std::vector<std::vector<StatePart>> parts;
+  std::vector<size_t> first_tensor;
   for (size_t c = 0; c < layout_.size(); ++c) {
-    parts.push_back(state_parts(layout_[c].numel, options_.adam_states));
-    for (const StatePart& part : parts.back()) {
-      states.push_back({"chunk-" + std::to_string(c) + "." + part.name, part.type, {part.elems}});
-    }
+    first_tensor.push_back(states.size());
+    for (TensorInfo& t : state_tensors(c, layout_[c].numel, options_.adam_states)) states.push_back(std::move(t));
   }
   STRATA_ASSIGN_OR_RETURN(SafetensorsWriter opt, SafetensorsWriter::create(tmp + "/optimizer.safetensors", states));
   for (size_t c = 0; c < layout_.size(); ++c) {
-    std::vector<std::byte> blob(OptimizerStage::state_bytes(layout_[c].numel, options_.adam_states));
-    STRATA_RETURN_IF_ERROR(stage_->read_state(c, blob.data()));
-    for (const StatePart& part : parts[c]) {
-      STRATA_RETURN_IF_ERROR(opt.append(std::span(blob.data() + part.offset, part.bytes())));
-    }
+    STRATA_RETURN_IF_ERROR(stage_->visit_state(c, [&](int part, uint64_t offset, std::span<std::byte> bytes) {
+      return opt.write_at(first_tensor[c] + static_cast<size_t>(part), offset, bytes);
+    }));
   }
   STRATA_RETURN_IF_ERROR(opt.finish());
   nlohmann::json meta = {{"step", t_}, {"seed", options_.seed}, {"data_position", t_ * options_.grad_accum},
@@ -637,25 +640,36 @@ Status Trainer::load(const std::string& root) {
   }
   STRATA_ASSIGN_OR_RETURN(SafetensorsReader model, SafetensorsReader::open(path + "/model.safetensors"));
   for (size_t c = 0; c < layout_.size(); ++c) {
-    std::vector<uint16_t> chunk(static_cast<size_t>(layout_[c].numel), 0);
-    for (const auto& t : layout_[c].tensors) {
-      STRATA_RETURN_IF_ERROR(model.read(t.name, std::as_writable_bytes(std::span(
-                                                    chunk.data() + t.offset, static_cast<size_t>(t.numel())))));
-    }
-    if (weights_.empty()) {
-      STRATA_RETURN_IF_ERROR(stage_->write_weights(c, chunk.data()));
+    const std::vector<gpu::TensorSlot>& slots = layout_[c].tensors;
+    if (weights_.empty()) {  // into their NVMe blobs, a piece at a time
+      auto fill = [&](int64_t offset, std::span<std::byte> bytes) -> Status {
+        const int64_t end = offset + static_cast<int64_t>(bytes.size() / 2);
+        for (const gpu::TensorSlot& t : slots) {
+          const int64_t lo = std::max(offset, t.offset), hi = std::min(end, t.offset + t.numel());
+          if (lo >= hi) continue;
+          STRATA_RETURN_IF_ERROR(model.read(t.name,
+                                            bytes.subspan(2 * static_cast<size_t>(lo - offset),
+                                                          2 * static_cast<size_t>(hi - lo)),
+                                            2 * static_cast<uint64_t>(lo - t.offset)));
+        }
+        return ok_status();
+      };
+      STRATA_RETURN_IF_ERROR(stage_->replace_weights(c, fill));
     } else {
-      std::copy(chunk.begin(), chunk.end(), weights_[c].begin());  // in place: the buffer is pinned
+      // In place: the buffer is pinned. A failed read leaves the trainer's
+      // weights part-loaded; the caller gets the error.
+      for (const gpu::TensorSlot& t : slots) {
+        STRATA_RETURN_IF_ERROR(model.read(t.name, std::as_writable_bytes(std::span(
+                                                      weights_[c].data() + t.offset, static_cast<size_t>(t.numel())))));
+      }
     }
   }
   STRATA_ASSIGN_OR_RETURN(SafetensorsReader opt, SafetensorsReader::open(path + "/optimizer.safetensors"));
   for (size_t c = 0; c < layout_.size(); ++c) {
-    std::vector<std::byte> blob(OptimizerStage::state_bytes(layout_[c].numel, options_.adam_states), std::byte{0});
-    for (const StatePart& part : state_parts(layout_[c].numel, options_.adam_states)) {
-      STRATA_RETURN_IF_ERROR(
-          opt.read("chunk-" + std::to_string(c) + "." + part.name, std::span(blob.data() + part.offset, part.bytes())));
-    }
-    STRATA_RETURN_IF_ERROR(stage_->write_state(c, blob.data()));
+    const std::vector<TensorInfo> parts = state_tensors(c, layout_[c].numel, options_.adam_states);
+    STRATA_RETURN_IF_ERROR(stage_->replace_state(c, [&](int part, uint64_t offset, std::span<std::byte> bytes) {
+      return opt.read(parts[static_cast<size_t>(part)].name, bytes, offset);
+    }));
   }
   t_ = meta["step"].get<int64_t>();
   if (options_.precision == DType::kF16) STRATA_RETURN_IF_ERROR(scaler_.restore(ls));

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -71,6 +72,40 @@ TEST(Safetensors, RoundTripWithGpt2NamesStreamedInPieces) {
   ASSERT_TRUE(r->read("ln_f.bias", std::as_writable_bytes(std::span(part)), 8).ok());  // from element 2
   EXPECT_EQ(part[0], static_cast<float>((tensors.size() - 1) * 1000 + 2));
   EXPECT_EQ(r->read("nope", std::as_writable_bytes(std::span(part))).code(), StatusCode::kNotFound);
+}
+
+// Bytes placed by offset, tensors and pieces out of order (as a checkpoint
+// streams optimizer-state pieces into each chunk's tensors): the same file
+// as appending them in order.
+TEST(Safetensors, WritesAtOffsetsMakeTheSameFileAsAppends) {
+  strata::testing::TempDir dir;
+  gpu::GptConfig c;
+  c.layers = 2, c.hidden = 16, c.heads = 2, c.vocab = 37, c.max_seq = 9;
+  const std::vector<TensorInfo> tensors = gpt_tensors(c);
+  ASSERT_TRUE(write_model(dir.path() + "/appended.safetensors", tensors, 77).ok());
+  Result<SafetensorsWriter> w = SafetensorsWriter::create(dir.path() + "/placed.safetensors", tensors, {{"step", "10"}});
+  ASSERT_TRUE(w);
+  for (size_t i = tensors.size(); i-- > 0;) {
+    std::vector<float> v(tensors[i].bytes() / 4);
+    for (size_t k = 0; k < v.size(); ++k) v[k] = static_cast<float>(i * 1000 + k);
+    const auto bytes = std::as_bytes(std::span(v));
+    const size_t half = (bytes.size() / 2) & ~size_t{3};
+    ASSERT_TRUE(w->write_at(i, half, bytes.subspan(half)).ok());  // the second half first
+    if (i == 0) {
+      EXPECT_EQ(w->finish().code(), StatusCode::kFailedPrecondition) << "the first half is missing";
+    }
+    ASSERT_TRUE(w->write_at(i, 0, bytes.first(half)).ok());
+  }
+  ASSERT_TRUE(w->finish().ok());
+  auto slurp = [&](const std::string& name) {
+    std::ifstream in(dir.path() + "/" + name, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  };
+  EXPECT_EQ(slurp("placed.safetensors"), slurp("appended.safetensors"));
+  Result<SafetensorsWriter> bad = SafetensorsWriter::create(dir.path() + "/bad.safetensors", tensors);
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->write_at(0, tensors[0].bytes() - 4, std::vector<std::byte>(8)).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad->write_at(tensors.size(), 0, std::vector<std::byte>(4)).code(), StatusCode::kInvalidArgument);
 }
 
 TEST(Safetensors, WrongAmountsAndTruncationAreErrors) {
