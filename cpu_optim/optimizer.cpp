@@ -99,7 +99,9 @@ bool cpu_has(const char* feature_name) {
 }
 
 Result<Isa> resolve_isa(Isa requested) {
-  std::vector<Isa> have = available_isas();
+  // The CPU does not change under a running process: probe it once (every
+  // optimizer call resolves its instruction set).
+  static const std::vector<Isa> have = available_isas();
   if (requested == Isa::kAuto) return have.front();
   for (Isa i : have) {
     if (i == requested) return i;
