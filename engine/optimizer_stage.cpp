@@ -335,6 +335,7 @@ Result<StageCounters> OptimizerStage::step(const cpu_optim::OptimizerConfig& con
   ov_.out.assign(out.begin(), out.end());
   ov_.out_dtype = out_dtype;
   for (size_t c = 0; c < elems_.size(); ++c) ov_.order.push_back(c);
+  written_.assign(elems_.size(), false);
   piece_order_.resize(pieces_.size());
   for (size_t u = 0; u < pieces_.size(); ++u) piece_order_[u] = u;
   StageCounters counters;
@@ -384,6 +385,7 @@ Status OptimizerStage::begin(OverlapStep step) {
   if (tier_ != Tier::kNvme && next_.empty()) ov_.speculate = false;
   outcome_ = OverlapOutcome{};
   stats_.assign(C, cpu_optim::GradStats{});
+  written_.assign(C, false);
   {
     std::lock_guard lock(mu_);
     ready_.assign(C, {});
@@ -561,6 +563,7 @@ Status OptimizerStage::traced_update(size_t piece, std::byte* state, void* out, 
   g.data = static_cast<const std::byte*>(g.data) + dtype_bytes(g.dtype) * static_cast<uint64_t>(p.offset);
   if (out == nullptr && ov_.out[p.chunk] != nullptr) {
     out = static_cast<std::byte*>(ov_.out[p.chunk]) + dtype_bytes(ov_.out_dtype) * static_cast<uint64_t>(p.offset);
+    written_[p.chunk] = true;  // before the update: a failing one may have written part of it
   }
   cpu_optim::ParamSpan span = span_over(state, p.elems, g, out, ov_.out_dtype);
   if (state_next != nullptr) {

@@ -169,6 +169,9 @@ class OptimizerStage {
   // thread stops at the next chunk that has not landed; no chunk changes.
   void cancel();
   bool in_step() const { return in_step_; }
+  // After finish() or cancel(): the chunks whose new weights the last step
+  // wrote into its `out` buffers (any piece of them).
+  const std::vector<bool>& chunks_written() const { return written_; }
   // Reports every move of the states between NVMe and the staging buffers
   // to `store` (its residency record); null: none. Not during a step.
   void set_store(ChunkStore* store);
@@ -269,6 +272,7 @@ class OptimizerStage {
   OverlapStep ov_;
   OverlapOutcome outcome_;
   std::vector<cpu_optim::GradStats> stats_;
+  std::vector<bool> written_;  // per chunk: traced_update wrote into ov_.out (the stage's thread, then the caller's)
   std::vector<bool> stats_done_;
   // One worker thread for the stage's life, started by the first begin():
   // each begin() hands it a step (job_), finish()/cancel() wait for job_done_.

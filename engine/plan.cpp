@@ -144,9 +144,11 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   p.host.model_states += z.padded * z.c;
   if (s.grad_accum > 1) p.host.model_states += z.padded * 4;
   if (s.delayed_update) p.host.model_states += z.padded * (s.grad_accum > 1 ? 4 : z.c);
-  // The CPU optimizer writes the working weights in host memory, from where
-  // they go up each step (resident too); with the weights on NVMe, to their blob.
-  if (pl.weights != Tier::kNvme) p.host.model_states += 2 * z.padded * w;
+  // The CPU optimizer writes the working weights in host memory, in place
+  // (the delayed update: beside the ones the next step computes with), from
+  // where they go up each step (resident too); with the weights on NVMe, to
+  // their blob.
+  if (pl.weights != Tier::kNvme) p.host.model_states += (s.delayed_update ? 2 : 1) * z.padded * w;
   // Every NVMe blob (one per piece of a chunk) takes whole 4 KiB blocks.
   std::vector<int64_t> chunk_elems;
   for (const gpu::ChunkLayout& chunk : layout) chunk_elems.push_back(chunk.numel);

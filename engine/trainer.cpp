@@ -258,7 +258,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
       tr->weights_.emplace_back(master.size());
       STRATA_RETURN_IF_ERROR(cpu_optim::convert(master.data(), DType::kF32, tr->weights_[c].data(), o.precision,
                                                 elems[c]));
-      tr->weights_next_.emplace_back(master.size());
+      if (o.delayed_update) tr->weights_next_.emplace_back(master.size());
     }
     tr->grads_.emplace_back(master.size(), 0);
     if (o.grad_accum > 1) tr->acc_.emplace_back(master.size(), 0.0f);
@@ -270,6 +270,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
       }
     }
   }
+  tr->stale_.assign(tr->weights_.size(), false);
   // What the streamed model copies from and to, pinned for the device
   // (CUDA: asynchronous copies; the host backend: nothing to do).
   for (auto* set : {&tr->weights_, &tr->weights_next_, &tr->grads_, &tr->grads_alt_}) {
@@ -340,10 +341,16 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 Status Trainer::absorb(Result<OverlapOutcome> outcome) {
-  // The stage wrote the new weights beside the ones the step computed with;
-  // they take their place only when the step updated (not failed, not
-  // skipped), so nothing needs restoring.
-  if (!outcome) return std::move(outcome).error();
+  // Delayed: the stage wrote the new weights beside the ones the step
+  // computed with; they take their place only when the step updated (not
+  // failed, not skipped). Otherwise it wrote them in place, chunk by chunk,
+  // and a failed or skipped step takes the old ones back from the master
+  // weights it left as they were.
+  const bool in_place = weights_next_.empty() && !weights_.empty();
+  if (!outcome) {
+    if (in_place) restore_written_weights().ignore();  // what stays stale is put back before the next use
+    return std::move(outcome).error();
+  }
   last_stage_ = outcome->counters;
   last_grad_norm_ = outcome->grad_norm;
   last_clipped_ = outcome->clipped;
@@ -351,7 +358,31 @@ Status Trainer::absorb(Result<OverlapOutcome> outcome) {
   last_rolled_back_ = outcome->rolled_back;
   if (options_.precision == DType::kF16) scaler_.update(outcome->skipped);
   rollbacks_ += outcome->rolled_back ? 1 : 0;
-  if (!last_skipped_) std::swap(weights_, weights_next_);
+  if (in_place && last_skipped_ && outcome->out_written) return restore_written_weights();
+  if (!in_place && !last_skipped_) std::swap(weights_, weights_next_);
+  return ok_status();
+}
+
+Status Trainer::restore_written_weights() {
+  const std::vector<bool>& written = stage_->chunks_written();
+  for (size_t c = 0; c < written.size() && c < stale_.size(); ++c) stale_[c] = stale_[c] || written[c];
+  return restore_weights();
+}
+
+Status Trainer::restore_weights() {
+  for (size_t c = 0; c < stale_.size(); ++c) {
+    if (!stale_[c]) continue;
+    uint16_t* w = weights_[c].data();
+    const DType precision = options_.precision;
+    auto to_weights = [&](int part, uint64_t offset, std::span<std::byte> bytes) -> Status {
+      if (part != 0) return ok_status();  // the master weights: fp32, from element offset / 4
+      return cpu_optim::convert(bytes.data(), DType::kF32, w + offset / 4, precision,
+                                static_cast<int64_t>(bytes.size() / 4));
+    };
+    STRATA_RETURN_IF_ERROR(stage_->visit_state(c, to_weights).with_context(
+        "putting back the weights of chunk " + std::to_string(c) + " after a failed or skipped step"));
+    stale_[c] = false;
+  }
   return ok_status();
 }
 
@@ -362,6 +393,8 @@ Status Trainer::flush() {
 }
 
 Result<float> Trainer::step() {
+  if (!broken_.empty()) return failed_precondition("trainer: " + broken_ + "; load a checkpoint to continue");
+  STRATA_RETURN_IF_ERROR(restore_weights());  // what a failed step left stale
   auto t0 = std::chrono::steady_clock::now();
   Trace* trace = options_.trace;
   double phase_us = trace ? trace->now_us() : 0;
@@ -402,8 +435,10 @@ Result<float> Trainer::step() {
       } else {
         ov.grads.push_back({grads_[c].data(), dtype});
       }
-      // The new weights go beside the ones this step computes with (null: the stage writes them to NVMe).
-      ov.out.push_back(weights_next_.empty() ? nullptr : weights_next_[c].data());
+      // The new weights: in place, or beside the ones the next step computes
+      // with (delayed); null: the stage writes them to NVMe.
+      ov.out.push_back(!weights_next_.empty() ? weights_next_[c].data()
+                                              : (weights_.empty() ? nullptr : weights_[c].data()));
     }
     ov.out_dtype = options_.precision;
     ov.order = landing_order_;
@@ -422,6 +457,9 @@ Result<float> Trainer::step() {
   // computed with are untouched; a delayed update in flight lands).
   auto abandon = [&](Status s) -> Status {
     if (!delayed) stage_->cancel();
+    // Chunks the stage had updated in place get their old weights back
+    // (what cannot be now, before the next use).
+    if (!delayed && !weights_.empty()) restore_written_weights().ignore();
     Status r = delayed ? flush() : ok_status();
     return r.ok() ? std::move(s) : std::move(r);
   };
@@ -532,6 +570,8 @@ Result<float> Trainer::step() {
 
 Status Trainer::save(const std::string& root) {
   STRATA_RETURN_IF_ERROR(flush());  // a delayed update in flight lands first
+  if (!broken_.empty()) return failed_precondition("trainer: " + broken_ + "; nothing consistent to save");
+  STRATA_RETURN_IF_ERROR(restore_weights());
   CheckpointDir dir(root);
   STRATA_ASSIGN_OR_RETURN(std::string tmp, dir.begin(t_));
   // Model weights, bf16, GPT-2 names.
@@ -639,6 +679,8 @@ Status Trainer::load(const std::string& root) {
     STRATA_RETURN_IF_ERROR(probe.restore(ls).with_context("checkpoint " + path));
   }
   STRATA_ASSIGN_OR_RETURN(SafetensorsReader model, SafetensorsReader::open(path + "/model.safetensors"));
+  // From here a failure leaves the weights and states part-loaded.
+  broken_ = "loading checkpoint " + path + " failed part way";
   for (size_t c = 0; c < layout_.size(); ++c) {
     const std::vector<gpu::TensorSlot>& slots = layout_[c].tensors;
     if (weights_.empty()) {  // into their NVMe blobs, a piece at a time
@@ -672,6 +714,8 @@ Status Trainer::load(const std::string& root) {
     }));
   }
   t_ = meta["step"].get<int64_t>();
+  broken_.clear();  // every chunk's weights and state came from the checkpoint
+  stale_.assign(stale_.size(), false);
   if (options_.precision == DType::kF16) STRATA_RETURN_IF_ERROR(scaler_.restore(ls));
   return ok_status();
 }

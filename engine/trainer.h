@@ -104,8 +104,8 @@ struct TrainerOptions {
   // optimizer writes): bf16, or fp16 with dynamic loss scaling.
   DType precision = DType::kBF16;
   LossScaleOptions loss_scale;  // fp16 only
-  // Where the working weights live between uses: kHost (twice: the ones
-  // the step computes with, and the next ones the optimizer writes), or
+  // Where the working weights live between uses: kHost (once, written in
+  // place by the optimizer; twice with the delayed update), or
   // kNvme — one blob per chunk beside its optimizer
   // state, read ahead as the streamed model needs each block (needs
   // stream_weights and the states on NVMe).
@@ -164,6 +164,9 @@ class Trainer {
   // The NVMe store of everything on NVMe (null when nothing is); tests
   // reach its fault injector through it.
   io::SwapStore* swap_store() { return swap_.get(); }
+  // Chunks whose weights a failed step updated in place and that could not
+  // be put back yet (the next step() or save() does it first).
+  size_t chunks_to_restore() const { return static_cast<size_t>(std::count(stale_.begin(), stale_.end(), true)); }
   const OptimizerStage& optimizer_stage() const { return *stage_; }
   const StepTimes& last_times() const { return last_times_; }
   const StepCounters& last_counters() const { return last_counters_; }
@@ -187,6 +190,11 @@ class Trainer {
   Status absorb(Result<OverlapOutcome> outcome);
   // Delayed update: waits for the update in flight and takes it.
   Status flush();
+  // Marks the chunks the stage's last step wrote in place stale and puts
+  // them back from the master weights it left as they were (a failed or
+  // skipped step); restore_weights() alone retries what is still stale.
+  Status restore_written_weights();
+  Status restore_weights();
 
   TrainerOptions options_;
   std::vector<gpu::ChunkLayout> layout_;
@@ -198,10 +206,14 @@ class Trainer {
   std::unique_ptr<OptimizerStage> stage_;
   std::unique_ptr<gpu::Device> device_;
   std::unique_ptr<StreamedModel> streamed_;
-  // Weights in RAM (bf16 / fp16): the ones the device computes with, and
-  // the buffer the optimizer writes the next ones into; they trade places
-  // when a step updates (empty with the weights on NVMe).
-  // Cache-line aligned, so the optimizer streams the new ones past the caches.
+  // Weights in RAM (bf16 / fp16; empty with the weights on NVMe): the ones
+  // the device computes with, which the optimizer overwrites in place — a
+  // chunk's update comes after its last use in the step, and a step that
+  // fails or is skipped after some updates gets them back from the master
+  // weights (restore_weights). The delayed update alone keeps a second set
+  // (weights_next_), written while the next step computes with the first;
+  // they trade places when it lands. Cache-line aligned, so the optimizer
+  // streams the new ones past the caches.
   std::vector<AlignedVector<uint16_t>> weights_, weights_next_;
   LossScaler scaler_;
   std::vector<AlignedVector<uint16_t>> grads_;  // one micro-batch's gradients as the device computed them
@@ -214,6 +226,13 @@ class Trainer {
   std::unique_ptr<SerialQueue> accumulator_;
   std::vector<gpu::HostPin> pins_;             // the vectors the streamed model copies from and to, pinned
   bool pending_ = false;                       // delayed update: a stage step in flight
+  // Chunks whose weights in RAM a failed or skipped step had updated in
+  // place and restore_weights() has not yet put back (it failed, say, with
+  // the NVMe it reads): step() and save() put them back first.
+  std::vector<bool> stale_;
+  // A checkpoint load that failed part way: step() and save() refuse until
+  // a load succeeds. The reason, or empty.
+  std::string broken_;
   int64_t t_ = 0;
   StageCounters last_stage_;
   double last_grad_norm_ = 0;

@@ -37,6 +37,7 @@ int FaultyDevice::pick_fault(const RawRequest& r) {
     if (it->first == r.op) {
       int err = it->second;
       forced_.erase(it);
+      if (err == 0) return 0;  // one that passes before the failures
       ++counters_.forced;
       return err;
     }
@@ -176,8 +177,9 @@ void FaultyDevice::add_bad_range(int32_t slot, uint64_t offset_bytes, uint64_t l
 
 void FaultyDevice::corrupt_byte(int32_t slot, uint64_t offset_bytes) { corrupt_.emplace_back(slot, offset_bytes); }
 
-void FaultyDevice::fail_next(IoOp op, int err, uint32_t count) {
+void FaultyDevice::fail_next(IoOp op, int err, uint32_t count, uint32_t after) {
   STRATA_CHECK(err > 0);
+  for (uint32_t i = 0; i < after; ++i) forced_.emplace_back(op, 0);
   for (uint32_t i = 0; i < count; ++i) forced_.emplace_back(op, err);
 }
 

@@ -81,8 +81,9 @@ class FaultyDevice final : public BlockDevice {
   void add_bad_range(int32_t slot, uint64_t offset_bytes, uint64_t length_bytes);
   // Reads covering `offset` of `slot` see that byte flipped until it is rewritten.
   void corrupt_byte(int32_t slot, uint64_t offset_bytes);
-  // The next `count` requests of kind `op` fail with -err (err > 0).
-  void fail_next(IoOp op, int err, uint32_t count = 1);
+  // After the next `after` requests of kind `op` (which pass), the `count`
+  // following ones fail with -err (err > 0).
+  void fail_next(IoOp op, int err, uint32_t count = 1, uint32_t after = 0);
   // Drops the fail_next() faults not yet used.
   void clear_forced() { forced_.clear(); }
   // Turns rate-based faults off (explicit ones stay); for clean verification passes.
@@ -116,7 +117,7 @@ class FaultyDevice final : public BlockDevice {
   FaultCounters counters_;
   std::vector<Range> bad_ranges_;
   std::vector<std::pair<int32_t, uint64_t>> corrupt_;  // (slot, byte offset)
-  std::deque<std::pair<IoOp, int>> forced_;
+  std::deque<std::pair<IoOp, int>> forced_;  // per request of the kind, in turn: -errno, or 0 to pass
   std::unordered_map<uint64_t, RawRequest> forwarded_;  // tag -> request as sent
   std::unordered_set<uint64_t> just_faulted_;             // tags whose last submission got a transient fault
   std::deque<Held> held_;

@@ -35,8 +35,8 @@ TEST(Plan, EstimateCountsEveryByteByTier) {
   // bf16 weights: a slot (of the largest block-sized chunk) for each of the
   // L + 1 non-embedding chunks, and the embedding
   EXPECT_EQ(resident.device.model_states, (layout.size() - 1) * block_chunk * 2 + emb * 2);
-  // bf16 grads, the bf16 weights the optimizer writes and the next ones, fp32 master, m, v
-  EXPECT_EQ(resident.host.model_states, padded * 2 + 2 * padded * 2 + padded * 12);
+  // bf16 grads, the bf16 weights the optimizer writes in place, fp32 master, m, v
+  EXPECT_EQ(resident.host.model_states, padded * 2 + padded * 2 + padded * 12);
   EXPECT_EQ(resident.device.buffers, 2 * block_chunk * 2 + emb * 2);  // gradient staging, the embedding's gradient
   EXPECT_EQ(resident.device_chunk_buffers, 0);
   // checkpoints: (L + 1) * tokens * C * 2 bytes; one block's working set
@@ -57,7 +57,13 @@ TEST(Plan, EstimateCountsEveryByteByTier) {
   for (const auto& chunk : layout) state_blobs += (static_cast<uint64_t>(chunk.numel) * 12 + 4095) / 4096 * 4096;
   EXPECT_EQ(streamed.nvme.model_states, 2 * state_blobs);
   EXPECT_EQ(streamed.nvme.activations, 10ull * N * C * 2);
-  EXPECT_EQ(streamed.host.model_states, padded * 2 + 2 * padded * 2);  // grads + the weights and the next ones
+  EXPECT_EQ(streamed.host.model_states, padded * 2 + padded * 2);  // grads + the weights
+  // The delayed update writes the next weights beside the ones the next
+  // step computes with, and keeps a second set of gradients.
+  TrainSetup delayed = s;
+  delayed.delayed_update = true;
+  EXPECT_EQ(estimate(delayed, {Tier::kHost, Tier::kNvme, Tier::kNvme, 3}, Bandwidths{}).host.model_states,
+            2 * padded * 2 + 2 * padded * 2);
   EXPECT_GT(streamed.host.io_buffers, 0u);
   // Streaming moves the weights twice per micro-batch (the embedding once;
   // the final chunk and the last 3 blocks — prefetch depth 3 — are still on

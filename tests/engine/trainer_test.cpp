@@ -577,6 +577,64 @@ TEST(Trainer, AFailedStepChangesNothingAndTheTrainerContinues) {
       EXPECT_EQ(losses, ref);
     }
   }
+  // The optimizer writes the weights in RAM in place, each chunk as its
+  // gradient lands: a state write that fails after the first chunks were
+  // updated ends the step, and those chunks get their old weights back
+  // (from the master weights the failed step left alone).
+  TrainerOptions o = tiny(seed);
+  o.model.layers = 5;
+  o.states = Tier::kNvme;
+  o.nvme_paths = {dir.sub("in-place-ref")};
+  const std::vector<float> ref = run(o, 8);
+  ASSERT_EQ(ref.size(), 8u);
+  for (uint32_t good_writes : {0u, 2u, 4u}) {
+    SCOPED_TRACE("state writes that succeed before the failure: " + std::to_string(good_writes));
+    TrainerOptions f = o;
+    f.faults = io::FaultConfig{};
+    f.nvme_paths = {dir.sub("in-place-" + std::to_string(good_writes))};
+    auto tr = std::move(Trainer::create(f)).value();
+    std::vector<float> losses;
+    for (int i = 0; i < 8; ++i) {
+      if (i == 3) {
+        tr->swap_store()->faults()->fail_next(io::IoOp::kWrite, EIO, 1000, good_writes);
+        Result<float> bad = tr->step();
+        ASSERT_FALSE(bad);
+        EXPECT_EQ(tr->steps_done(), 3);
+        tr->swap_store()->faults()->clear_forced();
+      }
+      Result<float> loss = tr->step();
+      ASSERT_TRUE(loss) << loss.error().to_string();
+      losses.push_back(*loss);
+    }
+    EXPECT_EQ(losses, ref);
+  }
+  // Reads failing too, from some point on: the step fails on a read or on a
+  // write, and where putting the weights back fails as well the chunks stay
+  // marked and the next step puts them back first.
+  int deferred = 0;
+  for (uint32_t good_reads = 0; good_reads < 12; ++good_reads) {
+    SCOPED_TRACE("state reads that succeed before the failures: " + std::to_string(good_reads));
+    TrainerOptions f = o;
+    f.faults = io::FaultConfig{};
+    f.nvme_paths = {dir.sub("restore-" + std::to_string(good_reads))};
+    auto tr = std::move(Trainer::create(f)).value();
+    std::vector<float> losses;
+    for (int i = 0; i < 8; ++i) {
+      if (i == 3) {
+        tr->swap_store()->faults()->fail_next(io::IoOp::kWrite, EIO, 1000, 2);
+        tr->swap_store()->faults()->fail_next(io::IoOp::kRead, EIO, 1000, good_reads);
+        ASSERT_FALSE(tr->step());
+        deferred += tr->chunks_to_restore() > 0 ? 1 : 0;
+        tr->swap_store()->faults()->clear_forced();
+      }
+      Result<float> loss = tr->step();
+      ASSERT_TRUE(loss) << loss.error().to_string();
+      EXPECT_EQ(tr->chunks_to_restore(), 0u);
+      losses.push_back(*loss);
+    }
+    EXPECT_EQ(losses, ref);
+  }
+  EXPECT_GT(deferred, 0) << "no case left weights to put back at the next step";
 }
 
 // Gradient accumulation: the loss is the micro-batches' mean (checked with a
