@@ -116,8 +116,8 @@ class OptimizerStage {
                                                         int64_t piece_elems = 0);
 
   // Homes the working weights (dtype: bf16 or fp16) on NVMe too, one blob
-  // per chunk beside its state, written by every update; the caller then
-  // reads them from weights_blob(c) and passes null outputs to begin().
+  // per piece beside its state, written by every update; the caller then
+  // reads them from weights_blobs(c) and passes null outputs to begin().
   // States on NVMe only; before initialize(); the staging buffers must hold
   // staging_bytes_with_weights().
   Status home_weights_on_nvme(DType dtype);

@@ -106,7 +106,7 @@ struct TrainerOptions {
   LossScaleOptions loss_scale;  // fp16 only
   // Where the working weights live between uses: kHost (once, written in
   // place by the optimizer; twice with the delayed update), or
-  // kNvme — one blob per chunk beside its optimizer
+  // kNvme — one blob per piece beside its optimizer
   // state, read ahead as the streamed model needs each block (needs
   // stream_weights and the states on NVMe).
   Tier weights = Tier::kHost;
