@@ -98,6 +98,7 @@ struct StateLayout {
 
 class OptimizerStage {
  public:
+  ~OptimizerStage();
   // `chunk_elems`: elements per chunk (model_layout order). States on
   // Tier::kHost or Tier::kNvme; for NVMe, `swap` and `staging` (>= 3 buffers
   // of state_bytes(max piece), padded to the swap alignment) are required.
@@ -108,7 +109,6 @@ class OptimizerStage {
   // NVMe pipeline, so the staging buffers hold pieces, not chunks, and a
   // big chunk's read, update and write overlap one another. 0: whole chunks.
   // The same bits either way (tested). Pieces: state_piece_sizes (plan.h).
-  ~OptimizerStage();
   static Result<std::unique_ptr<OptimizerStage>> create(std::vector<int64_t> chunk_elems, Tier tier,
                                                         io::SwapStore* swap, PinnedArena* staging,
                                                         cpu_optim::Executor& executor, Trace* trace = nullptr,
