@@ -13,6 +13,15 @@
 
 namespace strata::cpu_optim::detail {
 
+// Whether this thread's AVX-512 kernels round fp32 to bf16 with AVX-512
+// BF16's vcvtneps2bf16 (Isa::kAvx512Bf16 sets it around each kernel call;
+// the AVX-512 kernels are compiled with -mavx512bf16, and the instruction
+// runs only where the CPU has it). The instruction rounds to nearest even
+// and quiets NaN as f32_to_bf16 does, but flushes subnormal inputs to zero:
+// a batch holding one takes the integer path, so the bits never differ.
+inline thread_local bool tls_native_bf16 = false;
+
+
 enum class OptKind : uint8_t { kAdam, kAdagrad, kLion, kSgd };
 
 struct Coeffs {

@@ -90,6 +90,7 @@ Result<std::pair<OptKind, Coeffs>> coefficients(const OptimizerConfig& config, i
 
 bool cpu_has(const char* feature_name) {
   __builtin_cpu_init();
+  if (std::string(feature_name) == "avx512_bf16") return cpu_has("avx512") && __builtin_cpu_supports("avx512bf16");
   if (std::string(feature_name) == "avx512") {
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512cd") &&
@@ -116,6 +117,15 @@ template <class Kernel, class Reference, class... Args>
 auto on_isa(Isa isa, const Kernel& kernel, const Reference& reference, const Args&... args) {
   switch (isa) {
     case Isa::kAvx512: return kernel(xsimd::avx512bw{}, args...);
+    case Isa::kAvx512Bf16: {
+      // The flag is this thread's: each tile sets it on the thread running it.
+      struct NativeBf16 {
+        bool before = detail::tls_native_bf16;
+        NativeBf16() { detail::tls_native_bf16 = true; }
+        ~NativeBf16() { detail::tls_native_bf16 = before; }
+      } scope;
+      return kernel(xsimd::avx512bw{}, args...);
+    }
     case Isa::kAvx2: return kernel(xsimd::fma3<xsimd::avx2>{}, args...);
     case Isa::kSse2: return kernel(xsimd::sse2{}, args...);
     default: return reference(args...);
@@ -206,6 +216,7 @@ std::string_view isa_name(Isa isa) {
     case Isa::kSse2: return "sse2";
     case Isa::kAvx2: return "avx2";
     case Isa::kAvx512: return "avx512";
+    case Isa::kAvx512Bf16: return "avx512_bf16";
   }
   return "?";
 }
@@ -213,6 +224,7 @@ std::string_view isa_name(Isa isa) {
 std::vector<Isa> available_isas() {
   std::vector<Isa> out;
   xsimd::detail::supported_arch have = xsimd::available_architectures();
+  if (have.avx512bw && cpu_has("avx512_bf16")) out.push_back(Isa::kAvx512Bf16);
   if (have.avx512bw && cpu_has("avx512")) out.push_back(Isa::kAvx512);
   if (have.fma3_avx2 && cpu_has("avx2")) out.push_back(Isa::kAvx2);
   if (have.sse2) out.push_back(Isa::kSse2);

@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "cpu_optim/dtype.h"
+#include "cpu_optim/kernel_call.h"
 
 namespace strata::cpu_optim::detail {
 
@@ -83,6 +84,10 @@ xsimd::batch<float, Arch> load_bf16(const uint16_t* src) {
 template <class Arch, bool kStream = false>
 void store_bf16(const xsimd::batch<float, Arch>& x, uint16_t* dst) {
   if constexpr (is_avx512<Arch>()) {
+    if (tls_native_bf16 && _mm512_fpclass_ps_mask(x, 0x20 /* subnormal */) == 0) {
+      put_lanes<kStream>(dst, reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x)));
+      return;
+    }
     __m512i u = _mm512_castps_si512(x);
     __m512i hi = _mm512_srli_epi32(u, 16);
     __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));

@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -257,6 +259,87 @@ TEST(Optimizer, EveryIsaMatchesReferenceForEveryOptimizerAndDtype) {
         }
       }
     }
+  }
+}
+
+// The AVX-512 BF16 rounding instruction (Isa::kAvx512Bf16) gives exactly
+// the integer path's bits (Isa::kAvx512) for every bf16 the kernels write —
+// new weights, streamed or not, and bf16 Adam states — subnormals included,
+// which the instruction alone flushes to zero; and a pure rounding (SGD with
+// lr 0) equals f32_to_bf16 of each parameter.
+TEST(Optimizer, Avx512Bf16RoundsExactlyAsTheIntegerPath) {
+  const std::vector<Isa> isas = available_isas();
+  if (std::find(isas.begin(), isas.end(), Isa::kAvx512Bf16) == isas.end()) {
+    GTEST_SKIP() << "this CPU has no AVX-512 BF16 (or AVX-512)";
+  }
+  uint64_t seed = strata::testing::test_seed(57);
+  auto ex = make_executor(2);
+  const int64_t n = 4099;
+  // Finite values over the whole exponent range, a quarter of them subnormal,
+  // and rounding ties.
+  std::mt19937_64 rng(seed);
+  std::vector<float> base(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t b = static_cast<uint32_t>(rng());
+    if (i % 4 == 0) b &= 0x807FFFFFu;                       // subnormal (or zero)
+    if ((b & 0x7F800000u) == 0x7F800000u) b &= 0xBFFFFFFFu;  // no inf / NaN
+    if (i % 7 == 0) b = (b & 0xFFFF0000u) | 0x8000u;        // a tie
+    base[static_cast<size_t>(i)] = std::bit_cast<float>(b);
+  }
+  struct Run {
+    std::vector<float> params;
+    std::vector<uint16_t> out, m, v;
+  };
+  // `shift`: the outputs one element into their buffer (not streamed).
+  auto run = [&](Isa isa, const OptimizerConfig& config, StateType st, int shift) {
+    Run r;
+    r.params = base;
+    r.out.assign(static_cast<size_t>(n + 64), 0);
+    r.m.assign(static_cast<size_t>(n), 0);
+    r.v.assign(static_cast<size_t>(n), 0);
+    std::vector<float> m32(static_cast<size_t>(n), 0.0f), v32(static_cast<size_t>(n), 0.0f);
+    std::vector<uint16_t> grad(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) grad[static_cast<size_t>(i)] = f32_to_bf16(base[static_cast<size_t>((i * 31) % n)]);
+    ParamSpan span;
+    span.params = r.params.data();
+    span.n = n;
+    span.grad = grad.data();
+    span.grad_dtype = DType::kBF16;
+    span.weights_out = r.out.data() + 32 + shift;
+    span.out_dtype = DType::kBF16;
+    span.state.type = st;
+    span.state.m = st == StateType::kBF16 ? static_cast<void*>(r.m.data()) : m32.data();
+    span.state.v = st == StateType::kBF16 ? static_cast<void*>(r.v.data()) : v32.data();
+    StepOptions options;
+    options.isa = isa;
+    for (int t = 1; t <= 3; ++t) {
+      Result<StepReport> rep = step(config, t, span, options, *ex);
+      EXPECT_TRUE(rep) << rep.error().to_string();
+    }
+    return r;
+  };
+  AdamConfig adam;
+  adam.lr = 1e-3f;
+  SgdConfig round_only;
+  round_only.lr = 0.0f;
+  for (int shift : {0, 1}) {
+    for (StateType st : {StateType::kF32, StateType::kBF16}) {
+      SCOPED_TRACE(std::string(state_type_name(st)) + " states, out shifted " + std::to_string(shift));
+      const Run a = run(Isa::kAvx512, adam, st, shift), b = run(Isa::kAvx512Bf16, adam, st, shift);
+      EXPECT_EQ(std::memcmp(a.params.data(), b.params.data(), a.params.size() * 4), 0);
+      EXPECT_EQ(a.out, b.out);
+      EXPECT_EQ(a.m, b.m);
+      EXPECT_EQ(a.v, b.v);
+    }
+    const Run r = run(Isa::kAvx512Bf16, round_only, StateType::kF32, shift);
+    int subnormal = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const float p = base[static_cast<size_t>(i)];
+      subnormal += std::fpclassify(p) == FP_SUBNORMAL ? 1 : 0;
+      ASSERT_EQ(r.out[static_cast<size_t>(32 + shift + i)], f32_to_bf16(p)) << "element " << i << " bits " << std::hex
+                                                                            << std::bit_cast<uint32_t>(p);
+    }
+    EXPECT_GT(subnormal, n / 5);
   }
 }
 
