@@ -101,6 +101,7 @@ void args(benchmark::internal::Benchmark* b) {
   b->ArgNames({"params", "threads"})->UseRealTime()->Unit(benchmark::kMillisecond);
 }
 
+BENCHMARK_CAPTURE(BM_AdamWOffload, avx512_bf16, Isa::kAvx512Bf16)->Apply(args);
 BENCHMARK_CAPTURE(BM_AdamWOffload, avx512, Isa::kAvx512)->Apply(args);
 BENCHMARK_CAPTURE(BM_AdamWOffload, avx2, Isa::kAvx2)->Apply(args);
 BENCHMARK_CAPTURE(BM_AdamWOffload, sse2, Isa::kSse2)->Apply(args);
