@@ -1,5 +1,6 @@
 #include "engine/optimizer_stage.h"
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -52,9 +53,12 @@ Result<std::unique_ptr<OptimizerStage>> OptimizerStage::create(std::vector<int64
     if (swap == nullptr || staging == nullptr) {
       return invalid_argument("optimizer stage: states on NVMe need a swap store and a staging arena");
     }
-    if (2 * static_cast<uint64_t>(kStatePieceGranule) % swap->alignment() != 0) {
+    // A chunk in pieces has its weights read piece by piece into one buffer,
+    // each at a multiple of 2 * kStatePieceGranule bytes.
+    const bool split = max_elems < *std::max_element(chunk_elems.begin(), chunk_elems.end());
+    if (split && 2 * static_cast<uint64_t>(kStatePieceGranule) % swap->alignment() != 0) {
       return invalid_argument("optimizer stage: the swap store's alignment " + std::to_string(swap->alignment()) +
-                              " does not divide a piece's weights boundary");
+                              " does not divide a piece's weights boundary; use pieces of 0 (whole chunks)");
     }
     uint64_t need = swap->padded_size(state_bytes(max_elems, states));
     if (staging->capacity() < 3 || staging->buffer_bytes() < need) {
