@@ -55,7 +55,8 @@ std::vector<int64_t> state_piece_sizes(int64_t n, int64_t piece_elems);
 int64_t max_state_piece(const std::vector<int64_t>& chunk_elems, int64_t piece_elems);
 
 // Pinned staging buffers of the optimizer stage with states on NVMe (each
-// one chunk's state): one holds the write behind, the rest read ahead.
+// one piece's state: state_piece_sizes): one holds the write behind, the
+// rest read ahead.
 inline constexpr int kStateStagingBuffers = 4;
 // Device buffers for block-input checkpoints kept off the device: the
 // backward pass computes from one, and the next two come back on the copy
