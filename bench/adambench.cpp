@@ -291,14 +291,12 @@ int run(int argc, char** argv) {
   app.add_option("--isa", isa_text, "instruction set: auto, avx512_bf16, avx512, avx2, sse2, scalar")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-  Isa isa = Isa::kAuto;
-  for (Isa candidate : {Isa::kAuto, Isa::kAvx512Bf16, Isa::kAvx512, Isa::kAvx2, Isa::kSse2, Isa::kScalar}) {
-    if (isa_text == cpu_optim::isa_name(candidate)) isa = candidate;
-  }
-  if (isa_text != cpu_optim::isa_name(isa)) {
-    std::fprintf(stderr, "strata-adambench: unknown --isa '%s'\n", isa_text.c_str());
+  Result<Isa> parsed = cpu_optim::parse_isa(isa_text);
+  if (!parsed) {
+    std::fprintf(stderr, "strata-adambench: --isa: %s\n", parsed.error().to_string().c_str());
     return 2;
   }
+  const Isa isa = *parsed;
   if (thread_counts.empty()) {
     thread_counts = {1};
     if (cpu_optim::hardware_threads() > 1) thread_counts.push_back(cpu_optim::hardware_threads());

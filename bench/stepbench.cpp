@@ -102,9 +102,8 @@ int run(int argc, char** argv) {
                  "(0: whole chunks; at least 4096)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 50));
   CLI11_PARSE(app, argc, argv);
-  if (sub_group != 0 && sub_group < engine::kStatePieceGranule) {
-    std::fprintf(stderr, "strata-stepbench: --sub-group-size: 0 or at least %lld\n",
-                 static_cast<long long>(engine::kStatePieceGranule));
+  if (Status s = engine::check_state_piece_elems(sub_group); !s.ok()) {
+    std::fprintf(stderr, "strata-stepbench: --sub-group-size: %s\n", s.to_string().c_str());
     return 2;
   }
   const bool states_nvme = states_on == "nvme";

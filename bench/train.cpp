@@ -123,11 +123,7 @@ int run(int argc, char** argv) {
     o.nvme_paths = cfg->nvme_paths;
   }
   o.state_piece_elems = sub_group >= 0 ? sub_group : cfg->setup.state_piece_elems;
-  if (o.state_piece_elems != 0 && o.state_piece_elems < engine::kStatePieceGranule) {
-    std::fprintf(stderr, "strata-train: --sub-group-size %lld: 0 (whole chunks) or at least %lld parameters\n",
-                 static_cast<long long>(o.state_piece_elems), static_cast<long long>(engine::kStatePieceGranule));
-    return 2;
-  }
+  exit_on_error(engine::check_state_piece_elems(o.state_piece_elems).with_context("--sub-group-size"), "strata-train");
   o.speculate_in_ram = (speculate_in_ram || cfg->speculate_in_ram) && o.states == engine::Tier::kHost;
   if ((speculate_in_ram || cfg->speculate_in_ram) && !o.speculate_in_ram) {
     std::printf("speculate_in_ram: the states are on NVMe, where speculation keeps its second copy already\n");

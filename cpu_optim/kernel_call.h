@@ -21,7 +21,6 @@ namespace strata::cpu_optim::detail {
 // a batch holding one takes the integer path, so the bits never differ.
 inline thread_local bool tls_native_bf16 = false;
 
-
 enum class OptKind : uint8_t { kAdam, kAdagrad, kLion, kSgd };
 
 struct Coeffs {

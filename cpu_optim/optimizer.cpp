@@ -221,6 +221,14 @@ std::string_view isa_name(Isa isa) {
   return "?";
 }
 
+Result<Isa> parse_isa(std::string_view name) {
+  for (Isa i : {Isa::kAuto, Isa::kScalar, Isa::kSse2, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16}) {
+    if (name == isa_name(i)) return i;
+  }
+  return invalid_argument("instruction set '" + std::string(name) +
+                          "': expected auto, avx512_bf16, avx512, avx2, sse2 or scalar");
+}
+
 std::vector<Isa> available_isas() {
   std::vector<Isa> out;
   xsimd::detail::supported_arch have = xsimd::available_architectures();

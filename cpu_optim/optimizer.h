@@ -101,6 +101,8 @@ struct ParamSpan {
 // instruction (the same bits; faster in cache, a few percent at memory speed).
 enum class Isa : uint8_t { kAuto, kScalar, kSse2, kAvx2, kAvx512, kAvx512Bf16 };
 std::string_view isa_name(Isa isa);
+// The inverse of isa_name ("auto", "avx512_bf16", ...); InvalidArgument otherwise.
+Result<Isa> parse_isa(std::string_view name);
 // Instruction sets compiled in AND supported by this CPU, best first (kScalar last).
 std::vector<Isa> available_isas();
 

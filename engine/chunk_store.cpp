@@ -91,7 +91,7 @@ Result<std::unique_ptr<ChunkStore>> ChunkStore::create(std::vector<gpu::ChunkLay
   s->slot_uses_.assign(s->slots_.size(), 0);
   s->slot_ready_.assign(s->slots_.size(), gpu::Event{});
   const Residency states = options.states == Tier::kNvme ? Residency::kOnNvme : Residency::kOnHost;
-  s->state_.assign(n, {Residency::kOnHost, Residency::kOnHost, states, states, states});
+  s->state_.assign(n, {Residency::kOnHost, Residency::kOnHost});
   s->state_pieces_.assign(n, std::vector<Residency>{states});
   return s;
 }
@@ -123,7 +123,11 @@ Status ChunkStore::set_nvme_weights(NvmeWeights source) {
   return ok_status();
 }
 
+static_assert(static_cast<size_t>(View::kWeights) == 0 && static_cast<size_t>(View::kGradient) == 1,
+              "state_ holds the weights and gradient views by their index");
+
 void ChunkStore::set_state(size_t chunk, View view, Residency r) {
+  STRATA_CHECK_MSG(view == View::kWeights || view == View::kGradient, "chunk store: the state views move by piece");
   std::lock_guard<std::mutex> lock(mu_);
   state_[chunk][static_cast<size_t>(view)] = r;
 }
@@ -131,7 +135,7 @@ void ChunkStore::set_state(size_t chunk, View view, Residency r) {
 void ChunkStore::set_state_pieces(size_t chunk, size_t pieces) {
   STRATA_CHECK_MSG(chunk < layout_.size() && pieces >= 1, "chunk store: no chunk %zu, or no pieces", chunk);
   std::lock_guard<std::mutex> lock(mu_);
-  state_pieces_[chunk].assign(pieces, state_[chunk][static_cast<size_t>(View::kMaster)]);
+  state_pieces_[chunk].assign(pieces, state_pieces_[chunk].front());
 }
 
 size_t ChunkStore::state_pieces(size_t chunk) const {
@@ -144,9 +148,6 @@ void ChunkStore::states_moved(size_t chunk, Residency now, size_t piece) {
   std::lock_guard<std::mutex> lock(mu_);
   STRATA_CHECK_MSG(piece < state_pieces_[chunk].size(), "chunk store: chunk %zu has no state piece %zu", chunk, piece);
   state_pieces_[chunk][piece] = now;
-  if (piece == 0) {
-    for (View v : {View::kMaster, View::kAdamM, View::kAdamV}) state_[chunk][static_cast<size_t>(v)] = now;
-  }
 }
 
 Residency ChunkStore::residency(size_t chunk, View view, size_t piece) const {

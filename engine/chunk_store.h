@@ -198,8 +198,8 @@ class ChunkStore {
 
   // Residency of every (chunk, view); guarded by mu_ (gradients land on other threads).
   mutable std::mutex mu_;
-  std::vector<std::array<Residency, kViews>> state_;  // the state views: piece 0's
-  std::vector<std::vector<Residency>> state_pieces_;  // every piece of the state views, per chunk
+  std::vector<std::array<Residency, 2>> state_;       // kWeights, kGradient (the first two views)
+  std::vector<std::vector<Residency>> state_pieces_;  // master, m and v: one residency per piece, per chunk
 
   std::vector<const void*> host_weights_;
   AccessSchedule schedule_;

@@ -229,10 +229,7 @@ Status read_precision_blocks(Reader& top, EngineConfig& c) {
 Status read_sub_group(Reader& r, EngineConfig& c) {
   int64_t n = c.setup.state_piece_elems;
   STRATA_RETURN_IF_ERROR(r.get_count("sub_group_size", &n, 0, int64_t{1} << 50));
-  if (n != 0 && n < kStatePieceGranule) {
-    return invalid_argument("config key " + r.key_path("sub_group_size") + ": " + std::to_string(n) +
-                            " parameters; 0 (whole chunks) or at least " + std::to_string(kStatePieceGranule));
-  }
+  STRATA_RETURN_IF_ERROR(check_state_piece_elems(n).with_context("config key " + r.key_path("sub_group_size")));
   c.setup.state_piece_elems = n;
   return ok_status();
 }

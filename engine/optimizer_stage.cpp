@@ -33,8 +33,7 @@ StateLayout StateLayout::of(int64_t elems, cpu_optim::StateType type) {
 
 std::string OptimizerStage::piece_name(size_t piece) const {
   const Piece& p = pieces_[piece];
-  const size_t count = first_piece_[p.chunk + 1] - first_piece_[p.chunk];
-  return "chunk-" + std::to_string(p.chunk) + (count == 1 ? "" : "-piece-" + std::to_string(p.index));
+  return "chunk-" + std::to_string(p.chunk) + (pieces_of(p.chunk) == 1 ? "" : "-piece-" + std::to_string(p.index));
 }
 
 Result<std::unique_ptr<OptimizerStage>> OptimizerStage::create(std::vector<int64_t> chunk_elems, Tier tier,
@@ -43,10 +42,7 @@ Result<std::unique_ptr<OptimizerStage>> OptimizerStage::create(std::vector<int64
                                                                cpu_optim::StateType states, int64_t piece_elems) {
   if (chunk_elems.empty()) return invalid_argument("optimizer stage: no chunks");
   if (tier == Tier::kDevice) return invalid_argument("optimizer stage: states live on the host or NVMe");
-  if (piece_elems != 0 && piece_elems < kStatePieceGranule) {
-    return invalid_argument("optimizer stage: pieces of " + std::to_string(piece_elems) + " elements; at least " +
-                            std::to_string(kStatePieceGranule) + " (or 0: whole chunks)");
-  }
+  STRATA_RETURN_IF_ERROR(check_state_piece_elems(piece_elems).with_context("optimizer stage"));
   if (tier != Tier::kNvme) piece_elems = 0;  // in RAM a chunk is updated in place, whole
   const int64_t max_elems = max_state_piece(chunk_elems, piece_elems);
   if (tier == Tier::kNvme) {
@@ -144,7 +140,7 @@ Status OptimizerStage::enable_ram_speculation() {
 void OptimizerStage::set_store(ChunkStore* store) {
   store_ = store;
   if (store_ == nullptr) return;
-  for (size_t c = 0; c < elems_.size(); ++c) store_->set_state_pieces(c, first_piece_[c + 1] - first_piece_[c]);
+  for (size_t c = 0; c < elems_.size(); ++c) store_->set_state_pieces(c, pieces_of(c));
 }
 
 std::vector<ChunkStore::BlobPiece> OptimizerStage::weights_blobs(size_t chunk) const {
@@ -171,29 +167,44 @@ std::vector<OptimizerStage::Slice> OptimizerStage::slices(size_t piece) const {
   return out;
 }
 
+Result<PinnedArena::Lease> OptimizerStage::read_staged(const std::string& name, const std::string& what) {
+  STRATA_ASSIGN_OR_RETURN(PinnedArena::Lease lease, staging_->acquire("read " + name));
+  STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->read(name, lease.buffer()));
+  STRATA_RETURN_IF_ERROR(swap_->wait(t).with_context("reading " + what));
+  return lease;
+}
+
+Status OptimizerStage::write_staged(const std::string& name, uint64_t bytes,
+                                    const std::function<Status(std::byte*)>& fill, const std::string& what) {
+  STRATA_ASSIGN_OR_RETURN(PinnedArena::Lease lease, staging_->acquire("write " + name));
+  std::memset(lease.data(), 0, lease.buffer().capacity_bytes);  // the arrays' padding and the alignment tail are written too
+  STRATA_RETURN_IF_ERROR(fill(lease.data()));
+  STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->write(name, lease.buffer(), bytes));
+  return swap_->wait(t).with_context("writing " + what);
+}
+
 Status OptimizerStage::initialize(size_t c, const float* master) {
   STRATA_CHECK(c < elems_.size());
+  const std::string what = "chunk " + std::to_string(c);
   for (size_t u = first_piece_[c]; u < first_piece_[c + 1]; ++u) {
     const int64_t n = pieces_[u].elems;
     const float* src = master + pieces_[u].offset;
+    // m = v = 0 (8-bit states: zero codes under zero scales decode to 0).
+    auto put_master = [&](std::byte* state) {
+      std::memcpy(state, src, static_cast<size_t>(n) * 4);
+      return ok_status();
+    };
     if (tier_ == Tier::kHost) {
-      // m = v = 0 (8-bit states: zero codes under zero scales decode to 0).
       host_[u].assign(state_bytes(n, state_type_), std::byte{0});
-      std::memcpy(host_[u].data(), src, static_cast<size_t>(n) * 4);
+      STRATA_RETURN_IF_ERROR(put_master(host_[u].data()));
       continue;
     }
-    STRATA_ASSIGN_OR_RETURN(PinnedArena::Lease lease, staging_->acquire("initialise " + blob(u, gen_[u])));
-    std::memset(lease.data(), 0, lease.buffer().capacity_bytes);
-    std::memcpy(lease.data(), src, static_cast<size_t>(n) * 4);
-    STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->write(blob(u, gen_[u]), lease.buffer(), state_bytes(n, state_type_)));
-    STRATA_RETURN_IF_ERROR(swap_->wait(t));
+    STRATA_RETURN_IF_ERROR(
+        write_staged(blob(u, gen_[u]), state_bytes(n, state_type_), put_master, "optimizer state of " + what));
     if (!weights_nvme_) continue;
-    std::byte* w = lease.data() + weights_offset(u);
-    STRATA_RETURN_IF_ERROR(cpu_optim::convert(src, DType::kF32, w, weights_dtype_, n));
-    STRATA_ASSIGN_OR_RETURN(io::Ticket tw,
-                            swap_->write(weights_blob(u, gen_[u]), {w, lease.buffer().capacity_bytes - weights_offset(u)},
-                                         2 * static_cast<uint64_t>(n)));
-    STRATA_RETURN_IF_ERROR(swap_->wait(tw));
+    auto put_weights = [&](std::byte* w) { return cpu_optim::convert(src, DType::kF32, w, weights_dtype_, n); };
+    STRATA_RETURN_IF_ERROR(
+        write_staged(weights_blob(u, gen_[u]), 2 * static_cast<uint64_t>(n), put_weights, "the weights of " + what));
   }
   return ok_status();
 }
@@ -201,10 +212,8 @@ Status OptimizerStage::initialize(size_t c, const float* master) {
 Status OptimizerStage::visit_weights(size_t c, const WeightsSlice& slice) {
   STRATA_CHECK(c < elems_.size() && weights_nvme_);
   for (size_t u = first_piece_[c]; u < first_piece_[c + 1]; ++u) {
-    const std::string name = weights_blob(u, gen_[u]);
-    STRATA_ASSIGN_OR_RETURN(PinnedArena::Lease lease, staging_->acquire("read " + name));
-    STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->read(name, lease.buffer()));
-    STRATA_RETURN_IF_ERROR(swap_->wait(t).with_context("reading the weights of chunk " + std::to_string(c)));
+    STRATA_ASSIGN_OR_RETURN(PinnedArena::Lease lease,
+                            read_staged(weights_blob(u, gen_[u]), "the weights of chunk " + std::to_string(c)));
     STRATA_RETURN_IF_ERROR(slice(pieces_[u].offset, {lease.data(), 2 * static_cast<size_t>(pieces_[u].elems)}));
   }
   return ok_status();
@@ -213,23 +222,18 @@ Status OptimizerStage::visit_weights(size_t c, const WeightsSlice& slice) {
 Status OptimizerStage::replace_weights(size_t c, const WeightsSlice& slice) {
   STRATA_CHECK(c < elems_.size() && weights_nvme_);
   for (size_t u = first_piece_[c]; u < first_piece_[c + 1]; ++u) {
-    const std::string name = weights_blob(u, gen_[u]);
     const uint64_t bytes = 2 * static_cast<uint64_t>(pieces_[u].elems);
-    STRATA_ASSIGN_OR_RETURN(PinnedArena::Lease lease, staging_->acquire("write " + name));
-    std::memset(lease.data(), 0, lease.buffer().capacity_bytes);
-    STRATA_RETURN_IF_ERROR(slice(pieces_[u].offset, {lease.data(), static_cast<size_t>(bytes)}));
-    STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->write(name, lease.buffer(), bytes));
-    STRATA_RETURN_IF_ERROR(swap_->wait(t).with_context("writing the weights of chunk " + std::to_string(c)));
+    auto fill = [&](std::byte* w) { return slice(pieces_[u].offset, {w, static_cast<size_t>(bytes)}); };
+    STRATA_RETURN_IF_ERROR(write_staged(weights_blob(u, gen_[u]), bytes, fill, "the weights of chunk " + std::to_string(c)));
   }
   return ok_status();
 }
 
 Status OptimizerStage::read_master(size_t c, float* dst) {
-  STRATA_CHECK(c < elems_.size());
-  std::vector<std::byte> state(state_bytes(elems_[c], state_type_));
-  STRATA_RETURN_IF_ERROR(read_state(c, state.data()));
-  std::memcpy(dst, state.data(), static_cast<size_t>(elems_[c]) * 4);
-  return ok_status();
+  return visit_state(c, [&](int part, uint64_t offset, std::span<std::byte> bytes) {
+    if (part == 0) std::memcpy(reinterpret_cast<std::byte*>(dst) + offset, bytes.data(), bytes.size());
+    return ok_status();
+  });
 }
 
 Status OptimizerStage::visit_state(size_t c, const StateSlice& slice) {
@@ -241,10 +245,7 @@ Status OptimizerStage::visit_state(size_t c, const StateSlice& slice) {
       STRATA_CHECK_MSG(!host_[u].empty(), "optimizer stage: chunk %zu was never initialised", c);
       state = host_[u].data();
     } else {
-      const std::string name = blob(u, gen_[u]);
-      STRATA_ASSIGN_OR_RETURN(lease, staging_->acquire("read " + name));
-      STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->read(name, lease.buffer()));
-      STRATA_RETURN_IF_ERROR(swap_->wait(t).with_context("reading optimizer state of chunk " + std::to_string(c)));
+      STRATA_ASSIGN_OR_RETURN(lease, read_staged(blob(u, gen_[u]), "optimizer state of chunk " + std::to_string(c)));
       state = lease.data();
     }
     for (const Slice& s : slices(u)) {
@@ -258,22 +259,18 @@ Status OptimizerStage::replace_state(size_t c, const StateSlice& slice) {
   STRATA_CHECK(c < elems_.size());
   for (size_t u = first_piece_[c]; u < first_piece_[c + 1]; ++u) {
     const uint64_t bytes = state_bytes(pieces_[u].elems, state_type_);
-    std::byte* state = nullptr;
-    PinnedArena::Lease lease;
+    auto fill = [&](std::byte* state) -> Status {
+      for (const Slice& s : slices(u)) {
+        STRATA_RETURN_IF_ERROR(slice(s.part, s.offset, {state + s.at, static_cast<size_t>(s.bytes)}));
+      }
+      return ok_status();
+    };
     if (tier_ == Tier::kHost) {
       host_[u].assign(bytes, std::byte{0});
-      state = host_[u].data();
+      STRATA_RETURN_IF_ERROR(fill(host_[u].data()));
     } else {
-      STRATA_ASSIGN_OR_RETURN(lease, staging_->acquire("write " + blob(u, gen_[u])));
-      std::memset(lease.data(), 0, lease.buffer().capacity_bytes);
-      state = lease.data();
+      STRATA_RETURN_IF_ERROR(write_staged(blob(u, gen_[u]), bytes, fill, "optimizer state of chunk " + std::to_string(c)));
     }
-    for (const Slice& s : slices(u)) {
-      STRATA_RETURN_IF_ERROR(slice(s.part, s.offset, {state + s.at, static_cast<size_t>(s.bytes)}));
-    }
-    if (tier_ == Tier::kHost) continue;
-    STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->write(blob(u, gen_[u]), lease.buffer(), bytes));
-    STRATA_RETURN_IF_ERROR(swap_->wait(t).with_context("writing optimizer state of chunk " + std::to_string(c)));
   }
   return ok_status();
 }
@@ -579,7 +576,7 @@ Status OptimizerStage::traced_update(size_t piece, std::byte* state, void* out, 
   if (!r) return std::move(r).error().with_context("optimizer step of chunk " + std::to_string(p.chunk));
   counters->nonfinite += r->nonfinite;
   if (trace_) {
-    const size_t count = first_piece_[p.chunk + 1] - first_piece_[p.chunk];
+    const size_t count = pieces_of(p.chunk);
     trace_->span("optimizer",
                  "update chunk " + std::to_string(p.chunk) +
                      (count == 1 ? "" : " piece " + std::to_string(p.index + 1) + "/" + std::to_string(count)),
@@ -681,7 +678,6 @@ Status OptimizerStage::run_overlap() {
   if (!nvme && guess_held) {
     for (size_t u = 0; u < host_.size(); ++u) host_[u].swap(next_[u]);
   }
-  o.out_written = !weights_nvme_ && (!o.skipped || ov_.speculate);
   o.counters.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() - idle_s_;
   return ok_status();
 }

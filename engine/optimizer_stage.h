@@ -84,7 +84,6 @@ struct OverlapOutcome {
   bool clipped = false;
   bool skipped = false;      // an inf/nan gradient: no chunk changed
   bool rolled_back = false;  // speculative updates were undone (then redone, unless skipped)
-  bool out_written = false;  // `out` was written (false when skipped without speculation)
 };
 
 // Where each array of a chunk's state blob starts, in bytes.
@@ -217,6 +216,7 @@ class OptimizerStage {
     int64_t offset = 0;
     int64_t elems = 0;
   };
+  size_t pieces_of(size_t chunk) const { return first_piece_[chunk + 1] - first_piece_[chunk]; }
   // A piece's blobs (a chunk in one piece keeps the chunk's name).
   std::string piece_name(size_t piece) const;
   std::string blob(size_t piece, int gen) const {
@@ -228,6 +228,12 @@ class OptimizerStage {
   uint64_t weights_offset(size_t piece) const {
     return swap_->padded_size(state_bytes(pieces_[piece].elems, state_type_));
   }
+  // A blob read whole into a staging buffer, or a zeroed staging buffer
+  // filled by `fill` and written as `bytes` of the blob; waited for.
+  // `what` names the data in errors.
+  Result<PinnedArena::Lease> read_staged(const std::string& blob, const std::string& what);
+  Status write_staged(const std::string& blob, uint64_t bytes, const std::function<Status(std::byte*)>& fill,
+                      const std::string& what);
   Status run_overlap();
   Status wait_landed(size_t chunk);
   class Pipeline;

@@ -48,6 +48,12 @@ std::vector<int64_t> state_piece_sizes(int64_t n, int64_t piece_elems) {
   return sizes;
 }
 
+Status check_state_piece_elems(int64_t piece_elems) {
+  if (piece_elems == 0 || piece_elems >= kStatePieceGranule) return ok_status();
+  return invalid_argument(std::to_string(piece_elems) + " parameters; 0 (whole chunks) or at least " +
+                          std::to_string(kStatePieceGranule) + " (the optimizer's state pieces: sub_group_size)");
+}
+
 int64_t max_state_piece(const std::vector<int64_t>& chunk_elems, int64_t piece_elems) {
   int64_t m = 0;
   for (int64_t n : chunk_elems) {
@@ -244,7 +250,7 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
     if (s.model.layers > 0) {
       unit = std::max(unit, static_cast<double>(state_piece_sizes(layout[1].numel, s.state_piece_elems)[0]));
     }
-    p.tail_seconds = std::max(update, write) + std::min(update, write) * std::min(1.0, unit / last);
+    p.tail_seconds = std::max(update, write) + std::min(update, write) * unit / last;  // unit <= last
   }
   p.head_seconds = last * c / (bw.h2d_gbps * 1e9);
   for (const LinkTime& l : p.links) {
@@ -344,10 +350,7 @@ Result<Plan> make_plan(const TrainSetup& s, const Budgets& b, const Bandwidths& 
     return invalid_argument("training setup: micro_batch, grad_accum >= 1 and 1 <= seq <= max_seq (" +
                             std::to_string(s.model.max_seq) + ") required");
   }
-  if (s.state_piece_elems != 0 && s.state_piece_elems < kStatePieceGranule) {
-    return invalid_argument("training setup: optimizer state pieces of " + std::to_string(s.state_piece_elems) +
-                            " parameters; at least " + std::to_string(kStatePieceGranule) + ", or 0 for whole chunks");
-  }
+  STRATA_RETURN_IF_ERROR(check_state_piece_elems(s.state_piece_elems).with_context("training setup"));
   if ((fixed.weights == Tier::kNvme || fixed.states == Tier::kNvme || fixed.checkpoints == Tier::kNvme) &&
       b.nvme_bytes == 0) {
     return invalid_argument("the configuration puts data on NVMe but gives no NVMe budget (or path)");

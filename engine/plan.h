@@ -51,6 +51,9 @@ struct TrainSetup {
 // boundaries, so a chunk's weight pieces land aligned in one buffer.
 inline constexpr int64_t kStatePieceGranule = 4096;
 std::vector<int64_t> state_piece_sizes(int64_t n, int64_t piece_elems);
+// OK for 0 (whole chunks) or at least kStatePieceGranule; InvalidArgument
+// saying so otherwise (callers add where the value came from).
+Status check_state_piece_elems(int64_t piece_elems);
 // The largest piece of any of these chunks: what one staging buffer holds.
 int64_t max_state_piece(const std::vector<int64_t>& chunk_elems, int64_t piece_elems);
 

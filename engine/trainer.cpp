@@ -35,6 +35,20 @@ std::vector<TensorInfo> state_tensors(size_t chunk, int64_t n, cpu_optim::StateT
   return parts;
 }
 
+// The parts of a chunk's tensors (`slots`) within elements [offset, offset
+// + n) of the chunk: at(k, byte offset in tensor k, byte offset in the
+// range, bytes) for each tensor the range overlaps (2-byte elements).
+Status for_each_tensor_part(const std::vector<gpu::TensorSlot>& slots, int64_t offset, int64_t n,
+                            const std::function<Status(size_t, uint64_t, size_t, size_t)>& at) {
+  for (size_t k = 0; k < slots.size(); ++k) {
+    const int64_t lo = std::max(offset, slots[k].offset), hi = std::min(offset + n, slots[k].offset + slots[k].numel());
+    if (lo >= hi) continue;
+    STRATA_RETURN_IF_ERROR(at(k, 2 * static_cast<uint64_t>(lo - slots[k].offset), 2 * static_cast<size_t>(lo - offset),
+                              2 * static_cast<size_t>(hi - lo)));
+  }
+  return ok_status();
+}
+
 // The host backend's staging memory: page-aligned, locked when asked, and
 // a refusal says how to turn locking off in the trainer's terms.
 class PinnedHostMemory final : public io::BufferAllocator {
@@ -154,10 +168,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
   STRATA_ASSIGN_OR_RETURN(cpu_optim::Executor::NodeMemoryScope on_node, tr->executor_->node_memory_scope());
   std::vector<int64_t> elems;
   for (const auto& chunk : tr->layout_) elems.push_back(chunk.numel);
-  if (o.state_piece_elems != 0 && o.state_piece_elems < kStatePieceGranule) {
-    return invalid_argument("trainer: state_piece_elems must be 0 (whole chunks) or at least " +
-                            std::to_string(kStatePieceGranule) + ", got " + std::to_string(o.state_piece_elems));
-  }
+  STRATA_RETURN_IF_ERROR(check_state_piece_elems(o.state_piece_elems).with_context("trainer"));
   // What one staging buffer holds: the largest piece of a chunk's state.
   const int64_t max_piece = max_state_piece(elems, o.states == Tier::kNvme ? o.state_piece_elems : 0);
   if (o.states == Tier::kNvme || o.activation_checkpoints == Tier::kNvme) {
@@ -358,7 +369,7 @@ Status Trainer::absorb(Result<OverlapOutcome> outcome) {
   last_rolled_back_ = outcome->rolled_back;
   if (options_.precision == DType::kF16) scaler_.update(outcome->skipped);
   rollbacks_ += outcome->rolled_back ? 1 : 0;
-  if (in_place && last_skipped_ && outcome->out_written) return restore_written_weights();
+  if (in_place && last_skipped_) return restore_written_weights();  // the chunks a speculative update wrote
   if (!in_place && !last_skipped_) std::swap(weights_, weights_next_);
   return ok_status();
 }
@@ -587,16 +598,11 @@ Status Trainer::save(const std::string& root) {
     if (weights_.empty()) {
       // Streamed straight from their NVMe blobs, a piece at a time, each
       // tensor's part of the piece into its place.
-      auto place = [&](int64_t offset, std::span<std::byte> bytes) -> Status {
-        const int64_t end = offset + static_cast<int64_t>(bytes.size() / 2);
-        for (size_t k = 0; k < slots.size(); ++k) {
-          const int64_t lo = std::max(offset, slots[k].offset), hi = std::min(end, slots[k].offset + slots[k].numel());
-          if (lo >= hi) continue;
-          STRATA_RETURN_IF_ERROR(model.write_at(first + k, 2 * static_cast<uint64_t>(lo - slots[k].offset),
-                                                bytes.subspan(2 * static_cast<size_t>(lo - offset),
-                                                              2 * static_cast<size_t>(hi - lo))));
-        }
-        return ok_status();
+      auto place = [&](int64_t offset, std::span<std::byte> bytes) {
+        return for_each_tensor_part(slots, offset, static_cast<int64_t>(bytes.size() / 2),
+                                    [&](size_t k, uint64_t in_tensor, size_t in_piece, size_t len) {
+                                      return model.write_at(first + k, in_tensor, bytes.subspan(in_piece, len));
+                                    });
       };
       STRATA_RETURN_IF_ERROR(stage_->visit_weights(c, place));
     } else {
@@ -684,17 +690,11 @@ Status Trainer::load(const std::string& root) {
   for (size_t c = 0; c < layout_.size(); ++c) {
     const std::vector<gpu::TensorSlot>& slots = layout_[c].tensors;
     if (weights_.empty()) {  // into their NVMe blobs, a piece at a time
-      auto fill = [&](int64_t offset, std::span<std::byte> bytes) -> Status {
-        const int64_t end = offset + static_cast<int64_t>(bytes.size() / 2);
-        for (const gpu::TensorSlot& t : slots) {
-          const int64_t lo = std::max(offset, t.offset), hi = std::min(end, t.offset + t.numel());
-          if (lo >= hi) continue;
-          STRATA_RETURN_IF_ERROR(model.read(t.name,
-                                            bytes.subspan(2 * static_cast<size_t>(lo - offset),
-                                                          2 * static_cast<size_t>(hi - lo)),
-                                            2 * static_cast<uint64_t>(lo - t.offset)));
-        }
-        return ok_status();
+      auto fill = [&](int64_t offset, std::span<std::byte> bytes) {
+        return for_each_tensor_part(slots, offset, static_cast<int64_t>(bytes.size() / 2),
+                                    [&](size_t k, uint64_t in_tensor, size_t in_piece, size_t len) {
+                                      return model.read(slots[k].name, bytes.subspan(in_piece, len), in_tensor);
+                                    });
       };
       STRATA_RETURN_IF_ERROR(stage_->replace_weights(c, fill));
     } else {
