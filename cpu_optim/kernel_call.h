@@ -13,14 +13,6 @@
 
 namespace strata::cpu_optim::detail {
 
-// Whether this thread's AVX-512 kernels round fp32 to bf16 with AVX-512
-// BF16's vcvtneps2bf16 (Isa::kAvx512Bf16 sets it around each kernel call;
-// the AVX-512 kernels are compiled with -mavx512bf16, and the instruction
-// runs only where the CPU has it). The instruction rounds to nearest even
-// and quiets NaN as f32_to_bf16 does, but flushes subnormal inputs to zero:
-// a batch holding one takes the integer path, so the bits never differ.
-inline thread_local bool tls_native_bf16 = false;
-
 enum class OptKind : uint8_t { kAdam, kAdagrad, kLion, kSgd };
 
 struct Coeffs {
@@ -88,7 +80,14 @@ inline bool uses_m(OptKind k, const Coeffs& c) {
 inline bool uses_v(OptKind k) { return k == OptKind::kAdam || k == OptKind::kAdagrad; }
 
 // Returns the number of non-finite gradient elements seen in the tile.
+// native_bf16 (Isa::kAvx512Bf16 sets it; the AVX-512 kernels are compiled
+// with -mavx512bf16, and the instruction runs only where the CPU has it):
+// round fp32 to bf16 with AVX-512 BF16's vcvtneps2bf16, which rounds to
+// nearest even and quiets NaN as f32_to_bf16 does but flushes subnormal
+// inputs to zero — a batch holding one takes the integer path, so the bits
+// never differ. A member, not a thread-local: the hot loop reads it once.
 struct TileKernel {
+  bool native_bf16 = false;
   template <class Arch>
   int64_t operator()(Arch, const TileCall& call) const;
 };

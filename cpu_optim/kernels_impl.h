@@ -418,18 +418,19 @@ inline void prefetch_ahead(const void* base, int64_t i) {
 // reads it back during the update, and streaming spares the read for
 // ownership of every line (2 of the offload mode's 28 bytes per parameter).
 template <class Arch, OutKind O>
-void store_out(void* out, int64_t i, const xsimd::batch<float, Arch>& p, bool stream) {
+[[gnu::always_inline]] inline void store_out(void* out, int64_t i, const xsimd::batch<float, Arch>& p, bool stream,
+                                             bool native_bf16) {
   auto* dst = static_cast<uint16_t*>(out) + i;
   if constexpr (O == OutKind::kNone) {
     return;
   } else if constexpr (has_lane_moves<Arch>()) {
     if (stream) {
-      if constexpr (O == OutKind::kBF16) store_bf16<Arch, true>(p, dst);
+      if constexpr (O == OutKind::kBF16) store_bf16<Arch, true>(p, dst, native_bf16);
       if constexpr (O == OutKind::kF16) store_f16<Arch, true>(p, dst);
       return;
     }
   }
-  store_from_f32<Arch>(out, O == OutKind::kF16 ? DType::kF16 : DType::kBF16, i, p);
+  store_from_f32<Arch>(out, O == OutKind::kF16 ? DType::kF16 : DType::kBF16, i, p, native_bf16);
 }
 
 // Whether a tile's `out` may be streamed: a lane-move ISA and `out` aligned
@@ -441,7 +442,7 @@ bool can_stream_out(const void* out) {
 }
 
 template <class Arch, OptKind K, DType G, StateType S, OutKind O>
-void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) {
+void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n, bool native_bf16) {
   using B = xsimd::batch<float, Arch>;
   constexpr int64_t W = B::size;
   constexpr bool kHasV = K == OptKind::kAdam || K == OptKind::kAdagrad;
@@ -477,9 +478,9 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
       B v = kHasV ? load_as_f32<Arch>(mem_v, kState, i) : B(0.0f);
       st(p, load_as_f32<Arch>(grad, G, i), m, v);
       p.store_unaligned(params_next + i);
-      if (has_m) store_from_f32<Arch>(mem_m_next, kState, i, m);
-      if constexpr (kHasV) store_from_f32<Arch>(mem_v_next, kState, i, v);
-      store_out<Arch, O>(out, i, p, stream_out);
+      if (has_m) store_from_f32<Arch>(mem_m_next, kState, i, m, native_bf16);
+      if constexpr (kHasV) store_from_f32<Arch>(mem_v_next, kState, i, v, native_bf16);
+      store_out<Arch, O>(out, i, p, stream_out, native_bf16);
     }
   } else {
     // Per block: decode, update and keep the new m and v in scratch while
@@ -508,7 +509,7 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
         v.store_aligned(bv + j);
         top_m = xsimd::max(xsimd::abs(m), top_m);  // as q8_block_scale: NaN lanes keep the max
         top_v = xsimd::max(v, top_v);
-        store_out<Arch, O>(out, i, p, stream_out);
+        store_out<Arch, O>(out, i, p, stream_out, native_bf16);
       }
       const float m_scale = max_lane<Arch>(top_m), v_scale = max_lane<Arch>(top_v);
       call.m_scale_next[blk] = m_scale;
@@ -526,16 +527,16 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
 
 // Picks the run_fused instantiation for the call's stream types.
 template <class Arch, OptKind K>
-void dispatch_fused(const TileCall& call, BatchStep<Arch, K>& st, int64_t n) {
+void dispatch_fused(const TileCall& call, BatchStep<Arch, K>& st, int64_t n, bool native_bf16) {
   auto with_out = [&](auto g, auto s) {
     constexpr DType kG = decltype(g)::value;
     constexpr StateType kS = decltype(s)::value;
     if (call.out == nullptr) {
-      run_fused<Arch, K, kG, kS, OutKind::kNone>(call, st, n);
+      run_fused<Arch, K, kG, kS, OutKind::kNone>(call, st, n, native_bf16);
     } else if (call.out_dtype == DType::kF16) {
-      run_fused<Arch, K, kG, kS, OutKind::kF16>(call, st, n);
+      run_fused<Arch, K, kG, kS, OutKind::kF16>(call, st, n, native_bf16);
     } else {
-      run_fused<Arch, K, kG, kS, OutKind::kBF16>(call, st, n);
+      run_fused<Arch, K, kG, kS, OutKind::kBF16>(call, st, n, native_bf16);
     }
   };
   auto with_state = [&](auto g) {
@@ -555,14 +556,14 @@ void dispatch_fused(const TileCall& call, BatchStep<Arch, K>& st, int64_t n) {
 // A tile: the fused path over the largest prefix it can take, the staged
 // path over the rest (the span's final partial vector / q8 block).
 template <class Arch, OptKind K>
-int64_t run_tile(const TileCall& call) {
+int64_t run_tile(const TileCall& call, bool native_bf16) {
   constexpr int64_t W = xsimd::batch<float, Arch>::size;
   BatchStep<Arch, K> st(call);
   int64_t fused = 0;
   if constexpr (has_lane_moves<Arch>()) {
     int64_t unit = call.state_type == StateType::kQ8 ? kQ8BlockElems : W;
     fused = call.n / unit * unit;
-    dispatch_fused<Arch, K>(call, st, fused);
+    dispatch_fused<Arch, K>(call, st, fused, native_bf16);
   }
   if (fused < call.n) {
     const TileCall rest = call.advanced(fused);
@@ -574,10 +575,14 @@ int64_t run_tile(const TileCall& call) {
 template <class Arch>
 int64_t TileKernel::operator()(Arch, const TileCall& call) const {
   switch (call.kind) {
-    case OptKind::kAdam: return run_tile<Arch, OptKind::kAdam>(call);
-    case OptKind::kAdagrad: return run_tile<Arch, OptKind::kAdagrad>(call);
-    case OptKind::kLion: return run_tile<Arch, OptKind::kLion>(call);
-    case OptKind::kSgd: return run_tile<Arch, OptKind::kSgd>(call);
+    case OptKind::kAdam:
+      return run_tile<Arch, OptKind::kAdam>(call, native_bf16);
+    case OptKind::kAdagrad:
+      return run_tile<Arch, OptKind::kAdagrad>(call, native_bf16);
+    case OptKind::kLion:
+      return run_tile<Arch, OptKind::kLion>(call, native_bf16);
+    case OptKind::kSgd:
+      return run_tile<Arch, OptKind::kSgd>(call, native_bf16);
   }
   return 0;
 }

@@ -117,15 +117,14 @@ template <class Kernel, class Reference, class... Args>
 auto on_isa(Isa isa, const Kernel& kernel, const Reference& reference, const Args&... args) {
   switch (isa) {
     case Isa::kAvx512: return kernel(xsimd::avx512bw{}, args...);
-    case Isa::kAvx512Bf16: {
-      // The flag is this thread's: each tile sets it on the thread running it.
-      struct NativeBf16 {
-        bool before = detail::tls_native_bf16;
-        NativeBf16() { detail::tls_native_bf16 = true; }
-        ~NativeBf16() { detail::tls_native_bf16 = before; }
-      } scope;
-      return kernel(xsimd::avx512bw{}, args...);
-    }
+    case Isa::kAvx512Bf16:
+      if constexpr (requires { kernel.native_bf16; }) {
+        Kernel native = kernel;
+        native.native_bf16 = true;
+        return native(xsimd::avx512bw{}, args...);
+      } else {
+        return kernel(xsimd::avx512bw{}, args...);
+      }
     case Isa::kAvx2: return kernel(xsimd::fma3<xsimd::avx2>{}, args...);
     case Isa::kSse2: return kernel(xsimd::sse2{}, args...);
     default: return reference(args...);

@@ -80,11 +80,13 @@ xsimd::batch<float, Arch> load_bf16(const uint16_t* src) {
   }
 }
 
-// Round to nearest even; NaN -> quiet NaN keeping sign and top payload (f32_to_bf16).
+// Round to nearest even; NaN -> quiet NaN keeping sign and top payload
+// (f32_to_bf16). `native`: with vcvtneps2bf16 where no lane is subnormal
+// (TileKernel::native_bf16).
 template <class Arch, bool kStream = false>
-void store_bf16(const xsimd::batch<float, Arch>& x, uint16_t* dst) {
+[[gnu::always_inline]] inline void store_bf16(const xsimd::batch<float, Arch>& x, uint16_t* dst, bool native) {
   if constexpr (is_avx512<Arch>()) {
-    if (tls_native_bf16 && _mm512_fpclass_ps_mask(x, 0x20 /* subnormal */) == 0) {
+    if (native && _mm512_fpclass_ps_mask(x, 0x20 /* subnormal */) == 0) {
       put_lanes<kStream>(dst, reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x)));
       return;
     }
@@ -118,10 +120,13 @@ xsimd::batch<float, Arch> load_as_f32(const void* base, DType t, int64_t i) {
 }
 
 template <class Arch>
-void store_from_f32(void* base, DType t, int64_t i, const xsimd::batch<float, Arch>& x) {
+[[gnu::always_inline]] inline void store_from_f32(void* base, DType t, int64_t i, const xsimd::batch<float, Arch>& x,
+                                                  bool native_bf16) {
   switch (t) {
     case DType::kF32: x.store_unaligned(static_cast<float*>(base) + i); return;
-    case DType::kBF16: store_bf16<Arch>(x, static_cast<uint16_t*>(base) + i); return;
+    case DType::kBF16:
+      store_bf16<Arch>(x, static_cast<uint16_t*>(base) + i, native_bf16);
+      return;
     case DType::kF16: store_f16<Arch>(x, static_cast<uint16_t*>(base) + i); return;
   }
 }
