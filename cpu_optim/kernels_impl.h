@@ -96,21 +96,6 @@ I32<Arch> q8_load_codes(const void* q) {
     return kSigned ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b);
   }
 }
-// 32-bit lanes stored as bytes: lanes already 0..255, or with kClamp any
-// lanes, clamped to 0..255 by the saturating narrow (one instruction does
-// the clamp; AVX2's two saturating packs always do).
-template <class Arch, bool kClamp = false>
-void q8_store_codes(const I32<Arch>& c, void* q) {
-  if constexpr (is_avx512<Arch>()) {
-    _mm_storeu_si128(static_cast<__m128i*>(q), kClamp ? _mm512_cvtusepi32_epi8(xsimd::max(c, I32<Arch>(0)))
-                                                       : _mm512_cvtepi32_epi8(c));
-  } else {
-    // Signed saturation to 16 bits, then unsigned saturation to 8: 0..255.
-    const __m128i i16 = _mm_packs_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
-    _mm_storel_epi64(static_cast<__m128i*>(q), _mm_packus_epi16(i16, i16));
-  }
-}
-
 template <class Arch>
 xsimd::batch<float, Arch> q8_decode_m_batch(const int8_t* q, const xsimd::batch<float, Arch>& factor) {
   using B = xsimd::batch<float, Arch>;
@@ -131,18 +116,57 @@ template <class Arch>
 I32<Arch> q8_shifted_codes(const xsimd::batch<float, Arch>& t, int32_t add, int shift) {
   return (xsimd::bitwise_cast<I32<Arch>>(t) + I32<Arch>(add)) >> shift;
 }
+// A batch's m codes (q8_m_encode), 0..255 in 32-bit lanes.
 template <class Arch>
-void q8_encode_m_batch(const xsimd::batch<float, Arch>& x, const xsimd::batch<float, Arch>& factor, int8_t* q) {
+I32<Arch> q8_m_codes(const xsimd::batch<float, Arch>& x, const xsimd::batch<float, Arch>& factor) {
   using B = xsimd::batch<float, Arch>;
   const B y = fused_fma<Arch>(xsimd::abs(x), factor, B(kQ8MZero));
   const I32<Arch> c = xsimd::min(q8_shifted_codes<Arch>(y, kQ8MAdd, kQ8MShift), I32<Arch>(kQ8MMax));
-  const I32<Arch> sign = (xsimd::bitwise_cast<I32<Arch>>(x) >> 24) & I32<Arch>(0x80);
-  q8_store_codes<Arch>(c | sign, q);
+  return c | ((xsimd::bitwise_cast<I32<Arch>>(x) >> 24) & I32<Arch>(0x80));
 }
+// A batch's v codes (q8_v_encode) before the clamp to 0..255 (any int32:
+// below the grid negative, NaN and overflow above 255).
 template <class Arch>
-void q8_encode_v_batch(const xsimd::batch<float, Arch>& x, const xsimd::batch<float, Arch>& factor, uint8_t* q) {
+I32<Arch> q8_v_codes_unclamped(const xsimd::batch<float, Arch>& x, const xsimd::batch<float, Arch>& factor) {
   static_assert(kQ8VMax == 255, "the saturating narrow clamps to 255");
-  q8_store_codes<Arch, true>(q8_shifted_codes<Arch>(x * factor, kQ8VAdd, kQ8VShift), q);
+  return q8_shifted_codes<Arch>(x * factor, kQ8VAdd, kQ8VShift);
+}
+
+// Four batches of 32-bit codes stored as 4 * width bytes, each clamped to
+// 0..255: two saturating packs (int32 -> uint16 -> uint8; a value that
+// the first leaves above 32767 cannot occur, the shifted codes being below
+// 2^12) and one lane permutation put the bytes back in order — 4
+// instructions where a narrowing move per batch costs 2 each (xsimd 8 has
+// neither).
+template <class Arch>
+void q8_store_codes4(const I32<Arch>* c, void* q) {
+  if constexpr (is_avx512<Arch>()) {
+    // Each 128-bit lane k of the packed bytes holds dword k of c[0..3].
+    const __m512i b = _mm512_packus_epi16(_mm512_packus_epi32(c[0], c[1]), _mm512_packus_epi32(c[2], c[3]));
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    _mm512_storeu_si512(q, _mm512_permutexvar_epi32(order, b));
+  } else {
+    const __m256i b = _mm256_packus_epi16(_mm256_packus_epi32(c[0], c[1]), _mm256_packus_epi32(c[2], c[3]));
+    _mm256_storeu_si256(static_cast<__m256i*>(q),
+                        _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  }
+}
+
+// kQ8BlockElems values encoded with the block's encoding factor (a
+// multiple of four batches).
+template <class Arch>
+void q8_encode_block_vec(const float* __restrict src, bool is_v, const xsimd::batch<float, Arch>& factor, void* q) {
+  using B = xsimd::batch<float, Arch>;
+  constexpr int64_t W = B::size;
+  static_assert(kQ8BlockElems % (4 * W) == 0);
+  for (int64_t i = 0; i < kQ8BlockElems; i += 4 * W) {
+    I32<Arch> c[4];
+    for (int u = 0; u < 4; ++u) {
+      const B x = B::load_unaligned(src + i + u * W);
+      c[u] = is_v ? q8_v_codes_unclamped<Arch>(x, factor) : q8_m_codes<Arch>(x, factor);
+    }
+    q8_store_codes4<Arch>(c, static_cast<uint8_t*>(q) + i);
+  }
 }
 
 template <class Arch>
@@ -165,14 +189,27 @@ void q8_decode_block(const void* q, float scale, bool is_v, int64_t len, float* 
   }
 }
 
-// Largest lane of a batch (exact).
+// The larger of +0 and a batch's largest lane, whose lanes are never NaN
+// (the callers' running maxima keep NaN out). Max does not round, so a tree
+// of lane moves gives what a scalar loop gives, in a handful of
+// instructions instead of one per lane (this runs once per q8 block and
+// state, a few percent of the q8 kernel's vector instructions otherwise).
 template <class Arch>
 float max_lane(const xsimd::batch<float, Arch>& x) {
-  alignas(64) float lanes[xsimd::batch<float, Arch>::size];
-  x.store_aligned(lanes);
-  float top = 0.0f;
-  for (float l : lanes) top = std::max(top, l);
-  return top;
+  float top;
+  if constexpr (is_avx512<Arch>()) {
+    top = _mm512_reduce_max_ps(x);
+  } else if constexpr (has_lane_moves<Arch>()) {
+    __m128 t = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    t = _mm_max_ps(t, _mm_movehl_ps(t, t));
+    top = _mm_cvtss_f32(_mm_max_ss(t, _mm_movehdup_ps(t)));
+  } else {
+    alignas(64) float lanes[xsimd::batch<float, Arch>::size];
+    x.store_aligned(lanes);
+    top = lanes[0];
+    for (float l : lanes) top = std::max(top, l);
+  }
+  return std::max(0.0f, top);  // -0 and all-negative lanes give +0, as before
 }
 
 // A block's scale: its largest |m| or v (q8.h). Max is exact, so comparison
@@ -200,14 +237,7 @@ float q8_encode_block_scaled(const float* __restrict src, bool is_v, int64_t len
   const float factor = q8_encode_factor(scale, is_v);
   if constexpr (has_lane_moves<Arch>()) {
     if (len == kQ8BlockElems) {
-      const B vfactor(factor);
-      for (int64_t i = 0; i < kQ8BlockElems; i += B::size) {
-        if (is_v) {
-          q8_encode_v_batch<Arch>(B::load_unaligned(src + i), vfactor, static_cast<uint8_t*>(q) + i);
-        } else {
-          q8_encode_m_batch<Arch>(B::load_unaligned(src + i), vfactor, static_cast<int8_t*>(q) + i);
-        }
-      }
+      q8_encode_block_vec<Arch>(src, is_v, B(factor), q);
       return scale;
     }
   }
@@ -265,21 +295,37 @@ struct BatchStep {
   using B = xsimd::batch<float, Arch>;
   B gs, zero, lr, wd, decay, b1, b2, omb1, omb2, eps, step_size, inv_bc2_sqrt, momentum, one_minus_dampening;
   bool decoupled, nesterov, first_step, has_momentum;
-  // Adam over 8-bit states: the denominator's square root and reciprocal
-  // are the bare hardware estimates (coarse_sqrt / coarse_reciprocal). Their
-  // error (~1e-4 relative on AVX-512, ~1e-3 on AVX2) is far below what the
-  // states' own 8 bits carry (~1e-2), and the Newton steps cost a quarter of
-  // the q8 kernel's vector instructions.
+  // Adam over low-precision (bf16, 8-bit) states: the denominator's square
+  // root and reciprocal are the bare hardware estimates (coarse_sqrt /
+  // coarse_reciprocal). Their error (~1e-4 relative on AVX-512, ~1e-3 on
+  // AVX2) is below what the states themselves carry (bf16: 2^-9 relative
+  // per rounding, compounded over the steps; 8-bit: ~1e-2), and the Newton
+  // steps and their zero / infinity fix-ups cost a quarter of these
+  // kernels' vector instructions.
   bool coarse_roots;
   B check;
 
   explicit BatchStep(const TileCall& call)
-      : gs(call.grad_scale), zero(0.0f), lr(call.c.lr), wd(call.c.weight_decay), decay(call.c.decay),
-        b1(call.c.beta1), b2(call.c.beta2), omb1(call.c.one_minus_beta1), omb2(call.c.one_minus_beta2),
-        eps(call.c.eps), step_size(call.c.step_size), inv_bc2_sqrt(1.0f / call.c.bias_correction2_sqrt),
-        momentum(call.c.momentum), one_minus_dampening(1.0f - call.c.dampening), decoupled(call.c.decoupled),
-        nesterov(call.c.nesterov), first_step(call.c.first_step), has_momentum(call.c.momentum != 0.0f),
-        coarse_roots(call.state_type == StateType::kQ8), check(0.0f) {}
+      : gs(call.grad_scale),
+        zero(0.0f),
+        lr(call.c.lr),
+        wd(call.c.weight_decay),
+        decay(call.c.decay),
+        b1(call.c.beta1),
+        b2(call.c.beta2),
+        omb1(call.c.one_minus_beta1),
+        omb2(call.c.one_minus_beta2),
+        eps(call.c.eps),
+        step_size(call.c.step_size),
+        inv_bc2_sqrt(1.0f / call.c.bias_correction2_sqrt),
+        momentum(call.c.momentum),
+        one_minus_dampening(1.0f - call.c.dampening),
+        decoupled(call.c.decoupled),
+        nesterov(call.c.nesterov),
+        first_step(call.c.first_step),
+        has_momentum(call.c.momentum != 0.0f),
+        coarse_roots(call.state_type != StateType::kF32),
+        check(0.0f) {}
 
   void operator()(B& p, B graw, B& m, B& v) {
     check = fused_fma<Arch>(graw, zero, check);
@@ -515,10 +561,8 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n, 
       call.m_scale_next[blk] = m_scale;
       call.v_scale_next[blk] = v_scale;
       const B m_enc(q8_encode_factor(m_scale, false)), v_enc(q8_encode_factor(v_scale, true));
-      for (int64_t j = 0; j < kQ8BlockElems; j += W) {
-        q8_encode_m_batch<Arch>(B::load_aligned(bm + j), m_enc, qm_next + b0 + j);
-        q8_encode_v_batch<Arch>(B::load_aligned(bv + j), v_enc, qv_next + b0 + j);
-      }
+      q8_encode_block_vec<Arch>(bm, false, m_enc, qm_next + b0);
+      q8_encode_block_vec<Arch>(bv, true, v_enc, qv_next + b0);
     }
   }
   if (stream_out) _mm_sfence();  // the streamed lines reach memory before the tile is reported done
