@@ -327,15 +327,19 @@ struct BatchStep {
         coarse_roots(call.state_type != StateType::kF32),
         check(0.0f) {}
 
-  void operator()(B& p, B graw, B& m, B& v) {
+  // The update with Adam's two choices fixed at compile time (the fused
+  // loops are instantiated per choice: a branch per batch costs issue slots
+  // the vector instructions need); operator() picks them at run time.
+  template <bool kDecoupled, bool kCoarse>
+  void step(B& p, B graw, B& m, B& v) {
     check = fused_fma<Arch>(graw, zero, check);
     B g = graw * gs;
     if constexpr (K == OptKind::kAdam) {
-      if (!decoupled) g = fused_fma<Arch>(wd, p, g);
+      if constexpr (!kDecoupled) g = fused_fma<Arch>(wd, p, g);
       m = fused_fma<Arch>(b1, m, omb1 * g);
       v = fused_fma<Arch>(b2, v, omb2 * g * g);
-      if (decoupled) p = p * decay;
-      if (coarse_roots) {
+      if constexpr (kDecoupled) p = p * decay;
+      if constexpr (kCoarse) {
         B denom = fused_fma<Arch>(coarse_sqrt<Arch>(v), inv_bc2_sqrt, eps);
         p = fused_fnma<Arch>(step_size, m * coarse_reciprocal<Arch>(denom), p);
       } else {
@@ -358,6 +362,14 @@ struct BatchStep {
         g = nesterov ? fused_fma<Arch>(momentum, m, g) : m;
       }
       p = fused_fnma<Arch>(lr, g, p);
+    }
+  }
+
+  void operator()(B& p, B graw, B& m, B& v) {
+    if (decoupled) {
+      coarse_roots ? step<true, true>(p, graw, m, v) : step<true, false>(p, graw, m, v);
+    } else {
+      coarse_roots ? step<false, true>(p, graw, m, v) : step<false, false>(p, graw, m, v);
     }
   }
 
@@ -487,8 +499,15 @@ bool can_stream_out(const void* out) {
   return O != OutKind::kNone && has_lane_moves<Arch>() && reinterpret_cast<uintptr_t>(out) % kBytes == 0;
 }
 
-template <class Arch, OptKind K, DType G, StateType S, OutKind O>
-void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n, bool native_bf16) {
+// What a fused loop fixes at compile time besides its stream types: AdamW's
+// decoupled decay, bf16 rounding with vcvtneps2bf16 (TileKernel), and a
+// streamed `out` (can_stream_out).
+struct FusedFlags {
+  bool decoupled = false, native_bf16 = false, stream_out = false;
+};
+
+template <class Arch, OptKind K, DType G, StateType S, OutKind O, FusedFlags F>
+void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) {
   using B = xsimd::batch<float, Arch>;
   constexpr int64_t W = B::size;
   constexpr bool kHasV = K == OptKind::kAdam || K == OptKind::kAdagrad;
@@ -504,8 +523,10 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n, 
   void* const mem_m_next = call.m_next;
   void* const mem_v_next = call.v_next;
   void* const out = call.out;
-  const bool has_m = uses_m(call.kind, call.c);
-  const bool stream_out = can_stream_out<Arch, O>(out);
+  const bool has_m = K == OptKind::kAdam || K == OptKind::kLion || uses_m(K, call.c);
+  constexpr bool stream_out = F.stream_out, native_bf16 = F.native_bf16;
+  // Adam over low-precision states takes the coarse roots (BatchStep).
+  auto update = [&st](B& p, B g, B& m, B& v) { st.template step<F.decoupled, S != StateType::kF32>(p, g, m, v); };
   if constexpr (K != OptKind::kAdam && S != StateType::kF32) {
     STRATA_CHECK_MSG(false, "low-precision states reached a non-Adam kernel");
   } else if constexpr (S != StateType::kQ8) {
@@ -522,7 +543,7 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n, 
       B p = B::load_unaligned(params + i);
       B m = has_m ? load_as_f32<Arch>(mem_m, kState, i) : B(0.0f);
       B v = kHasV ? load_as_f32<Arch>(mem_v, kState, i) : B(0.0f);
-      st(p, load_as_f32<Arch>(grad, G, i), m, v);
+      update(p, load_as_f32<Arch>(grad, G, i), m, v);
       p.store_unaligned(params_next + i);
       if (has_m) store_from_f32<Arch>(mem_m_next, kState, i, m, native_bf16);
       if constexpr (kHasV) store_from_f32<Arch>(mem_v_next, kState, i, v, native_bf16);
@@ -549,7 +570,7 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n, 
         if (O != OutKind::kNone && !stream_out) prefetch_ahead<2>(out, i);
         B p = B::load_unaligned(params + i);
         B m = q8_decode_m_batch<Arch>(qm + i, m_dec), v = q8_decode_v_batch<Arch>(qv + i, v_dec);
-        st(p, load_as_f32<Arch>(grad, G, i), m, v);
+        update(p, load_as_f32<Arch>(grad, G, i), m, v);
         p.store_unaligned(params_next + i);
         m.store_aligned(bm + j);
         v.store_aligned(bv + j);
@@ -565,22 +586,47 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n, 
       q8_encode_block_vec<Arch>(bv, true, v_enc, qv_next + b0);
     }
   }
-  if (stream_out) _mm_sfence();  // the streamed lines reach memory before the tile is reported done
+  if constexpr (stream_out) _mm_sfence();  // the streamed lines reach memory before the tile is reported done
   step_state.check = st.check;
 }
 
-// Picks the run_fused instantiation for the call's stream types.
+// f(std::true_type) when `on`, else f(std::false_type); only the latter
+// is instantiated where the flag cannot apply.
+template <bool kCanApply, class Fn>
+void with_flag(bool on, const Fn& f) {
+  if constexpr (kCanApply) {
+    if (on) {
+      f(std::true_type{});
+      return;
+    }
+  }
+  f(std::false_type{});
+}
+
+// Picks the run_fused instantiation for the call's stream types and flags.
 template <class Arch, OptKind K>
 void dispatch_fused(const TileCall& call, BatchStep<Arch, K>& st, int64_t n, bool native_bf16) {
-  auto with_out = [&](auto g, auto s) {
+  auto with_flags = [&](auto g, auto s, auto o) {
     constexpr DType kG = decltype(g)::value;
     constexpr StateType kS = decltype(s)::value;
+    constexpr OutKind kO = decltype(o)::value;
+    constexpr bool kRoundsBf16 = is_avx512<Arch>() && (kS == StateType::kBF16 || kO == OutKind::kBF16);
+    with_flag<K == OptKind::kAdam>(call.c.decoupled, [&](auto dec) {
+      with_flag<kRoundsBf16>(native_bf16, [&](auto nat) {
+        with_flag<kO != OutKind::kNone>(can_stream_out<Arch, kO>(call.out), [&](auto str) {
+          constexpr FusedFlags kF{decltype(dec)::value, decltype(nat)::value, decltype(str)::value};
+          run_fused<Arch, K, kG, kS, kO, kF>(call, st, n);
+        });
+      });
+    });
+  };
+  auto with_out = [&](auto g, auto s) {
     if (call.out == nullptr) {
-      run_fused<Arch, K, kG, kS, OutKind::kNone>(call, st, n, native_bf16);
+      with_flags(g, s, std::integral_constant<OutKind, OutKind::kNone>{});
     } else if (call.out_dtype == DType::kF16) {
-      run_fused<Arch, K, kG, kS, OutKind::kF16>(call, st, n, native_bf16);
+      with_flags(g, s, std::integral_constant<OutKind, OutKind::kF16>{});
     } else {
-      run_fused<Arch, K, kG, kS, OutKind::kBF16>(call, st, n, native_bf16);
+      with_flags(g, s, std::integral_constant<OutKind, OutKind::kBF16>{});
     }
   };
   auto with_state = [&](auto g) {
