@@ -96,18 +96,28 @@ I32<Arch> q8_load_codes(const void* q) {
     return kSigned ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b);
   }
 }
+// A batch of codes as values before their block's factor (exact), and
+// times it (q8_m_decode / q8_v_decode).
 template <class Arch>
-xsimd::batch<float, Arch> q8_decode_m_batch(const int8_t* q, const xsimd::batch<float, Arch>& factor) {
+xsimd::batch<float, Arch> q8_decode_m_unscaled(const int8_t* q) {
   using B = xsimd::batch<float, Arch>;
   const I32<Arch> c = q8_load_codes<Arch, true>(q);
   const B mag = xsimd::bitwise_cast<B>(((c & I32<Arch>(0x7F)) + I32<Arch>(kQ8MOffset)) << kQ8MShift) - B(kQ8MZero);
   const I32<Arch> sign = c & I32<Arch>(INT32_MIN);
-  return xsimd::bitwise_cast<B>(xsimd::bitwise_cast<I32<Arch>>(mag) | sign) * factor;
+  return xsimd::bitwise_cast<B>(xsimd::bitwise_cast<I32<Arch>>(mag) | sign);
+}
+template <class Arch>
+xsimd::batch<float, Arch> q8_decode_v_unscaled(const uint8_t* q) {
+  using B = xsimd::batch<float, Arch>;
+  return xsimd::bitwise_cast<B>((q8_load_codes<Arch>(q) + I32<Arch>(kQ8VOffset)) << kQ8VShift);
+}
+template <class Arch>
+xsimd::batch<float, Arch> q8_decode_m_batch(const int8_t* q, const xsimd::batch<float, Arch>& factor) {
+  return q8_decode_m_unscaled<Arch>(q) * factor;
 }
 template <class Arch>
 xsimd::batch<float, Arch> q8_decode_v_batch(const uint8_t* q, const xsimd::batch<float, Arch>& factor) {
-  using B = xsimd::batch<float, Arch>;
-  return xsimd::bitwise_cast<B>((q8_load_codes<Arch>(q) + I32<Arch>(kQ8VOffset)) << kQ8VShift) * factor;
+  return q8_decode_v_unscaled<Arch>(q) * factor;
 }
 
 // The code of t from its fp32 bits (q8_shifted_code): the add rounds half
@@ -116,11 +126,13 @@ template <class Arch>
 I32<Arch> q8_shifted_codes(const xsimd::batch<float, Arch>& t, int32_t add, int shift) {
   return (xsimd::bitwise_cast<I32<Arch>>(t) + I32<Arch>(add)) >> shift;
 }
-// A batch's m codes (q8_m_encode), 0..255 in 32-bit lanes.
+// A batch's m codes (q8_m_encode), 0..255 in 32-bit lanes, from the values
+// and their absolute values.
 template <class Arch>
-I32<Arch> q8_m_codes(const xsimd::batch<float, Arch>& x, const xsimd::batch<float, Arch>& factor) {
+I32<Arch> q8_m_codes(const xsimd::batch<float, Arch>& x, const xsimd::batch<float, Arch>& abs_x,
+                     const xsimd::batch<float, Arch>& factor) {
   using B = xsimd::batch<float, Arch>;
-  const B y = fused_fma<Arch>(xsimd::abs(x), factor, B(kQ8MZero));
+  const B y = fused_fma<Arch>(abs_x, factor, B(kQ8MZero));
   const I32<Arch> c = xsimd::min(q8_shifted_codes<Arch>(y, kQ8MAdd, kQ8MShift), I32<Arch>(kQ8MMax));
   return c | ((xsimd::bitwise_cast<I32<Arch>>(x) >> 24) & I32<Arch>(0x80));
 }
@@ -153,9 +165,11 @@ void q8_store_codes4(const I32<Arch>* c, void* q) {
 }
 
 // kQ8BlockElems values encoded with the block's encoding factor (a
-// multiple of four batches).
+// multiple of four batches). `abs_src`, for m, may hold the values' absolute
+// values (a caller that has them saves computing them again), or be null.
 template <class Arch>
-void q8_encode_block_vec(const float* __restrict src, bool is_v, const xsimd::batch<float, Arch>& factor, void* q) {
+void q8_encode_block_vec(const float* __restrict src, const float* __restrict abs_src, bool is_v,
+                         const xsimd::batch<float, Arch>& factor, void* q) {
   using B = xsimd::batch<float, Arch>;
   constexpr int64_t W = B::size;
   static_assert(kQ8BlockElems % (4 * W) == 0);
@@ -163,7 +177,11 @@ void q8_encode_block_vec(const float* __restrict src, bool is_v, const xsimd::ba
     I32<Arch> c[4];
     for (int u = 0; u < 4; ++u) {
       const B x = B::load_unaligned(src + i + u * W);
-      c[u] = is_v ? q8_v_codes_unclamped<Arch>(x, factor) : q8_m_codes<Arch>(x, factor);
+      if (is_v) {
+        c[u] = q8_v_codes_unclamped<Arch>(x, factor);
+      } else {
+        c[u] = q8_m_codes<Arch>(x, abs_src != nullptr ? B::load_unaligned(abs_src + i + u * W) : xsimd::abs(x), factor);
+      }
     }
     q8_store_codes4<Arch>(c, static_cast<uint8_t*>(q) + i);
   }
@@ -237,7 +255,7 @@ float q8_encode_block_scaled(const float* __restrict src, bool is_v, int64_t len
   const float factor = q8_encode_factor(scale, is_v);
   if constexpr (has_lane_moves<Arch>()) {
     if (len == kQ8BlockElems) {
-      q8_encode_block_vec<Arch>(src, is_v, B(factor), q);
+      q8_encode_block_vec<Arch>(src, nullptr, is_v, B(factor), q);
       return scale;
     }
   }
@@ -363,6 +381,25 @@ struct BatchStep {
       }
       p = fused_fnma<Arch>(lr, g, p);
     }
+  }
+
+  // AdamW over 8-bit states with constants folded (run_fused's q8 loop):
+  // m and v come in as their codes' values before the block's decode factor,
+  // which b1f = beta1 * m's factor and b2f = beta2 * v's factor carry
+  // instead, and the gradient scale rides on omb1_gs = (1 - beta1) * scale
+  // and omb2_gs2 = (1 - beta2) * scale^2: three multiplications per batch
+  // fewer than step() (decode twice, scale once), whose products round
+  // differently by an ulp — far below the states' 8 bits. (v's term is
+  // (omb2_gs2 * g) * g: the first product is about (1 - beta2) * scale * g,
+  // so no intermediate overflows where step()'s would not.)
+  void adamw_q8_folded(B& p, B graw, B& m, B& v, const B& b1f, const B& b2f, const B& omb1_gs, const B& omb2_gs2) {
+    static_assert(K == OptKind::kAdam);
+    check = fused_fma<Arch>(graw, zero, check);
+    m = fused_fma<Arch>(b1f, m, omb1_gs * graw);
+    v = fused_fma<Arch>(b2f, v, omb2_gs2 * graw * graw);
+    p = p * decay;
+    const B denom = fused_fma<Arch>(coarse_sqrt<Arch>(v), inv_bc2_sqrt, eps);
+    p = fused_fnma<Arch>(step_size, m * coarse_reciprocal<Arch>(denom), p);
   }
 
   void operator()(B& p, B graw, B& m, B& v) {
@@ -552,14 +589,21 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
   } else {
     // Per block: decode, update and keep the new m and v in scratch while
     // their new scales are gathered, then encode both in one loop.
-    alignas(64) float bm[kQ8BlockElems], bv[kQ8BlockElems];
+    // (AdamW folds constants: BatchStep::adamw_q8_folded.) |m| is kept
+    // beside m for the encoding, which needs both.
+    alignas(64) float bm[kQ8BlockElems], bam[kQ8BlockElems], bv[kQ8BlockElems];
     const auto* const qm = static_cast<const int8_t*>(mem_m);
     const auto* const qv = static_cast<const uint8_t*>(mem_v);
     auto* const qm_next = static_cast<int8_t*>(mem_m_next);
     auto* const qv_next = static_cast<uint8_t*>(mem_v_next);
+    constexpr bool kFold = F.decoupled;
+    const B omb1_gs(call.c.one_minus_beta1 * call.grad_scale);
+    const B omb2_gs2(call.c.one_minus_beta2 * call.grad_scale * call.grad_scale);
     for (int64_t b0 = 0; b0 < n; b0 += kQ8BlockElems) {
       const int64_t blk = b0 / kQ8BlockElems;
-      const B m_dec(q8_decode_factor(call.m_scale[blk], false)), v_dec(q8_decode_factor(call.v_scale[blk], true));
+      const float m_factor = q8_decode_factor(call.m_scale[blk], false);
+      const float v_factor = q8_decode_factor(call.v_scale[blk], true);
+      const B m_dec(m_factor), v_dec(v_factor), b1f(call.c.beta1 * m_factor), b2f(call.c.beta2 * v_factor);
       B top_m(0.0f), top_v(0.0f);  // the new block scales, gathered on the way
       for (int64_t j = 0; j < kQ8BlockElems; j += W) {
         const int64_t i = b0 + j;
@@ -569,12 +613,22 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
         prefetch_ahead<1>(qv, i);
         if (O != OutKind::kNone && !stream_out) prefetch_ahead<2>(out, i);
         B p = B::load_unaligned(params + i);
-        B m = q8_decode_m_batch<Arch>(qm + i, m_dec), v = q8_decode_v_batch<Arch>(qv + i, v_dec);
-        update(p, load_as_f32<Arch>(grad, G, i), m, v);
+        B m, v;
+        if constexpr (kFold) {
+          m = q8_decode_m_unscaled<Arch>(qm + i);
+          v = q8_decode_v_unscaled<Arch>(qv + i);
+          st.adamw_q8_folded(p, load_as_f32<Arch>(grad, G, i), m, v, b1f, b2f, omb1_gs, omb2_gs2);
+        } else {
+          m = q8_decode_m_batch<Arch>(qm + i, m_dec);
+          v = q8_decode_v_batch<Arch>(qv + i, v_dec);
+          update(p, load_as_f32<Arch>(grad, G, i), m, v);
+        }
         p.store_unaligned(params_next + i);
+        const B am = xsimd::abs(m);
         m.store_aligned(bm + j);
+        am.store_aligned(bam + j);
         v.store_aligned(bv + j);
-        top_m = xsimd::max(xsimd::abs(m), top_m);  // as q8_block_scale: NaN lanes keep the max
+        top_m = xsimd::max(am, top_m);  // as q8_block_scale: NaN lanes keep the max
         top_v = xsimd::max(v, top_v);
         store_out<Arch, O>(out, i, p, stream_out, native_bf16);
       }
@@ -582,8 +636,8 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
       call.m_scale_next[blk] = m_scale;
       call.v_scale_next[blk] = v_scale;
       const B m_enc(q8_encode_factor(m_scale, false)), v_enc(q8_encode_factor(v_scale, true));
-      q8_encode_block_vec<Arch>(bm, false, m_enc, qm_next + b0);
-      q8_encode_block_vec<Arch>(bv, true, v_enc, qv_next + b0);
+      q8_encode_block_vec<Arch>(bm, bam, false, m_enc, qm_next + b0);
+      q8_encode_block_vec<Arch>(bv, nullptr, true, v_enc, qv_next + b0);
     }
   }
   if constexpr (stream_out) _mm_sfence();  // the streamed lines reach memory before the tile is reported done
