@@ -282,12 +282,16 @@ int run(int argc, char** argv) {
   std::vector<std::string> mode_names = {"offload", "fp32", "bf16_state", "q8_state"};
   int reps = 5;
   bool skip_naive = false;
+  bool with_stats = false;
   std::string isa_text = "auto";
   app.add_option("--log2-params", log2_params, "parameters = 2^N")->capture_default_str()->check(CLI::Range(10, 32));
   app.add_option("--threads", thread_counts, "thread counts (default: 1 and all cores)");
   app.add_option("--modes", mode_names, "offload, fp32, bf16_state, q8_state")->capture_default_str();
   app.add_option("--reps", reps, "timed repetitions (median kept)")->capture_default_str()->check(CLI::Range(1, 100));
   app.add_flag("--skip-naive", skip_naive, "do not time the scalar reference (slow)");
+  app.add_flag("--with-stats", with_stats,
+               "also time the step with the gradient statistics (the global norm's sum of squares): a separate "
+               "grad_stats pass before it against StepOptions::stats in the update's own pass");
   app.add_option("--isa", isa_text, "instruction set: auto, avx512_bf16, avx512, avx2, sse2, scalar")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
@@ -335,10 +339,11 @@ int run(int argc, char** argv) {
       Buffers b = make_buffers(mode, n, ex);
       cpu_optim::ParamSpan span = span_of(b);
       int64_t t = 0;
-      auto step_with = [&](Isa which) {
+      auto step_with = [&](Isa which, cpu_optim::GradStats* stats = nullptr) {
         cpu_optim::StepOptions o;
         o.isa = which;
         o.nonfinite = cpu_optim::NonFinitePolicy::kReportOnly;
+        o.stats = stats;
         auto r = cpu_optim::step(adamw, ++t, span, o, ex);
         if (!r) {
           std::fprintf(stderr, "strata-adambench: %s\n", r.error().to_string().c_str());
@@ -358,6 +363,30 @@ int run(int argc, char** argv) {
                             {"gbps", gbps}, {"roofline_gbps", roof_gbps}, {"ratio_to_roofline", gbps / roof_gbps},
                             {"triad_gbps", triad}};
       if (naive > 0) row["speedup_vs_naive"] = naive / s;
+      if (with_stats) {
+        // What an engine that updates before it knows the global norm pays
+        // for the norm: a read-only pass over the gradient first, or a fused
+        // multiply-add per batch in the update's own pass.
+        double separate = median_seconds(reps, [&] {
+          auto g = cpu_optim::grad_stats(span.grad, span.grad_dtype, span.n, 1.0f, ex, isa);
+          if (!g) {
+            std::fprintf(stderr, "strata-adambench: %s\n", g.error().to_string().c_str());
+            std::exit(1);
+          }
+          step_with(isa);
+        });
+        double fused = median_seconds(reps, [&] {
+          cpu_optim::GradStats g;
+          step_with(isa, &g);
+        });
+        std::printf(
+            "%-10s %3d   with the gradient statistics: separate pass %.4f s, in the update %.4f s "
+            "(%.3f x; the step alone %.4f s)\n",
+            mode.name.c_str(), ex.threads(), separate, fused, separate / fused, s);
+        std::fflush(stdout);
+        row["seconds_with_separate_stats"] = separate;
+        row["seconds_with_fused_stats"] = fused;
+      }
       rows.push_back(row);
     }
   }

@@ -49,6 +49,11 @@ struct TileCall {
   float* m_scale_next = nullptr;
   float* v_scale_next = nullptr;
   int64_t n = 0;
+  // When set, the tile also computes the gradient's sum-of-squares partials
+  // exactly as StatsKernel does (one per kStatsPartialElems elements from the
+  // tile's start, which is a multiple of that; the last may be partial).
+  // advanced() leaves it pointing at the tile's first partial.
+  double* partials = nullptr;
 
   // The same call moved `by` elements on (a multiple of kQ8BlockElems for
   // q8 states, whose scale pointers move by whole blocks): every stream it
@@ -123,6 +128,6 @@ int64_t reference_tile(const TileCall& call);
 void reference_q8_encode(const float* src, int64_t n, bool is_v, void* codes, float* scales);
 void reference_q8_decode(const void* codes, const float* scales, int64_t n, bool is_v, float* dst);
 void reference_stats(const void* grad, DType dtype, int64_t n, float scale, double* partials, int64_t* nonfinite);
-inline constexpr int64_t kStatsPartialElems = 1024;  // == kSub in kernels_impl.h
+inline constexpr int64_t kStatsPartialElems = 1024;  // == kSub in kernels_impl.h, kGradStatsPartialElems
 
 }  // namespace strata::cpu_optim::detail

@@ -322,6 +322,10 @@ struct BatchStep {
   // kernels' vector instructions.
   bool coarse_roots;
   B check;
+  // With call.partials: (g * grad_scale)^2 summed per lane, as StatsKernel
+  // sums it; the drivers flush it into a partial every kSub elements.
+  bool stats;
+  B sq;
 
   explicit BatchStep(const TileCall& call)
       : gs(call.grad_scale),
@@ -343,7 +347,9 @@ struct BatchStep {
         first_step(call.c.first_step),
         has_momentum(call.c.momentum != 0.0f),
         coarse_roots(call.state_type != StateType::kF32),
-        check(0.0f) {}
+        check(0.0f),
+        stats(call.partials != nullptr),
+        sq(0.0f) {}
 
   // The update with Adam's two choices fixed at compile time (the fused
   // loops are instantiated per choice: a branch per batch costs issue slots
@@ -402,7 +408,19 @@ struct BatchStep {
     p = fused_fnma<Arch>(step_size, m * coarse_reciprocal<Arch>(denom), p);
   }
 
+  // The sum of squares' term of one batch (the same product step() takes).
+  void add_square(const B& graw) {
+    const B g = graw * gs;
+    sq = fused_fma<Arch>(g, g, sq);
+  }
+  // Flushes the running sum into partial `k` (StatsKernel's reduction).
+  void flush_square(double* partials, int64_t k) {
+    partials[k] = static_cast<double>(xsimd::hadd(sq));
+    sq = zero;
+  }
+
   void operator()(B& p, B graw, B& m, B& v) {
+    if (stats) add_square(graw);
     if (decoupled) {
       coarse_roots ? step<true, true>(p, graw, m, v) : step<true, false>(p, graw, m, v);
     } else {
@@ -458,8 +476,10 @@ void store_state(const TileCall& call, bool is_v, int64_t off, int64_t len, cons
 
 // Staged path: each kSub sub-tile converted into L1 scratch, updated, and
 // converted back. Handles any length and every state type.
+// `base`: the elements of the tile before `call` (the fused prefix), which
+// place its sum-of-squares partials.
 template <class Arch, OptKind K>
-void run_staged(const TileCall& call, BatchStep<Arch, K>& st) {
+void run_staged(const TileCall& call, BatchStep<Arch, K>& st, int64_t base) {
   constexpr int64_t W = xsimd::batch<float, Arch>::size;
   alignas(64) float sp[kSub], sg[kSub], sm[kSub], sv[kSub];
   const bool has_m = uses_m(call.kind, call.c), has_v = uses_v(call.kind);
@@ -481,6 +501,14 @@ void run_staged(const TileCall& call, BatchStep<Arch, K>& st) {
       std::memset(sv + len, 0, pad_bytes);
     }
     update_scratch<Arch, K>(st, sp, sg, sm, sv, padded, has_m, has_v);
+    if (st.stats) {
+      // A staged sub-tile lies within one partial: from the tile's start
+      // (SSE2) it is one, and after a fused prefix it is the span's last
+      // partial vector or q8 block.
+      const int64_t first = base + off, end = base + off + len;
+      STRATA_CHECK_MSG(first / kSub == (end - 1) / kSub, "a staged sub-tile straddles two gradient partials");
+      if (end % kSub == 0 || off + len == call.n) st.flush_square(call.partials, first / kSub);
+    }
     std::memcpy(call.params_next + off, sp, static_cast<size_t>(len) * 4);
     if (has_m) store_state<Arch>(call, false, off, len, sm);
     if (has_v) store_state<Arch>(call, true, off, len, sv);
@@ -537,10 +565,11 @@ bool can_stream_out(const void* out) {
 }
 
 // What a fused loop fixes at compile time besides its stream types: AdamW's
-// decoupled decay, bf16 rounding with vcvtneps2bf16 (TileKernel), and a
-// streamed `out` (can_stream_out).
+// decoupled decay, bf16 rounding with vcvtneps2bf16 (TileKernel), a
+// streamed `out` (can_stream_out), and the gradient statistics.
 struct FusedFlags {
   bool decoupled = false, native_bf16 = false, stream_out = false;
+  bool stats = false;  // the gradient's sum-of-squares partials too (TileCall::partials)
 };
 
 template <class Arch, OptKind K, DType G, StateType S, OutKind O, FusedFlags F>
@@ -560,6 +589,7 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
   void* const mem_m_next = call.m_next;
   void* const mem_v_next = call.v_next;
   void* const out = call.out;
+  double* const partials = call.partials;
   const bool has_m = K == OptKind::kAdam || K == OptKind::kLion || uses_m(K, call.c);
   constexpr bool stream_out = F.stream_out, native_bf16 = F.native_bf16;
   // Adam over low-precision states takes the coarse roots (BatchStep).
@@ -580,7 +610,12 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
       B p = B::load_unaligned(params + i);
       B m = has_m ? load_as_f32<Arch>(mem_m, kState, i) : B(0.0f);
       B v = kHasV ? load_as_f32<Arch>(mem_v, kState, i) : B(0.0f);
-      update(p, load_as_f32<Arch>(grad, G, i), m, v);
+      const B graw = load_as_f32<Arch>(grad, G, i);
+      if constexpr (F.stats) {
+        st.add_square(graw);
+        if ((i + W) % kSub == 0) st.flush_square(partials, i / kSub);
+      }
+      update(p, graw, m, v);
       p.store_unaligned(params_next + i);
       if (has_m) store_from_f32<Arch>(mem_m_next, kState, i, m, native_bf16);
       if constexpr (kHasV) store_from_f32<Arch>(mem_v_next, kState, i, v, native_bf16);
@@ -614,14 +649,19 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
         if (O != OutKind::kNone && !stream_out) prefetch_ahead<2>(out, i);
         B p = B::load_unaligned(params + i);
         B m, v;
+        const B graw = load_as_f32<Arch>(grad, G, i);
+        if constexpr (F.stats) {
+          st.add_square(graw);
+          if ((i + W) % kSub == 0) st.flush_square(partials, i / kSub);
+        }
         if constexpr (kFold) {
           m = q8_decode_m_unscaled<Arch>(qm + i);
           v = q8_decode_v_unscaled<Arch>(qv + i);
-          st.adamw_q8_folded(p, load_as_f32<Arch>(grad, G, i), m, v, b1f, b2f, omb1_gs, omb2_gs2);
+          st.adamw_q8_folded(p, graw, m, v, b1f, b2f, omb1_gs, omb2_gs2);
         } else {
           m = q8_decode_m_batch<Arch>(qm + i, m_dec);
           v = q8_decode_v_batch<Arch>(qv + i, v_dec);
-          update(p, load_as_f32<Arch>(grad, G, i), m, v);
+          update(p, graw, m, v);
         }
         p.store_unaligned(params_next + i);
         const B am = xsimd::abs(m);
@@ -642,6 +682,7 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
   }
   if constexpr (stream_out) _mm_sfence();  // the streamed lines reach memory before the tile is reported done
   step_state.check = st.check;
+  step_state.sq = st.sq;  // a partial the staged tail continues
 }
 
 // f(std::true_type) when `on`, else f(std::false_type); only the latter
@@ -668,8 +709,11 @@ void dispatch_fused(const TileCall& call, BatchStep<Arch, K>& st, int64_t n, boo
     with_flag<K == OptKind::kAdam>(call.c.decoupled, [&](auto dec) {
       with_flag<kRoundsBf16>(native_bf16, [&](auto nat) {
         with_flag<kO != OutKind::kNone>(can_stream_out<Arch, kO>(call.out), [&](auto str) {
-          constexpr FusedFlags kF{decltype(dec)::value, decltype(nat)::value, decltype(str)::value};
-          run_fused<Arch, K, kG, kS, kO, kF>(call, st, n);
+          with_flag<true>(call.partials != nullptr, [&](auto stats) {
+            constexpr FusedFlags kF{decltype(dec)::value, decltype(nat)::value, decltype(str)::value,
+                                    decltype(stats)::value};
+            run_fused<Arch, K, kG, kS, kO, kF>(call, st, n);
+          });
         });
       });
     });
@@ -708,12 +752,22 @@ int64_t run_tile(const TileCall& call, bool native_bf16) {
     int64_t unit = call.state_type == StateType::kQ8 ? kQ8BlockElems : W;
     fused = call.n / unit * unit;
     dispatch_fused<Arch, K>(call, st, fused, native_bf16);
+    // The fused loop flushes whole partials; a short last one with no staged
+    // rest to finish it ends here.
+    if (st.stats && fused == call.n && call.n % kSub != 0) st.flush_square(call.partials, (call.n - 1) / kSub);
   }
   if (fused < call.n) {
     const TileCall rest = call.advanced(fused);
-    run_staged<Arch, K>(rest, st);
+    run_staged<Arch, K>(rest, st, fused);
   }
-  return st.saw_nonfinite() ? count_nonfinite_scalar(call.grad, call.grad_dtype, call.n) : 0;
+  if (!st.saw_nonfinite()) return 0;
+  if (call.partials != nullptr) {
+    // Rare: StatsKernel's partials leave the non-finite elements out.
+    int64_t bad = 0;
+    StatsKernel{}(Arch{}, call.grad, call.grad_dtype, call.n, call.grad_scale, call.partials, &bad);
+    return bad;
+  }
+  return count_nonfinite_scalar(call.grad, call.grad_dtype, call.n);
 }
 
 template <class Arch>
@@ -731,6 +785,35 @@ int64_t TileKernel::operator()(Arch, const TileCall& call) const {
   return 0;
 }
 
+// One sub-tile's running sums straight from the typed gradient: the full
+// batches loaded and widened in registers (lane-move ISAs), the last partial
+// batch through zero-padded scratch.
+template <class Arch, DType G>
+void stats_direct(const void* grad, int64_t len, float scale, xsimd::batch<float, Arch>& acc,
+                  xsimd::batch<float, Arch>& check) {
+  using B = xsimd::batch<float, Arch>;
+  constexpr int64_t W = B::size;
+  const B zero(0.0f), s(scale);
+  int64_t i = 0;
+  for (; i + W <= len; i += W) {
+    // As the update does: without it one core keeps too few reads in flight
+    // (a read-only pass ran at about 8 GB/s per core here).
+    prefetch_ahead<static_cast<int64_t>(dtype_bytes(G))>(grad, i);
+    B x = load_as_f32<Arch>(grad, G, i);
+    check = fused_fma<Arch>(x, zero, check);
+    x = x * s;
+    acc = fused_fma<Arch>(x, x, acc);
+  }
+  if (i < len) {
+    alignas(64) float t[W] = {};
+    to_f32<Arch>(static_cast<const std::byte*>(grad) + i * dtype_bytes(G), G, len - i, t);
+    B x = B::load_aligned(t);
+    check = fused_fma<Arch>(x, zero, check);
+    x = x * s;
+    acc = fused_fma<Arch>(x, x, acc);
+  }
+}
+
 template <class Arch>
 void StatsKernel::operator()(Arch, const void* grad, DType dtype, int64_t n, float scale, double* partials,
                              int64_t* nonfinite) const {
@@ -741,18 +824,36 @@ void StatsKernel::operator()(Arch, const void* grad, DType dtype, int64_t n, flo
   for (int64_t off = 0; off < n; off += kSub) {
     const int64_t len = std::min(kSub, n - off);
     const int64_t padded = (len + W - 1) / W * W;
-    to_f32<Arch>(static_cast<const std::byte*>(grad) + off * dtype_bytes(dtype), dtype, len, g);
-    std::memset(g + len, 0, static_cast<size_t>(padded - len) * 4);
+    const std::byte* src = static_cast<const std::byte*>(grad) + off * dtype_bytes(dtype);
     B acc(0.0f), check(0.0f);
     const B zero(0.0f), s(scale);
-    for (int64_t i = 0; i < padded; i += W) {
-      B x = B::load_aligned(g + i);
-      check = fused_fma<Arch>(x, zero, check);
-      x = x * s;
-      acc = fused_fma<Arch>(x, x, acc);
+    if constexpr (has_lane_moves<Arch>()) {
+      // The same lanes, products and order as the scratch loop below.
+      switch (dtype) {
+        case DType::kF32:
+          stats_direct<Arch, DType::kF32>(src, len, scale, acc, check);
+          break;
+        case DType::kBF16:
+          stats_direct<Arch, DType::kBF16>(src, len, scale, acc, check);
+          break;
+        case DType::kF16:
+          stats_direct<Arch, DType::kF16>(src, len, scale, acc, check);
+          break;
+      }
+    } else {
+      to_f32<Arch>(src, dtype, len, g);
+      std::memset(g + len, 0, static_cast<size_t>(padded - len) * 4);
+      for (int64_t i = 0; i < padded; i += W) {
+        B x = B::load_aligned(g + i);
+        check = fused_fma<Arch>(x, zero, check);
+        x = x * s;
+        acc = fused_fma<Arch>(x, x, acc);
+      }
     }
     if (!xsimd::all(xsimd::isfinite(check))) {
       // Rare: recount, and redo the sum without the non-finite elements.
+      to_f32<Arch>(src, dtype, len, g);
+      std::memset(g + len, 0, static_cast<size_t>(padded - len) * 4);
       bad += count_nonfinite_scalar(g, DType::kF32, len);
       acc = zero;
       for (int64_t i = 0; i < padded; i += W) {

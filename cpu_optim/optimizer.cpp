@@ -328,13 +328,23 @@ Result<StepReport> step(const OptimizerConfig& config, int64_t t, const ParamSpa
   STRATA_ASSIGN_OR_RETURN(Isa isa, resolve_isa(options.isa));
   StepReport report;
   if (span.n == 0) return report;
+  // The statistics come from the pre-pass when there is one, else from the
+  // update's own read of the gradient (TileCall::partials).
+  std::vector<double> partials;
   if (options.nonfinite == NonFinitePolicy::kSkipStep) {
-    STRATA_ASSIGN_OR_RETURN(GradStats stats, grad_stats(span.grad, span.grad_dtype, span.n, 1.0f, executor, isa));
+    const float scale = options.stats != nullptr ? options.grad_scale : 1.0f;  // the count does not depend on it
+    STRATA_ASSIGN_OR_RETURN(GradStats stats, grad_stats(span.grad, span.grad_dtype, span.n, scale, executor, isa));
+    if (options.stats != nullptr) {
+      options.stats->sum_squares += stats.sum_squares;
+      options.stats->nonfinite += stats.nonfinite;
+    }
     if (stats.nonfinite > 0) {
       report.nonfinite = stats.nonfinite;
       report.skipped = true;
       return report;
     }
+  } else if (options.stats != nullptr) {
+    partials.resize(static_cast<size_t>(div_ceil(static_cast<uint64_t>(span.n), detail::kStatsPartialElems)));
   }
   int64_t tile = static_cast<int64_t>(round_up(static_cast<uint64_t>(options.tile_elems), kTileQuantum));
   // The whole span as one call; each tile is it moved on to the tile's start.
@@ -357,13 +367,25 @@ Result<StepReport> step(const OptimizerConfig& config, int64_t t, const ParamSpa
   whole.m_scale_next = next.m_scale, whole.v_scale_next = next.v_scale;
   whole.n = span.n;
   std::atomic<int64_t> bad{0};
+  static_assert(kTileQuantum % detail::kStatsPartialElems == 0, "tiles start on a partial");
+  static_assert(detail::kStatsPartialElems == kGradStatsPartialElems);
   executor.parallel_for(span.n, tile, [&](int64_t begin, int64_t end) {
     TileCall call = whole.advanced(begin);
     call.n = end - begin;
+    if (!partials.empty()) call.partials = partials.data() + begin / detail::kStatsPartialElems;
     int64_t k = run_tile(isa, call);
+    if (call.partials != nullptr && isa == Isa::kScalar) {
+      // The scalar reference updates only; its statistics are reference_stats'.
+      int64_t tile_bad = 0;
+      run_stats(isa, call.grad, call.grad_dtype, call.n, call.grad_scale, call.partials, &tile_bad);
+    }
     if (k != 0) bad.fetch_add(k, std::memory_order_relaxed);
   });
   report.nonfinite = bad.load();
+  if (!partials.empty()) {
+    for (double p : partials) options.stats->sum_squares += p;  // in order, as grad_stats sums
+    options.stats->nonfinite += report.nonfinite;
+  }
   return report;
 }
 

@@ -116,11 +116,27 @@ enum class NonFinitePolicy : uint8_t {
   kReportOnly,
 };
 
+struct GradStats {
+  double sum_squares = 0;  // of the scaled finite elements, accumulated in fp64
+  int64_t nonfinite = 0;
+};
+
+// grad_stats() sums the squares in partials of this many elements.
+inline constexpr int64_t kGradStatsPartialElems = 1024;
+
 struct StepOptions {
   float grad_scale = 1.0f;  // multiplies every gradient: (1 / loss_scale) * clip factor
   NonFinitePolicy nonfinite = NonFinitePolicy::kSkipStep;
   Isa isa = Isa::kAuto;
   int64_t tile_elems = 1 << 16;  // rounded up to a multiple of 4096
+  // When set, the step also adds to *stats what grad_stats(span.grad,
+  // span.grad_dtype, span.n, grad_scale) returns, from the same read of the
+  // gradient (the update's own: no second pass): its partials summed in
+  // order onto sum_squares, its non-finite count onto nonfinite. Spans
+  // stepped one after another into the same GradStats, all but the last a
+  // multiple of kGradStatsPartialElems long, give the bits of one
+  // grad_stats over their concatenation.
+  GradStats* stats = nullptr;
 };
 
 struct StepReport {
@@ -133,14 +149,10 @@ struct StepReport {
 Result<StepReport> step(const OptimizerConfig& config, int64_t t, const ParamSpan& span, const StepOptions& options,
                         Executor& executor);
 
-struct GradStats {
-  double sum_squares = 0;  // of the scaled finite elements, accumulated in fp64
-  int64_t nonfinite = 0;
-};
-
 // Sum of squares of grad_scale * g (for the global gradient norm) and the
 // count of inf/nan elements, in one read. Deterministic: the same bits for
-// any thread count or tile size (fixed 4096-element partials, summed in order).
+// any thread count or tile size (fixed kGradStatsPartialElems-element
+// partials, summed in order).
 Result<GradStats> grad_stats(const void* grad, DType dtype, int64_t n, float grad_scale, Executor& executor,
                              Isa isa = Isa::kAuto);
 

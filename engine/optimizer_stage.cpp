@@ -447,6 +447,10 @@ Status OptimizerStage::wait_landed(size_t c) {
     ready = std::move(ready_[c]);
   }
   if (ready) STRATA_RETURN_IF_ERROR(ready().with_context("gradient of chunk " + std::to_string(c)));
+  // A speculative update takes the statistics from its own read of the
+  // gradient (StepOptions::stats, piece by piece in order: the bits of one
+  // grad_stats over the chunk); otherwise they come first, on their own.
+  if (ov_.speculate) return ok_status();
   double start = trace_ ? trace_->now_us() : 0;
   STRATA_ASSIGN_OR_RETURN(stats_[c], cpu_optim::grad_stats(ov_.grads[c].data, ov_.grads[c].dtype, elems_[c],
                                                            ov_.grad_scale, *executor_));
@@ -579,7 +583,8 @@ Status OptimizerStage::traced_update(size_t piece, std::byte* state, void* out, 
     const size_t count = pieces_of(p.chunk);
     trace_->span("optimizer",
                  "update chunk " + std::to_string(p.chunk) +
-                     (count == 1 ? "" : " piece " + std::to_string(p.index + 1) + "/" + std::to_string(count)),
+                     (count == 1 ? "" : " piece " + std::to_string(p.index + 1) + "/" + std::to_string(count)) +
+                     (options.stats != nullptr ? " + gradient stats" : ""),
                  start, trace_->now_us(), "optimizer");
   }
   return ok_status();
@@ -599,10 +604,13 @@ Result<StageCounters> OptimizerStage::update_pass(const cpu_optim::StepOptions& 
 }
 
 namespace {
-cpu_optim::StepOptions scaled(float grad_scale) {
+// `stats`: where the update also sums the gradient's statistics (a
+// speculative update's; null when they were taken before).
+cpu_optim::StepOptions scaled(float grad_scale, cpu_optim::GradStats* stats = nullptr) {
   cpu_optim::StepOptions o;
   o.nonfinite = cpu_optim::NonFinitePolicy::kReportOnly;  // the verdict is taken over the whole model
   o.grad_scale = grad_scale;
+  o.stats = stats;
   return o;
 }
 }  // namespace
@@ -621,16 +629,17 @@ Status OptimizerStage::run_overlap() {
       STRATA_RETURN_IF_ERROR(pipe->fill(k + ahead));
       const Piece& p = pieces_[piece_order_[k]];
       if (p.index == 0) STRATA_RETURN_IF_ERROR(wait_landed(p.chunk));
-      STRATA_RETURN_IF_ERROR(pipe->update(k, scaled(ov_.grad_scale)));
+      STRATA_RETURN_IF_ERROR(pipe->update(k, scaled(ov_.grad_scale, &stats_[p.chunk])));
     }
     STRATA_RETURN_IF_ERROR(pipe->finish_writes());
   } else if (ov_.speculate) {
     // In RAM: each chunk's update goes into its second copy; the first stays
     // as it was until the verdict.
     for (size_t u : piece_order_) {
-      if (pieces_[u].index == 0) STRATA_RETURN_IF_ERROR(wait_landed(pieces_[u].chunk));
-      STRATA_RETURN_IF_ERROR(
-          traced_update(u, host_[u].data(), nullptr, scaled(ov_.grad_scale), &outcome_.counters, next_[u].data()));
+      const size_t c = pieces_[u].chunk;
+      if (pieces_[u].index == 0) STRATA_RETURN_IF_ERROR(wait_landed(c));
+      STRATA_RETURN_IF_ERROR(traced_update(u, host_[u].data(), nullptr, scaled(ov_.grad_scale, &stats_[c]),
+                                           &outcome_.counters, next_[u].data()));
     }
   } else {
     if (nvme) STRATA_RETURN_IF_ERROR(pipe->fill(ahead));

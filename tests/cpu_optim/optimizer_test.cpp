@@ -639,6 +639,111 @@ TEST(GradStats, MatchesFp64AndIsDeterministic) {
   }
 }
 
+// StepOptions::stats: the update's own read of the gradient gives what
+// grad_stats gives, bit for bit — every ISA, optimizer, state type,
+// gradient dtype, awkward lengths (partials cut short, spans ending inside a
+// vector or a q8 block), tile sizes and thread counts, with and without
+// non-finite elements; spans stepped in turn add up to the whole; and the
+// update itself writes the same bits as without the statistics.
+TEST(Optimizer, StepStatisticsAreGradStatsBitForBit) {
+  uint64_t seed = strata::testing::test_seed(61);
+  auto ex1 = make_executor(1), ex2 = make_executor(2);
+  auto poison = [](Problem& p, int64_t i, float value) {
+    std::byte* at = p.grad.data() + (p.skew + i) * dtype_bytes(p.grad_dtype);
+    if (p.grad_dtype == DType::kF32) {
+      std::memcpy(at, &value, 4);
+    } else {
+      uint16_t h = p.grad_dtype == DType::kBF16 ? f32_to_bf16(value) : f32_to_f16(value);
+      std::memcpy(at, &h, 2);
+    }
+  };
+  auto same_double = [](double a, double b) { return std::bit_cast<uint64_t>(a) == std::bit_cast<uint64_t>(b); };
+  int checked = 0;
+  for (const auto& [name, config] : configs()) {
+    const bool adam = std::holds_alternative<AdamConfig>(config);
+    for (StateType st : {StateType::kF32, StateType::kBF16, StateType::kQ8}) {
+      if (!adam && st != StateType::kF32) continue;
+      for (DType g : {DType::kF32, DType::kBF16, DType::kF16}) {
+        for (int64_t n :
+             {int64_t{1}, int64_t{1023}, int64_t{1024}, int64_t{1280}, int64_t{4096 + 37}, int64_t{70001}}) {
+          for (Isa isa : available_isas()) {
+            for (bool bad : {false, true}) {
+              SCOPED_TRACE(name + " " + std::string(state_type_name(st)) + " grad " + std::string(dtype_name(g)) +
+                           " n " + std::to_string(n) + " " + std::string(isa_name(isa)) + (bad ? " non-finite" : ""));
+              Problem p(n, g, true, DType::kBF16, st, seed);
+              p.fill_grad(seed + 1);
+              if (bad) {
+                poison(p, n / 2, std::numeric_limits<float>::infinity());
+                poison(p, n - 1, std::numeric_limits<float>::quiet_NaN());
+              }
+              Result<GradStats> want = grad_stats(p.span().grad, g, n, 0.37f, *ex2, isa);
+              ASSERT_TRUE(want) << want.error().to_string();
+              Problem plain = p;
+              StepOptions o;
+              o.isa = isa;
+              o.grad_scale = 0.37f;
+              o.nonfinite = NonFinitePolicy::kReportOnly;
+              ASSERT_TRUE(step(config, 2, plain.span(), o, *ex2));
+              for (int threads : {1, 2}) {
+                for (int64_t tile : {int64_t{4096}, int64_t{1} << 16}) {
+                  Problem q = p;
+                  GradStats got;
+                  o.stats = &got;
+                  o.tile_elems = tile;
+                  Result<StepReport> r = step(config, 2, q.span(), o, threads == 1 ? *ex1 : *ex2);
+                  ASSERT_TRUE(r) << r.error().to_string();
+                  EXPECT_TRUE(same_double(got.sum_squares, want->sum_squares))
+                      << got.sum_squares << " vs " << want->sum_squares << ", " << threads << " threads, tile " << tile;
+                  EXPECT_EQ(got.nonfinite, want->nonfinite);
+                  EXPECT_EQ(r->nonfinite, want->nonfinite);
+                  EXPECT_EQ(std::memcmp(q.params.data(), plain.params.data(), q.params.size() * 4), 0);
+                  EXPECT_EQ(q.m, plain.m);
+                  EXPECT_EQ(q.v, plain.v);
+                  EXPECT_EQ(q.out, plain.out);
+                  EXPECT_EQ(q.m_scale, plain.m_scale);
+                  ++checked;
+                }
+              }
+              o.stats = nullptr;
+              o.tile_elems = StepOptions{}.tile_elems;
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 1000);
+
+  // Spans stepped in turn into one GradStats add up to one grad_stats over
+  // all of them (all but the last a multiple of kGradStatsPartialElems);
+  // with kSkipStep the pre-pass gives them.
+  const int64_t n = 3 * 4096 + 1000;
+  for (NonFinitePolicy policy : {NonFinitePolicy::kReportOnly, NonFinitePolicy::kSkipStep}) {
+    Problem p(n, DType::kBF16, true, DType::kBF16, StateType::kF32, seed);
+    p.fill_grad(seed + 2);
+    Result<GradStats> want = grad_stats(p.span().grad, DType::kBF16, n, 0.5f, *ex2);
+    ASSERT_TRUE(want);
+    GradStats got;
+    StepOptions o;
+    o.grad_scale = 0.5f;
+    o.nonfinite = policy;
+    o.stats = &got;
+    for (int64_t begin : {int64_t{0}, int64_t{4096}, int64_t{2 * 4096}}) {
+      ParamSpan s = p.span();
+      const int64_t len = begin == 2 * 4096 ? n - begin : 4096;
+      s.params += begin;
+      s.grad = static_cast<const std::byte*>(s.grad) + begin * 2;
+      s.weights_out = static_cast<std::byte*>(s.weights_out) + begin * 2;
+      s.state.m = static_cast<float*>(s.state.m) + begin;
+      s.state.v = static_cast<float*>(s.state.v) + begin;
+      s.n = len;
+      ASSERT_TRUE(step(AdamConfig{}, 1, s, o, *ex2));
+    }
+    EXPECT_TRUE(same_double(got.sum_squares, want->sum_squares)) << got.sum_squares << " vs " << want->sum_squares;
+    EXPECT_EQ(got.nonfinite, 0);
+  }
+}
+
 TEST(Optimizer, BadArgumentsAreInvalidArgument) {
   auto ex = make_executor(1);
   Problem p(100, DType::kF32, false, DType::kBF16, StateType::kF32, 1);
