@@ -288,7 +288,12 @@ std::vector<Placement> candidates(const Budgets& b, const Constraints& fixed) {
       if (st == Tier::kDevice || !allowed(fixed.states, st)) continue;  // the optimizer runs on the CPU
       for (Tier ck : tiers) {
         if (!allowed(fixed.checkpoints, ck)) continue;
-        for (int k = 1; k <= (w == Tier::kDevice ? 1 : 4); ++k) out.push_back({w, st, ck, k});
+        for (int k = 1; k <= (w == Tier::kDevice ? 1 : 4); ++k) {
+          out.push_back({w, st, ck, k});
+          // States in RAM may keep a second copy, so chunks update as their
+          // gradients land instead of after backward (more host memory).
+          if (st == Tier::kHost) out.push_back({w, st, ck, k, /*speculate_in_ram=*/true});
+        }
       }
     }
   }
@@ -339,7 +344,9 @@ const LinkTime& slowest_link(const Plan& p) {
 
 std::string placement_text(const Placement& pl) {
   return "weights on " + std::string(tier_name(pl.weights)) + ", optimizer states on " +
-         std::string(tier_name(pl.states)) + ", checkpoints on " + std::string(tier_name(pl.checkpoints));
+         std::string(tier_name(pl.states)) +
+         (pl.speculate_in_ram ? " with a second copy (speculate_in_ram: updates as gradients land)" : "") +
+         ", checkpoints on " + std::string(tier_name(pl.checkpoints));
 }
 
 }  // namespace

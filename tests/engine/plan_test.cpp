@@ -151,6 +151,31 @@ TEST(Plan, ChoosesResidentWeightsWhenTheyFit) {
   EXPECT_NE(p->why.find("fastest placement that fits"), std::string::npos);
 }
 
+// With the states in RAM the planner weighs a second copy of them
+// (speculate_in_ram): chunks update as their gradients land instead of
+// after backward. It takes the copy when the host budget holds it and
+// not when only the placement without it fits.
+TEST(Plan, KeepsASecondCopyOfTheStatesInRamWhenItFits) {
+  const TrainSetup s = gpt2("small");
+  const Bandwidths bw;
+  Placement plain{Tier::kDevice, Tier::kHost, Tier::kDevice, 1};
+  Placement copy = plain;
+  copy.speculate_in_ram = true;
+  const Plan without = estimate(s, plain, bw), with = estimate(s, copy, bw);
+  ASSERT_LT(with.step_seconds, without.step_seconds);  // the update leaves the tail
+  ASSERT_GT(with.host.total(), without.host.total());
+  Result<Plan> roomy = make_plan(s, {40 * kGiB, with.host.total(), 0}, bw);
+  ASSERT_TRUE(roomy) << roomy.error().to_string();
+  EXPECT_TRUE(roomy->placement.speculate_in_ram);
+  EXPECT_NE(roomy->why.find("second copy"), std::string::npos) << roomy->why;
+  EXPECT_DOUBLE_EQ(roomy->step_seconds, with.step_seconds);
+  Result<Plan> tight = make_plan(s, {40 * kGiB, (without.host.total() + with.host.total()) / 2, 0}, bw);
+  ASSERT_TRUE(tight) << tight.error().to_string();
+  EXPECT_FALSE(tight->placement.speculate_in_ram);
+  EXPECT_EQ(tight->why.find("second copy"), std::string::npos) << tight->why;
+  EXPECT_DOUBLE_EQ(tight->step_seconds, without.step_seconds);
+}
+
 TEST(Plan, StreamsWeightsAndSpillsToNvmeWhenTiersAreSmall) {
   // GPT-2 XL (1.56B): 3.1 GB of bf16 weights do not fit a 2 GiB device.
   TrainSetup xl = gpt2("xl", 1);
