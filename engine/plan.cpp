@@ -282,12 +282,17 @@ std::vector<Placement> candidates(const Budgets& b, const Constraints& fixed) {
   if (b.nvme_bytes > 0) tiers.push_back(Tier::kNvme);
   auto allowed = [](const std::optional<Tier>& want, Tier t) { return !want || *want == t; };
   std::vector<Placement> out;
+  // Only what the trainer runs: the optimizer on the CPU, weights on NVMe
+  // only beside states on NVMe (their blobs share the state's pieces), and
+  // checkpoints off the device only with the weights streamed.
   for (Tier w : tiers) {
     if (!allowed(fixed.weights, w)) continue;
     for (Tier st : tiers) {
-      if (st == Tier::kDevice || !allowed(fixed.states, st)) continue;  // the optimizer runs on the CPU
+      if (st == Tier::kDevice || !allowed(fixed.states, st)) continue;
+      if (w == Tier::kNvme && st != Tier::kNvme) continue;
       for (Tier ck : tiers) {
         if (!allowed(fixed.checkpoints, ck)) continue;
+        if (w == Tier::kDevice && ck != Tier::kDevice) continue;
         for (int k = 1; k <= (w == Tier::kDevice ? 1 : 4); ++k) {
           out.push_back({w, st, ck, k});
           // States in RAM may keep a second copy, so chunks update as their

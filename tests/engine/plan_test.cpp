@@ -176,6 +176,32 @@ TEST(Plan, KeepsASecondCopyOfTheStatesInRamWhenItFits) {
   EXPECT_DOUBLE_EQ(tight->step_seconds, without.step_seconds);
 }
 
+// The planner picks only placements the trainer runs: weights on NVMe only
+// beside states on NVMe, checkpoints off the device only with the weights
+// streamed — over a grid of budgets, wherever anything fits.
+TEST(Plan, ChoosesOnlyPlacementsTheTrainerRuns) {
+  int plans = 0;
+  for (const char* size : {"small", "xl"}) {
+    const TrainSetup s = gpt2(size, 4);
+    for (uint64_t device : {1 * kGiB, 4 * kGiB, 40 * kGiB}) {
+      for (uint64_t host : {2 * kGiB, 8 * kGiB, 64 * kGiB}) {
+        for (uint64_t nvme : {uint64_t{0}, 500 * kGiB}) {
+          Result<Plan> p = make_plan(s, {device, host, nvme}, Bandwidths{});
+          if (!p) continue;
+          ++plans;
+          SCOPED_TRACE(std::string(size) + " " + p->why);
+          const Placement& pl = p->placement;
+          EXPECT_TRUE(pl.weights != Tier::kNvme || pl.states == Tier::kNvme);
+          EXPECT_TRUE(pl.weights != Tier::kDevice || pl.checkpoints == Tier::kDevice);
+          EXPECT_NE(pl.states, Tier::kDevice);
+          EXPECT_TRUE(!pl.speculate_in_ram || pl.states == Tier::kHost);
+        }
+      }
+    }
+  }
+  EXPECT_GT(plans, 20);
+}
+
 TEST(Plan, StreamsWeightsAndSpillsToNvmeWhenTiersAreSmall) {
   // GPT-2 XL (1.56B): 3.1 GB of bf16 weights do not fit a 2 GiB device.
   TrainSetup xl = gpt2("xl", 1);
