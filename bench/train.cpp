@@ -36,6 +36,8 @@ int run(int argc, char** argv) {
   std::string config_path, nvme, checkpoint;
   int64_t steps = -1, save_every = 0;
   bool resume = false, stream = false, delayed = false, speculate_in_ram = false, plan_only = false;
+  bool auto_placement = false;
+  std::string auto_why;
   int prefetch = 1;
   std::string activations = "device", weights_on = "host", trace_path, device = "host";
   app.add_option("--config", config_path, "JSON config (strata or DeepSpeed keys); default: an embedded small GPT");
@@ -52,6 +54,11 @@ int run(int argc, char** argv) {
   app.add_flag("--plan-only", plan_only,
                "print the planner's estimate for this config and these flags (bytes per tier, time per link, "
                "the placement) and exit: 0 if it fits the budgets, 1 if not");
+  app.add_flag("--auto-placement", auto_placement,
+               "run the planner's placement: the fastest that fits the config's budgets (weights resident or "
+               "streamed from RAM or NVMe, the states in RAM — with a second copy if it pays — or on NVMe, the "
+               "checkpoints, the prefetch depth); NVMe is a tier only with --nvme DIR or the config's NVMe paths. "
+               "Not with --stream-weights, --weights-on, --activations-on, --prefetch or --speculate-in-ram");
   app.add_flag("--stream-weights", stream,
                "keep only a window of blocks on the device, capped at the config's device budget");
   app.add_option("--activations-on", activations, "where block inputs wait for backward when streaming")
@@ -137,6 +144,45 @@ int run(int argc, char** argv) {
     std::printf("budgets not all given in the config; using device %s, host %s\n",
                 format_bytes(budgets.device_bytes).c_str(), format_bytes(budgets.host_bytes).c_str());
   }
+  if (auto_placement) {
+    if (stream || speculate_in_ram || weights_on != "host" || activations != "device" || prefetch != 1) {
+      std::fprintf(stderr, "strata-train: --auto-placement chooses the placement itself; drop --stream-weights, "
+                           "--weights-on, --activations-on, --prefetch and --speculate-in-ram\n");
+      return 2;
+    }
+    // The planner over every tier the run has, within the config's own
+    // constraints; what it picks is what runs.
+    std::vector<std::string> paths = nvme.empty() ? cfg->nvme_paths : std::vector<std::string>{nvme};
+    if (paths.empty()) {
+      budgets.nvme_bytes = 0;
+    } else if (budgets.nvme_bytes == 0) {
+      budgets.nvme_bytes = 1ull << 40;
+    }
+    engine::Constraints fixed = cfg->constraints;
+    if (!nvme.empty()) fixed.states = std::nullopt;  // --nvme makes NVMe available, the planner decides
+    engine::TrainerOptions probe = o;
+    probe.device_bytes = budgets.device_bytes;
+    Result<engine::Plan> chosen = engine::make_plan(engine::training_setup(probe), budgets, engine::Bandwidths{}, fixed);
+    if (!chosen && paths.empty()) {
+      std::fprintf(stderr, "strata-train: --auto-placement: %s (no NVMe tier: --nvme DIR gives the planner one)\n",
+                   chosen.error().to_string().c_str());
+      return 1;
+    }
+    exit_on_error(chosen.status().with_context("--auto-placement"), "strata-train");
+    const engine::Placement& pl = chosen->placement;
+    stream = pl.weights != engine::Tier::kDevice;
+    o.weights = pl.weights == engine::Tier::kNvme ? engine::Tier::kNvme : engine::Tier::kHost;
+    weights_on = pl.weights == engine::Tier::kNvme ? "nvme" : "host";
+    o.states = pl.states;
+    o.nvme_paths = pl.states == engine::Tier::kNvme || pl.checkpoints == engine::Tier::kNvme ? paths
+                                                                                              : std::vector<std::string>{};
+    o.activation_checkpoints = pl.checkpoints;
+    activations = std::string(engine::tier_name(pl.checkpoints));
+    prefetch = pl.prefetch_depth;
+    o.speculate_in_ram = pl.speculate_in_ram;
+    auto_why = chosen->why;
+    std::printf("auto placement: %s\n", auto_why.c_str());
+  }
   o.stream_weights = stream;
   o.device_bytes = stream || device == "cuda" ? budgets.device_bytes : 0;
   o.backend = device == "cuda" ? engine::TrainerOptions::Backend::kCuda : engine::TrainerOptions::Backend::kHost;
@@ -172,7 +218,11 @@ int run(int argc, char** argv) {
                    setup, {o.weights, o.states, o.activation_checkpoints, prefetch, o.speculate_in_ram},
                    engine::Bandwidths{}))
              : engine::make_plan(setup, budgets, engine::Bandwidths{}, fixed);
-  if (stream) plan->why = "weights streamed as asked on the command line (the placement this run uses)";
+  if (plan && !auto_why.empty()) {
+    plan->why = auto_why + " (the placement this run uses: --auto-placement)";
+  } else if (stream) {
+    plan->why = "weights streamed as asked on the command line (the placement this run uses)";
+  }
   std::printf("Adam states: %s m and v (%.2f bytes per parameter, with the fp32 master weights %.2f)\n",
               std::string(cpu_optim::state_type_name(o.adam_states)).c_str(), setup.state_bytes_per_param,
               4.0 + setup.state_bytes_per_param);
