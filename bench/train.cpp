@@ -144,6 +144,13 @@ int run(int argc, char** argv) {
     std::printf("budgets not all given in the config; using device %s, host %s\n",
                 format_bytes(budgets.device_bytes).c_str(), format_bytes(budgets.host_bytes).c_str());
   }
+  o.stream_weights = stream;
+  o.device_bytes = stream || device == "cuda" ? budgets.device_bytes : 0;
+  o.backend = device == "cuda" ? engine::TrainerOptions::Backend::kCuda : engine::TrainerOptions::Backend::kHost;
+  o.prefetch_depth = prefetch;
+  o.adam_states = adam_states.empty() ? cfg->adam_states : *cpu_optim::parse_state_type(adam_states);
+  o.numa_node = static_cast<int>(cfg->numa_node);
+  o.pin_memory = cfg->pin_memory && !no_pin;
   if (auto_placement) {
     if (stream || speculate_in_ram || weights_on != "host" || activations != "device" || prefetch != 1) {
       std::fprintf(stderr, "strata-train: --auto-placement chooses the placement itself; drop --stream-weights, "
@@ -180,16 +187,12 @@ int run(int argc, char** argv) {
     activations = std::string(engine::tier_name(pl.checkpoints));
     prefetch = pl.prefetch_depth;
     o.speculate_in_ram = pl.speculate_in_ram;
+    o.stream_weights = stream;
+    o.device_bytes = stream || device == "cuda" ? budgets.device_bytes : 0;
+    o.prefetch_depth = prefetch;
     auto_why = chosen->why;
     std::printf("auto placement: %s\n", auto_why.c_str());
   }
-  o.stream_weights = stream;
-  o.device_bytes = stream || device == "cuda" ? budgets.device_bytes : 0;
-  o.backend = device == "cuda" ? engine::TrainerOptions::Backend::kCuda : engine::TrainerOptions::Backend::kHost;
-  o.prefetch_depth = prefetch;
-  o.adam_states = adam_states.empty() ? cfg->adam_states : *cpu_optim::parse_state_type(adam_states);
-  o.numa_node = static_cast<int>(cfg->numa_node);
-  o.pin_memory = cfg->pin_memory && !no_pin;
   o.activation_checkpoints = activations == "host"   ? engine::Tier::kHost
                              : activations == "nvme" ? engine::Tier::kNvme
                                                      : engine::Tier::kDevice;
