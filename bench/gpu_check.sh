@@ -1,16 +1,26 @@
 #!/usr/bin/env bash
-# The one script for a lent GPU machine (about 6 minutes): builds the GPU
-# parts (common/, gpu/, their tests, strata-gpubench), runs the tests
-# labelled `gpu` (every CUDA op, the fused attention, fp32/bf16/fp16 blocks
-# and a whole-model step through ModelOps, against the host reference), then
-# the GPU benchmark, and prints a short table last. Run scripts/fetch-gpu-deps
-# here first and carry .deps-gpu: the GPU machine cannot download packages.
+# The one script for a lent GPU machine (about 8 minutes on 16 cores; run it
+# with the device tool's timeout at 600 s). It builds strata with CUDA from
+# the Debian packages it carries (scripts/fetch-gpu-deps fills .deps-gpu
+# here; the GPU machine cannot download anything), runs the tests labelled
+# `gpu` (every CUDA op, the fused attention, fp32/bf16/fp16 blocks and a
+# whole-model step through ModelOps against the host reference, and the
+# engine's CUDA trainer against the host backend), the GPU benchmark, the
+# trainer on the GPU (`strata-train --device cuda`), and the offloaded step
+# on the GPU (`strata-stepbench --device cuda`, states in RAM, then on NVMe
+# where the disk takes O_DIRECT), and prints a short table last.
 #   device run: bash bench/gpu_check.sh   (carry: [".deps-gpu"])
+# PARTS picks what runs after the build (default: "tests bench train step").
+# Without the engine's packages in .deps-gpu it builds only common/, gpu/,
+# their tests and the GPU benchmark, as it did before the engine existed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/strata-gpu-check}"
+PARTS="${PARTS:-tests bench train step}"
 mkdir -p "$OUT"
+rm -f "$OUT"/ctest.log "$OUT"/gpubench.txt "$OUT"/train*.txt "$OUT"/stepbench*.txt
 log() { echo "== $*"; }
+wants() { [[ " $PARTS " == *" $1 "* ]]; }
 
 log "machine"
 nvidia-smi -L 2>/dev/null || echo "nvidia-smi not available"
@@ -30,19 +40,68 @@ if ls .deps-gpu/*.deb >/dev/null 2>&1; then
     fi
   done
 fi
+LIBDIR="$PREFIX/usr/lib/x86_64-linux-gnu"
+# The carried libraries (liburing, hwloc, oneTBB, xxHash and what they need)
+# are found at link and run time from the prefix; pkg-config is carried too.
+export LD_LIBRARY_PATH="$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+FULL=OFF
+if [[ -x "$PREFIX/usr/bin/pkgconf" && -e "$LIBDIR/liburing.so" && -e "$LIBDIR/libtbb.so" ]]; then
+  FULL=ON
+  export PKG_CONFIG="$PREFIX/usr/bin/pkgconf"
+  export PKG_CONFIG_LIBDIR="$LIBDIR/pkgconfig:$PREFIX/usr/share/pkgconfig"
+  export PKG_CONFIG_SYSROOT_DIR="$PREFIX"
+fi
 
-log "configure + build (GPU parts only)"
-cmake -S . -B build/gpu-check -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTRATA_CUDA=ON -DSTRATA_GPU_CHECK_ONLY=ON \
-  -DCMAKE_PREFIX_PATH="$PREFIX/usr;$PREFIX/usr/lib/x86_64-linux-gnu/cmake" -DCMAKE_CUDA_ARCHITECTURES=90 \
+if [[ $FULL == ON ]]; then
+  log "configure + build (everything, from the carried packages)"
+  FLAGS=(-DSTRATA_ALL_DEPS=OFF)
+else
+  log "configure + build (GPU parts only: the engine's packages are not in .deps-gpu)"
+  FLAGS=(-DSTRATA_GPU_CHECK_ONLY=ON)
+fi
+cmake -S . -B build/gpu-check -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTRATA_CUDA=ON "${FLAGS[@]}" \
+  -DCMAKE_PREFIX_PATH="$PREFIX/usr;$LIBDIR/cmake" -DCMAKE_CUDA_ARCHITECTURES=90 \
   > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
 cmake --build build/gpu-check -j "$(nproc)" > "$OUT/build.log" 2>&1 || { grep -E "error" -A5 "$OUT/build.log" | head -60; exit 1; }
+BIN=build/gpu-check/bench
 
-log "tests labelled gpu"
-(cd build/gpu-check && ctest -L gpu --output-on-failure 2>&1 | tee "$OUT/ctest.log" | tail -25)
+if wants tests; then
+  log "tests labelled gpu"
+  (cd build/gpu-check && ctest -L gpu --output-on-failure 2>&1 | tee "$OUT/ctest.log" | tail -25)
+fi
 
-log "benchmark"
-timeout 300 build/gpu-check/bench/strata-gpubench --reps 5 2>&1 | tee "$OUT/gpubench.txt"
+if wants bench; then
+  log "GPU benchmark"
+  timeout 240 $BIN/strata-gpubench --reps 5 2>&1 | tee "$OUT/gpubench.txt"
+fi
+
+if [[ $FULL == ON ]] && wants train; then
+  log "strata-train on the GPU (the embedded default, states in RAM; then streamed through a 64 MiB device)"
+  timeout 120 $BIN/strata-train --device cuda --steps 30 2>&1 | tee "$OUT/train.txt" |
+    grep -E "^step +(1|10|20|30) |^strata-train:"
+  timeout 120 $BIN/strata-train --device cuda --steps 30 --stream-weights --prefetch 2 2>&1 | tee "$OUT/train_streamed.txt" |
+    grep -E "^step +(1|10|20|30) |^strata-train:"
+fi
+
+if [[ $FULL == ON ]] && wants step; then
+  log "strata-stepbench on the GPU (states in RAM)"
+  timeout 180 $BIN/strata-stepbench --device cuda --states ram --reps 3 2>&1 | tee "$OUT/stepbench_ram.txt" | grep -vE "^\{"
+  SB=$(mktemp -d /tmp/strata-sb.XXXXXX)
+  if dd if=/dev/zero of="$SB/probe" bs=4096 count=1 oflag=direct status=none 2>/dev/null; then
+    log "strata-stepbench on the GPU (states on NVMe in $SB)"
+    timeout 180 $BIN/strata-stepbench --device cuda --dir "$SB" --reps 3 2>&1 | tee "$OUT/stepbench_nvme.txt" | grep -vE "^\{"
+  else
+    echo "$SB does not take O_DIRECT: the NVMe stepbench is skipped" | tee "$OUT/stepbench_nvme.txt"
+  fi
+  rm -rf "$SB"
+fi
 
 log "summary"
-grep -E "tests passed|tests failed" "$OUT/ctest.log" || echo "ctest did not finish"
-grep -vE "^\{" "$OUT/gpubench.txt" | tail -16
+grep -E "tests passed|tests failed" "$OUT/ctest.log" 2>/dev/null || echo "ctest did not run or finish"
+grep -vE "^\{" "$OUT/gpubench.txt" 2>/dev/null | tail -16
+for f in train train_streamed; do
+  [[ -f "$OUT/$f.txt" ]] && echo "$f: $(grep -E '^step|^strata-train:' "$OUT/$f.txt" | sed -n '1p;$p' | sed -E 's/ \| device idle.*//' | tr '\n' ' ')"
+done
+for f in stepbench_ram stepbench_nvme; do
+  [[ -f "$OUT/$f.txt" ]] && echo "$f: $(grep -E 'overlap efficiency|does not take|^strata-stepbench: [A-Z_]+:' "$OUT/$f.txt" | tail -1)"
+done
