@@ -211,31 +211,38 @@ int run(int argc, char** argv) {
     std::fprintf(stderr, "strata-train: --activations-on nvme needs --nvme DIR\n");
     return 2;
   }
-  // The planner's view of the same run.
+  // The planner's view of the same run: the estimate of the placement this
+  // run uses, and, when the planner would pick another, that one too.
   if (o.states == engine::Tier::kNvme && budgets.nvme_bytes == 0) budgets.nvme_bytes = 1ull << 40;
-  engine::Constraints fixed;
-  fixed.states = o.states;
   engine::TrainSetup setup = engine::training_setup(o);
-  Result<engine::Plan> plan =
-      stream ? Result<engine::Plan>(engine::estimate(
-                   setup, {o.weights, o.states, o.activation_checkpoints, prefetch, o.speculate_in_ram},
-                   engine::Bandwidths{}))
-             : engine::make_plan(setup, budgets, engine::Bandwidths{}, fixed);
-  if (plan && !auto_why.empty()) {
-    plan->why = auto_why + " (the placement this run uses: --auto-placement)";
-  } else if (stream) {
-    plan->why = "weights streamed as asked on the command line (the placement this run uses)";
-  }
+  const engine::Placement run_placement{stream ? o.weights : engine::Tier::kDevice, o.states,
+                                        o.activation_checkpoints, prefetch, o.speculate_in_ram};
+  engine::Plan plan = engine::estimate(setup, run_placement, engine::Bandwidths{});
+  plan.why = !auto_why.empty() ? auto_why + " (the placement this run uses: --auto-placement)"
+                               : engine::placement_text(run_placement) +
+                                     (stream ? ", prefetch depth " + std::to_string(prefetch) : std::string()) +
+                                     ": the placement this run uses (its flags and config)";
   std::printf("Adam states: %s m and v (%.2f bytes per parameter, with the fp32 master weights %.2f)\n",
               std::string(cpu_optim::state_type_name(o.adam_states)).c_str(), setup.state_bytes_per_param,
               4.0 + setup.state_bytes_per_param);
-  if (plan) {
-    std::printf("%s", engine::format_plan(*plan, budgets).c_str());
-  } else {
-    std::printf("planner: %s\n", plan.error().to_string().c_str());
+  std::printf("%s", engine::format_plan(plan, budgets).c_str());
+  const bool fits = engine::fits(plan, budgets);
+  if (auto_why.empty()) {
+    engine::Constraints fixed;
+    fixed.states = o.states;
+    Result<engine::Plan> best = engine::make_plan(setup, budgets, engine::Bandwidths{}, fixed);
+    const auto& bp = best ? best->placement : run_placement;
+    const bool other = best && (bp.weights != run_placement.weights || bp.checkpoints != run_placement.checkpoints ||
+                                bp.speculate_in_ram != run_placement.speculate_in_ram ||
+                                (bp.weights != engine::Tier::kDevice && bp.prefetch_depth != run_placement.prefetch_depth));
+    if (!best) {
+      std::printf("planner: %s\n", best.error().to_string().c_str());
+    } else if (other && (!fits || best->step_seconds < plan.step_seconds * (1 - 1e-9))) {
+      std::printf("planner: %s, predicted %.4f s a step against this placement's %.4f s%s (--auto-placement runs it)\n",
+                  best->why.c_str(), best->step_seconds, plan.step_seconds, fits ? "" : ", which does not fit");
+    }
   }
   if (plan_only) {
-    const bool fits = plan && engine::fits(*plan, budgets);
     std::printf("plan only: %s\n", fits ? "fits the budgets" : "does not fit the budgets");
     return fits ? 0 : 1;
   }

@@ -71,6 +71,13 @@ std::string_view tier_name(Tier t) {
   return "?";
 }
 
+std::string placement_text(const Placement& pl) {
+  return "weights on " + std::string(tier_name(pl.weights)) + ", optimizer states on " +
+         std::string(tier_name(pl.states)) +
+         (pl.speculate_in_ram ? " with a second copy (speculate_in_ram: updates as gradients land)" : "") +
+         ", checkpoints on " + std::string(tier_name(pl.checkpoints));
+}
+
 Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   const Sizes z = sizes_of(s);
   const double state_bytes = 4.0 + s.state_bytes_per_param;  // fp32 master + m, v
@@ -347,12 +354,6 @@ const LinkTime& slowest_link(const Plan& p) {
   return *slow;
 }
 
-std::string placement_text(const Placement& pl) {
-  return "weights on " + std::string(tier_name(pl.weights)) + ", optimizer states on " +
-         std::string(tier_name(pl.states)) +
-         (pl.speculate_in_ram ? " with a second copy (speculate_in_ram: updates as gradients land)" : "") +
-         ", checkpoints on " + std::string(tier_name(pl.checkpoints));
-}
 
 }  // namespace
 

@@ -25,6 +25,9 @@ namespace strata::engine {
 
 enum class Tier : uint8_t { kDevice, kHost, kNvme };
 std::string_view tier_name(Tier tier);
+struct Placement;
+// "weights on host, optimizer states on nvme, checkpoints on device", as plans print it.
+std::string placement_text(const Placement& placement);
 
 struct TrainSetup {
   gpu::GptConfig model;
