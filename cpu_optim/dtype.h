@@ -24,6 +24,10 @@ enum class StateType : uint8_t { kF32, kBF16, kQ8 };
 
 inline constexpr int64_t kQ8BlockElems = 256;
 
+// grad_stats() sums the gradient's squares in partials of this many
+// elements (fixed, so the sum has the same bits for any tiling).
+inline constexpr int64_t kGradStatsPartialElems = 1024;
+
 // Bytes of one state element (q8: the code; its block scales are apart).
 constexpr uint64_t state_elem_bytes(StateType t) {
   return t == StateType::kF32 ? 4 : (t == StateType::kBF16 ? 2 : 1);

@@ -128,6 +128,6 @@ int64_t reference_tile(const TileCall& call);
 void reference_q8_encode(const float* src, int64_t n, bool is_v, void* codes, float* scales);
 void reference_q8_decode(const void* codes, const float* scales, int64_t n, bool is_v, float* dst);
 void reference_stats(const void* grad, DType dtype, int64_t n, float scale, double* partials, int64_t* nonfinite);
-inline constexpr int64_t kStatsPartialElems = 1024;  // == kSub in kernels_impl.h, kGradStatsPartialElems
+inline constexpr int64_t kStatsPartialElems = kGradStatsPartialElems;  // == kSub in kernels_impl.h
 
 }  // namespace strata::cpu_optim::detail

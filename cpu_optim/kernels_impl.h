@@ -360,16 +360,7 @@ struct BatchStep {
     B g = graw * gs;
     if constexpr (K == OptKind::kAdam) {
       if constexpr (!kDecoupled) g = fused_fma<Arch>(wd, p, g);
-      m = fused_fma<Arch>(b1, m, omb1 * g);
-      v = fused_fma<Arch>(b2, v, omb2 * g * g);
-      if constexpr (kDecoupled) p = p * decay;
-      if constexpr (kCoarse) {
-        B denom = fused_fma<Arch>(coarse_sqrt<Arch>(v), inv_bc2_sqrt, eps);
-        p = fused_fnma<Arch>(step_size, m * coarse_reciprocal<Arch>(denom), p);
-      } else {
-        B denom = fused_fma<Arch>(fast_sqrt<Arch>(v), inv_bc2_sqrt, eps);
-        p = fused_fnma<Arch>(step_size, m * fast_reciprocal<Arch>(denom), p);
-      }
+      adam<kDecoupled, kCoarse>(p, m, v, b1, omb1 * g, b2, omb2 * g * g);
     } else if constexpr (K == OptKind::kAdagrad) {
       g = fused_fma<Arch>(wd, p, g);
       v = fused_fma<Arch>(g, g, v);
@@ -401,11 +392,24 @@ struct BatchStep {
   void adamw_q8_folded(B& p, B graw, B& m, B& v, const B& b1f, const B& b2f, const B& omb1_gs, const B& omb2_gs2) {
     static_assert(K == OptKind::kAdam);
     check = fused_fma<Arch>(graw, zero, check);
-    m = fused_fma<Arch>(b1f, m, omb1_gs * graw);
-    v = fused_fma<Arch>(b2f, v, omb2_gs2 * graw * graw);
-    p = p * decay;
-    const B denom = fused_fma<Arch>(coarse_sqrt<Arch>(v), inv_bc2_sqrt, eps);
-    p = fused_fnma<Arch>(step_size, m * coarse_reciprocal<Arch>(denom), p);
+    adam<true, true>(p, m, v, b1f, omb1_gs * graw, b2f, omb2_gs2 * graw * graw);
+  }
+
+  // Adam's moments and step from their new terms: m = beta1 m + m_term,
+  // v = beta2 v + v_term (step() and the folded 8-bit update differ only
+  // in the coefficients and terms they pass).
+  template <bool kDecoupled, bool kCoarse>
+  void adam(B& p, B& m, B& v, const B& beta1, const B& m_term, const B& beta2, const B& v_term) {
+    m = fused_fma<Arch>(beta1, m, m_term);
+    v = fused_fma<Arch>(beta2, v, v_term);
+    if constexpr (kDecoupled) p = p * decay;
+    if constexpr (kCoarse) {
+      const B denom = fused_fma<Arch>(coarse_sqrt<Arch>(v), inv_bc2_sqrt, eps);
+      p = fused_fnma<Arch>(step_size, m * coarse_reciprocal<Arch>(denom), p);
+    } else {
+      const B denom = fused_fma<Arch>(fast_sqrt<Arch>(v), inv_bc2_sqrt, eps);
+      p = fused_fnma<Arch>(step_size, m * fast_reciprocal<Arch>(denom), p);
+    }
   }
 
   // The sum of squares' term of one batch (the same product step() takes).
@@ -417,6 +421,12 @@ struct BatchStep {
   void flush_square(double* partials, int64_t k) {
     partials[k] = static_cast<double>(xsimd::hadd(sq));
     sq = zero;
+  }
+  // A fused loop's batch at element i: its term, and the flush when the
+  // batch ends a partial.
+  void add_square_at(const B& graw, double* partials, int64_t i) {
+    add_square(graw);
+    if ((i + static_cast<int64_t>(B::size)) % kSub == 0) flush_square(partials, i / kSub);
   }
 
   void operator()(B& p, B graw, B& m, B& v) {
@@ -611,10 +621,7 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
       B m = has_m ? load_as_f32<Arch>(mem_m, kState, i) : B(0.0f);
       B v = kHasV ? load_as_f32<Arch>(mem_v, kState, i) : B(0.0f);
       const B graw = load_as_f32<Arch>(grad, G, i);
-      if constexpr (F.stats) {
-        st.add_square(graw);
-        if ((i + W) % kSub == 0) st.flush_square(partials, i / kSub);
-      }
+      if constexpr (F.stats) st.add_square_at(graw, partials, i);
       update(p, graw, m, v);
       p.store_unaligned(params_next + i);
       if (has_m) store_from_f32<Arch>(mem_m_next, kState, i, m, native_bf16);
@@ -650,10 +657,7 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
         B p = B::load_unaligned(params + i);
         B m, v;
         const B graw = load_as_f32<Arch>(grad, G, i);
-        if constexpr (F.stats) {
-          st.add_square(graw);
-          if ((i + W) % kSub == 0) st.flush_square(partials, i / kSub);
-        }
+        if constexpr (F.stats) st.add_square_at(graw, partials, i);
         if constexpr (kFold) {
           m = q8_decode_m_unscaled<Arch>(qm + i);
           v = q8_decode_v_unscaled<Arch>(qv + i);

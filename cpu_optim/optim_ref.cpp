@@ -146,6 +146,12 @@ int64_t reference_tile(const TileCall& call) {
   }
   if (has_m) store_state(call.state_type, call.m_next, call.m_scale_next, false, m);
   if (has_v) store_state(call.state_type, call.v_next, call.v_scale_next, true, v);
+  if (call.partials != nullptr) {
+    // The statistics the vector kernels fuse into the update: here, as the
+    // plain reference, a pass of their own (its count is `nonfinite` again).
+    int64_t counted = 0;
+    reference_stats(call.grad, call.grad_dtype, call.n, call.grad_scale, call.partials, &counted);
+  }
   return nonfinite;
 }
 

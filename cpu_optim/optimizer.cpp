@@ -298,11 +298,23 @@ Status q8_decode(const void* codes, const float* scales, int64_t n, Q8Array whic
   return ok_status();
 }
 
+namespace {
+// Reusable partials for the calling thread (grad_stats and step run once per
+// chunk or piece every training step: no allocation each time). Two, since
+// step() may call grad_stats().
+std::vector<double>& partials_buffer(bool for_step, int64_t n) {
+  thread_local std::vector<double> grad_stats_partials, step_partials;
+  std::vector<double>& v = for_step ? step_partials : grad_stats_partials;
+  v.assign(static_cast<size_t>(div_ceil(static_cast<uint64_t>(n), detail::kStatsPartialElems)), 0.0);
+  return v;
+}
+}  // namespace
+
 Result<GradStats> grad_stats(const void* grad, DType dtype, int64_t n, float grad_scale, Executor& executor,
                              Isa isa) {
   if (n < 0 || (n > 0 && grad == nullptr)) return invalid_argument("grad_stats: null gradient or negative length");
   STRATA_ASSIGN_OR_RETURN(Isa chosen, resolve_isa(isa));
-  std::vector<double> partials(static_cast<size_t>(div_ceil(static_cast<uint64_t>(n), detail::kStatsPartialElems)));
+  std::vector<double>& partials = partials_buffer(false, n);  // the caller's thread's: the workers fill it
   std::atomic<int64_t> bad{0};
   const uint64_t elem = dtype_bytes(dtype);
   executor.parallel_for(n, 64 * detail::kStatsPartialElems, [&](int64_t begin, int64_t end) {
@@ -330,7 +342,7 @@ Result<StepReport> step(const OptimizerConfig& config, int64_t t, const ParamSpa
   if (span.n == 0) return report;
   // The statistics come from the pre-pass when there is one, else from the
   // update's own read of the gradient (TileCall::partials).
-  std::vector<double> partials;
+  std::vector<double>* partials = nullptr;  // the caller's thread's buffer, filled by the workers
   if (options.nonfinite == NonFinitePolicy::kSkipStep) {
     const float scale = options.stats != nullptr ? options.grad_scale : 1.0f;  // the count does not depend on it
     STRATA_ASSIGN_OR_RETURN(GradStats stats, grad_stats(span.grad, span.grad_dtype, span.n, scale, executor, isa));
@@ -344,7 +356,7 @@ Result<StepReport> step(const OptimizerConfig& config, int64_t t, const ParamSpa
       return report;
     }
   } else if (options.stats != nullptr) {
-    partials.resize(static_cast<size_t>(div_ceil(static_cast<uint64_t>(span.n), detail::kStatsPartialElems)));
+    partials = &partials_buffer(true, span.n);
   }
   int64_t tile = static_cast<int64_t>(round_up(static_cast<uint64_t>(options.tile_elems), kTileQuantum));
   // The whole span as one call; each tile is it moved on to the tile's start.
@@ -368,22 +380,16 @@ Result<StepReport> step(const OptimizerConfig& config, int64_t t, const ParamSpa
   whole.n = span.n;
   std::atomic<int64_t> bad{0};
   static_assert(kTileQuantum % detail::kStatsPartialElems == 0, "tiles start on a partial");
-  static_assert(detail::kStatsPartialElems == kGradStatsPartialElems);
   executor.parallel_for(span.n, tile, [&](int64_t begin, int64_t end) {
     TileCall call = whole.advanced(begin);
     call.n = end - begin;
-    if (!partials.empty()) call.partials = partials.data() + begin / detail::kStatsPartialElems;
+    if (partials != nullptr) call.partials = partials->data() + begin / detail::kStatsPartialElems;
     int64_t k = run_tile(isa, call);
-    if (call.partials != nullptr && isa == Isa::kScalar) {
-      // The scalar reference updates only; its statistics are reference_stats'.
-      int64_t tile_bad = 0;
-      run_stats(isa, call.grad, call.grad_dtype, call.n, call.grad_scale, call.partials, &tile_bad);
-    }
     if (k != 0) bad.fetch_add(k, std::memory_order_relaxed);
   });
   report.nonfinite = bad.load();
-  if (!partials.empty()) {
-    for (double p : partials) options.stats->sum_squares += p;  // in order, as grad_stats sums
+  if (partials != nullptr) {
+    for (double p : *partials) options.stats->sum_squares += p;  // in order, as grad_stats sums
     options.stats->nonfinite += report.nonfinite;
   }
   return report;

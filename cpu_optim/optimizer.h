@@ -121,9 +121,6 @@ struct GradStats {
   int64_t nonfinite = 0;
 };
 
-// grad_stats() sums the squares in partials of this many elements.
-inline constexpr int64_t kGradStatsPartialElems = 1024;
-
 struct StepOptions {
   float grad_scale = 1.0f;  // multiplies every gradient: (1 / loss_scale) * clip factor
   NonFinitePolicy nonfinite = NonFinitePolicy::kSkipStep;

@@ -8,13 +8,11 @@
 
 #include <immintrin.h>
 
-#include <xsimd/xsimd.hpp>
-
 #include <cstdint>
 #include <type_traits>
+#include <xsimd/xsimd.hpp>
 
 #include "cpu_optim/dtype.h"
-#include "cpu_optim/kernel_call.h"
 
 namespace strata::cpu_optim::detail {
 
