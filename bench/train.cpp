@@ -144,10 +144,7 @@ int run(int argc, char** argv) {
     std::printf("budgets not all given in the config; using device %s, host %s\n",
                 format_bytes(budgets.device_bytes).c_str(), format_bytes(budgets.host_bytes).c_str());
   }
-  o.stream_weights = stream;
-  o.device_bytes = stream || device == "cuda" ? budgets.device_bytes : 0;
   o.backend = device == "cuda" ? engine::TrainerOptions::Backend::kCuda : engine::TrainerOptions::Backend::kHost;
-  o.prefetch_depth = prefetch;
   o.adam_states = adam_states.empty() ? cfg->adam_states : *cpu_optim::parse_state_type(adam_states);
   o.numa_node = static_cast<int>(cfg->numa_node);
   o.pin_memory = cfg->pin_memory && !no_pin;
@@ -167,32 +164,29 @@ int run(int argc, char** argv) {
     }
     engine::Constraints fixed = cfg->constraints;
     if (!nvme.empty()) fixed.states = std::nullopt;  // --nvme makes NVMe available, the planner decides
-    engine::TrainerOptions probe = o;
-    probe.device_bytes = budgets.device_bytes;
-    Result<engine::Plan> chosen = engine::make_plan(engine::training_setup(probe), budgets, engine::Bandwidths{}, fixed);
+    Result<engine::Plan> chosen = engine::make_plan(engine::training_setup(o), budgets, engine::Bandwidths{}, fixed);
     if (!chosen && paths.empty()) {
       std::fprintf(stderr, "strata-train: --auto-placement: %s (no NVMe tier: --nvme DIR gives the planner one)\n",
                    chosen.error().to_string().c_str());
       return 1;
     }
     exit_on_error(chosen.status().with_context("--auto-placement"), "strata-train");
+    // The plan's placement, as the flags below would have said it.
     const engine::Placement& pl = chosen->placement;
     stream = pl.weights != engine::Tier::kDevice;
-    o.weights = pl.weights == engine::Tier::kNvme ? engine::Tier::kNvme : engine::Tier::kHost;
     weights_on = pl.weights == engine::Tier::kNvme ? "nvme" : "host";
-    o.states = pl.states;
-    o.nvme_paths = pl.states == engine::Tier::kNvme || pl.checkpoints == engine::Tier::kNvme ? paths
-                                                                                              : std::vector<std::string>{};
-    o.activation_checkpoints = pl.checkpoints;
     activations = std::string(engine::tier_name(pl.checkpoints));
     prefetch = pl.prefetch_depth;
+    o.states = pl.states;
+    o.nvme_paths =
+        pl.states == engine::Tier::kNvme || pl.checkpoints == engine::Tier::kNvme ? paths : std::vector<std::string>{};
     o.speculate_in_ram = pl.speculate_in_ram;
-    o.stream_weights = stream;
-    o.device_bytes = stream || device == "cuda" ? budgets.device_bytes : 0;
-    o.prefetch_depth = prefetch;
     auto_why = chosen->why;
     std::printf("auto placement: %s\n", auto_why.c_str());
   }
+  o.stream_weights = stream;
+  o.device_bytes = stream || device == "cuda" ? budgets.device_bytes : 0;
+  o.prefetch_depth = prefetch;
   o.activation_checkpoints = activations == "host"   ? engine::Tier::kHost
                              : activations == "nvme" ? engine::Tier::kNvme
                                                      : engine::Tier::kDevice;
@@ -215,8 +209,8 @@ int run(int argc, char** argv) {
   // run uses, and, when the planner would pick another, that one too.
   if (o.states == engine::Tier::kNvme && budgets.nvme_bytes == 0) budgets.nvme_bytes = 1ull << 40;
   engine::TrainSetup setup = engine::training_setup(o);
-  const engine::Placement run_placement{stream ? o.weights : engine::Tier::kDevice, o.states,
-                                        o.activation_checkpoints, prefetch, o.speculate_in_ram};
+  const engine::Placement run_placement{stream ? o.weights : engine::Tier::kDevice, o.states, o.activation_checkpoints,
+                                        stream ? prefetch : 1, o.speculate_in_ram};
   engine::Plan plan = engine::estimate(setup, run_placement, engine::Bandwidths{});
   plan.why = !auto_why.empty() ? auto_why + " (the placement this run uses: --auto-placement)"
                                : engine::placement_text(run_placement) +
@@ -231,13 +225,9 @@ int run(int argc, char** argv) {
     engine::Constraints fixed;
     fixed.states = o.states;
     Result<engine::Plan> best = engine::make_plan(setup, budgets, engine::Bandwidths{}, fixed);
-    const auto& bp = best ? best->placement : run_placement;
-    const bool other = best && (bp.weights != run_placement.weights || bp.checkpoints != run_placement.checkpoints ||
-                                bp.speculate_in_ram != run_placement.speculate_in_ram ||
-                                (bp.weights != engine::Tier::kDevice && bp.prefetch_depth != run_placement.prefetch_depth));
     if (!best) {
       std::printf("planner: %s\n", best.error().to_string().c_str());
-    } else if (other && (!fits || best->step_seconds < plan.step_seconds * (1 - 1e-9))) {
+    } else if (best->placement != run_placement && (!fits || best->step_seconds < plan.step_seconds * (1 - 1e-9))) {
       std::printf("planner: %s, predicted %.4f s a step against this placement's %.4f s%s (--auto-placement runs it)\n",
                   best->why.c_str(), best->step_seconds, plan.step_seconds, fits ? "" : ", which does not fit");
     }

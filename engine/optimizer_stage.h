@@ -279,7 +279,6 @@ class OptimizerStage {
   OverlapOutcome outcome_;
   std::vector<cpu_optim::GradStats> stats_;
   std::vector<bool> written_;  // per chunk: traced_update wrote into ov_.out (the stage's thread, then the caller's)
-  std::vector<bool> stats_done_;
   // One worker thread for the stage's life, started by the first begin():
   // each begin() hands it a step (job_), finish()/cancel() wait for job_done_.
   std::thread worker_;

@@ -109,6 +109,7 @@ struct Placement {
   // States in RAM: a second copy of them, so that chunks are updated as
   // they land (TrainerOptions::speculate_in_ram).
   bool speculate_in_ram = false;
+  bool operator==(const Placement&) const = default;
 };
 
 struct Plan {

@@ -357,7 +357,7 @@ Status Trainer::absorb(Result<OverlapOutcome> outcome) {
   // failed, not skipped). Otherwise it wrote them in place, chunk by chunk,
   // and a failed or skipped step takes the old ones back from the master
   // weights it left as they were.
-  const bool in_place = weights_next_.empty() && !weights_.empty();
+  const bool in_place = weights_in_place();
   if (!outcome) {
     if (in_place) restore_written_weights().ignore();  // what stays stale is put back before the next use
     return std::move(outcome).error();
@@ -470,7 +470,7 @@ Result<float> Trainer::step() {
     if (!delayed) stage_->cancel();
     // Chunks the stage had updated in place get their old weights back
     // (what cannot be now, before the next use).
-    if (!delayed && !weights_.empty()) restore_written_weights().ignore();
+    if (weights_in_place()) restore_written_weights().ignore();
     Status r = delayed ? flush() : ok_status();
     return r.ok() ? std::move(s) : std::move(r);
   };

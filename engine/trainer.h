@@ -195,6 +195,9 @@ class Trainer {
   // skipped step); restore_weights() alone retries what is still stale.
   Status restore_written_weights();
   Status restore_weights();
+  // The optimizer writes the weights in RAM in place (not on NVMe, not
+  // beside them for the delayed update).
+  bool weights_in_place() const { return !weights_.empty() && weights_next_.empty(); }
 
   TrainerOptions options_;
   std::vector<gpu::ChunkLayout> layout_;
