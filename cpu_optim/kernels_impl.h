@@ -12,13 +12,14 @@
 #pragma once
 
 #include <immintrin.h>
-#include <xsimd/xsimd.hpp>
 
 #include <algorithm>
 #include <cfloat>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <type_traits>
+#include <xsimd/xsimd.hpp>
 
 #include "common/check.h"
 #include "cpu_optim/kernel_call.h"
@@ -150,13 +151,19 @@ I32<Arch> q8_v_codes_unclamped(const xsimd::batch<float, Arch>& x, const xsimd::
 // 2^12) and one lane permutation put the bytes back in order — 4
 // instructions where a narrowing move per batch costs 2 each (xsimd 8 has
 // neither).
+// AVX-512: the bytes of two rounds of packs back in element order (each
+// 128-bit lane k of the packed bytes holds dword k of the four batches).
+template <class Arch>
+__m512i q8_packed_in_order(__m512i packed) {
+  static_assert(is_avx512<Arch>());
+  return _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), packed);
+}
+
 template <class Arch>
 void q8_store_codes4(const I32<Arch>* c, void* q) {
   if constexpr (is_avx512<Arch>()) {
-    // Each 128-bit lane k of the packed bytes holds dword k of c[0..3].
     const __m512i b = _mm512_packus_epi16(_mm512_packus_epi32(c[0], c[1]), _mm512_packus_epi32(c[2], c[3]));
-    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    _mm512_storeu_si512(q, _mm512_permutexvar_epi32(order, b));
+    _mm512_storeu_si512(q, q8_packed_in_order<Arch>(b));
   } else {
     const __m256i b = _mm256_packus_epi16(_mm256_packus_epi32(c[0], c[1]), _mm256_packus_epi32(c[2], c[3]));
     _mm256_storeu_si256(static_cast<__m256i*>(q),
@@ -164,12 +171,32 @@ void q8_store_codes4(const I32<Arch>* c, void* q) {
   }
 }
 
-// kQ8BlockElems values encoded with the block's encoding factor (a
-// multiple of four batches). `abs_src`, for m, may hold the values' absolute
-// values (a caller that has them saves computing them again), or be null.
+// AVX-512: four batches of m codes (q8_m_codes) from the magnitudes |m|
+// and the signs, a 64-bit mask (bit e set: element e's m has its sign bit
+// set, as vpmovd2m gives it). The magnitude's code is >= 0 (y >= 2^-7), so
+// the signed saturating packs clamp it to 127 as the min does (NaN
+// included), and one masked byte add per four batches sets bit 7 (the
+// magnitude being at most 127, adding 0x80 is the OR): 3 instructions a
+// batch where q8_m_codes takes 6.
 template <class Arch>
-void q8_encode_block_vec(const float* __restrict src, const float* __restrict abs_src, bool is_v,
-                         const xsimd::batch<float, Arch>& factor, void* q) {
+void q8_store_m_codes4_avx512(const float* abs_m, uint64_t negative, const xsimd::batch<float, Arch>& factor, void* q) {
+  static_assert(is_avx512<Arch>());
+  using B = xsimd::batch<float, Arch>;
+  constexpr int64_t W = B::size;
+  __m512i c[4];
+  for (int u = 0; u < 4; ++u) {
+    const B y = fused_fma<Arch>(B::load_aligned(abs_m + u * W), factor, B(kQ8MZero));
+    c[u] = q8_shifted_codes<Arch>(y, kQ8MAdd, kQ8MShift);
+  }
+  const __m512i mag =
+      q8_packed_in_order<Arch>(_mm512_packs_epi16(_mm512_packs_epi32(c[0], c[1]), _mm512_packs_epi32(c[2], c[3])));
+  _mm512_storeu_si512(q, _mm512_mask_add_epi8(mag, negative, mag, _mm512_set1_epi8(static_cast<char>(0x80))));
+}
+
+// kQ8BlockElems values encoded with the block's encoding factor (a
+// multiple of four batches).
+template <class Arch>
+void q8_encode_block_vec(const float* __restrict src, bool is_v, const xsimd::batch<float, Arch>& factor, void* q) {
   using B = xsimd::batch<float, Arch>;
   constexpr int64_t W = B::size;
   static_assert(kQ8BlockElems % (4 * W) == 0);
@@ -180,7 +207,7 @@ void q8_encode_block_vec(const float* __restrict src, const float* __restrict ab
       if (is_v) {
         c[u] = q8_v_codes_unclamped<Arch>(x, factor);
       } else {
-        c[u] = q8_m_codes<Arch>(x, abs_src != nullptr ? B::load_unaligned(abs_src + i + u * W) : xsimd::abs(x), factor);
+        c[u] = q8_m_codes<Arch>(x, xsimd::abs(x), factor);
       }
     }
     q8_store_codes4<Arch>(c, static_cast<uint8_t*>(q) + i);
@@ -255,7 +282,7 @@ float q8_encode_block_scaled(const float* __restrict src, bool is_v, int64_t len
   const float factor = q8_encode_factor(scale, is_v);
   if constexpr (has_lane_moves<Arch>()) {
     if (len == kQ8BlockElems) {
-      q8_encode_block_vec<Arch>(src, nullptr, is_v, B(factor), q);
+      q8_encode_block_vec<Arch>(src, is_v, B(factor), q);
       return scale;
     }
   }
@@ -313,14 +340,16 @@ struct BatchStep {
   using B = xsimd::batch<float, Arch>;
   B gs, zero, lr, wd, decay, b1, b2, omb1, omb2, eps, step_size, inv_bc2_sqrt, momentum, one_minus_dampening;
   bool decoupled, nesterov, first_step, has_momentum;
-  // Adam over low-precision (bf16, 8-bit) states: the denominator's square
-  // root and reciprocal are the bare hardware estimates (coarse_sqrt /
-  // coarse_reciprocal). Their error (~1e-4 relative on AVX-512, ~1e-3 on
-  // AVX2) is below what the states themselves carry (bf16: 2^-9 relative
-  // per rounding, compounded over the steps; 8-bit: ~1e-2), and the Newton
-  // steps and their zero / infinity fix-ups cost a quarter of these
-  // kernels' vector instructions.
+  // Adam over low-precision (bf16, 8-bit) states: the step's factor
+  // step_size / (sqrt(v) / sqrt(bc2) + eps) comes from the bare hardware
+  // estimates (coarse_step_factor). Their error (~1e-4 relative on AVX-512,
+  // ~1e-3 on AVX2) is below what the states themselves carry (bf16: 2^-9
+  // relative per rounding, compounded over the steps; 8-bit: ~1e-2), and the
+  // Newton steps and their zero / infinity fix-ups cost a quarter of these
+  // kernels' vector instructions. k_step = 1 / (sqrt(bc2) step_size) and
+  // eps_step = eps / step_size are its constants (step_size folded in).
   bool coarse_roots;
+  B k_step, eps_step;
   B check;
   // With call.partials: (g * grad_scale)^2 summed per lane, as StatsKernel
   // sums it; the drivers flush it into a partial every kSub elements.
@@ -347,6 +376,8 @@ struct BatchStep {
         first_step(call.c.first_step),
         has_momentum(call.c.momentum != 0.0f),
         coarse_roots(call.state_type != StateType::kF32),
+        k_step(1.0f / (call.c.bias_correction2_sqrt * call.c.step_size)),
+        eps_step(call.c.step_size != 0.0f ? call.c.eps / call.c.step_size : 0.0f),  // lr = 0: k_step = inf, factor 0
         check(0.0f),
         stats(call.partials != nullptr),
         sq(0.0f) {}
@@ -354,9 +385,11 @@ struct BatchStep {
   // The update with Adam's two choices fixed at compile time (the fused
   // loops are instantiated per choice: a branch per batch costs issue slots
   // the vector instructions need); operator() picks them at run time.
-  template <bool kDecoupled, bool kCoarse>
+  // kCheck = false leaves the inf/nan check to the caller (run_fused's q8
+  // loop, which takes it from the class test of the bf16 copy).
+  template <bool kDecoupled, bool kCoarse, bool kCheck = true>
   void step(B& p, B graw, B& m, B& v) {
-    check = fused_fma<Arch>(graw, zero, check);
+    if constexpr (kCheck) check = fused_fma<Arch>(graw, zero, check);
     B g = graw * gs;
     if constexpr (K == OptKind::kAdam) {
       if constexpr (!kDecoupled) g = fused_fma<Arch>(wd, p, g);
@@ -389,9 +422,10 @@ struct BatchStep {
   // differently by an ulp — far below the states' 8 bits. (v's term is
   // (omb2_gs2 * g) * g: the first product is about (1 - beta2) * scale * g,
   // so no intermediate overflows where step()'s would not.)
+  template <bool kCheck = true>
   void adamw_q8_folded(B& p, B graw, B& m, B& v, const B& b1f, const B& b2f, const B& omb1_gs, const B& omb2_gs2) {
     static_assert(K == OptKind::kAdam);
-    check = fused_fma<Arch>(graw, zero, check);
+    if constexpr (kCheck) check = fused_fma<Arch>(graw, zero, check);
     adam<true, true>(p, m, v, b1f, omb1_gs * graw, b2f, omb2_gs2 * graw * graw);
   }
 
@@ -403,13 +437,27 @@ struct BatchStep {
     m = fused_fma<Arch>(beta1, m, m_term);
     v = fused_fma<Arch>(beta2, v, v_term);
     if constexpr (kDecoupled) p = p * decay;
-    if constexpr (kCoarse) {
+    if constexpr (kCoarse && has_lane_moves<Arch>()) {
+      p = fused_fnma<Arch>(m, coarse_step_factor(v), p);
+    } else if constexpr (kCoarse) {
       const B denom = fused_fma<Arch>(coarse_sqrt<Arch>(v), inv_bc2_sqrt, eps);
       p = fused_fnma<Arch>(step_size, m * coarse_reciprocal<Arch>(denom), p);
     } else {
       const B denom = fused_fma<Arch>(fast_sqrt<Arch>(v), inv_bc2_sqrt, eps);
       p = fused_fnma<Arch>(step_size, m * fast_reciprocal<Arch>(denom), p);
     }
+  }
+
+  // step_size / (sqrt(v) / sqrt(bc2) + eps) from two estimates: with
+  // r = 1/sqrt(v) it is r / (k_step + eps_step r) (numerator and denominator
+  // times r / step_size), one square root and one reciprocal estimate where
+  // sqrt(v) = 1/rsqrt(v) would take a third. v = 0 is lifted to the
+  // smallest normal number, so r stays finite and the factor is the
+  // 1 / eps_step it should be; v = inf gives r = 0 and a factor of 0, as
+  // the exact formula (a non-finite m then makes the update NaN).
+  B coarse_step_factor(const B& v) const {
+    const B r = rsqrt_estimate<Arch>(xsimd::max(v, B(std::numeric_limits<float>::min())));
+    return r * rcp_estimate<Arch>(fused_fma<Arch>(eps_step, r, k_step));
   }
 
   // The sum of squares' term of one batch (the same product step() takes).
@@ -567,11 +615,35 @@ template <class Arch, OutKind O>
 }
 
 // Whether a tile's `out` may be streamed: a lane-move ISA and `out` aligned
-// to a batch of 2-byte lanes.
+// to two batches of 2-byte lanes (the q8 loop streams pairs of batches).
 template <class Arch, OutKind O>
 bool can_stream_out(const void* out) {
-  constexpr uintptr_t kBytes = xsimd::batch<float, Arch>::size * 2;
+  constexpr uintptr_t kBytes = xsimd::batch<float, Arch>::size * 4;
   return O != OutKind::kNone && has_lane_moves<Arch>() && reinterpret_cast<uintptr_t>(out) % kBytes == 0;
+}
+
+// Two batches of new weights streamed as bf16 by one vcvtne2ps2bf16 (dst
+// 64-byte aligned), with the inf/nan check of their gradients: run_fused's
+// q8 loop, where the new weights are NaN wherever a gradient is not finite.
+// A pair with a subnormal, infinite or NaN weight takes the integer
+// rounding (vcvtneps2bf16 flushes subnormals) and folds its gradients into
+// the check; the others need neither.
+template <class Arch, OptKind K>
+[[gnu::always_inline]] inline void store_bf16_pair_checked(const xsimd::batch<float, Arch>& a,
+                                                           const xsimd::batch<float, Arch>& b,
+                                                           const xsimd::batch<float, Arch>& ga,
+                                                           const xsimd::batch<float, Arch>& gb, uint16_t* dst,
+                                                           BatchStep<Arch, K>& st) {
+  static_assert(is_avx512<Arch>());
+  constexpr int kSpecial = 0x01 | 0x08 | 0x10 | 0x20 | 0x80;  // QNaN, +inf, -inf, subnormal, SNaN
+  if ((_mm512_fpclass_ps_mask(a, kSpecial) | _mm512_fpclass_ps_mask(b, kSpecial)) == 0) {
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(dst), reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a)));
+    return;
+  }
+  st.check = fused_fma<Arch>(ga, st.zero, st.check);
+  st.check = fused_fma<Arch>(gb, st.zero, st.check);
+  store_bf16<Arch, true>(a, dst, false);
+  store_bf16<Arch, true>(b, dst + xsimd::batch<float, Arch>::size, false);
 }
 
 // What a fused loop fixes at compile time besides its stream types: AdamW's
@@ -630,10 +702,28 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
     }
   } else {
     // Per block: decode, update and keep the new m and v in scratch while
-    // their new scales are gathered, then encode both in one loop.
-    // (AdamW folds constants: BatchStep::adamw_q8_folded.) |m| is kept
-    // beside m for the encoding, which needs both.
-    alignas(64) float bm[kQ8BlockElems], bam[kQ8BlockElems], bv[kQ8BlockElems];
+    // their new scales are gathered; a block's codes can only be written
+    // once all its new values are known. The encoding of block b - 1 is
+    // interleaved with the update of block b, four batches of each at a
+    // time (two scratch blocks, alternating): a separate encoding loop per
+    // block would leave the memory streams idle while it ran. (AdamW folds
+    // constants: BatchStep::adamw_q8_folded.) m goes to scratch as |m|,
+    // which the scale and the encoding need, and (AVX-512) its signs as a
+    // mask per batch (q8_store_m_codes4_avx512).
+    //
+    // With a streamed bf16 copy rounded by vcvtneps2bf16 (kPairOut), two
+    // batches are rounded by one instruction, and the inf/nan check rides
+    // on the class test that instruction needs anyway (it flushes
+    // subnormals, so subnormal lanes take the integer rounding): Adam's new
+    // weight is NaN wherever the gradient is inf or NaN (m is then
+    // non-finite and its factor 0 or non-finite), so a pair whose new
+    // weights are all finite and normal has finite gradients, and only the
+    // pairs that fail the test fold their gradients into the check — the
+    // same result as checking every batch.
+    constexpr bool kAvx512 = is_avx512<Arch>();
+    constexpr bool kPairOut = kAvx512 && O == OutKind::kBF16 && native_bf16 && stream_out;
+    alignas(64) float bm[2][kQ8BlockElems], bam[2][kQ8BlockElems], bv[2][kQ8BlockElems];
+    alignas(8) uint16_t bneg[2][kQ8BlockElems / 16];  // AVX-512: m's sign bits, a mask per batch
     const auto* const qm = static_cast<const int8_t*>(mem_m);
     const auto* const qv = static_cast<const uint8_t*>(mem_v);
     auto* const qm_next = static_cast<int8_t*>(mem_m_next);
@@ -641,13 +731,37 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
     constexpr bool kFold = F.decoupled;
     const B omb1_gs(call.c.one_minus_beta1 * call.grad_scale);
     const B omb2_gs2(call.c.one_minus_beta2 * call.grad_scale * call.grad_scale);
-    for (int64_t b0 = 0; b0 < n; b0 += kQ8BlockElems) {
-      const int64_t blk = b0 / kQ8BlockElems;
+    static_assert(kQ8BlockElems % (4 * W) == 0);
+    // Four batches of block `blk`'s codes, from scratch `s` at j.
+    auto encode4 = [&](int s, int64_t blk, int64_t j, const B& m_enc, const B& v_enc) {
+      int8_t* const qm_at = qm_next + blk * kQ8BlockElems + j;
+      if constexpr (kAvx512) {
+        uint64_t negative;
+        std::memcpy(&negative, &bneg[s][j / W], sizeof negative);
+        q8_store_m_codes4_avx512<Arch>(bam[s] + j, negative, m_enc, qm_at);
+      }
+      I32<Arch> cm[4], cv[4];
+      for (int u = 0; u < 4; ++u) {
+        const int64_t k = j + u * W;
+        if constexpr (!kAvx512)
+          cm[u] = q8_m_codes<Arch>(B::load_aligned(bm[s] + k), B::load_aligned(bam[s] + k), m_enc);
+        cv[u] = q8_v_codes_unclamped<Arch>(B::load_aligned(bv[s] + k), v_enc);
+      }
+      if constexpr (!kAvx512) q8_store_codes4<Arch>(cm, qm_at);
+      q8_store_codes4<Arch>(cv, qv_next + blk * kQ8BlockElems + j);
+    };
+    B prev_m_enc(0.0f), prev_v_enc(0.0f);  // the previous block's encoding factors
+    const int64_t blocks = n / kQ8BlockElems;
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      const int64_t b0 = blk * kQ8BlockElems;
+      const int s = static_cast<int>(blk & 1);
       const float m_factor = q8_decode_factor(call.m_scale[blk], false);
       const float v_factor = q8_decode_factor(call.v_scale[blk], true);
       const B m_dec(m_factor), v_dec(v_factor), b1f(call.c.beta1 * m_factor), b2f(call.c.beta2 * v_factor);
       B top_m(0.0f), top_v(0.0f);  // the new block scales, gathered on the way
-      for (int64_t j = 0; j < kQ8BlockElems; j += W) {
+      // One batch at j: its new weights (returned; stored here but for the
+      // bf16 copy) and its new m, |m| and v into scratch.
+      auto batch = [&](int64_t j, B& graw) -> B {
         const int64_t i = b0 + j;
         prefetch_ahead<4>(params, i);
         prefetch_ahead<G == DType::kF32 ? 4 : 2>(grad, i);
@@ -656,32 +770,54 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
         if (O != OutKind::kNone && !stream_out) prefetch_ahead<2>(out, i);
         B p = B::load_unaligned(params + i);
         B m, v;
-        const B graw = load_as_f32<Arch>(grad, G, i);
+        graw = load_as_f32<Arch>(grad, G, i);
         if constexpr (F.stats) st.add_square_at(graw, partials, i);
         if constexpr (kFold) {
           m = q8_decode_m_unscaled<Arch>(qm + i);
           v = q8_decode_v_unscaled<Arch>(qv + i);
-          st.adamw_q8_folded(p, graw, m, v, b1f, b2f, omb1_gs, omb2_gs2);
+          st.template adamw_q8_folded<!kPairOut>(p, graw, m, v, b1f, b2f, omb1_gs, omb2_gs2);
         } else {
           m = q8_decode_m_batch<Arch>(qm + i, m_dec);
           v = q8_decode_v_batch<Arch>(qv + i, v_dec);
-          update(p, graw, m, v);
+          st.template step<F.decoupled, true, !kPairOut>(p, graw, m, v);
         }
         p.store_unaligned(params_next + i);
         const B am = xsimd::abs(m);
-        m.store_aligned(bm + j);
-        am.store_aligned(bam + j);
-        v.store_aligned(bv + j);
+        if constexpr (kAvx512) {
+          bneg[s][j / W] = _mm512_movepi32_mask(_mm512_castps_si512(m));
+        } else {
+          m.store_aligned(bm[s] + j);
+        }
+        am.store_aligned(bam[s] + j);
+        v.store_aligned(bv[s] + j);
         top_m = xsimd::max(am, top_m);  // as q8_block_scale: NaN lanes keep the max
         top_v = xsimd::max(v, top_v);
-        store_out<Arch, O>(out, i, p, stream_out, native_bf16);
+        return p;
+      };
+      for (int64_t j0 = 0; j0 < kQ8BlockElems; j0 += 4 * W) {
+        for (int64_t j = j0; j < j0 + 4 * W; j += 2 * W) {
+          B ga, gb;
+          const B pa = batch(j, ga);
+          const B pb = batch(j + W, gb);
+          if constexpr (kPairOut) {
+            store_bf16_pair_checked(pa, pb, ga, gb, static_cast<uint16_t*>(out) + b0 + j, st);
+          } else {
+            store_out<Arch, O>(out, b0 + j, pa, stream_out, native_bf16);
+            store_out<Arch, O>(out, b0 + j + W, pb, stream_out, native_bf16);
+          }
+        }
+        if (blk > 0) encode4(s ^ 1, blk - 1, j0, prev_m_enc, prev_v_enc);
       }
       const float m_scale = max_lane<Arch>(top_m), v_scale = max_lane<Arch>(top_v);
       call.m_scale_next[blk] = m_scale;
       call.v_scale_next[blk] = v_scale;
-      const B m_enc(q8_encode_factor(m_scale, false)), v_enc(q8_encode_factor(v_scale, true));
-      q8_encode_block_vec<Arch>(bm, bam, false, m_enc, qm_next + b0);
-      q8_encode_block_vec<Arch>(bv, nullptr, true, v_enc, qv_next + b0);
+      prev_m_enc = B(q8_encode_factor(m_scale, false));
+      prev_v_enc = B(q8_encode_factor(v_scale, true));
+    }
+    if (blocks > 0) {
+      for (int64_t j0 = 0; j0 < kQ8BlockElems; j0 += 4 * W) {
+        encode4(static_cast<int>((blocks - 1) & 1), blocks - 1, j0, prev_m_enc, prev_v_enc);
+      }
     }
   }
   if constexpr (stream_out) _mm_sfence();  // the streamed lines reach memory before the tile is reported done

@@ -588,38 +588,107 @@ TEST(Optimizer, AlignedWeightsOutGivesTheSameBitsAsUnaligned) {
 TEST(Optimizer, NonFiniteGradientsAreReportedAndSkipUpdatesNothing) {
   auto ex = make_executor(2);
   AdamConfig adam;
+  adam.weight_decay = 0.01f;
+  int checked = 0;
   for (DType g : {DType::kF32, DType::kBF16, DType::kF16}) {
-    Problem p(5000, g, true, DType::kBF16, StateType::kF32, 7);
-    p.fill_grad(7);
-    auto poison = [&](int64_t i, float value) {
-      std::byte* at = p.grad.data() + (p.skew + i) * dtype_bytes(g);
-      if (g == DType::kF32) {
-        std::memcpy(at, &value, 4);
-      } else {
-        uint16_t h = g == DType::kBF16 ? f32_to_bf16(value) : f32_to_f16(value);
-        std::memcpy(at, &h, 2);
+    for (StateType st : {StateType::kF32, StateType::kBF16, StateType::kQ8}) {
+      for (Isa isa : available_isas()) {
+        // Weights out two bytes past the span (as Problem places them) and
+        // at a 64-byte boundary, where the AVX-512 q8 loop streams pairs of
+        // batches and takes the check from their class test.
+        for (bool aligned_out : {false, true}) {
+          SCOPED_TRACE(std::string(dtype_name(g)) + " grad, " + std::string(state_type_name(st)) + " states, " +
+                       std::string(isa_name(isa)) + (aligned_out ? ", aligned out" : ""));
+          Problem p(5000, g, true, DType::kBF16, st, 7);
+          std::vector<std::byte> out_buf(static_cast<size_t>(p.n) * 2 + 64);
+          const auto base = reinterpret_cast<uintptr_t>(out_buf.data());
+          std::byte* out_at = out_buf.data() + (64 - base % 64) % 64;
+          auto span = [&] {
+            ParamSpan s = p.span();
+            if (aligned_out) s.weights_out = out_at;
+            return s;
+          };
+          StepOptions o;
+          o.isa = isa;
+          // A first clean step, so that the states (and q8 scales) are not zero.
+          p.fill_grad(7);
+          ASSERT_TRUE(step(adam, 1, span(), o, *ex));
+          auto poison = [&](int64_t i, float value) {
+            std::byte* at = p.grad.data() + (p.skew + i) * dtype_bytes(g);
+            if (g == DType::kF32) {
+              std::memcpy(at, &value, 4);
+            } else {
+              uint16_t h = g == DType::kBF16 ? f32_to_bf16(value) : f32_to_f16(value);
+              std::memcpy(at, &h, 2);
+            }
+          };
+          // The second batch of a pair (element 337: block 1, batch 5) and
+          // the first of one (777); then the scalar tail (4999) alone, so
+          // that neither hides a miss of the other (a tile that saw one
+          // counts all of its elements again).
+          for (int round = 0; round < 2; ++round) {
+            p.fill_grad(8);
+            if (round == 0) {
+              poison(337, std::numeric_limits<float>::infinity());
+              poison(777, std::numeric_limits<float>::quiet_NaN());
+            } else {
+              poison(4999, -std::numeric_limits<float>::infinity());
+            }
+            const int64_t bad = round == 0 ? 2 : 1;
+            const std::vector<float> before = p.params;
+            const std::vector<std::byte> m_before = p.m, out_before = p.out, aligned_before = out_buf;
+            Result<StepReport> r = step(adam, 2, span(), o, *ex);
+            ASSERT_TRUE(r);
+            EXPECT_TRUE(r->skipped);
+            EXPECT_EQ(r->nonfinite, bad);
+            EXPECT_EQ(p.params, before);
+            EXPECT_EQ(p.m, m_before);
+            EXPECT_EQ(p.out, out_before);
+            EXPECT_EQ(out_buf, aligned_before);
+            StepOptions report_only = o;
+            report_only.nonfinite = NonFinitePolicy::kReportOnly;
+            Problem kept = p;
+            r = step(adam, 2, span(), report_only, *ex);
+            ASSERT_TRUE(r);
+            EXPECT_FALSE(r->skipped);
+            EXPECT_EQ(r->nonfinite, bad);
+            EXPECT_NE(p.params[p.skew], before[p.skew]);
+            for (int64_t i : round == 0 ? std::vector<int64_t>{337, 777} : std::vector<int64_t>{4999}) {
+              EXPECT_TRUE(std::isnan(p.params[static_cast<size_t>(p.skew + i)])) << "element " << i;
+            }
+            p = kept;  // back to the states before the poisoned step
+          }
+
+          // Finite gradients beside weights that are infinite or subnormal:
+          // nothing to report, and the weights out are the new weights
+          // rounded (subnormals included).
+          Problem q(5000, g, true, DType::kBF16, st, 9);
+          q.fill_grad(9);
+          q.params[static_cast<size_t>(q.skew + 340)] = std::numeric_limits<float>::infinity();
+          for (int64_t i = 800; i < 832; ++i) {  // a zero first step keeps them subnormal (times the decay)
+            q.params[static_cast<size_t>(q.skew + i)] = 1e-39f;
+            std::memset(q.grad.data() + (q.skew + i) * dtype_bytes(g), 0, dtype_bytes(g));
+          }
+          ParamSpan qs = q.span();
+          if (aligned_out) qs.weights_out = out_at;
+          StepOptions report_only = o;
+          report_only.nonfinite = NonFinitePolicy::kReportOnly;
+          Result<StepReport> r = step(adam, 1, qs, report_only, *ex);
+          ASSERT_TRUE(r);
+          EXPECT_EQ(r->nonfinite, 0);
+          EXPECT_FALSE(r->skipped);
+          EXPECT_EQ(std::fpclassify(q.params[static_cast<size_t>(q.skew + 800)]), FP_SUBNORMAL);
+          for (int64_t i : {int64_t{340}, int64_t{800}, int64_t{831}, int64_t{1000}}) {
+            uint16_t h;
+            std::memcpy(&h, static_cast<const std::byte*>(qs.weights_out) + i * 2, 2);
+            EXPECT_EQ(h, f32_to_bf16(q.params[static_cast<size_t>(q.skew + i)])) << "element " << i;
+          }
+          ++checked;
+        }
       }
-    };
-    poison(777, std::numeric_limits<float>::quiet_NaN());
-    poison(4999, -std::numeric_limits<float>::infinity());
-    std::vector<float> before = p.params;
-    std::vector<std::byte> m_before = p.m, out_before = p.out;
-    Result<StepReport> r = step(adam, 1, p.span(), StepOptions{}, *ex);
-    ASSERT_TRUE(r);
-    EXPECT_TRUE(r->skipped);
-    EXPECT_EQ(r->nonfinite, 2);
-    EXPECT_EQ(p.params, before);
-    EXPECT_EQ(p.m, m_before);
-    EXPECT_EQ(p.out, out_before);
-    StepOptions report_only;
-    report_only.nonfinite = NonFinitePolicy::kReportOnly;
-    r = step(adam, 1, p.span(), report_only, *ex);
-    ASSERT_TRUE(r);
-    EXPECT_FALSE(r->skipped);
-    EXPECT_EQ(r->nonfinite, 2);
-    EXPECT_NE(p.params[p.skew], before[p.skew]);
-    EXPECT_TRUE(std::isnan(p.params[p.skew + 777]));
+    }
   }
+  EXPECT_GE(checked, 18);
 }
 
 TEST(GradStats, MatchesFp64AndIsDeterministic) {
