@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cfloat>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -103,7 +104,13 @@ template <class Arch>
 xsimd::batch<float, Arch> q8_decode_m_unscaled(const int8_t* q) {
   using B = xsimd::batch<float, Arch>;
   const I32<Arch> c = q8_load_codes<Arch, true>(q);
-  const B mag = xsimd::bitwise_cast<B>(((c & I32<Arch>(0x7F)) + I32<Arch>(kQ8MOffset)) << kQ8MShift) - B(kQ8MZero);
+  // ((c & 0x7F) + offset) << shift, as (c << shift) & (0x7F << shift) |
+  // (offset << shift): the offset's bits lie above the code's, so the add
+  // is an OR, and and-or is one ternary-logic instruction on AVX-512.
+  static_assert(((kQ8MOffset << kQ8MShift) & (0x7F << kQ8MShift)) == 0);
+  const B mag =
+      xsimd::bitwise_cast<B>(((c << kQ8MShift) & I32<Arch>(0x7F << kQ8MShift)) | I32<Arch>(kQ8MOffset << kQ8MShift)) -
+      B(kQ8MZero);
   const I32<Arch> sign = c & I32<Arch>(INT32_MIN);
   return xsimd::bitwise_cast<B>(xsimd::bitwise_cast<I32<Arch>>(mag) | sign);
 }
@@ -413,20 +420,25 @@ struct BatchStep {
     }
   }
 
-  // AdamW over 8-bit states with constants folded (run_fused's q8 loop):
-  // m and v come in as their codes' values before the block's decode factor,
-  // which b1f = beta1 * m's factor and b2f = beta2 * v's factor carry
-  // instead, and the gradient scale rides on omb1_gs = (1 - beta1) * scale
-  // and omb2_gs2 = (1 - beta2) * scale^2: three multiplications per batch
-  // fewer than step() (decode twice, scale once), whose products round
-  // differently by an ulp — far below the states' 8 bits. (v's term is
-  // (omb2_gs2 * g) * g: the first product is about (1 - beta2) * scale * g,
-  // so no intermediate overflows where step()'s would not.)
+  // AdamW over 8-bit states in run_fused's q8 loop, on scaled moments:
+  // m' = m / c1 and v' = v / c2 with c1 = (1 - beta1) scale and
+  // c2 = (1 - beta2) scale^2 (q8_scaled_moments), so the gradient's terms are
+  // the raw g and g * g — m' = b1s m'_code + g and v' = b2s v'_code + g g,
+  // where b1s and b2s carry beta, the block's decode factor and 1 / c — and
+  // the step m * step_factor(v) is m' * step_factor'(v') with c1 and
+  // sqrt(c2) in its constants (k_s, eps_s): three multiplications per batch
+  // fewer than step() (decode twice, scale once, the terms' coefficients
+  // twice). The codes of m' and v' are those of m and v (a block's codes are
+  // relative to its largest value) up to the last bit of the products.
+  // (g * g overflows for |g| above 1.8e19, where the scaled square of
+  // step() might not; a raw gradient that size is not a training gradient.)
   template <bool kCheck = true>
-  void adamw_q8_folded(B& p, B graw, B& m, B& v, const B& b1f, const B& b2f, const B& omb1_gs, const B& omb2_gs2) {
+  void adamw_q8_scaled(B& p, B graw, B& m, B& v, const B& b1s, const B& b2s, const B& k_s, const B& eps_s) {
     static_assert(K == OptKind::kAdam);
     if constexpr (kCheck) check = fused_fma<Arch>(graw, zero, check);
-    adam<true, true>(p, m, v, b1f, omb1_gs * graw, b2f, omb2_gs2 * graw * graw);
+    m = fused_fma<Arch>(b1s, m, graw);
+    v = fused_fma<Arch>(b2s, v, graw * graw);
+    p = fused_fnma<Arch>(m, coarse_step_factor(v, k_s, eps_s), p * decay);
   }
 
   // Adam's moments and step from their new terms: m = beta1 m + m_term,
@@ -438,7 +450,7 @@ struct BatchStep {
     v = fused_fma<Arch>(beta2, v, v_term);
     if constexpr (kDecoupled) p = p * decay;
     if constexpr (kCoarse && has_lane_moves<Arch>()) {
-      p = fused_fnma<Arch>(m, coarse_step_factor(v), p);
+      p = fused_fnma<Arch>(m, coarse_step_factor(v, k_step, eps_step), p);
     } else if constexpr (kCoarse) {
       const B denom = fused_fma<Arch>(coarse_sqrt<Arch>(v), inv_bc2_sqrt, eps);
       p = fused_fnma<Arch>(step_size, m * coarse_reciprocal<Arch>(denom), p);
@@ -455,9 +467,9 @@ struct BatchStep {
   // smallest normal number, so r stays finite and the factor is the
   // 1 / eps_step it should be; v = inf gives r = 0 and a factor of 0, as
   // the exact formula (a non-finite m then makes the update NaN).
-  B coarse_step_factor(const B& v) const {
+  static B coarse_step_factor(const B& v, const B& k, const B& eps_k) {
     const B r = rsqrt_estimate<Arch>(xsimd::max(v, B(std::numeric_limits<float>::min())));
-    return r * rcp_estimate<Arch>(fused_fma<Arch>(eps_step, r, k_step));
+    return r * rcp_estimate<Arch>(fused_fma<Arch>(eps_k, r, k));
   }
 
   // The sum of squares' term of one batch (the same product step() takes).
@@ -636,7 +648,7 @@ template <class Arch, OptKind K>
                                                            BatchStep<Arch, K>& st) {
   static_assert(is_avx512<Arch>());
   constexpr int kSpecial = 0x01 | 0x08 | 0x10 | 0x20 | 0x80;  // QNaN, +inf, -inf, subnormal, SNaN
-  if ((_mm512_fpclass_ps_mask(a, kSpecial) | _mm512_fpclass_ps_mask(b, kSpecial)) == 0) {
+  if (_kortestz_mask16_u8(_mm512_fpclass_ps_mask(a, kSpecial), _mm512_fpclass_ps_mask(b, kSpecial))) {
     _mm512_stream_si512(reinterpret_cast<__m512i*>(dst), reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a)));
     return;
   }
@@ -653,6 +665,22 @@ struct FusedFlags {
   bool decoupled = false, native_bf16 = false, stream_out = false;
   bool stats = false;  // the gradient's sum-of-squares partials too (TileCall::partials)
 };
+
+// The scales of AdamW's 8-bit loop (BatchStep::adamw_q8_scaled): m and v
+// are held divided by c1 = (1 - beta1) scale and c2 = (1 - beta2) scale^2.
+// `usable` when both are normal numbers (a zero gradient scale, say, is
+// not): otherwise the staged path updates the tile.
+struct Q8ScaledMoments {
+  float c1 = 1.0f, c2 = 1.0f;
+  bool usable = false;
+};
+inline Q8ScaledMoments q8_scaled_moments(const TileCall& call) {
+  Q8ScaledMoments sm;
+  sm.c1 = call.c.one_minus_beta1 * call.grad_scale;
+  sm.c2 = call.c.one_minus_beta2 * call.grad_scale * call.grad_scale;
+  sm.usable = std::isnormal(sm.c1) && std::isnormal(sm.c2) && sm.c1 > 0.0f && sm.c2 > 0.0f;
+  return sm;
+}
 
 template <class Arch, OptKind K, DType G, StateType S, OutKind O, FusedFlags F>
 void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) {
@@ -729,8 +757,9 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
     auto* const qm_next = static_cast<int8_t*>(mem_m_next);
     auto* const qv_next = static_cast<uint8_t*>(mem_v_next);
     constexpr bool kFold = F.decoupled;
-    const B omb1_gs(call.c.one_minus_beta1 * call.grad_scale);
-    const B omb2_gs2(call.c.one_minus_beta2 * call.grad_scale * call.grad_scale);
+    // AdamW: the moments scaled by c1, c2 (BatchStep::adamw_q8_scaled).
+    const Q8ScaledMoments sm = q8_scaled_moments(call);
+    const B k_s(st.k_step.get(0) * std::sqrt(sm.c2) / sm.c1), eps_s(st.eps_step.get(0) / sm.c1);
     static_assert(kQ8BlockElems % (4 * W) == 0);
     // Four batches of block `blk`'s codes, from scratch `s` at j.
     auto encode4 = [&](int s, int64_t blk, int64_t j, const B& m_enc, const B& v_enc) {
@@ -757,7 +786,8 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
       const int s = static_cast<int>(blk & 1);
       const float m_factor = q8_decode_factor(call.m_scale[blk], false);
       const float v_factor = q8_decode_factor(call.v_scale[blk], true);
-      const B m_dec(m_factor), v_dec(v_factor), b1f(call.c.beta1 * m_factor), b2f(call.c.beta2 * v_factor);
+      const B m_dec(m_factor), v_dec(v_factor);
+      const B b1s(call.c.beta1 * m_factor / sm.c1), b2s(call.c.beta2 * v_factor / sm.c2);
       B top_m(0.0f), top_v(0.0f);  // the new block scales, gathered on the way
       // One batch at j: its new weights (returned; stored here but for the
       // bf16 copy) and its new m, |m| and v into scratch.
@@ -775,7 +805,7 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
         if constexpr (kFold) {
           m = q8_decode_m_unscaled<Arch>(qm + i);
           v = q8_decode_v_unscaled<Arch>(qv + i);
-          st.template adamw_q8_folded<!kPairOut>(p, graw, m, v, b1f, b2f, omb1_gs, omb2_gs2);
+          st.template adamw_q8_scaled<!kPairOut>(p, graw, m, v, b1s, b2s, k_s, eps_s);
         } else {
           m = q8_decode_m_batch<Arch>(qm + i, m_dec);
           v = q8_decode_v_batch<Arch>(qv + i, v_dec);
@@ -808,11 +838,13 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
         }
         if (blk > 0) encode4(s ^ 1, blk - 1, j0, prev_m_enc, prev_v_enc);
       }
-      const float m_scale = max_lane<Arch>(top_m), v_scale = max_lane<Arch>(top_v);
-      call.m_scale_next[blk] = m_scale;
-      call.v_scale_next[blk] = v_scale;
-      prev_m_enc = B(q8_encode_factor(m_scale, false));
-      prev_v_enc = B(q8_encode_factor(v_scale, true));
+      // The block's largest |m| and v (scaled back when scaled, exactly so
+      // for the encoding factors, which apply to the values as they are).
+      const float top_m_lane = max_lane<Arch>(top_m), top_v_lane = max_lane<Arch>(top_v);
+      call.m_scale_next[blk] = kFold ? top_m_lane * sm.c1 : top_m_lane;
+      call.v_scale_next[blk] = kFold ? top_v_lane * sm.c2 : top_v_lane;
+      prev_m_enc = B(q8_encode_factor(top_m_lane, false));
+      prev_v_enc = B(q8_encode_factor(top_v_lane, true));
     }
     if (blocks > 0) {
       for (int64_t j0 = 0; j0 < kQ8BlockElems; j0 += 4 * W) {
@@ -891,6 +923,10 @@ int64_t run_tile(const TileCall& call, bool native_bf16) {
   if constexpr (has_lane_moves<Arch>()) {
     int64_t unit = call.state_type == StateType::kQ8 ? kQ8BlockElems : W;
     fused = call.n / unit * unit;
+    if (K == OptKind::kAdam && call.state_type == StateType::kQ8 && call.c.decoupled &&
+        !q8_scaled_moments(call).usable) {
+      fused = 0;
+    }
     dispatch_fused<Arch, K>(call, st, fused, native_bf16);
     // The fused loop flushes whole partials; a short last one with no staged
     // rest to finish it ends here.

@@ -352,9 +352,11 @@ TEST(Optimizer, LowPrecisionStatesMatchReference) {
       adam.decoupled_weight_decay = decoupled;
       adam.weight_decay = 0.05f;
       for (DType g : {DType::kF32, DType::kBF16, DType::kF16}) {
-        // A gradient scale other than 1 too: the 8-bit AdamW kernel folds it
-        // into its coefficients instead of multiplying the gradient.
-        for (float gs : {1.0f, 0.3f}) {
+        // A gradient scale other than 1 too: the 8-bit AdamW kernel holds
+        // the moments divided by (1 - beta1) scale and (1 - beta2) scale^2
+        // instead of multiplying the gradient; 1e-4 is a loss scale's, and
+        // at 0 those divisors are zero, where the staged path takes the tile.
+        for (float gs : {1.0f, 0.3f, 1e-4f, 0.0f}) {
           for (int64_t n : kSizes) {
             Problem ref(n, g, true, DType::kBF16, st, seed + n);
             run_steps(adam, ref, Isa::kScalar, *ex, seed, gs);
