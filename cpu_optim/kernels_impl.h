@@ -429,7 +429,9 @@ struct BatchStep {
   // sqrt(c2) in its constants (k_s, eps_s): three multiplications per batch
   // fewer than step() (decode twice, scale once, the terms' coefficients
   // twice). The codes of m' and v' are those of m and v (a block's codes are
-  // relative to its largest value) up to the last bit of the products.
+  // relative to its largest value) up to the last bit of the products. v' is
+  // never 0 (b2s >= kQ8MinB2s, and a decoded v' is at least its code 0's
+  // 1.125 * 2^-32), so its root needs no lift (coarse_step_factor).
   // (g * g overflows for |g| above 1.8e19, where the scaled square of
   // step() might not; a raw gradient that size is not a training gradient.)
   template <bool kCheck = true>
@@ -438,7 +440,7 @@ struct BatchStep {
     if constexpr (kCheck) check = fused_fma<Arch>(graw, zero, check);
     m = fused_fma<Arch>(b1s, m, graw);
     v = fused_fma<Arch>(b2s, v, graw * graw);
-    p = fused_fnma<Arch>(m, coarse_step_factor(v, k_s, eps_s), p * decay);
+    p = fused_fnma<Arch>(m, coarse_step_factor<true>(v, k_s, eps_s), p * decay);
   }
 
   // Adam's moments and step from their new terms: m = beta1 m + m_term,
@@ -467,8 +469,10 @@ struct BatchStep {
   // smallest normal number, so r stays finite and the factor is the
   // 1 / eps_step it should be; v = inf gives r = 0 and a factor of 0, as
   // the exact formula (a non-finite m then makes the update NaN).
+  // kPositive: the caller's v is never 0 (adamw_q8_scaled's), no lift.
+  template <bool kPositive = false>
   static B coarse_step_factor(const B& v, const B& k, const B& eps_k) {
-    const B r = rsqrt_estimate<Arch>(xsimd::max(v, B(std::numeric_limits<float>::min())));
+    const B r = rsqrt_estimate<Arch>(kPositive ? v : xsimd::max(v, B(std::numeric_limits<float>::min())));
     return r * rcp_estimate<Arch>(fused_fma<Arch>(eps_k, r, k));
   }
 
@@ -670,6 +674,11 @@ struct FusedFlags {
 // are held divided by c1 = (1 - beta1) scale and c2 = (1 - beta2) scale^2.
 // `usable` when both are normal numbers (a zero gradient scale, say, is
 // not): otherwise the staged path updates the tile.
+// The least b2s of adamw_q8_scaled: with it a decoded v' (>= 1.125 * 2^-32)
+// times b2s is a normal number, so the new v' is positive even in a block
+// whose v was all zero (scale 0); the 2^-126 or so it adds to v' there is
+// far below any square of a gradient the codes can hold.
+inline constexpr float kQ8MinB2s = 0x1p-94f;
 struct Q8ScaledMoments {
   float c1 = 1.0f, c2 = 1.0f;
   bool usable = false;
@@ -787,7 +796,7 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
       const float m_factor = q8_decode_factor(call.m_scale[blk], false);
       const float v_factor = q8_decode_factor(call.v_scale[blk], true);
       const B m_dec(m_factor), v_dec(v_factor);
-      const B b1s(call.c.beta1 * m_factor / sm.c1), b2s(call.c.beta2 * v_factor / sm.c2);
+      const B b1s(call.c.beta1 * m_factor / sm.c1), b2s(std::max(call.c.beta2 * v_factor / sm.c2, kQ8MinB2s));
       B top_m(0.0f), top_v(0.0f);  // the new block scales, gathered on the way
       // One batch at j: its new weights (returned; stored here but for the
       // bf16 copy) and its new m, |m| and v into scratch.
