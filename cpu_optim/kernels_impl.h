@@ -605,9 +605,9 @@ enum class OutKind : uint8_t { kNone, kBF16, kF16 };
 // `Bytes` wide. Called once per batch; narrow streams cross a cache line less
 // often than once per batch, and a repeated prefetch of a line is cheap.
 inline constexpr int64_t kPrefetchElems = 512;
-template <int64_t Bytes>
+template <int64_t Bytes, int64_t kAhead = kPrefetchElems>
 inline void prefetch_ahead(const void* base, int64_t i) {
-  _mm_prefetch(static_cast<const char*>(base) + (i + kPrefetchElems) * Bytes, _MM_HINT_T0);
+  _mm_prefetch(static_cast<const char*>(base) + (i + kAhead) * Bytes, _MM_HINT_T0);
 }
 
 // The low-precision copy of the new weights, element i.. of `out`:
@@ -690,6 +690,9 @@ inline Q8ScaledMoments q8_scaled_moments(const TileCall& call) {
   sm.usable = std::isnormal(sm.c1) && std::isnormal(sm.c2) && sm.c1 > 0.0f && sm.c2 > 0.0f;
   return sm;
 }
+
+// The q8 loop's prefetch distance (its parameters per batch take longer).
+inline constexpr int64_t kQ8PrefetchElems = 2048;
 
 template <class Arch, OptKind K, DType G, StateType S, OutKind O, FusedFlags F>
 void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) {
@@ -802,11 +805,15 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
       // bf16 copy) and its new m, |m| and v into scratch.
       auto batch = [&](int64_t j, B& graw) -> B {
         const int64_t i = b0 + j;
-        prefetch_ahead<4>(params, i);
-        prefetch_ahead<G == DType::kF32 ? 4 : 2>(grad, i);
-        prefetch_ahead<1>(qm, i);
-        prefetch_ahead<1>(qv, i);
-        if (O != OutKind::kNone && !stream_out) prefetch_ahead<2>(out, i);
+        // Each stream's line once (its narrow streams cross a line every
+        // two or four batches), further ahead than the other loops.
+        prefetch_ahead<4, kQ8PrefetchElems>(params, i);
+        if (G == DType::kF32 || j % (2 * W) == 0) prefetch_ahead<G == DType::kF32 ? 4 : 2, kQ8PrefetchElems>(grad, i);
+        if (j % (4 * W) == 0) {
+          prefetch_ahead<1, kQ8PrefetchElems>(qm, i);
+          prefetch_ahead<1, kQ8PrefetchElems>(qv, i);
+        }
+        if (O != OutKind::kNone && !stream_out) prefetch_ahead<2, kQ8PrefetchElems>(out, i);
         B p = B::load_unaligned(params + i);
         B m, v;
         graw = load_as_f32<Arch>(grad, G, i);
