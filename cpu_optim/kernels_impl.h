@@ -638,6 +638,26 @@ bool can_stream_out(const void* out) {
   return O != OutKind::kNone && has_lane_moves<Arch>() && reinterpret_cast<uintptr_t>(out) % kBytes == 0;
 }
 
+// Two batches as bf16 by one vcvtne2ps2bf16 (which flushes subnormals: a
+// pair with one takes the integer rounding, as store_bf16 does); kStream:
+// non-temporal, dst 64-byte aligned.
+template <class Arch, bool kStream>
+[[gnu::always_inline]] inline void store_bf16_pair(const xsimd::batch<float, Arch>& a,
+                                                   const xsimd::batch<float, Arch>& b, uint16_t* dst) {
+  static_assert(is_avx512<Arch>());
+  if (_kortestz_mask16_u8(_mm512_fpclass_ps_mask(a, 0x20), _mm512_fpclass_ps_mask(b, 0x20))) {
+    const auto both = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a));
+    if constexpr (kStream) {
+      _mm512_stream_si512(reinterpret_cast<__m512i*>(dst), both);
+    } else {
+      _mm512_storeu_si512(dst, both);
+    }
+    return;
+  }
+  store_bf16<Arch, kStream>(a, dst, false);
+  store_bf16<Arch, kStream>(b, dst + xsimd::batch<float, Arch>::size, false);
+}
+
 // Two batches of new weights streamed as bf16 by one vcvtne2ps2bf16 (dst
 // 64-byte aligned), with the inf/nan check of their gradients: run_fused's
 // q8 loop, where the new weights are NaN wherever a gradient is not finite.
@@ -714,14 +734,20 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
   double* const partials = call.partials;
   const bool has_m = K == OptKind::kAdam || K == OptKind::kLion || uses_m(K, call.c);
   constexpr bool stream_out = F.stream_out, native_bf16 = F.native_bf16;
-  // Adam over low-precision states takes the coarse roots (BatchStep).
-  auto update = [&st](B& p, B g, B& m, B& v) { st.template step<F.decoupled, S != StateType::kF32>(p, g, m, v); };
   if constexpr (K != OptKind::kAdam && S != StateType::kF32) {
     STRATA_CHECK_MSG(false, "low-precision states reached a non-Adam kernel");
   } else if constexpr (S != StateType::kQ8) {
     constexpr DType kState = S == StateType::kF32 ? DType::kF32 : DType::kBF16;
     constexpr int64_t kSB = kState == DType::kF32 ? 4 : 2;
-    for (int64_t i = 0; i < n; i += W) {
+    // With vcvtneps2bf16 (native_bf16, AVX-512) the bf16 streams are
+    // rounded two batches per vcvtne2ps2bf16; for Adam with a streamed bf16
+    // copy the inf/nan check also rides on that copy's class test
+    // (store_bf16_pair_checked: Adam's new weight is NaN wherever the
+    // gradient is not finite — not so for Lion, whose sign() drops a NaN).
+    constexpr bool kPairs = is_avx512<Arch>() && native_bf16;
+    constexpr bool kPairCheck = kPairs && K == OptKind::kAdam && O == OutKind::kBF16 && stream_out;
+    // One batch at i: loaded, updated, the new fp32 weights stored.
+    auto one = [&]<bool kCheck>(std::bool_constant<kCheck>, int64_t i, B& p, B& m, B& v, B& graw) {
       // Software prefetch a few KiB ahead: with the update's instructions in
       // flight the out-of-order window alone keeps too few lines requested.
       prefetch_ahead<4>(params, i);
@@ -729,13 +755,46 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
       if (has_m) prefetch_ahead<kSB>(mem_m, i);
       if constexpr (kHasV) prefetch_ahead<kSB>(mem_v, i);
       if (O != OutKind::kNone && !stream_out) prefetch_ahead<2>(out, i);  // a streamed out is never read
-      B p = B::load_unaligned(params + i);
-      B m = has_m ? load_as_f32<Arch>(mem_m, kState, i) : B(0.0f);
-      B v = kHasV ? load_as_f32<Arch>(mem_v, kState, i) : B(0.0f);
-      const B graw = load_as_f32<Arch>(grad, G, i);
+      p = B::load_unaligned(params + i);
+      m = has_m ? load_as_f32<Arch>(mem_m, kState, i) : B(0.0f);
+      v = kHasV ? load_as_f32<Arch>(mem_v, kState, i) : B(0.0f);
+      graw = load_as_f32<Arch>(grad, G, i);
       if constexpr (F.stats) st.add_square_at(graw, partials, i);
-      update(p, graw, m, v);
+      st.template step<F.decoupled, S != StateType::kF32, kCheck>(p, graw, m, v);
       p.store_unaligned(params_next + i);
+    };
+    int64_t i = 0;
+    if constexpr (kPairs) {
+      for (; i + 2 * W <= n; i += 2 * W) {
+        B pa, ma, va, ga, pb, mb, vb, gb;
+        one(std::bool_constant<!kPairCheck>{}, i, pa, ma, va, ga);
+        one(std::bool_constant<!kPairCheck>{}, i + W, pb, mb, vb, gb);
+        if constexpr (kState == DType::kBF16) {
+          if (has_m) store_bf16_pair<Arch, false>(ma, mb, static_cast<uint16_t*>(mem_m_next) + i);
+          if constexpr (kHasV) store_bf16_pair<Arch, false>(va, vb, static_cast<uint16_t*>(mem_v_next) + i);
+        } else {
+          if (has_m) {
+            ma.store_unaligned(static_cast<float*>(mem_m_next) + i);
+            mb.store_unaligned(static_cast<float*>(mem_m_next) + i + W);
+          }
+          if constexpr (kHasV) {
+            va.store_unaligned(static_cast<float*>(mem_v_next) + i);
+            vb.store_unaligned(static_cast<float*>(mem_v_next) + i + W);
+          }
+        }
+        if constexpr (kPairCheck) {
+          store_bf16_pair_checked(pa, pb, ga, gb, static_cast<uint16_t*>(out) + i, st);
+        } else if constexpr (O == OutKind::kBF16) {
+          store_bf16_pair<Arch, stream_out>(pa, pb, static_cast<uint16_t*>(out) + i);
+        } else {
+          store_out<Arch, O>(out, i, pa, stream_out, native_bf16);
+          store_out<Arch, O>(out, i + W, pb, stream_out, native_bf16);
+        }
+      }
+    }
+    for (; i < n; i += W) {
+      B p, m, v, graw;
+      one(std::true_type{}, i, p, m, v, graw);
       if (has_m) store_from_f32<Arch>(mem_m_next, kState, i, m, native_bf16);
       if constexpr (kHasV) store_from_f32<Arch>(mem_v_next, kState, i, v, native_bf16);
       store_out<Arch, O>(out, i, p, stream_out, native_bf16);
@@ -746,8 +805,8 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
     // once all its new values are known. The encoding of block b - 1 is
     // interleaved with the update of block b, four batches of each at a
     // time (two scratch blocks, alternating): a separate encoding loop per
-    // block would leave the memory streams idle while it ran. (AdamW folds
-    // constants: BatchStep::adamw_q8_folded.) m goes to scratch as |m|,
+    // block would leave the memory streams idle while it ran. (AdamW runs on
+    // scaled moments: BatchStep::adamw_q8_scaled.) m goes to scratch as |m|,
     // which the scale and the encoding need, and (AVX-512) its signs as a
     // mask per batch (q8_store_m_codes4_avx512).
     //
