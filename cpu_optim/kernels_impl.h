@@ -392,15 +392,27 @@ struct BatchStep {
   // The update with Adam's two choices fixed at compile time (the fused
   // loops are instantiated per choice: a branch per batch costs issue slots
   // the vector instructions need); operator() picks them at run time.
-  // kCheck = false leaves the inf/nan check to the caller (run_fused's q8
-  // loop, which takes it from the class test of the bf16 copy).
+  // kCheck = false leaves the inf/nan check to the caller (run_fused, which
+  // takes it from the class test of a streamed bf16 copy:
+  // store_bf16_pair_checked).
   template <bool kDecoupled, bool kCoarse, bool kCheck = true>
   void step(B& p, B graw, B& m, B& v) {
     if constexpr (kCheck) check = fused_fma<Arch>(graw, zero, check);
     B g = graw * gs;
     if constexpr (K == OptKind::kAdam) {
       if constexpr (!kDecoupled) g = fused_fma<Arch>(wd, p, g);
-      adam<kDecoupled, kCoarse>(p, m, v, b1, omb1 * g, b2, omb2 * g * g);
+      m = fused_fma<Arch>(b1, m, omb1 * g);
+      v = fused_fma<Arch>(b2, v, omb2 * g * g);
+      if constexpr (kDecoupled) p = p * decay;
+      if constexpr (kCoarse && has_lane_moves<Arch>()) {
+        p = fused_fnma<Arch>(m, coarse_step_factor(v, k_step, eps_step), p);
+      } else if constexpr (kCoarse) {
+        const B denom = fused_fma<Arch>(coarse_sqrt<Arch>(v), inv_bc2_sqrt, eps);
+        p = fused_fnma<Arch>(step_size, m * coarse_reciprocal<Arch>(denom), p);
+      } else {
+        const B denom = fused_fma<Arch>(fast_sqrt<Arch>(v), inv_bc2_sqrt, eps);
+        p = fused_fnma<Arch>(step_size, m * fast_reciprocal<Arch>(denom), p);
+      }
     } else if constexpr (K == OptKind::kAdagrad) {
       g = fused_fma<Arch>(wd, p, g);
       v = fused_fma<Arch>(g, g, v);
@@ -441,25 +453,6 @@ struct BatchStep {
     m = fused_fma<Arch>(b1s, m, graw);
     v = fused_fma<Arch>(b2s, v, graw * graw);
     p = fused_fnma<Arch>(m, coarse_step_factor<true>(v, k_s, eps_s), p * decay);
-  }
-
-  // Adam's moments and step from their new terms: m = beta1 m + m_term,
-  // v = beta2 v + v_term (step() and the folded 8-bit update differ only
-  // in the coefficients and terms they pass).
-  template <bool kDecoupled, bool kCoarse>
-  void adam(B& p, B& m, B& v, const B& beta1, const B& m_term, const B& beta2, const B& v_term) {
-    m = fused_fma<Arch>(beta1, m, m_term);
-    v = fused_fma<Arch>(beta2, v, v_term);
-    if constexpr (kDecoupled) p = p * decay;
-    if constexpr (kCoarse && has_lane_moves<Arch>()) {
-      p = fused_fnma<Arch>(m, coarse_step_factor(v, k_step, eps_step), p);
-    } else if constexpr (kCoarse) {
-      const B denom = fused_fma<Arch>(coarse_sqrt<Arch>(v), inv_bc2_sqrt, eps);
-      p = fused_fnma<Arch>(step_size, m * coarse_reciprocal<Arch>(denom), p);
-    } else {
-      const B denom = fused_fma<Arch>(fast_sqrt<Arch>(v), inv_bc2_sqrt, eps);
-      p = fused_fnma<Arch>(step_size, m * fast_reciprocal<Arch>(denom), p);
-    }
   }
 
   // step_size / (sqrt(v) / sqrt(bc2) + eps) from two estimates: with
@@ -631,7 +624,7 @@ template <class Arch, OutKind O>
 }
 
 // Whether a tile's `out` may be streamed: a lane-move ISA and `out` aligned
-// to two batches of 2-byte lanes (the q8 loop streams pairs of batches).
+// to two batches of 2-byte lanes (the AVX-512 loops stream pairs of batches).
 template <class Arch, OutKind O>
 bool can_stream_out(const void* out) {
   constexpr uintptr_t kBytes = xsimd::batch<float, Arch>::size * 4;
@@ -660,7 +653,8 @@ template <class Arch, bool kStream>
 
 // Two batches of new weights streamed as bf16 by one vcvtne2ps2bf16 (dst
 // 64-byte aligned), with the inf/nan check of their gradients: run_fused's
-// q8 loop, where the new weights are NaN wherever a gradient is not finite.
+// Adam loops, where the new weights are NaN wherever a gradient is not
+// finite.
 // A pair with a subnormal, infinite or NaN weight takes the integer
 // rounding (vcvtneps2bf16 flushes subnormals) and folds its gradients into
 // the check; the others need neither.
@@ -690,15 +684,16 @@ struct FusedFlags {
   bool stats = false;  // the gradient's sum-of-squares partials too (TileCall::partials)
 };
 
-// The scales of AdamW's 8-bit loop (BatchStep::adamw_q8_scaled): m and v
-// are held divided by c1 = (1 - beta1) scale and c2 = (1 - beta2) scale^2.
-// `usable` when both are normal numbers (a zero gradient scale, say, is
-// not): otherwise the staged path updates the tile.
 // The least b2s of adamw_q8_scaled: with it a decoded v' (>= 1.125 * 2^-32)
 // times b2s is a normal number, so the new v' is positive even in a block
 // whose v was all zero (scale 0); the 2^-126 or so it adds to v' there is
 // far below any square of a gradient the codes can hold.
 inline constexpr float kQ8MinB2s = 0x1p-94f;
+
+// The scales of AdamW's 8-bit loop (BatchStep::adamw_q8_scaled): m and v
+// are held divided by c1 = (1 - beta1) scale and c2 = (1 - beta2) scale^2.
+// `usable` when both are normal numbers (a zero gradient scale, say, is
+// not): otherwise the staged path updates the tile.
 struct Q8ScaledMoments {
   float c1 = 1.0f, c2 = 1.0f;
   bool usable = false;
