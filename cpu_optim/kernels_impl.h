@@ -594,9 +594,10 @@ void run_staged(const TileCall& call, BatchStep<Arch, K>& st, int64_t base) {
 // (and of kQ8BlockElems for q8 states).
 enum class OutKind : uint8_t { kNone, kBF16, kF16 };
 
-// Prefetches element i + kPrefetchElems of a stream whose elements are
-// `Bytes` wide. Called once per batch; narrow streams cross a cache line less
-// often than once per batch, and a repeated prefetch of a line is cheap.
+// Prefetches element i + kAhead (kPrefetchElems unless the loop has its
+// own) of a stream whose elements are `Bytes` wide. The fp32/bf16-state
+// loops call it once per batch (a repeated prefetch of a line is cheap);
+// the 8-bit loop once per line.
 inline constexpr int64_t kPrefetchElems = 512;
 template <int64_t Bytes, int64_t kAhead = kPrefetchElems>
 inline void prefetch_ahead(const void* base, int64_t i) {
