@@ -197,21 +197,19 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) uint32_t roofline_e
   return sink;
 }
 
-double roofline_elementwise_seconds(Buffers& b, Executor& ex, int reps) {
-  std::atomic<uint32_t> sink{0};
+// One pass of the element-wise twin over the whole span.
+void roofline_elementwise_once(Buffers& b, Executor& ex, std::atomic<uint32_t>& sink) {
   auto run = [&](auto* m, auto* v) {
-    return median_seconds(reps, [&] {
-      ex.parallel_for(b.n, 1 << 16, [&](int64_t begin, int64_t end) {
-        uint16_t* out = b.mode.out ? reinterpret_cast<uint16_t*>(b.out.get()) + begin : nullptr;
-        float* p = reinterpret_cast<float*>(b.p.get()) + begin;
-        if (b.mode.grad == DType::kF32) {
-          sink ^= roofline_elementwise(p, reinterpret_cast<const float*>(b.g.get()) + begin, m + begin, v + begin,
-                                       out, end - begin);
-        } else {
-          sink ^= roofline_elementwise(p, reinterpret_cast<const uint16_t*>(b.g.get()) + begin, m + begin, v + begin,
-                                       out, end - begin);
-        }
-      });
+    ex.parallel_for(b.n, 1 << 16, [&](int64_t begin, int64_t end) {
+      uint16_t* out = b.mode.out ? reinterpret_cast<uint16_t*>(b.out.get()) + begin : nullptr;
+      float* p = reinterpret_cast<float*>(b.p.get()) + begin;
+      if (b.mode.grad == DType::kF32) {
+        sink ^= roofline_elementwise(p, reinterpret_cast<const float*>(b.g.get()) + begin, m + begin, v + begin, out,
+                                     end - begin);
+      } else {
+        sink ^= roofline_elementwise(p, reinterpret_cast<const uint16_t*>(b.g.get()) + begin, m + begin, v + begin, out,
+                                     end - begin);
+      }
     });
   };
   switch (b.mode.state) {
@@ -220,20 +218,17 @@ double roofline_elementwise_seconds(Buffers& b, Executor& ex, int reps) {
       return run(reinterpret_cast<uint16_t*>(b.m.get()), reinterpret_cast<uint16_t*>(b.v.get()));
     case StateType::kQ8: return run(reinterpret_cast<uint8_t*>(b.m.get()), reinterpret_cast<uint8_t*>(b.v.get()));
   }
-  return 0;
 }
 
+// One pass of the word twin (kPrefetch: with the kernels' software prefetch).
 template <bool kPrefetch>
-double roofline_words_seconds(Buffers& b, Executor& ex, int reps) {
-  std::atomic<uint64_t> sink{0};
+void roofline_words_once(Buffers& b, Executor& ex, std::atomic<uint64_t>& sink) {
   auto run = [&](auto loop) {
     const int64_t gbytes = static_cast<int64_t>(cpu_optim::dtype_bytes(b.mode.grad));
     const int64_t sbytes = static_cast<int64_t>(state_elem_bytes(b.mode.state));
-    return median_seconds(reps, [&] {
-      ex.parallel_for(b.n / 16, 1 << 12, [&](int64_t begin, int64_t end) {
-        sink ^= loop(b.p.get() + begin * 64, b.g.get() + begin * 16 * gbytes, b.m.get() + begin * 16 * sbytes,
-                     b.v.get() + begin * 16 * sbytes, b.out.get() + begin * 32, end - begin);
-      });
+    ex.parallel_for(b.n / 16, 1 << 12, [&](int64_t begin, int64_t end) {
+      sink ^= loop(b.p.get() + begin * 64, b.g.get() + begin * 16 * gbytes, b.m.get() + begin * 16 * sbytes,
+                   b.v.get() + begin * 16 * sbytes, b.out.get() + begin * 32, end - begin);
     });
   };
   bool bf16_grad = b.mode.grad != DType::kF32;
@@ -246,14 +241,40 @@ double roofline_words_seconds(Buffers& b, Executor& ex, int reps) {
     case StateType::kBF16: return run(roofline_loop<2, 2, true, kPrefetch>);
     case StateType::kQ8: return run(roofline_loop<2, 1, true, kPrefetch>);
   }
-  return 0;
 }
 
-double roofline_seconds(Buffers& b, Executor& ex, int reps) {
-  const double words = roofline_words_seconds<false>(b, ex, reps);
-  const double prefetched = roofline_words_seconds<true>(b, ex, reps);
-  const double elementwise = roofline_elementwise_seconds(b, ex, reps);
-  return std::min({words, prefetched, elementwise});
+double seconds_of(const std::function<void()>& fn) {
+  auto t0 = std::chrono::steady_clock::now();
+  fn();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The step and its roofline, timed in alternation: each repetition times one
+// step and then each no-arithmetic twin once (the word loop with and
+// without prefetch, the element-wise loop), so that both sides of the ratio
+// see the same moments of a shared machine; a repetition's roofline is its
+// fastest twin. Returns the medians {step, roofline} of `reps` repetitions
+// after one untimed round.
+std::pair<double, double> step_and_roofline_seconds(Buffers& b, Executor& ex, int reps,
+                                                    const std::function<void()>& step) {
+  std::atomic<uint64_t> words_sink{0};
+  std::atomic<uint32_t> elem_sink{0};
+  const std::function<void()> twins[] = {[&] { roofline_words_once<false>(b, ex, words_sink); },
+                                         [&] { roofline_words_once<true>(b, ex, words_sink); },
+                                         [&] { roofline_elementwise_once(b, ex, elem_sink); }};
+  step();
+  for (const auto& twin : twins) twin();
+  std::vector<double> step_s, roof_s;
+  for (int r = 0; r < reps; ++r) {
+    step_s.push_back(seconds_of(step));
+    double fastest = 0;
+    for (const auto& twin : twins) {
+      const double t = seconds_of(twin);
+      fastest = fastest == 0 ? t : std::min(fastest, t);
+    }
+    roof_s.push_back(fastest);
+  }
+  return {median(std::move(step_s)), median(std::move(roof_s))};
 }
 
 double triad_gbps(int64_t n, Executor& ex, int reps) {
@@ -350,8 +371,7 @@ int run(int argc, char** argv) {
           std::exit(1);
         }
       };
-      double s = median_seconds(reps, [&] { step_with(isa); });
-      double roof = roofline_seconds(b, ex, reps);
+      const auto [s, roof] = step_and_roofline_seconds(b, ex, reps, [&] { step_with(isa); });
       double naive = skip_naive ? 0 : median_seconds(1, [&] { step_with(Isa::kScalar); });
       double bytes = bytes_per_param(mode) * static_cast<double>(n);
       double gbps = bytes / s / 1e9, roof_gbps = bytes / roof / 1e9;
