@@ -252,9 +252,10 @@ double seconds_of(const std::function<void()>& fn) {
 // The step and its roofline, timed in alternation: each repetition times one
 // step and then each no-arithmetic twin once (the word loop with and
 // without prefetch, the element-wise loop), so that both sides of the ratio
-// see the same moments of a shared machine; a repetition's roofline is its
-// fastest twin. Returns the medians {step, roofline} of `reps` repetitions
-// after one untimed round.
+// see the same moments of a shared machine. Returns {the step's median, the
+// smallest of the twins' medians} over `reps` repetitions after one untimed
+// round. (The fastest twin of each repetition would pick the luckiest of
+// three noisy timings every time, and bias the roofline low by the noise.)
 std::pair<double, double> step_and_roofline_seconds(Buffers& b, Executor& ex, int reps,
                                                     const std::function<void()>& step) {
   std::atomic<uint64_t> words_sink{0};
@@ -264,17 +265,13 @@ std::pair<double, double> step_and_roofline_seconds(Buffers& b, Executor& ex, in
                                          [&] { roofline_elementwise_once(b, ex, elem_sink); }};
   step();
   for (const auto& twin : twins) twin();
-  std::vector<double> step_s, roof_s;
+  std::vector<double> step_s, twin_s[3];
   for (int r = 0; r < reps; ++r) {
     step_s.push_back(seconds_of(step));
-    double fastest = 0;
-    for (const auto& twin : twins) {
-      const double t = seconds_of(twin);
-      fastest = fastest == 0 ? t : std::min(fastest, t);
-    }
-    roof_s.push_back(fastest);
+    for (int k = 0; k < 3; ++k) twin_s[k].push_back(seconds_of(twins[k]));
   }
-  return {median(std::move(step_s)), median(std::move(roof_s))};
+  return {median(std::move(step_s)),
+          std::min({median(std::move(twin_s[0])), median(std::move(twin_s[1])), median(std::move(twin_s[2]))})};
 }
 
 double triad_gbps(int64_t n, Executor& ex, int reps) {
