@@ -839,8 +839,9 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
       I32<Arch> cm[4], cv[4];
       for (int u = 0; u < 4; ++u) {
         const int64_t k = j + u * W;
-        if constexpr (!kAvx512)
+        if constexpr (!kAvx512) {
           cm[u] = q8_m_codes<Arch>(B::load_aligned(bm[s] + k), B::load_aligned(bam[s] + k), m_enc);
+        }
         cv[u] = q8_v_codes_unclamped<Arch>(B::load_aligned(bv[s] + k), v_enc);
       }
       if constexpr (!kAvx512) q8_store_codes4<Arch>(cm, qm_at);
