@@ -68,18 +68,22 @@ double bytes_per_param(const Mode& m) {
 }
 
 // The no-arithmetic twins of a mode. Words: per group of 16 parameters it reads and
-// writes exactly the mode's bytes — p read and written (its two halves
-// swapped), m and v read and written (swapped with each other), g read (into
-// the low-precision output, or into a checksum when the mode writes none) —
-// as 8-byte words the compiler turns into full-width vector moves (the
-// output with non-temporal stores, as the optimizer's kernels write it).
+// writes exactly the mode's bytes — p, m and v read and written back
+// unchanged (xor with `key`, a zero the compiler cannot see, so the stores
+// stay), g read (into the low-precision output, or into a checksum when the
+// mode writes none) — as 8-byte words the compiler turns into full-width
+// vector moves (the output with non-temporal stores, as the optimizer's
+// kernels write it). The twins leave the optimizer's buffers as they were:
+// an earlier version swapped m with v, and what was timed after it (the
+// scalar reference, --with-stats) worked on negative v and NaN weights.
 // Multiversioned so it runs with the widest vectors the CPU has.
 // With kPrefetch, every input stream is also prefetched 512 parameters
 // ahead, as the optimizer's kernels do (bench/../cpu_optim/kernels_impl.h).
 template <int kGBytes, int kSBytes, bool kOut, bool kPrefetch = false>
 __attribute__((target_clones("avx512f", "avx2", "default"))) uint64_t roofline_loop(std::byte* p, const std::byte* g,
-                                                                                     std::byte* m, std::byte* v,
-                                                                                     std::byte* out, int64_t groups) {
+                                                                                    std::byte* m, std::byte* v,
+                                                                                    std::byte* out, int64_t groups,
+                                                                                    uint64_t key) {
   constexpr int kP = 16 * 4 / 8, kG = 16 * kGBytes / 8, kS = 16 * kSBytes / 8;
   constexpr int64_t kAhead = 512 / 16;  // groups
   uint64_t sink = 0;
@@ -94,12 +98,9 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) uint64_t roofline_l
     const uint64_t* gw = reinterpret_cast<const uint64_t*>(g) + u * kG;
     uint64_t* mw = reinterpret_cast<uint64_t*>(m) + u * kS;
     uint64_t* vw = reinterpret_cast<uint64_t*>(v) + u * kS;
-    uint64_t tp[kP], tm[kS];
-    for (int k = 0; k < kP; ++k) tp[k] = pw[k];
-    for (int k = 0; k < kP; ++k) pw[k] = tp[(k + kP / 2) % kP];
-    for (int k = 0; k < kS; ++k) tm[k] = mw[k];
-    for (int k = 0; k < kS; ++k) mw[k] = vw[k];
-    for (int k = 0; k < kS; ++k) vw[k] = tm[k];
+    for (int k = 0; k < kP; ++k) pw[k] ^= key;
+    for (int k = 0; k < kS; ++k) mw[k] ^= key;
+    for (int k = 0; k < kS; ++k) vw[k] ^= key;
     if constexpr (kOut) {
       // Non-temporal, as the optimizer writes its low-precision copy.
       uint64_t* ow = reinterpret_cast<uint64_t*>(out) + u * kG;
@@ -172,22 +173,20 @@ cpu_optim::ParamSpan span_of(Buffers& b) {
   return s;
 }
 
-
-// A second twin, element by element in the mode's own types (p kept, m and v
-// swapped, g converted into out — or, in modes without out, folded into a
-// checksum so it is still read). The roofline is the fastest of the twins:
-// this one, and the word loop with and without software prefetch.
+// A second twin, element by element in the mode's own sizes (p, m and v
+// written back unchanged, as above; g converted into out — or, in modes
+// without out, folded into a checksum so it is still read). The roofline is
+// the fastest of the twins: this one, and the word loop with and without
+// software prefetch. S is the states' element as an unsigned integer.
 template <class G, class S>
-__attribute__((target_clones("avx512f", "avx2", "default"))) uint32_t roofline_elementwise(float* p, const G* g, S* m,
-                                                                                            S* v, uint16_t* out,
-                                                                                            int64_t n) {
+__attribute__((target_clones("avx512f", "avx2", "default"))) uint32_t roofline_elementwise(uint32_t* p, const G* g,
+                                                                                           S* m, S* v, uint16_t* out,
+                                                                                           int64_t n, uint32_t key) {
   uint32_t sink = 0;
   for (int64_t i = 0; i < n; ++i) {
-    float t = p[i];
-    S mi = m[i];
-    p[i] = t + 0.0f;
-    m[i] = v[i];
-    v[i] = mi;
+    p[i] ^= key;
+    m[i] = static_cast<S>(m[i] ^ key);
+    v[i] = static_cast<S>(v[i] ^ key);
     if (out != nullptr) {
       out[i] = static_cast<uint16_t>(g[i]);
     } else {
@@ -197,38 +196,50 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) uint32_t roofline_e
   return sink;
 }
 
-// One pass of the element-wise twin over the whole span.
-void roofline_elementwise_once(Buffers& b, Executor& ex, std::atomic<uint32_t>& sink) {
+// Zero, read at run time: the twins' stores cannot be seen to write back
+// what they read.
+volatile uint32_t opaque_zero = 0;
+
+double roofline_elementwise_seconds(Buffers& b, Executor& ex, int reps) {
+  std::atomic<uint32_t> sink{0};
+  const uint32_t key = opaque_zero;
   auto run = [&](auto* m, auto* v) {
-    ex.parallel_for(b.n, 1 << 16, [&](int64_t begin, int64_t end) {
-      uint16_t* out = b.mode.out ? reinterpret_cast<uint16_t*>(b.out.get()) + begin : nullptr;
-      float* p = reinterpret_cast<float*>(b.p.get()) + begin;
-      if (b.mode.grad == DType::kF32) {
-        sink ^= roofline_elementwise(p, reinterpret_cast<const float*>(b.g.get()) + begin, m + begin, v + begin, out,
-                                     end - begin);
-      } else {
-        sink ^= roofline_elementwise(p, reinterpret_cast<const uint16_t*>(b.g.get()) + begin, m + begin, v + begin, out,
-                                     end - begin);
-      }
+    return median_seconds(reps, [&] {
+      ex.parallel_for(b.n, 1 << 16, [&](int64_t begin, int64_t end) {
+        uint16_t* out = b.mode.out ? reinterpret_cast<uint16_t*>(b.out.get()) + begin : nullptr;
+        uint32_t* p = reinterpret_cast<uint32_t*>(b.p.get()) + begin;
+        if (b.mode.grad == DType::kF32) {
+          sink ^= roofline_elementwise(p, reinterpret_cast<const float*>(b.g.get()) + begin, m + begin, v + begin, out,
+                                       end - begin, key);
+        } else {
+          sink ^= roofline_elementwise(p, reinterpret_cast<const uint16_t*>(b.g.get()) + begin, m + begin, v + begin,
+                                       out, end - begin, key);
+        }
+      });
     });
   };
   switch (b.mode.state) {
-    case StateType::kF32: return run(reinterpret_cast<float*>(b.m.get()), reinterpret_cast<float*>(b.v.get()));
+    case StateType::kF32:
+      return run(reinterpret_cast<uint32_t*>(b.m.get()), reinterpret_cast<uint32_t*>(b.v.get()));
     case StateType::kBF16:
       return run(reinterpret_cast<uint16_t*>(b.m.get()), reinterpret_cast<uint16_t*>(b.v.get()));
     case StateType::kQ8: return run(reinterpret_cast<uint8_t*>(b.m.get()), reinterpret_cast<uint8_t*>(b.v.get()));
   }
+  return 0;
 }
 
-// One pass of the word twin (kPrefetch: with the kernels' software prefetch).
 template <bool kPrefetch>
-void roofline_words_once(Buffers& b, Executor& ex, std::atomic<uint64_t>& sink) {
+double roofline_words_seconds(Buffers& b, Executor& ex, int reps) {
+  std::atomic<uint64_t> sink{0};
+  const uint64_t key = opaque_zero;
   auto run = [&](auto loop) {
     const int64_t gbytes = static_cast<int64_t>(cpu_optim::dtype_bytes(b.mode.grad));
     const int64_t sbytes = static_cast<int64_t>(state_elem_bytes(b.mode.state));
-    ex.parallel_for(b.n / 16, 1 << 12, [&](int64_t begin, int64_t end) {
-      sink ^= loop(b.p.get() + begin * 64, b.g.get() + begin * 16 * gbytes, b.m.get() + begin * 16 * sbytes,
-                   b.v.get() + begin * 16 * sbytes, b.out.get() + begin * 32, end - begin);
+    return median_seconds(reps, [&] {
+      ex.parallel_for(b.n / 16, 1 << 12, [&](int64_t begin, int64_t end) {
+        sink ^= loop(b.p.get() + begin * 64, b.g.get() + begin * 16 * gbytes, b.m.get() + begin * 16 * sbytes,
+                     b.v.get() + begin * 16 * sbytes, b.out.get() + begin * 32, end - begin, key);
+      });
     });
   };
   bool bf16_grad = b.mode.grad != DType::kF32;
@@ -241,37 +252,14 @@ void roofline_words_once(Buffers& b, Executor& ex, std::atomic<uint64_t>& sink) 
     case StateType::kBF16: return run(roofline_loop<2, 2, true, kPrefetch>);
     case StateType::kQ8: return run(roofline_loop<2, 1, true, kPrefetch>);
   }
+  return 0;
 }
 
-double seconds_of(const std::function<void()>& fn) {
-  auto t0 = std::chrono::steady_clock::now();
-  fn();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-// The step and its roofline, timed in alternation: each repetition times one
-// step and then each no-arithmetic twin once (the word loop with and
-// without prefetch, the element-wise loop), so that both sides of the ratio
-// see the same moments of a shared machine. Returns {the step's median, the
-// smallest of the twins' medians} over `reps` repetitions after one untimed
-// round. (The fastest twin of each repetition would pick the luckiest of
-// three noisy timings every time, and bias the roofline low by the noise.)
-std::pair<double, double> step_and_roofline_seconds(Buffers& b, Executor& ex, int reps,
-                                                    const std::function<void()>& step) {
-  std::atomic<uint64_t> words_sink{0};
-  std::atomic<uint32_t> elem_sink{0};
-  const std::function<void()> twins[] = {[&] { roofline_words_once<false>(b, ex, words_sink); },
-                                         [&] { roofline_words_once<true>(b, ex, words_sink); },
-                                         [&] { roofline_elementwise_once(b, ex, elem_sink); }};
-  step();
-  for (const auto& twin : twins) twin();
-  std::vector<double> step_s, twin_s[3];
-  for (int r = 0; r < reps; ++r) {
-    step_s.push_back(seconds_of(step));
-    for (int k = 0; k < 3; ++k) twin_s[k].push_back(seconds_of(twins[k]));
-  }
-  return {median(std::move(step_s)),
-          std::min({median(std::move(twin_s[0])), median(std::move(twin_s[1])), median(std::move(twin_s[2]))})};
+double roofline_seconds(Buffers& b, Executor& ex, int reps) {
+  const double words = roofline_words_seconds<false>(b, ex, reps);
+  const double prefetched = roofline_words_seconds<true>(b, ex, reps);
+  const double elementwise = roofline_elementwise_seconds(b, ex, reps);
+  return std::min({words, prefetched, elementwise});
 }
 
 double triad_gbps(int64_t n, Executor& ex, int reps) {
@@ -368,7 +356,8 @@ int run(int argc, char** argv) {
           std::exit(1);
         }
       };
-      const auto [s, roof] = step_and_roofline_seconds(b, ex, reps, [&] { step_with(isa); });
+      double s = median_seconds(reps, [&] { step_with(isa); });
+      double roof = roofline_seconds(b, ex, reps);
       double naive = skip_naive ? 0 : median_seconds(1, [&] { step_with(Isa::kScalar); });
       double bytes = bytes_per_param(mode) * static_cast<double>(n);
       double gbps = bytes / s / 1e9, roof_gbps = bytes / roof / 1e9;
