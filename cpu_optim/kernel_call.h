@@ -50,7 +50,7 @@ struct TileCall {
   float* v_scale_next = nullptr;
   int64_t n = 0;
   // When set, the tile also computes the gradient's sum-of-squares partials
-  // exactly as StatsKernel does (one per kStatsPartialElems elements from the
+  // exactly as StatsKernel does (one per kGradStatsPartialElems elements from the
   // tile's start, which is a multiple of that; the last may be partial).
   // advanced() leaves it pointing at the tile's first partial.
   double* partials = nullptr;
@@ -128,6 +128,5 @@ int64_t reference_tile(const TileCall& call);
 void reference_q8_encode(const float* src, int64_t n, bool is_v, void* codes, float* scales);
 void reference_q8_decode(const void* codes, const float* scales, int64_t n, bool is_v, float* dst);
 void reference_stats(const void* grad, DType dtype, int64_t n, float scale, double* partials, int64_t* nonfinite);
-inline constexpr int64_t kStatsPartialElems = kGradStatsPartialElems;  // == kSub in kernels_impl.h
 
 }  // namespace strata::cpu_optim::detail

@@ -31,7 +31,7 @@ namespace strata::cpu_optim::detail {
 
 inline constexpr int64_t kSub = 1024;  // multiple of kQ8BlockElems and of every vector width
 static_assert(kSub % kQ8BlockElems == 0);
-static_assert(kSub == kStatsPartialElems);
+static_assert(kSub == kGradStatsPartialElems);  // a staged sub-tile is one statistics partial
 
 template <class Arch>
 void to_f32(const void* src, DType type, int64_t n, float* __restrict dst) {
@@ -338,6 +338,17 @@ inline int64_t count_nonfinite_scalar(const void* g, DType t, int64_t n) {
   return bad;
 }
 
+// The constants of BatchStep::coarse_step_factor for a call's coefficients:
+// k = 1 / (sqrt(bc2) step_size), eps = eps / step_size (lr = 0: k = inf and
+// eps = 0, so the factor is 0).
+struct CoarseStepConstants {
+  float k, eps;
+};
+inline CoarseStepConstants coarse_step_constants(const TileCall& call) {
+  return {1.0f / (call.c.bias_correction2_sqrt * call.c.step_size),
+          call.c.step_size != 0.0f ? call.c.eps / call.c.step_size : 0.0f};
+}
+
 // One optimizer's update of one batch, in registers: p, m, v in/out, g the
 // unscaled gradient. Constants are broadcast once per tile. Non-finite
 // gradients are detected without a branch per batch: g * 0 is NaN exactly
@@ -383,8 +394,8 @@ struct BatchStep {
         first_step(call.c.first_step),
         has_momentum(call.c.momentum != 0.0f),
         coarse_roots(call.state_type != StateType::kF32),
-        k_step(1.0f / (call.c.bias_correction2_sqrt * call.c.step_size)),
-        eps_step(call.c.step_size != 0.0f ? call.c.eps / call.c.step_size : 0.0f),  // lr = 0: k_step = inf, factor 0
+        k_step(coarse_step_constants(call).k),
+        eps_step(coarse_step_constants(call).eps),
         check(0.0f),
         stats(call.partials != nullptr),
         sq(0.0f) {}
@@ -632,14 +643,17 @@ bool can_stream_out(const void* out) {
   return O != OutKind::kNone && has_lane_moves<Arch>() && reinterpret_cast<uintptr_t>(out) % kBytes == 0;
 }
 
-// Two batches as bf16 by one vcvtne2ps2bf16 (which flushes subnormals: a
-// pair with one takes the integer rounding, as store_bf16 does); kStream:
-// non-temporal, dst 64-byte aligned.
-template <class Arch, bool kStream>
+// Two batches as bf16 by one vcvtne2ps2bf16, which flushes subnormals: a
+// pair with a lane in one of the classes kSpecial tests (vfpclassps bits;
+// at least subnormals) takes the integer rounding instead, as store_bf16
+// does, after on_special(). kStream: non-temporal, dst 64-byte aligned.
+inline constexpr int kClassSubnormal = 0x20;
+template <class Arch, bool kStream, int kSpecial = kClassSubnormal, class OnSpecial>
 [[gnu::always_inline]] inline void store_bf16_pair(const xsimd::batch<float, Arch>& a,
-                                                   const xsimd::batch<float, Arch>& b, uint16_t* dst) {
-  static_assert(is_avx512<Arch>());
-  if (_kortestz_mask16_u8(_mm512_fpclass_ps_mask(a, 0x20), _mm512_fpclass_ps_mask(b, 0x20))) {
+                                                   const xsimd::batch<float, Arch>& b, uint16_t* dst,
+                                                   OnSpecial&& on_special) {
+  static_assert(is_avx512<Arch>() && (kSpecial & kClassSubnormal) != 0);
+  if (_kortestz_mask16_u8(_mm512_fpclass_ps_mask(a, kSpecial), _mm512_fpclass_ps_mask(b, kSpecial))) {
     const auto both = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a));
     if constexpr (kStream) {
       _mm512_stream_si512(reinterpret_cast<__m512i*>(dst), both);
@@ -648,33 +662,32 @@ template <class Arch, bool kStream>
     }
     return;
   }
+  on_special();
   store_bf16<Arch, kStream>(a, dst, false);
   store_bf16<Arch, kStream>(b, dst + xsimd::batch<float, Arch>::size, false);
 }
+template <class Arch, bool kStream>
+[[gnu::always_inline]] inline void store_bf16_pair(const xsimd::batch<float, Arch>& a,
+                                                   const xsimd::batch<float, Arch>& b, uint16_t* dst) {
+  store_bf16_pair<Arch, kStream>(a, b, dst, [] {});
+}
 
-// Two batches of new weights streamed as bf16 by one vcvtne2ps2bf16 (dst
-// 64-byte aligned), with the inf/nan check of their gradients: run_fused's
-// Adam loops, where the new weights are NaN wherever a gradient is not
-// finite.
-// A pair with a subnormal, infinite or NaN weight takes the integer
-// rounding (vcvtneps2bf16 flushes subnormals) and folds its gradients into
-// the check; the others need neither.
+// Two batches of new weights streamed as bf16, with the inf/nan check of
+// their gradients: run_fused's Adam loops, where the new weights are NaN
+// wherever a gradient is not finite. Only a pair with a subnormal, infinite
+// or NaN weight folds its gradients into the check (and takes the integer
+// rounding).
 template <class Arch, OptKind K>
 [[gnu::always_inline]] inline void store_bf16_pair_checked(const xsimd::batch<float, Arch>& a,
                                                            const xsimd::batch<float, Arch>& b,
                                                            const xsimd::batch<float, Arch>& ga,
                                                            const xsimd::batch<float, Arch>& gb, uint16_t* dst,
                                                            BatchStep<Arch, K>& st) {
-  static_assert(is_avx512<Arch>());
-  constexpr int kSpecial = 0x01 | 0x08 | 0x10 | 0x20 | 0x80;  // QNaN, +inf, -inf, subnormal, SNaN
-  if (_kortestz_mask16_u8(_mm512_fpclass_ps_mask(a, kSpecial), _mm512_fpclass_ps_mask(b, kSpecial))) {
-    _mm512_stream_si512(reinterpret_cast<__m512i*>(dst), reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a)));
-    return;
-  }
-  st.check = fused_fma<Arch>(ga, st.zero, st.check);
-  st.check = fused_fma<Arch>(gb, st.zero, st.check);
-  store_bf16<Arch, true>(a, dst, false);
-  store_bf16<Arch, true>(b, dst + xsimd::batch<float, Arch>::size, false);
+  constexpr int kSpecial = 0x01 | 0x08 | 0x10 | kClassSubnormal | 0x80;  // QNaN, +inf, -inf, subnormal, SNaN
+  store_bf16_pair<Arch, true, kSpecial>(a, b, dst, [&] {
+    st.check = fused_fma<Arch>(ga, st.zero, st.check);
+    st.check = fused_fma<Arch>(gb, st.zero, st.check);
+  });
 }
 
 // What a fused loop fixes at compile time besides its stream types: AdamW's
@@ -817,8 +830,9 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
     // same result as checking every batch.
     constexpr bool kAvx512 = is_avx512<Arch>();
     constexpr bool kPairOut = kAvx512 && O == OutKind::kBF16 && native_bf16 && stream_out;
-    alignas(64) float bm[2][kQ8BlockElems], bam[2][kQ8BlockElems], bv[2][kQ8BlockElems];
-    alignas(8) uint16_t bneg[2][kQ8BlockElems / 16];  // AVX-512: m's sign bits, a mask per batch
+    alignas(64) float bam[2][kQ8BlockElems], bv[2][kQ8BlockElems];
+    alignas(64) float bm[2][kAvx512 ? 1 : kQ8BlockElems];          // AVX2: m itself
+    alignas(8) uint16_t bneg[2][kAvx512 ? kQ8BlockElems / W : 1];  // AVX-512: m's sign bits, a mask per batch
     const auto* const qm = static_cast<const int8_t*>(mem_m);
     const auto* const qv = static_cast<const uint8_t*>(mem_v);
     auto* const qm_next = static_cast<int8_t*>(mem_m_next);
@@ -826,26 +840,25 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
     constexpr bool kFold = F.decoupled;
     // AdamW: the moments scaled by c1, c2 (BatchStep::adamw_q8_scaled).
     const Q8ScaledMoments sm = q8_scaled_moments(call);
-    const B k_s(st.k_step.get(0) * std::sqrt(sm.c2) / sm.c1), eps_s(st.eps_step.get(0) / sm.c1);
+    const CoarseStepConstants ks = coarse_step_constants(call);
+    const B k_s(ks.k * std::sqrt(sm.c2) / sm.c1), eps_s(ks.eps / sm.c1);
     static_assert(kQ8BlockElems % (4 * W) == 0);
     // Four batches of block `blk`'s codes, from scratch `s` at j.
     auto encode4 = [&](int s, int64_t blk, int64_t j, const B& m_enc, const B& v_enc) {
-      int8_t* const qm_at = qm_next + blk * kQ8BlockElems + j;
+      const int64_t at = blk * kQ8BlockElems + j;
+      I32<Arch> c[4];
+      for (int u = 0; u < 4; ++u) c[u] = q8_v_codes_unclamped<Arch>(B::load_aligned(bv[s] + j + u * W), v_enc);
+      q8_store_codes4<Arch>(c, qv_next + at);
       if constexpr (kAvx512) {
         uint64_t negative;
         std::memcpy(&negative, &bneg[s][j / W], sizeof negative);
-        q8_store_m_codes4_avx512<Arch>(bam[s] + j, negative, m_enc, qm_at);
-      }
-      I32<Arch> cm[4], cv[4];
-      for (int u = 0; u < 4; ++u) {
-        const int64_t k = j + u * W;
-        if constexpr (!kAvx512) {
-          cm[u] = q8_m_codes<Arch>(B::load_aligned(bm[s] + k), B::load_aligned(bam[s] + k), m_enc);
+        q8_store_m_codes4_avx512<Arch>(bam[s] + j, negative, m_enc, qm_next + at);
+      } else {
+        for (int u = 0; u < 4; ++u) {
+          c[u] = q8_m_codes<Arch>(B::load_aligned(bm[s] + j + u * W), B::load_aligned(bam[s] + j + u * W), m_enc);
         }
-        cv[u] = q8_v_codes_unclamped<Arch>(B::load_aligned(bv[s] + k), v_enc);
+        q8_store_codes4<Arch>(c, qm_next + at);
       }
-      if constexpr (!kAvx512) q8_store_codes4<Arch>(cm, qm_at);
-      q8_store_codes4<Arch>(cv, qv_next + blk * kQ8BlockElems + j);
     };
     B prev_m_enc(0.0f), prev_v_enc(0.0f);  // the previous block's encoding factors
     const int64_t blocks = n / kQ8BlockElems;

@@ -157,8 +157,8 @@ int64_t reference_tile(const TileCall& call) {
 
 void reference_stats(const void* grad, DType dtype, int64_t n, float scale, double* partials, int64_t* nonfinite) {
   int64_t bad = 0;
-  for (int64_t begin = 0; begin < n; begin += kStatsPartialElems) {
-    int64_t end = std::min(n, begin + kStatsPartialElems);
+  for (int64_t begin = 0; begin < n; begin += kGradStatsPartialElems) {
+    int64_t end = std::min(n, begin + kGradStatsPartialElems);
     double sum = 0;
     for (int64_t i = begin; i < end; ++i) {
       float g = load(grad, dtype, i);
@@ -169,7 +169,7 @@ void reference_stats(const void* grad, DType dtype, int64_t n, float scale, doub
       double x = static_cast<double>(g * scale);
       sum += x * x;
     }
-    partials[begin / kStatsPartialElems] = sum;
+    partials[begin / kGradStatsPartialElems] = sum;
   }
   *nonfinite = bad;
 }

@@ -305,7 +305,7 @@ namespace {
 std::vector<double>& partials_buffer(bool for_step, int64_t n) {
   thread_local std::vector<double> grad_stats_partials, step_partials;
   std::vector<double>& v = for_step ? step_partials : grad_stats_partials;
-  v.assign(static_cast<size_t>(div_ceil(static_cast<uint64_t>(n), detail::kStatsPartialElems)), 0.0);
+  v.assign(static_cast<size_t>(div_ceil(static_cast<uint64_t>(n), kGradStatsPartialElems)), 0.0);
   return v;
 }
 }  // namespace
@@ -317,10 +317,10 @@ Result<GradStats> grad_stats(const void* grad, DType dtype, int64_t n, float gra
   std::vector<double>& partials = partials_buffer(false, n);  // the caller's thread's: the workers fill it
   std::atomic<int64_t> bad{0};
   const uint64_t elem = dtype_bytes(dtype);
-  executor.parallel_for(n, 64 * detail::kStatsPartialElems, [&](int64_t begin, int64_t end) {
+  executor.parallel_for(n, 64 * kGradStatsPartialElems, [&](int64_t begin, int64_t end) {
     int64_t tile_bad = 0;
     run_stats(chosen, static_cast<const std::byte*>(grad) + begin * elem, dtype, end - begin, grad_scale,
-              partials.data() + begin / detail::kStatsPartialElems, &tile_bad);
+              partials.data() + begin / kGradStatsPartialElems, &tile_bad);
     bad.fetch_add(tile_bad, std::memory_order_relaxed);
   });
   GradStats stats;
@@ -379,11 +379,11 @@ Result<StepReport> step(const OptimizerConfig& config, int64_t t, const ParamSpa
   whole.m_scale_next = next.m_scale, whole.v_scale_next = next.v_scale;
   whole.n = span.n;
   std::atomic<int64_t> bad{0};
-  static_assert(kTileQuantum % detail::kStatsPartialElems == 0, "tiles start on a partial");
+  static_assert(kTileQuantum % kGradStatsPartialElems == 0, "tiles start on a partial");
   executor.parallel_for(span.n, tile, [&](int64_t begin, int64_t end) {
     TileCall call = whole.advanced(begin);
     call.n = end - begin;
-    if (partials != nullptr) call.partials = partials->data() + begin / detail::kStatsPartialElems;
+    if (partials != nullptr) call.partials = partials->data() + begin / kGradStatsPartialElems;
     int64_t k = run_tile(isa, call);
     if (k != 0) bad.fetch_add(k, std::memory_order_relaxed);
   });

@@ -354,7 +354,6 @@ const LinkTime& slowest_link(const Plan& p) {
   return *slow;
 }
 
-
 }  // namespace
 
 Result<Plan> make_plan(const TrainSetup& s, const Budgets& b, const Bandwidths& bw, const Constraints& fixed) {

@@ -63,15 +63,17 @@ struct Problem {
   void fill_grad(uint64_t seed) {
     std::mt19937_64 rng(seed);
     std::normal_distribution<float> normal(0.0f, 0.05f);
-    for (int64_t i = 0; i < n; ++i) {
-      float g = normal(rng) * (i % 97 == 0 ? 20.0f : 1.0f);
-      std::byte* at = grad.data() + (skew + i) * dtype_bytes(grad_dtype);
-      if (grad_dtype == DType::kF32) {
-        std::memcpy(at, &g, 4);
-      } else {
-        uint16_t h = grad_dtype == DType::kBF16 ? f32_to_bf16(g) : f32_to_f16(g);
-        std::memcpy(at, &h, 2);
-      }
+    for (int64_t i = 0; i < n; ++i) set_grad(i, normal(rng) * (i % 97 == 0 ? 20.0f : 1.0f));
+  }
+
+  // Gradient element i, stored in the gradient's dtype.
+  void set_grad(int64_t i, float g) {
+    std::byte* at = grad.data() + (skew + i) * dtype_bytes(grad_dtype);
+    if (grad_dtype == DType::kF32) {
+      std::memcpy(at, &g, 4);
+    } else {
+      uint16_t h = grad_dtype == DType::kBF16 ? f32_to_bf16(g) : f32_to_f16(g);
+      std::memcpy(at, &h, 2);
     }
   }
 
@@ -596,8 +598,8 @@ TEST(Optimizer, NonFiniteGradientsAreReportedAndSkipUpdatesNothing) {
     for (StateType st : {StateType::kF32, StateType::kBF16, StateType::kQ8}) {
       for (Isa isa : available_isas()) {
         // Weights out two bytes past the span (as Problem places them) and
-        // at a 64-byte boundary, where the AVX-512 q8 loop streams pairs of
-        // batches and takes the check from their class test.
+        // at a 64-byte boundary, where the AVX-512 loops stream pairs of
+        // batches and take the check from their class test.
         for (bool aligned_out : {false, true}) {
           SCOPED_TRACE(std::string(dtype_name(g)) + " grad, " + std::string(state_type_name(st)) + " states, " +
                        std::string(isa_name(isa)) + (aligned_out ? ", aligned out" : ""));
@@ -615,15 +617,6 @@ TEST(Optimizer, NonFiniteGradientsAreReportedAndSkipUpdatesNothing) {
           // A first clean step, so that the states (and q8 scales) are not zero.
           p.fill_grad(7);
           ASSERT_TRUE(step(adam, 1, span(), o, *ex));
-          auto poison = [&](int64_t i, float value) {
-            std::byte* at = p.grad.data() + (p.skew + i) * dtype_bytes(g);
-            if (g == DType::kF32) {
-              std::memcpy(at, &value, 4);
-            } else {
-              uint16_t h = g == DType::kBF16 ? f32_to_bf16(value) : f32_to_f16(value);
-              std::memcpy(at, &h, 2);
-            }
-          };
           // The second batch of a pair (element 337: block 1, batch 5) and
           // the first of one (777); then the scalar tail (4999) alone, so
           // that neither hides a miss of the other (a tile that saw one
@@ -631,10 +624,10 @@ TEST(Optimizer, NonFiniteGradientsAreReportedAndSkipUpdatesNothing) {
           for (int round = 0; round < 2; ++round) {
             p.fill_grad(8);
             if (round == 0) {
-              poison(337, std::numeric_limits<float>::infinity());
-              poison(777, std::numeric_limits<float>::quiet_NaN());
+              p.set_grad(337, std::numeric_limits<float>::infinity());
+              p.set_grad(777, std::numeric_limits<float>::quiet_NaN());
             } else {
-              poison(4999, -std::numeric_limits<float>::infinity());
+              p.set_grad(4999, -std::numeric_limits<float>::infinity());
             }
             const int64_t bad = round == 0 ? 2 : 1;
             const std::vector<float> before = p.params;
@@ -669,7 +662,7 @@ TEST(Optimizer, NonFiniteGradientsAreReportedAndSkipUpdatesNothing) {
           q.params[static_cast<size_t>(q.skew + 340)] = std::numeric_limits<float>::infinity();
           for (int64_t i = 800; i < 832; ++i) {  // a zero first step keeps them subnormal (times the decay)
             q.params[static_cast<size_t>(q.skew + i)] = 1e-39f;
-            std::memset(q.grad.data() + (q.skew + i) * dtype_bytes(g), 0, dtype_bytes(g));
+            q.set_grad(i, 0.0f);
           }
           ParamSpan qs = q.span();
           if (aligned_out) qs.weights_out = out_at;
@@ -724,15 +717,6 @@ TEST(GradStats, MatchesFp64AndIsDeterministic) {
 TEST(Optimizer, StepStatisticsAreGradStatsBitForBit) {
   uint64_t seed = strata::testing::test_seed(61);
   auto ex1 = make_executor(1), ex2 = make_executor(2);
-  auto poison = [](Problem& p, int64_t i, float value) {
-    std::byte* at = p.grad.data() + (p.skew + i) * dtype_bytes(p.grad_dtype);
-    if (p.grad_dtype == DType::kF32) {
-      std::memcpy(at, &value, 4);
-    } else {
-      uint16_t h = p.grad_dtype == DType::kBF16 ? f32_to_bf16(value) : f32_to_f16(value);
-      std::memcpy(at, &h, 2);
-    }
-  };
   auto same_double = [](double a, double b) { return std::bit_cast<uint64_t>(a) == std::bit_cast<uint64_t>(b); };
   int checked = 0;
   for (const auto& [name, config] : configs()) {
@@ -749,8 +733,8 @@ TEST(Optimizer, StepStatisticsAreGradStatsBitForBit) {
               Problem p(n, g, true, DType::kBF16, st, seed);
               p.fill_grad(seed + 1);
               if (bad) {
-                poison(p, n / 2, std::numeric_limits<float>::infinity());
-                poison(p, n - 1, std::numeric_limits<float>::quiet_NaN());
+                p.set_grad(n / 2, std::numeric_limits<float>::infinity());
+                p.set_grad(n - 1, std::numeric_limits<float>::quiet_NaN());
               }
               Result<GradStats> want = grad_stats(p.span().grad, g, n, 0.37f, *ex2, isa);
               ASSERT_TRUE(want) << want.error().to_string();
