@@ -94,21 +94,30 @@ Status FaultyDevice::submit(std::span<const RawRequest> requests) {
     return resource_exhausted("faulty: " + std::to_string(requests.size()) + " requests exceed free queue depth");
   }
   std::vector<RawRequest> forward;
-  std::vector<RawCompletion> failed;
+  std::vector<RawCompletion> answered;
   forward.reserve(requests.size());
   for (const RawRequest& r : requests) {
     int fault = pick_fault(r);
     if (fault > 0) {
-      failed.push_back({r.tag, -static_cast<int64_t>(fault)});
+      answered.push_back({r.tag, -static_cast<int64_t>(fault)});
       continue;
     }
     RawRequest sent = r;
     if (fault < 0) sent.length_bytes = static_cast<uint32_t>(std::max<uint64_t>(4096, round_down(r.length_bytes / 2, 4096)));
+    if (auto end = file_end_.find(r.file_slot);
+        r.op == IoOp::kRead && end != file_end_.end() && r.offset_bytes + sent.length_bytes > end->second) {
+      ++counters_.past_end;
+      if (r.offset_bytes >= end->second) {
+        answered.push_back({r.tag, 0});  // the kernel's end of file: nothing transferred
+        continue;
+      }
+      sent.length_bytes = static_cast<uint32_t>(end->second - r.offset_bytes);
+    }
     forward.push_back(sent);
   }
   STRATA_RETURN_IF_ERROR(inner_.submit(forward));
   for (const RawRequest& r : forward) forwarded_[r.tag] = r;
-  for (const RawCompletion& c : failed) hold(c);
+  for (const RawCompletion& c : answered) hold(c);
   return ok_status();
 }
 
@@ -176,6 +185,11 @@ void FaultyDevice::add_bad_range(int32_t slot, uint64_t offset_bytes, uint64_t l
 }
 
 void FaultyDevice::corrupt_byte(int32_t slot, uint64_t offset_bytes) { corrupt_.emplace_back(slot, offset_bytes); }
+
+void FaultyDevice::end_file_at(int32_t slot, uint64_t offset_bytes) {
+  STRATA_CHECK(offset_bytes % 4096 == 0);
+  file_end_[slot] = offset_bytes;
+}
 
 void FaultyDevice::fail_next(IoOp op, int err, uint32_t count, uint32_t after) {
   STRATA_CHECK(err > 0);

@@ -15,8 +15,8 @@
 //   corruption        a successful write marks one byte of its range bad;
 //                     every later read covering it sees the byte flipped
 //                     (a deterministic position, so retries do not mask it)
-// Explicit faults (a bad range, a flipped byte, the next N ops failing) are
-// set with the methods below. counters() reports what was injected.
+// Explicit faults (a bad range, a flipped byte, a file that ends early, the
+// next N ops failing) are set with the methods below. counters() reports what was injected.
 #pragma once
 
 #include <chrono>
@@ -58,6 +58,7 @@ struct FaultCounters {
   uint64_t eintr = 0;
   uint64_t delayed = 0;
   uint64_t corrupted_reads = 0;  // reads that returned a flipped byte
+  uint64_t past_end = 0;         // reads cut short by end_file_at()
   uint64_t forced = 0;           // from fail_next()
 };
 
@@ -81,6 +82,10 @@ class FaultyDevice final : public BlockDevice {
   void add_bad_range(int32_t slot, uint64_t offset_bytes, uint64_t length_bytes);
   // Reads covering `offset` of `slot` see that byte flipped until it is rewritten.
   void corrupt_byte(int32_t slot, uint64_t offset_bytes);
+  // Reads of `slot` find the end of the file at `offset` (4 KiB-aligned), as
+  // if it had been truncated there: one that starts at or past it transfers
+  // nothing, one that crosses it stops there. Writes are not affected.
+  void end_file_at(int32_t slot, uint64_t offset_bytes);
   // After the next `after` requests of kind `op` (which pass), the `count`
   // following ones fail with -err (err > 0).
   void fail_next(IoOp op, int err, uint32_t count = 1, uint32_t after = 0);
@@ -117,6 +122,7 @@ class FaultyDevice final : public BlockDevice {
   FaultCounters counters_;
   std::vector<Range> bad_ranges_;
   std::vector<std::pair<int32_t, uint64_t>> corrupt_;  // (slot, byte offset)
+  std::unordered_map<int32_t, uint64_t> file_end_;     // slot -> end seen by reads
   std::deque<std::pair<IoOp, int>> forced_;  // per request of the kind, in turn: -errno, or 0 to pass
   std::unordered_map<uint64_t, RawRequest> forwarded_;  // tag -> request as sent
   std::unordered_set<uint64_t> just_faulted_;             // tags whose last submission got a transient fault

@@ -455,7 +455,8 @@ TEST(Trainer, TheCudaBackendSaysWhenItCannotRun) {
   }
 }
 
-// Injected NVMe faults (persistent EIO, ENOSPC, a checksum mismatch) end the
+// Injected NVMe faults (persistent EIO, ENOSPC, a swap file that ends early —
+// a short read —, a checksum mismatch) end the
 // step with an error naming the chunk; the trainer is then destroyed cleanly;
 // the checkpoint written before the fault is intact, and resuming from it
 // reproduces the uninterrupted run bit for bit. Short transfers are retried
@@ -483,6 +484,15 @@ TEST(Trainer, NvmeFaultsEndTheStepAndLeaveTheCheckpointIntact) {
        }},
       {"enospc", StatusCode::kResourceExhausted,
        [](io::SwapStore& s) { s.faults()->fail_next(io::IoOp::kWrite, ENOSPC, 1); }},
+      {"short-read", StatusCode::kDataLoss,
+       [](io::SwapStore& s) {
+         // The swap file ends 4 KiB into chunk 2's state: every read from
+         // there on comes back short (chunk 3's, later in the file, is the
+         // first the backward pass asks for).
+         auto p = *s.locate("optimizer-state/chunk-2");
+         ASSERT_GT(p[0].length_bytes, 4096u);
+         s.faults()->end_file_at(p[0].file_slot, p[0].file_offset_bytes + 4096);
+       }},
       {"checksum", StatusCode::kDataLoss,
        [](io::SwapStore& s) {
          auto p = *s.locate("optimizer-state/chunk-1");

@@ -126,6 +126,30 @@ TEST_P(FaultyDeviceTest, EnospcAndEinvalSurfaceWithTheirCodes) {
   EXPECT_NE(s.message().find("EAGAIN"), std::string::npos) << s.to_string();
 }
 
+// A file that ends before the data asked for is DataLoss naming the short
+// read, whether the request starts past the end or crosses it (its first
+// part is read, the rest resubmitted, and that finds nothing).
+TEST_P(FaultyDeviceTest, AFileThatEndsEarlyIsAShortReadError) {
+  make(FaultConfig{});
+  Result<Buffer> buf = allocate_aligned(4 * 65536);
+  ASSERT_TRUE(buf);
+  for (const Status& s : run(IoOp::kWrite, *buf, 4, 65536)) ASSERT_TRUE(s.ok()) << s.to_string();
+  faulty_->end_file_at(slot_, 2 * 65536 + 8192);
+  std::vector<Status> st = run(IoOp::kRead, *buf, 4, 65536);
+  EXPECT_TRUE(st[0].ok() && st[1].ok());
+  for (int i : {2, 3}) {
+    ASSERT_FALSE(st[static_cast<size_t>(i)].ok()) << i;
+    EXPECT_EQ(st[static_cast<size_t>(i)].code(), StatusCode::kDataLoss);
+    std::string m(st[static_cast<size_t>(i)].message());
+    EXPECT_NE(m.find("short read"), std::string::npos) << m;
+    EXPECT_NE(m.find(file_.path()), std::string::npos) << m;
+  }
+  EXPECT_NE(std::string(st[2].message()).find("after 8192 of 65536"), std::string::npos) << st[2].to_string();
+  EXPECT_EQ(faulty_->counters().past_end, 3u);  // block 2, its resubmitted rest, block 3
+  std::vector<Status> writes = run(IoOp::kWrite, *buf, 4, 65536);
+  for (const Status& s : writes) EXPECT_TRUE(s.ok()) << s.to_string();
+}
+
 TEST_P(FaultyDeviceTest, SameSeedInjectsTheSameFaults) {
   auto counters_for = [&](uint64_t seed) {
     FaultConfig config;
