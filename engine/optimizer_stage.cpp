@@ -167,9 +167,10 @@ std::vector<OptimizerStage::Slice> OptimizerStage::slices(size_t piece) const {
   return out;
 }
 
-Result<PinnedArena::Lease> OptimizerStage::read_staged(const std::string& name, const std::string& what) {
+Result<PinnedArena::Lease> OptimizerStage::read_staged(const std::string& name, const std::string& what,
+                                                       uint64_t prefix_bytes) {
   STRATA_ASSIGN_OR_RETURN(PinnedArena::Lease lease, staging_->acquire("read " + name));
-  STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->read(name, lease.buffer()));
+  STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->read_prefix(name, lease.buffer(), prefix_bytes));
   STRATA_RETURN_IF_ERROR(swap_->wait(t).with_context("reading " + what));
   return lease;
 }
@@ -230,25 +231,33 @@ Status OptimizerStage::replace_weights(size_t c, const WeightsSlice& slice) {
 }
 
 Status OptimizerStage::read_master(size_t c, float* dst) {
-  return visit_state(c, [&](int part, uint64_t offset, std::span<std::byte> bytes) {
-    if (part == 0) std::memcpy(reinterpret_cast<std::byte*>(dst) + offset, bytes.data(), bytes.size());
-    return ok_status();
-  });
+  return visit_state(
+      c,
+      [&](int, uint64_t offset, std::span<std::byte> bytes) {
+        std::memcpy(reinterpret_cast<std::byte*>(dst) + offset, bytes.data(), bytes.size());
+        return ok_status();
+      },
+      1);
 }
 
-Status OptimizerStage::visit_state(size_t c, const StateSlice& slice) {
+Status OptimizerStage::visit_state(size_t c, const StateSlice& slice, int parts) {
   STRATA_CHECK(c < elems_.size());
   for (size_t u = first_piece_[c]; u < first_piece_[c + 1]; ++u) {
+    std::vector<Slice> wanted = slices(u);
+    std::erase_if(wanted, [&](const Slice& s) { return s.part >= parts; });
     std::byte* state = nullptr;
     PinnedArena::Lease lease;
     if (tier_ == Tier::kHost) {
       STRATA_CHECK_MSG(!host_[u].empty(), "optimizer stage: chunk %zu was never initialised", c);
       state = host_[u].data();
     } else {
-      STRATA_ASSIGN_OR_RETURN(lease, read_staged(blob(u, gen_[u]), "optimizer state of chunk " + std::to_string(c)));
+      uint64_t prefix = 0;
+      for (const Slice& s : wanted) prefix = std::max(prefix, s.at + s.bytes);
+      STRATA_ASSIGN_OR_RETURN(lease,
+                              read_staged(blob(u, gen_[u]), "optimizer state of chunk " + std::to_string(c), prefix));
       state = lease.data();
     }
-    for (const Slice& s : slices(u)) {
+    for (const Slice& s : wanted) {
       STRATA_RETURN_IF_ERROR(slice(s.part, s.offset, {state + s.at, static_cast<size_t>(s.bytes)}));
     }
   }

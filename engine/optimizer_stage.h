@@ -187,9 +187,12 @@ class OptimizerStage {
   // each piece — part 0..4: master, m, v, m's scales, v's scales (8-bit
   // states) — with `offset` the bytes' place in that array of the whole
   // chunk. visit_state's bytes hold the state; replace_state's are to be
-  // filled (all of them, over the calls), then written back.
+  // filled (all of them, over the calls), then written back. visit_state
+  // with `parts` < 5 visits only arrays 0..parts-1 and, on NVMe, reads only
+  // the leading stripe units of each piece's blob that hold them (the master
+  // weights alone: a third of fp32 states' bytes).
   using StateSlice = std::function<Status(int part, uint64_t offset, std::span<std::byte> bytes)>;
-  Status visit_state(size_t chunk, const StateSlice& slice);
+  Status visit_state(size_t chunk, const StateSlice& slice, int parts = 5);
   Status replace_state(size_t chunk, const StateSlice& slice);
   cpu_optim::StateType state_type() const { return state_type_; }
   size_t chunks() const { return elems_.size(); }
@@ -231,7 +234,9 @@ class OptimizerStage {
   // A blob read whole into a staging buffer, or a zeroed staging buffer
   // filled by `fill` and written as `bytes` of the blob; waited for.
   // `what` names the data in errors.
-  Result<PinnedArena::Lease> read_staged(const std::string& blob, const std::string& what);
+  // Reads blob `blob` (at least its first `prefix_bytes`) into a staging buffer.
+  Result<PinnedArena::Lease> read_staged(const std::string& blob, const std::string& what,
+                                         uint64_t prefix_bytes = UINT64_MAX);
   Status write_staged(const std::string& blob, uint64_t bytes, const std::function<Status(std::byte*)>& fill,
                       const std::string& what);
   Status run_overlap();

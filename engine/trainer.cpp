@@ -385,13 +385,14 @@ Status Trainer::restore_weights() {
     if (!stale_[c]) continue;
     uint16_t* w = weights_[c].data();
     const DType precision = options_.precision;
-    auto to_weights = [&](int part, uint64_t offset, std::span<std::byte> bytes) -> Status {
-      if (part != 0) return ok_status();  // the master weights: fp32, from element offset / 4
+    auto to_weights = [&](int, uint64_t offset, std::span<std::byte> bytes) -> Status {
+      // The master weights (part 0 alone is read): fp32, from element offset / 4.
       return cpu_optim::convert(bytes.data(), DType::kF32, w + offset / 4, precision,
                                 static_cast<int64_t>(bytes.size() / 4));
     };
-    STRATA_RETURN_IF_ERROR(stage_->visit_state(c, to_weights).with_context(
-        "putting back the weights of chunk " + std::to_string(c) + " after a failed or skipped step"));
+    STRATA_RETURN_IF_ERROR(stage_->visit_state(c, to_weights, /*parts=*/1)
+                               .with_context("putting back the weights of chunk " + std::to_string(c) +
+                                             " after a failed or skipped step"));
     stale_[c] = false;
   }
   return ok_status();

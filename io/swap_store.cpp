@@ -207,9 +207,9 @@ Result<uint32_t> SwapStore::new_op(IoOp kind, const std::string& name, IoBuffer 
   return index;
 }
 
-Status SwapStore::submit_pieces(uint32_t op_index, Blob& blob, IoOp kind) {
+Status SwapStore::submit_pieces(uint32_t op_index, Blob& blob, IoOp kind, size_t count) {
   Op& op = ops_[op_index];
-  for (size_t i = 0; i < blob.pieces.size(); ++i) {
+  for (size_t i = 0; i < std::min(count, blob.pieces.size()); ++i) {
     const Blob::Piece& p = blob.pieces[i];
     IoRequest request{kind, dirs_[p.directory].slot, p.file_offset_bytes, op.buffer.data + p.blob_offset_bytes,
                       p.io_bytes, make_tag(op_index, static_cast<uint32_t>(i))};
@@ -263,6 +263,10 @@ Result<Ticket> SwapStore::write(const std::string& name, IoBuffer buffer, uint64
 }
 
 Result<Ticket> SwapStore::read(const std::string& name, IoBuffer buffer) {
+  return read_prefix(name, buffer, UINT64_MAX);
+}
+
+Result<Ticket> SwapStore::read_prefix(const std::string& name, IoBuffer buffer, uint64_t prefix_bytes) {
   std::unique_lock lock = enter();
   auto it = blobs_.find(name);
   if (it == blobs_.end()) return not_found("read swap blob '" + name + "': no such blob");
@@ -272,11 +276,21 @@ Result<Ticket> SwapStore::read(const std::string& name, IoBuffer buffer) {
   if (blob.state == Blob::State::kInvalid) {
     return data_loss(what + ": its last write failed, so it holds no valid data (" + blob.failure + ")");
   }
-  STRATA_RETURN_IF_ERROR(check_buffer(what, buffer, blob.size_bytes));
-  STRATA_ASSIGN_OR_RETURN(uint32_t index, new_op(IoOp::kRead, name, buffer, blob.size_bytes));
+  // The pieces (stripe units, in blob order) that hold the prefix, and the
+  // logical bytes they cover.
+  size_t count = 0;
+  uint64_t covered = 0;
+  while (count < blob.pieces.size() && covered < std::min(prefix_bytes, blob.size_bytes)) {
+    covered = blob.pieces[count].blob_offset_bytes + blob.pieces[count].logical_bytes;
+    ++count;
+  }
+  if (count == blob.pieces.size()) covered = blob.size_bytes;
+  if (covered < blob.size_bytes) what += " up to byte " + std::to_string(covered);
+  STRATA_RETURN_IF_ERROR(check_buffer(what, buffer, covered));
+  STRATA_ASSIGN_OR_RETURN(uint32_t index, new_op(IoOp::kRead, name, buffer, covered));
   ++blob.readers;
   Ticket ticket = make_ticket(index);
-  STRATA_RETURN_IF_ERROR(submit_pieces(index, blob, IoOp::kRead));
+  STRATA_RETURN_IF_ERROR(submit_pieces(index, blob, IoOp::kRead, count));
   return ticket;
 }
 

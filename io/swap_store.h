@@ -111,6 +111,11 @@ class SwapStore {
   Result<Ticket> write(const std::string& name, IoBuffer buffer, uint64_t size_bytes);
   // Reads the whole blob into `buffer`.
   Result<Ticket> read(const std::string& name, IoBuffer buffer);
+  // Reads at least the blob's first `prefix_bytes` into the same places of
+  // `buffer`: the stripe units they touch, whole (each is checked against
+  // its checksum), so the buffer holds prefix_bytes rounded up to a stripe
+  // unit (or the blob's size, if less) rounded up to the alignment.
+  Result<Ticket> read_prefix(const std::string& name, IoBuffer buffer, uint64_t prefix_bytes);
   // Blocks until the operation ends; returns its outcome. Each ticket is waited once.
   Status wait(Ticket ticket);
   // Waits for every outstanding ticket; returns the first error. Not while
@@ -182,7 +187,8 @@ class SwapStore {
   void release_in(Directory& dir, uint64_t offset_bytes, uint64_t length_bytes);
   Status check_buffer(const std::string& what, IoBuffer buffer, uint64_t size_bytes) const;
   Result<uint32_t> new_op(IoOp kind, const std::string& name, IoBuffer buffer, uint64_t bytes);
-  Status submit_pieces(uint32_t op_index, Blob& blob, IoOp kind);
+  // Submits the blob's first `count` pieces (all: SIZE_MAX).
+  Status submit_pieces(uint32_t op_index, Blob& blob, IoOp kind, size_t count = SIZE_MAX);
   Status pump_results(size_t min_results);
   void on_result(IoResult&& result);
   void finish_op(Op& op);

@@ -4,15 +4,15 @@
 #include "io/swap_store.h"
 
 #include <gtest/gtest.h>
-
-#include <atomic>
-#include <thread>
 #include <linux/magic.h>
 #include <sys/mount.h>
 #include <sys/vfs.h>
 
+#include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <random>
+#include <thread>
 
 #include "common/units.h"
 #include "tests/test_util.h"
@@ -215,6 +215,54 @@ TEST_P(SwapStoreTest, ChecksumCatchesAFlippedByte) {
   ASSERT_TRUE(write_sync(*store, "w", out, size).ok());
   ASSERT_TRUE(read_sync(*store, "w", in).ok());
   EXPECT_EQ(strata::testing::check_stamped(in.data(), size, 0, 3), "");
+}
+
+// read_prefix reads the stripe units the prefix touches, whole and checked,
+// and nothing past them; a prefix past the end reads the whole blob.
+TEST_P(SwapStoreTest, PrefixReadsTheUnitsItTouchesAndChecksThem) {
+  SwapStoreOptions o = options(2);
+  o.faults = FaultConfig{};
+  auto store = open(o);
+  ASSERT_TRUE(store);
+  const uint64_t unit = 64 * kKiB, size = 3 * unit + 5000;
+  Buffer out = buffer_for(*store, size), in = buffer_for(*store, size);
+  strata::testing::fill_stamped(out.data(), size, 0, 8);
+  ASSERT_TRUE(write_sync(*store, "p", out, size).ok());
+  auto bytes_read = [&] {
+    uint64_t n = 0;
+    for (const DirectoryStats& d : store->stats().directories) n += d.bytes_read;
+    return n;
+  };
+  auto read_prefix = [&](uint64_t prefix, IoBuffer buffer) -> Status {
+    Result<Ticket> t = store->read_prefix("p", buffer, prefix);
+    if (!t) return t.error();
+    return store->wait(*t);
+  };
+  std::memset(in.data(), 0xEE, size);
+  uint64_t before = bytes_read();
+  ASSERT_TRUE(read_prefix(unit + 1, in.view()).ok());
+  EXPECT_EQ(bytes_read() - before, 2 * unit);
+  EXPECT_EQ(strata::testing::check_stamped(in.data(), 2 * unit, 0, 8), "");
+  EXPECT_EQ(std::to_integer<int>(in.data()[2 * unit]), 0xEE);  // the third unit is not read
+  // The buffer need hold only what is read; one byte less is refused.
+  EXPECT_TRUE(read_prefix(unit, IoBuffer{in.data(), unit}).ok());
+  Status small = read_prefix(unit + 1, IoBuffer{in.data(), 2 * unit - 4096});
+  EXPECT_EQ(small.code(), StatusCode::kInvalidArgument) << small.to_string();
+  // A flipped byte in a unit the prefix touches is caught, even past the
+  // prefix; one in a unit it does not touch is not read at all.
+  auto pieces = *store->locate("p");
+  ASSERT_EQ(pieces.size(), 4u);
+  store->faults()->corrupt_byte(pieces[1].file_slot, pieces[1].file_offset_bytes + unit - 10);
+  store->faults()->corrupt_byte(pieces[3].file_slot, pieces[3].file_offset_bytes + 10);
+  EXPECT_TRUE(read_prefix(unit, in.view()).ok());
+  Status caught = read_prefix(unit + 1, in.view());
+  EXPECT_EQ(caught.code(), StatusCode::kDataLoss) << caught.to_string();
+  EXPECT_EQ(read_prefix(UINT64_MAX, in.view()).code(), StatusCode::kDataLoss);
+  ASSERT_TRUE(write_sync(*store, "p", out, size).ok());
+  before = bytes_read();
+  ASSERT_TRUE(read_prefix(size + 1, in.view()).ok());
+  EXPECT_EQ(bytes_read() - before, store->padded_size(size));
+  EXPECT_EQ(strata::testing::check_stamped(in.data(), size, 0, 8), "");
 }
 
 TEST_P(SwapStoreTest, WithoutChecksumsTheSameFlipGoesUnnoticed) {
