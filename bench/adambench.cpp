@@ -9,11 +9,13 @@
 // q8_state (as offload, with bf16 / 8-bit blockwise m and v).
 // Bytes counted per parameter are the bytes the mode reads plus writes.
 // Prints a table and ends with one JSON line holding every figure.
-#include <CLI/CLI.hpp>
 #include <immintrin.h>
+#include <sys/mman.h>
+
+#include <CLI/CLI.hpp>
 #include <algorithm>
-#include <bit>
 #include <atomic>
+#include <bit>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -25,6 +27,8 @@
 #include <vector>
 
 #include "bench/bench_util.h"
+#include "common/huge_pages.h"
+#include "common/units.h"
 #include "cpu_optim/executor.h"
 #include "cpu_optim/optimizer.h"
 
@@ -44,14 +48,33 @@ struct Mode {
   bool out;
 };
 
+// Bytes of this process's anonymous memory in huge pages (smaps_rollup).
+uint64_t anon_huge_bytes() {
+  std::FILE* f = std::fopen("/proc/self/smaps_rollup", "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  unsigned long long kb = 0;
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    if (std::sscanf(line, "AnonHugePages: %llu kB", &kb) == 1) break;
+  }
+  std::fclose(f);
+  return kb * 1024;
+}
+
 struct Aligned {
   std::unique_ptr<std::byte, decltype(&std::free)> ptr{nullptr, &std::free};
   std::byte* get() const { return ptr.get(); }
 };
 
+// The buffers' pages: 2 MiB (MADV_HUGEPAGE, as the engine's buffers are
+// advised; common/huge_pages.h) or 4 KiB (MADV_NOHUGEPAGE, for comparison).
+bool g_huge_pages = true;
+
 Aligned alloc_bytes(uint64_t bytes) {
   Aligned a;
-  a.ptr.reset(static_cast<std::byte*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096)));
+  const uint64_t rounded = round_up(std::max<uint64_t>(bytes, 1), kHugePageBytes);
+  a.ptr.reset(static_cast<std::byte*>(std::aligned_alloc(kHugePageBytes, rounded)));
+  if (a.get()) ::madvise(a.get(), rounded, g_huge_pages ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);  // before the first touch
   if (!a.get()) {
     std::fprintf(stderr, "strata-adambench: cannot allocate %llu bytes\n", static_cast<unsigned long long>(bytes));
     std::exit(1);
@@ -291,6 +314,7 @@ int run(int argc, char** argv) {
   bool skip_naive = false;
   bool with_stats = false;
   std::string isa_text = "auto";
+  std::string pages = "huge";
   app.add_option("--log2-params", log2_params, "parameters = 2^N")->capture_default_str()->check(CLI::Range(10, 32));
   app.add_option("--threads", thread_counts, "thread counts (default: 1 and all cores)");
   app.add_option("--modes", mode_names, "offload, fp32, bf16_state, q8_state")->capture_default_str();
@@ -301,7 +325,13 @@ int run(int argc, char** argv) {
                "grad_stats pass before it against StepOptions::stats in the update's own pass");
   app.add_option("--isa", isa_text, "instruction set: auto, avx512_bf16, avx512, avx2, sse2, scalar")
       ->capture_default_str();
+  app.add_option("--pages", pages,
+                 "the buffers' pages: huge (2 MiB, MADV_HUGEPAGE, as the engine advises its buffers) or 4k "
+                 "(MADV_NOHUGEPAGE)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"huge", "4k"}));
   CLI11_PARSE(app, argc, argv);
+  g_huge_pages = pages == "huge";
   Result<Isa> parsed = cpu_optim::parse_isa(isa_text);
   if (!parsed) {
     std::fprintf(stderr, "strata-adambench: --isa: %s\n", parsed.error().to_string().c_str());
@@ -326,11 +356,11 @@ int run(int argc, char** argv) {
   const int64_t n = int64_t{1} << log2_params;
   std::vector<Isa> isas = cpu_optim::available_isas();
   std::string isa_used(cpu_optim::isa_name(isa == Isa::kAuto ? isas.front() : isa));
-  std::printf("strata-adambench: AdamW on 2^%d = %lld parameters, ISA %s, %d cores, median of %d steps\n",
-              log2_params, static_cast<long long>(n), isa_used.c_str(),
-              cpu_optim::hardware_threads(), reps);
-  std::printf("%-10s %3s %9s %10s %7s %9s %7s %7s %9s\n", "mode", "thr", "s/step", "params/s", "GB/s", "roof GB/s",
-              "ratio", "triad", "vs naive");
+  std::printf("strata-adambench: AdamW on 2^%d = %lld parameters, ISA %s, %d cores, median of %d steps, %s pages\n",
+              log2_params, static_cast<long long>(n), isa_used.c_str(), cpu_optim::hardware_threads(), reps,
+              g_huge_pages ? "2 MiB" : "4 KiB");
+  std::printf("%-10s %3s %9s %10s %7s %9s %7s %7s %9s %7s\n", "mode", "thr", "s/step", "params/s", "GB/s", "roof GB/s",
+              "ratio", "triad", "vs naive", "huge pg");
   nlohmann::json rows = nlohmann::json::array();
   cpu_optim::AdamConfig adamw;
   adamw.weight_decay = 0.01f;
@@ -344,6 +374,9 @@ int run(int argc, char** argv) {
     double triad = triad_gbps(n / 2, ex, reps);
     for (const Mode& mode : modes) {
       Buffers b = make_buffers(mode, n, ex);
+      // The share of the mode's buffers the kernel backs with huge pages.
+      const double huge_share =
+          std::min(1.0, static_cast<double>(anon_huge_bytes()) / (bytes_per_param(mode) * static_cast<double>(n)));
       cpu_optim::ParamSpan span = span_of(b);
       int64_t t = 0;
       auto step_with = [&](Isa which, cpu_optim::GradStats* stats = nullptr) {
@@ -362,13 +395,20 @@ int run(int argc, char** argv) {
       double naive = skip_naive ? 0 : median_seconds(1, [&] { step_with(Isa::kScalar); });
       double bytes = bytes_per_param(mode) * static_cast<double>(n);
       double gbps = bytes / s / 1e9, roof_gbps = bytes / roof / 1e9;
-      std::printf("%-10s %3d %9.4f %10.3e %7.2f %9.2f %7.3f %7.2f %9.2f\n", mode.name.c_str(), ex.threads(), s,
-                  static_cast<double>(n) / s, gbps, roof_gbps, gbps / roof_gbps, triad, naive > 0 ? naive / s : 0.0);
+      std::printf("%-10s %3d %9.4f %10.3e %7.2f %9.2f %7.3f %7.2f %9.2f %6.0f%%\n", mode.name.c_str(), ex.threads(), s,
+                  static_cast<double>(n) / s, gbps, roof_gbps, gbps / roof_gbps, triad, naive > 0 ? naive / s : 0.0,
+                  100 * huge_share);
       std::fflush(stdout);
-      nlohmann::json row = {{"mode", mode.name}, {"threads", ex.threads()}, {"seconds_per_step", s},
-                            {"params_per_s", static_cast<double>(n) / s}, {"bytes_per_param", bytes_per_param(mode)},
-                            {"gbps", gbps}, {"roofline_gbps", roof_gbps}, {"ratio_to_roofline", gbps / roof_gbps},
-                            {"triad_gbps", triad}};
+      nlohmann::json row = {{"mode", mode.name},
+                            {"threads", ex.threads()},
+                            {"seconds_per_step", s},
+                            {"params_per_s", static_cast<double>(n) / s},
+                            {"bytes_per_param", bytes_per_param(mode)},
+                            {"gbps", gbps},
+                            {"roofline_gbps", roof_gbps},
+                            {"ratio_to_roofline", gbps / roof_gbps},
+                            {"triad_gbps", triad},
+                            {"huge_page_share", huge_share}};
       if (naive > 0) row["speedup_vs_naive"] = naive / s;
       if (with_stats) {
         // What an engine that updates before it knows the global norm pays

@@ -10,6 +10,7 @@
 #include <string>
 #include <utility>
 
+#include "common/huge_pages.h"
 #include "common/units.h"
 
 namespace strata::io {
@@ -63,8 +64,9 @@ Result<Buffer> AlignedAllocator::allocate(uint64_t capacity_bytes, uint64_t alig
   }
   uint64_t rounded = round_up(capacity_bytes == 0 ? alignment : capacity_bytes, alignment);
   void* memory = nullptr;
-  int err = ::posix_memalign(&memory, alignment, rounded);
+  int err = ::posix_memalign(&memory, bulk_alignment(rounded, alignment), rounded);
   if (err != 0) return errno_status(err, "allocate " + format_bytes(rounded) + " aligned buffer");
+  advise_huge_pages(memory, rounded);  // before the first touch
   std::memset(memory, 0, rounded);
   if (lock_memory_ && ::mlock(memory, rounded) != 0) {
     int lock_err = errno;

@@ -62,7 +62,8 @@ class BufferAllocator {
   virtual Result<Buffer> allocate(uint64_t capacity_bytes, uint64_t alignment) = 0;
 };
 
-// posix_memalign, zero-filled, optionally mlock()ed. mlock failure is an error
+// posix_memalign, zero-filled, optionally mlock()ed; buffers of 2 MiB or
+// more on 2 MiB boundaries, advised as huge pages (common/huge_pages.h). mlock failure is an error
 // that names RLIMIT_MEMLOCK (`ulimit -l`), never a silent unlocked buffer.
 class AlignedAllocator final : public BufferAllocator {
  public:
