@@ -63,6 +63,7 @@ uint64_t anon_huge_bytes() {
 
 struct Aligned {
   std::unique_ptr<std::byte, decltype(&std::free)> ptr{nullptr, &std::free};
+  uint64_t bytes = 0;  // allocated (a multiple of 2 MiB)
   std::byte* get() const { return ptr.get(); }
 };
 
@@ -74,6 +75,7 @@ Aligned alloc_bytes(uint64_t bytes) {
   Aligned a;
   const uint64_t rounded = round_up(std::max<uint64_t>(bytes, 1), kHugePageBytes);
   a.ptr.reset(static_cast<std::byte*>(std::aligned_alloc(kHugePageBytes, rounded)));
+  a.bytes = rounded;
   if (a.get()) ::madvise(a.get(), rounded, g_huge_pages ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);  // before the first touch
   if (!a.get()) {
     std::fprintf(stderr, "strata-adambench: cannot allocate %llu bytes\n", static_cast<unsigned long long>(bytes));
@@ -375,8 +377,9 @@ int run(int argc, char** argv) {
     for (const Mode& mode : modes) {
       Buffers b = make_buffers(mode, n, ex);
       // The share of the mode's buffers the kernel backs with huge pages.
-      const double huge_share =
-          std::min(1.0, static_cast<double>(anon_huge_bytes()) / (bytes_per_param(mode) * static_cast<double>(n)));
+      const double huge_share = std::min(1.0, static_cast<double>(anon_huge_bytes()) /
+                                                  static_cast<double>(b.p.bytes + b.g.bytes + b.m.bytes + b.v.bytes +
+                                                                      b.ms.bytes + b.vs.bytes + b.out.bytes));
       cpu_optim::ParamSpan span = span_of(b);
       int64_t t = 0;
       auto step_with = [&](Isa which, cpu_optim::GradStats* stats = nullptr) {
