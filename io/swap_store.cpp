@@ -174,15 +174,16 @@ Status SwapStore::allocate_blob(const std::string& name, Blob& blob, uint64_t si
   return ok_status();
 }
 
-Status SwapStore::check_buffer(const std::string& what, IoBuffer buffer, uint64_t size_bytes) const {
+template <class What>
+Status SwapStore::check_buffer(const What& what, IoBuffer buffer, uint64_t size_bytes) const {
   uint64_t needed = padded_size(size_bytes);
   if (buffer.capacity_bytes < needed) {
-    return invalid_argument(what + ": buffer of " + std::to_string(buffer.capacity_bytes) + " bytes is smaller than " +
-                            std::to_string(needed) + " (size rounded up to the " + std::to_string(alignment_) +
-                            "-byte I/O alignment)");
+    return invalid_argument(what() + ": buffer of " + std::to_string(buffer.capacity_bytes) +
+                            " bytes is smaller than " + std::to_string(needed) + " (size rounded up to the " +
+                            std::to_string(alignment_) + "-byte I/O alignment)");
   }
   if (size_bytes > 0 && !is_aligned(buffer.data, alignment_)) {
-    return invalid_argument(what + ": buffer address is not " + std::to_string(alignment_) +
+    return invalid_argument(what() + ": buffer address is not " + std::to_string(alignment_) +
                             "-byte aligned, as direct I/O requires");
   }
   return ok_status();
@@ -231,15 +232,15 @@ Status SwapStore::submit_pieces(uint32_t op_index, Blob& blob, IoOp kind, size_t
 
 Result<Ticket> SwapStore::write(const std::string& name, IoBuffer buffer, uint64_t size_bytes) {
   std::unique_lock lock = enter();
-  std::string what = "write swap blob '" + name + "' (" + format_bytes(size_bytes) + ")";
+  auto what = [&] { return "write swap blob '" + name + "' (" + format_bytes(size_bytes) + ")"; };
   if (name.empty()) return invalid_argument("write swap blob: empty name");
   STRATA_RETURN_IF_ERROR(check_buffer(what, buffer, size_bytes));
   auto it = blobs_.find(name);
   if (it != blobs_.end() && (it->second.state == Blob::State::kWriting || it->second.readers > 0)) {
-    return failed_precondition(what + ": the blob has I/O in flight");
+    return failed_precondition(what() + ": the blob has I/O in flight");
   }
   if (free_ops_.empty()) {
-    return resource_exhausted(what + ": " + std::to_string(options_.max_ops) +
+    return resource_exhausted(what() + ": " + std::to_string(options_.max_ops) +
                               " operations outstanding (the maximum); wait for some first");
   }
   Blob& blob = blobs_[name];
@@ -271,10 +272,10 @@ Result<Ticket> SwapStore::read_prefix(const std::string& name, IoBuffer buffer, 
   auto it = blobs_.find(name);
   if (it == blobs_.end()) return not_found("read swap blob '" + name + "': no such blob");
   Blob& blob = it->second;
-  std::string what = "read swap blob '" + name + "' (" + format_bytes(blob.size_bytes) + ")";
-  if (blob.state == Blob::State::kWriting) return failed_precondition(what + ": a write to it is in flight");
+  auto what = [&] { return "read swap blob '" + name + "' (" + format_bytes(blob.size_bytes) + ")"; };
+  if (blob.state == Blob::State::kWriting) return failed_precondition(what() + ": a write to it is in flight");
   if (blob.state == Blob::State::kInvalid) {
-    return data_loss(what + ": its last write failed, so it holds no valid data (" + blob.failure + ")");
+    return data_loss(what() + ": its last write failed, so it holds no valid data (" + blob.failure + ")");
   }
   // The pieces (stripe units, in blob order) that hold the prefix, and the
   // logical bytes they cover.
@@ -285,8 +286,9 @@ Result<Ticket> SwapStore::read_prefix(const std::string& name, IoBuffer buffer, 
     ++count;
   }
   if (count == blob.pieces.size()) covered = blob.size_bytes;
-  if (covered < blob.size_bytes) what += " up to byte " + std::to_string(covered);
-  STRATA_RETURN_IF_ERROR(check_buffer(what, buffer, covered));
+  STRATA_RETURN_IF_ERROR(check_buffer(
+      [&] { return what() + (covered < blob.size_bytes ? " up to byte " + std::to_string(covered) : std::string()); },
+      buffer, covered));
   STRATA_ASSIGN_OR_RETURN(uint32_t index, new_op(IoOp::kRead, name, buffer, covered));
   ++blob.readers;
   Ticket ticket = make_ticket(index);

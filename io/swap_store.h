@@ -185,7 +185,10 @@ class SwapStore {
   void free_blob_space(Blob& blob);
   Result<uint64_t> allocate_in(Directory& dir, uint64_t length_bytes);
   void release_in(Directory& dir, uint64_t offset_bytes, uint64_t length_bytes);
-  Status check_buffer(const std::string& what, IoBuffer buffer, uint64_t size_bytes) const;
+  // `what` names the operation in an error; it is called only then (no
+  // string is built on the I/O path).
+  template <class What>
+  Status check_buffer(const What& what, IoBuffer buffer, uint64_t size_bytes) const;
   Result<uint32_t> new_op(IoOp kind, const std::string& name, IoBuffer buffer, uint64_t bytes);
   // Submits the blob's first `count` pieces (all: SIZE_MAX).
   Status submit_pieces(uint32_t op_index, Blob& blob, IoOp kind, size_t count = SIZE_MAX);
