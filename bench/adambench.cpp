@@ -8,6 +8,8 @@
 // fp32 (fp32 grads; fp32 states; no low-precision copy), bf16_state and
 // q8_state (as offload, with bf16 / 8-bit blockwise m and v).
 // Bytes counted per parameter are the bytes the mode reads plus writes.
+// Buffers sit on 2 MiB (transparent huge) pages, as strata's own do;
+// --pages 4k puts them on 4 KiB pages.
 // Prints a table and ends with one JSON line holding every figure.
 #include <immintrin.h>
 #include <sys/mman.h>
