@@ -78,11 +78,13 @@ Aligned alloc_bytes(uint64_t bytes) {
   const uint64_t rounded = round_up(std::max<uint64_t>(bytes, 1), kHugePageBytes);
   a.ptr.reset(static_cast<std::byte*>(std::aligned_alloc(kHugePageBytes, rounded)));
   a.bytes = rounded;
-  if (a.get()) ::madvise(a.get(), rounded, g_huge_pages ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);  // before the first touch
   if (!a.get()) {
     std::fprintf(stderr, "strata-adambench: cannot allocate %llu bytes\n", static_cast<unsigned long long>(bytes));
     std::exit(1);
   }
+  // Before the first touch. Not advise_huge_pages(): the comparison needs
+  // MADV_NOHUGEPAGE too, whatever STRATA_HUGE_PAGES says.
+  ::madvise(a.get(), rounded, g_huge_pages ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
   return a;
 }
 

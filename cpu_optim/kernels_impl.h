@@ -374,7 +374,8 @@ struct BatchStep {
   bool stats;
   B sq;
 
-  explicit BatchStep(const TileCall& call)
+  explicit BatchStep(const TileCall& call) : BatchStep(call, coarse_step_constants(call)) {}
+  BatchStep(const TileCall& call, const CoarseStepConstants& ks)
       : gs(call.grad_scale),
         zero(0.0f),
         lr(call.c.lr),
@@ -394,8 +395,8 @@ struct BatchStep {
         first_step(call.c.first_step),
         has_momentum(call.c.momentum != 0.0f),
         coarse_roots(call.state_type != StateType::kF32),
-        k_step(coarse_step_constants(call).k),
-        eps_step(coarse_step_constants(call).eps),
+        k_step(ks.k),
+        eps_step(ks.eps),
         check(0.0f),
         stats(call.partials != nullptr),
         sq(0.0f) {}

@@ -237,7 +237,7 @@ Status OptimizerStage::read_master(size_t c, float* dst) {
         std::memcpy(reinterpret_cast<std::byte*>(dst) + offset, bytes.data(), bytes.size());
         return ok_status();
       },
-      1);
+      kMasterOnly);
 }
 
 Status OptimizerStage::visit_state(size_t c, const StateSlice& slice, int parts) {

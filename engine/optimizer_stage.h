@@ -188,11 +188,13 @@ class OptimizerStage {
   // states) — with `offset` the bytes' place in that array of the whole
   // chunk. visit_state's bytes hold the state; replace_state's are to be
   // filled (all of them, over the calls), then written back. visit_state
-  // with `parts` < 5 visits only arrays 0..parts-1 and, on NVMe, reads only
-  // the leading stripe units of each piece's blob that hold them (the master
-  // weights alone: a third of fp32 states' bytes).
+  // with `parts` = kMasterOnly visits the master weights alone and, on NVMe,
+  // reads only the leading stripe units of each piece's blob that hold them
+  // (a third of fp32 states' bytes).
   using StateSlice = std::function<Status(int part, uint64_t offset, std::span<std::byte> bytes)>;
-  Status visit_state(size_t chunk, const StateSlice& slice, int parts = 5);
+  static constexpr int kMasterOnly = 1;  // parts 0..kMasterOnly-1
+  static constexpr int kAllParts = 5;
+  Status visit_state(size_t chunk, const StateSlice& slice, int parts = kAllParts);
   Status replace_state(size_t chunk, const StateSlice& slice);
   cpu_optim::StateType state_type() const { return state_type_; }
   size_t chunks() const { return elems_.size(); }
@@ -231,10 +233,10 @@ class OptimizerStage {
   uint64_t weights_offset(size_t piece) const {
     return swap_->padded_size(state_bytes(pieces_[piece].elems, state_type_));
   }
-  // A blob read whole into a staging buffer, or a zeroed staging buffer
-  // filled by `fill` and written as `bytes` of the blob; waited for.
-  // `what` names the data in errors.
-  // Reads blob `blob` (at least its first `prefix_bytes`) into a staging buffer.
+  // A blob read into a staging buffer (at least its first `prefix_bytes`:
+  // SwapStore::read_prefix), or a zeroed staging buffer filled by `fill` and
+  // written as `bytes` of the blob; waited for. `what` names the data in
+  // errors.
   Result<PinnedArena::Lease> read_staged(const std::string& blob, const std::string& what,
                                          uint64_t prefix_bytes = UINT64_MAX);
   Status write_staged(const std::string& blob, uint64_t bytes, const std::function<Status(std::byte*)>& fill,
