@@ -152,51 +152,78 @@ I32<Arch> q8_v_codes_unclamped(const xsimd::batch<float, Arch>& x, const xsimd::
   return q8_shifted_codes<Arch>(x * factor, kQ8VAdd, kQ8VShift);
 }
 
-// Four batches of 32-bit codes stored as 4 * width bytes, each clamped to
-// 0..255: two saturating packs (int32 -> uint16 -> uint8; a value that
-// the first leaves above 32767 cannot occur, the shifted codes being below
-// 2^12) and one lane permutation put the bytes back in order — 4
-// instructions where a narrowing move per batch costs 2 each (xsimd 8 has
-// neither).
-// AVX-512: the bytes of two rounds of packs back in element order (each
-// 128-bit lane k of the packed bytes holds dword k of the four batches).
-template <class Arch>
-__m512i q8_packed_in_order(__m512i packed) {
-  static_assert(is_avx512<Arch>());
-  return _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), packed);
-}
-
+// AVX2: four batches of 32-bit codes stored as 4 * width bytes, each
+// clamped to 0..255: two saturating packs (int32 -> uint16 -> uint8; a
+// value that the first leaves above 32767 cannot occur, the shifted codes
+// being below 2^12) and one lane permutation put the bytes back in order —
+// 4 instructions where a narrowing move per batch costs 2 each (xsimd 8 has
+// neither). AVX-512 narrows earlier (q8_codes4_from_bits_avx512).
 template <class Arch>
 void q8_store_codes4(const I32<Arch>* c, void* q) {
-  if constexpr (is_avx512<Arch>()) {
-    const __m512i b = _mm512_packus_epi16(_mm512_packus_epi32(c[0], c[1]), _mm512_packus_epi32(c[2], c[3]));
-    _mm512_storeu_si512(q, q8_packed_in_order<Arch>(b));
-  } else {
-    const __m256i b = _mm256_packus_epi16(_mm256_packus_epi32(c[0], c[1]), _mm256_packus_epi32(c[2], c[3]));
-    _mm256_storeu_si256(static_cast<__m256i*>(q),
-                        _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-  }
+  static_assert(!is_avx512<Arch>());
+  const __m256i b = _mm256_packus_epi16(_mm256_packus_epi32(c[0], c[1]), _mm256_packus_epi32(c[2], c[3]));
+  _mm256_storeu_si256(static_cast<__m256i*>(q),
+                      _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
+
+// AVX-512: four batches of codes from their values' fp32 bits, computed in
+// 16-bit lanes. The rounding add of q8_shifted_code has no bits below bit
+// 16 (kQ8MAdd, kQ8VAdd), so adding it cannot carry out of the low half, and
+// the code — the sum shifted right by 19 or 20 — depends on the high half
+// alone: the high halves of two batches are gathered into one register (one
+// word permutation), added to and shifted there, and two such registers
+// narrow to bytes with one saturating pack (kSigned: to -128..127, else
+// 0..255) — the same bytes as q8_store_codes4's 32-bit lanes, in 8 vector
+// instructions per four batches where it takes 12. The pack interleaves
+// the registers' 128-bit lanes, so a qword permutation puts the bytes back
+// in element order.
+template <class Arch, int32_t kAdd, int kShift, bool kSigned>
+__m512i q8_codes4_from_bits_avx512(const __m512i* bits) {
+  static_assert(is_avx512<Arch>());
+  static_assert((kAdd & 0xFFFF) == 0 && kShift >= 16, "the add and shift must act on the high half alone");
+  // Word k < 16 of the gathered register: the high half of lane k of the
+  // first batch; k >= 16, of lane k - 16 of the second.
+  const __m512i hi =
+      _mm512_setr_epi32(0x00030001, 0x00070005, 0x000B0009, 0x000F000D, 0x00130011, 0x00170015, 0x001B0019, 0x001F001D,
+                        0x00230021, 0x00270025, 0x002B0029, 0x002F002D, 0x00330031, 0x00370035, 0x003B0039, 0x003F003D);
+  const __m512i add = _mm512_set1_epi16(static_cast<int16_t>(kAdd >> 16));
+  const __m512i h01 =
+      _mm512_srai_epi16(_mm512_add_epi16(_mm512_permutex2var_epi16(bits[0], hi, bits[1]), add), kShift - 16);
+  const __m512i h23 =
+      _mm512_srai_epi16(_mm512_add_epi16(_mm512_permutex2var_epi16(bits[2], hi, bits[3]), add), kShift - 16);
+  const __m512i packed = kSigned ? _mm512_packs_epi16(h01, h23) : _mm512_packus_epi16(h01, h23);
+  return _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7), packed);
+}
+
+// AVX-512: four batches of v codes (q8_v_encode) from v and the encoding
+// factor.
+template <class Arch>
+void q8_store_v_codes4_avx512(const float* v, const xsimd::batch<float, Arch>& factor, void* q) {
+  using B = xsimd::batch<float, Arch>;
+  constexpr int64_t W = B::size;
+  static_assert(kQ8VMax == 255, "the saturating pack clamps to 255");
+  __m512i bits[4];
+  for (int u = 0; u < 4; ++u) bits[u] = _mm512_castps_si512(B::load_unaligned(v + u * W) * factor);
+  _mm512_storeu_si512(q, q8_codes4_from_bits_avx512<Arch, kQ8VAdd, kQ8VShift, false>(bits));
 }
 
 // AVX-512: four batches of m codes (q8_m_codes) from the magnitudes |m|
 // and the signs, a 64-bit mask (bit e set: element e's m has its sign bit
 // set, as vpmovd2m gives it). The magnitude's code is >= 0 (y >= 2^-7), so
-// the signed saturating packs clamp it to 127 as the min does (NaN
+// the signed saturating pack clamps it to 127 as the min does (NaN
 // included), and one masked byte add per four batches sets bit 7 (the
-// magnitude being at most 127, adding 0x80 is the OR): 3 instructions a
-// batch where q8_m_codes takes 6.
+// magnitude being at most 127, adding 0x80 is the OR).
 template <class Arch>
 void q8_store_m_codes4_avx512(const float* abs_m, uint64_t negative, const xsimd::batch<float, Arch>& factor, void* q) {
   static_assert(is_avx512<Arch>());
+  static_assert(kQ8MMax == 127, "the signed saturating pack clamps to 127");
   using B = xsimd::batch<float, Arch>;
   constexpr int64_t W = B::size;
-  __m512i c[4];
+  __m512i bits[4];
   for (int u = 0; u < 4; ++u) {
-    const B y = fused_fma<Arch>(B::load_aligned(abs_m + u * W), factor, B(kQ8MZero));
-    c[u] = q8_shifted_codes<Arch>(y, kQ8MAdd, kQ8MShift);
+    bits[u] = _mm512_castps_si512(fused_fma<Arch>(B::load_unaligned(abs_m + u * W), factor, B(kQ8MZero)));
   }
-  const __m512i mag =
-      q8_packed_in_order<Arch>(_mm512_packs_epi16(_mm512_packs_epi32(c[0], c[1]), _mm512_packs_epi32(c[2], c[3])));
+  const __m512i mag = q8_codes4_from_bits_avx512<Arch, kQ8MAdd, kQ8MShift, true>(bits);
   _mm512_storeu_si512(q, _mm512_mask_add_epi8(mag, negative, mag, _mm512_set1_epi8(static_cast<char>(0x80))));
 }
 
@@ -208,16 +235,31 @@ void q8_encode_block_vec(const float* __restrict src, bool is_v, const xsimd::ba
   constexpr int64_t W = B::size;
   static_assert(kQ8BlockElems % (4 * W) == 0);
   for (int64_t i = 0; i < kQ8BlockElems; i += 4 * W) {
-    I32<Arch> c[4];
-    for (int u = 0; u < 4; ++u) {
-      const B x = B::load_unaligned(src + i + u * W);
+    if constexpr (is_avx512<Arch>()) {
       if (is_v) {
-        c[u] = q8_v_codes_unclamped<Arch>(x, factor);
+        q8_store_v_codes4_avx512<Arch>(src + i, factor, static_cast<uint8_t*>(q) + i);
       } else {
-        c[u] = q8_m_codes<Arch>(x, xsimd::abs(x), factor);
+        alignas(64) float abs_m[4 * W];
+        uint64_t negative = 0;
+        for (int u = 0; u < 4; ++u) {
+          const B x = B::load_unaligned(src + i + u * W);
+          xsimd::abs(x).store_aligned(abs_m + u * W);
+          negative |= uint64_t{_mm512_movepi32_mask(_mm512_castps_si512(x))} << (u * W);
+        }
+        q8_store_m_codes4_avx512<Arch>(abs_m, negative, factor, static_cast<uint8_t*>(q) + i);
       }
+    } else {
+      I32<Arch> c[4];
+      for (int u = 0; u < 4; ++u) {
+        const B x = B::load_unaligned(src + i + u * W);
+        if (is_v) {
+          c[u] = q8_v_codes_unclamped<Arch>(x, factor);
+        } else {
+          c[u] = q8_m_codes<Arch>(x, xsimd::abs(x), factor);
+        }
+      }
+      q8_store_codes4<Arch>(c, static_cast<uint8_t*>(q) + i);
     }
-    q8_store_codes4<Arch>(c, static_cast<uint8_t*>(q) + i);
   }
 }
 
@@ -847,14 +889,15 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
     // Four batches of block `blk`'s codes, from scratch `s` at j.
     auto encode4 = [&](int s, int64_t blk, int64_t j, const B& m_enc, const B& v_enc) {
       const int64_t at = blk * kQ8BlockElems + j;
-      I32<Arch> c[4];
-      for (int u = 0; u < 4; ++u) c[u] = q8_v_codes_unclamped<Arch>(B::load_aligned(bv[s] + j + u * W), v_enc);
-      q8_store_codes4<Arch>(c, qv_next + at);
       if constexpr (kAvx512) {
+        q8_store_v_codes4_avx512<Arch>(bv[s] + j, v_enc, qv_next + at);
         uint64_t negative;
         std::memcpy(&negative, &bneg[s][j / W], sizeof negative);
         q8_store_m_codes4_avx512<Arch>(bam[s] + j, negative, m_enc, qm_next + at);
       } else {
+        I32<Arch> c[4];
+        for (int u = 0; u < 4; ++u) c[u] = q8_v_codes_unclamped<Arch>(B::load_aligned(bv[s] + j + u * W), v_enc);
+        q8_store_codes4<Arch>(c, qv_next + at);
         for (int u = 0; u < 4; ++u) {
           c[u] = q8_m_codes<Arch>(B::load_aligned(bm[s] + j + u * W), B::load_aligned(bam[s] + j + u * W), m_enc);
         }
