@@ -310,6 +310,31 @@ double triad_gbps(int64_t n, Executor& ex, int reps) {
   return 12.0 * static_cast<double>(n) / s / 1e9;
 }
 
+// The low-precision-state modes against offload at one thread count (rows
+// from `first`): their parameters/s over offload's, and the same ratio for
+// their rooflines — what the memory allows them, since streams of other
+// widths need not move at the same GB/s. Printed and added to the rows.
+void print_vs_offload(nlohmann::json& rows, size_t first) {
+  const nlohmann::json* offload = nullptr;
+  for (size_t i = first; i < rows.size(); ++i) {
+    if (rows[i]["mode"] == "offload") offload = &rows[i];
+  }
+  if (offload == nullptr) return;
+  auto roof_params = [](const nlohmann::json& r) {
+    return r["roofline_gbps"].get<double>() / r["bytes_per_param"].get<double>();
+  };
+  for (size_t i = first; i < rows.size(); ++i) {
+    nlohmann::json& r = rows[i];
+    if (r["mode"] != "bf16_state" && r["mode"] != "q8_state") continue;
+    const double vs = r["params_per_s"].get<double>() / (*offload)["params_per_s"].get<double>();
+    const double roof_vs = roof_params(r) / roof_params(*offload);
+    std::printf("%-10s %3d   %.3f x offload's params/s (their rooflines: %.3f x)\n",
+                r["mode"].get<std::string>().c_str(), r["threads"].get<int>(), vs, roof_vs);
+    r["params_per_s_vs_offload"] = vs;
+    r["roofline_params_per_s_vs_offload"] = roof_vs;
+  }
+  std::fflush(stdout);
+}
 
 int run(int argc, char** argv) {
   CLI::App app{"strata-adambench: CPU AdamW throughput against a same-streams roofline, STREAM triad and naive loop"};
@@ -378,6 +403,7 @@ int run(int argc, char** argv) {
     }
     Executor& ex = **ex_r;
     double triad = triad_gbps(n / 2, ex, reps);
+    const size_t first_row = rows.size();
     for (const Mode& mode : modes) {
       Buffers b = make_buffers(mode, n, ex);
       // The share of the mode's buffers the kernel backs with huge pages.
@@ -443,6 +469,7 @@ int run(int argc, char** argv) {
       }
       rows.push_back(row);
     }
+    print_vs_offload(rows, first_row);
   }
   nlohmann::json j = {{"bench", "adam"}, {"params", n}, {"isa", isa_used},
                       {"system", system_info()},
