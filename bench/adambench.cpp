@@ -23,12 +23,15 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "bench/bench_util.h"
+#include "bench/roofline_lines.h"
+#include "common/check.h"
 #include "common/huge_pages.h"
 #include "common/units.h"
 #include "cpu_optim/executor.h"
@@ -285,11 +288,53 @@ double roofline_words_seconds(Buffers& b, Executor& ex, int reps) {
   return 0;
 }
 
+double roofline_lines_seconds(Buffers& b, Executor& ex, int reps) {
+  std::atomic<uint64_t> sink{0};
+  const uint64_t key = opaque_zero;
+  STRATA_CHECK_MSG(b.n % 64 == 0, "the line twin moves whole groups of 64 parameters");
+  const bool avx512 = __builtin_cpu_supports("avx512f") != 0;
+  if (!avx512 && __builtin_cpu_supports("avx2") == 0) return std::numeric_limits<double>::infinity();
+  auto run = [&]<int kG, int kS, bool kOut>() {
+    const LinesFn loop = avx512 ? roofline_lines_avx512(kG, kS, kOut) : roofline_lines_avx2(kG, kS, kOut);
+    STRATA_CHECK_MSG(loop != nullptr, "no line twin for these streams");
+    const int64_t gbytes = static_cast<int64_t>(cpu_optim::dtype_bytes(b.mode.grad));
+    const int64_t sbytes = static_cast<int64_t>(state_elem_bytes(b.mode.state));
+    return median_seconds(reps, [&] {
+      ex.parallel_for(b.n / 64, 1 << 10, [&](int64_t begin, int64_t end) {
+        sink ^= loop(b.p.get() + begin * 256, b.g.get() + begin * 64 * gbytes, b.m.get() + begin * 64 * sbytes,
+                     b.v.get() + begin * 64 * sbytes, b.out.get() + begin * 128, end - begin, key);
+      });
+    });
+  };
+  const bool bf16_grad = b.mode.grad != DType::kF32;
+  switch (b.mode.state) {
+    case StateType::kF32:
+      if (bf16_grad) {
+        return b.mode.out ? run.template operator()<2, 4, true>() : run.template operator()<2, 4, false>();
+      }
+      return b.mode.out ? run.template operator()<4, 4, true>() : run.template operator()<4, 4, false>();
+    case StateType::kBF16:
+      return run.template operator()<2, 2, true>();
+    case StateType::kQ8:
+      return run.template operator()<2, 1, true>();
+  }
+  return 0;
+}
+
+// --show-twins: each twin's time, not only the fastest.
+bool g_show_twins = false;
+
+// The fastest of the twins (each timed as a median of `reps`).
 double roofline_seconds(Buffers& b, Executor& ex, int reps) {
   const double words = roofline_words_seconds<false>(b, ex, reps);
   const double prefetched = roofline_words_seconds<true>(b, ex, reps);
   const double elementwise = roofline_elementwise_seconds(b, ex, reps);
-  return std::min({words, prefetched, elementwise});
+  const double lines = roofline_lines_seconds(b, ex, reps);
+  if (g_show_twins) {
+    std::printf("  twins (s): words %.4f, prefetched %.4f, elementwise %.4f, lines %.4f\n", words, prefetched,
+                elementwise, lines);
+  }
+  return std::min({words, prefetched, elementwise, lines});
 }
 
 double triad_gbps(int64_t n, Executor& ex, int reps) {
@@ -354,6 +399,9 @@ int run(int argc, char** argv) {
   app.add_flag("--with-stats", with_stats,
                "also time the step with the gradient statistics (the global norm's sum of squares): a separate "
                "grad_stats pass before it against StepOptions::stats in the update's own pass");
+  app.add_flag("--show-twins", g_show_twins,
+               "print each no-arithmetic twin's time (word loop, with prefetch, element-wise, 64-byte lines) before "
+               "its row");
   app.add_option("--isa", isa_text, "instruction set: auto, avx512_bf16, avx512, avx2, sse2, scalar")
       ->capture_default_str();
   app.add_option("--pages", pages,
