@@ -261,64 +261,46 @@ double roofline_elementwise_seconds(Buffers& b, Executor& ex, int reps) {
   return 0;
 }
 
+// The word loop as a twin (the shape pick_twin takes).
 template <bool kPrefetch>
-double roofline_words_seconds(Buffers& b, Executor& ex, int reps) {
+struct Words {
+  template <int kGBytes, int kSBytes, bool kOut>
+  static uint64_t fn(std::byte* p, const std::byte* g, std::byte* m, std::byte* v, std::byte* out, int64_t groups,
+                     uint64_t key) {
+    return roofline_loop<kGBytes, kSBytes, kOut, kPrefetch>(p, g, m, v, out, groups, key);
+  }
+};
+
+// The median time of a twin that moves groups of `group` parameters over
+// the mode's buffers; infinity when there is none (`loop` null).
+double twin_seconds(Buffers& b, Executor& ex, int reps, int64_t group, TwinFn loop) {
+  if (loop == nullptr) return std::numeric_limits<double>::infinity();
+  STRATA_CHECK_MSG(b.n % group == 0, "a twin moves whole groups of parameters");
   std::atomic<uint64_t> sink{0};
   const uint64_t key = opaque_zero;
-  auto run = [&](auto loop) {
-    const int64_t gbytes = static_cast<int64_t>(cpu_optim::dtype_bytes(b.mode.grad));
-    const int64_t sbytes = static_cast<int64_t>(state_elem_bytes(b.mode.state));
-    return median_seconds(reps, [&] {
-      ex.parallel_for(b.n / 16, 1 << 12, [&](int64_t begin, int64_t end) {
-        sink ^= loop(b.p.get() + begin * 64, b.g.get() + begin * 16 * gbytes, b.m.get() + begin * 16 * sbytes,
-                     b.v.get() + begin * 16 * sbytes, b.out.get() + begin * 32, end - begin, key);
-      });
+  const int64_t gbytes = static_cast<int64_t>(cpu_optim::dtype_bytes(b.mode.grad));
+  const int64_t sbytes = static_cast<int64_t>(state_elem_bytes(b.mode.state));
+  return median_seconds(reps, [&] {
+    ex.parallel_for(b.n / group, std::max<int64_t>(1, (int64_t{1} << 16) / group), [&](int64_t begin, int64_t end) {
+      const int64_t first = begin * group;
+      sink ^= loop(b.p.get() + first * 4, b.g.get() + first * gbytes, b.m.get() + first * sbytes,
+                   b.v.get() + first * sbytes, b.out.get() + first * 2, end - begin, key);
     });
-  };
-  bool bf16_grad = b.mode.grad != DType::kF32;
-  switch (b.mode.state) {
-    case StateType::kF32:
-      if (bf16_grad) {
-        return b.mode.out ? run(roofline_loop<2, 4, true, kPrefetch>) : run(roofline_loop<2, 4, false, kPrefetch>);
-      }
-      return b.mode.out ? run(roofline_loop<4, 4, true, kPrefetch>) : run(roofline_loop<4, 4, false, kPrefetch>);
-    case StateType::kBF16: return run(roofline_loop<2, 2, true, kPrefetch>);
-    case StateType::kQ8: return run(roofline_loop<2, 1, true, kPrefetch>);
-  }
-  return 0;
+  });
 }
 
-double roofline_lines_seconds(Buffers& b, Executor& ex, int reps) {
-  std::atomic<uint64_t> sink{0};
-  const uint64_t key = opaque_zero;
-  STRATA_CHECK_MSG(b.n % 64 == 0, "the line twin moves whole groups of 64 parameters");
-  const bool avx512 = __builtin_cpu_supports("avx512f") != 0;
-  if (!avx512 && __builtin_cpu_supports("avx2") == 0) return std::numeric_limits<double>::infinity();
-  auto run = [&]<int kG, int kS, bool kOut>() {
-    const LinesFn loop = avx512 ? roofline_lines_avx512(kG, kS, kOut) : roofline_lines_avx2(kG, kS, kOut);
-    STRATA_CHECK_MSG(loop != nullptr, "no line twin for these streams");
-    const int64_t gbytes = static_cast<int64_t>(cpu_optim::dtype_bytes(b.mode.grad));
-    const int64_t sbytes = static_cast<int64_t>(state_elem_bytes(b.mode.state));
-    return median_seconds(reps, [&] {
-      ex.parallel_for(b.n / 64, 1 << 10, [&](int64_t begin, int64_t end) {
-        sink ^= loop(b.p.get() + begin * 256, b.g.get() + begin * 64 * gbytes, b.m.get() + begin * 64 * sbytes,
-                     b.v.get() + begin * 64 * sbytes, b.out.get() + begin * 128, end - begin, key);
-      });
-    });
-  };
-  const bool bf16_grad = b.mode.grad != DType::kF32;
-  switch (b.mode.state) {
-    case StateType::kF32:
-      if (bf16_grad) {
-        return b.mode.out ? run.template operator()<2, 4, true>() : run.template operator()<2, 4, false>();
-      }
-      return b.mode.out ? run.template operator()<4, 4, true>() : run.template operator()<4, 4, false>();
-    case StateType::kBF16:
-      return run.template operator()<2, 2, true>();
-    case StateType::kQ8:
-      return run.template operator()<2, 1, true>();
-  }
-  return 0;
+// A mode's twin of each kind (nullptr: none for these streams or this CPU).
+template <class Twin>
+TwinFn mode_twin(const Buffers& b) {
+  return pick_twin<Twin>(static_cast<int>(cpu_optim::dtype_bytes(b.mode.grad)),
+                         static_cast<int>(state_elem_bytes(b.mode.state)), b.mode.out);
+}
+TwinFn mode_lines_twin(const Buffers& b) {
+  const int g = static_cast<int>(cpu_optim::dtype_bytes(b.mode.grad));
+  const int s = static_cast<int>(state_elem_bytes(b.mode.state));
+  if (__builtin_cpu_supports("avx512f")) return roofline_lines_avx512(g, s, b.mode.out);
+  if (__builtin_cpu_supports("avx2")) return roofline_lines_avx2(g, s, b.mode.out);
+  return nullptr;
 }
 
 // --show-twins: each twin's time, not only the fastest.
@@ -326,10 +308,10 @@ bool g_show_twins = false;
 
 // The fastest of the twins (each timed as a median of `reps`).
 double roofline_seconds(Buffers& b, Executor& ex, int reps) {
-  const double words = roofline_words_seconds<false>(b, ex, reps);
-  const double prefetched = roofline_words_seconds<true>(b, ex, reps);
+  const double words = twin_seconds(b, ex, reps, 16, mode_twin<Words<false>>(b));
+  const double prefetched = twin_seconds(b, ex, reps, 16, mode_twin<Words<true>>(b));
   const double elementwise = roofline_elementwise_seconds(b, ex, reps);
-  const double lines = roofline_lines_seconds(b, ex, reps);
+  const double lines = twin_seconds(b, ex, reps, 64, mode_lines_twin(b));
   if (g_show_twins) {
     std::printf("  twins (s): words %.4f, prefetched %.4f, elementwise %.4f, lines %.4f\n", words, prefetched,
                 elementwise, lines);

@@ -34,8 +34,8 @@ struct Avx2Lines {
 
 }  // namespace
 
-LinesFn roofline_lines_avx2(int g_bytes, int s_bytes, bool out) {
-  return lines_detail::pick<Avx2Lines>(g_bytes, s_bytes, out);
+TwinFn roofline_lines_avx2(int g_bytes, int s_bytes, bool out) {
+  return pick_twin<lines_detail::Lines<Avx2Lines>>(g_bytes, s_bytes, out);
 }
 
 }  // namespace strata::bench

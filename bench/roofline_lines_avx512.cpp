@@ -15,8 +15,8 @@ struct Avx512Lines {
 
 }  // namespace
 
-LinesFn roofline_lines_avx512(int g_bytes, int s_bytes, bool out) {
-  return lines_detail::pick<Avx512Lines>(g_bytes, s_bytes, out);
+TwinFn roofline_lines_avx512(int g_bytes, int s_bytes, bool out) {
+  return pick_twin<lines_detail::Lines<Avx512Lines>>(g_bytes, s_bytes, out);
 }
 
 }  // namespace strata::bench
