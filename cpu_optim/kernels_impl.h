@@ -409,6 +409,7 @@ struct BatchStep {
   // kernels' vector instructions. k_step = 1 / (sqrt(bc2) step_size) and
   // eps_step = eps / step_size are its constants (step_size folded in).
   bool coarse_roots;
+  CoarseStepConstants coarse;  // k_step and eps_step as scalars (the 8-bit loop scales them)
   B k_step, eps_step;
   B check;
   // With call.partials: (g * grad_scale)^2 summed per lane, as StatsKernel
@@ -437,6 +438,7 @@ struct BatchStep {
         first_step(call.c.first_step),
         has_momentum(call.c.momentum != 0.0f),
         coarse_roots(call.state_type != StateType::kF32),
+        coarse(ks),
         k_step(ks.k),
         eps_step(ks.eps),
         check(0.0f),
@@ -886,7 +888,7 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
     constexpr bool kFold = F.decoupled;
     // AdamW: the moments scaled by c1, c2 (BatchStep::adamw_q8_scaled).
     const Q8ScaledMoments sm = q8_scaled_moments(call);
-    const CoarseStepConstants ks = coarse_step_constants(call);
+    const CoarseStepConstants ks = st.coarse;
     const B k_s(ks.k * std::sqrt(sm.c2) / sm.c1), eps_s(ks.eps / sm.c1);
     static_assert(kQ8BlockElems % (4 * W) == 0);
     // Four batches of block `blk`'s codes, from scratch `s` at j.
