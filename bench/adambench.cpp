@@ -111,7 +111,7 @@ double bytes_per_param(const Mode& m) {
 // Multiversioned so it runs with the widest vectors the CPU has.
 // With kPrefetch, every input stream is also prefetched 512 parameters
 // ahead, as the fp32- and bf16-state loops do (cpu_optim/kernels_impl.h;
-// the 8-bit loop prefetches 2048 ahead).
+// the 8-bit loop prefetches 1024 ahead).
 template <int kGBytes, int kSBytes, bool kOut, bool kPrefetch = false>
 __attribute__((target_clones("avx512f", "avx2", "default"))) uint64_t roofline_loop(std::byte* p, const std::byte* g,
                                                                                     std::byte* m, std::byte* v,
