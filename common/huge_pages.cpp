@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/units.h"
+
 namespace strata {
 
 bool huge_pages_enabled() {
@@ -23,7 +25,7 @@ bool advise_huge_pages(void* data, uint64_t bytes) {
   if (!huge_pages_enabled() || bytes < kHugePageBytes) return false;
   if (reinterpret_cast<uintptr_t>(data) % kHugePageBytes != 0) return false;
   // A hint: a kernel without THP refuses it (EINVAL) and keeps small pages.
-  return ::madvise(data, bytes / 4096 * 4096, MADV_HUGEPAGE) == 0;
+  return ::madvise(data, round_down(bytes, 4096), MADV_HUGEPAGE) == 0;
 }
 
 }  // namespace strata

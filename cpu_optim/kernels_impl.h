@@ -417,8 +417,7 @@ struct BatchStep {
   bool stats;
   B sq;
 
-  explicit BatchStep(const TileCall& call) : BatchStep(call, coarse_step_constants(call)) {}
-  BatchStep(const TileCall& call, const CoarseStepConstants& ks)
+  explicit BatchStep(const TileCall& call)
       : gs(call.grad_scale),
         zero(0.0f),
         lr(call.c.lr),
@@ -438,9 +437,9 @@ struct BatchStep {
         first_step(call.c.first_step),
         has_momentum(call.c.momentum != 0.0f),
         coarse_roots(call.state_type != StateType::kF32),
-        coarse(ks),
-        k_step(ks.k),
-        eps_step(ks.eps),
+        coarse(coarse_step_constants(call)),
+        k_step(coarse.k),
+        eps_step(coarse.eps),
         check(0.0f),
         stats(call.partials != nullptr),
         sq(0.0f) {}
@@ -888,8 +887,7 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
     constexpr bool kFold = F.decoupled;
     // AdamW: the moments scaled by c1, c2 (BatchStep::adamw_q8_scaled).
     const Q8ScaledMoments sm = q8_scaled_moments(call);
-    const CoarseStepConstants ks = st.coarse;
-    const B k_s(ks.k * std::sqrt(sm.c2) / sm.c1), eps_s(ks.eps / sm.c1);
+    const B k_s(st.coarse.k * std::sqrt(sm.c2) / sm.c1), eps_s(st.coarse.eps / sm.c1);
     static_assert(kQ8BlockElems % (4 * W) == 0);
     // Four batches of block `blk`'s codes, from scratch `s` at j.
     auto encode4 = [&](int s, int64_t blk, int64_t j, const B& m_enc, const B& v_enc) {

@@ -63,8 +63,9 @@ class BufferAllocator {
 };
 
 // posix_memalign, zero-filled, optionally mlock()ed; buffers of 2 MiB or
-// more on 2 MiB boundaries, advised as huge pages (common/huge_pages.h). mlock failure is an error
-// that names RLIMIT_MEMLOCK (`ulimit -l`), never a silent unlocked buffer.
+// more on 2 MiB boundaries, advised as huge pages (common/huge_pages.h).
+// mlock failure is an error that names RLIMIT_MEMLOCK (`ulimit -l`), never a
+// silent unlocked buffer.
 class AlignedAllocator final : public BufferAllocator {
  public:
   explicit AlignedAllocator(bool lock_memory = false) : lock_memory_(lock_memory) {}

@@ -16,7 +16,8 @@
 //                     every later read covering it sees the byte flipped
 //                     (a deterministic position, so retries do not mask it)
 // Explicit faults (a bad range, a flipped byte, a file that ends early, the
-// next N ops failing) are set with the methods below. counters() reports what was injected.
+// next N ops failing) are set with the methods below. counters() reports
+// what was injected.
 #pragma once
 
 #include <chrono>

@@ -279,9 +279,10 @@ Result<Ticket> SwapStore::read_prefix(const std::string& name, IoBuffer buffer, 
   }
   // The pieces (stripe units, in blob order) that hold the prefix, and the
   // logical bytes they cover.
+  const uint64_t wanted = std::min(prefix_bytes, blob.size_bytes);
   size_t count = 0;
   uint64_t covered = 0;
-  while (count < blob.pieces.size() && covered < std::min(prefix_bytes, blob.size_bytes)) {
+  while (count < blob.pieces.size() && covered < wanted) {
     covered = blob.pieces[count].blob_offset_bytes + blob.pieces[count].logical_bytes;
     ++count;
   }

@@ -35,11 +35,18 @@ int thp_eligible(const void* p) {
   return -1;
 }
 
-// Why the kernel would not take the advice here, or "".
-std::string thp_unavailable() {
+// The kernel's THP setting ("always [madvise] never"), or "" without THP.
+std::string thp_mode() {
   std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
   std::string mode;
-  if (!std::getline(f, mode)) return "this kernel has no transparent huge pages";
+  std::getline(f, mode);
+  return mode;
+}
+
+// Why the kernel would not take the advice here, or "".
+std::string thp_unavailable() {
+  const std::string mode = thp_mode();
+  if (mode.empty()) return "this kernel has no transparent huge pages";
   if (mode.find("[never]") != std::string::npos) return "transparent huge pages are set to never";
   if (!huge_pages_enabled()) return "STRATA_HUGE_PAGES=0";
   return "";
@@ -74,10 +81,7 @@ TEST(HugePages, BigBuffersAreAdvised) {
   EXPECT_EQ(thp_eligible(buffer->data() + (2 << 20)), 1);
   // Where THP waits for the advice (madvise), memory without it is not
   // eligible: the flag shows the advice, not the system's default.
-  std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
-  std::string mode;
-  std::getline(f, mode);
-  if (mode.find("[madvise]") != std::string::npos) {
+  if (thp_mode().find("[madvise]") != std::string::npos) {
     void* plain = std::aligned_alloc(kHugePageBytes, 16 << 20);
     ASSERT_NE(plain, nullptr);
     std::memset(plain, 1, 16 << 20);

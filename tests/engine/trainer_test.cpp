@@ -456,8 +456,8 @@ TEST(Trainer, TheCudaBackendSaysWhenItCannotRun) {
 }
 
 // Injected NVMe faults (persistent EIO, ENOSPC, a swap file that ends early —
-// a short read —, a checksum mismatch) end the
-// step with an error naming the chunk; the trainer is then destroyed cleanly;
+// a short read —, a checksum mismatch) end the step with an error naming
+// the chunk; the trainer is then destroyed cleanly;
 // the checkpoint written before the fault is intact, and resuming from it
 // reproduces the uninterrupted run bit for bit. Short transfers are retried
 // and change nothing.
