@@ -98,12 +98,18 @@ void Executor::parallel_for(int64_t n, int64_t grain, const std::function<void(i
     for (int64_t c = 0; c < chunks; ++c) body(c * grain, std::min(n, (c + 1) * grain));
     return;
   }
+  // One task per chunk, taken by whichever thread is free (work stealing),
+  // not a fixed share per thread: a core that runs slower — a neighbour on
+  // a shared host, the trainer's own threads — then does fewer chunks
+  // instead of holding up the rest (docs/CPU_OPTIM.md, "Ninth session").
+  // Which thread runs a chunk changes no result.
   impl_->arena->execute([&] {
-    tbb::parallel_for(tbb::blocked_range<int64_t>(0, chunks, 1),
-                      [&](const tbb::blocked_range<int64_t>& r) {
-                        for (int64_t c = r.begin(); c != r.end(); ++c) body(c * grain, std::min(n, (c + 1) * grain));
-                      },
-                      tbb::static_partitioner());
+    tbb::parallel_for(
+        tbb::blocked_range<int64_t>(0, chunks, 1),
+        [&](const tbb::blocked_range<int64_t>& r) {
+          for (int64_t c = r.begin(); c != r.end(); ++c) body(c * grain, std::min(n, (c + 1) * grain));
+        },
+        tbb::simple_partitioner());
   });
 }
 

@@ -28,8 +28,9 @@ class Executor {
   int numa_node() const { return numa_node_; }
 
   // Runs body(begin, end) over [0, n) in chunks of exactly `grain` elements
-  // (the last may be shorter), in parallel inside the arena. Chunk boundaries
-  // depend only on n and grain, never on the thread count.
+  // (the last may be shorter), in parallel inside the arena, each chunk
+  // taken by the next free thread. Chunk boundaries depend only on n and
+  // grain, never on the thread count.
   void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body);
 
   // Touches every page of [data, data+bytes) from the executor's threads, so

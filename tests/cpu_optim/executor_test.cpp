@@ -1,12 +1,15 @@
 // The executor's NUMA placement: asked for a node, its threads run on that
 // node's cores and first_touch binds a buffer's pages there (checked with
 // hwloc's own view of the threads and the pages); a node that does not exist
-// is a clear error; binding never changes the optimizer's bits.
+// is a clear error; binding never changes the optimizer's bits; a chunk goes
+// to whichever thread is free.
 #include "cpu_optim/executor.h"
 
 #include <gtest/gtest.h>
 #include <hwloc.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -174,6 +177,34 @@ TEST(Executor, BindingChangesNoBits) {
   };
   const std::vector<float> a = run(**bound), b = run(**free_threads);
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0);
+}
+
+// The chunks go to whichever thread is free, not a fixed share per thread:
+// chunk 0 waits until every other chunk has run, which only another thread
+// taking them all can bring about (with a fixed half per thread, the other
+// chunks of chunk 0's half would wait behind it, and the wait would end on
+// its deadline with them not run).
+TEST(Executor, AFreeThreadTakesTheChunksABusyOneHasNotStarted) {
+  if (hardware_threads() < 2) GTEST_SKIP() << "one core online: no second thread to take the chunks";
+  Result<std::unique_ptr<Executor>> ex = Executor::create({.threads = 2});
+  ASSERT_TRUE(ex) << ex.error().to_string();
+  constexpr int64_t kChunks = 64;
+  std::mutex mu;
+  std::condition_variable cv;
+  int64_t others_done = 0;
+  bool all_others_ran = false;
+  (*ex)->parallel_for(kChunks, 1, [&](int64_t begin, int64_t) {
+    std::unique_lock<std::mutex> lock(mu);
+    if (begin != 0) {
+      ++others_done;
+      cv.notify_all();
+      return;
+    }
+    all_others_ran = cv.wait_for(lock, std::chrono::seconds(60), [&] { return others_done == kChunks - 1; });
+  });
+  EXPECT_TRUE(all_others_ran) << others_done << " of " << kChunks - 1
+                              << " other chunks ran while chunk 0's thread was busy";
+  EXPECT_EQ(others_done, kChunks - 1);
 }
 
 }  // namespace
