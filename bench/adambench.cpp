@@ -1,7 +1,10 @@
 // strata-adambench: AdamW throughput of cpu_optim on a large flat span, next
 // to baselines measured in the same run and at the same thread count:
 //   roofline — a loop that reads and writes exactly the streams of the mode
-//              (same element sizes, same bytes) and does no arithmetic;
+//              (same element sizes, same bytes) and does no arithmetic (the
+//              fastest of four such twins), timed in turn with the step
+//              itself, a run of each per round, so both see the same
+//              stretch of a shared machine's time;
 //   naive    — the scalar reference kernel (plain loops, no SIMD);
 //   triad    — STREAM's a = b + s * c, for the machine's bandwidth.
 // Modes: offload (bf16 grads in; fp32 master, m, v; bf16 weights out),
@@ -233,11 +236,12 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) uint32_t roofline_e
 // what they read.
 volatile uint32_t opaque_zero = 0;
 
-double roofline_elementwise_seconds(Buffers& b, Executor& ex, int reps) {
-  std::atomic<uint32_t> sink{0};
-  const uint32_t key = opaque_zero;
-  auto run = [&](auto* m, auto* v) {
-    return median_seconds(reps, [&] {
+// One pass of the elementwise twin over the mode's buffers.
+std::function<void()> roofline_elementwise_run(Buffers& b, Executor& ex) {
+  auto run = [&b, &ex](auto* m, auto* v) -> std::function<void()> {
+    return [&b, &ex, m, v] {
+      std::atomic<uint32_t> sink{0};
+      const uint32_t key = opaque_zero;
       ex.parallel_for(b.n, 1 << 16, [&](int64_t begin, int64_t end) {
         uint16_t* out = b.mode.out ? reinterpret_cast<uint16_t*>(b.out.get()) + begin : nullptr;
         uint32_t* p = reinterpret_cast<uint32_t*>(b.p.get()) + begin;
@@ -249,7 +253,7 @@ double roofline_elementwise_seconds(Buffers& b, Executor& ex, int reps) {
                                        out, end - begin, key);
         }
       });
-    });
+    };
   };
   switch (b.mode.state) {
     case StateType::kF32:
@@ -258,7 +262,7 @@ double roofline_elementwise_seconds(Buffers& b, Executor& ex, int reps) {
       return run(reinterpret_cast<uint16_t*>(b.m.get()), reinterpret_cast<uint16_t*>(b.v.get()));
     case StateType::kQ8: return run(reinterpret_cast<uint8_t*>(b.m.get()), reinterpret_cast<uint8_t*>(b.v.get()));
   }
-  return 0;
+  return {};
 }
 
 // The word loop as a twin (the shape pick_twin takes).
@@ -271,22 +275,22 @@ struct Words {
   }
 };
 
-// The median time of a twin that moves groups of `group` parameters over
-// the mode's buffers; infinity when there is none (`loop` null).
-double twin_seconds(Buffers& b, Executor& ex, int reps, int64_t group, TwinFn loop) {
-  if (loop == nullptr) return std::numeric_limits<double>::infinity();
+// One pass of a twin that moves groups of `group` parameters over the
+// mode's buffers; empty when there is none (`loop` null).
+std::function<void()> twin_run(Buffers& b, Executor& ex, int64_t group, TwinFn loop) {
+  if (loop == nullptr) return {};
   STRATA_CHECK_MSG(b.n % group == 0, "a twin moves whole groups of parameters");
-  std::atomic<uint64_t> sink{0};
-  const uint64_t key = opaque_zero;
-  const int64_t gbytes = static_cast<int64_t>(cpu_optim::dtype_bytes(b.mode.grad));
-  const int64_t sbytes = static_cast<int64_t>(state_elem_bytes(b.mode.state));
-  return median_seconds(reps, [&] {
+  return [&b, &ex, group, loop] {
+    std::atomic<uint64_t> sink{0};
+    const uint64_t key = opaque_zero;
+    const int64_t gbytes = static_cast<int64_t>(cpu_optim::dtype_bytes(b.mode.grad));
+    const int64_t sbytes = static_cast<int64_t>(state_elem_bytes(b.mode.state));
     ex.parallel_for(b.n / group, std::max<int64_t>(1, (int64_t{1} << 16) / group), [&](int64_t begin, int64_t end) {
       const int64_t first = begin * group;
       sink ^= loop(b.p.get() + first * 4, b.g.get() + first * gbytes, b.m.get() + first * sbytes,
                    b.v.get() + first * sbytes, b.out.get() + first * 2, end - begin, key);
     });
-  });
+  };
 }
 
 // A mode's twin of each kind (nullptr: none for these streams or this CPU).
@@ -306,17 +310,19 @@ TwinFn mode_lines_twin(const Buffers& b) {
 // --show-twins: each twin's time, not only the fastest.
 bool g_show_twins = false;
 
-// The fastest of the twins (each timed as a median of `reps`).
-double roofline_seconds(Buffers& b, Executor& ex, int reps) {
-  const double words = twin_seconds(b, ex, reps, 16, mode_twin<Words<false>>(b));
-  const double prefetched = twin_seconds(b, ex, reps, 16, mode_twin<Words<true>>(b));
-  const double elementwise = roofline_elementwise_seconds(b, ex, reps);
-  const double lines = twin_seconds(b, ex, reps, 64, mode_lines_twin(b));
+// The optimizer's step and the roofline, timed side by side
+// (interleaved_median_seconds): the roofline is the fastest of the twins.
+struct StepTimes {
+  double step = 0, roofline = 0;
+};
+StepTimes step_and_roofline_seconds(const std::function<void()>& step, Buffers& b, Executor& ex, int reps) {
+  const std::vector<double> t = interleaved_median_seconds(
+      reps, {step, twin_run(b, ex, 16, mode_twin<Words<false>>(b)), twin_run(b, ex, 16, mode_twin<Words<true>>(b)),
+             roofline_elementwise_run(b, ex), twin_run(b, ex, 64, mode_lines_twin(b))});
   if (g_show_twins) {
-    std::printf("  twins (s): words %.4f, prefetched %.4f, elementwise %.4f, lines %.4f\n", words, prefetched,
-                elementwise, lines);
+    std::printf("  twins (s): words %.4f, prefetched %.4f, elementwise %.4f, lines %.4f\n", t[1], t[2], t[3], t[4]);
   }
-  return std::min({words, prefetched, elementwise, lines});
+  return {t[0], *std::min_element(t.begin() + 1, t.end())};
 }
 
 double triad_gbps(int64_t n, Executor& ex, int reps) {
@@ -453,8 +459,8 @@ int run(int argc, char** argv) {
           std::exit(1);
         }
       };
-      double s = median_seconds(reps, [&] { step_with(isa); });
-      double roof = roofline_seconds(b, ex, reps);
+      const StepTimes times = step_and_roofline_seconds([&] { step_with(isa); }, b, ex, reps);
+      const double s = times.step, roof = times.roofline;
       double naive = skip_naive ? 0 : median_seconds(1, [&] { step_with(Isa::kScalar); });
       double bytes = bytes_per_param(mode) * static_cast<double>(n);
       double gbps = bytes / s / 1e9, roof_gbps = bytes / roof / 1e9;
@@ -477,18 +483,20 @@ int run(int argc, char** argv) {
         // What an engine that updates before it knows the global norm pays
         // for the norm: a read-only pass over the gradient first, or a fused
         // multiply-add per batch in the update's own pass.
-        double separate = median_seconds(reps, [&] {
+        auto with_separate_pass = [&] {
           auto g = cpu_optim::grad_stats(span.grad, span.grad_dtype, span.n, 1.0f, ex, isa);
           if (!g) {
             std::fprintf(stderr, "strata-adambench: %s\n", g.error().to_string().c_str());
             std::exit(1);
           }
           step_with(isa);
-        });
-        double fused = median_seconds(reps, [&] {
+        };
+        auto fused_in_update = [&] {
           cpu_optim::GradStats g;
           step_with(isa, &g);
-        });
+        };
+        const std::vector<double> both = interleaved_median_seconds(reps, {with_separate_pass, fused_in_update});
+        const double separate = both[0], fused = both[1];
         std::printf(
             "%-10s %3d   with the gradient statistics: separate pass %.4f s, in the update %.4f s "
             "(%.3f x; the step alone %.4f s)\n",

@@ -4,10 +4,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <chrono>
 #include <fstream>
+#include <limits>
 #include <vector>
 
 namespace strata::bench {
@@ -44,14 +45,29 @@ double median(std::vector<double> v) {
 }
 
 double median_seconds(int reps, const std::function<void()>& fn) {
-  fn();
-  std::vector<double> t;
-  for (int r = 0; r < reps; ++r) {
-    auto t0 = std::chrono::steady_clock::now();
-    fn();
-    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  return interleaved_median_seconds(reps, {fn})[0];
+}
+
+std::vector<double> interleaved_median_seconds(int reps, const std::vector<std::function<void()>>& fns) {
+  const size_t k = fns.size();
+  for (const auto& fn : fns) {
+    if (fn) fn();
   }
-  return median(std::move(t));
+  std::vector<std::vector<double>> t(k);
+  for (int r = 0; r < reps; ++r) {
+    for (size_t j = 0; j < k; ++j) {
+      const size_t i = (static_cast<size_t>(r) + j) % k;
+      if (!fns[i]) continue;
+      auto t0 = std::chrono::steady_clock::now();
+      fns[i]();
+      t[i].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+  }
+  std::vector<double> medians(k, std::numeric_limits<double>::infinity());
+  for (size_t i = 0; i < k; ++i) {
+    if (!t[i].empty()) medians[i] = median(std::move(t[i]));
+  }
+  return medians;
 }
 
 }  // namespace strata::bench

@@ -26,4 +26,12 @@ double median(std::vector<double> v);
 // Median wall seconds of `reps` runs of fn, after one untimed warm-up run.
 double median_seconds(int reps, const std::function<void()>& fn);
 
+// The same for several functions measured side by side: after one warm-up
+// run of each, `reps` rounds that run each once (round r starts with
+// function r mod count), so each median comes from the same stretch of
+// time — on a shared machine whose speed drifts, a ratio of two of them
+// drifts far less than one of timings taken one after the other. An empty
+// function is not run; its median is infinity.
+std::vector<double> interleaved_median_seconds(int reps, const std::vector<std::function<void()>>& fns);
+
 }  // namespace strata::bench
