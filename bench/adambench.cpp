@@ -15,6 +15,8 @@
 // --pages 4k puts them on 4 KiB pages.
 // Prints a table and ends with one JSON line holding every figure.
 #include <immintrin.h>
+#include <pthread.h>
+#include <sched.h>
 #include <sys/mman.h>
 
 #include <CLI/CLI.hpp>
@@ -30,6 +32,8 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "bench/bench_util.h"
@@ -369,6 +373,42 @@ void print_vs_offload(nlohmann::json& rows, size_t first) {
   std::fflush(stdout);
 }
 
+// Each CPU this process may run on, in turn: the mode's parameters/s in
+// cache with one thread pinned there (CPU number -> params/s). On a shared
+// host one core can run much slower than another (another guest on its
+// physical core), which the all-core rows then feel; this says so.
+std::vector<std::pair<int, double>> core_speeds(const Mode& mode, const cpu_optim::AdamConfig& adamw, Isa isa) {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (::sched_getaffinity(0, sizeof allowed, &allowed) != 0) return {};
+  constexpr int64_t kN = int64_t{1} << 15;  // 0.5 MiB of 8-bit states: in cache
+  std::vector<std::pair<int, double>> speeds;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &allowed)) continue;
+    double seconds = 0;
+    std::thread pinned([&] {
+      cpu_set_t one;
+      CPU_ZERO(&one);
+      CPU_SET(cpu, &one);
+      if (::pthread_setaffinity_np(::pthread_self(), sizeof one, &one) != 0) return;
+      Result<std::unique_ptr<Executor>> ex = Executor::create({1, -1});
+      if (!ex) return;
+      Buffers b = make_buffers(mode, kN, **ex);
+      const cpu_optim::ParamSpan span = span_of(b);
+      int64_t t = 0;
+      cpu_optim::StepOptions o;
+      o.isa = isa;
+      o.nonfinite = cpu_optim::NonFinitePolicy::kReportOnly;
+      bool ok = true;
+      seconds = median_seconds(50, [&] { ok = ok && static_cast<bool>(cpu_optim::step(adamw, ++t, span, o, **ex)); });
+      if (!ok) seconds = 0;
+    });
+    pinned.join();
+    if (seconds > 0) speeds.emplace_back(cpu, static_cast<double>(kN) / seconds);
+  }
+  return speeds;
+}
+
 int run(int argc, char** argv) {
   CLI::App app{"strata-adambench: CPU AdamW throughput against a same-streams roofline, STREAM triad and naive loop"};
   int log2_params = 27;
@@ -377,6 +417,7 @@ int run(int argc, char** argv) {
   int reps = 5;
   bool skip_naive = false;
   bool with_stats = false;
+  bool skip_core_check = false;
   std::string isa_text = "auto";
   std::string pages = "huge";
   app.add_option("--log2-params", log2_params, "parameters = 2^N")->capture_default_str()->check(CLI::Range(10, 32));
@@ -387,6 +428,8 @@ int run(int argc, char** argv) {
   app.add_flag("--with-stats", with_stats,
                "also time the step with the gradient statistics (the global norm's sum of squares): a separate "
                "grad_stats pass before it against StepOptions::stats in the update's own pass");
+  app.add_flag("--skip-core-check", skip_core_check,
+               "do not time each core alone first (one pinned thread, the most arithmetic-heavy mode, in cache)");
   app.add_flag("--show-twins", g_show_twins,
                "print each no-arithmetic twin's time (word loop, with prefetch, element-wise, 64-byte lines) before "
                "its row");
@@ -426,11 +469,32 @@ int run(int argc, char** argv) {
   std::printf("strata-adambench: AdamW on 2^%d = %lld parameters, ISA %s, %d cores, median of %d steps, %s pages\n",
               log2_params, static_cast<long long>(n), isa_used.c_str(), cpu_optim::hardware_threads(), reps,
               g_huge_pages ? "2 MiB" : "4 KiB");
-  std::printf("%-10s %3s %9s %10s %7s %9s %7s %7s %9s %7s\n", "mode", "thr", "s/step", "params/s", "GB/s", "roof GB/s",
-              "ratio", "triad", "vs naive", "huge pg");
   nlohmann::json rows = nlohmann::json::array();
   cpu_optim::AdamConfig adamw;
   adamw.weight_decay = 0.01f;
+  // The cores' speeds, with the most arithmetic-heavy mode asked for.
+  const Mode& probe = *std::max_element(modes.begin(), modes.end(), [](const Mode& a, const Mode& b) {
+    return static_cast<int>(a.state) < static_cast<int>(b.state);
+  });
+  nlohmann::json cores = nlohmann::json::object();
+  const std::vector<std::pair<int, double>> speeds =
+      skip_core_check ? std::vector<std::pair<int, double>>{} : core_speeds(probe, adamw, isa);
+  if (!speeds.empty()) {
+    double lo = speeds[0].second, hi = speeds[0].second;
+    std::printf("core speeds (%s in cache, one pinned thread, params/s):", probe.name.c_str());
+    for (const auto& [cpu, speed] : speeds) {
+      std::printf(" cpu%d %.2e", cpu, speed);
+      lo = std::min(lo, speed);
+      hi = std::max(hi, speed);
+      cores[std::to_string(cpu)] = speed;
+    }
+    std::printf("; slowest / fastest %.2f%s\n", lo / hi,
+                lo / hi < 0.9 ? " (unequal: something else runs on the slow core — another guest of a shared host? "
+                                "All-core figures vary with it)"
+                              : "");
+  }
+  std::printf("%-10s %3s %9s %10s %7s %9s %7s %7s %9s %7s\n", "mode", "thr", "s/step", "params/s", "GB/s", "roof GB/s",
+              "ratio", "triad", "vs naive", "huge pg");
   for (int threads : thread_counts) {
     auto ex_r = Executor::create({threads, -1});
     if (!ex_r) {
@@ -509,9 +573,11 @@ int run(int argc, char** argv) {
     }
     print_vs_offload(rows, first_row);
   }
-  nlohmann::json j = {{"bench", "adam"}, {"params", n}, {"isa", isa_used},
-                      {"system", system_info()},
-                      {"rows", rows}};
+  nlohmann::json j = {{"bench", "adam"}, {"params", n}, {"isa", isa_used}, {"system", system_info()}, {"rows", rows}};
+  if (!cores.empty()) {
+    j["core_probe_mode"] = probe.name;
+    j["core_params_per_s"] = cores;
+  }
   std::printf("%s\n", j.dump().c_str());
   return 0;
 }
