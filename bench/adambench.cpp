@@ -381,7 +381,7 @@ std::vector<std::pair<int, double>> core_speeds(const Mode& mode, const cpu_opti
   cpu_set_t allowed;
   CPU_ZERO(&allowed);
   if (::sched_getaffinity(0, sizeof allowed, &allowed) != 0) return {};
-  constexpr int64_t kN = int64_t{1} << 15;  // 0.5 MiB of 8-bit states: in cache
+  constexpr int64_t kN = int64_t{1} << 15;  // under 1 MiB of buffers in every mode: in cache
   std::vector<std::pair<int, double>> speeds;
   for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
     if (!CPU_ISSET(cpu, &allowed)) continue;
