@@ -82,6 +82,11 @@ Result<std::unique_ptr<OptimizerStage>> OptimizerStage::create(std::vector<int64
   stage->state_type_ = states;
   if (tier == Tier::kHost) stage->host_.resize(stage->pieces_.size());
   stage->gen_.assign(stage->pieces_.size(), 0);
+  for (size_t u = 0; u < stage->pieces_.size(); ++u) {
+    const std::string name = stage->piece_name(u);
+    stage->names_.push_back(
+        {"optimizer-state/" + name, "optimizer-state/" + name + ".b", "weights/" + name, "weights/" + name + ".b"});
+  }
   return stage;
 }
 
@@ -486,8 +491,8 @@ class OptimizerStage::Pipeline {
         continue;
       }
       const size_t u = s_.piece_order_[next_read_];
-      const std::string name = s_.blob(u, s_.gen_[u]);
-      STRATA_ASSIGN_OR_RETURN(lease_[u], s_.staging_->acquire("read " + name));
+      const std::string& name = s_.blob(u, s_.gen_[u]);
+      STRATA_ASSIGN_OR_RETURN(lease_[u], s_.staging_->acquire(name));
       STRATA_ASSIGN_OR_RETURN(io::Ticket t, s_.swap_->read(name, lease_[u].buffer()));
       reads_[u] = t;
       s_.moved(u, Residency::kLoading);

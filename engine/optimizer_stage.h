@@ -31,13 +31,14 @@
 // and statistics still overlap backward and the updates follow the verdict.
 #pragma once
 
+#include <array>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <mutex>
 #include <span>
-#include <thread>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/aligned_vector.h"
@@ -134,7 +135,7 @@ class OptimizerStage {
   size_t pieces() const { return pieces_.size(); }
   int64_t piece_elems(size_t piece) const { return pieces_[piece].elems; }
   // The blob holding a piece's state now (not during a step).
-  std::string state_blob(size_t piece) const { return blob(piece, gen_[piece]); }
+  const std::string& state_blob(size_t piece) const { return blob(piece, gen_[piece]); }
   static uint64_t staging_bytes_with_weights(const io::SwapStore& swap, int64_t elems,
                                              cpu_optim::StateType states = cpu_optim::StateType::kF32) {
     return swap.padded_size(state_bytes(elems, states)) + swap.padded_size(2 * static_cast<uint64_t>(elems));
@@ -224,12 +225,10 @@ class OptimizerStage {
   size_t pieces_of(size_t chunk) const { return first_piece_[chunk + 1] - first_piece_[chunk]; }
   // A piece's blobs (a chunk in one piece keeps the chunk's name).
   std::string piece_name(size_t piece) const;
-  std::string blob(size_t piece, int gen) const {
-    return "optimizer-state/" + piece_name(piece) + (gen == 0 ? "" : ".b");
-  }
-  std::string weights_blob(size_t piece, int gen) const {
-    return "weights/" + piece_name(piece) + (gen == 0 ? "" : ".b");
-  }
+  // Built once (names_), not per request: the state's generation 0 and 1,
+  // then the weights'.
+  const std::string& blob(size_t piece, int gen) const { return names_[piece][gen]; }
+  const std::string& weights_blob(size_t piece, int gen) const { return names_[piece][2 + gen]; }
   uint64_t weights_offset(size_t piece) const {
     return swap_->padded_size(state_bytes(pieces_[piece].elems, state_type_));
   }
@@ -278,6 +277,7 @@ class OptimizerStage {
   std::vector<AlignedVector<std::byte>> host_;  // state blobs on the host tier (one piece per chunk)
   std::vector<AlignedVector<std::byte>> next_;  // their second copies, with RAM speculation
   std::vector<int> gen_;                  // which of its two blobs holds each piece's state (NVMe)
+  std::vector<std::array<std::string, 4>> names_;  // each piece's blob names (blob(), weights_blob())
   bool weights_nvme_ = false;
   DType weights_dtype_ = DType::kBF16;
 

@@ -62,6 +62,7 @@ Result<std::unique_ptr<StreamedModel>> StreamedModel::create(const gpu::GptConfi
   }
   if (checkpoints == Tier::kNvme) {
     m->swap_ = swap;
+    for (int64_t l = 0; l <= L; ++l) m->checkpoint_blobs_.push_back("activation-checkpoint/x-" + std::to_string(l));
     STRATA_ASSIGN_OR_RETURN(m->staging_, PinnedArena::create("activation checkpoint staging",
                                                              swap->padded_size(static_cast<uint64_t>(N * C) * es), 2,
                                                              *m->allocator_));
@@ -144,7 +145,7 @@ Result<float> StreamedModel::run_step(const std::vector<const void*>& weights, c
   uint8_t* ckpt = checkpoints_.as<uint8_t>();
   const bool host_ckpt = checkpoint_tier_ != Tier::kDevice;  // off the device: host or NVMe
   const bool nvme_ckpt = checkpoint_tier_ == Tier::kNvme;
-  auto blob = [](int64_t l) { return "activation-checkpoint/x-" + std::to_string(l); };
+  auto blob = [this](int64_t l) -> const std::string& { return checkpoint_blobs_[static_cast<size_t>(l)]; };
   // Off the device, block input l lives in device buffer l % K while in use;
   // the last K stay there from forward to backward.
   constexpr int64_t K = kCheckpointBuffers;
@@ -182,8 +183,9 @@ Result<float> StreamedModel::run_step(const std::vector<const void*>& weights, c
       STRATA_RETURN_IF_ERROR(dev_->copy_to_host(copy_, buf.data(), x_of(l), x_bytes));
       std::optional<io::Ticket>* pending = &stage_write_[l % 2];
       io::SwapStore* swap = swap_;
-      STRATA_RETURN_IF_ERROR(dev_->enqueue(copy_, [swap, pending, name = blob(l), io = buf.buffer(), x_bytes]() -> Status {
-        Result<io::Ticket> t = swap->write(name, io, x_bytes);
+      const std::string* name = &blob(l);
+      STRATA_RETURN_IF_ERROR(dev_->enqueue(copy_, [swap, pending, name, io = buf.buffer(), x_bytes]() -> Status {
+        Result<io::Ticket> t = swap->write(*name, io, x_bytes);
         if (!t) return std::move(t).error().with_context("writing an activation checkpoint");
         *pending = *t;
         return ok_status();

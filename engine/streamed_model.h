@@ -127,6 +127,7 @@ class StreamedModel {
   gpu::Event ckpt_done_[kCheckpointBuffers];  // last copy out of / into each device checkpoint buffer
   gpu::Event stage_done_[2];                  // last copy out of / into each NVMe staging buffer
   io::SwapStore* swap_ = nullptr;        // checkpoints on NVMe
+  std::vector<std::string> checkpoint_blobs_;  // their blobs' names, block input l at l
   io::AlignedAllocator own_allocator_;
   io::BufferAllocator* allocator_ = &own_allocator_;  // the staging arenas' host memory
   std::unique_ptr<PinnedArena> staging_;

@@ -189,7 +189,8 @@ Status SwapStore::check_buffer(const What& what, IoBuffer buffer, uint64_t size_
   return ok_status();
 }
 
-Result<uint32_t> SwapStore::new_op(IoOp kind, const std::string& name, IoBuffer buffer, uint64_t bytes) {
+Result<uint32_t> SwapStore::new_op(IoOp kind, std::pair<const std::string, Blob>& entry, IoBuffer buffer,
+                                   uint64_t bytes) {
   if (free_ops_.empty()) {
     return resource_exhausted("swap store: " + std::to_string(options_.max_ops) +
                               " operations outstanding (the maximum); wait for some first");
@@ -201,7 +202,8 @@ Result<uint32_t> SwapStore::new_op(IoOp kind, const std::string& name, IoBuffer 
   op.active = true;
   op.generation = next_generation_++;
   op.kind = kind;
-  op.blob = name;
+  op.blob = &entry.first;
+  op.target = &entry.second;
   op.buffer = buffer;
   op.bytes = bytes;
   op.submitted = std::chrono::steady_clock::now();
@@ -243,19 +245,20 @@ Result<Ticket> SwapStore::write(const std::string& name, IoBuffer buffer, uint64
     return resource_exhausted(what() + ": " + std::to_string(options_.max_ops) +
                               " operations outstanding (the maximum); wait for some first");
   }
-  Blob& blob = blobs_[name];
+  auto entry = blobs_.try_emplace(name).first;
+  Blob& blob = entry->second;
   if (blob.size_bytes != size_bytes || (blob.pieces.empty() && size_bytes > 0)) {
     free_blob_space(blob);
     Status status = allocate_blob(name, blob, size_bytes);
     if (!status.ok()) {
-      blobs_.erase(name);
+      blobs_.erase(entry);
       return status;
     }
   }
   if (options_.checksums) {
     for (Blob::Piece& p : blob.pieces) p.checksum = XXH3_64bits(buffer.data + p.blob_offset_bytes, p.logical_bytes);
   }
-  STRATA_ASSIGN_OR_RETURN(uint32_t index, new_op(IoOp::kWrite, name, buffer, size_bytes));
+  STRATA_ASSIGN_OR_RETURN(uint32_t index, new_op(IoOp::kWrite, *entry, buffer, size_bytes));
   blob.state = Blob::State::kWriting;
   blob.failure.clear();
   Ticket ticket = make_ticket(index);
@@ -290,7 +293,7 @@ Result<Ticket> SwapStore::read_prefix(const std::string& name, IoBuffer buffer, 
   STRATA_RETURN_IF_ERROR(check_buffer(
       [&] { return what() + (covered < blob.size_bytes ? " up to byte " + std::to_string(covered) : std::string()); },
       buffer, covered));
-  STRATA_ASSIGN_OR_RETURN(uint32_t index, new_op(IoOp::kRead, name, buffer, covered));
+  STRATA_ASSIGN_OR_RETURN(uint32_t index, new_op(IoOp::kRead, *it, buffer, covered));
   ++blob.readers;
   Ticket ticket = make_ticket(index);
   STRATA_RETURN_IF_ERROR(submit_pieces(index, blob, IoOp::kRead, count));
@@ -302,23 +305,23 @@ void SwapStore::on_result(IoResult&& result) {
   uint32_t piece = static_cast<uint32_t>(result.tag & 0xffffffffu);
   STRATA_CHECK(index < ops_.size() && ops_[index].active && ops_[index].remaining > 0);
   Op& op = ops_[index];
-  Blob& blob = blobs_.at(op.blob);
-  const Blob::Piece& p = blob.pieces.at(piece);
+  const Blob::Piece& p = op.target->pieces.at(piece);
   if (result.status.ok()) {
     Directory& d = dirs_[p.directory];
     (op.kind == IoOp::kWrite ? d.bytes_written : d.bytes_read) += p.io_bytes;
     if (op.kind == IoOp::kRead && options_.checksums && op.status.ok()) {
       uint64_t sum = XXH3_64bits(op.buffer.data + p.blob_offset_bytes, p.logical_bytes);
       if (sum != p.checksum) {
-        op.status = data_loss("checksum mismatch in swap blob '" + op.blob + "' bytes " +
-                              std::to_string(p.blob_offset_bytes) + ".." +
-                              std::to_string(p.blob_offset_bytes + p.logical_bytes) + " (" + d.file.path() +
-                              " offset " + std::to_string(p.file_offset_bytes) + "): the data read back is not what "
-                              "was written");
+        op.status =
+            data_loss("checksum mismatch in swap blob '" + *op.blob + "' bytes " + std::to_string(p.blob_offset_bytes) +
+                      ".." + std::to_string(p.blob_offset_bytes + p.logical_bytes) + " (" + d.file.path() + " offset " +
+                      std::to_string(p.file_offset_bytes) +
+                      "): the data read back is not what "
+                      "was written");
       }
     }
   } else if (op.status.ok()) {
-    op.status = std::move(result.status).with_context("swap blob '" + op.blob + "'");
+    op.status = std::move(result.status).with_context("swap blob '" + *op.blob + "'");
   }
   if (--op.remaining == 0) finish_op(op);
 }
@@ -326,10 +329,10 @@ void SwapStore::on_result(IoResult&& result) {
 void SwapStore::finish_op(Op& op) {
   op.done = true;
   if (options_.on_complete) {
-    options_.on_complete(SwapRequestRecord{op.kind, &op.blob, op.bytes, op.submitted,
-                                           std::chrono::steady_clock::now(), op.status.ok()});
+    options_.on_complete(
+        SwapRequestRecord{op.kind, op.blob, op.bytes, op.submitted, std::chrono::steady_clock::now(), op.status.ok()});
   }
-  Blob& blob = blobs_.at(op.blob);
+  Blob& blob = *op.target;
   if (op.kind == IoOp::kRead) {
     --blob.readers;
   } else if (op.status.ok()) {

@@ -171,7 +171,11 @@ class SwapStore {
     bool done = false;
     uint64_t generation = 0;
     IoOp kind = IoOp::kRead;
-    std::string blob;
+    // The blob's name (its key in blobs_) and the blob: node-based, so both
+    // stay put while the blob exists, and a blob with I/O in flight is not
+    // removed — no name copied or looked up per request or per piece.
+    const std::string* blob = nullptr;
+    Blob* target = nullptr;
     IoBuffer buffer;
     uint32_t remaining = 0;
     uint64_t bytes = 0;
@@ -189,7 +193,8 @@ class SwapStore {
   // string is built on the I/O path).
   template <class What>
   Status check_buffer(const What& what, IoBuffer buffer, uint64_t size_bytes) const;
-  Result<uint32_t> new_op(IoOp kind, const std::string& name, IoBuffer buffer, uint64_t bytes);
+  // `entry`: the blob's element of blobs_.
+  Result<uint32_t> new_op(IoOp kind, std::pair<const std::string, Blob>& entry, IoBuffer buffer, uint64_t bytes);
   // Submits the blob's first `count` pieces (all: SIZE_MAX).
   Status submit_pieces(uint32_t op_index, Blob& blob, IoOp kind, size_t count = SIZE_MAX);
   Status pump_results(size_t min_results);
