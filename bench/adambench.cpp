@@ -59,17 +59,33 @@ struct Mode {
   bool out;
 };
 
-// Bytes of this process's anonymous memory in huge pages (smaps_rollup).
-uint64_t anon_huge_bytes() {
-  std::FILE* f = std::fopen("/proc/self/smaps_rollup", "r");
+// Bytes of the ranges [begin, end) that the kernel backs with huge pages,
+// from /proc/self/smaps. The buffers are advised (MADV_HUGEPAGE or
+// MADV_NOHUGEPAGE) over exactly their 2 MiB-aligned extent, which splits
+// each into a mapping of its own, so a mapping inside a range counts
+// whole; one that only overlaps counts its share.
+uint64_t huge_bytes_in(const std::vector<std::pair<uintptr_t, uintptr_t>>& ranges) {
+  std::FILE* f = std::fopen("/proc/self/smaps", "r");
   if (f == nullptr) return 0;
-  char line[256];
-  unsigned long long kb = 0;
+  char line[512];
+  double overlap_share = 0;  // of the current mapping, inside the ranges
+  double bytes = 0;
   while (std::fgets(line, sizeof line, f) != nullptr) {
-    if (std::sscanf(line, "AnonHugePages: %llu kB", &kb) == 1) break;
+    unsigned long lo = 0, hi = 0;
+    unsigned long long kb = 0;
+    if (std::sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && hi > lo) {
+      uint64_t inside = 0;
+      for (const auto& [begin, end] : ranges) {
+        const uintptr_t from = std::max<uintptr_t>(begin, lo), to = std::min<uintptr_t>(end, hi);
+        if (to > from) inside += to - from;
+      }
+      overlap_share = static_cast<double>(inside) / static_cast<double>(hi - lo);
+    } else if (std::sscanf(line, "AnonHugePages: %llu kB", &kb) == 1) {
+      bytes += overlap_share * static_cast<double>(kb) * 1024;
+    }
   }
   std::fclose(f);
-  return kb * 1024;
+  return static_cast<uint64_t>(bytes);
 }
 
 struct Aligned {
@@ -194,6 +210,18 @@ Buffers make_buffers(const Mode& mode, int64_t n, Executor& ex) {
   std::memset(b.ms.get(), 0, blocks * 4);
   std::memset(b.vs.get(), 0, blocks * 4);
   return b;
+}
+
+// The share of the mode's buffers the kernel backs with huge pages.
+double huge_share_of(const Buffers& b) {
+  std::vector<std::pair<uintptr_t, uintptr_t>> ranges;
+  uint64_t total = 0;
+  for (const Aligned* a : {&b.p, &b.g, &b.m, &b.v, &b.ms, &b.vs, &b.out}) {
+    const auto begin = reinterpret_cast<uintptr_t>(a->get());
+    ranges.emplace_back(begin, begin + a->bytes);
+    total += a->bytes;
+  }
+  return total == 0 ? 0.0 : static_cast<double>(huge_bytes_in(ranges)) / static_cast<double>(total);
 }
 
 cpu_optim::ParamSpan span_of(Buffers& b) {
@@ -505,10 +533,7 @@ int run(int argc, char** argv) {
     const size_t first_row = rows.size();
     for (const Mode& mode : modes) {
       Buffers b = make_buffers(mode, n, ex);
-      // The share of the mode's buffers the kernel backs with huge pages.
-      const double huge_share = std::min(1.0, static_cast<double>(anon_huge_bytes()) /
-                                                  static_cast<double>(b.p.bytes + b.g.bytes + b.m.bytes + b.v.bytes +
-                                                                      b.ms.bytes + b.vs.bytes + b.out.bytes));
+      const double huge_share = huge_share_of(b);
       cpu_optim::ParamSpan span = span_of(b);
       int64_t t = 0;
       auto step_with = [&](Isa which, cpu_optim::GradStats* stats = nullptr) {
