@@ -400,6 +400,18 @@ void print_vs_offload(nlohmann::json& rows, size_t first) {
   std::fflush(stdout);
 }
 
+// One AdamW step over the span as the benchmark times it (non-finite
+// values reported, not refused); a failure ends the program.
+void adam_step(const cpu_optim::AdamConfig& adamw, int64_t t, const cpu_optim::ParamSpan& span, Isa isa, Executor& ex,
+               cpu_optim::GradStats* stats = nullptr) {
+  cpu_optim::StepOptions o;
+  o.isa = isa;
+  o.nonfinite = cpu_optim::NonFinitePolicy::kReportOnly;
+  o.stats = stats;
+  Result<cpu_optim::StepReport> r = cpu_optim::step(adamw, t, span, o, ex);
+  if (!r) exit_on_error(r.error(), "strata-adambench");
+}
+
 // Each CPU this process may run on, in turn: the mode's parameters/s in
 // cache with one thread pinned there (CPU number -> params/s). On a shared
 // host one core can run much slower than another (another guest on its
@@ -423,12 +435,7 @@ std::vector<std::pair<int, double>> core_speeds(const Mode& mode, const cpu_opti
       Buffers b = make_buffers(mode, kN, **ex);
       const cpu_optim::ParamSpan span = span_of(b);
       int64_t t = 0;
-      cpu_optim::StepOptions o;
-      o.isa = isa;
-      o.nonfinite = cpu_optim::NonFinitePolicy::kReportOnly;
-      bool ok = true;
-      seconds = median_seconds(50, [&] { ok = ok && static_cast<bool>(cpu_optim::step(adamw, ++t, span, o, **ex)); });
-      if (!ok) seconds = 0;
+      seconds = median_seconds(50, [&] { adam_step(adamw, ++t, span, isa, **ex); });
     });
     pinned.join();
     if (seconds > 0) speeds.emplace_back(cpu, static_cast<double>(kN) / seconds);
@@ -537,15 +544,7 @@ int run(int argc, char** argv) {
       cpu_optim::ParamSpan span = span_of(b);
       int64_t t = 0;
       auto step_with = [&](Isa which, cpu_optim::GradStats* stats = nullptr) {
-        cpu_optim::StepOptions o;
-        o.isa = which;
-        o.nonfinite = cpu_optim::NonFinitePolicy::kReportOnly;
-        o.stats = stats;
-        auto r = cpu_optim::step(adamw, ++t, span, o, ex);
-        if (!r) {
-          std::fprintf(stderr, "strata-adambench: %s\n", r.error().to_string().c_str());
-          std::exit(1);
-        }
+        adam_step(adamw, ++t, span, which, ex, stats);
       };
       const StepTimes times = step_and_roofline_seconds([&] { step_with(isa); }, b, ex, reps);
       const double s = times.step, roof = times.roofline;
@@ -573,10 +572,7 @@ int run(int argc, char** argv) {
         // multiply-add per batch in the update's own pass.
         auto with_separate_pass = [&] {
           auto g = cpu_optim::grad_stats(span.grad, span.grad_dtype, span.n, 1.0f, ex, isa);
-          if (!g) {
-            std::fprintf(stderr, "strata-adambench: %s\n", g.error().to_string().c_str());
-            std::exit(1);
-          }
+          if (!g) exit_on_error(g.error(), "strata-adambench");
           step_with(isa);
         };
         auto fused_in_update = [&] {

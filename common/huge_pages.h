@@ -1,13 +1,12 @@
 // Transparent huge pages for the big host buffers (optimizer states, staged
 // NVMe pieces — unless cudaHostAlloc made them —, weights and gradients). A
 // memory-bound loop over several streams of 4 KiB pages spends part of its
-// time in page walks; the CPU
-// optimizer runs 10-17% faster from memory over 2 MiB pages
-// (docs/CPU_OPTIM.md, "Seventh session: 2 MiB pages"). Buffers of at least
-// kHugePageBytes are placed on 2 MiB boundaries and advised MADV_HUGEPAGE
-// before their first touch. It is a hint: where THP is off ("never") the
-// kernel keeps 4 KiB pages, and STRATA_HUGE_PAGES=0 in the environment
-// turns the advice off.
+// time in page walks; the CPU optimizer runs 10-17% faster from memory over
+// 2 MiB pages (docs/CPU_OPTIM.md, "Seventh session: 2 MiB pages"). Buffers
+// of at least kHugePageBytes are placed on 2 MiB boundaries and advised
+// MADV_HUGEPAGE before their first touch. It is a hint: where THP is off
+// ("never") the kernel keeps 4 KiB pages, and STRATA_HUGE_PAGES=0 in the
+// environment turns the advice off.
 #pragma once
 
 #include <cstddef>
