@@ -306,8 +306,8 @@ float max_lane(const xsimd::batch<float, Arch>& x) {
   return std::max(0.0f, top);  // -0 and all-negative lanes give +0, as before
 }
 
-// A block's scale: its largest |m| or v (q8.h). Max is exact, so comparison
-// order does not change the result.
+// A block's scale: its largest |m| or v, floored (q8.h). Max is exact, so
+// comparison order does not change the result.
 template <class Arch>
 float q8_block_scale(const float* x, int64_t len, bool is_v) {
   using B = xsimd::batch<float, Arch>;
@@ -320,7 +320,7 @@ float q8_block_scale(const float* x, int64_t len, bool is_v) {
   }
   float top = max_lane<Arch>(acc);
   for (; i < len; ++i) top = std::max(top, is_v ? x[i] : std::fabs(x[i]));
-  return top;
+  return q8_floored_scale(top);
 }
 
 // Encodes one block with its scale (q8_block_scale of the same values, which
@@ -888,6 +888,11 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
     // AdamW: the moments scaled by c1, c2 (BatchStep::adamw_q8_scaled).
     const Q8ScaledMoments sm = q8_scaled_moments(call);
     const B k_s(st.coarse.k * std::sqrt(sm.c2) / sm.c1), eps_s(st.coarse.eps / sm.c1);
+    // The block scales' floors (q8_floored_scale): scaled moments are
+    // floored where their scaled-back scale would be floored, and at the
+    // smallest normal number themselves (their encoding factor's).
+    const float m_floor = kFold ? std::max(kQ8MinScale, kQ8MinScale / sm.c1) : kQ8MinScale;
+    const float v_floor = kFold ? std::max(kQ8MinScale, kQ8MinScale / sm.c2) : kQ8MinScale;
     static_assert(kQ8BlockElems % (4 * W) == 0);
     // Four batches of block `blk`'s codes, from scratch `s` at j.
     auto encode4 = [&](int s, int64_t blk, int64_t j, const B& m_enc, const B& v_enc) {
@@ -970,9 +975,11 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
         }
         if (blk > 0) encode4(s ^ 1, blk - 1, j0, prev_m_enc, prev_v_enc);
       }
-      // The block's largest |m| and v (scaled back when scaled, exactly so
-      // for the encoding factors, which apply to the values as they are).
-      const float top_m_lane = max_lane<Arch>(top_m), top_v_lane = max_lane<Arch>(top_v);
+      // The block's largest |m| and v, floored (scaled back when scaled,
+      // exactly so for the encoding factors, which apply to the values as
+      // they are).
+      const float top_m_lane = q8_floored_scale(max_lane<Arch>(top_m), m_floor);
+      const float top_v_lane = q8_floored_scale(max_lane<Arch>(top_v), v_floor);
       call.m_scale_next[blk] = kFold ? top_m_lane * sm.c1 : top_m_lane;
       call.v_scale_next[blk] = kFold ? top_v_lane * sm.c2 : top_v_lane;
       prev_m_enc = B(q8_encode_factor(top_m_lane, false));

@@ -74,6 +74,7 @@ void store_state(StateType type, void* q, float* scales, bool is_v, const std::v
     int64_t begin = b * kQ8BlockElems, end = std::min(n, begin + kQ8BlockElems);
     float scale = 0;
     for (int64_t i = begin; i < end; ++i) scale = std::max(scale, q8_scale_of(x[i], is_v));
+    scale = q8_floored_scale(scale);
     scales[b] = scale;
     const float factor = q8_encode_factor(scale, is_v);
     for (int64_t i = begin; i < end; ++i) {

@@ -9,9 +9,9 @@
 //   m: int8, sign and magnitude: bit 7 the sign, bits 0..6 a 3-exponent,
 //      4-mantissa-bit float shifted so that 0 is a code (see below):
 //      |m| / scale in steps of 1/16 relative above 2^-7, of 2^-11 below;
-//      scale = max |m|;
+//      scale = max |m| (floored: q8_floored_scale);
 //   v: uint8, an E5M3 number: v / scale in [2^-30, 1] in steps of 1/8
-//      relative, down to 2^-33; scale = max v.
+//      relative, down to 2^-33; scale = max v (floored).
 // A code, offset and shifted left by 23 - mantissa bits, is the bit
 // pattern of an fp32 number, so decoding is an add, a shift (m: and a
 // subtraction) and a multiplication, and encoding a multiplication (m: and
@@ -31,6 +31,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 
 namespace strata::cpu_optim {
 
@@ -56,8 +57,23 @@ inline constexpr int kQ8VShift = 20;
 inline constexpr int32_t kQ8VOffset = (127 << 3) - kQ8VMax;
 inline constexpr int32_t kQ8VAdd = (1 << 19) - (kQ8VOffset << kQ8VShift);
 
+// A block's scale from its largest value `top`: at least `floor` (the
+// smallest normal number unless a caller scales its values) when the block
+// is not all zero, so that the encoding factor below stays finite — the
+// top code over a subnormal largest value overflows to inf, and every
+// element of the block, zeros too, would take the top code. A block whose
+// values are all below the floor is encoded on the floor's grid (m's
+// linear codes reach 2^-11 / 1.93 of it, far below the values' own
+// precision there). 0 stays 0; top is never NaN (the running maxima keep
+// NaN out).
+inline constexpr float kQ8MinScale = std::numeric_limits<float>::min();
+inline float q8_floored_scale(float top, float floor = kQ8MinScale) {
+  return top > 0.0f ? std::max(top, floor) : top;
+}
+
 // Per block: what encoding multiplies values by (the top code's value over
-// the scale; 0 for an all-zero block), and decoding codes by.
+// the scale; 0 for an all-zero block), and decoding codes by. With a
+// floored scale neither overflows.
 inline float q8_encode_factor(float scale, bool is_v) {
   return scale > 0.0f ? (is_v ? 1.0f : kQ8MTop) / scale : 0.0f;
 }

@@ -431,6 +431,59 @@ TEST(Optimizer, LowPrecisionStateAccuracyAgainstFp32States) {
   }
 }
 
+// A q8 block whose largest m is subnormal: its encoding factor (the top
+// code over the scale) must stay finite, or every element of the block,
+// zeros too, lands on the top code and decodes as the largest value. Each
+// block below holds one tiny gradient and zeros; after a step the zeros'
+// m decodes as 0 and the tiny one as its (1 - beta1) g, on every ISA, with
+// both the fused AdamW loop (decoupled) and the staged one (coupled), and
+// gradient scales that move the scaled moments' blocks into and out of the
+// subnormal range.
+TEST(Optimizer, Q8BlocksWhoseLargestValueIsSubnormalKeepTheirZeros) {
+  auto ex = make_executor(1);
+  const float tiny[] = {5e-39f, -3e-41f, std::numeric_limits<float>::denorm_min() * 64, 1.1e-38f};
+  const auto blocks = static_cast<int64_t>(std::size(tiny));
+  const int64_t n = blocks * kQ8BlockElems;
+  for (bool decoupled : {true, false}) {
+    for (float gs : {1.0f, 0.3f, 8.0f, 100.0f}) {
+      for (Isa isa : available_isas()) {
+        SCOPED_TRACE(std::string(decoupled ? "adamw" : "adam") + " scale " + std::to_string(gs) + " " +
+                     std::string(isa_name(isa)));
+        AdamConfig adam;
+        adam.decoupled_weight_decay = decoupled;
+        Problem p(n, DType::kF32, false, DType::kBF16, StateType::kQ8, 7);
+        for (int64_t i = 0; i < n; ++i) p.set_grad(i, 0.0f);
+        for (int64_t b = 0; b < blocks; ++b) p.set_grad(b * kQ8BlockElems + 5 * b + 3, tiny[b]);
+        StepOptions o;
+        o.isa = isa;
+        o.grad_scale = gs;
+        Result<StepReport> r = step(adam, 1, p.span(), o, *ex);
+        ASSERT_TRUE(r) << r.error().to_string();
+        std::vector<float> m(static_cast<size_t>(n));
+        ASSERT_TRUE(q8_decode(p.m.data() + p.skew, p.m_scale.data(), n, Q8Array::kM, m.data(), Isa::kScalar).ok());
+        for (int64_t b = 0; b < blocks; ++b) {
+          const int64_t at = b * kQ8BlockElems + 5 * b + 3;
+          const double want = (1.0 - adam.beta1) * static_cast<double>(tiny[b]) * gs;
+          for (int64_t i = b * kQ8BlockElems; i < (b + 1) * kQ8BlockElems; ++i) {
+            if (i == at) {
+              // Within half a step (1/32 relative), or half a linear step of
+              // the (floored) scale, or two of fp32's subnormal steps.
+              const double scale = p.m_scale[static_cast<size_t>(b)];
+              EXPECT_NEAR(
+                  m[i], want,
+                  std::fabs(want) / 32 + scale * 0x1p-12 / 1.9296875 + 2 * std::numeric_limits<float>::denorm_min())
+                  << "block " << b << " (scale " << scale << ")";
+            } else {
+              ASSERT_EQ(m[i], 0.0f) << "block " << b << " element " << i - b * kQ8BlockElems << " (scale "
+                                    << p.m_scale[static_cast<size_t>(b)] << ")";
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(Optimizer, BitIdenticalAcrossThreadCountsAndTileSizes) {
   uint64_t seed = strata::testing::test_seed(53);
   const int64_t n = (1 << 18) + 5;

@@ -105,11 +105,13 @@ TEST(Q8, ScalarEncodersGiveTheNearestCode) {
 std::vector<float> block_inputs(bool is_v, uint64_t seed) {
   std::vector<float> probes = probe_values(is_v, seed);
   std::vector<float> x;
-  const float scales[] = {1.0f, 0.25f, 1024.0f, 3.7f, 1e-20f, 6e15f};
+  // (1e-39 and 3e-42: subnormal largest values, whose encoding factor would
+  // overflow without the scale's floor.)
+  const float scales[] = {1.0f, 0.25f, 1024.0f, 3.7f, 1e-20f, 6e15f, 1e-39f, 3e-42f};
   size_t p = 0;
   for (int round = 0; round < 2; ++round) {
     for (float s : scales) {
-      for (size_t b = 0; b < 24 && p < probes.size(); ++b) {
+      for (size_t b = 0; b < 8; ++b) {  // 2 x 8 x 8 blocks: every probe at least once
         x.push_back(s);  // the block's largest element
         for (int64_t i = 1; i < kQ8BlockElems; ++i) {
           float y = probes[p++ % probes.size()] * s;
