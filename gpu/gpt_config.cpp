@@ -1,5 +1,7 @@
 #include "gpu/gpt_config.h"
 
+#include <iterator>
+
 #include "common/units.h"
 
 namespace strata::gpu {
@@ -45,12 +47,29 @@ const TensorSlot& ChunkLayout::at(const std::string& suffix) const {
 }
 
 namespace {
+// Where a tensor of `numel` elements placed at `end` (the previous one's
+// end) ends, padded: the next tensor's offset.
+int64_t padded_end(int64_t end, int64_t numel) {
+  return static_cast<int64_t>(round_up(static_cast<uint64_t>(end + numel), kTensorAlignElems));
+}
+
 void add(ChunkLayout& chunk, std::string name, std::vector<int64_t> shape) {
   TensorSlot t{std::move(name), std::move(shape), chunk.numel};
   chunk.param_count += t.numel();
-  chunk.numel = static_cast<int64_t>(round_up(static_cast<uint64_t>(chunk.numel + t.numel()), kTensorAlignElems));
+  chunk.numel = padded_end(chunk.numel, t.numel());
   chunk.tensors.push_back(std::move(t));
 }
+
+// One block's tensors in GPT-2 order: the name after "h.<layer>.", and the
+// shape in multiples of the hidden size C (cols 0: a vector of rows * C).
+struct BlockTensor {
+  const char* suffix;
+  int64_t rows, cols;
+};
+constexpr BlockTensor kBlockTensors[] = {
+    {"ln_1.weight", 1, 0},        {"ln_1.bias", 1, 0},        {"attn.c_attn.weight", 1, 3}, {"attn.c_attn.bias", 3, 0},
+    {"attn.c_proj.weight", 1, 1}, {"attn.c_proj.bias", 1, 0}, {"ln_2.weight", 1, 0},        {"ln_2.bias", 1, 0},
+    {"mlp.c_fc.weight", 1, 4},    {"mlp.c_fc.bias", 4, 0},    {"mlp.c_proj.weight", 4, 1},  {"mlp.c_proj.bias", 1, 0}};
 }  // namespace
 
 ChunkLayout block_layout(const GptConfig& c, int64_t layer) {
@@ -59,18 +78,9 @@ ChunkLayout block_layout(const GptConfig& c, int64_t layer) {
   chunk.block = layer;
   const int64_t C = c.hidden;
   const std::string p = "h." + std::to_string(layer) + ".";
-  add(chunk, p + "ln_1.weight", {C});
-  add(chunk, p + "ln_1.bias", {C});
-  add(chunk, p + "attn.c_attn.weight", {C, 3 * C});
-  add(chunk, p + "attn.c_attn.bias", {3 * C});
-  add(chunk, p + "attn.c_proj.weight", {C, C});
-  add(chunk, p + "attn.c_proj.bias", {C});
-  add(chunk, p + "ln_2.weight", {C});
-  add(chunk, p + "ln_2.bias", {C});
-  add(chunk, p + "mlp.c_fc.weight", {C, 4 * C});
-  add(chunk, p + "mlp.c_fc.bias", {4 * C});
-  add(chunk, p + "mlp.c_proj.weight", {4 * C, C});
-  add(chunk, p + "mlp.c_proj.bias", {C});
+  for (const BlockTensor& t : kBlockTensors) {
+    add(chunk, p + t.suffix, t.cols ? std::vector<int64_t>{t.rows * C, t.cols * C} : std::vector<int64_t>{t.rows * C});
+  }
   return chunk;
 }
 
@@ -80,10 +90,19 @@ EndOffsets end_offsets(const GptConfig& c) {
           block_layout(c, 0).numel};
 }
 
+// The offsets block_layout gives, from the same table without building the
+// names and shapes: the kernels take them on every call.
 BlockOffsets block_offsets(const GptConfig& c) {
-  ChunkLayout l = block_layout(c, 0);
-  auto at = [&](size_t i) { return l.tensors[i].offset; };
-  return {at(0), at(1), at(2), at(3), at(4), at(5), at(6), at(7), at(8), at(9), at(10), at(11)};
+  const int64_t C = c.hidden;
+  int64_t at[std::size(kBlockTensors)];
+  int64_t end = 0;
+  for (size_t i = 0; i < std::size(kBlockTensors); ++i) {
+    const BlockTensor& t = kBlockTensors[i];
+    at[i] = end;
+    end = padded_end(end, t.rows * C * (t.cols ? t.cols * C : 1));
+  }
+  static_assert(std::size(kBlockTensors) == 12);
+  return {at[0], at[1], at[2], at[3], at[4], at[5], at[6], at[7], at[8], at[9], at[10], at[11]};
 }
 
 ChunkLayout embedding_layout(const GptConfig& c) {

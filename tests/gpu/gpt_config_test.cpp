@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <iterator>
 #include <set>
 
 namespace strata::gpu {
@@ -45,6 +46,22 @@ TEST(GptConfig, LayoutsFollowGpt2NamesShapesAndAlignment) {
   EXPECT_EQ(b1.at("mlp.c_proj.weight").shape, (std::vector<int64_t>{160, 40}));
   // Every block has the same offsets.
   for (size_t i = 0; i < b1.tensors.size(); ++i) EXPECT_EQ(chunks[1].tensors[i].offset, b1.tensors[i].offset);
+}
+
+// block_offsets (what the kernels take per call, without the names) gives
+// block_layout's offsets, for hidden sizes that do and do not pad.
+TEST(GptConfig, BlockOffsetsAreTheLayoutsOffsets) {
+  for (int64_t hidden : {8, 40, 64, 100, 768, 1600}) {
+    GptConfig c;
+    c.hidden = hidden, c.heads = 4;
+    const ChunkLayout l = block_layout(c, 5);
+    const BlockOffsets o = block_offsets(c);
+    const int64_t got[] = {o.ln1w, o.ln1b, o.attnw, o.attnb, o.projw,   o.projb,
+                           o.ln2w, o.ln2b, o.fcw,   o.fcb,   o.fcprojw, o.fcprojb};
+    ASSERT_EQ(l.tensors.size(), std::size(got));
+    for (size_t i = 0; i < l.tensors.size(); ++i)
+      EXPECT_EQ(got[i], l.tensors[i].offset) << "hidden " << hidden << " " << l.tensors[i].name;
+  }
 }
 
 TEST(GptConfig, FormulasMatchTheirDefinitions) {
