@@ -405,6 +405,30 @@ Status Trainer::flush() {
 }
 
 Result<float> Trainer::step() {
+  return run_step(nullptr, nullptr);
+}
+
+Result<float> Trainer::step(std::span<const int32_t> tokens, std::span<const int32_t> targets) {
+  const int64_t V = options_.model.vocab;
+  const auto n = static_cast<size_t>(options_.grad_accum * options_.batch * options_.seq);
+  if (tokens.size() != n || targets.size() != n) {
+    return invalid_argument("trainer step: expected " + std::to_string(n) + " tokens and as many targets (" +
+                            std::to_string(options_.grad_accum) + " micro-batches x " + std::to_string(options_.batch) +
+                            " sequences x " + std::to_string(options_.seq) + " tokens), got " +
+                            std::to_string(tokens.size()) + " and " + std::to_string(targets.size()));
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (tokens[i] < 0 || tokens[i] >= V || targets[i] < 0 || targets[i] >= V) {
+      const bool tok = tokens[i] < 0 || tokens[i] >= V;
+      return invalid_argument("trainer step: " + std::string(tok ? "token " : "target ") + std::to_string(i) + " is " +
+                              std::to_string(tok ? tokens[i] : targets[i]) + ", outside the vocabulary 0.." +
+                              std::to_string(V - 1));
+    }
+  }
+  return run_step(tokens.data(), targets.data());
+}
+
+Result<float> Trainer::run_step(const int32_t* data_tokens, const int32_t* data_targets) {
   if (!broken_.empty()) return failed_precondition("trainer: " + broken_ + "; load a checkpoint to continue");
   STRATA_RETURN_IF_ERROR(restore_weights());  // what a failed step left stale
   auto t0 = std::chrono::steady_clock::now();
@@ -493,13 +517,17 @@ Result<float> Trainer::step() {
   };
 
   std::vector<int32_t> tokens, targets;
-  // One micro-batch's forward and backward: every chunk's gradient lands
-  // whole in grads_ (overwritten). With `land`, each goes to the stage as
+  // One micro-batch's forward and backward, on the caller's k-th
+  // micro-batch or the synthetic stream's batch `index`: every chunk's
+  // gradient lands whole in grads_ (overwritten). With `land`, each goes to the stage as
   // it lands; otherwise (accumulating) it is added into the fp32 sums as it
   // lands, on the accumulator's thread beside the rest of backward — the
   // sum starts over with the `first` micro-batch.
-  auto micro_batch = [&](int64_t index, bool land, bool first) -> Result<float> {
-    make_batch(index, &tokens, &targets);
+  auto micro_batch = [&](int64_t k, int64_t index, bool land, bool first) -> Result<float> {
+    const int64_t per_batch = options_.batch * options_.seq;
+    if (data_tokens == nullptr) make_batch(index, &tokens, &targets);
+    const int32_t* tok = data_tokens ? data_tokens + k * per_batch : tokens.data();
+    const int32_t* tgt = data_targets ? data_targets + k * per_batch : targets.data();
     std::vector<const void*> w;
     std::vector<void*> gr;
     for (size_t c = 0; c < C; ++c) {
@@ -524,7 +552,7 @@ Result<float> Trainer::step() {
         });
       };
     }
-    Result<float> fb = streamed_->forward_backward(w, tokens.data(), targets.data(), gr, landed, dloss);
+    Result<float> fb = streamed_->forward_backward(w, tok, tgt, gr, landed, dloss);
     // Every sum in flight reads grads_, which the next micro-batch overwrites.
     Status summed = accumulator_ ? accumulator_->drain() : ok_status();
     if (!fb) return std::move(fb).error();
@@ -550,7 +578,7 @@ Result<float> Trainer::step() {
   double sum = 0;
   for (int64_t k = 0; k < A; ++k) {
     const bool last_landing = k == A - 1 && !delayed;
-    Result<float> l = micro_batch(t_ * A + k, last_landing, k == 0);
+    Result<float> l = micro_batch(k, t_ * A + k, last_landing, k == 0);
     if (!l) return abandon(std::move(l).error());
     sum += *l;
   }

@@ -10,6 +10,7 @@
 
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -143,8 +144,16 @@ class Trainer {
   static Result<std::unique_ptr<Trainer>> create(const TrainerOptions& options);
   ~Trainer();
 
-  // One optimizer step on the next batch of the stream; returns its loss.
+  // One optimizer step on the next batch of the synthetic stream; returns
+  // its loss.
   Result<float> step();
+  // One optimizer step on the caller's data: grad_accum micro-batches of
+  // batch x seq tokens each, row-major ([grad_accum][batch][seq]), and as
+  // many targets (the next token of each). InvalidArgument, with nothing
+  // changed, for a wrong count or a token or target outside the vocabulary.
+  // The step counts as any other (the synthetic stream is indexed by the
+  // step number, and a checkpoint's data_position is steps x grad_accum).
+  Result<float> step(std::span<const int32_t> tokens, std::span<const int32_t> targets);
   int64_t steps_done() const { return t_; }
   // What the last step's optimizer stage moved (NVMe bytes, seconds).
   const StageCounters& last_stage() const { return last_stage_; }
@@ -186,6 +195,8 @@ class Trainer {
  private:
   Trainer() = default;
   void make_batch(int64_t index, std::vector<int32_t>* tokens, std::vector<int32_t>* targets) const;
+  // step()'s body: on the caller's micro-batches, or (null) the synthetic stream's.
+  Result<float> run_step(const int32_t* tokens, const int32_t* targets);
   // Takes a finished stage's outcome: counters, the loss scale, the new weights.
   Status absorb(Result<OverlapOutcome> outcome);
   // Delayed update: waits for the update in flight and takes it.
