@@ -15,6 +15,7 @@
 #include "engine/checkpoint_io.h"
 #include "engine/config.h"
 #include "engine/trainer.h"
+#include "engine/trainer_config.h"
 
 namespace strata::bench {
 namespace {
@@ -31,7 +32,7 @@ const char* kDefaultConfig = R"({
 })";
 
 // The NVMe budget of a run with NVMe paths but none in its config: enough
-// that the planner never runs short of it.
+// that the planner never runs short of it (as engine::apply_planned_placement).
 constexpr uint64_t kNvmeUnbudgeted = 1ull << 40;
 
 int run(int argc, char** argv) {
@@ -97,60 +98,35 @@ int run(int argc, char** argv) {
                                          : engine::load_config(config_path, &warnings);
   exit_on_error(cfg.status(), "strata-train");
   for (const std::string& w : warnings) std::fprintf(stderr, "strata-train: warning: %s\n", w.c_str());
-  if (cfg->optimizer.type != "adam" && cfg->optimizer.type != "adamw") {
-    std::fprintf(stderr, "strata-train: this trainer runs Adam/AdamW; the config asks for %s\n", cfg->optimizer.type.c_str());
-    return 2;
-  }
   if (steps < 0) steps = cfg->steps;
-  engine::TrainerOptions o;
-  o.model = cfg->setup.model;
-  o.batch = cfg->setup.micro_batch;
-  o.seq = cfg->setup.seq;
-  o.grad_accum = cfg->setup.grad_accum;
-  o.seed = cfg->seed;
-  o.adam.lr = static_cast<float>(cfg->optimizer.lr);
-  o.adam.beta1 = static_cast<float>(cfg->optimizer.beta1);
-  o.adam.beta2 = static_cast<float>(cfg->optimizer.beta2);
-  o.adam.eps = static_cast<float>(cfg->optimizer.eps);
-  o.adam.weight_decay = static_cast<float>(cfg->optimizer.weight_decay);
-  o.adam.decoupled_weight_decay = cfg->optimizer.type == "adamw";
-  o.clip_norm = static_cast<float>(cfg->gradient_clipping);
+  Result<engine::TrainerOptions> from_config = engine::trainer_options(*cfg);
+  exit_on_error(from_config.status(), "strata-train");
+  engine::TrainerOptions o = std::move(from_config).value();
   o.delayed_update = delayed || cfg->delayed_update;
   if (o.delayed_update) std::printf("delayed parameter update: each step computes with weights one update stale\n");
-  if (cfg->setup.compute == DType::kF32) {
-    std::fprintf(stderr, "strata-train: the trainer's working weights are bf16 or fp16; the config asks for fp32\n");
-    return 2;
-  }
-  o.precision = cfg->setup.compute;
-  o.loss_scale.initial_power = cfg->loss_scaling.initial_scale_power;
-  o.loss_scale.window = cfg->loss_scaling.window;
-  o.loss_scale.hysteresis = cfg->loss_scaling.hysteresis;
-  o.loss_scale.min_scale = cfg->loss_scaling.min_scale;
   if (!nvme.empty()) {
     o.states = engine::Tier::kNvme;
     o.nvme_paths = {nvme};
-  } else if (cfg->constraints.states == engine::Tier::kNvme) {
-    o.states = engine::Tier::kNvme;
-    o.nvme_paths = cfg->nvme_paths;
   }
-  o.state_piece_elems = sub_group >= 0 ? sub_group : cfg->setup.state_piece_elems;
-  exit_on_error(engine::check_state_piece_elems(o.state_piece_elems).with_context("--sub-group-size"), "strata-train");
+  if (sub_group >= 0) {
+    o.state_piece_elems = sub_group;
+    exit_on_error(engine::check_state_piece_elems(o.state_piece_elems).with_context("--sub-group-size"),
+                  "strata-train");
+  }
   o.speculate_in_ram = (speculate_in_ram || cfg->speculate_in_ram) && o.states == engine::Tier::kHost;
   if ((speculate_in_ram || cfg->speculate_in_ram) && !o.speculate_in_ram) {
     std::printf("speculate_in_ram: the states are on NVMe, where speculation keeps its second copy already\n");
   }
-  engine::Budgets budgets = cfg->budgets;
   // A config without budgets (a DeepSpeed one, say) gets the host backend's
   // defaults: a 1 GiB device and half the machine's memory.
-  if (budgets.device_bytes == 0 || budgets.host_bytes == 0) {
-    if (budgets.device_bytes == 0) budgets.device_bytes = 1ull << 30;
-    if (budgets.host_bytes == 0) budgets.host_bytes = physical_memory_bytes() / 2;
+  bool defaulted = false;
+  engine::Budgets budgets = engine::budgets_or_defaults(cfg->budgets, &defaulted);
+  if (defaulted) {
     std::printf("budgets not all given in the config; using device %s, host %s\n",
                 format_bytes(budgets.device_bytes).c_str(), format_bytes(budgets.host_bytes).c_str());
   }
   o.backend = device == "cuda" ? engine::TrainerOptions::Backend::kCuda : engine::TrainerOptions::Backend::kHost;
-  o.adam_states = adam_states.empty() ? cfg->adam_states : *cpu_optim::parse_state_type(adam_states);
-  o.numa_node = static_cast<int>(cfg->numa_node);
+  if (!adam_states.empty()) o.adam_states = *cpu_optim::parse_state_type(adam_states);
   o.pin_memory = cfg->pin_memory && !no_pin;
   if (auto_placement) {
     if (stream || speculate_in_ram || weights_on != "host" || activations != "device" || prefetch != 1) {
@@ -161,14 +137,9 @@ int run(int argc, char** argv) {
     // The planner over every tier the run has, within the config's own
     // constraints; what it picks is what runs.
     std::vector<std::string> paths = nvme.empty() ? cfg->nvme_paths : std::vector<std::string>{nvme};
-    if (paths.empty()) {
-      budgets.nvme_bytes = 0;
-    } else if (budgets.nvme_bytes == 0) {
-      budgets.nvme_bytes = kNvmeUnbudgeted;
-    }
     engine::Constraints fixed = cfg->constraints;
     if (!nvme.empty()) fixed.states = std::nullopt;  // --nvme makes NVMe available, the planner decides
-    Result<engine::Plan> chosen = engine::make_plan(engine::training_setup(o), budgets, engine::Bandwidths{}, fixed);
+    Result<engine::Plan> chosen = engine::apply_planned_placement(&o, budgets, fixed, paths);
     if (!chosen && paths.empty()) {
       std::fprintf(stderr, "strata-train: --auto-placement: %s (no NVMe tier: --nvme DIR gives the planner one)\n",
                    chosen.error().to_string().c_str());
@@ -176,15 +147,10 @@ int run(int argc, char** argv) {
     }
     exit_on_error(chosen.status().with_context("--auto-placement"), "strata-train");
     // The plan's placement, as the flags below would have said it.
-    const engine::Placement& pl = chosen->placement;
-    stream = pl.weights != engine::Tier::kDevice;
-    weights_on = pl.weights == engine::Tier::kNvme ? "nvme" : "host";
-    activations = std::string(engine::tier_name(pl.checkpoints));
-    prefetch = pl.prefetch_depth;
-    o.states = pl.states;
-    o.nvme_paths =
-        pl.states == engine::Tier::kNvme || pl.checkpoints == engine::Tier::kNvme ? paths : std::vector<std::string>{};
-    o.speculate_in_ram = pl.speculate_in_ram;
+    stream = o.stream_weights;
+    weights_on = o.weights == engine::Tier::kNvme ? "nvme" : "host";
+    activations = std::string(engine::tier_name(o.activation_checkpoints));
+    prefetch = o.prefetch_depth;
     auto_why = chosen->why;
     std::printf("auto placement: %s\n", auto_why.c_str());
   }

@@ -1,0 +1,87 @@
+#include "engine/trainer_config.h"
+
+#include <unistd.h>
+
+namespace strata::engine {
+
+namespace {
+// The NVMe budget of a run with NVMe paths but none in its config: enough
+// that the planner never runs short of it.
+constexpr uint64_t kNvmeUnbudgeted = 1ull << 40;
+
+uint64_t physical_memory() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
+}
+}  // namespace
+
+Result<TrainerOptions> trainer_options(const EngineConfig& cfg) {
+  if (cfg.optimizer.type != "adam" && cfg.optimizer.type != "adamw") {
+    return invalid_argument("config key optimizer.type: the trainer runs adam or adamw, the config asks for " +
+                            cfg.optimizer.type);
+  }
+  if (cfg.setup.compute == DType::kF32) {
+    return invalid_argument("config key precision: the trainer's working weights are bf16 or fp16, not fp32");
+  }
+  STRATA_RETURN_IF_ERROR(check_state_piece_elems(cfg.setup.state_piece_elems).with_context("config sub_group_size"));
+  TrainerOptions o;
+  o.model = cfg.setup.model;
+  o.batch = cfg.setup.micro_batch;
+  o.seq = cfg.setup.seq;
+  o.grad_accum = cfg.setup.grad_accum;
+  o.seed = cfg.seed;
+  o.adam.lr = static_cast<float>(cfg.optimizer.lr);
+  o.adam.beta1 = static_cast<float>(cfg.optimizer.beta1);
+  o.adam.beta2 = static_cast<float>(cfg.optimizer.beta2);
+  o.adam.eps = static_cast<float>(cfg.optimizer.eps);
+  o.adam.weight_decay = static_cast<float>(cfg.optimizer.weight_decay);
+  o.adam.decoupled_weight_decay = cfg.optimizer.type == "adamw";
+  o.clip_norm = static_cast<float>(cfg.gradient_clipping);
+  o.delayed_update = cfg.delayed_update;
+  o.precision = cfg.setup.compute;
+  o.loss_scale.initial_power = cfg.loss_scaling.initial_scale_power;
+  o.loss_scale.window = cfg.loss_scaling.window;
+  o.loss_scale.hysteresis = cfg.loss_scaling.hysteresis;
+  o.loss_scale.min_scale = cfg.loss_scaling.min_scale;
+  if (cfg.constraints.states == Tier::kNvme) {
+    o.states = Tier::kNvme;
+    o.nvme_paths = cfg.nvme_paths;
+  }
+  o.state_piece_elems = cfg.setup.state_piece_elems;
+  o.speculate_in_ram = cfg.speculate_in_ram && o.states == Tier::kHost;
+  o.adam_states = cfg.adam_states;
+  o.numa_node = static_cast<int>(cfg.numa_node);
+  o.pin_memory = cfg.pin_memory;
+  return o;
+}
+
+Budgets budgets_or_defaults(Budgets b, bool* defaulted) {
+  const bool fill = b.device_bytes == 0 || b.host_bytes == 0;
+  if (b.device_bytes == 0) b.device_bytes = 1ull << 30;
+  if (b.host_bytes == 0) b.host_bytes = physical_memory() / 2;
+  if (defaulted != nullptr) *defaulted = fill;
+  return b;
+}
+
+Result<Plan> apply_planned_placement(TrainerOptions* o, Budgets budgets, const Constraints& fixed,
+                                     const std::vector<std::string>& nvme_paths) {
+  if (nvme_paths.empty()) {
+    budgets.nvme_bytes = 0;
+  } else if (budgets.nvme_bytes == 0) {
+    budgets.nvme_bytes = kNvmeUnbudgeted;
+  }
+  STRATA_ASSIGN_OR_RETURN(Plan plan, make_plan(training_setup(*o), budgets, Bandwidths{}, fixed));
+  const Placement& pl = plan.placement;
+  o->stream_weights = pl.weights != Tier::kDevice;
+  o->weights = pl.weights == Tier::kNvme ? Tier::kNvme : Tier::kHost;
+  o->states = pl.states;
+  o->activation_checkpoints = pl.checkpoints;
+  o->prefetch_depth = o->stream_weights ? pl.prefetch_depth : 1;
+  o->speculate_in_ram = pl.speculate_in_ram;
+  const bool on_nvme = pl.weights == Tier::kNvme || pl.states == Tier::kNvme || pl.checkpoints == Tier::kNvme;
+  o->nvme_paths = on_nvme ? nvme_paths : std::vector<std::string>{};
+  o->device_bytes = o->stream_weights || o->backend == TrainerOptions::Backend::kCuda ? budgets.device_bytes : 0;
+  return plan;
+}
+
+}  // namespace strata::engine

@@ -1,0 +1,40 @@
+// From a parsed EngineConfig to what Trainer::create takes: the options the
+// config gives by itself, the host backend's default budgets, and the
+// planner's placement. strata-train starts from these before its flags; the
+// C API (bindings/) uses them whole.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "engine/config.h"
+#include "engine/plan.h"
+#include "engine/trainer.h"
+
+namespace strata::engine {
+
+// Model, batch, accumulation, seed, Adam or AdamW, clipping, precision
+// (bf16 or fp16) and loss scaling, the states' type and — when the config
+// fixes it on NVMe — their home with the config's nvme_paths, the piece
+// size, the NUMA node, pinning, the delayed update and speculation in RAM.
+// Weights and checkpoints stay resident until a placement is applied.
+// InvalidArgument naming the key for what the trainer cannot run (another
+// optimizer, fp32 working weights, a bad piece size).
+Result<TrainerOptions> trainer_options(const EngineConfig& config);
+
+// The config's budgets with the host backend's defaults where one is 0: a
+// 1 GiB device and half the machine's RAM. `defaulted` (optional) says
+// whether any was filled in.
+Budgets budgets_or_defaults(Budgets budgets, bool* defaulted = nullptr);
+
+// Applies the planner's placement — the fastest that fits `budgets` within
+// `fixed` — to `options`: where the weights, states and checkpoints live,
+// whether the weights stream (and then the device cap), the prefetch depth,
+// speculation in RAM, and the NVMe paths (kept only where the plan puts
+// something on NVMe). NVMe is a tier only when `nvme_paths` is not empty;
+// with no NVMe budget it is taken as unbounded. Returns the plan, or the
+// planner's error naming what does not fit.
+Result<Plan> apply_planned_placement(TrainerOptions* options, Budgets budgets, const Constraints& fixed,
+                                     const std::vector<std::string>& nvme_paths);
+
+}  // namespace strata::engine
