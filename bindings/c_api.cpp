@@ -1,0 +1,223 @@
+// The C API (include/strata/strata.h) over engine::Trainer: a config's text
+// to a planned trainer (engine/trainer_config.h), steps on the caller's
+// tokens, checkpoints, a description, and the plan alone. Every entry point
+// turns a Status or an exception into a strata_status and this thread's
+// last error; nothing throws across the C boundary.
+#include <cstring>
+#include <memory>
+#include <new>
+#include <nlohmann/json.hpp>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "bindings/include/strata/strata.h"
+#include "common/status.h"
+#include "engine/config.h"
+#include "engine/plan.h"
+#include "engine/trainer.h"
+#include "engine/trainer_config.h"
+
+namespace {
+
+using strata::Result;
+using strata::Status;
+using strata::StatusCode;
+namespace engine = strata::engine;
+
+static_assert(static_cast<int>(StatusCode::kOk) == STRATA_OK);
+static_assert(static_cast<int>(StatusCode::kInvalidArgument) == STRATA_INVALID_ARGUMENT);
+static_assert(static_cast<int>(StatusCode::kNotFound) == STRATA_NOT_FOUND);
+static_assert(static_cast<int>(StatusCode::kFailedPrecondition) == STRATA_FAILED_PRECONDITION);
+static_assert(static_cast<int>(StatusCode::kResourceExhausted) == STRATA_RESOURCE_EXHAUSTED);
+static_assert(static_cast<int>(StatusCode::kUnavailable) == STRATA_UNAVAILABLE);
+static_assert(static_cast<int>(StatusCode::kDataLoss) == STRATA_DATA_LOSS);
+static_assert(static_cast<int>(StatusCode::kCancelled) == STRATA_CANCELLED);
+static_assert(static_cast<int>(StatusCode::kUnimplemented) == STRATA_UNIMPLEMENTED);
+static_assert(static_cast<int>(StatusCode::kInternal) == STRATA_INTERNAL);
+
+thread_local std::string g_last_error;
+
+strata_status report(const Status& s) {
+  g_last_error = s.ok() ? std::string() : s.to_string();
+  return static_cast<strata_status>(static_cast<int>(s.code()));
+}
+
+// Runs `body` (returning a Status), turning exceptions into errors.
+template <class Body>
+strata_status guarded(Body&& body) {
+  try {
+    return report(body());
+  } catch (const std::bad_alloc&) {
+    return report(strata::resource_exhausted("strata: out of memory"));
+  } catch (const std::exception& e) {
+    return report(strata::internal_error(std::string("strata: ") + e.what()));
+  }
+}
+
+// A config's text and a device name, as a trainer's options with the
+// planner's placement applied.
+struct Prepared {
+  engine::TrainerOptions options;
+  engine::Budgets budgets;
+  engine::Plan plan;
+  std::vector<std::string> warnings;
+};
+
+Result<Prepared> prepare(const char* config_json, const char* device) {
+  if (config_json == nullptr) return strata::invalid_argument("strata: config_json is NULL");
+  const nlohmann::json j =
+      nlohmann::json::parse(config_json, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
+  if (j.is_discarded()) return strata::invalid_argument("strata: the config is not valid JSON");
+  Prepared p;
+  STRATA_ASSIGN_OR_RETURN(engine::EngineConfig cfg, engine::parse_config(j, &p.warnings));
+  STRATA_ASSIGN_OR_RETURN(p.options, engine::trainer_options(cfg));
+  const std::string dev = device == nullptr ? "host" : device;
+  if (dev == "cuda") {
+    p.options.backend = engine::TrainerOptions::Backend::kCuda;
+  } else if (dev != "host") {
+    return strata::invalid_argument("strata: device \"" + dev + "\" is not one of host, cuda");
+  }
+  p.budgets = engine::budgets_or_defaults(cfg.budgets);
+  STRATA_ASSIGN_OR_RETURN(p.plan,
+                          engine::apply_planned_placement(&p.options, p.budgets, cfg.constraints, cfg.nvme_paths));
+  return p;
+}
+
+}  // namespace
+
+struct strata_trainer {
+  Prepared prepared;
+  std::unique_ptr<engine::Trainer> trainer;
+  std::string description;  // strata_trainer_describe's last answer
+};
+
+extern "C" {
+
+int strata_api_version(void) {
+  return STRATA_API_VERSION;
+}
+
+const char* strata_last_error(void) {
+  return g_last_error.c_str();
+}
+
+const char* strata_status_name(strata_status status) {
+  static const char* const kNames[] = {
+      "OK",          "INVALID_ARGUMENT", "NOT_FOUND", "FAILED_PRECONDITION", "RESOURCE_EXHAUSTED",
+      "UNAVAILABLE", "DATA_LOSS",        "CANCELLED", "UNIMPLEMENTED",       "INTERNAL"};
+  const int i = static_cast<int>(status);
+  return i >= 0 && i < static_cast<int>(std::size(kNames)) ? kNames[i] : "UNKNOWN";
+}
+
+strata_status strata_trainer_create(const char* config_json, const char* device, strata_trainer** out) {
+  return guarded([&]() -> Status {
+    if (out == nullptr) return strata::invalid_argument("strata_trainer_create: out is NULL");
+    *out = nullptr;
+    STRATA_ASSIGN_OR_RETURN(Prepared p, prepare(config_json, device));
+    auto t = std::make_unique<strata_trainer>();
+    t->prepared = std::move(p);
+    STRATA_ASSIGN_OR_RETURN(t->trainer, engine::Trainer::create(t->prepared.options));
+    *out = t.release();
+    return strata::ok_status();
+  });
+}
+
+void strata_trainer_destroy(strata_trainer* trainer) {
+  delete trainer;
+}
+
+strata_status strata_trainer_shape(const strata_trainer* trainer, strata_shape* shape) {
+  return guarded([&]() -> Status {
+    if (trainer == nullptr || shape == nullptr) return strata::invalid_argument("strata_trainer_shape: NULL argument");
+    const engine::TrainerOptions& o = trainer->prepared.options;
+    *shape = {o.grad_accum, o.batch, o.seq, o.model.vocab};
+    return strata::ok_status();
+  });
+}
+
+strata_status strata_trainer_step(strata_trainer* trainer, const int32_t* tokens, const int32_t* targets, size_t count,
+                                  float* loss) {
+  return guarded([&]() -> Status {
+    if (trainer == nullptr) return strata::invalid_argument("strata_trainer_step: trainer is NULL");
+    Result<float> l = 0.0f;
+    if (tokens == nullptr && targets == nullptr && count == 0) {
+      l = trainer->trainer->step();
+    } else if (tokens == nullptr || targets == nullptr) {
+      return strata::invalid_argument(
+          "strata_trainer_step: tokens and targets must both be given (or both NULL, "
+          "with count 0, for the synthetic stream)");
+    } else {
+      l = trainer->trainer->step(std::span(tokens, count), std::span(targets, count));
+    }
+    if (!l) return std::move(l).error();
+    if (loss != nullptr) *loss = *l;
+    return strata::ok_status();
+  });
+}
+
+int64_t strata_trainer_steps_done(const strata_trainer* trainer) {
+  return trainer == nullptr ? 0 : trainer->trainer->steps_done();
+}
+
+strata_status strata_trainer_save(strata_trainer* trainer, const char* dir) {
+  return guarded([&]() -> Status {
+    if (trainer == nullptr || dir == nullptr) return strata::invalid_argument("strata_trainer_save: NULL argument");
+    return trainer->trainer->save(dir);
+  });
+}
+
+strata_status strata_trainer_load(strata_trainer* trainer, const char* dir) {
+  return guarded([&]() -> Status {
+    if (trainer == nullptr || dir == nullptr) return strata::invalid_argument("strata_trainer_load: NULL argument");
+    return trainer->trainer->load(dir);
+  });
+}
+
+const char* strata_trainer_describe(strata_trainer* trainer) {
+  if (trainer == nullptr) return nullptr;
+  try {
+    const Prepared& p = trainer->prepared;
+    const engine::Trainer& tr = *trainer->trainer;
+    const engine::StepCounters& k = tr.last_counters();
+    nlohmann::json j = {{"parameters", strata::gpu::parameter_count(p.options.model)},
+                        {"placement", p.plan.why},
+                        {"plan", engine::format_plan(p.plan, p.budgets)},
+                        {"warnings", p.warnings},
+                        {"steps_done", tr.steps_done()},
+                        {"last",
+                         {{"grad_norm", tr.last_grad_norm()},
+                          {"clipped", tr.last_clipped()},
+                          {"skipped", tr.last_skipped()},
+                          {"loss_scale", tr.loss_scale()},
+                          {"h2d_bytes", k.h2d_bytes},
+                          {"d2h_bytes", k.d2h_bytes},
+                          {"nvme_read_bytes", k.nvme_read_bytes},
+                          {"nvme_written_bytes", k.nvme_written_bytes},
+                          {"device_idle_fraction", k.device_idle_fraction}}}};
+    trainer->description = j.dump();
+  } catch (const std::exception& e) {
+    report(strata::internal_error(std::string("strata_trainer_describe: ") + e.what()));
+    trainer->description = "{}";
+  }
+  return trainer->description.c_str();
+}
+
+strata_status strata_plan(const char* config_json, const char* device, char* text, size_t capacity, size_t* length,
+                          int* fits) {
+  return guarded([&]() -> Status {
+    if (text == nullptr && capacity > 0) return strata::invalid_argument("strata_plan: text is NULL, capacity not 0");
+    STRATA_ASSIGN_OR_RETURN(Prepared p, prepare(config_json, device));
+    const std::string s = engine::format_plan(p.plan, p.budgets);
+    if (capacity > 0) {
+      const size_t n = std::min(s.size(), capacity - 1);
+      std::memcpy(text, s.data(), n);
+      text[n] = '\0';
+    }
+    if (length != nullptr) *length = s.size();
+    if (fits != nullptr) *fits = engine::fits(p.plan, p.budgets) ? 1 : 0;
+    return strata::ok_status();
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,126 @@
+/*
+ * strata.h: the C API of strata, for trainers that link it without C++ or
+ * Python (libstrata.so). A trainer is built from a JSON config (strata's own
+ * keys, or the offload subset of a DeepSpeed config, as strata-train
+ * --config takes them: engine/config.h, docs/C_API.md), placed by the
+ * planner within the config's budgets and constraints, stepped on the
+ * caller's tokens, checkpointed and resumed bit for bit.
+ *
+ * Errors: every call that can fail returns a strata_status; on failure,
+ * strata_last_error() gives the message (per thread, valid until the next
+ * strata call on that thread). A failed call changes nothing the caller can
+ * see: a failed create leaves *out NULL, a refused step leaves the trainer
+ * where it was. A trainer is used by one thread at a time; different
+ * trainers may be used from different threads.
+ */
+#ifndef STRATA_STRATA_H_
+#define STRATA_STRATA_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define STRATA_API __attribute__((visibility("default")))
+#else
+#define STRATA_API
+#endif
+
+/* The version of this header; strata_api_version() is the library's. */
+#define STRATA_API_VERSION 1
+
+typedef enum strata_status {
+  STRATA_OK = 0,
+  STRATA_INVALID_ARGUMENT = 1,    /* bad input from the caller; retrying won't help */
+  STRATA_NOT_FOUND = 2,           /* a named file or directory does not exist */
+  STRATA_FAILED_PRECONDITION = 3, /* not in a state for the call (permissions, a broken trainer) */
+  STRATA_RESOURCE_EXHAUSTED = 4,  /* a budget, memory or disk is full; nothing fits */
+  STRATA_UNAVAILABLE = 5,         /* a device failed (EIO) or is busy */
+  STRATA_DATA_LOSS = 6,           /* data read back is not what was written */
+  STRATA_CANCELLED = 7,
+  STRATA_UNIMPLEMENTED = 8, /* not supported here (a CUDA trainer without a GPU, say) */
+  STRATA_INTERNAL = 9
+} strata_status;
+
+typedef struct strata_trainer strata_trainer;
+
+/* What one step takes: grad_accum micro-batches of batch x seq tokens, each
+ * token and target in [0, vocab). */
+typedef struct strata_shape {
+  int64_t grad_accum;
+  int64_t batch;
+  int64_t seq;
+  int64_t vocab;
+} strata_shape;
+
+STRATA_API int strata_api_version(void);
+/* The message of this thread's last failure ("" if none). */
+STRATA_API const char* strata_last_error(void);
+/* "OK", "INVALID_ARGUMENT", ... */
+STRATA_API const char* strata_status_name(strata_status status);
+
+/*
+ * Creates a trainer from `config_json` (the text of a config). The planner
+ * places weights, optimizer states and activation checkpoints: the fastest
+ * placement that fits the config's budgets within its constraints (NVMe is a
+ * tier only when the config names nvme_paths or a DeepSpeed nvme_path;
+ * budgets not given default to a 1 GiB device and half the RAM). `device`:
+ * "host" (or NULL) for the host backend, "cuda" for the first CUDA GPU.
+ * Unknown config keys are not errors; strata_trainer_describe lists them.
+ */
+STRATA_API strata_status strata_trainer_create(const char* config_json, const char* device, strata_trainer** out);
+/* Ends a trainer (NULL: nothing); waits for whatever it has in flight. */
+STRATA_API void strata_trainer_destroy(strata_trainer* trainer);
+
+STRATA_API strata_status strata_trainer_shape(const strata_trainer* trainer, strata_shape* shape);
+
+/*
+ * One optimizer step on `count` tokens and as many targets (the next token
+ * of each), row-major [grad_accum][batch][seq]; count must be
+ * grad_accum * batch * seq. With tokens and targets both NULL (count 0) the
+ * step takes the built-in synthetic stream instead. `loss` (optional)
+ * receives the step's mean loss. STRATA_INVALID_ARGUMENT, with nothing
+ * changed, for a wrong count or a token outside the vocabulary.
+ */
+STRATA_API strata_status strata_trainer_step(strata_trainer* trainer, const int32_t* tokens, const int32_t* targets,
+                                             size_t count, float* loss);
+/* Optimizer steps taken so far (restored by strata_trainer_load). */
+STRATA_API int64_t strata_trainer_steps_done(const strata_trainer* trainer);
+
+/* Writes <dir>/step-<n> (model.safetensors with GPT-2 names, the optimizer
+ * states, trainer.json), atomically: a crash leaves the previous one whole. */
+STRATA_API strata_status strata_trainer_save(strata_trainer* trainer, const char* dir);
+/* Restores the latest checkpoint under `dir`; the config's model must match. */
+STRATA_API strata_status strata_trainer_load(strata_trainer* trainer, const char* dir);
+
+/*
+ * A JSON object describing the trainer: "parameters", "placement" (the
+ * planner's choice and why), "plan" (the printed estimate: bytes per tier,
+ * time per link), "warnings" (the config's unknown or ignored keys),
+ * "steps_done", and the last step's "last" counters (grad_norm, clipped,
+ * skipped, loss_scale, h2d_bytes, d2h_bytes, nvme_read_bytes,
+ * nvme_written_bytes, device_idle_fraction). Valid until the next call with
+ * this trainer; NULL only when `trainer` is.
+ */
+STRATA_API const char* strata_trainer_describe(strata_trainer* trainer);
+
+/*
+ * The planner's estimate for a config without building anything: the
+ * printed plan of its placement (as strata_trainer_create would choose it)
+ * into `text` (capacity bytes, NUL-terminated, truncated when longer;
+ * `text` may be NULL with capacity 0), its full length into *length
+ * (optional), and into *fits (optional) 1 when it fits the budgets. When
+ * nothing fits: STRATA_RESOURCE_EXHAUSTED, and the message names the nearest
+ * placement and what it would need.
+ */
+STRATA_API strata_status strata_plan(const char* config_json, const char* device, char* text, size_t capacity,
+                                     size_t* length, int* fits);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* STRATA_STRATA_H_ */

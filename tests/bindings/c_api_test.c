@@ -1,0 +1,192 @@
+/*
+ * The C API from C (compiled as C11, linked against libstrata.so alone): bad
+ * configs and bad data are refused with the reason and change nothing; the
+ * trainer learns the caller's data; the states on NVMe give the same losses
+ * as in RAM; a checkpoint written at step 5 and loaded into a new trainer
+ * continues bit for bit; the description and the plan alone are there.
+ * Prints one line per failed check and a summary; exits 1 on any failure.
+ */
+#define _XOPEN_SOURCE 700
+#include <ftw.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <strata/strata.h>
+#include <string.h>
+#include <unistd.h>
+
+static int g_checks = 0, g_failed = 0;
+
+#define CHECK(cond, ...)                                                       \
+  do {                                                                         \
+    ++g_checks;                                                                \
+    if (!(cond)) {                                                             \
+      ++g_failed;                                                              \
+      fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__, #cond); \
+      fprintf(stderr, __VA_ARGS__);                                            \
+      fprintf(stderr, " (last error: %s)\n", strata_last_error());             \
+    }                                                                          \
+  } while (0)
+
+enum { kSteps = 10, kSaveAt = 5 };
+
+static const char* kConfig =
+    "{\"model\": {\"layers\": 2, \"hidden\": 32, \"heads\": 4, \"vocab\": 64, \"max_seq\": 16},"
+    " \"batch\": {\"micro_batch\": 4, \"seq\": 16, \"grad_accum\": 2},"
+    " \"budgets\": {\"device\": \"64MiB\", \"host\": \"1GiB\"},"
+    " \"precision\": \"bf16\", \"optimizer\": {\"type\": \"adamw\", \"lr\": 0.01, \"weight_decay\": 0.01},"
+    " \"seed\": 3, \"unknown_key\": 1%s}";
+
+/* Step k's data: sequences stepping by 5 from a pseudo-random start. */
+static void make_data(int k, const strata_shape* s, int32_t* tokens, int32_t* targets) {
+  uint64_t x = 0x9E3779B97F4A7C15ull * (uint64_t)(k + 1);
+  const int64_t rows = s->grad_accum * s->batch;
+  for (int64_t r = 0; r < rows; ++r) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    int64_t v = (int64_t)(x % (uint64_t)s->vocab);
+    for (int64_t t = 0; t < s->seq; ++t) {
+      tokens[r * s->seq + t] = (int32_t)v;
+      v = (v + 5) % s->vocab;
+      targets[r * s->seq + t] = (int32_t)v;
+    }
+  }
+}
+
+static strata_trainer* create(const char* extra) {
+  char config[2048];
+  snprintf(config, sizeof config, kConfig, extra);
+  strata_trainer* t = NULL;
+  strata_status s = strata_trainer_create(config, NULL, &t);
+  CHECK(s == STRATA_OK && t != NULL, "create: %s", strata_status_name(s));
+  return t;
+}
+
+/* Steps `from`..`to`-1 on their data into losses[]; 0 on a failed step. */
+static int run(strata_trainer* t, int from, int to, float* losses) {
+  strata_shape shape;
+  if (strata_trainer_shape(t, &shape) != STRATA_OK) return 0;
+  const size_t n = (size_t)(shape.grad_accum * shape.batch * shape.seq);
+  int32_t* tokens = malloc(n * sizeof *tokens);
+  int32_t* targets = malloc(n * sizeof *targets);
+  int ok = tokens != NULL && targets != NULL;
+  for (int k = from; k < to && ok; ++k) {
+    make_data(k, &shape, tokens, targets);
+    strata_status s = strata_trainer_step(t, tokens, targets, n, &losses[k]);
+    CHECK(s == STRATA_OK, "step %d: %s", k + 1, strata_status_name(s));
+    ok = s == STRATA_OK;
+  }
+  free(tokens);
+  free(targets);
+  return ok;
+}
+
+static int remove_entry(const char* path, const struct stat* st, int flag, struct FTW* ftw) {
+  (void)st, (void)flag, (void)ftw;
+  return remove(path);
+}
+
+int main(void) {
+  CHECK(strata_api_version() == STRATA_API_VERSION, "api version %d", strata_api_version());
+  const char* tmp = getenv("TMPDIR");
+  char root[512];
+  snprintf(root, sizeof root, "%s/strata-c-api-XXXXXX", tmp != NULL && *tmp != '\0' ? tmp : "/tmp");
+  if (mkdtemp(root) == NULL) {
+    perror("mkdtemp");
+    return 1;
+  }
+
+  /* Bad configs: refused with the reason; *out stays NULL. */
+  strata_trainer* bad = (strata_trainer*)&g_checks;
+  CHECK(strata_trainer_create("{\"model\": ", NULL, &bad) == STRATA_INVALID_ARGUMENT && bad == NULL, "invalid JSON");
+  CHECK(strstr(strata_last_error(), "not valid JSON") != NULL, "message");
+  CHECK(strata_trainer_create("{\"model\": {\"hidden\": 33, \"heads\": 4}}", NULL, &bad) == STRATA_INVALID_ARGUMENT,
+        "heads that do not divide hidden");
+  CHECK(strstr(strata_last_error(), "heads must divide hidden") != NULL, "message");
+  CHECK(strata_trainer_create("{}", "tpu", &bad) == STRATA_INVALID_ARGUMENT, "unknown device");
+  CHECK(strstr(strata_last_error(), "host, cuda") != NULL, "message");
+  CHECK(strata_trainer_create(NULL, NULL, &bad) == STRATA_INVALID_ARGUMENT, "NULL config");
+  strata_trainer_destroy(NULL);
+
+  /* Bad data: refused, nothing changed. */
+  strata_trainer* a = create("");
+  if (a == NULL) return 1;
+  strata_shape shape;
+  CHECK(strata_trainer_shape(a, &shape) == STRATA_OK, "shape");
+  CHECK(shape.grad_accum == 2 && shape.batch == 4 && shape.seq == 16 && shape.vocab == 64, "shape %lld %lld %lld %lld",
+        (long long)shape.grad_accum, (long long)shape.batch, (long long)shape.seq, (long long)shape.vocab);
+  int32_t tokens[128], targets[128];
+  make_data(0, &shape, tokens, targets);
+  CHECK(strata_trainer_step(a, tokens, targets, 127, NULL) == STRATA_INVALID_ARGUMENT, "short data");
+  CHECK(strstr(strata_last_error(), "expected 128 tokens") != NULL, "message");
+  tokens[9] = 64;
+  CHECK(strata_trainer_step(a, tokens, targets, 128, NULL) == STRATA_INVALID_ARGUMENT, "token outside the vocabulary");
+  CHECK(strstr(strata_last_error(), "token 9 is 64") != NULL, "message");
+  CHECK(strata_trainer_step(a, tokens, NULL, 128, NULL) == STRATA_INVALID_ARGUMENT, "NULL targets");
+  CHECK(strata_trainer_steps_done(a) == 0, "steps done %lld", (long long)strata_trainer_steps_done(a));
+
+  /* The whole run, a checkpoint at step 5 on the way. */
+  float losses[kSteps], resumed[kSteps], nvme[kSteps];
+  CHECK(run(a, 0, kSaveAt, losses), "first steps");
+  char ckpt[600];
+  snprintf(ckpt, sizeof ckpt, "%s/ckpt", root);
+  CHECK(strata_trainer_save(a, ckpt) == STRATA_OK, "save");
+  CHECK(run(a, kSaveAt, kSteps, losses), "last steps");
+  printf("c api: loss %.4f -> %.4f over %d steps\n", losses[0], losses[kSteps - 1], kSteps);
+  CHECK(losses[kSteps - 1] < 0.7f * losses[0], "loss %.4f -> %.4f", losses[0], losses[kSteps - 1]);
+  CHECK(strata_trainer_steps_done(a) == kSteps, "steps done");
+  const char* d = strata_trainer_describe(a);
+  if (d == NULL) d = "(NULL)";
+  CHECK(strstr(d, "\"placement\"") != NULL && strstr(d, "\"steps_done\":10") != NULL, "describe: %s", d);
+  CHECK(strstr(d, "unknown key unknown_key") != NULL, "describe lists the config's warnings: %s", d);
+  strata_trainer_destroy(a);
+
+  /* Resume: steps 6..10 again, the same bits. */
+  strata_trainer* b = create("");
+  if (b == NULL) return 1;
+  CHECK(strata_trainer_load(b, "/nonexistent/strata") != STRATA_OK, "load from nowhere");
+  CHECK(strata_trainer_load(b, ckpt) == STRATA_OK, "load");
+  CHECK(strata_trainer_steps_done(b) == kSaveAt, "steps done after load %lld", (long long)strata_trainer_steps_done(b));
+  CHECK(run(b, kSaveAt, kSteps, resumed), "resumed steps");
+  for (int k = kSaveAt; k < kSteps; ++k) {
+    CHECK(memcmp(&resumed[k], &losses[k], sizeof(float)) == 0, "step %d: %.9g resumed, %.9g before", k + 1, resumed[k],
+          losses[k]);
+  }
+  /* The synthetic stream too. */
+  float synthetic = 0;
+  CHECK(strata_trainer_step(b, NULL, NULL, 0, &synthetic) == STRATA_OK && isfinite(synthetic), "synthetic step");
+  strata_trainer_destroy(b);
+
+  /* The optimizer states on NVMe: the same losses. */
+  char extra[700];
+  snprintf(extra, sizeof extra, ", \"nvme_paths\": [\"%s\"], \"placement\": {\"states\": \"nvme\"}", root);
+  strata_trainer* c = create(extra);
+  if (c == NULL) return 1;
+  d = strata_trainer_describe(c);
+  if (d == NULL) d = "(NULL)";
+  CHECK(strstr(d, "optimizer states on nvme") != NULL, "placement: %s", d);
+  CHECK(run(c, 0, kSteps, nvme), "NVMe steps");
+  for (int k = 0; k < kSteps; ++k) {
+    CHECK(memcmp(&nvme[k], &losses[k], sizeof(float)) == 0, "step %d: %.9g with NVMe states, %.9g in RAM", k + 1,
+          nvme[k], losses[k]);
+  }
+  strata_trainer_destroy(c);
+
+  /* The plan alone, whole and truncated. */
+  char config[2048], text[4096], small[16];
+  snprintf(config, sizeof config, kConfig, "");
+  size_t length = 0, length2 = 0;
+  int fits = 0;
+  CHECK(strata_plan(config, NULL, text, sizeof text, &length, &fits) == STRATA_OK, "plan");
+  CHECK(fits == 1 && length == strlen(text) && strstr(text, "plan:") != NULL, "plan text (%zu): %s", length, text);
+  CHECK(strata_plan(config, NULL, small, sizeof small, &length2, NULL) == STRATA_OK, "plan, truncated");
+  CHECK(length2 == length && strlen(small) == sizeof small - 1 && strncmp(small, text, sizeof small - 1) == 0,
+        "truncated plan: %s", small);
+  CHECK(strata_plan("{\"budgets\": {\"device\": \"1MiB\", \"host\": \"1MiB\"}}", NULL, NULL, 0, NULL, NULL) ==
+            STRATA_RESOURCE_EXHAUSTED,
+        "a config that fits nowhere");
+  CHECK(strstr(strata_last_error(), "fits") != NULL, "message");
+
+  nftw(root, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+  printf("c api test: %d checks, %d failed\n", g_checks, g_failed);
+  return g_failed == 0 ? 0 : 1;
+}
