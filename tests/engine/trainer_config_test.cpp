@@ -5,7 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <iterator>
 #include <nlohmann/json.hpp>
+#include <random>
 
 #include "tests/test_util.h"
 
@@ -135,6 +138,129 @@ TEST(TrainerConfig, ThePlannersPlacementIsApplied) {
   p = apply_planned_placement(&o, Budgets{4ull << 30, 4ull << 30, 0}, fixed, {dir.path()});
   ASSERT_TRUE(p) << p.error().to_string();
   EXPECT_EQ(o.states, Tier::kNvme);
+}
+
+}  // namespace
+}  // namespace strata::engine
+
+namespace strata::engine {
+namespace {
+
+// Every leaf of `j` (dotted path -> pointer), objects and arrays included.
+void leaves(json& j, std::vector<json*>* out) {
+  out->push_back(&j);
+  if (j.is_object()) {
+    for (auto& [k, v] : j.items()) leaves(v, out);
+  } else if (j.is_array()) {
+    for (json& v : j) leaves(v, out);
+  }
+}
+
+// Random mutations of valid configs (native and DeepSpeed) through the whole
+// chain a user's file takes — parse, trainer options, the planner's
+// placement, the printed plan — never crash or trip a sanitizer, and every
+// refusal is an InvalidArgument, NotFound or ResourceExhausted with a
+// message that names what was wrong (a key, a path, or what does not fit).
+TEST(TrainerConfig, RandomlyMutatedConfigsAreRunOrRefusedWithAReason) {
+  strata::testing::TempDir dir;
+  const uint64_t seed = strata::testing::test_seed(211);
+  const json bases[] = {
+      {{"model", {{"layers", 4}, {"hidden", 128}, {"heads", 4}, {"vocab", 256}, {"max_seq", 64}}},
+       {"batch", {{"micro_batch", 8}, {"seq", 64}, {"grad_accum", 2}}},
+       {"budgets", {{"device", "64MiB"}, {"host", "4GiB"}, {"nvme", "8GiB"}}},
+       {"nvme_paths", {dir.path()}},
+       {"precision", "bf16"},
+       {"states", "q8"},
+       {"optimizer", {{"type", "adamw"}, {"lr", 3e-3}, {"betas", {0.9, 0.95}}, {"weight_decay", 0.01}}},
+       {"gradient_clipping", 1.0},
+       {"placement", {{"checkpoints", "host"}, {"sub_group_size", 1 << 16}}},
+       {"io", {{"backend", "posix"}, {"queue_depth", 8}, {"block_size", "1MiB"}}},
+       {"seed", 7},
+       {"steps", 10}},
+      json::parse(R"({"train_batch_size": 4, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
+        "gradient_clipping": 1.0, "fp16": {"enabled": true, "initial_scale_power": 12},
+        "optimizer": {"type": "AdamW", "params": {"lr": 0.0001, "betas": [0.8, 0.999], "eps": 1e-8}},
+        "zero_optimization": {"stage": 3, "sub_group_size": 1e6,
+          "offload_optimizer": {"device": "nvme", "nvme_path": ")" +
+                  dir.path() + R"(", "pin_memory": true, "buffer_count": 4},
+          "offload_param": {"device": "cpu"}},
+        "aio": {"block_size": 1048576, "queue_depth": 16}})")};
+  const json values[] = {0,
+                         1,
+                         -1,
+                         2,
+                         1ll << 40,
+                         1e300,
+                         -0.5,
+                         0.5,
+                         "",
+                         "abc",
+                         "1GiB",
+                         "-5MiB",
+                         "1e999KiB",
+                         true,
+                         false,
+                         nullptr,
+                         json::array(),
+                         json::object(),
+                         json::array({1, 2}),
+                         "nvme",
+                         "host",
+                         "device",
+                         "cpu",
+                         "fp16"};
+  std::mt19937_64 rng(seed);
+  int parsed = 0, planned = 0, refused = 0;
+  for (int round = 0; round < 3000; ++round) {
+    json j = bases[round % 2];
+    const int mutations = rng() % 4 == 0 ? 2 : 1;
+    for (int k = 0; k < mutations; ++k) {
+      std::vector<json*> all;
+      leaves(j, &all);
+      json* at = all[rng() % all.size()];
+      const uint64_t what = rng() % 8;
+      if (what == 0 && at->is_object() && !at->empty()) {
+        auto it = at->begin();
+        std::advance(it, static_cast<std::ptrdiff_t>(rng() % at->size()));
+        at->erase(it.key());
+      } else if (what == 1 && at->is_object()) {
+        (*at)["unknown_" + std::to_string(k)] = values[rng() % std::size(values)];
+      } else {
+        *at = values[rng() % std::size(values)];
+      }
+    }
+    SCOPED_TRACE(j.dump());
+    std::vector<std::string> warnings;
+    Status why;
+    Result<EngineConfig> c = parse_config(j, &warnings);
+    if (c) {
+      ++parsed;
+      Result<TrainerOptions> o = trainer_options(*c);
+      if (o) {
+        Result<Plan> p = apply_planned_placement(&*o, budgets_or_defaults(c->budgets), c->constraints, c->nvme_paths);
+        if (p) {
+          ++planned;
+          EXPECT_FALSE(format_plan(*p, budgets_or_defaults(c->budgets)).empty());
+          EXPECT_TRUE(check_state_piece_elems(o->state_piece_elems).ok());
+          continue;
+        }
+        why = p.status();
+      } else {
+        why = o.status();
+      }
+    } else {
+      why = c.status();
+    }
+    ++refused;
+    if (std::getenv("STRATA_SHOW_REFUSALS")) std::printf("%s\n", why.to_string().c_str());
+    EXPECT_TRUE(why.code() == StatusCode::kInvalidArgument || why.code() == StatusCode::kNotFound ||
+                why.code() == StatusCode::kResourceExhausted)
+        << why.to_string();
+    EXPECT_GT(why.message().size(), 10u) << why.to_string();
+  }
+  std::printf("mutated configs: %d parsed, %d planned, %d refused\n", parsed, planned, refused);
+  EXPECT_GT(planned, 100);
+  EXPECT_GT(refused, 100);
 }
 
 }  // namespace
