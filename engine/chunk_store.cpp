@@ -83,7 +83,11 @@ Result<std::unique_ptr<ChunkStore>> ChunkStore::create(std::vector<gpu::ChunkLay
     s->grad_slots_.push_back(std::move(slot));
   }
   STRATA_ASSIGN_OR_RETURN(s->resident_, device.allocate(s->bytes_of(0), "embedding weights"));
-  STRATA_ASSIGN_OR_RETURN(s->resident_grad_, device.allocate(s->bytes_of(0), "embedding gradients"));
+  if (options.micro_batches < 1) return invalid_argument("chunk store: micro_batches must be >= 1");
+  s->micro_batches_ = options.micro_batches;
+  STRATA_ASSIGN_OR_RETURN(
+      s->resident_grad_,
+      device.allocate(s->bytes_of(0) * static_cast<uint64_t>(options.micro_batches), "embedding gradients"));
   s->grad_slot_done_.assign(2, gpu::Event{});
   s->grad_slot_of_.assign(n, std::nullopt);
   s->grad_copied_.assign(n, gpu::Event{});
@@ -415,9 +419,12 @@ Result<ChunkStore::Use> ChunkStore::acquire(size_t chunk) {
 
 void ChunkStore::release(const Use& use) { drop_use(use.position); }
 
-Result<void*> ChunkStore::gradient_buffer(size_t chunk) {
+Result<void*> ChunkStore::gradient_buffer(size_t chunk, int micro_batch) {
   if (chunk >= layout_.size()) return invalid_argument("chunk store: no chunk " + std::to_string(chunk));
-  void* buffer = resident_grad_.data();
+  if (micro_batch < 0 || micro_batch >= micro_batches_) {
+    return invalid_argument("chunk store: no micro-batch " + std::to_string(micro_batch));
+  }
+  void* buffer = resident_grad_.as<uint8_t>() + static_cast<uint64_t>(micro_batch) * bytes_of(0);
   if (chunk != 0) {
     const size_t g = next_grad_slot_++ % grad_slots_.size();
     if (grad_slot_done_[g].id >= 0) STRATA_RETURN_IF_ERROR(meter_->wait(*dev_, grad_slot_done_[g], "gradient buffer"));
@@ -429,12 +436,15 @@ Result<void*> ChunkStore::gradient_buffer(size_t chunk) {
   return buffer;
 }
 
-Status ChunkStore::send_gradient(size_t chunk, void* host_dst) {
+Status ChunkStore::send_gradient(size_t chunk, void* host_dst, int micro_batch) {
   if (chunk >= layout_.size()) return invalid_argument("chunk store: no chunk " + std::to_string(chunk));
+  if (micro_batch < 0 || micro_batch >= micro_batches_) {
+    return invalid_argument("chunk store: no micro-batch " + std::to_string(micro_batch));
+  }
   if (residency(chunk, View::kGradient) != Residency::kDirty) {
     return failed_precondition("chunk store: chunk " + std::to_string(chunk) + "'s gradient was not computed");
   }
-  const void* src = resident_grad_.data();
+  const void* src = resident_grad_.as<uint8_t>() + static_cast<uint64_t>(micro_batch) * bytes_of(0);
   if (chunk != 0) src = grad_slots_[*grad_slot_of_[chunk]].data();
   STRATA_RETURN_IF_ERROR(dev_->copy_to_host(copy_, host_dst, src, bytes_of(chunk)));
   STRATA_ASSIGN_OR_RETURN(gpu::Event copied, dev_->record(copy_));
@@ -458,7 +468,11 @@ Status ChunkStore::await_gradient(size_t chunk) {
     return failed_precondition("chunk store: chunk " + std::to_string(chunk) + "'s gradient was not sent");
   }
   STRATA_RETURN_IF_ERROR(dev_->synchronize(copied));
-  set_state(chunk, View::kGradient, Residency::kOnHost);
+  // On host — unless the next micro-batch's gradient of the chunk (the
+  // vertical order) is already being computed: that state stays.
+  std::lock_guard<std::mutex> lock(mu_);
+  Residency& now = state_[chunk][static_cast<size_t>(View::kGradient)];
+  if (now == Residency::kCopying && grad_copied_[chunk].id == copied.id) now = Residency::kOnHost;
   return ok_status();
 }
 

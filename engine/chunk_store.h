@@ -80,6 +80,11 @@ struct ChunkStoreOptions {
   DType dtype = DType::kF32;  // the working weights' and gradients' type on every tier
   Tier states = Tier::kHost;  // the master weights' and Adam states' home (kHost or kNvme)
   io::BufferAllocator* host_memory = nullptr;  // staging for NVMe weights (null: page-aligned heap)
+  // Micro-batches whose embedding gradients are held at once (the vertical
+  // order: each micro-batch's is complete only after its embedding
+  // backward, at the end of the step): chunk 0 has a gradient buffer per
+  // micro-batch.
+  int micro_batches = 1;
 };
 
 class ChunkStore {
@@ -136,8 +141,10 @@ class ChunkStore {
   // caller waited for it), copies it to `host_dst` on the copy stream; the
   // view is copying.
   // await_gradient() (any thread): waits for that copy; the view is on host.
-  Result<void*> gradient_buffer(size_t chunk);
-  Status send_gradient(size_t chunk, void* host_dst);
+  // `micro_batch` picks chunk 0's buffer (ChunkStoreOptions::micro_batches);
+  // the other chunks' slots serve any micro-batch.
+  Result<void*> gradient_buffer(size_t chunk, int micro_batch = 0);
+  Status send_gradient(size_t chunk, void* host_dst, int micro_batch = 0);
   Status await_gradient(size_t chunk);
 
   // The optimizer stage moves the master weights and Adam states (one blob
@@ -211,7 +218,8 @@ class ChunkStore {
   std::vector<size_t> pos_slot_;                   // the slot each issued position reads
   std::vector<int> slot_uses_;                     // references: issued uses not yet released, per slot
   uint64_t slot_hits_ = 0;
-  gpu::DeviceMemory resident_, resident_grad_;  // chunk 0's weights and gradient
+  gpu::DeviceMemory resident_, resident_grad_;  // chunk 0's weights and gradient (one per micro-batch)
+  int micro_batches_ = 1;
   gpu::Event resident_ready_;
   std::vector<gpu::DeviceMemory> grad_slots_;   // two gradient buffers
   std::vector<gpu::Event> grad_slot_done_;      // the last copy out of each

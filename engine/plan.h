@@ -42,6 +42,10 @@ struct TrainSetup {
   // The opt-in delayed parameter update keeps a second set of the buffers
   // the optimizer reads its gradients from (TrainerOptions::delayed_update).
   bool delayed_update = false;
+  // The vertical order of accumulation (TrainerOptions::vertical_accumulation,
+  // with grad_accum > 1): grad_accum micro-batches' checkpoints and block
+  // gradients on the device at once; the weights move once per step.
+  bool vertical = false;
   double state_bytes_per_param = 8;  // Adam m and v: 8 (fp32), 4 (bf16), ~2.03 (8-bit blockwise)
   // States on NVMe move in pieces of at most this many parameters
   // (state_piece_sizes; DeepSpeed's sub_group_size); 0: whole chunks.

@@ -17,15 +17,21 @@ Result<gpu::DeviceMemory> elements(gpu::Device& dev, int64_t n, uint64_t bytes_e
 }  // namespace
 
 Result<std::unique_ptr<StreamedModel>> StreamedModel::create(const gpu::GptConfig& c, int64_t B, int64_t seq,
-                                                             gpu::Device& dev, int prefetch_depth,
-                                                             Tier checkpoints, io::SwapStore* swap,
-                                                             io::BufferAllocator* host_memory, DType dtype,
-                                                             Tier states) {
+                                                             gpu::Device& dev, int prefetch_depth, Tier checkpoints,
+                                                             io::SwapStore* swap, io::BufferAllocator* host_memory,
+                                                             DType dtype, Tier states, int micro_batches) {
   STRATA_RETURN_IF_ERROR(c.validate());
   if (dtype != DType::kF32 && dtype != DType::kBF16 && dtype != DType::kF16) {
     return invalid_argument("streamed model: computes in fp32, bf16 or fp16");
   }
   if (prefetch_depth < 1 || prefetch_depth > 1024) return invalid_argument("prefetch depth must be 1..1024");
+  if (micro_batches < 1 || micro_batches > 4096) return invalid_argument("micro-batches per pass must be 1..4096");
+  if (micro_batches > 1 && checkpoints != Tier::kDevice) {
+    return invalid_argument(
+        "the vertical order (all micro-batches of a block at once) keeps its activation "
+        "checkpoints on the device; checkpoints on " +
+        std::string(tier_name(checkpoints)) + " are for one micro-batch at a time");
+  }
   if (checkpoints == Tier::kNvme && swap == nullptr) {
     return invalid_argument("activation checkpoints on NVMe need a swap store (NVMe directories)");
   }
@@ -33,6 +39,8 @@ Result<std::unique_ptr<StreamedModel>> StreamedModel::create(const gpu::GptConfi
   m->config_ = c;
   m->B_ = B;
   m->T_ = seq;
+  m->micro_batches_ = micro_batches;
+  const int64_t V = micro_batches;
   m->dev_ = &dev;
   m->checkpoint_tier_ = checkpoints;
   m->dtype_ = dtype;
@@ -47,6 +55,7 @@ Result<std::unique_ptr<StreamedModel>> StreamedModel::create(const gpu::GptConfi
   so.dtype = dtype;
   so.states = states;
   so.host_memory = host_memory;
+  so.micro_batches = micro_batches;
   STRATA_ASSIGN_OR_RETURN(m->store_, ChunkStore::create(m->layout_, dev, m->copy_, &m->meter_, so));
   // The compute: the device's model ops on their own stream, with one
   // block's working set and the head's (the workspace) from the budget.
@@ -54,7 +63,8 @@ Result<std::unique_ptr<StreamedModel>> StreamedModel::create(const gpu::GptConfi
   STRATA_ASSIGN_OR_RETURN(m->compute_, dev.create_stream("compute"));
   STRATA_ASSIGN_OR_RETURN(m->workspace_, m->ops_->workspace(B, seq));
   const bool on_device = checkpoints == Tier::kDevice;
-  STRATA_ASSIGN_OR_RETURN(m->checkpoints_, elements(dev, (on_device ? L + 1 : kCheckpointBuffers) * N * C, es, "block-input checkpoints"));
+  STRATA_ASSIGN_OR_RETURN(m->checkpoints_, elements(dev, (on_device ? V * (L + 1) : kCheckpointBuffers) * N * C, es,
+                                                    "block-input checkpoints"));
   if (checkpoints == Tier::kHost) {
     m->host_checkpoints_.assign(static_cast<size_t>((L + 1) * N * C) * es, 0);
     STRATA_ASSIGN_OR_RETURN(m->checkpoint_pin_, gpu::HostPin::make(dev, m->host_checkpoints_.data(),
@@ -71,11 +81,12 @@ Result<std::unique_ptr<StreamedModel>> StreamedModel::create(const gpu::GptConfi
       m->stage_buf_.push_back(std::move(lease));
     }
   }
-  // dx and dx_in [N,C] (2 * N * C * es bytes: a multiple of 4), the loss
-  // (fp32), then the tokens and targets (int32).
-  STRATA_ASSIGN_OR_RETURN(m->step_mem_, dev.allocate(static_cast<uint64_t>(2 * N * C) * es +
-                                                         static_cast<uint64_t>(1 + 2 * N) * 4,
-                                                     "block gradients, loss and tokens"));
+  // Per micro-batch of the pass: dx and dx_in [N,C] (2 * N * C * es bytes:
+  // a multiple of 4); then the losses (fp32), the tokens and the targets
+  // (int32).
+  STRATA_ASSIGN_OR_RETURN(
+      m->step_mem_, dev.allocate(static_cast<uint64_t>(V * 2 * N * C) * es + static_cast<uint64_t>(V * (1 + 2 * N)) * 4,
+                                 "block gradients, loss and tokens"));
   return m;
 }
 
@@ -126,17 +137,37 @@ Result<float> StreamedModel::forward_backward(const std::vector<const void*>& we
   if (weights.size() != layout_.size() || grads.size() != layout_.size()) {
     return invalid_argument("streamed model: expected " + std::to_string(layout_.size()) + " chunks");
   }
-  Result<float> loss = run_step(weights, tokens, targets, grads, landed, dloss);
+  float loss = 0;
+  MicroBatchLanded each;
+  if (landed) each = [&landed](size_t chunk, int64_t) { landed(chunk); };
+  Status s = run_step(weights, tokens, targets, grads, each, {}, dloss, 1, &loss);
   // A failed step leaves nothing in flight: its copies, compute, checkpoint
   // I/O and weight reads are waited for here, and the device's leftover
   // asynchronous errors (the step already reported its own) are cleared.
-  if (!loss) settle();
+  if (!s.ok()) {
+    settle();
+    return s;
+  }
   return loss;
 }
 
-Result<float> StreamedModel::run_step(const std::vector<const void*>& weights, const int32_t* tokens,
-                                      const int32_t* targets, const std::vector<void*>& grads,
-                                      const GradLanded& landed, float dloss) {
+Status StreamedModel::forward_backward_vertical(const std::vector<const void*>& weights, const int32_t* tokens,
+                                                const int32_t* targets, const std::vector<void*>& grads,
+                                                const MicroBatchLanded& landed,
+                                                const std::function<Status()>& before_resend, float dloss,
+                                                std::vector<float>* losses) {
+  if (weights.size() != layout_.size() || grads.size() != layout_.size()) {
+    return invalid_argument("streamed model: expected " + std::to_string(layout_.size()) + " chunks");
+  }
+  losses->assign(static_cast<size_t>(micro_batches_), 0.0f);
+  Status s = run_step(weights, tokens, targets, grads, landed, before_resend, dloss, micro_batches_, losses->data());
+  if (!s.ok()) settle();
+  return s;
+}
+
+Status StreamedModel::run_step(const std::vector<const void*>& weights, const int32_t* tokens, const int32_t* targets,
+                               const std::vector<void*>& grads, const MicroBatchLanded& landed,
+                               const std::function<Status()>& before_resend, float dloss, int64_t mbs, float* losses) {
   const gpu::GptConfig& c = config_;
   const int64_t L = c.layers, N = B_ * T_, C = c.hidden;
   meter_.reset();
@@ -150,7 +181,12 @@ Result<float> StreamedModel::run_step(const std::vector<const void*>& weights, c
   // the last K stay there from forward to backward.
   constexpr int64_t K = kCheckpointBuffers;
   const uint64_t x_bytes = static_cast<uint64_t>(N * C) * es;
-  auto x_of = [&](int64_t l) { return ckpt + static_cast<uint64_t>(host_ckpt ? l % K : l) * x_bytes; };
+  // Micro-batch m's block input l (the vertical order: checkpoints on the
+  // device, m's after m - 1's).
+  auto x_mb = [&](int64_t m, int64_t l) {
+    return ckpt + static_cast<uint64_t>(host_ckpt ? l % K : m * (L + 1) + l) * x_bytes;
+  };
+  auto x_of = [&](int64_t l) { return x_mb(0, l); };
   for (gpu::Event& e : ckpt_done_) e = gpu::Event{};
   for (gpu::Event& e : stage_done_) e = gpu::Event{};
   // Before block input l is written into its device buffer, the buffer's
@@ -227,19 +263,32 @@ Result<float> StreamedModel::run_step(const std::vector<const void*>& weights, c
     h2d_bytes_ += x_bytes;
     return ok_status();
   };
-  uint8_t* dx = step_mem_.as<uint8_t>();
-  uint8_t* dx_in = dx + x_bytes;
-  float* loss_dev = reinterpret_cast<float*>(dx_in + x_bytes);
-  int32_t* tokens_dev = reinterpret_cast<int32_t*>(loss_dev + 1);
-  int32_t* targets_dev = tokens_dev + N;
+  // Per micro-batch: dx and dx_in, swapped block by block; the losses,
+  // tokens and targets after all of them.
+  std::vector<uint8_t*> dx(static_cast<size_t>(mbs)), dx_in(static_cast<size_t>(mbs));
+  for (int64_t m = 0; m < mbs; ++m) {
+    dx[static_cast<size_t>(m)] = step_mem_.as<uint8_t>() + static_cast<uint64_t>(2 * m) * x_bytes;
+    dx_in[static_cast<size_t>(m)] = dx[static_cast<size_t>(m)] + x_bytes;
+  }
+  float* loss_dev =
+      reinterpret_cast<float*>(step_mem_.as<uint8_t>() + static_cast<uint64_t>(2 * micro_batches_) * x_bytes);
+  int32_t* tokens_dev = reinterpret_cast<int32_t*>(loss_dev + micro_batches_);
+  int32_t* targets_dev = tokens_dev + micro_batches_ * N;
   gpu::ModelOps& ops = *ops_;
   gpu::ModelOps::Workspace& ws = *workspace_;
+  const uint64_t token_bytes = static_cast<uint64_t>(mbs * N) * 4;
 
-  STRATA_RETURN_IF_ERROR(dev_->copy_to_device(compute_, tokens_dev, tokens, static_cast<uint64_t>(N) * 4));
-  STRATA_RETURN_IF_ERROR(dev_->copy_to_device(compute_, targets_dev, targets, static_cast<uint64_t>(N) * 4));
+  STRATA_RETURN_IF_ERROR(dev_->copy_to_device(compute_, tokens_dev, tokens, token_bytes));
+  STRATA_RETURN_IF_ERROR(dev_->copy_to_device(compute_, targets_dev, targets, token_bytes));
   // The embedding chunk is used at both ends: it stays resident for the step.
   STRATA_ASSIGN_OR_RETURN(const void* emb, store_->resident_weights());
-  STRATA_RETURN_IF_ERROR(run([&] { return ops.embedding_forward(compute_, ws, emb, tokens_dev, x_of(0)); }));
+  auto embed = [&]() -> Status {
+    for (int64_t m = 0; m < mbs; ++m) {
+      STRATA_RETURN_IF_ERROR(ops.embedding_forward(compute_, ws, emb, tokens_dev + m * N, x_mb(m, 0)));
+    }
+    return ok_status();
+  };
+  STRATA_RETURN_IF_ERROR(run(embed));
   STRATA_RETURN_IF_ERROR(offload(0));
 
   // Forward: keep only each block's input.
@@ -247,21 +296,32 @@ Result<float> StreamedModel::run_step(const std::vector<const void*>& weights, c
     STRATA_ASSIGN_OR_RETURN(const ChunkStore::Use w, store_->acquire(static_cast<size_t>(l)));
     STRATA_RETURN_IF_ERROR(claim(l));
     const double start = meter_.trace() ? meter_.trace()->now_us() : 0;
-    STRATA_RETURN_IF_ERROR(run([&] { return ops.block_forward(compute_, ws, w.data, x_of(l - 1), x_of(l)); }));
+    auto forward = [&]() -> Status {
+      for (int64_t m = 0; m < mbs; ++m) {
+        STRATA_RETURN_IF_ERROR(ops.block_forward(compute_, ws, w.data, x_mb(m, l - 1), x_mb(m, l)));
+      }
+      return ok_status();
+    };
+    STRATA_RETURN_IF_ERROR(run(forward));
     if (Trace* t = meter_.trace()) t->span("compute", "forward block " + std::to_string(l), start, t->now_us(), "compute");
     store_->release(w);
     STRATA_RETURN_IF_ERROR(offload(l));
   }
+  // The head's forward leaves what its backward reads in the workspace: one
+  // micro-batch runs it here; several run each micro-batch's forward right
+  // before its backward (below).
   const size_t final_chunk = static_cast<size_t>(L + 1);
-  {
+  if (mbs == 1) {
     STRATA_ASSIGN_OR_RETURN(const ChunkStore::Use w, store_->acquire(final_chunk));
     STRATA_RETURN_IF_ERROR(
         run([&] { return ops.head_forward(compute_, ws, w.data, emb, x_of(L), targets_dev, loss_dev); }));
     store_->release(w);
   }
 
-  // Backward. Each chunk's gradient goes to the host as soon as it is complete.
-  auto send_grad = [&](size_t chunk, auto&& compute) -> Status {
+  // Backward. Each chunk's gradient goes to the host as soon as it is
+  // complete (micro-batch by micro-batch, into the same host buffer: the
+  // caller is done with the previous one before the next copy is issued).
+  auto send_grad = [&](size_t chunk, int64_t m, auto&& compute) -> Status {
     STRATA_ASSIGN_OR_RETURN(void* slot, store_->gradient_buffer(chunk));
     const uint64_t bytes = static_cast<uint64_t>(layout_[chunk].numel) * es;
     auto zeroed_then_computed = [&]() -> Status {
@@ -269,22 +329,35 @@ Result<float> StreamedModel::run_step(const std::vector<const void*>& weights, c
       return compute(slot);
     };
     STRATA_RETURN_IF_ERROR(run(zeroed_then_computed));
+    if (m > 0 && before_resend) STRATA_RETURN_IF_ERROR(before_resend());
     STRATA_RETURN_IF_ERROR(store_->send_gradient(chunk, grads[chunk]));
-    if (landed) landed(chunk);
+    if (landed) landed(chunk, m);
     return ok_status();
   };
   // The embeddings' gradient (tied: the head adds to it) is complete only
-  // after the embedding's backward.
-  STRATA_ASSIGN_OR_RETURN(void* emb_grad, store_->gradient_buffer(0));
+  // after the embedding's backward: one buffer per micro-batch.
+  std::vector<void*> emb_grad(static_cast<size_t>(mbs));
+  for (int64_t m = 0; m < mbs; ++m) {
+    STRATA_ASSIGN_OR_RETURN(emb_grad[static_cast<size_t>(m)], store_->gradient_buffer(0, static_cast<int>(m)));
+  }
   STRATA_RETURN_IF_ERROR(fetch_start(L - K));
   {
     STRATA_ASSIGN_OR_RETURN(const ChunkStore::Use w, store_->acquire(final_chunk));
-    auto head_backward = [&](void* dp) -> Status {
-      STRATA_RETURN_IF_ERROR(ops.zero(compute_, emb_grad, static_cast<uint64_t>(layout_[0].numel) * es));
-      STRATA_RETURN_IF_ERROR(ops.zero(compute_, dx, 2 * x_bytes));  // dx, dx_in
-      return ops.head_backward(compute_, ws, w.data, dp, emb, emb_grad, x_of(L), targets_dev, dloss, dx);
-    };
-    STRATA_RETURN_IF_ERROR(send_grad(final_chunk, head_backward));
+    for (int64_t m = 0; m < mbs; ++m) {
+      const size_t u = static_cast<size_t>(m);
+      if (mbs > 1) {
+        STRATA_RETURN_IF_ERROR(run([&] {
+          return ops.head_forward(compute_, ws, w.data, emb, x_mb(m, L), targets_dev + m * N, loss_dev + m);
+        }));
+      }
+      auto head_backward = [&](void* dp) -> Status {
+        STRATA_RETURN_IF_ERROR(ops.zero(compute_, emb_grad[u], static_cast<uint64_t>(layout_[0].numel) * es));
+        STRATA_RETURN_IF_ERROR(ops.zero(compute_, dx[u], 2 * x_bytes));  // dx, dx_in
+        return ops.head_backward(compute_, ws, w.data, dp, emb, emb_grad[u], x_mb(m, L), targets_dev + m * N, dloss,
+                                 dx[u]);
+      };
+      STRATA_RETURN_IF_ERROR(send_grad(final_chunk, m, head_backward));
+    }
     store_->release(w);
   }
   for (int64_t l = L; l >= 1; --l) {
@@ -294,32 +367,44 @@ Result<float> StreamedModel::run_step(const std::vector<const void*>& weights, c
     if (host_ckpt && ckpt_done_[(l - 1) % K].id >= 0) {
       STRATA_RETURN_IF_ERROR(wait_for(ckpt_done_[(l - 1) % K], "checkpoint"));
     }
-    // Recompute the block's forward from its checkpoint (output discarded into dx_in).
     const double start = meter_.trace() ? meter_.trace()->now_us() : 0;
-    auto recompute = [&]() -> Status {
-      STRATA_RETURN_IF_ERROR(ops.block_forward(compute_, ws, w.data, x_of(l - 1), dx_in));
-      return ops.zero(compute_, dx_in, x_bytes);
-    };
-    STRATA_RETURN_IF_ERROR(run(recompute));
-    STRATA_RETURN_IF_ERROR(send_grad(static_cast<size_t>(l), [&](void* dp) {
-      return ops.block_backward(compute_, ws, w.data, dp, x_of(l - 1), dx, dx_in);
-    }));
+    for (int64_t m = 0; m < mbs; ++m) {
+      const size_t u = static_cast<size_t>(m);
+      // Recompute the block's forward from its checkpoint (output discarded into dx_in).
+      auto recompute = [&]() -> Status {
+        STRATA_RETURN_IF_ERROR(ops.block_forward(compute_, ws, w.data, x_mb(m, l - 1), dx_in[u]));
+        return ops.zero(compute_, dx_in[u], x_bytes);
+      };
+      STRATA_RETURN_IF_ERROR(run(recompute));
+      STRATA_RETURN_IF_ERROR(send_grad(static_cast<size_t>(l), m, [&](void* dp) {
+        return ops.block_backward(compute_, ws, w.data, dp, x_mb(m, l - 1), dx[u], dx_in[u]);
+      }));
+      std::swap(dx[u], dx_in[u]);
+    }
     if (Trace* t = meter_.trace()) {
       t->span("compute", "recompute+backward block " + std::to_string(l), start, t->now_us(), "compute");
     }
     store_->release(w);
-    std::swap(dx, dx_in);
   }
-  STRATA_RETURN_IF_ERROR(run([&] { return ops.embedding_backward(compute_, ws, emb_grad, tokens_dev, dx); }));
-  STRATA_RETURN_IF_ERROR(store_->send_gradient(0, grads[0]));
-  if (landed) landed(0);
-  float loss = 0;
-  STRATA_RETURN_IF_ERROR(dev_->copy_to_host(compute_, &loss, loss_dev, 4));
+  for (int64_t m = 0; m < mbs; ++m) {
+    const size_t u = static_cast<size_t>(m);
+    STRATA_RETURN_IF_ERROR(
+        run([&] { return ops.embedding_backward(compute_, ws, emb_grad[u], tokens_dev + m * N, dx[u]); }));
+    if (m > 0) {
+      if (before_resend) STRATA_RETURN_IF_ERROR(before_resend());
+      // Marks chunk 0's gradient computed again (its buffer for m was
+      // taken at the top of backward; the view tracks the last send).
+      STRATA_RETURN_IF_ERROR(store_->gradient_buffer(0, static_cast<int>(m)).status());
+    }
+    STRATA_RETURN_IF_ERROR(store_->send_gradient(0, grads[0], static_cast<int>(m)));
+    if (landed) landed(0, m);
+  }
+  STRATA_RETURN_IF_ERROR(dev_->copy_to_host(compute_, losses, loss_dev, static_cast<uint64_t>(mbs) * 4));
   STRATA_RETURN_IF_ERROR(dev_->synchronize(compute_));
   STRATA_RETURN_IF_ERROR(dev_->synchronize(copy_));
   STRATA_RETURN_IF_ERROR(dev_->async_error());
   store_->end_step();  // a complete step's uses: what later steps prefetch by
-  return loss;
+  return ok_status();
 }
 
 std::vector<size_t> StreamedModel::landing_order(const gpu::GptConfig& config) {

@@ -44,11 +44,10 @@ class StreamedModel {
   // `states`: where the optimizer states live (the store records their home).
   static Result<std::unique_ptr<StreamedModel>> create(const gpu::GptConfig& config, int64_t B, int64_t seq,
                                                        gpu::Device& device, int prefetch_depth,
-                                                       Tier checkpoints = Tier::kDevice,
-                                                       io::SwapStore* swap = nullptr,
+                                                       Tier checkpoints = Tier::kDevice, io::SwapStore* swap = nullptr,
                                                        io::BufferAllocator* host_memory = nullptr,
-                                                       DType dtype = DType::kF32,
-                                                       Tier states = Tier::kHost);
+                                                       DType dtype = DType::kF32, Tier states = Tier::kHost,
+                                                       int micro_batches = 1);
   ~StreamedModel();
 
   // Called once per chunk, in backward order, when its gradient's copy to
@@ -62,6 +61,24 @@ class StreamedModel {
   Result<float> forward_backward(const std::vector<const void*>& weights, const int32_t* tokens,
                                  const int32_t* targets, const std::vector<void*>& grads,
                                  const GradLanded& landed = {}, float dloss = 1.0f);
+  // The vertical order (create's micro_batches = V > 1, checkpoints on the
+  // device): V micro-batches in one pass — each block's weights come to the
+  // device once and compute every micro-batch (V sets of block inputs and
+  // block gradients on the device, and of embedding gradients). `tokens`
+  // and `targets` hold V micro-batches of B x seq, one after another. Each
+  // chunk's gradient lands V times in a row, micro-batch by micro-batch,
+  // into the same host buffer: `landed(chunk, k)` after micro-batch k's copy
+  // was issued, and `before_resend()` before the copy of micro-batch k >= 1
+  // of the same chunk is issued — by then whatever the caller does with the
+  // host buffer must be done (the compute of that micro-batch ran
+  // meanwhile). Each micro-batch's gradients are the bits the one-at-a-time
+  // order computes; `losses` gets the V mean losses.
+  using MicroBatchLanded = std::function<void(size_t chunk, int64_t micro_batch)>;
+  Status forward_backward_vertical(const std::vector<const void*>& weights, const int32_t* tokens,
+                                   const int32_t* targets, const std::vector<void*>& grads,
+                                   const MicroBatchLanded& landed, const std::function<Status()>& before_resend,
+                                   float dloss, std::vector<float>* losses);
+  int micro_batches() const { return micro_batches_; }
   // Waits until `chunk`'s gradient of the step in flight is in its host
   // buffer (any thread; valid until the next forward_backward).
   Status await_gradient(size_t chunk) { return store_->await_gradient(chunk); }
@@ -100,8 +117,10 @@ class StreamedModel {
 
  private:
   StreamedModel() = default;
-  Result<float> run_step(const std::vector<const void*>& weights, const int32_t* tokens, const int32_t* targets,
-                         const std::vector<void*>& grads, const GradLanded& landed, float dloss);
+  // forward_backward's body over `mbs` micro-batches (1, or micro_batches_).
+  Status run_step(const std::vector<const void*>& weights, const int32_t* tokens, const int32_t* targets,
+                  const std::vector<void*>& grads, const MicroBatchLanded& landed,
+                  const std::function<Status()>& before_resend, float dloss, int64_t mbs, float* losses);
   // Waits for everything a step put in flight and clears leftover errors.
   void settle();
   Status wait_for(gpu::Event e, const char* what) { return meter_.wait(*dev_, e, what); }
@@ -111,6 +130,7 @@ class StreamedModel {
 
   gpu::GptConfig config_;
   int64_t B_ = 0, T_ = 0;
+  int micro_batches_ = 1;  // the vertical order's micro-batches per pass
   gpu::Device* dev_ = nullptr;
   gpu::Stream copy_{};
   std::vector<gpu::ChunkLayout> layout_;

@@ -87,6 +87,7 @@ TrainSetup training_setup(const TrainerOptions& o) {
   s.state_piece_elems = o.state_piece_elems;
   s.host_backend = o.backend == TrainerOptions::Backend::kHost;
   s.delayed_update = o.delayed_update;
+  s.vertical = o.vertical_accumulation && o.grad_accum > 1;
   return s;
 }
 
@@ -97,6 +98,12 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
   }
   if (o.activation_checkpoints != Tier::kDevice && !o.stream_weights) {
     return invalid_argument("trainer: activation checkpoints off the device need stream_weights");
+  }
+  if (o.vertical_accumulation && o.grad_accum > 1 && o.activation_checkpoints != Tier::kDevice) {
+    return invalid_argument(
+        "trainer: vertical_accumulation keeps every micro-batch's activation checkpoints on the "
+        "device; it does not combine with checkpoints on " +
+        std::string(tier_name(o.activation_checkpoints)));
   }
   if (o.weights != Tier::kHost && o.weights != Tier::kNvme) {
     return invalid_argument("trainer: the weights live on the host or on NVMe");
@@ -229,10 +236,11 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
     host_device = hd.get();
     tr->device_ = std::move(hd);
   }
-  STRATA_ASSIGN_OR_RETURN(tr->streamed_,
-                          StreamedModel::create(o.model, o.batch, o.seq, *tr->device_, depth,
-                                                o.activation_checkpoints, tr->swap_.get(), tr->allocator_.get(),
-                                                o.precision, o.states));
+  STRATA_ASSIGN_OR_RETURN(
+      tr->streamed_,
+      StreamedModel::create(o.model, o.batch, o.seq, *tr->device_, depth, o.activation_checkpoints, tr->swap_.get(),
+                            tr->allocator_.get(), o.precision, o.states,
+                            o.vertical_accumulation && o.grad_accum > 1 ? static_cast<int>(o.grad_accum) : 1));
   tr->streamed_->set_trace(o.trace);
   tr->stage_->set_store(&tr->streamed_->store());  // the states' moves, in the store's record
   if (host_device != nullptr && o.trace != nullptr && o.trace->enabled()) {
@@ -563,6 +571,64 @@ Result<float> Trainer::run_step(const int32_t* data_tokens, const int32_t* data_
     counters.device_wait_s += streamed_->last_wait_seconds();
     return l;
   };
+  // The vertical order: all A micro-batches in one pass of the streamed
+  // model. Each chunk's gradient lands A times in a row into grads_; every
+  // landing but the stage's (the last, unless delayed) is summed on the
+  // accumulator's thread, which is drained before the next copy into the
+  // same buffer. The sums' order, and so their bits, are the one-at-a-time
+  // order's. Returns the sum of the A losses, in micro-batch order.
+  auto vertical = [&]() -> Result<double> {
+    const int32_t* tok = data_tokens;
+    const int32_t* tgt = data_targets;
+    if (tok == nullptr) {
+      std::vector<int32_t> all_tokens, all_targets;
+      for (int64_t k = 0; k < A; ++k) {
+        make_batch(t_ * A + k, &tokens, &targets);
+        all_tokens.insert(all_tokens.end(), tokens.begin(), tokens.end());
+        all_targets.insert(all_targets.end(), targets.begin(), targets.end());
+      }
+      tokens = std::move(all_tokens);
+      targets = std::move(all_targets);
+      tok = tokens.data();
+      tgt = targets.data();
+    }
+    std::vector<const void*> w;
+    std::vector<void*> gr;
+    for (size_t c = 0; c < C; ++c) {
+      w.push_back(weights_.empty() ? nullptr : weights_[c].data());  // empty: the weights come from NVMe
+      gr.push_back(grads_[c].data());
+    }
+    const uint64_t h2d = streamed_->bytes_to_device(), d2h = streamed_->bytes_to_host();
+    StreamedModel* model = streamed_.get();
+    auto landed = [&, model](size_t c, int64_t k) {
+      if (k == A - 1 && !delayed) {
+        hand_over(c, true, [model, c] { return model->await_gradient(c); });
+        return;
+      }
+      float* acc = acc_[c].data();
+      const uint16_t* g = grads_[c].data();
+      const size_t n = grads_[c].size();
+      cpu_optim::Executor* ex = executor_.get();
+      const bool first = k == 0;
+      accumulator_->submit([model, c, acc, g, n, dtype, first, ex]() -> Status {
+        STRATA_RETURN_IF_ERROR(model->await_gradient(c));
+        accumulate(acc, g, dtype, n, first, *ex);
+        return ok_status();
+      });
+    };
+    auto before_resend = [this] { return accumulator_->drain(); };
+    std::vector<float> losses;
+    Status fb = streamed_->forward_backward_vertical(w, tok, tgt, gr, landed, before_resend, dloss, &losses);
+    Status summed = accumulator_->drain();
+    STRATA_RETURN_IF_ERROR(fb);
+    STRATA_RETURN_IF_ERROR(summed);
+    counters.h2d_bytes += streamed_->bytes_to_device() - h2d;
+    counters.d2h_bytes += streamed_->bytes_to_host() - d2h;
+    counters.device_wait_s += streamed_->last_wait_seconds();
+    double total = 0;
+    for (float l : losses) total += l;
+    return total;
+  };
   auto nvme_totals = [this](uint64_t* read, uint64_t* written) {
     *read = *written = 0;
     if (!swap_) return;
@@ -576,11 +642,17 @@ Result<float> Trainer::run_step(const int32_t* data_tokens, const int32_t* data_
   // Each micro-batch's gradient is computed alone and summed in fp32, in
   // order (the same bits in every placement); the 1/A goes into the scale.
   double sum = 0;
-  for (int64_t k = 0; k < A; ++k) {
-    const bool last_landing = k == A - 1 && !delayed;
-    Result<float> l = micro_batch(k, t_ * A + k, last_landing, k == 0);
-    if (!l) return abandon(std::move(l).error());
-    sum += *l;
+  if (streamed_->micro_batches() > 1) {
+    Result<double> s = vertical();
+    if (!s) return abandon(std::move(s).error());
+    sum = *s;
+  } else {
+    for (int64_t k = 0; k < A; ++k) {
+      const bool last_landing = k == A - 1 && !delayed;
+      Result<float> l = micro_batch(k, t_ * A + k, last_landing, k == 0);
+      if (!l) return abandon(std::move(l).error());
+      sum += *l;
+    }
   }
   const float loss = A == 1 ? static_cast<float>(sum) : static_cast<float>(sum / static_cast<double>(A));
   last_times_.forward_backward = seconds_since(t0);

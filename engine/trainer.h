@@ -34,6 +34,14 @@ struct TrainerOptions {
   // Micro-batches per optimizer step: their gradients are summed and the
   // optimizer sees the mean; the loss reported is the mean.
   int64_t grad_accum = 1;
+  // With grad_accum > 1: the vertical order — every micro-batch of a block
+  // runs while its weights are on the device, so the weights are fetched
+  // once per step instead of once per micro-batch (streamed, and from NVMe,
+  // bytes per token fall with grad_accum). Costs grad_accum sets of block
+  // inputs, block gradients and embedding gradients on the device
+  // (activation checkpoints on the device only). The same bits as the
+  // default order, one micro-batch after another.
+  bool vertical_accumulation = false;
   uint64_t seed = 1;
   cpu_optim::AdamConfig adam;
   // How Adam's m and v are stored (the master weights are fp32 always):

@@ -775,6 +775,111 @@ TEST(Trainer, StepsOnTheCallersDataAndRefusesBadDataChangingNothing) {
   EXPECT_NE(run(o, 20), losses);
 }
 
+// The vertical order of accumulation (every micro-batch of a block while
+// its weights are on the device) gives the bits of the one-at-a-time
+// order — resident, streamed at depth 1 and 3, with the states and the
+// weights on NVMe, with clipping and with fp16 overflows, on the synthetic
+// stream and on the caller's data, with the delayed update against the
+// delayed update — while the weights go to the device once per step
+// instead of once per micro-batch. Checkpoints off the device are refused.
+TEST(Trainer, VerticalAccumulationGivesTheSameBitsAndMovesTheWeightsOnce) {
+  uint64_t seed = strata::testing::test_seed(117);
+  strata::testing::TempDir dir;
+  TrainerOptions base = tiny(seed);
+  base.model.layers = 3;
+  base.grad_accum = 3;
+  auto run_h2d = [](const TrainerOptions& o, int steps, std::vector<float>* losses, uint64_t* h2d) {
+    Result<std::unique_ptr<Trainer>> tr = Trainer::create(o);
+    ASSERT_TRUE(tr) << tr.error().to_string();
+    *h2d = 0;
+    for (int i = 0; i < steps; ++i) {
+      Result<float> l = (*tr)->step();
+      ASSERT_TRUE(l) << l.error().to_string();
+      losses->push_back(*l);
+      *h2d += (*tr)->last_counters().h2d_bytes;
+    }
+  };
+  int variant = 0;
+  for (int depth : {0, 1, 3}) {
+    for (Tier states : {Tier::kHost, Tier::kNvme}) {
+      if (depth == 0 && states == Tier::kNvme) continue;
+      TrainerOptions o = base;
+      o.stream_weights = depth > 0;
+      o.device_bytes = depth > 0 ? 8ull << 20 : 0;
+      o.prefetch_depth = std::max(depth, 1);
+      o.states = states;
+      o.weights = depth == 3 && states == Tier::kNvme ? Tier::kNvme : Tier::kHost;
+      o.nvme_paths = {dir.sub("v" + std::to_string(variant++))};
+      // Clipping that fires on some steps, where the states speculate on NVMe.
+      if (states == Tier::kNvme) o.clip_norm = 1.5f;
+      std::vector<float> one, vertical;
+      uint64_t h2d_one = 0, h2d_vertical = 0;
+      run_h2d(o, 6, &one, &h2d_one);
+      o.vertical_accumulation = true;
+      o.nvme_paths = {dir.sub("v" + std::to_string(variant++))};
+      run_h2d(o, 6, &vertical, &h2d_vertical);
+      ASSERT_EQ(one.size(), 6u);
+      EXPECT_EQ(vertical, one) << "prefetch depth " << depth << ", states on " << tier_name(states) << ", weights on "
+                               << tier_name(o.weights);
+      std::printf("depth %d, states on %s, weights on %s: host->device %llu bytes one at a time, %llu vertical\n",
+                  depth, std::string(tier_name(states)).c_str(), std::string(tier_name(o.weights)).c_str(),
+                  static_cast<unsigned long long>(h2d_one), static_cast<unsigned long long>(h2d_vertical));
+      if (depth > 0) {
+        EXPECT_LT(h2d_vertical, h2d_one / 2) << "streamed weights move once, not three times";
+      }
+    }
+  }
+  // fp16 with overflows, the delayed update, and the caller's data.
+  TrainerOptions fp16 = base;
+  fp16.precision = DType::kF16;
+  fp16.loss_scale.initial_power = 24;
+  fp16.loss_scale.window = 4;
+  fp16.loss_scale.hysteresis = 1;
+  fp16.stream_weights = true;
+  fp16.device_bytes = 8ull << 20;
+  RunLog ref = run_log(fp16, 8);
+  EXPECT_GT(ref.skipped, 0);
+  fp16.vertical_accumulation = true;
+  RunLog got = run_log(fp16, 8);
+  EXPECT_EQ(got.losses, ref.losses);
+  EXPECT_EQ(got.scales, ref.scales);
+  TrainerOptions delayed = base;
+  delayed.delayed_update = true;
+  const std::vector<float> delayed_one = run(delayed, 6);
+  delayed.vertical_accumulation = true;
+  EXPECT_EQ(run(delayed, 6), delayed_one);
+  {
+    TrainerOptions o = base;
+    const int64_t n = o.grad_accum * o.batch * o.seq;
+    std::vector<int32_t> tokens(static_cast<size_t>(n)), targets(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      tokens[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7) % o.model.vocab);
+      targets[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7 + 7) % o.model.vocab);
+    }
+    std::vector<float> losses[2];
+    for (int v = 0; v < 2; ++v) {
+      o.vertical_accumulation = v == 1;
+      Result<std::unique_ptr<Trainer>> tr = Trainer::create(o);
+      ASSERT_TRUE(tr) << tr.error().to_string();
+      for (int i = 0; i < 4; ++i) {
+        Result<float> l = (*tr)->step(tokens, targets);
+        ASSERT_TRUE(l) << l.error().to_string();
+        losses[v].push_back(*l);
+      }
+    }
+    EXPECT_EQ(losses[1], losses[0]);
+  }
+  TrainerOptions refused = base;
+  refused.vertical_accumulation = true;
+  refused.stream_weights = true;
+  refused.device_bytes = 8ull << 20;
+  refused.activation_checkpoints = Tier::kHost;
+  Result<std::unique_ptr<Trainer>> tr = Trainer::create(refused);
+  ASSERT_FALSE(tr);
+  EXPECT_EQ(tr.error().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(tr.error().message().find("vertical_accumulation"), std::string::npos) << tr.error().to_string();
+}
+
 // With a trace, every step's phases, the optimizer's chunk updates and the
 // NVMe reads and writes land on their tracks; without one nothing is recorded.
 TEST(Trainer, TracesPhasesOptimizerCallsAndNvmeRequests) {
