@@ -55,6 +55,11 @@ int run(int argc, char** argv) {
   app.add_flag("--speculate-in-ram", speculate_in_ram,
                "with the optimizer states in RAM, keep a second copy of them (12 bytes per parameter) so that "
                "each chunk is updated as its gradient lands (exact, rolled back when the step clips or skips)");
+  bool vertical = false;
+  app.add_flag("--vertical-accumulation", vertical,
+               "with gradient accumulation, run every micro-batch of a block while its weights are on the device "
+               "(the weights move once per step, not once per micro-batch; the same numbers; activation "
+               "checkpoints on the device; config batch.vertical)");
   app.add_flag("--resume", resume, "continue from the latest checkpoint in --checkpoint");
   app.add_flag("--plan-only", plan_only,
                "print the planner's estimate for this config and these flags (bytes per tier, time per link, "
@@ -102,6 +107,11 @@ int run(int argc, char** argv) {
   Result<engine::TrainerOptions> from_config = engine::trainer_options(*cfg);
   exit_on_error(from_config.status(), "strata-train");
   engine::TrainerOptions o = std::move(from_config).value();
+  o.vertical_accumulation = o.vertical_accumulation || vertical;
+  if (o.vertical_accumulation && o.grad_accum > 1) {
+    std::printf("vertical accumulation: the %lld micro-batches of each block run while its weights are on the device\n",
+                static_cast<long long>(o.grad_accum));
+  }
   o.delayed_update = delayed || cfg->delayed_update;
   if (o.delayed_update) std::printf("delayed parameter update: each step computes with weights one update stale\n");
   if (!nvme.empty()) {

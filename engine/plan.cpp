@@ -83,6 +83,11 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   const double state_bytes = 4.0 + s.state_bytes_per_param;  // fp32 master + m, v
   const auto state_total = static_cast<uint64_t>(static_cast<double>(z.padded) * state_bytes);
   const double A = static_cast<double>(s.grad_accum);
+  // Micro-batches per pass of the streamed model: all of them in the
+  // vertical order (their block inputs, block gradients and embedding
+  // gradients on the device at once), else one.
+  const uint64_t V = s.vertical ? static_cast<uint64_t>(s.grad_accum) : 1;
+  const double passes = A / static_cast<double>(V);
   const uint64_t C = static_cast<uint64_t>(s.model.hidden);
   Plan p;
   p.setup = s;
@@ -113,11 +118,11 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   const uint64_t slot_bytes = slots * block_chunk * z.c, grad_slot_bytes = 2 * block_chunk * z.c;
   if (resident) {
     p.device.model_states += slot_bytes + emb_bytes;
-    p.device.buffers += grad_slot_bytes + emb_bytes;
+    p.device.buffers += grad_slot_bytes + V * emb_bytes;
   } else {
     p.device_chunk_buffers = static_cast<int>(slots);
     p.device.buffers += slot_bytes + grad_slot_bytes;
-    p.device.model_states += 2 * emb_bytes;
+    p.device.model_states += (1 + V) * emb_bytes;
   }
   const auto N = static_cast<uint64_t>(z.tokens);
   // The model ops' workspace: one block's working set (activations) and
@@ -126,21 +131,23 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   // backend says what its workspace takes (fp32 whatever the storage type).
   const auto block_acts =
       static_cast<uint64_t>(gpu::host::BlockActivations<float>::elements(s.model, s.micro_batch, s.seq));
+  // (dx, dx_in, the loss, tokens and targets: per micro-batch of a pass.)
+  const uint64_t per_micro_batch = 2 * N * C * z.c + (1 + 2 * N) * 4;
   if (s.host_backend) {
     const uint64_t workspace =
         gpu::HostDevice::model_ops_workspace_bytes(s.model, s.compute, s.micro_batch, s.seq);
     p.device.activations += block_acts * 4;
-    p.device.io_buffers += workspace - block_acts * 4 + 2 * N * C * z.c + (1 + 2 * N) * 4;
+    p.device.io_buffers += workspace - block_acts * 4 + V * per_micro_batch;
   } else {
     p.device.activations += block_acts * z.c;
-    p.device.io_buffers += (4 * N * C + 3 * N + 1) * z.c + 2 * N * 4;
+    p.device.io_buffers += (4 * N * C + 3 * N + 1) * z.c + 2 * N * 4 + (V - 1) * per_micro_batch;
   }
   if (pl.checkpoints == Tier::kNvme) {
     // The last kCheckpointBuffers block inputs never leave the device buffers.
     p.nvme.activations += static_cast<uint64_t>(std::max<int64_t>(s.model.layers + 1 - kCheckpointBuffers, 0)) *
                           round_up(static_cast<uint64_t>(z.tokens) * C * z.c, uint64_t{4096});
   } else {
-    tier(p, pl.checkpoints).activations += z.checkpoints;
+    tier(p, pl.checkpoints).activations += z.checkpoints * (pl.checkpoints == Tier::kDevice ? V : 1);
   }
   if (pl.checkpoints != Tier::kDevice) p.device.activations += kCheckpointBuffers * N * C * z.c;
 
@@ -194,17 +201,19 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   // Links, per optimizer step.
   const double P = static_cast<double>(z.params), c = static_cast<double>(z.c);
   const double ckpt = static_cast<double>(z.checkpoints);
-  // Resident: the updated weights go up once. Streamed: the embedding once,
-  // every other chunk twice, less those still in a weight slot when
-  // backward turns around (the final chunk and the last `depth` blocks of
-  // forward: StreamedModel keeps the chunks used again soonest).
-  double h2d = P * c;
+  // Per pass of the streamed model (each micro-batch, or once per step in
+  // the vertical order). Resident: every chunk goes up once (the store
+  // starts each pass afresh). Streamed: the embedding once, every other
+  // chunk twice, less those still in a weight slot when backward turns
+  // around (the final chunk and the last `depth` blocks of forward:
+  // StreamedModel keeps the chunks used again soonest).
+  double h2d = P * c * passes;
   if (pl.weights != Tier::kDevice) {
     double held = static_cast<double>(layout.back().numel);
     for (int64_t k = 0; k < std::min<int64_t>(pl.prefetch_depth, s.model.layers); ++k) {
       held += static_cast<double>(layout[static_cast<size_t>(s.model.layers - k)].numel);
     }
-    h2d = (2 * P - static_cast<double>(layout[0].numel) - held) * c * A;
+    h2d = (2 * P - static_cast<double>(layout[0].numel) - held) * c * passes;
   }
   double d2h = P * c * A;
   if (pl.checkpoints != Tier::kDevice) {
@@ -218,7 +227,7 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   }
   if (pl.weights == Tier::kNvme) {
     const double wb = static_cast<double>(dtype_bytes(s.working));
-    nvme_read += 2 * P * wb * A;  // forward and backward each read every chunk
+    nvme_read += 2 * P * wb * passes;  // forward and backward each read every chunk, every pass
     nvme_write += P * wb;
   }
   if (pl.checkpoints == Tier::kNvme) {
@@ -318,6 +327,7 @@ bool best_plan(const TrainSetup& s, const Budgets& b, const Bandwidths& bw, cons
   bool found = false, have_closest = false;
   double closest_over = std::numeric_limits<double>::infinity();
   for (const Placement& pl : candidates(b, fixed)) {
+    if (s.vertical && pl.checkpoints != Tier::kDevice) continue;  // the vertical order keeps them on the device
     Plan p = estimate(s, pl, bw);
     if (fits(p, b)) {
       // Strictly faster wins; the enumeration order prefers faster tiers and

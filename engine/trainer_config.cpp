@@ -29,6 +29,7 @@ Result<TrainerOptions> trainer_options(const EngineConfig& cfg) {
   o.batch = cfg.setup.micro_batch;
   o.seq = cfg.setup.seq;
   o.grad_accum = cfg.setup.grad_accum;
+  o.vertical_accumulation = cfg.setup.vertical;
   o.seed = cfg.seed;
   o.adam.lr = static_cast<float>(cfg.optimizer.lr);
   o.adam.beta1 = static_cast<float>(cfg.optimizer.beta1);

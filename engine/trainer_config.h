@@ -13,7 +13,7 @@
 
 namespace strata::engine {
 
-// Model, batch, accumulation, seed, Adam or AdamW, clipping, precision
+// Model, batch, accumulation (and its vertical order), seed, Adam or AdamW, clipping, precision
 // (bf16 or fp16) and loss scaling, the states' type and — when the config
 // fixes it on NVMe — their home with the config's nvme_paths, the piece
 // size, the NUMA node, pinning, the delayed update and speculation in RAM.

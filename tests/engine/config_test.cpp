@@ -23,7 +23,7 @@ bool contains(const std::vector<std::string>& v, const std::string& needle) {
 TEST(Config, NativeConfigParsesEveryField) {
   strata::testing::TempDir dir;
   json j = {{"model", {{"preset", "gpt2-medium"}, {"max_seq", 512}}},
-            {"batch", {{"micro_batch", 4}, {"seq", 512}, {"grad_accum", 8}}},
+            {"batch", {{"micro_batch", 4}, {"seq", 512}, {"grad_accum", 8}, {"vertical", true}}},
             {"budgets", {{"device", "24GiB"}, {"host", "64GiB"}, {"nvme", "1TiB"}}},
             {"nvme_paths", {dir.path()}},
             {"precision", "fp16"},
@@ -45,6 +45,7 @@ TEST(Config, NativeConfigParsesEveryField) {
   EXPECT_EQ(c->setup.model.max_seq, 512);
   EXPECT_EQ(c->setup.micro_batch, 4);
   EXPECT_EQ(c->setup.grad_accum, 8);
+  EXPECT_TRUE(c->setup.vertical);
   EXPECT_EQ(c->setup.compute, DType::kF16);
   EXPECT_NEAR(c->setup.state_bytes_per_param, 2.03125, 1e-12);
   EXPECT_EQ(c->adam_states, cpu_optim::StateType::kQ8);

@@ -32,7 +32,7 @@ TEST(TrainerConfig, OptionsCarryEveryFieldTheConfigGives) {
   strata::testing::TempDir dir;
   const EngineConfig c = parse(
       {{"model", small_model()},
-       {"batch", {{"micro_batch", 3}, {"seq", 32}, {"grad_accum", 2}}},
+       {"batch", {{"micro_batch", 3}, {"seq", 32}, {"grad_accum", 2}, {"vertical", true}}},
        {"precision", "fp16"},
        {"states", "bf16"},
        {"optimizer", {{"type", "adam"}, {"lr", 0.25}, {"betas", {0.8, 0.9}}, {"eps", 1e-6}, {"weight_decay", 0.5}}},
@@ -49,6 +49,7 @@ TEST(TrainerConfig, OptionsCarryEveryFieldTheConfigGives) {
   EXPECT_EQ(o->batch, 3);
   EXPECT_EQ(o->seq, 32);
   EXPECT_EQ(o->grad_accum, 2);
+  EXPECT_TRUE(o->vertical_accumulation);
   EXPECT_EQ(o->seed, 9u);
   EXPECT_EQ(o->adam.lr, 0.25f);
   EXPECT_EQ(o->adam.beta1, 0.8f);

@@ -1034,6 +1034,47 @@ TEST(Trainer, PlannedBytesPerTierMatchWhatTheRunUsed) {
     EXPECT_NEAR(ratio, 1.0, 0.05) << "delayed update, grad_accum " << accum;
     ++n;
   }
+  // The vertical order: grad_accum micro-batches' checkpoints, block
+  // gradients and embedding gradients on the device at once — resident and
+  // streamed, states in RAM and on NVMe, every tier against the plan.
+  for (int64_t accum : {2, 4}) {
+    for (int depth : {0, 1}) {
+      for (Tier states : {Tier::kHost, Tier::kNvme}) {
+        TrainerOptions o = tiny(11);
+        o.model.layers = 3;
+        o.grad_accum = accum;
+        o.vertical_accumulation = true;
+        o.stream_weights = depth > 0;
+        o.device_bytes = depth > 0 ? 1ull << 30 : 0;
+        o.prefetch_depth = std::max(depth, 1);
+        o.states = states;
+        o.nvme_paths = {dir.sub("vertical" + std::to_string(n))};
+        Placement pl;
+        pl.weights = depth > 0 ? Tier::kHost : Tier::kDevice;
+        pl.states = states;
+        pl.prefetch_depth = o.prefetch_depth;
+        const Plan plan = estimate(training_setup(o), pl, Bandwidths{});
+        Result<std::unique_ptr<Trainer>> tr = Trainer::create(o);
+        ASSERT_TRUE(tr) << tr.error().to_string();
+        ASSERT_TRUE((*tr)->step());
+        ASSERT_TRUE((*tr)->step());
+        const double measured[3] = {
+            static_cast<double>((*tr)->device()->peak_bytes()), static_cast<double>((*tr)->host_bytes()),
+            (*tr)->swap_store() ? static_cast<double>((*tr)->swap_store()->stats().peak_used_bytes) : 0.0};
+        const double planned[3] = {static_cast<double>(plan.device.total()), static_cast<double>(plan.host.total()),
+                                   static_cast<double>(plan.nvme.total())};
+        for (int k = 0; k < 3; ++k) {
+          if (measured[k] == 0 && planned[k] == 0) continue;
+          const double ratio = measured[k] > 0 ? planned[k] / measured[k] : 0.0;
+          worst = std::max(worst, std::abs(ratio - 1.0));
+          EXPECT_NEAR(ratio, 1.0, 0.05) << "vertical, grad_accum " << accum << ", depth " << depth << ", states on "
+                                        << tier_name(states) << ": tier " << k << " planned " << planned[k]
+                                        << ", measured " << measured[k];
+        }
+        ++n;
+      }
+    }
+  }
   // Resident weights (a slot for every chunk), states in RAM and on NVMe:
   // the device's peak against the plan.
   for (Tier states : {Tier::kHost, Tier::kNvme}) {
