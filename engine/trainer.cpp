@@ -525,51 +525,58 @@ Result<float> Trainer::run_step(const int32_t* data_tokens, const int32_t* data_
   };
 
   std::vector<int32_t> tokens, targets;
+  // What a pass of the streamed model reads the weights from (empty: they
+  // come from NVMe) and writes the gradients to (after a delayed step's swap).
+  std::vector<const void*> pass_weights;
+  std::vector<void*> pass_grads;
+  for (size_t c = 0; c < C; ++c) {
+    pass_weights.push_back(weights_.empty() ? nullptr : weights_[c].data());
+    pass_grads.push_back(grads_[c].data());
+  }
+  StreamedModel* model = streamed_.get();
+  // Chunk c's gradient, once landed, added into its fp32 sum (or starting
+  // it: `first`) on the accumulator's thread beside the rest of backward.
+  auto sum_later = [&, model](size_t c, bool first) {
+    float* acc = acc_[c].data();
+    const uint16_t* g = grads_[c].data();
+    const size_t n = grads_[c].size();
+    cpu_optim::Executor* ex = executor_.get();
+    accumulator_->submit([model, c, acc, g, n, dtype, first, ex]() -> Status {
+      STRATA_RETURN_IF_ERROR(model->await_gradient(c));
+      accumulate(acc, g, dtype, n, first, *ex);
+      return ok_status();
+    });
+  };
+  // A pass's link counters, from the streamed model's totals before it.
+  auto count_pass = [&](uint64_t h2d, uint64_t d2h) {
+    counters.h2d_bytes += streamed_->bytes_to_device() - h2d;
+    counters.d2h_bytes += streamed_->bytes_to_host() - d2h;
+    counters.device_wait_s += streamed_->last_wait_seconds();
+  };
   // One micro-batch's forward and backward, on the caller's k-th
   // micro-batch or the synthetic stream's batch `index`: every chunk's
   // gradient lands whole in grads_ (overwritten). With `land`, each goes to the stage as
   // it lands; otherwise (accumulating) it is added into the fp32 sums as it
-  // lands, on the accumulator's thread beside the rest of backward — the
-  // sum starts over with the `first` micro-batch.
+  // lands — the sum starts over with the `first` micro-batch.
   auto micro_batch = [&](int64_t k, int64_t index, bool land, bool first) -> Result<float> {
     const int64_t per_batch = options_.batch * options_.seq;
     if (data_tokens == nullptr) make_batch(index, &tokens, &targets);
     const int32_t* tok = data_tokens ? data_tokens + k * per_batch : tokens.data();
     const int32_t* tgt = data_targets ? data_targets + k * per_batch : targets.data();
-    std::vector<const void*> w;
-    std::vector<void*> gr;
-    for (size_t c = 0; c < C; ++c) {
-      w.push_back(weights_.empty() ? nullptr : weights_[c].data());  // empty: the weights come from NVMe
-      gr.push_back(grads_[c].data());
-    }
     const uint64_t h2d = streamed_->bytes_to_device(), d2h = streamed_->bytes_to_host();
     StreamedModel::GradLanded landed;
-    StreamedModel* model = streamed_.get();
     if (land) {
       landed = [&, model](size_t c) { hand_over(c, A > 1, [model, c] { return model->await_gradient(c); }); };
     } else if (A > 1) {
-      landed = [&, model, first](size_t c) {
-        float* acc = acc_[c].data();
-        const uint16_t* g = grads_[c].data();
-        const size_t n = grads_[c].size();
-        cpu_optim::Executor* ex = executor_.get();
-        accumulator_->submit([model, c, acc, g, n, dtype, first, ex]() -> Status {
-          STRATA_RETURN_IF_ERROR(model->await_gradient(c));
-          accumulate(acc, g, dtype, n, first, *ex);
-          return ok_status();
-        });
-      };
+      landed = [&, first](size_t c) { sum_later(c, first); };
     }
-    Result<float> fb = streamed_->forward_backward(w, tok, tgt, gr, landed, dloss);
+    Result<float> fb = streamed_->forward_backward(pass_weights, tok, tgt, pass_grads, landed, dloss);
     // Every sum in flight reads grads_, which the next micro-batch overwrites.
     Status summed = accumulator_ ? accumulator_->drain() : ok_status();
     if (!fb) return std::move(fb).error();
     STRATA_RETURN_IF_ERROR(summed);
-    const float l = *fb;
-    counters.h2d_bytes += streamed_->bytes_to_device() - h2d;
-    counters.d2h_bytes += streamed_->bytes_to_host() - d2h;
-    counters.device_wait_s += streamed_->last_wait_seconds();
-    return l;
+    count_pass(h2d, d2h);
+    return *fb;
   };
   // The vertical order: all A micro-batches in one pass of the streamed
   // model. Each chunk's gradient lands A times in a row into grads_; every
@@ -592,39 +599,22 @@ Result<float> Trainer::run_step(const int32_t* data_tokens, const int32_t* data_
       tok = tokens.data();
       tgt = targets.data();
     }
-    std::vector<const void*> w;
-    std::vector<void*> gr;
-    for (size_t c = 0; c < C; ++c) {
-      w.push_back(weights_.empty() ? nullptr : weights_[c].data());  // empty: the weights come from NVMe
-      gr.push_back(grads_[c].data());
-    }
     const uint64_t h2d = streamed_->bytes_to_device(), d2h = streamed_->bytes_to_host();
-    StreamedModel* model = streamed_.get();
     auto landed = [&, model](size_t c, int64_t k) {
       if (k == A - 1 && !delayed) {
         hand_over(c, true, [model, c] { return model->await_gradient(c); });
-        return;
+      } else {
+        sum_later(c, k == 0);
       }
-      float* acc = acc_[c].data();
-      const uint16_t* g = grads_[c].data();
-      const size_t n = grads_[c].size();
-      cpu_optim::Executor* ex = executor_.get();
-      const bool first = k == 0;
-      accumulator_->submit([model, c, acc, g, n, dtype, first, ex]() -> Status {
-        STRATA_RETURN_IF_ERROR(model->await_gradient(c));
-        accumulate(acc, g, dtype, n, first, *ex);
-        return ok_status();
-      });
     };
     auto before_resend = [this] { return accumulator_->drain(); };
     std::vector<float> losses;
-    Status fb = streamed_->forward_backward_vertical(w, tok, tgt, gr, landed, before_resend, dloss, &losses);
+    Status fb =
+        streamed_->forward_backward_vertical(pass_weights, tok, tgt, pass_grads, landed, before_resend, dloss, &losses);
     Status summed = accumulator_->drain();
     STRATA_RETURN_IF_ERROR(fb);
     STRATA_RETURN_IF_ERROR(summed);
-    counters.h2d_bytes += streamed_->bytes_to_device() - h2d;
-    counters.d2h_bytes += streamed_->bytes_to_host() - d2h;
-    counters.device_wait_s += streamed_->last_wait_seconds();
+    count_pass(h2d, d2h);
     double total = 0;
     for (float l : losses) total += l;
     return total;
