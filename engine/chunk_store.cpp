@@ -261,18 +261,23 @@ Result<const void*> ChunkStore::stage_nvme_weights(size_t pos, size_t chunk) {
   return static_cast<const void*>(weight_buf_[b].data());
 }
 
-Status ChunkStore::begin_step(const std::vector<const void*>& host_weights) {
+Status ChunkStore::begin_step(const std::vector<const void*>& host_weights, bool same_weights) {
   if (host_weights.size() != layout_.size()) {
     return invalid_argument("chunk store: expected " + std::to_string(layout_.size()) + " chunks");
   }
+  // Only a pass that followed a complete one may keep its slots.
+  same_weights = same_weights && passes_complete_;
+  passes_complete_ = false;
   host_weights_ = host_weights;
   issued_ = 0;
   weights_read_ = 0;
   slot_hits_ = 0;
-  // The weights change between steps: nothing in a slot carries over.
-  slot_chunk_.assign(slots_.size(), std::nullopt);
   slot_uses_.assign(slots_.size(), 0);
-  slot_ready_.assign(slots_.size(), gpu::Event{});
+  if (!same_weights) {
+    // The weights change between steps: nothing in a slot carries over.
+    slot_chunk_.assign(slots_.size(), std::nullopt);
+    slot_ready_.assign(slots_.size(), gpu::Event{});
+  }
   pos_slot_.clear();
   grad_slot_done_.assign(grad_slot_done_.size(), gpu::Event{});
   grad_slot_of_.assign(layout_.size(), std::nullopt);
@@ -284,9 +289,16 @@ Status ChunkStore::begin_step(const std::vector<const void*>& host_weights) {
       state_[c][static_cast<size_t>(View::kGradient)] = Residency::kOnHost;
       grad_copied_[c] = gpu::Event{};
     }
+    if (same_weights) {
+      state_[0][static_cast<size_t>(View::kWeights)] = Residency::kOnDevice;
+      for (const std::optional<size_t>& c : slot_chunk_) {
+        if (c) state_[*c][static_cast<size_t>(View::kWeights)] = Residency::kOnDevice;
+      }
+    }
   }
   schedule_.begin_step();
   cur_pos_ = kNoPosition;
+  if (same_weights) return issue_ahead(0);  // chunk 0 is on the device already
   // Chunk 0 stays resident for the step.
   const void* src = host_weights_[0];
   if (nvme_) {

@@ -113,10 +113,17 @@ class ChunkStore {
   // host): nothing in a slot carries over (the weights changed), the
   // schedule starts at its first use, and chunk 0's copy to its resident
   // buffer is issued (read from NVMe first when homed there).
-  Status begin_step(const std::vector<const void*>& host_weights);
+  // `same_weights`: another pass over the weights of the last one (the next
+  // micro-batch of a step): the chunks still in slots, and chunk 0, are
+  // used as they are — a resident model is not copied again, a streamed
+  // one starts with the blocks backward left behind.
+  Status begin_step(const std::vector<const void*>& host_weights, bool same_weights = false);
   // The step's last use was released: a step that recorded the order
   // becomes the one later steps replay.
-  void end_step() { schedule_.end_step(); }
+  void end_step() {
+    schedule_.end_step();
+    passes_complete_ = true;  // the next pass over the same weights may keep the slots
+  }
   // Waits for everything in flight (a failed step) and forgets it.
   void settle();
 
@@ -218,6 +225,7 @@ class ChunkStore {
   std::vector<size_t> pos_slot_;                   // the slot each issued position reads
   std::vector<int> slot_uses_;                     // references: issued uses not yet released, per slot
   uint64_t slot_hits_ = 0;
+  bool passes_complete_ = false;                // the last pass ended (end_step): its slots hold what they say
   gpu::DeviceMemory resident_, resident_grad_;  // chunk 0's weights and gradient (one per micro-batch)
   int micro_batches_ = 1;
   gpu::Event resident_ready_;

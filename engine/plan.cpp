@@ -202,18 +202,26 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   const double P = static_cast<double>(z.params), c = static_cast<double>(z.c);
   const double ckpt = static_cast<double>(z.checkpoints);
   // Per pass of the streamed model (each micro-batch, or once per step in
-  // the vertical order). Resident: every chunk goes up once (the store
-  // starts each pass afresh). Streamed: the embedding once, every other
-  // chunk twice, less those still in a weight slot when backward turns
-  // around (the final chunk and the last `depth` blocks of forward:
-  // StreamedModel keeps the chunks used again soonest).
-  double h2d = P * c * passes;
+  // the vertical order). Resident: every chunk goes up once a step (later
+  // micro-batches find them on the device). Streamed: the embedding once,
+  // every other chunk twice, less those still in a weight slot when
+  // backward turns around (the final chunk and the last `depth` blocks of
+  // forward: StreamedModel keeps the chunks used again soonest); a later
+  // pass of the same step also finds the embedding and what backward left
+  // in the slots (the last depth + 1 chunks it used: blocks 1, 2, ...).
+  double h2d = P * c;
   if (pl.weights != Tier::kDevice) {
+    const int64_t L = s.model.layers;
     double held = static_cast<double>(layout.back().numel);
-    for (int64_t k = 0; k < std::min<int64_t>(pl.prefetch_depth, s.model.layers); ++k) {
-      held += static_cast<double>(layout[static_cast<size_t>(s.model.layers - k)].numel);
+    for (int64_t k = 0; k < std::min<int64_t>(pl.prefetch_depth, L); ++k) {
+      held += static_cast<double>(layout[static_cast<size_t>(L - k)].numel);
     }
-    h2d = (2 * P - static_cast<double>(layout[0].numel) - held) * c * passes;
+    const double first = 2 * P - static_cast<double>(layout[0].numel) - held;
+    double left = static_cast<double>(layout[0].numel);
+    const int64_t kept = std::min<int64_t>(pl.prefetch_depth + 1, L + 1);
+    for (int64_t l = 1; l <= std::min(kept, L); ++l) left += static_cast<double>(layout[static_cast<size_t>(l)].numel);
+    if (kept == L + 1) left += static_cast<double>(layout.back().numel);
+    h2d = (first + (passes - 1) * std::max(first - left, 0.0)) * c;
   }
   double d2h = P * c * A;
   if (pl.checkpoints != Tier::kDevice) {

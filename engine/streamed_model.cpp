@@ -132,15 +132,15 @@ void StreamedModel::settle() {
 }
 
 Result<float> StreamedModel::forward_backward(const std::vector<const void*>& weights, const int32_t* tokens,
-                                             const int32_t* targets, const std::vector<void*>& grads,
-                                             const GradLanded& landed, float dloss) {
+                                              const int32_t* targets, const std::vector<void*>& grads,
+                                              const GradLanded& landed, float dloss, bool same_weights) {
   if (weights.size() != layout_.size() || grads.size() != layout_.size()) {
     return invalid_argument("streamed model: expected " + std::to_string(layout_.size()) + " chunks");
   }
   float loss = 0;
   MicroBatchLanded each;
   if (landed) each = [&landed](size_t chunk, int64_t) { landed(chunk); };
-  Status s = run_step(weights, tokens, targets, grads, each, {}, dloss, 1, &loss);
+  Status s = run_step(weights, tokens, targets, grads, each, {}, dloss, 1, &loss, same_weights);
   // A failed step leaves nothing in flight: its copies, compute, checkpoint
   // I/O and weight reads are waited for here, and the device's leftover
   // asynchronous errors (the step already reported its own) are cleared.
@@ -167,11 +167,13 @@ Status StreamedModel::forward_backward_vertical(const std::vector<const void*>& 
 
 Status StreamedModel::run_step(const std::vector<const void*>& weights, const int32_t* tokens, const int32_t* targets,
                                const std::vector<void*>& grads, const MicroBatchLanded& landed,
-                               const std::function<Status()>& before_resend, float dloss, int64_t mbs, float* losses) {
+                               const std::function<Status()>& before_resend, float dloss, int64_t mbs, float* losses,
+                               bool same_weights) {
   const gpu::GptConfig& c = config_;
   const int64_t L = c.layers, N = B_ * T_, C = c.hidden;
   meter_.reset();
-  STRATA_RETURN_IF_ERROR(store_->begin_step(weights));  // chunk 0's copy, and the first uses once recorded
+  // Chunk 0's copy (none for the same weights again), and the first uses once recorded.
+  STRATA_RETURN_IF_ERROR(store_->begin_step(weights, same_weights));
   const uint64_t es = es_;
   uint8_t* ckpt = checkpoints_.as<uint8_t>();
   const bool host_ckpt = checkpoint_tier_ != Tier::kDevice;  // off the device: host or NVMe

@@ -57,10 +57,12 @@ class StreamedModel {
 
   // Mean loss; `grads` (host, one per chunk, in dtype()) are overwritten
   // with dloss * d(mean loss)/d(weights). `weights` are the host copies (in
-  // dtype()), in model_layout order.
-  Result<float> forward_backward(const std::vector<const void*>& weights, const int32_t* tokens,
-                                 const int32_t* targets, const std::vector<void*>& grads,
-                                 const GradLanded& landed = {}, float dloss = 1.0f);
+  // dtype()), in model_layout order. `same_weights`: the weights are those
+  // of the last call (the next micro-batch of a step), so what is still on
+  // the device is used as it is (ChunkStore::begin_step).
+  Result<float> forward_backward(const std::vector<const void*>& weights, const int32_t* tokens, const int32_t* targets,
+                                 const std::vector<void*>& grads, const GradLanded& landed = {}, float dloss = 1.0f,
+                                 bool same_weights = false);
   // The vertical order (create's micro_batches = V > 1, checkpoints on the
   // device): V micro-batches in one pass — each block's weights come to the
   // device once and compute every micro-batch (V sets of block inputs and
@@ -120,7 +122,8 @@ class StreamedModel {
   // forward_backward's body over `mbs` micro-batches (1, or micro_batches_).
   Status run_step(const std::vector<const void*>& weights, const int32_t* tokens, const int32_t* targets,
                   const std::vector<void*>& grads, const MicroBatchLanded& landed,
-                  const std::function<Status()>& before_resend, float dloss, int64_t mbs, float* losses);
+                  const std::function<Status()>& before_resend, float dloss, int64_t mbs, float* losses,
+                  bool same_weights = false);
   // Waits for everything a step put in flight and clears leftover errors.
   void settle();
   Status wait_for(gpu::Event e, const char* what) { return meter_.wait(*dev_, e, what); }

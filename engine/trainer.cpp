@@ -570,7 +570,9 @@ Result<float> Trainer::run_step(const int32_t* data_tokens, const int32_t* data_
     } else if (A > 1) {
       landed = [&, first](size_t c) { sum_later(c, first); };
     }
-    Result<float> fb = streamed_->forward_backward(pass_weights, tok, tgt, pass_grads, landed, dloss);
+    // Micro-batches after the first compute with the same weights: what the
+    // last one left on the device stays (resident weights go up once a step).
+    Result<float> fb = streamed_->forward_backward(pass_weights, tok, tgt, pass_grads, landed, dloss, k > 0);
     // Every sum in flight reads grads_, which the next micro-batch overwrites.
     Status summed = accumulator_ ? accumulator_->drain() : ok_status();
     if (!fb) return std::move(fb).error();
