@@ -83,8 +83,8 @@ std::vector<size_t> step_order(int64_t L) {
 }
 
 // One step's uses in order, each checked for its bytes and state.
-void run_step(Rig& r) {
-  ASSERT_TRUE(r.store->begin_step(r.weights).ok());
+void run_step(Rig& r, bool same_weights = false) {
+  ASSERT_TRUE(r.store->begin_step(r.weights, same_weights).ok());
   Result<const void*> emb = r.store->resident_weights();
   ASSERT_TRUE(emb);
   EXPECT_EQ(r.check(0, *emb), "");
@@ -141,6 +141,44 @@ TEST(ChunkStore, WeightsComeUpAheadAndGoHomeWhenTheirSlotIsReused) {
   run_step(r);
   EXPECT_EQ(r.store->schedule().deviations(), 0u);
   EXPECT_GT(r.store->slot_hits(), 0u) << "the final chunk's second use finds it in its slot";
+}
+
+// Another pass over the same weights (the next micro-batch of a step) uses
+// what the last complete pass left on the device: a resident store copies
+// nothing, a streamed one keeps the embedding and the blocks backward left
+// in its slots — and every use still serves the right bytes. After a pass
+// that did not end (a failed step) nothing is kept.
+TEST(ChunkStore, APassOverTheSameWeightsUsesWhatIsOnTheDevice) {
+  for (int depth : {1, 2, 5}) {  // 5: a slot for every chunk (resident)
+    SCOPED_TRACE("depth " + std::to_string(depth));
+    Rig r(depth);
+    ASSERT_TRUE(r.store) << r.error.to_string();
+    run_step(r);  // records the order
+    const uint64_t b0 = r.store->bytes_to_device();
+    run_step(r);
+    const uint64_t fresh = r.store->bytes_to_device() - b0;
+    run_step(r, /*same_weights=*/true);
+    const uint64_t again = r.store->bytes_to_device() - b0 - fresh;
+    uint64_t kept = static_cast<uint64_t>(r.layout[0].numel) * 2;  // the embedding
+    const int64_t L = r.config.layers;
+    const int64_t slots = std::min<int64_t>(depth + 1, L + 1);
+    for (int64_t l = 1; l <= std::min(slots, L); ++l)
+      kept += static_cast<uint64_t>(r.layout[static_cast<size_t>(l)].numel) * 2;
+    if (slots == L + 1) kept += static_cast<uint64_t>(r.layout.back().numel) * 2;
+    EXPECT_EQ(again, fresh - kept) << "fresh " << fresh << ", again " << again;
+    if (depth == 5) {
+      EXPECT_EQ(again, 0u);
+    }
+    // A pass that did not end keeps nothing.
+    ASSERT_TRUE(r.store->begin_step(r.weights).ok());
+    Result<ChunkStore::Use> u = r.store->acquire(1);
+    ASSERT_TRUE(u);
+    r.store->release(*u);
+    r.store->settle();
+    const uint64_t b1 = r.store->bytes_to_device();
+    run_step(r, /*same_weights=*/true);
+    EXPECT_EQ(r.store->bytes_to_device() - b1, fresh) << "after an unfinished pass, everything is copied again";
+  }
 }
 
 TEST(ChunkStore, AReferencedSlotIsNeverReused) {
