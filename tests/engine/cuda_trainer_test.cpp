@@ -3,7 +3,8 @@
 // track the host backend's over the same steps, streamed and resident — both
 // keep bf16 weights, activations and gradients, rounded at the same points
 // (block edges), and differ by the rounding inside the blocks only — and
-// fall. Needs a GPU; skips with the reason otherwise. A build without CUDA
+// fall; the vertical order of accumulation gives the one-at-a-time order's
+// bits. Needs a GPU; skips with the reason otherwise. A build without CUDA
 // refuses the backend with a clear error (tested in trainer_test).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -69,6 +70,18 @@ TEST(CudaTrainer, LossesTrackTheHostBackend) {
   o.activation_checkpoints = Tier::kDevice;
   o.device_bytes = 0;
   compare("resident");
+  // Accumulating over two micro-batches, streamed: the vertical order (each
+  // block's weights on the GPU once for both) gives the one-at-a-time
+  // order's bits on the GPU too (its kernels and GEMMs are deterministic).
+  o.stream_weights = true;
+  o.device_bytes = 16 << 20;
+  o.grad_accum = 2;
+  o.backend = TrainerOptions::Backend::kCuda;
+  const std::vector<float> one = losses(o, 6);
+  o.vertical_accumulation = true;
+  const std::vector<float> vertical = losses(o, 6);
+  ASSERT_EQ(one.size(), 6u);
+  EXPECT_EQ(vertical, one);
 }
 
 }  // namespace
