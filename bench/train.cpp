@@ -189,8 +189,12 @@ int run(int argc, char** argv) {
   // run uses, and, when the planner would pick another, that one too.
   if (o.states == engine::Tier::kNvme && budgets.nvme_bytes == 0) budgets.nvme_bytes = kNvmeUnbudgeted;
   engine::TrainSetup setup = engine::training_setup(o);
-  const engine::Placement run_placement{stream ? o.weights : engine::Tier::kDevice, o.states, o.activation_checkpoints,
-                                        stream ? prefetch : 1, o.speculate_in_ram};
+  const engine::Placement run_placement{stream ? o.weights : engine::Tier::kDevice,
+                                        o.states,
+                                        o.activation_checkpoints,
+                                        stream ? prefetch : 1,
+                                        o.speculate_in_ram,
+                                        o.vertical_accumulation && o.grad_accum > 1};
   engine::Plan plan = engine::estimate(setup, run_placement, engine::Bandwidths{});
   plan.why = !auto_why.empty() ? auto_why + " (the placement this run uses: --auto-placement)"
                                : engine::placement_text(run_placement) +

@@ -75,7 +75,8 @@ std::string placement_text(const Placement& pl) {
   return "weights on " + std::string(tier_name(pl.weights)) + ", optimizer states on " +
          std::string(tier_name(pl.states)) +
          (pl.speculate_in_ram ? " with a second copy (speculate_in_ram: updates as gradients land)" : "") +
-         ", checkpoints on " + std::string(tier_name(pl.checkpoints));
+         ", checkpoints on " + std::string(tier_name(pl.checkpoints)) +
+         (pl.vertical ? ", every micro-batch of a block at once (vertical accumulation)" : "");
 }
 
 Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
@@ -86,7 +87,7 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   // Micro-batches per pass of the streamed model: all of them in the
   // vertical order (their block inputs, block gradients and embedding
   // gradients on the device at once), else one.
-  const uint64_t V = s.vertical ? static_cast<uint64_t>(s.grad_accum) : 1;
+  const uint64_t V = s.vertical || pl.vertical ? static_cast<uint64_t>(s.grad_accum) : 1;
   const double passes = A / static_cast<double>(V);
   const uint64_t C = static_cast<uint64_t>(s.model.hidden);
   Plan p;
@@ -334,8 +335,18 @@ bool best_plan(const TrainSetup& s, const Budgets& b, const Bandwidths& bw, cons
                Plan* closest) {
   bool found = false, have_closest = false;
   double closest_over = std::numeric_limits<double>::infinity();
-  for (const Placement& pl : candidates(b, fixed)) {
-    if (s.vertical && pl.checkpoints != Tier::kDevice) continue;  // the vertical order keeps them on the device
+  std::vector<Placement> all;
+  for (Placement pl : candidates(b, fixed)) {
+    // The vertical order keeps the checkpoints on the device; with more
+    // than one micro-batch it is a choice, or what was asked for.
+    const bool can_vertical = s.grad_accum > 1 && pl.checkpoints == Tier::kDevice;
+    if (!s.vertical) all.push_back(pl);
+    if (can_vertical) {
+      pl.vertical = true;
+      all.push_back(pl);
+    }
+  }
+  for (const Placement& pl : all) {
     Plan p = estimate(s, pl, bw);
     if (fits(p, b)) {
       // Strictly faster wins; the enumeration order prefers faster tiers and

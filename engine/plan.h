@@ -42,9 +42,10 @@ struct TrainSetup {
   // The opt-in delayed parameter update keeps a second set of the buffers
   // the optimizer reads its gradients from (TrainerOptions::delayed_update).
   bool delayed_update = false;
-  // The vertical order of accumulation (TrainerOptions::vertical_accumulation,
-  // with grad_accum > 1): grad_accum micro-batches' checkpoints and block
-  // gradients on the device at once; the weights move once per step.
+  // The vertical order of accumulation asked for (TrainerOptions::
+  // vertical_accumulation, with grad_accum > 1): grad_accum micro-batches'
+  // checkpoints and block gradients on the device at once; the weights move
+  // once per step. Unasked, the planner may choose it (Placement::vertical).
   bool vertical = false;
   double state_bytes_per_param = 8;  // Adam m and v: 8 (fp32), 4 (bf16), ~2.03 (8-bit blockwise)
   // States on NVMe move in pieces of at most this many parameters
@@ -113,6 +114,10 @@ struct Placement {
   // States in RAM: a second copy of them, so that chunks are updated as
   // they land (TrainerOptions::speculate_in_ram).
   bool speculate_in_ram = false;
+  // With gradient accumulation: the vertical order (every micro-batch of a
+  // block at once; checkpoints on the device), chosen by the planner where
+  // it is faster and fits, or asked for (TrainSetup::vertical).
+  bool vertical = false;
   bool operator==(const Placement&) const = default;
 };
 

@@ -79,6 +79,7 @@ Result<Plan> apply_planned_placement(TrainerOptions* o, Budgets budgets, const C
   o->activation_checkpoints = pl.checkpoints;
   o->prefetch_depth = o->stream_weights ? pl.prefetch_depth : 1;
   o->speculate_in_ram = pl.speculate_in_ram;
+  o->vertical_accumulation = pl.vertical;
   const bool on_nvme = pl.weights == Tier::kNvme || pl.states == Tier::kNvme || pl.checkpoints == Tier::kNvme;
   o->nvme_paths = on_nvme ? nvme_paths : std::vector<std::string>{};
   o->device_bytes = o->stream_weights || o->backend == TrainerOptions::Backend::kCuda ? budgets.device_bytes : 0;

@@ -30,7 +30,7 @@ Budgets budgets_or_defaults(Budgets budgets, bool* defaulted = nullptr);
 // Applies the planner's placement — the fastest that fits `budgets` within
 // `fixed` — to `options`: where the weights, states and checkpoints live,
 // whether the weights stream (and then the device cap), the prefetch depth,
-// speculation in RAM, and the NVMe paths (kept only where the plan puts
+// speculation in RAM, the vertical order of accumulation, and the NVMe paths (kept only where the plan puts
 // something on NVMe). NVMe is a tier only when `nvme_paths` is not empty;
 // with no NVMe budget it is taken as unbounded. Returns the plan, or the
 // planner's error naming what does not fit.

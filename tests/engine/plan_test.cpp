@@ -252,3 +252,54 @@ TEST(Plan, MoreBudgetNeverMakesTheStepSlower) {
 
 }  // namespace
 }  // namespace strata::engine
+
+namespace strata::engine {
+namespace {
+
+// With gradient accumulation the planner weighs the vertical order (each
+// block's weights on the device once for all micro-batches, their
+// checkpoints there at once): chosen when the weights' link is the slowest
+// and the device holds the micro-batches' checkpoints, left when it does
+// not, never offered for one micro-batch, and the only order when asked for.
+TEST(Plan, ChoosesTheVerticalOrderWhenTheWeightsLinkIsSlowestAndItFits) {
+  TrainSetup s = gpt2("large", 1);
+  s.seq = 64;
+  s.grad_accum = 8;
+  Bandwidths bw;
+  bw.h2d_gbps = 1;  // the weights' link is the bottleneck
+  const Placement streamed{Tier::kHost, Tier::kHost, Tier::kDevice, 1};
+  Placement vertical = streamed;
+  vertical.vertical = true;
+  const Plan one = estimate(s, streamed, bw), all = estimate(s, vertical, bw);
+  EXPECT_LT(all.step_seconds, one.step_seconds);
+  EXPECT_GT(all.device.total(), one.device.total()) << "the micro-batches' checkpoints and buffers";
+  // (The model itself does not fit there: its weights must stream.)
+  ASSERT_GT(estimate(s, {Tier::kDevice, Tier::kHost, Tier::kDevice, 1}, bw).device.total(), all.device.total());
+  // A device that holds the streamed model with 8 micro-batches' checkpoints
+  // but not the whole model: the vertical order.
+  const uint64_t host = 64 * kGiB;
+  Result<Plan> p = make_plan(s, {all.device.total(), host, 0}, bw);
+  ASSERT_TRUE(p) << p.error().to_string();
+  EXPECT_TRUE(p->placement.vertical) << format_plan(*p, {all.device.total(), host, 0});
+  EXPECT_NE(p->why.find("every micro-batch of a block at once"), std::string::npos) << p->why;
+  // A device with room for one micro-batch's checkpoints only: one at a time.
+  p = make_plan(s, {one.device.total(), host, 0}, bw);
+  ASSERT_TRUE(p) << p.error().to_string();
+  EXPECT_FALSE(p->placement.vertical) << p->why;
+  // One micro-batch: nothing to choose.
+  TrainSetup single = s;
+  single.grad_accum = 1;
+  p = make_plan(single, {all.device.total(), host, 0}, bw);
+  ASSERT_TRUE(p);
+  EXPECT_FALSE(p->placement.vertical);
+  // Asked for: only the vertical order (here it does not fit, and says so).
+  TrainSetup asked = s;
+  asked.vertical = true;
+  p = make_plan(asked, {one.device.total(), host, 0}, bw);
+  ASSERT_FALSE(p);
+  EXPECT_EQ(p.error().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(p.error().message().find("vertical accumulation"), std::string::npos) << p.error().to_string();
+}
+
+}  // namespace
+}  // namespace strata::engine
