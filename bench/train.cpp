@@ -194,7 +194,7 @@ int run(int argc, char** argv) {
                                         o.activation_checkpoints,
                                         stream ? prefetch : 1,
                                         o.speculate_in_ram,
-                                        o.vertical_accumulation && o.grad_accum > 1};
+                                        engine::micro_batches_per_pass(o)};
   engine::Plan plan = engine::estimate(setup, run_placement, engine::Bandwidths{});
   plan.why = !auto_why.empty() ? auto_why + " (the placement this run uses: --auto-placement)"
                                : engine::placement_text(run_placement) +

@@ -309,7 +309,7 @@ Status read_native(Reader& top, EngineConfig& c) {
     STRATA_RETURN_IF_ERROR(b.get_int("micro_batch", &c.setup.micro_batch, 1, 1 << 20));
     STRATA_RETURN_IF_ERROR(b.get_int("seq", &c.setup.seq, 1, 1 << 20));
     STRATA_RETURN_IF_ERROR(b.get_int("grad_accum", &c.setup.grad_accum, 1, 1 << 20));
-    STRATA_RETURN_IF_ERROR(b.get_bool("vertical", &c.setup.vertical));
+    STRATA_RETURN_IF_ERROR(b.get_bool("vertical", &c.vertical_accumulation));
     b.finish();
   }
   if (top.has("budgets")) {

@@ -50,6 +50,7 @@ struct EngineConfig {
   double gradient_clipping = 0.0;  // global-norm clip; 0 = off
   cpu_optim::StateType adam_states = cpu_optim::StateType::kF32;  // "states": fp32 | bf16 | q8 (Adam m and v)
   bool delayed_update = false;     // opt-in one-step delayed parameter update (inexact)
+  bool vertical_accumulation = false;  // batch.vertical: every micro-batch of a block at once (exact)
   bool speculate_in_ram = false;   // states in RAM: a second copy, so updates start as gradients land
   IoSpec io;
   uint64_t seed = 1;

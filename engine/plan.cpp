@@ -76,7 +76,9 @@ std::string placement_text(const Placement& pl) {
          std::string(tier_name(pl.states)) +
          (pl.speculate_in_ram ? " with a second copy (speculate_in_ram: updates as gradients land)" : "") +
          ", checkpoints on " + std::string(tier_name(pl.checkpoints)) +
-         (pl.vertical ? ", every micro-batch of a block at once (vertical accumulation)" : "");
+         (pl.micro_batches_per_pass > 1 ? ", " + std::to_string(pl.micro_batches_per_pass) +
+                                              " micro-batches of a block at once (vertical accumulation)"
+                                        : std::string());
 }
 
 Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
@@ -84,10 +86,11 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   const double state_bytes = 4.0 + s.state_bytes_per_param;  // fp32 master + m, v
   const auto state_total = static_cast<uint64_t>(static_cast<double>(z.padded) * state_bytes);
   const double A = static_cast<double>(s.grad_accum);
-  // Micro-batches per pass of the streamed model: all of them in the
-  // vertical order (their block inputs, block gradients and embedding
-  // gradients on the device at once), else one.
-  const uint64_t V = s.vertical || pl.vertical ? static_cast<uint64_t>(s.grad_accum) : 1;
+  // Micro-batches per pass of the streamed model: a group of them (all, or
+  // a divisor of grad_accum) in the vertical order — their block inputs,
+  // block gradients and embedding gradients on the device at once — else one.
+  const uint64_t V =
+      static_cast<uint64_t>(std::max<int64_t>(std::max(pl.micro_batches_per_pass, s.micro_batches_per_pass), 1));
   const double passes = A / static_cast<double>(V);
   const uint64_t C = static_cast<uint64_t>(s.model.hidden);
   Plan p;
@@ -339,10 +342,13 @@ bool best_plan(const TrainSetup& s, const Budgets& b, const Bandwidths& bw, cons
   for (Placement pl : candidates(b, fixed)) {
     // The vertical order keeps the checkpoints on the device; with more
     // than one micro-batch it is a choice, or what was asked for.
-    const bool can_vertical = s.grad_accum > 1 && pl.checkpoints == Tier::kDevice;
-    if (!s.vertical) all.push_back(pl);
-    if (can_vertical) {
-      pl.vertical = true;
+    // (Groups of micro-batches that divide grad_accum: all of them, or
+    // fewer where the device holds fewer; asked for, only that group.)
+    if (s.micro_batches_per_pass <= 1) all.push_back(pl);
+    if (pl.checkpoints != Tier::kDevice) continue;
+    for (int64_t v = 2; v <= s.grad_accum; ++v) {
+      if (s.grad_accum % v != 0 || (s.micro_batches_per_pass > 1 && v != s.micro_batches_per_pass)) continue;
+      pl.micro_batches_per_pass = v;
       all.push_back(pl);
     }
   }

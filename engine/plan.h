@@ -43,10 +43,12 @@ struct TrainSetup {
   // the optimizer reads its gradients from (TrainerOptions::delayed_update).
   bool delayed_update = false;
   // The vertical order of accumulation asked for (TrainerOptions::
-  // vertical_accumulation, with grad_accum > 1): grad_accum micro-batches'
-  // checkpoints and block gradients on the device at once; the weights move
-  // once per step. Unasked, the planner may choose it (Placement::vertical).
-  bool vertical = false;
+  // vertical_accumulation, with grad_accum > 1): this many micro-batches
+  // (a divisor of grad_accum) share each pass of the streamed model — their
+  // checkpoints and block gradients on the device at once, the weights
+  // moved once per pass. 1: one at a time, unless the planner chooses
+  // otherwise (Placement::micro_batches_per_pass).
+  int64_t micro_batches_per_pass = 1;
   double state_bytes_per_param = 8;  // Adam m and v: 8 (fp32), 4 (bf16), ~2.03 (8-bit blockwise)
   // States on NVMe move in pieces of at most this many parameters
   // (state_piece_sizes; DeepSpeed's sub_group_size); 0: whole chunks.
@@ -114,10 +116,11 @@ struct Placement {
   // States in RAM: a second copy of them, so that chunks are updated as
   // they land (TrainerOptions::speculate_in_ram).
   bool speculate_in_ram = false;
-  // With gradient accumulation: the vertical order (every micro-batch of a
-  // block at once; checkpoints on the device), chosen by the planner where
-  // it is faster and fits, or asked for (TrainSetup::vertical).
-  bool vertical = false;
+  // With gradient accumulation: the vertical order when > 1 — this many
+  // micro-batches of a block at once (a divisor of grad_accum; checkpoints
+  // on the device), chosen by the planner where it is faster and fits, or
+  // asked for (TrainSetup::micro_batches_per_pass).
+  int64_t micro_batches_per_pass = 1;
   bool operator==(const Placement&) const = default;
 };
 

@@ -155,12 +155,13 @@ Status StreamedModel::forward_backward_vertical(const std::vector<const void*>& 
                                                 const int32_t* targets, const std::vector<void*>& grads,
                                                 const MicroBatchLanded& landed,
                                                 const std::function<Status()>& before_resend, float dloss,
-                                                std::vector<float>* losses) {
+                                                std::vector<float>* losses, bool same_weights) {
   if (weights.size() != layout_.size() || grads.size() != layout_.size()) {
     return invalid_argument("streamed model: expected " + std::to_string(layout_.size()) + " chunks");
   }
   losses->assign(static_cast<size_t>(micro_batches_), 0.0f);
-  Status s = run_step(weights, tokens, targets, grads, landed, before_resend, dloss, micro_batches_, losses->data());
+  Status s = run_step(weights, tokens, targets, grads, landed, before_resend, dloss, micro_batches_, losses->data(),
+                      same_weights);
   if (!s.ok()) settle();
   return s;
 }

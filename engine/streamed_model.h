@@ -79,7 +79,7 @@ class StreamedModel {
   Status forward_backward_vertical(const std::vector<const void*>& weights, const int32_t* tokens,
                                    const int32_t* targets, const std::vector<void*>& grads,
                                    const MicroBatchLanded& landed, const std::function<Status()>& before_resend,
-                                   float dloss, std::vector<float>* losses);
+                                   float dloss, std::vector<float>* losses, bool same_weights = false);
   int micro_batches() const { return micro_batches_; }
   // Waits until `chunk`'s gradient of the step in flight is in its host
   // buffer (any thread; valid until the next forward_backward).

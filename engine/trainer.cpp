@@ -87,8 +87,13 @@ TrainSetup training_setup(const TrainerOptions& o) {
   s.state_piece_elems = o.state_piece_elems;
   s.host_backend = o.backend == TrainerOptions::Backend::kHost;
   s.delayed_update = o.delayed_update;
-  s.vertical = o.vertical_accumulation && o.grad_accum > 1;
+  s.micro_batches_per_pass = micro_batches_per_pass(o);
   return s;
+}
+
+int64_t micro_batches_per_pass(const TrainerOptions& o) {
+  if (!o.vertical_accumulation || o.grad_accum <= 1) return 1;
+  return o.vertical_group > 0 ? o.vertical_group : o.grad_accum;
 }
 
 Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
@@ -99,7 +104,12 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
   if (o.activation_checkpoints != Tier::kDevice && !o.stream_weights) {
     return invalid_argument("trainer: activation checkpoints off the device need stream_weights");
   }
-  if (o.vertical_accumulation && o.grad_accum > 1 && o.activation_checkpoints != Tier::kDevice) {
+  if (o.vertical_accumulation && o.grad_accum > 1 &&
+      (o.vertical_group < 0 || (o.vertical_group > 0 && o.grad_accum % o.vertical_group != 0))) {
+    return invalid_argument("trainer: vertical_group must divide grad_accum (" + std::to_string(o.grad_accum) +
+                            "), or be 0 for all of them; got " + std::to_string(o.vertical_group));
+  }
+  if (micro_batches_per_pass(o) > 1 && o.activation_checkpoints != Tier::kDevice) {
     return invalid_argument(
         "trainer: vertical_accumulation keeps every micro-batch's activation checkpoints on the "
         "device; it does not combine with checkpoints on " +
@@ -239,8 +249,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
   STRATA_ASSIGN_OR_RETURN(
       tr->streamed_,
       StreamedModel::create(o.model, o.batch, o.seq, *tr->device_, depth, o.activation_checkpoints, tr->swap_.get(),
-                            tr->allocator_.get(), o.precision, o.states,
-                            o.vertical_accumulation && o.grad_accum > 1 ? static_cast<int>(o.grad_accum) : 1));
+                            tr->allocator_.get(), o.precision, o.states, static_cast<int>(micro_batches_per_pass(o))));
   tr->streamed_->set_trace(o.trace);
   tr->stage_->set_store(&tr->streamed_->store());  // the states' moves, in the store's record
   if (host_device != nullptr && o.trace != nullptr && o.trace->enabled()) {
@@ -580,45 +589,53 @@ Result<float> Trainer::run_step(const int32_t* data_tokens, const int32_t* data_
     count_pass(h2d, d2h);
     return *fb;
   };
-  // The vertical order: all A micro-batches in one pass of the streamed
-  // model. Each chunk's gradient lands A times in a row into grads_; every
-  // landing but the stage's (the last, unless delayed) is summed on the
-  // accumulator's thread, which is drained before the next copy into the
-  // same buffer. The sums' order, and so their bits, are the one-at-a-time
-  // order's. Returns the sum of the A losses, in micro-batch order.
+  // The vertical order: the A micro-batches in passes of V (a divisor of
+  // A) through the streamed model. In a pass each chunk's gradient lands V
+  // times in a row into grads_; every landing but the stage's (the step's
+  // last, unless delayed) is summed on the accumulator's thread, which is
+  // drained before the next copy into the same buffer and after each pass.
+  // The sums' order, and so their bits, are the one-at-a-time order's.
+  // Returns the sum of the A losses, in micro-batch order.
   auto vertical = [&]() -> Result<double> {
-    const int32_t* tok = data_tokens;
-    const int32_t* tgt = data_targets;
-    if (tok == nullptr) {
-      std::vector<int32_t> all_tokens, all_targets;
-      for (int64_t k = 0; k < A; ++k) {
-        make_batch(t_ * A + k, &tokens, &targets);
-        all_tokens.insert(all_tokens.end(), tokens.begin(), tokens.end());
-        all_targets.insert(all_targets.end(), targets.begin(), targets.end());
-      }
-      tokens = std::move(all_tokens);
-      targets = std::move(all_targets);
-      tok = tokens.data();
-      tgt = targets.data();
-    }
-    const uint64_t h2d = streamed_->bytes_to_device(), d2h = streamed_->bytes_to_host();
-    auto landed = [&, model](size_t c, int64_t k) {
-      if (k == A - 1 && !delayed) {
-        hand_over(c, true, [model, c] { return model->await_gradient(c); });
-      } else {
-        sum_later(c, k == 0);
-      }
-    };
-    auto before_resend = [this] { return accumulator_->drain(); };
-    std::vector<float> losses;
-    Status fb =
-        streamed_->forward_backward_vertical(pass_weights, tok, tgt, pass_grads, landed, before_resend, dloss, &losses);
-    Status summed = accumulator_->drain();
-    STRATA_RETURN_IF_ERROR(fb);
-    STRATA_RETURN_IF_ERROR(summed);
-    count_pass(h2d, d2h);
+    const int64_t V = streamed_->micro_batches(), per = options_.batch * options_.seq;
     double total = 0;
-    for (float l : losses) total += l;
+    for (int64_t pass = 0; pass < A / V; ++pass) {
+      const int64_t k0 = pass * V;  // the pass's first micro-batch
+      const int32_t* tok = data_tokens ? data_tokens + k0 * per : nullptr;
+      const int32_t* tgt = data_targets ? data_targets + k0 * per : nullptr;
+      if (tok == nullptr) {
+        std::vector<int32_t> all_tokens, all_targets;
+        for (int64_t k = k0; k < k0 + V; ++k) {
+          make_batch(t_ * A + k, &tokens, &targets);
+          all_tokens.insert(all_tokens.end(), tokens.begin(), tokens.end());
+          all_targets.insert(all_targets.end(), targets.begin(), targets.end());
+        }
+        tokens = std::move(all_tokens);
+        targets = std::move(all_targets);
+        tok = tokens.data();
+        tgt = targets.data();
+      }
+      const uint64_t h2d = streamed_->bytes_to_device(), d2h = streamed_->bytes_to_host();
+      auto landed = [&, model](size_t c, int64_t m) {
+        const int64_t k = k0 + m;
+        if (k == A - 1 && !delayed) {
+          hand_over(c, true, [model, c] { return model->await_gradient(c); });
+        } else {
+          sum_later(c, k == 0);
+        }
+      };
+      auto before_resend = [this] { return accumulator_->drain(); };
+      std::vector<float> losses;
+      // Passes after the first compute with the same weights: what the
+      // last one left on the device stays.
+      Status fb = streamed_->forward_backward_vertical(pass_weights, tok, tgt, pass_grads, landed, before_resend, dloss,
+                                                       &losses, pass > 0);
+      Status summed = accumulator_->drain();
+      STRATA_RETURN_IF_ERROR(fb);
+      STRATA_RETURN_IF_ERROR(summed);
+      count_pass(h2d, d2h);
+      for (float l : losses) total += l;
+    }
     return total;
   };
   auto nvme_totals = [this](uint64_t* read, uint64_t* written) {

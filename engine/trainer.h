@@ -42,6 +42,10 @@ struct TrainerOptions {
   // (activation checkpoints on the device only). The same bits as the
   // default order, one micro-batch after another.
   bool vertical_accumulation = false;
+  // The vertical order in groups: this many micro-batches share a pass (a
+  // divisor of grad_accum; later passes of a step keep what the last left
+  // on the device); 0: all of them.
+  int64_t vertical_group = 0;
   uint64_t seed = 1;
   cpu_optim::AdamConfig adam;
   // How Adam's m and v are stored (the master weights are fp32 always):
@@ -129,6 +133,8 @@ struct TrainerOptions {
 // accumulation, the device computing in `precision`, the Adam states' type, the
 // host backend's workspace, a delayed update's second gradient buffers.
 TrainSetup training_setup(const TrainerOptions& options);
+// Micro-batches per pass of the streamed model: 1, or the vertical order's group.
+int64_t micro_batches_per_pass(const TrainerOptions& options);
 
 // Where the last step's time went (seconds, wall clock, one after another).
 // The optimizer stage runs beside forward+backward; `optimizer` is what is

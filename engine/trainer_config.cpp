@@ -29,7 +29,7 @@ Result<TrainerOptions> trainer_options(const EngineConfig& cfg) {
   o.batch = cfg.setup.micro_batch;
   o.seq = cfg.setup.seq;
   o.grad_accum = cfg.setup.grad_accum;
-  o.vertical_accumulation = cfg.setup.vertical;
+  o.vertical_accumulation = cfg.vertical_accumulation;
   o.seed = cfg.seed;
   o.adam.lr = static_cast<float>(cfg.optimizer.lr);
   o.adam.beta1 = static_cast<float>(cfg.optimizer.beta1);
@@ -79,7 +79,8 @@ Result<Plan> apply_planned_placement(TrainerOptions* o, Budgets budgets, const C
   o->activation_checkpoints = pl.checkpoints;
   o->prefetch_depth = o->stream_weights ? pl.prefetch_depth : 1;
   o->speculate_in_ram = pl.speculate_in_ram;
-  o->vertical_accumulation = pl.vertical;
+  o->vertical_accumulation = pl.micro_batches_per_pass > 1;
+  o->vertical_group = pl.micro_batches_per_pass > 1 ? pl.micro_batches_per_pass : 0;
   const bool on_nvme = pl.weights == Tier::kNvme || pl.states == Tier::kNvme || pl.checkpoints == Tier::kNvme;
   o->nvme_paths = on_nvme ? nvme_paths : std::vector<std::string>{};
   o->device_bytes = o->stream_weights || o->backend == TrainerOptions::Backend::kCuda ? budgets.device_bytes : 0;

@@ -45,7 +45,7 @@ TEST(Config, NativeConfigParsesEveryField) {
   EXPECT_EQ(c->setup.model.max_seq, 512);
   EXPECT_EQ(c->setup.micro_batch, 4);
   EXPECT_EQ(c->setup.grad_accum, 8);
-  EXPECT_TRUE(c->setup.vertical);
+  EXPECT_TRUE(c->vertical_accumulation);
   EXPECT_EQ(c->setup.compute, DType::kF16);
   EXPECT_NEAR(c->setup.state_bytes_per_param, 2.03125, 1e-12);
   EXPECT_EQ(c->adam_states, cpu_optim::StateType::kQ8);

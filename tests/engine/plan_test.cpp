@@ -257,10 +257,11 @@ namespace strata::engine {
 namespace {
 
 // With gradient accumulation the planner weighs the vertical order (each
-// block's weights on the device once for all micro-batches, their
-// checkpoints there at once): chosen when the weights' link is the slowest
-// and the device holds the micro-batches' checkpoints, left when it does
-// not, never offered for one micro-batch, and the only order when asked for.
+// block's weights on the device once for a group of micro-batches, their
+// checkpoints there at once): the whole group when the weights' link is the
+// slowest and the device holds all their checkpoints, a smaller group (a
+// divisor of grad_accum) when it holds fewer, one at a time when it holds
+// one; never offered for one micro-batch; the only order when asked for.
 TEST(Plan, ChoosesTheVerticalOrderWhenTheWeightsLinkIsSlowestAndItFits) {
   TrainSetup s = gpt2("large", 1);
   s.seq = 64;
@@ -268,37 +269,42 @@ TEST(Plan, ChoosesTheVerticalOrderWhenTheWeightsLinkIsSlowestAndItFits) {
   Bandwidths bw;
   bw.h2d_gbps = 1;  // the weights' link is the bottleneck
   const Placement streamed{Tier::kHost, Tier::kHost, Tier::kDevice, 1};
-  Placement vertical = streamed;
-  vertical.vertical = true;
-  const Plan one = estimate(s, streamed, bw), all = estimate(s, vertical, bw);
-  EXPECT_LT(all.step_seconds, one.step_seconds);
-  EXPECT_GT(all.device.total(), one.device.total()) << "the micro-batches' checkpoints and buffers";
+  auto group = [&](int64_t v) {
+    Placement pl = streamed;
+    pl.micro_batches_per_pass = v;
+    return estimate(s, pl, bw);
+  };
+  const Plan one = group(1), two = group(2), all = group(8);
+  EXPECT_LT(all.step_seconds, two.step_seconds);
+  EXPECT_LT(two.step_seconds, one.step_seconds);
+  EXPECT_GT(all.device.total(), two.device.total()) << "the micro-batches' checkpoints and buffers";
+  EXPECT_GT(two.device.total(), one.device.total());
   // (The model itself does not fit there: its weights must stream.)
   ASSERT_GT(estimate(s, {Tier::kDevice, Tier::kHost, Tier::kDevice, 1}, bw).device.total(), all.device.total());
-  // A device that holds the streamed model with 8 micro-batches' checkpoints
-  // but not the whole model: the vertical order.
   const uint64_t host = 64 * kGiB;
   Result<Plan> p = make_plan(s, {all.device.total(), host, 0}, bw);
   ASSERT_TRUE(p) << p.error().to_string();
-  EXPECT_TRUE(p->placement.vertical) << format_plan(*p, {all.device.total(), host, 0});
-  EXPECT_NE(p->why.find("every micro-batch of a block at once"), std::string::npos) << p->why;
-  // A device with room for one micro-batch's checkpoints only: one at a time.
+  EXPECT_EQ(p->placement.micro_batches_per_pass, 8) << format_plan(*p, {all.device.total(), host, 0});
+  EXPECT_NE(p->why.find("8 micro-batches of a block at once"), std::string::npos) << p->why;
+  p = make_plan(s, {two.device.total(), host, 0}, bw);
+  ASSERT_TRUE(p) << p.error().to_string();
+  EXPECT_EQ(p->placement.micro_batches_per_pass, 2) << p->why;
   p = make_plan(s, {one.device.total(), host, 0}, bw);
   ASSERT_TRUE(p) << p.error().to_string();
-  EXPECT_FALSE(p->placement.vertical) << p->why;
+  EXPECT_EQ(p->placement.micro_batches_per_pass, 1) << p->why;
   // One micro-batch: nothing to choose.
   TrainSetup single = s;
   single.grad_accum = 1;
   p = make_plan(single, {all.device.total(), host, 0}, bw);
   ASSERT_TRUE(p);
-  EXPECT_FALSE(p->placement.vertical);
-  // Asked for: only the vertical order (here it does not fit, and says so).
+  EXPECT_EQ(p->placement.micro_batches_per_pass, 1);
+  // Asked for: only that group (here it does not fit, and says so).
   TrainSetup asked = s;
-  asked.vertical = true;
+  asked.micro_batches_per_pass = 8;
   p = make_plan(asked, {one.device.total(), host, 0}, bw);
   ASSERT_FALSE(p);
   EXPECT_EQ(p.error().code(), StatusCode::kResourceExhausted);
-  EXPECT_NE(p.error().message().find("vertical accumulation"), std::string::npos) << p.error().to_string();
+  EXPECT_NE(p.error().message().find("8 micro-batches of a block at once"), std::string::npos) << p.error().to_string();
 }
 
 }  // namespace

@@ -892,6 +892,31 @@ TEST(Trainer, VerticalAccumulationGivesTheSameBitsAndMovesTheWeightsOnce) {
     }
     EXPECT_EQ(losses[1], losses[0]);
   }
+  // In groups: four micro-batches in passes of two, the same bits again;
+  // the weights move twice a step; a group that does not divide is refused.
+  {
+    TrainerOptions o = base;
+    o.grad_accum = 4;
+    o.stream_weights = true;
+    o.device_bytes = 8ull << 20;
+    std::vector<float> losses[3];
+    uint64_t h2d[3] = {0, 0, 0};
+    for (int g = 0; g < 3; ++g) {
+      o.vertical_accumulation = g > 0;
+      o.vertical_group = g == 1 ? 2 : 0;
+      run_h2d(o, 4, &losses[g], &h2d[g]);
+    }
+    EXPECT_EQ(losses[1], losses[0]);
+    EXPECT_EQ(losses[2], losses[0]);
+    EXPECT_LT(h2d[1], h2d[0]);
+    EXPECT_LT(h2d[2], h2d[1]);
+    o.vertical_accumulation = true;
+    o.vertical_group = 3;
+    Result<std::unique_ptr<Trainer>> bad = Trainer::create(o);
+    ASSERT_FALSE(bad);
+    EXPECT_NE(bad.error().message().find("vertical_group must divide grad_accum (4)"), std::string::npos)
+        << bad.error().to_string();
+  }
   TrainerOptions refused = base;
   refused.vertical_accumulation = true;
   refused.stream_weights = true;
@@ -1060,12 +1085,13 @@ TEST(Trainer, PlannedBytesPerTierMatchWhatTheRunUsed) {
   // The vertical order: grad_accum micro-batches' checkpoints, block
   // gradients and embedding gradients on the device at once — resident and
   // streamed, states in RAM and on NVMe, every tier against the plan.
-  for (int64_t accum : {2, 4}) {
+  for (int64_t accum : {2, 4, -4}) {  // -4: four micro-batches in passes of two
     for (int depth : {0, 1}) {
       for (Tier states : {Tier::kHost, Tier::kNvme}) {
         TrainerOptions o = tiny(11);
         o.model.layers = 3;
-        o.grad_accum = accum;
+        o.grad_accum = std::abs(accum);
+        o.vertical_group = accum < 0 ? 2 : 0;
         o.vertical_accumulation = true;
         o.stream_weights = depth > 0;
         o.device_bytes = depth > 0 ? 1ull << 30 : 0;
@@ -1076,6 +1102,7 @@ TEST(Trainer, PlannedBytesPerTierMatchWhatTheRunUsed) {
         pl.weights = depth > 0 ? Tier::kHost : Tier::kDevice;
         pl.states = states;
         pl.prefetch_depth = o.prefetch_depth;
+        pl.micro_batches_per_pass = micro_batches_per_pass(o);
         const Plan plan = estimate(training_setup(o), pl, Bandwidths{});
         Result<std::unique_ptr<Trainer>> tr = Trainer::create(o);
         ASSERT_TRUE(tr) << tr.error().to_string();
