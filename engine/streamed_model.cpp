@@ -151,11 +151,11 @@ Result<float> StreamedModel::forward_backward(const std::vector<const void*>& we
   return loss;
 }
 
-Status StreamedModel::forward_backward_vertical(const std::vector<const void*>& weights, const int32_t* tokens,
-                                                const int32_t* targets, const std::vector<void*>& grads,
-                                                const MicroBatchLanded& landed,
-                                                const std::function<Status()>& before_resend, float dloss,
-                                                std::vector<float>* losses, bool same_weights) {
+Status StreamedModel::forward_backward_pass(const std::vector<const void*>& weights, const int32_t* tokens,
+                                            const int32_t* targets, const std::vector<void*>& grads,
+                                            const MicroBatchLanded& landed,
+                                            const std::function<Status()>& before_resend, float dloss,
+                                            std::vector<float>* losses, bool same_weights) {
   if (weights.size() != layout_.size() || grads.size() != layout_.size()) {
     return invalid_argument("streamed model: expected " + std::to_string(layout_.size()) + " chunks");
   }

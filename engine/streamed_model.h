@@ -63,23 +63,24 @@ class StreamedModel {
   Result<float> forward_backward(const std::vector<const void*>& weights, const int32_t* tokens, const int32_t* targets,
                                  const std::vector<void*>& grads, const GradLanded& landed = {}, float dloss = 1.0f,
                                  bool same_weights = false);
-  // The vertical order (create's micro_batches = V > 1, checkpoints on the
-  // device): V micro-batches in one pass — each block's weights come to the
-  // device once and compute every micro-batch (V sets of block inputs and
-  // block gradients on the device, and of embedding gradients). `tokens`
-  // and `targets` hold V micro-batches of B x seq, one after another. Each
-  // chunk's gradient lands V times in a row, micro-batch by micro-batch,
-  // into the same host buffer: `landed(chunk, k)` after micro-batch k's copy
-  // was issued, and `before_resend()` before the copy of micro-batch k >= 1
-  // of the same chunk is issued — by then whatever the caller does with the
-  // host buffer must be done (the compute of that micro-batch ran
-  // meanwhile). Each micro-batch's gradients are the bits the one-at-a-time
-  // order computes; `losses` gets the V mean losses.
+  // One pass over create's micro_batches = V micro-batches: with V > 1 the
+  // vertical order (checkpoints on the device) — each block's weights come
+  // to the device once and compute every micro-batch (V sets of block
+  // inputs and block gradients on the device, and of embedding gradients).
+  // `tokens` and `targets` hold V micro-batches of B x seq, one after
+  // another. Each chunk's gradient lands V times in a row, micro-batch by
+  // micro-batch, into the same host buffer: `landed(chunk, k)` after
+  // micro-batch k's copy was issued, and `before_resend()` before the copy
+  // of micro-batch k >= 1 of the same chunk is issued — by then whatever the
+  // caller does with the host buffer must be done (the compute of that
+  // micro-batch ran meanwhile). Each micro-batch's gradients are the bits
+  // the one-at-a-time order computes; `losses` gets the V mean losses.
+  // `same_weights` as for forward_backward.
   using MicroBatchLanded = std::function<void(size_t chunk, int64_t micro_batch)>;
-  Status forward_backward_vertical(const std::vector<const void*>& weights, const int32_t* tokens,
-                                   const int32_t* targets, const std::vector<void*>& grads,
-                                   const MicroBatchLanded& landed, const std::function<Status()>& before_resend,
-                                   float dloss, std::vector<float>* losses, bool same_weights = false);
+  Status forward_backward_pass(const std::vector<const void*>& weights, const int32_t* tokens, const int32_t* targets,
+                               const std::vector<void*>& grads, const MicroBatchLanded& landed,
+                               const std::function<Status()>& before_resend, float dloss, std::vector<float>* losses,
+                               bool same_weights = false);
   int micro_batches() const { return micro_batches_; }
   // Waits until `chunk`'s gradient of the step in flight is in its host
   // buffer (any thread; valid until the next forward_backward).

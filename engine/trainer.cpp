@@ -556,62 +556,33 @@ Result<float> Trainer::run_step(const int32_t* data_tokens, const int32_t* data_
       return ok_status();
     });
   };
-  // A pass's link counters, from the streamed model's totals before it.
-  auto count_pass = [&](uint64_t h2d, uint64_t d2h) {
-    counters.h2d_bytes += streamed_->bytes_to_device() - h2d;
-    counters.d2h_bytes += streamed_->bytes_to_host() - d2h;
-    counters.device_wait_s += streamed_->last_wait_seconds();
-  };
-  // One micro-batch's forward and backward, on the caller's k-th
-  // micro-batch or the synthetic stream's batch `index`: every chunk's
-  // gradient lands whole in grads_ (overwritten). With `land`, each goes to the stage as
-  // it lands; otherwise (accumulating) it is added into the fp32 sums as it
-  // lands — the sum starts over with the `first` micro-batch.
-  auto micro_batch = [&](int64_t k, int64_t index, bool land, bool first) -> Result<float> {
-    const int64_t per_batch = options_.batch * options_.seq;
-    if (data_tokens == nullptr) make_batch(index, &tokens, &targets);
-    const int32_t* tok = data_tokens ? data_tokens + k * per_batch : tokens.data();
-    const int32_t* tgt = data_targets ? data_targets + k * per_batch : targets.data();
-    const uint64_t h2d = streamed_->bytes_to_device(), d2h = streamed_->bytes_to_host();
-    StreamedModel::GradLanded landed;
-    if (land) {
-      landed = [&, model](size_t c) { hand_over(c, A > 1, [model, c] { return model->await_gradient(c); }); };
-    } else if (A > 1) {
-      landed = [&, first](size_t c) { sum_later(c, first); };
-    }
-    // Micro-batches after the first compute with the same weights: what the
-    // last one left on the device stays (resident weights go up once a step).
-    Result<float> fb = streamed_->forward_backward(pass_weights, tok, tgt, pass_grads, landed, dloss, k > 0);
-    // Every sum in flight reads grads_, which the next micro-batch overwrites.
-    Status summed = accumulator_ ? accumulator_->drain() : ok_status();
-    if (!fb) return std::move(fb).error();
-    STRATA_RETURN_IF_ERROR(summed);
-    count_pass(h2d, d2h);
-    return *fb;
-  };
-  // The vertical order: the A micro-batches in passes of V (a divisor of
-  // A) through the streamed model. In a pass each chunk's gradient lands V
-  // times in a row into grads_; every landing but the stage's (the step's
-  // last, unless delayed) is summed on the accumulator's thread, which is
-  // drained before the next copy into the same buffer and after each pass.
-  // The sums' order, and so their bits, are the one-at-a-time order's.
-  // Returns the sum of the A losses, in micro-batch order.
-  auto vertical = [&]() -> Result<double> {
+  // The A micro-batches in passes of V through the streamed model: one at a
+  // time (V = 1), or V together in the vertical order (V divides A). In a
+  // pass each chunk's gradient lands V times in a row into grads_. The
+  // step's last landing goes to the stage (unless delayed: then every
+  // chunk is handed over after backward); with A > 1 every other one is
+  // added into the fp32 sums on the accumulator's thread, which is drained
+  // before the next copy into the same buffer and after each pass. The sums'
+  // order, and so their bits, are the same for any V. Passes after the
+  // first compute with the same weights: what the last left on the device
+  // stays (resident weights go up once a step). Returns the sum of the A
+  // losses, in micro-batch order.
+  auto passes = [&]() -> Result<double> {
     const int64_t V = streamed_->micro_batches(), per = options_.batch * options_.seq;
     double total = 0;
-    for (int64_t pass = 0; pass < A / V; ++pass) {
-      const int64_t k0 = pass * V;  // the pass's first micro-batch
+    std::vector<float> losses;
+    for (int64_t k0 = 0; k0 < A; k0 += V) {  // the pass's first micro-batch
       const int32_t* tok = data_tokens ? data_tokens + k0 * per : nullptr;
       const int32_t* tgt = data_targets ? data_targets + k0 * per : nullptr;
       if (tok == nullptr) {
-        std::vector<int32_t> all_tokens, all_targets;
+        tokens.clear();
+        targets.clear();
+        std::vector<int32_t> tk, tg;
         for (int64_t k = k0; k < k0 + V; ++k) {
-          make_batch(t_ * A + k, &tokens, &targets);
-          all_tokens.insert(all_tokens.end(), tokens.begin(), tokens.end());
-          all_targets.insert(all_targets.end(), targets.begin(), targets.end());
+          make_batch(t_ * A + k, &tk, &tg);
+          tokens.insert(tokens.end(), tk.begin(), tk.end());
+          targets.insert(targets.end(), tg.begin(), tg.end());
         }
-        tokens = std::move(all_tokens);
-        targets = std::move(all_targets);
         tok = tokens.data();
         tgt = targets.data();
       }
@@ -619,21 +590,20 @@ Result<float> Trainer::run_step(const int32_t* data_tokens, const int32_t* data_
       auto landed = [&, model](size_t c, int64_t m) {
         const int64_t k = k0 + m;
         if (k == A - 1 && !delayed) {
-          hand_over(c, true, [model, c] { return model->await_gradient(c); });
-        } else {
+          hand_over(c, A > 1, [model, c] { return model->await_gradient(c); });
+        } else if (A > 1) {
           sum_later(c, k == 0);
         }
       };
       auto before_resend = [this] { return accumulator_->drain(); };
-      std::vector<float> losses;
-      // Passes after the first compute with the same weights: what the
-      // last one left on the device stays.
-      Status fb = streamed_->forward_backward_vertical(pass_weights, tok, tgt, pass_grads, landed, before_resend, dloss,
-                                                       &losses, pass > 0);
-      Status summed = accumulator_->drain();
+      Status fb = streamed_->forward_backward_pass(pass_weights, tok, tgt, pass_grads, landed, before_resend, dloss,
+                                                   &losses, k0 > 0);
+      Status summed = accumulator_ ? accumulator_->drain() : ok_status();
       STRATA_RETURN_IF_ERROR(fb);
       STRATA_RETURN_IF_ERROR(summed);
-      count_pass(h2d, d2h);
+      counters.h2d_bytes += streamed_->bytes_to_device() - h2d;
+      counters.d2h_bytes += streamed_->bytes_to_host() - d2h;
+      counters.device_wait_s += streamed_->last_wait_seconds();
       for (float l : losses) total += l;
     }
     return total;
@@ -650,20 +620,9 @@ Result<float> Trainer::run_step(const int32_t* data_tokens, const int32_t* data_
   nvme_totals(&nvme_read0, &nvme_written0);
   // Each micro-batch's gradient is computed alone and summed in fp32, in
   // order (the same bits in every placement); the 1/A goes into the scale.
-  double sum = 0;
-  if (streamed_->micro_batches() > 1) {
-    Result<double> s = vertical();
-    if (!s) return abandon(std::move(s).error());
-    sum = *s;
-  } else {
-    for (int64_t k = 0; k < A; ++k) {
-      const bool last_landing = k == A - 1 && !delayed;
-      Result<float> l = micro_batch(k, t_ * A + k, last_landing, k == 0);
-      if (!l) return abandon(std::move(l).error());
-      sum += *l;
-    }
-  }
-  const float loss = A == 1 ? static_cast<float>(sum) : static_cast<float>(sum / static_cast<double>(A));
+  Result<double> sum = passes();
+  if (!sum) return abandon(std::move(sum).error());
+  const float loss = A == 1 ? static_cast<float>(*sum) : static_cast<float>(*sum / static_cast<double>(A));
   last_times_.forward_backward = seconds_since(t0);
   phase("forward+backward");
   t0 = std::chrono::steady_clock::now();
