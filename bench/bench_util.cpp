@@ -22,11 +22,6 @@ std::string cpu_model() {
   return "unknown";
 }
 
-uint64_t physical_memory_bytes() {
-  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
-}
-
 nlohmann::json system_info() {
   utsname uts{};
   ::uname(&uts);

@@ -14,8 +14,6 @@ namespace strata::bench {
 std::string cpu_model();
 // {"cpu": ..., "kernel": ..., "cores": ...}
 nlohmann::json system_info();
-// Physical memory of this machine, in bytes.
-uint64_t physical_memory_bytes();
 
 // Benchmarks stop at the first failure: prints "program: status" and exits 1.
 void exit_on_error(const Status& status, std::string_view program);

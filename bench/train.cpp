@@ -31,10 +31,6 @@ const char* kDefaultConfig = R"({
   "steps": 60
 })";
 
-// The NVMe budget of a run with NVMe paths but none in its config: enough
-// that the planner never runs short of it (as engine::apply_planned_placement).
-constexpr uint64_t kNvmeUnbudgeted = 1ull << 40;
-
 int run(int argc, char** argv) {
   CLI::App app{"strata-train: train a GPT (synthetic data) on the host backend or a CUDA GPU, with optimizer states in RAM or on NVMe"};
   std::string adam_states;
@@ -187,7 +183,7 @@ int run(int argc, char** argv) {
   }
   // The planner's view of the same run: the estimate of the placement this
   // run uses, and, when the planner would pick another, that one too.
-  if (o.states == engine::Tier::kNvme && budgets.nvme_bytes == 0) budgets.nvme_bytes = kNvmeUnbudgeted;
+  if (o.states == engine::Tier::kNvme && budgets.nvme_bytes == 0) budgets.nvme_bytes = engine::kNvmeUnbudgeted;
   engine::TrainSetup setup = engine::training_setup(o);
   const engine::Placement run_placement{stream ? o.weights : engine::Tier::kDevice,
                                         o.states,

@@ -1,9 +1,16 @@
 #include "common/units.h"
 
+#include <unistd.h>
+
 #include <cctype>
 #include <cstdio>
 
 namespace strata {
+
+uint64_t physical_memory_bytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
+}
 
 std::string format_bytes(uint64_t bytes) {
   static constexpr const char* kNames[] = {"B", "KiB", "MiB", "GiB", "TiB"};

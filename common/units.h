@@ -25,5 +25,7 @@ std::string format_bytes(uint64_t bytes);
 // Parses "4GiB", "512M", "1k", "4096" (K/M/G/T with or without "iB" are powers
 // of 1024). Returns false on malformed input.
 bool parse_bytes(const std::string& text, uint64_t* out);
+// Physical memory of this machine, in bytes (0 if the system will not say).
+uint64_t physical_memory_bytes();
 
 }  // namespace strata

@@ -338,16 +338,22 @@ bool best_plan(const TrainSetup& s, const Budgets& b, const Bandwidths& bw, cons
                Plan* closest) {
   bool found = false, have_closest = false;
   double closest_over = std::numeric_limits<double>::infinity();
+  // The vertical order's group sizes (micro-batches per pass): the
+  // divisors of grad_accum above 1, or only the one asked for. It keeps the
+  // checkpoints on the device; asked for, it is the only order.
+  std::vector<int64_t> groups;
+  if (s.micro_batches_per_pass > 1) {
+    groups.push_back(s.micro_batches_per_pass);
+  } else {
+    for (int64_t v = 2; v <= s.grad_accum; ++v) {
+      if (s.grad_accum % v == 0) groups.push_back(v);
+    }
+  }
   std::vector<Placement> all;
   for (Placement pl : candidates(b, fixed)) {
-    // The vertical order keeps the checkpoints on the device; with more
-    // than one micro-batch it is a choice, or what was asked for.
-    // (Groups of micro-batches that divide grad_accum: all of them, or
-    // fewer where the device holds fewer; asked for, only that group.)
     if (s.micro_batches_per_pass <= 1) all.push_back(pl);
     if (pl.checkpoints != Tier::kDevice) continue;
-    for (int64_t v = 2; v <= s.grad_accum; ++v) {
-      if (s.grad_accum % v != 0 || (s.micro_batches_per_pass > 1 && v != s.micro_batches_per_pass)) continue;
+    for (int64_t v : groups) {
       pl.micro_batches_per_pass = v;
       all.push_back(pl);
     }
@@ -355,8 +361,8 @@ bool best_plan(const TrainSetup& s, const Budgets& b, const Bandwidths& bw, cons
   for (const Placement& pl : all) {
     Plan p = estimate(s, pl, bw);
     if (fits(p, b)) {
-      // Strictly faster wins; the enumeration order prefers faster tiers and
-      // shallower prefetch on ties.
+      // Strictly faster wins; the enumeration order prefers faster tiers,
+      // shallower prefetch and smaller groups on ties.
       if (!found || p.step_seconds < best->step_seconds * (1 - 1e-9)) {
         *best = p;
         found = true;

@@ -1,19 +1,8 @@
 #include "engine/trainer_config.h"
 
-#include <unistd.h>
+#include "common/units.h"
 
 namespace strata::engine {
-
-namespace {
-// The NVMe budget of a run with NVMe paths but none in its config: enough
-// that the planner never runs short of it.
-constexpr uint64_t kNvmeUnbudgeted = 1ull << 40;
-
-uint64_t physical_memory() {
-  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
-  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
-}
-}  // namespace
 
 Result<TrainerOptions> trainer_options(const EngineConfig& cfg) {
   if (cfg.optimizer.type != "adam" && cfg.optimizer.type != "adamw") {
@@ -59,7 +48,7 @@ Result<TrainerOptions> trainer_options(const EngineConfig& cfg) {
 Budgets budgets_or_defaults(Budgets b, bool* defaulted) {
   const bool fill = b.device_bytes == 0 || b.host_bytes == 0;
   if (b.device_bytes == 0) b.device_bytes = 1ull << 30;
-  if (b.host_bytes == 0) b.host_bytes = physical_memory() / 2;
+  if (b.host_bytes == 0) b.host_bytes = physical_memory_bytes() / 2;
   if (defaulted != nullptr) *defaulted = fill;
   return b;
 }

@@ -13,6 +13,10 @@
 
 namespace strata::engine {
 
+// The NVMe budget of a run with NVMe paths but none given: enough that the
+// planner never runs short of it.
+inline constexpr uint64_t kNvmeUnbudgeted = 1ull << 40;
+
 // Model, batch, accumulation (and its vertical order), seed, Adam or AdamW, clipping, precision
 // (bf16 or fp16) and loss scaling, the states' type and — when the config
 // fixes it on NVMe — their home with the config's nvme_paths, the piece
