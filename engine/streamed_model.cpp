@@ -134,21 +134,16 @@ void StreamedModel::settle() {
 Result<float> StreamedModel::forward_backward(const std::vector<const void*>& weights, const int32_t* tokens,
                                               const int32_t* targets, const std::vector<void*>& grads,
                                               const GradLanded& landed, float dloss, bool same_weights) {
-  if (weights.size() != layout_.size() || grads.size() != layout_.size()) {
-    return invalid_argument("streamed model: expected " + std::to_string(layout_.size()) + " chunks");
+  if (micro_batches_ != 1) {
+    return failed_precondition("streamed model: made for passes of " + std::to_string(micro_batches_) +
+                               " micro-batches; use forward_backward_pass");
   }
-  float loss = 0;
   MicroBatchLanded each;
   if (landed) each = [&landed](size_t chunk, int64_t) { landed(chunk); };
-  Status s = run_step(weights, tokens, targets, grads, each, {}, dloss, 1, &loss, same_weights);
-  // A failed step leaves nothing in flight: its copies, compute, checkpoint
-  // I/O and weight reads are waited for here, and the device's leftover
-  // asynchronous errors (the step already reported its own) are cleared.
-  if (!s.ok()) {
-    settle();
-    return s;
-  }
-  return loss;
+  std::vector<float> losses;
+  STRATA_RETURN_IF_ERROR(
+      forward_backward_pass(weights, tokens, targets, grads, each, {}, dloss, &losses, same_weights));
+  return losses.front();
 }
 
 Status StreamedModel::forward_backward_pass(const std::vector<const void*>& weights, const int32_t* tokens,
@@ -160,16 +155,19 @@ Status StreamedModel::forward_backward_pass(const std::vector<const void*>& weig
     return invalid_argument("streamed model: expected " + std::to_string(layout_.size()) + " chunks");
   }
   losses->assign(static_cast<size_t>(micro_batches_), 0.0f);
-  Status s = run_step(weights, tokens, targets, grads, landed, before_resend, dloss, micro_batches_, losses->data(),
-                      same_weights);
+  Status s = run_step(weights, tokens, targets, grads, landed, before_resend, dloss, losses->data(), same_weights);
+  // A failed pass leaves nothing in flight: its copies, compute, checkpoint
+  // I/O and weight reads are waited for here, and the device's leftover
+  // asynchronous errors (the pass already reported its own) are cleared.
   if (!s.ok()) settle();
   return s;
 }
 
 Status StreamedModel::run_step(const std::vector<const void*>& weights, const int32_t* tokens, const int32_t* targets,
                                const std::vector<void*>& grads, const MicroBatchLanded& landed,
-                               const std::function<Status()>& before_resend, float dloss, int64_t mbs, float* losses,
+                               const std::function<Status()>& before_resend, float dloss, float* losses,
                                bool same_weights) {
+  const int64_t mbs = micro_batches_;
   const gpu::GptConfig& c = config_;
   const int64_t L = c.layers, N = B_ * T_, C = c.hidden;
   meter_.reset();

@@ -55,11 +55,13 @@ class StreamedModel {
   // await_gradient(chunk) returns.
   using GradLanded = std::function<void(size_t chunk)>;
 
-  // Mean loss; `grads` (host, one per chunk, in dtype()) are overwritten
-  // with dloss * d(mean loss)/d(weights). `weights` are the host copies (in
-  // dtype()), in model_layout order. `same_weights`: the weights are those
-  // of the last call (the next micro-batch of a step), so what is still on
-  // the device is used as it is (ChunkStore::begin_step).
+  // One micro-batch (a model made with micro_batches = 1; otherwise
+  // FailedPrecondition). Mean loss; `grads` (host, one per chunk, in
+  // dtype()) are overwritten with dloss * d(mean loss)/d(weights). `weights`
+  // are the host copies (in dtype()), in model_layout order.
+  // `same_weights`: the weights are those of the last call (the next
+  // micro-batch of a step), so what is still on the device is used as it is
+  // (ChunkStore::begin_step).
   Result<float> forward_backward(const std::vector<const void*>& weights, const int32_t* tokens, const int32_t* targets,
                                  const std::vector<void*>& grads, const GradLanded& landed = {}, float dloss = 1.0f,
                                  bool same_weights = false);
@@ -120,11 +122,10 @@ class StreamedModel {
 
  private:
   StreamedModel() = default;
-  // forward_backward's body over `mbs` micro-batches (1, or micro_batches_).
+  // forward_backward_pass's body.
   Status run_step(const std::vector<const void*>& weights, const int32_t* tokens, const int32_t* targets,
                   const std::vector<void*>& grads, const MicroBatchLanded& landed,
-                  const std::function<Status()>& before_resend, float dloss, int64_t mbs, float* losses,
-                  bool same_weights = false);
+                  const std::function<Status()>& before_resend, float dloss, float* losses, bool same_weights);
   // Waits for everything a step put in flight and clears leftover errors.
   void settle();
   Status wait_for(gpu::Event e, const char* what) { return meter_.wait(*dev_, e, what); }
