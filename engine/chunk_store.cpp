@@ -54,6 +54,7 @@ Result<std::unique_ptr<ChunkStore>> ChunkStore::create(std::vector<gpu::ChunkLay
                                                        gpu::Stream copy, WaitMeter* meter,
                                                        ChunkStoreOptions options) {
   if (layout.size() < 2) return invalid_argument("chunk store: needs the resident chunk and at least one more");
+  if (options.micro_batches < 1) return invalid_argument("chunk store: micro_batches must be >= 1");
   if (options.prefetch_depth < 1 || options.prefetch_depth > 1024) {
     return invalid_argument("prefetch depth must be 1..1024");
   }
@@ -83,7 +84,6 @@ Result<std::unique_ptr<ChunkStore>> ChunkStore::create(std::vector<gpu::ChunkLay
     s->grad_slots_.push_back(std::move(slot));
   }
   STRATA_ASSIGN_OR_RETURN(s->resident_, device.allocate(s->bytes_of(0), "embedding weights"));
-  if (options.micro_batches < 1) return invalid_argument("chunk store: micro_batches must be >= 1");
   s->micro_batches_ = options.micro_batches;
   STRATA_ASSIGN_OR_RETURN(
       s->resident_grad_,
@@ -431,12 +431,16 @@ Result<ChunkStore::Use> ChunkStore::acquire(size_t chunk) {
 
 void ChunkStore::release(const Use& use) { drop_use(use.position); }
 
-Result<void*> ChunkStore::gradient_buffer(size_t chunk, int micro_batch) {
-  if (chunk >= layout_.size()) return invalid_argument("chunk store: no chunk " + std::to_string(chunk));
+Result<void*> ChunkStore::embedding_gradient(int micro_batch) {
   if (micro_batch < 0 || micro_batch >= micro_batches_) {
     return invalid_argument("chunk store: no micro-batch " + std::to_string(micro_batch));
   }
-  void* buffer = resident_grad_.as<uint8_t>() + static_cast<uint64_t>(micro_batch) * bytes_of(0);
+  return static_cast<void*>(resident_grad_.as<uint8_t>() + static_cast<uint64_t>(micro_batch) * bytes_of(0));
+}
+
+Result<void*> ChunkStore::gradient_buffer(size_t chunk, int micro_batch) {
+  if (chunk >= layout_.size()) return invalid_argument("chunk store: no chunk " + std::to_string(chunk));
+  STRATA_ASSIGN_OR_RETURN(void* buffer, embedding_gradient(micro_batch));
   if (chunk != 0) {
     const size_t g = next_grad_slot_++ % grad_slots_.size();
     if (grad_slot_done_[g].id >= 0) STRATA_RETURN_IF_ERROR(meter_->wait(*dev_, grad_slot_done_[g], "gradient buffer"));
@@ -450,13 +454,10 @@ Result<void*> ChunkStore::gradient_buffer(size_t chunk, int micro_batch) {
 
 Status ChunkStore::send_gradient(size_t chunk, void* host_dst, int micro_batch) {
   if (chunk >= layout_.size()) return invalid_argument("chunk store: no chunk " + std::to_string(chunk));
-  if (micro_batch < 0 || micro_batch >= micro_batches_) {
-    return invalid_argument("chunk store: no micro-batch " + std::to_string(micro_batch));
-  }
+  STRATA_ASSIGN_OR_RETURN(const void* src, embedding_gradient(micro_batch));
   if (residency(chunk, View::kGradient) != Residency::kDirty) {
     return failed_precondition("chunk store: chunk " + std::to_string(chunk) + "'s gradient was not computed");
   }
-  const void* src = resident_grad_.as<uint8_t>() + static_cast<uint64_t>(micro_batch) * bytes_of(0);
   if (chunk != 0) src = grad_slots_[*grad_slot_of_[chunk]].data();
   STRATA_RETURN_IF_ERROR(dev_->copy_to_host(copy_, host_dst, src, bytes_of(chunk)));
   STRATA_ASSIGN_OR_RETURN(gpu::Event copied, dev_->record(copy_));

@@ -190,6 +190,8 @@ class ChunkStore {
   size_t next_use(size_t chunk, size_t after) const;
   // Issues the copies of positions up to current + depth whose chunks are known.
   Status issue_ahead(size_t current);
+  // Chunk 0's gradient buffer of `micro_batch` (InvalidArgument past micro_batches_).
+  Result<void*> embedding_gradient(int micro_batch);
   void drop_use(size_t pos);
   // NVMe weights: reads issued by position up to `through`; the host buffer
   // holding `chunk` for position `pos` once its read is done.
