@@ -216,16 +216,28 @@ Status SafetensorsReader::read(const std::string& name, std::span<std::byte> out
 Result<std::string> CheckpointDir::begin(int64_t step) {
   std::error_code ec;
   std::filesystem::create_directories(root_, ec);
-  if (ec) return failed_precondition("checkpoint root " + root_ + ": " + ec.message());
+  if (ec) return errno_status(ec.value(), "checkpoint: creating the root " + root_);
   std::string name = "step-" + std::to_string(step);
   for (int k = 1; std::filesystem::exists(root_ + "/" + name); ++k) {
     name = "step-" + std::to_string(step) + ".r" + std::to_string(k);
   }
+  // Earlier attempts a killed writer left (step-*.tmp; latest.tmp is the
+  // pointer's own and is replaced by commit()).
+  std::vector<std::filesystem::path> unfinished;
+  for (const auto& entry : std::filesystem::directory_iterator(root_, ec)) {
+    const std::string leaf = entry.path().filename().string();
+    if (leaf.rfind("step-", 0) == 0 && leaf.ends_with(".tmp")) unfinished.push_back(entry.path());
+  }
+  if (ec) return errno_status(ec.value(), "checkpoint: listing " + root_);
+  for (const auto& path : unfinished) {
+    std::filesystem::remove_all(path, ec);
+    if (ec) return errno_status(ec.value(), "checkpoint: removing the unfinished " + path.string());
+  }
   pending_ = name;
   std::string tmp = root_ + "/" + name + ".tmp";
-  std::filesystem::remove_all(tmp, ec);  // a crashed earlier attempt
   if (!std::filesystem::create_directory(tmp, ec) || ec) {
-    return failed_precondition("checkpoint: cannot create " + tmp + (ec ? ": " + ec.message() : ""));
+    return ec ? errno_status(ec.value(), "checkpoint: creating " + tmp)
+              : failed_precondition("checkpoint: cannot create " + tmp + ": it exists");
   }
   return tmp;
 }
@@ -239,7 +251,7 @@ Status CheckpointDir::commit(int64_t step) {
   for (const auto& entry : std::filesystem::directory_iterator(tmp, ec)) {
     if (entry.is_regular_file()) STRATA_RETURN_IF_ERROR(fsync_path(entry.path().string(), false));
   }
-  if (ec) return failed_precondition("checkpoint: listing " + tmp + ": " + ec.message());
+  if (ec) return errno_status(ec.value(), "checkpoint: listing " + tmp);
   STRATA_RETURN_IF_ERROR(fsync_path(tmp, true));
   if (::rename(tmp.c_str(), final_path.c_str()) != 0) return errno_status(errno, "rename " + tmp + " to " + final_path);
   STRATA_RETURN_IF_ERROR(fsync_path(root_, true));
@@ -255,6 +267,14 @@ Status CheckpointDir::commit(int64_t step) {
   if (::rename(latest_tmp.c_str(), latest_file.c_str()) != 0) return errno_status(errno, "rename " + latest_tmp);
   pending_.clear();
   return fsync_path(root_, true);
+}
+
+void CheckpointDir::abandon() {
+  if (pending_.empty()) return;
+  const std::string tmp = root_ + "/" + pending_ + ".tmp";
+  pending_.clear();
+  std::error_code ec;
+  std::filesystem::remove_all(tmp, ec);  // best effort: the next begin() retries it
 }
 
 Result<CheckpointDir::Entry> CheckpointDir::latest() const {

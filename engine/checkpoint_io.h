@@ -85,7 +85,11 @@ class SafetensorsReader {
 
 // The directory protocol above. A checkpoint of a step that already has one
 // goes to a fresh name (step-<N>.r<k>), so the directory `latest` names is
-// never removed or overwritten before `latest` moves on.
+// never removed or overwritten before `latest` moves on. A root has one
+// writer: begin() removes every .tmp directory a killed writer left, and an
+// attempt that does not commit (a full disk, a failed read of a state) is
+// removed when the CheckpointDir goes — a failed checkpoint must not keep
+// the space the next one needs.
 class CheckpointDir {
  public:
   struct Entry {
@@ -94,11 +98,18 @@ class CheckpointDir {
   };
 
   explicit CheckpointDir(std::string root) : root_(std::move(root)) {}
-  // Creates (empty) <root>/<name>.tmp for the step and returns its path.
+  ~CheckpointDir() { abandon(); }
+  CheckpointDir(const CheckpointDir&) = delete;
+  CheckpointDir& operator=(const CheckpointDir&) = delete;
+  // Creates (empty) <root>/<name>.tmp for the step and returns its path,
+  // after removing the .tmp directories of earlier attempts.
   Result<std::string> begin(int64_t step);
   // fsyncs the files in the .tmp directory and the directory, renames it into
   // place, and points `latest` at it. `step` must match begin().
   Status commit(int64_t step);
+  // Removes the .tmp directory of a begin() that was not committed (nothing
+  // when there is none).
+  void abandon();
   // The checkpoint `latest` names; NotFound when there is none.
   Result<Entry> latest() const;
   Result<int64_t> latest_step() const;

@@ -2,10 +2,12 @@
 
 #include <gtest/gtest.h>
 #include <linux/io_uring.h>
+#include <sys/mount.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -93,5 +95,30 @@ bool uring_available(std::string* why) {
 }
 
 bool is_root() { return ::geteuid() == 0; }
+
+SmallDisk::SmallDisk(const std::string& dir, uint64_t size_bytes) : mount_point_(dir + "/mnt") {
+  if (!is_root()) {
+    skip_reason_ = "needs root to loop-mount an ext4 image";
+    return;
+  }
+  const std::string image = dir + "/small.img";
+  const std::string mkfs = "mkdir -p " + mount_point_ + " && truncate -s " + std::to_string(size_bytes) + " " + image +
+                           " && mkfs.ext4 -q -F -m 0 " + image + " >/dev/null 2>&1";
+  if (std::system(mkfs.c_str()) != 0) {
+    skip_reason_ = "mkfs.ext4 not available";
+    return;
+  }
+  if (std::system(("mount -o loop " + image + " " + mount_point_ + " 2>/dev/null").c_str()) != 0) {
+    skip_reason_ = "loop mount refused here (no loop devices or no CAP_SYS_ADMIN)";
+    return;
+  }
+  mounted_ = true;
+}
+
+SmallDisk::~SmallDisk() {
+  if (mounted_ && ::umount(mount_point_.c_str()) != 0) {
+    std::fprintf(stderr, "SmallDisk: umount %s: %s\n", mount_point_.c_str(), std::strerror(errno));
+  }
+}
 
 }  // namespace strata::testing

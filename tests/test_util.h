@@ -38,4 +38,22 @@ std::string check_stamped(const std::byte* data, uint64_t size_bytes, uint64_t b
 bool uring_available(std::string* why);
 bool is_root();
 
+// A small ext4 filesystem on a loop device, mounted at `dir`/mnt and
+// unmounted by the destructor: a real full disk (no blocks reserved for
+// root, so statvfs's f_bfree is what a writer gets). Needs root, mkfs.ext4 and a
+// loop device; skip_reason() says which is missing ("" when mounted).
+class SmallDisk {
+ public:
+  SmallDisk(const std::string& dir, uint64_t size_bytes);
+  ~SmallDisk();
+  SmallDisk(const SmallDisk&) = delete;
+  SmallDisk& operator=(const SmallDisk&) = delete;
+  const std::string& skip_reason() const { return skip_reason_; }
+  const std::string& mount_point() const { return mount_point_; }
+
+ private:
+  std::string mount_point_, skip_reason_;
+  bool mounted_ = false;
+};
+
 }  // namespace strata::testing

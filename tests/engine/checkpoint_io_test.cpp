@@ -185,5 +185,39 @@ TEST(CheckpointDir, CommitIsAtomicAndAKilledWriterLeavesThePreviousOne) {
   EXPECT_TRUE(std::filesystem::exists(dir.path() + "/ckpt/step-20"));
 }
 
+// A root has one writer: an attempt that does not commit is removed when
+// its CheckpointDir goes, and begin() removes whatever .tmp a killed writer
+// left, of any step (a failed checkpoint must not keep the space the next
+// one needs).
+TEST(CheckpointDir, UnfinishedAttemptsAreRemoved) {
+  strata::testing::TempDir dir;
+  const std::string root = dir.path() + "/ckpt";
+  std::vector<TensorInfo> model = {{"w", TensorType::kF32, {1 << 12}}};
+  {
+    CheckpointDir ckpt(root);
+    Result<std::string> tmp = ckpt.begin(3);
+    ASSERT_TRUE(tmp) << tmp.error().to_string();
+    ASSERT_TRUE(write_model(*tmp + "/model.safetensors", model, 4096).ok());
+    EXPECT_TRUE(std::filesystem::exists(*tmp));
+  }  // not committed
+  EXPECT_FALSE(std::filesystem::exists(root + "/step-3.tmp"));
+  EXPECT_EQ(CheckpointDir(root).latest_step().error().code(), StatusCode::kNotFound);
+  // What a killed writer leaves (no destructor ran), of two other steps.
+  for (const char* leftover : {"/step-7.tmp", "/step-9.r1.tmp"}) {
+    std::filesystem::create_directories(root + leftover);
+    ASSERT_TRUE(write_model(root + leftover + "/model.safetensors", model, 4096).ok());
+  }
+  CheckpointDir ckpt(root);
+  Result<std::string> tmp = ckpt.begin(12);
+  ASSERT_TRUE(tmp) << tmp.error().to_string();
+  EXPECT_FALSE(std::filesystem::exists(root + "/step-7.tmp"));
+  EXPECT_FALSE(std::filesystem::exists(root + "/step-9.r1.tmp"));
+  ASSERT_TRUE(write_model(*tmp + "/model.safetensors", model, 4096).ok());
+  ASSERT_TRUE(ckpt.commit(12).ok());
+  ckpt.abandon();  // nothing pending: the committed checkpoint stays
+  EXPECT_EQ(*ckpt.latest_step(), 12);
+  EXPECT_TRUE(std::filesystem::exists(root + "/step-12/model.safetensors"));
+}
+
 }  // namespace
 }  // namespace strata::engine

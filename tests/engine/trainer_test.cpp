@@ -4,10 +4,12 @@
 // reproduces steps 11-20 bit for bit.
 #include "engine/trainer.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <linux/capability.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -26,6 +28,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/unique_fd.h"
+#include "engine/checkpoint_io.h"
 #include "tests/test_util.h"
 
 #ifdef STRATA_HAVE_CUDA
@@ -545,6 +549,87 @@ TEST(Trainer, NvmeFaultsEndTheStepAndLeaveTheCheckpointIntact) {
 // ends with the error; the speculative updates it began are never switched
 // to, and the same trainer, once the fault is gone, continues exactly as the
 // run that never failed.
+// Bytes the superuser may still write on the filesystem holding `path`.
+uint64_t free_bytes(const std::string& path) {
+  struct statvfs fs {};
+  EXPECT_EQ(::statvfs(path.c_str(), &fs), 0) << path;
+  return static_cast<uint64_t>(fs.f_bfree) * fs.f_frsize;
+}
+
+// A checkpoint that does not fit on a real full disk: the save is refused
+// naming ENOSPC, its unfinished files are removed (the space comes back), the
+// checkpoint before it still loads and continues bit for bit, and the
+// trainer goes on and saves again once there is room.
+TEST(Trainer, ACheckpointOnAFullDiskFailsLeavingThePreviousOneAndNoPartialFiles) {
+  uint64_t seed = strata::testing::test_seed(131);
+  strata::testing::TempDir dir;
+  strata::testing::SmallDisk disk(dir.path(), 16 << 20);
+  if (!disk.skip_reason().empty()) GTEST_SKIP() << disk.skip_reason();
+  const std::string ckpt = disk.mount_point() + "/ckpt", ballast = disk.mount_point() + "/ballast";
+  const TrainerOptions o = tiny(seed);
+  const std::vector<float> ref = run(o, 6);
+  ASSERT_EQ(ref.size(), 6u);
+  {
+    Result<std::unique_ptr<Trainer>> tr = Trainer::create(o);
+    ASSERT_TRUE(tr) << tr.error().to_string();
+    for (size_t i = 0; i < 2; ++i) ASSERT_EQ(*(*tr)->step(), ref[i]);
+    const uint64_t before = free_bytes(disk.mount_point());
+    ASSERT_TRUE((*tr)->save(ckpt).ok());
+    const uint64_t checkpoint_bytes = before - free_bytes(disk.mount_point());
+    ASSERT_GT(checkpoint_bytes, 0u);
+    // Fill the disk, then give back half a checkpoint. (statvfs counts the
+    // blocks ext4 keeps back for its own metadata as free: only a write that
+    // fails tells where the disk ends.)
+    {
+      strata::UniqueFd fd(::open(ballast.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+      ASSERT_GE(fd.get(), 0);
+      off_t size = 0;
+      for (off_t piece = 1 << 16; piece >= 4096; piece /= 2) {
+        while (::posix_fallocate(fd.get(), size, piece) == 0) size += piece;
+      }
+      const off_t give_back = static_cast<off_t>(checkpoint_bytes / 2 / 4096 * 4096);
+      ASSERT_GT(size, give_back);
+      ASSERT_EQ(::ftruncate(fd.get(), size - give_back), 0);
+    }
+    for (size_t i = 2; i < 4; ++i) ASSERT_EQ(*(*tr)->step(), ref[i]);
+    const uint64_t full = free_bytes(disk.mount_point());
+    Status s = (*tr)->save(ckpt);
+    std::printf("save on a full disk: %s\n", s.to_string().c_str());
+    ASSERT_EQ(s.code(), StatusCode::kResourceExhausted) << s.to_string();
+    EXPECT_NE(s.message().find("ENOSPC"), std::string::npos) << s.to_string();
+    EXPECT_NE(s.message().find(ckpt), std::string::npos) << s.to_string();
+    EXPECT_EQ(free_bytes(disk.mount_point()), full);  // the unfinished files are gone
+    for (const auto& e : std::filesystem::directory_iterator(ckpt)) {
+      EXPECT_FALSE(e.path().string().ends_with(".tmp")) << e.path();
+    }
+    EXPECT_EQ(*CheckpointDir(ckpt).latest_step(), 2);
+    // The trainer goes on, and saves once there is room.
+    ASSERT_EQ(*(*tr)->step(), ref[4]);
+    ASSERT_EQ(::unlink(ballast.c_str()), 0);
+    ASSERT_TRUE((*tr)->save(ckpt).ok());
+    EXPECT_EQ(*CheckpointDir(ckpt).latest_step(), 5);
+  }
+  // The step-5 checkpoint continues bit for bit; so does the step-2 one.
+  for (const char* step : {"step-5", "step-2"}) {
+    SCOPED_TRACE(step);
+    const std::string only = dir.sub(std::string("only-") + step);
+    std::filesystem::copy(ckpt + "/" + step, only + "/" + step);
+    {
+      std::ofstream latest(only + "/latest");
+      latest << step << "\n";
+    }
+    Result<std::unique_ptr<Trainer>> tr = Trainer::create(o);
+    ASSERT_TRUE(tr) << tr.error().to_string();
+    Status loaded = (*tr)->load(only);
+    ASSERT_TRUE(loaded.ok()) << loaded.to_string();
+    for (size_t i = std::string(step) == "step-5" ? 5 : 2; i < ref.size(); ++i) {
+      Result<float> loss = (*tr)->step();
+      ASSERT_TRUE(loss) << loss.error().to_string();
+      EXPECT_EQ(*loss, ref[i]) << "step " << i + 1;
+    }
+  }
+}
+
 TEST(Trainer, AFailedStepChangesNothingAndTheTrainerContinues) {
   uint64_t seed = strata::testing::test_seed(113);
   strata::testing::TempDir dir;

@@ -5,7 +5,6 @@
 
 #include <gtest/gtest.h>
 #include <linux/magic.h>
-#include <sys/mount.h>
 #include <sys/vfs.h>
 
 #include <atomic>
@@ -442,31 +441,24 @@ TEST_P(SwapStoreTest, TmpfsDirectoryRefusedUnlessBufferedAllowed) {
 
 // A real full filesystem: a small ext4 image on a loop device.
 TEST_P(SwapStoreTest, RealFullDiskIsResourceExhaustedNamingTheFile) {
-  if (!strata::testing::is_root()) GTEST_SKIP() << "needs root to loop-mount an ext4 image";
-  std::string image = dir_.path() + "/small.img", mnt = dir_.sub("mnt");
-  std::string mkfs = "truncate -s 16M " + image + " && mkfs.ext4 -q -F " + image + " >/dev/null 2>&1";
-  if (std::system(mkfs.c_str()) != 0) GTEST_SKIP() << "mkfs.ext4 not available";
-  if (std::system(("mount -o loop " + image + " " + mnt + " 2>/dev/null").c_str()) != 0) {
-    GTEST_SKIP() << "loop mount refused here (no loop devices or no CAP_SYS_ADMIN)";
-  }
-  {
-    SwapStoreOptions o = options(0);
-    o.directories = {mnt};
-    auto store = open(o);
-    ASSERT_TRUE(store);
-    Buffer out = buffer_for(*store, 4 * kMiB), in = buffer_for(*store, 4 * kMiB);
-    strata::testing::fill_stamped(out.data(), 4 * kMiB, 0, 8);
-    Status s;
-    int written = 0;
-    for (; written < 10 && s.ok(); ++written) s = write_sync(*store, "f" + std::to_string(written), out, 4 * kMiB);
-    ASSERT_EQ(s.code(), StatusCode::kResourceExhausted) << s.to_string();
-    EXPECT_NE(s.message().find(mnt), std::string::npos) << s.to_string();
-    EXPECT_NE(s.message().find("ENOSPC"), std::string::npos) << s.to_string();
-    // What was written before the disk filled is intact.
-    ASSERT_TRUE(read_sync(*store, "f0", in).ok());
-    EXPECT_EQ(strata::testing::check_stamped(in.data(), 4 * kMiB, 0, 8), "");
-  }
-  EXPECT_EQ(::umount(mnt.c_str()), 0);
+  strata::testing::SmallDisk disk(dir_.path(), 16 * kMiB);
+  if (!disk.skip_reason().empty()) GTEST_SKIP() << disk.skip_reason();
+  const std::string& mnt = disk.mount_point();
+  SwapStoreOptions o = options(0);
+  o.directories = {mnt};
+  auto store = open(o);
+  ASSERT_TRUE(store);
+  Buffer out = buffer_for(*store, 4 * kMiB), in = buffer_for(*store, 4 * kMiB);
+  strata::testing::fill_stamped(out.data(), 4 * kMiB, 0, 8);
+  Status s;
+  int written = 0;
+  for (; written < 10 && s.ok(); ++written) s = write_sync(*store, "f" + std::to_string(written), out, 4 * kMiB);
+  ASSERT_EQ(s.code(), StatusCode::kResourceExhausted) << s.to_string();
+  EXPECT_NE(s.message().find(mnt), std::string::npos) << s.to_string();
+  EXPECT_NE(s.message().find("ENOSPC"), std::string::npos) << s.to_string();
+  // What was written before the disk filled is intact.
+  ASSERT_TRUE(read_sync(*store, "f0", in).ok());
+  EXPECT_EQ(strata::testing::check_stamped(in.data(), 4 * kMiB, 0, 8), "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, SwapStoreTest, ::testing::Values(Backend::kUring, Backend::kPosix),
