@@ -30,6 +30,7 @@ nlohmann::json system_info() {
 
 void exit_on_error(const Status& status, std::string_view program) {
   if (status.ok()) return;
+  std::fflush(stdout);  // what was printed before the error comes before it, also when stdout is a pipe
   std::fprintf(stderr, "%.*s: %s\n", static_cast<int>(program.size()), program.data(), status.to_string().c_str());
   std::exit(1);
 }

@@ -113,6 +113,11 @@ int run(int argc, char** argv) {
   if (!nvme.empty()) {
     o.states = engine::Tier::kNvme;
     o.nvme_paths = {nvme};
+    if (!cfg->nvme_budget_given) {  // the budget is --nvme's free space, not the config's directories'
+      Result<uint64_t> free = engine::nvme_free_bytes(o.nvme_paths);
+      exit_on_error(free.status().with_context("--nvme"), "strata-train");
+      cfg->budgets.nvme_bytes = *free;
+    }
   }
   if (sub_group >= 0) {
     o.state_piece_elems = sub_group;
@@ -183,7 +188,6 @@ int run(int argc, char** argv) {
   }
   // The planner's view of the same run: the estimate of the placement this
   // run uses, and, when the planner would pick another, that one too.
-  if (o.states == engine::Tier::kNvme && budgets.nvme_bytes == 0) budgets.nvme_bytes = engine::kNvmeUnbudgeted;
   engine::TrainSetup setup = engine::training_setup(o);
   const engine::Placement run_placement{stream ? o.weights : engine::Tier::kDevice,
                                         o.states,

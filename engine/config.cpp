@@ -2,8 +2,12 @@
 
 #include <sys/statvfs.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <fstream>
+#include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -391,19 +395,31 @@ Result<EngineConfig> parse_config(const nlohmann::json& j, std::vector<std::stri
   if ((nvme_used || c.budgets.nvme_bytes > 0) && c.nvme_paths.empty()) {
     return invalid_argument("config: an NVMe budget or placement needs nvme_paths (or a DeepSpeed nvme_path)");
   }
-  if (c.budgets.nvme_bytes == 0 && !c.nvme_paths.empty()) {
-    // No NVMe budget given: the free space of the directories.
-    for (const std::string& dir : c.nvme_paths) {
-      struct statvfs st {};
-      if (::statvfs(dir.c_str(), &st) != 0) {
-        return not_found("config: NVMe directory " + dir + " is not accessible; create it or fix the path");
-      }
-      c.budgets.nvme_bytes += static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
-    }
-    warnings->push_back("budgets.nvme not given: using the free space of nvme_paths (" +
-                        format_bytes(c.budgets.nvme_bytes) + ")");
+  c.nvme_budget_given = c.budgets.nvme_bytes > 0;
+  if (!c.nvme_budget_given && !c.nvme_paths.empty()) {
+    Result<uint64_t> free = nvme_free_bytes(c.nvme_paths);
+    if (!free) return std::move(free).error().with_context("config nvme_paths");
+    c.budgets.nvme_bytes = *free;
+    warnings->push_back("budgets.nvme not given: using the free space of nvme_paths (" + format_bytes(*free) + ")");
   }
   return c;
+}
+
+Result<uint64_t> nvme_free_bytes(const std::vector<std::string>& dirs) {
+  std::map<uint64_t, std::pair<uint64_t, uint64_t>> filesystems;  // fsid -> (free bytes, directories on it)
+  for (const std::string& dir : dirs) {
+    struct statvfs st {};
+    if (::statvfs(dir.c_str(), &st) != 0) {
+      return not_found("NVMe directory " + dir + " is not accessible (" + errno_name(errno) +
+                       "); create it or fix the path");
+    }
+    auto& [free, count] = filesystems[static_cast<uint64_t>(st.f_fsid)];
+    free = static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
+    ++count;
+  }
+  uint64_t per_dir = std::numeric_limits<uint64_t>::max();
+  for (const auto& [fsid, fs] : filesystems) per_dir = std::min(per_dir, fs.first / fs.second);
+  return dirs.empty() ? 0 : per_dir * dirs.size();
 }
 
 Result<EngineConfig> load_config(const std::string& path, std::vector<std::string>* warnings) {

@@ -45,6 +45,7 @@ struct EngineConfig {
   Budgets budgets;
   Constraints constraints;
   std::vector<std::string> nvme_paths;
+  bool nvme_budget_given = false;  // budgets.nvme was in the config (else: nvme_free_bytes of nvme_paths)
   OptimizerSpec optimizer;
   LossScaling loss_scaling;
   double gradient_clipping = 0.0;  // global-norm clip; 0 = off
@@ -61,6 +62,13 @@ struct EngineConfig {
   // Lock the host staging arenas in RAM (mlock; cudaHostAlloc on a GPU).
   bool pin_memory = true;
 };
+
+// What the swap store can place in `dirs` now: it stripes every blob over
+// all of them in equal units, so the directory with the least room per
+// directory bounds them all — n x min over filesystems (free space shared
+// by the directories on it). NotFound, naming it, for a directory that
+// cannot be examined.
+Result<uint64_t> nvme_free_bytes(const std::vector<std::string>& dirs);
 
 // Parses a config (native or the DeepSpeed offload subset). Warnings about
 // unknown keys are appended to `warnings`.

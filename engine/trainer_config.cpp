@@ -58,7 +58,7 @@ Result<Plan> apply_planned_placement(TrainerOptions* o, Budgets budgets, const C
   if (nvme_paths.empty()) {
     budgets.nvme_bytes = 0;
   } else if (budgets.nvme_bytes == 0) {
-    budgets.nvme_bytes = kNvmeUnbudgeted;
+    STRATA_ASSIGN_OR_RETURN(budgets.nvme_bytes, nvme_free_bytes(nvme_paths));
   }
   STRATA_ASSIGN_OR_RETURN(Plan plan, make_plan(training_setup(*o), budgets, Bandwidths{}, fixed));
   const Placement& pl = plan.placement;

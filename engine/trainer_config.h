@@ -13,10 +13,6 @@
 
 namespace strata::engine {
 
-// The NVMe budget of a run with NVMe paths but none given: enough that the
-// planner never runs short of it.
-inline constexpr uint64_t kNvmeUnbudgeted = 1ull << 40;
-
 // Model, batch, accumulation (and its vertical order), seed, Adam or AdamW, clipping, precision
 // (bf16 or fp16) and loss scaling, the states' type and — when the config
 // fixes it on NVMe — their home with the config's nvme_paths, the piece
@@ -36,8 +32,8 @@ Budgets budgets_or_defaults(Budgets budgets, bool* defaulted = nullptr);
 // whether the weights stream (and then the device cap), the prefetch depth,
 // speculation in RAM, the vertical order of accumulation, and the NVMe paths (kept only where the plan puts
 // something on NVMe). NVMe is a tier only when `nvme_paths` is not empty;
-// with no NVMe budget it is taken as unbounded. Returns the plan, or the
-// planner's error naming what does not fit.
+// with no NVMe budget it is their free space (nvme_free_bytes). Returns the
+// plan, or the planner's error naming what does not fit.
 Result<Plan> apply_planned_placement(TrainerOptions* options, Budgets budgets, const Constraints& fixed,
                                      const std::vector<std::string>& nvme_paths);
 

@@ -1,6 +1,7 @@
 #include "engine/config.h"
 
 #include <gtest/gtest.h>
+#include <sys/statvfs.h>
 
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -51,6 +52,7 @@ TEST(Config, NativeConfigParsesEveryField) {
   EXPECT_EQ(c->adam_states, cpu_optim::StateType::kQ8);
   EXPECT_EQ(c->budgets.device_bytes, 24 * kGiB);
   EXPECT_EQ(c->budgets.nvme_bytes, 1024 * kGiB);
+  EXPECT_TRUE(c->nvme_budget_given);
   EXPECT_DOUBLE_EQ(c->optimizer.beta2, 0.95);
   EXPECT_EQ(c->constraints.checkpoints, Tier::kHost);
   EXPECT_EQ(c->setup.state_piece_elems, 1 << 20);
@@ -101,6 +103,7 @@ TEST(Config, DeepSpeedOffloadSubsetIsAcceptedUnchanged) {
   EXPECT_EQ(c->constraints.weights, Tier::kHost);
   ASSERT_EQ(c->nvme_paths.size(), 1u);
   EXPECT_GT(c->budgets.nvme_bytes, 0u);  // the free space of nvme_path
+  EXPECT_FALSE(c->nvme_budget_given);
   EXPECT_EQ(c->io.queue_depth, 16u);
   EXPECT_EQ(c->setup.state_piece_elems, 100000000);  // written as a float, as DeepSpeed's examples do
   // Unknown keys are named; understood-but-unused ones say why.
@@ -170,6 +173,47 @@ TEST(Config, FilesAreReadWithCommentsAndErrorsNameThem) {
   Result<EngineConfig> bad = load_config(dir.path() + "/bad.json", nullptr);
   ASSERT_FALSE(bad);
   EXPECT_NE(bad.error().message().find("bad.json"), std::string::npos);
+}
+
+// The default NVMe budget is what the swap store can place: every blob is
+// striped over all the directories in equal units, so the one with the
+// least room bounds them, and directories on one filesystem share its free
+// space.
+TEST(Config, TheDefaultNvmeBudgetIsWhatTheStripesCanUse) {
+  strata::testing::TempDir dir;
+  const std::string a = dir.sub("a"), b = dir.sub("b");
+  auto available = [](const std::string& path) {
+    struct statvfs st {};
+    EXPECT_EQ(::statvfs(path.c_str(), &st), 0) << path;
+    return static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
+  };
+  Result<uint64_t> one = nvme_free_bytes({a});
+  ASSERT_TRUE(one) << one.error().to_string();
+  EXPECT_GT(*one, 0u);
+  // Two directories on one filesystem: its free space once, not twice (the
+  // filesystem's other users may change it a little between the calls).
+  Result<uint64_t> two = nvme_free_bytes({a, b});
+  ASSERT_TRUE(two) << two.error().to_string();
+  EXPECT_LT(*two, *one + 64 * kMiB);
+  EXPECT_GT(*two + 64 * kMiB, *one);
+  EXPECT_EQ(*nvme_free_bytes({}), 0u);
+  Result<uint64_t> missing = nvme_free_bytes({a, dir.path() + "/missing"});
+  ASSERT_FALSE(missing);
+  EXPECT_EQ(missing.error().code(), StatusCode::kNotFound);
+  EXPECT_NE(missing.error().message().find(dir.path() + "/missing"), std::string::npos);
+  // A small disk beside a big one: the stripes fill the small one first.
+  strata::testing::SmallDisk disk(dir.path(), 16 * kMiB);
+  if (!disk.skip_reason().empty()) GTEST_SKIP() << disk.skip_reason();
+  const uint64_t small = available(disk.mount_point());
+  ASSERT_LT(small, *one);
+  EXPECT_EQ(*nvme_free_bytes({a, disk.mount_point()}), 2 * small);
+  // The config's budget when it names none, and its warning saying so.
+  std::vector<std::string> warnings;
+  Result<EngineConfig> c = parse_config(json{{"nvme_paths", {disk.mount_point(), a}}}, &warnings);
+  ASSERT_TRUE(c) << c.error().to_string();
+  EXPECT_FALSE(c->nvme_budget_given);
+  EXPECT_EQ(c->budgets.nvme_bytes, 2 * small);
+  EXPECT_TRUE(contains(warnings, "budgets.nvme not given"));
 }
 
 }  // namespace
