@@ -5,6 +5,7 @@
 // checkpoints with --checkpoint DIR (every --save-every steps and at the end),
 // resumed with --resume.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -227,6 +228,10 @@ int run(int argc, char** argv) {
   if (resume) {
     exit_on_error((*tr)->load(checkpoint), "strata-train");
     std::printf("resumed from %s at step %lld\n", checkpoint.c_str(), static_cast<long long>((*tr)->steps_done()));
+    if ((*tr)->steps_done() >= steps) {
+      std::printf("nothing to run: the checkpoint is at step %lld, --steps asks for %lld\n",
+                  static_cast<long long>((*tr)->steps_done()), static_cast<long long>(steps));
+    }
   }
   const double tokens = static_cast<double>(o.batch * o.seq * o.grad_accum);
   const double flops = gpu::training_flops_per_token(o.model, o.seq, /*recompute=*/false) * tokens;
@@ -235,6 +240,7 @@ int run(int argc, char** argv) {
   uint64_t nvme_bytes = 0, ssd_written = 0;
   double idle_sum = 0;
   const int64_t start = (*tr)->steps_done();
+  int64_t saved_at = resume ? start : -1;  // the step of the checkpoint last written (or loaded)
   for (int64_t i = start; i < steps; ++i) {
     auto t0 = std::chrono::steady_clock::now();
     Result<float> loss = (*tr)->step();
@@ -261,17 +267,19 @@ int run(int argc, char** argv) {
     std::fflush(stdout);
     if (!checkpoint.empty() && save_every > 0 && (i + 1) % save_every == 0) {
       exit_on_error((*tr)->save(checkpoint), "strata-train");
+      saved_at = i + 1;
     }
   }
   if (!checkpoint.empty()) {
-    exit_on_error((*tr)->save(checkpoint), "strata-train");
+    // The last step's checkpoint, unless it was just written (or loaded).
+    if (saved_at != (*tr)->steps_done()) exit_on_error((*tr)->save(checkpoint), "strata-train");
     std::printf("checkpoint: %s\n", engine::CheckpointDir(checkpoint).latest()->path.c_str());
   }
   if (trace.enabled()) {
     exit_on_error(trace.write(trace_path), "strata-train");
     std::printf("trace: %s (%zu events)\n", trace_path.c_str(), trace.size());
   }
-  const int64_t ran = steps - start;
+  const int64_t ran = std::max<int64_t>(steps - start, 0);
   nlohmann::json j = {{"bench", "train"}, {"steps", ran}, {"first_loss", first}, {"last_loss", last},
                       {"tokens_per_s", ran > 0 ? tokens * ran / total_s : 0.0},
                       {"parameters", gpu::parameter_count(o.model)},

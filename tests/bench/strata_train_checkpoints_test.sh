@@ -1,0 +1,31 @@
+#!/bin/sh
+# strata-train's checkpoints, end to end: --save-every N writes one checkpoint
+# every N steps and the last step's once (not a second copy of the step just
+# saved); a resume at or past --steps runs nothing and writes nothing; and a
+# resumed run prints the losses of the run that never stopped.
+# Usage: strata_train_checkpoints_test.sh path/to/strata-train
+set -eu
+train=$1
+d=$(mktemp -d "${STRATA_TEST_DIR:-/tmp}/strata-train-ckpt.XXXXXX")
+trap 'rm -rf "$d"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+"$train" --steps 4 --checkpoint "$d/a" --save-every 2 > "$d/full.txt"
+listing=$(ls "$d/a" | tr '\n' ' ')
+[ "$listing" = "latest step-2 step-4 " ] || fail "--save-every 2 over 4 steps left: $listing"
+
+"$train" --steps 3 --checkpoint "$d/a" --resume > "$d/past.txt"
+grep -q "nothing to run: the checkpoint is at step 4, --steps asks for 3" "$d/past.txt" || fail "no 'nothing to run' line"
+grep -q '"steps":0' "$d/past.txt" || fail "a run of no steps reports steps other than 0"
+listing=$(ls "$d/a" | tr '\n' ' ')
+[ "$listing" = "latest step-2 step-4 " ] || fail "a resume with nothing to run wrote: $listing"
+
+"$train" --steps 2 --checkpoint "$d/b" > /dev/null
+"$train" --steps 4 --checkpoint "$d/b" --resume > "$d/resumed.txt"
+for step in 3 4; do
+  want=$(grep "^step *$step |" "$d/full.txt" | cut -d'|' -f2)
+  got=$(grep "^step *$step |" "$d/resumed.txt" | cut -d'|' -f2)
+  [ -n "$want" ] && [ "$want" = "$got" ] || fail "step $step: uninterrupted '$want', resumed '$got'"
+  echo "step $step:$got (uninterrupted:$want)"
+done
+echo "PASS"
