@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "bench/bench_util.h"
+#include "common/unique_fd.h"
 #include "common/units.h"
 #include "cpu_optim/optimizer.h"
 #include "engine/pinned_arena.h"
@@ -138,6 +140,11 @@ int run(int argc, char** argv) {
   full.speculate_in_ram = speculate_in_ram;
   if (states_nvme) full.nvme_paths = {dir};
   full.backend = device == "cuda" ? engine::TrainerOptions::Backend::kCuda : engine::TrainerOptions::Backend::kHost;
+  if (!trace_path.empty()) {  // written after the runs: a wrong path fails now
+    exit_on_error(
+        check_directory_writable(std::filesystem::path(trace_path).parent_path().string()).with_context("--trace"),
+        "strata-stepbench");
+  }
   engine::Trace trace(!trace_path.empty());
   if (trace.enabled()) full.trace = &trace;
   const std::string where = states_nvme ? "on NVMe in " + dir

@@ -9,9 +9,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "bench/bench_util.h"
+#include "common/unique_fd.h"
 #include "common/units.h"
 #include "engine/checkpoint_io.h"
 #include "engine/config.h"
@@ -220,6 +222,13 @@ int run(int argc, char** argv) {
   if (plan_only) {
     std::printf("plan only: %s\n", fits ? "fits the budgets" : "does not fit the budgets");
     return fits ? 0 : 1;
+  }
+  // Outputs written after the run: a wrong path fails now, not after it.
+  if (!checkpoint.empty()) exit_on_error(engine::CheckpointDir(checkpoint).check_writable(), "strata-train");
+  if (!trace_path.empty()) {
+    exit_on_error(
+        check_directory_writable(std::filesystem::path(trace_path).parent_path().string()).with_context("--trace"),
+        "strata-train");
   }
   engine::Trace trace(!trace_path.empty());
   if (trace.enabled()) o.trace = &trace;

@@ -1,5 +1,6 @@
 #include "common/unique_fd.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -28,6 +29,15 @@ Status UniqueFd::close() {
   // Linux always releases the descriptor, even when close() fails (EINTR
   // included), so it is never retried.
   if (::close(fd) != 0) return errno_status(errno, "close fd " + std::to_string(fd));
+  return ok_status();
+}
+
+Status check_directory_writable(const std::string& dir) {
+  const std::string probe = (dir.empty() ? std::string(".") : dir) + "/.strata-probe." + std::to_string(::getpid());
+  UniqueFd fd(::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+  if (!fd.valid()) return errno_status(errno, "cannot create files in " + (dir.empty() ? std::string(".") : dir));
+  STRATA_RETURN_IF_ERROR(fd.close());
+  if (::unlink(probe.c_str()) != 0) return errno_status(errno, "unlink " + probe);
   return ok_status();
 }
 

@@ -4,6 +4,8 @@
 // fsync can report deferred write errors.
 #pragma once
 
+#include <string>
+
 #include "common/status.h"
 
 namespace strata {
@@ -32,5 +34,11 @@ class UniqueFd {
  private:
   int fd_ = -1;
 };
+
+// Whether files can be created in directory `dir` now: creates and removes a
+// probe file there. For outputs written at the end of long work (a
+// checkpoint, a trace), so that a wrong path fails before the work, not
+// after it. The error keeps the errno (ENOENT, EACCES, EROFS, ENOSPC).
+Status check_directory_writable(const std::string& dir);
 
 }  // namespace strata

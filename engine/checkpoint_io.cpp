@@ -213,6 +213,13 @@ Status SafetensorsReader::read(const std::string& name, std::span<std::byte> out
   return not_found("safetensors " + path_ + ": no tensor " + name);
 }
 
+Status CheckpointDir::check_writable() const {
+  std::error_code ec;
+  std::filesystem::create_directories(root_, ec);
+  if (ec) return errno_status(ec.value(), "checkpoint: creating the root " + root_);
+  return check_directory_writable(root_).with_context("checkpoint");
+}
+
 Result<std::string> CheckpointDir::begin(int64_t step) {
   std::error_code ec;
   std::filesystem::create_directories(root_, ec);

@@ -101,6 +101,9 @@ class CheckpointDir {
   ~CheckpointDir() { abandon(); }
   CheckpointDir(const CheckpointDir&) = delete;
   CheckpointDir& operator=(const CheckpointDir&) = delete;
+  // Creates the root if needed and checks that files can be made in it:
+  // for a caller that will save after long work.
+  Status check_writable() const;
   // Creates (empty) <root>/<name>.tmp for the step and returns its path,
   // after removing the .tmp directories of earlier attempts.
   Result<std::string> begin(int64_t step);

@@ -2,7 +2,9 @@
 # strata-train's checkpoints, end to end: --save-every N writes one checkpoint
 # every N steps and the last step's once (not a second copy of the step just
 # saved); a resume at or past --steps runs nothing and writes nothing; and a
-# resumed run prints the losses of the run that never stopped.
+# resumed run prints the losses of the run that never stopped. Outputs
+# written after the run (checkpoint, trace) with a path that cannot be
+# written fail before the first step.
 # Usage: strata_train_checkpoints_test.sh path/to/strata-train
 set -eu
 train=$1
@@ -27,5 +29,11 @@ for step in 3 4; do
   got=$(grep "^step *$step |" "$d/resumed.txt" | cut -d'|' -f2)
   [ -n "$want" ] && [ "$want" = "$got" ] || fail "step $step: uninterrupted '$want', resumed '$got'"
   echo "step $step:$got (uninterrupted:$want)"
+done
+for bad in "--checkpoint /proc/no-checkpoints-here" "--trace $d/missing/trace.json"; do
+  # shellcheck disable=SC2086
+  if "$train" --steps 3 $bad > "$d/bad.txt" 2>&1; then fail "$bad was accepted"; fi
+  grep -q "^step " "$d/bad.txt" && fail "$bad failed only after training"
+  echo "refused before the first step: $(tail -n 1 "$d/bad.txt")"
 done
 echo "PASS"
