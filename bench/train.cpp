@@ -3,11 +3,15 @@
 // the planner's view of the run, then one progress line per step, and a JSON
 // summary last. Optimizer states in RAM, or on NVMe with --nvme DIR;
 // checkpoints with --checkpoint DIR (every --save-every steps and at the end),
-// resumed with --resume.
+// resumed with --resume. SIGINT or SIGTERM stops the run after the step in
+// progress, with a checkpoint when --checkpoint is given (a second signal
+// ends it at once).
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -22,6 +26,14 @@
 
 namespace strata::bench {
 namespace {
+
+// The signal that asked the run to stop (0: none). The handler only stores
+// it and restores the default action, so a second signal ends the process.
+volatile std::sig_atomic_t g_stop_signal = 0;
+extern "C" void request_stop(int sig) {
+  g_stop_signal = sig;
+  std::signal(sig, SIG_DFL);
+}
 
 // The embedded default: a small GPT a 2-core machine trains in seconds.
 const char* kDefaultConfig = R"({
@@ -250,7 +262,9 @@ int run(int argc, char** argv) {
   double idle_sum = 0;
   const int64_t start = (*tr)->steps_done();
   int64_t saved_at = resume ? start : -1;  // the step of the checkpoint last written (or loaded)
-  for (int64_t i = start; i < steps; ++i) {
+  std::signal(SIGINT, request_stop);
+  std::signal(SIGTERM, request_stop);
+  for (int64_t i = start; i < steps && g_stop_signal == 0; ++i) {
     auto t0 = std::chrono::steady_clock::now();
     Result<float> loss = (*tr)->step();
     exit_on_error(loss.status(), "strata-train");
@@ -279,6 +293,13 @@ int run(int argc, char** argv) {
       saved_at = i + 1;
     }
   }
+  const int stop_signal = g_stop_signal;
+  if (stop_signal != 0) {
+    std::printf("stopping after step %lld: %s%s\n", static_cast<long long>((*tr)->steps_done()),
+                stop_signal == SIGINT ? "SIGINT" : "SIGTERM",
+                checkpoint.empty() ? " (no --checkpoint: nothing saved)" : ", saving a checkpoint");
+    std::fflush(stdout);
+  }
   if (!checkpoint.empty()) {
     // The last step's checkpoint, unless it was just written (or loaded).
     if (saved_at != (*tr)->steps_done()) exit_on_error((*tr)->save(checkpoint), "strata-train");
@@ -288,7 +309,7 @@ int run(int argc, char** argv) {
     exit_on_error(trace.write(trace_path), "strata-train");
     std::printf("trace: %s (%zu events)\n", trace_path.c_str(), trace.size());
   }
-  const int64_t ran = std::max<int64_t>(steps - start, 0);
+  const int64_t ran = (*tr)->steps_done() - start;
   nlohmann::json j = {{"bench", "train"}, {"steps", ran}, {"first_loss", first}, {"last_loss", last},
                       {"tokens_per_s", ran > 0 ? tokens * ran / total_s : 0.0},
                       {"parameters", gpu::parameter_count(o.model)},
@@ -301,7 +322,7 @@ int run(int argc, char** argv) {
                       {"system", system_info()}};
   if ((*tr)->device() != nullptr) j["device_peak_bytes"] = (*tr)->device()->peak_bytes();
   std::printf("%s\n", j.dump().c_str());
-  return 0;
+  return stop_signal != 0 ? 128 + stop_signal : 0;  // as a shell reports a process the signal ended
 }
 
 }  // namespace

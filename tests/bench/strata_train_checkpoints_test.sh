@@ -4,7 +4,8 @@
 # saved); a resume at or past --steps runs nothing and writes nothing; and a
 # resumed run prints the losses of the run that never stopped. Outputs
 # written after the run (checkpoint, trace) with a path that cannot be
-# written fail before the first step.
+# written fail before the first step. SIGTERM stops a run after its step
+# in progress with a checkpoint of that step, exit status 143.
 # Usage: strata_train_checkpoints_test.sh path/to/strata-train
 set -eu
 train=$1
@@ -36,4 +37,21 @@ for bad in "--checkpoint /proc/no-checkpoints-here" "--trace $d/missing/trace.js
   grep -q "^step " "$d/bad.txt" && fail "$bad failed only after training"
   echo "refused before the first step: $(tail -n 1 "$d/bad.txt")"
 done
+"$train" --steps 1000000 --checkpoint "$d/c" > "$d/term.txt" 2>&1 &
+pid=$!
+waited=0
+until grep -q "^step *3 |" "$d/term.txt"; do
+  sleep 0.2
+  waited=$((waited + 1))
+  [ "$waited" -lt 600 ] || { kill -9 "$pid"; fail "no third step in 120 s"; }
+done
+kill -TERM "$pid"
+rc=0
+wait "$pid" || rc=$?
+[ "$rc" -eq 143 ] || fail "SIGTERM: exit status $rc, not 143"
+stopped=$(sed -n 's/^stopping after step \([0-9]*\): SIGTERM, saving a checkpoint$/\1/p' "$d/term.txt")
+[ -n "$stopped" ] || fail "no 'stopping after step N: SIGTERM' line"
+[ "$(cat "$d/c/latest")" = "step-$stopped" ] || fail "latest is $(cat "$d/c/latest"), not step-$stopped"
+grep -q "\"steps\":$stopped," "$d/term.txt" || fail "the summary does not report $stopped steps"
+echo "SIGTERM after step $stopped: exit 143, checkpoint step-$stopped"
 echo "PASS"
