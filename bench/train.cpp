@@ -180,6 +180,18 @@ int run(int argc, char** argv) {
     auto_why = chosen->why;
     std::printf("auto placement: %s\n", auto_why.c_str());
   }
+  if (!auto_placement) {
+    // The config's placement (its placement keys, DeepSpeed's offload_param)
+    // where no flag says otherwise: weights kept off the device stream.
+    const engine::Constraints& want = cfg->constraints;
+    if (want.weights && *want.weights != engine::Tier::kDevice) {
+      stream = true;
+      if (app.count("--weights-on") == 0) weights_on = std::string(engine::tier_name(*want.weights));
+    }
+    if (want.checkpoints && app.count("--activations-on") == 0) {
+      activations = std::string(engine::tier_name(*want.checkpoints));
+    }
+  }
   o.stream_weights = stream;
   o.device_bytes = stream || device == "cuda" ? budgets.device_bytes : 0;
   o.prefetch_depth = prefetch;

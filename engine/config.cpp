@@ -27,7 +27,23 @@ class Reader {
       : obj_(obj), path_(std::move(path)), warnings_(warnings) {}
 
   std::string key_path(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
-  bool has(const std::string& key) const { return obj_.contains(key); }
+  // A key whose value is "auto" counts as absent: Hugging Face's Trainer
+  // writes "auto" into DeepSpeed configs and fills it in before DeepSpeed
+  // reads them, so a config taken from there has them; the default stands,
+  // and a warning names the key.
+  bool has(const std::string& key) {
+    if (!obj_.contains(key)) return false;
+    const json& v = obj_.at(key);
+    if (v.is_string() && v.get<std::string>() == "auto") {
+      if (used_.insert(key).second) {
+        warnings_->push_back(key_path(key) +
+                             ": \"auto\" (a placeholder Hugging Face's Trainer fills in): strata's "
+                             "default is used");
+      }
+      return false;
+    }
+    return true;
+  }
   const json& raw(const std::string& key) {
     used_.insert(key);
     return obj_.at(key);

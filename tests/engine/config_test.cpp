@@ -216,5 +216,40 @@ TEST(Config, TheDefaultNvmeBudgetIsWhatTheStripesCanUse) {
   EXPECT_TRUE(contains(warnings, "budgets.nvme not given"));
 }
 
+// Hugging Face's Trainer writes "auto" into DeepSpeed configs and fills it in
+// before DeepSpeed reads them: such a key counts as absent (strata's
+// default), with a warning naming it; any other string is still refused.
+TEST(Config, AutoValuesKeepTheDefaultsAndAreNamed) {
+  std::vector<std::string> warnings;
+  const EngineConfig defaults = *parse_config(json::object(), &warnings);
+  warnings.clear();
+  json j = {
+      {"bf16", {{"enabled", "auto"}}},
+      {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", "auto"}, {"betas", "auto"}, {"weight_decay", 0.05}}}}},
+      {"zero_optimization", {{"stage", 3}, {"offload_param", {{"device", "cpu"}}}, {"reduce_bucket_size", "auto"}}},
+      {"gradient_accumulation_steps", "auto"},
+      {"gradient_clipping", "auto"},
+      {"train_micro_batch_size_per_gpu", "auto"}};
+  Result<EngineConfig> c = parse_config(j, &warnings);
+  ASSERT_TRUE(c) << c.error().to_string();
+  EXPECT_DOUBLE_EQ(c->optimizer.lr, defaults.optimizer.lr);
+  EXPECT_DOUBLE_EQ(c->optimizer.beta1, defaults.optimizer.beta1);
+  EXPECT_DOUBLE_EQ(c->optimizer.weight_decay, 0.05);  // a number beside them is read
+  EXPECT_EQ(c->setup.grad_accum, defaults.setup.grad_accum);
+  EXPECT_EQ(c->setup.micro_batch, defaults.setup.micro_batch);
+  EXPECT_DOUBLE_EQ(c->gradient_clipping, defaults.gradient_clipping);
+  EXPECT_EQ(c->setup.compute, defaults.setup.compute);
+  EXPECT_EQ(c->constraints.weights, Tier::kHost);
+  for (const char* key : {"optimizer.params.lr", "optimizer.params.betas", "gradient_accumulation_steps",
+                          "gradient_clipping", "train_micro_batch_size_per_gpu", "bf16.enabled"}) {
+    EXPECT_TRUE(contains(warnings, std::string(key) + ": \"auto\"")) << key;
+  }
+  EXPECT_FALSE(contains(warnings, "optimizer.params.weight_decay"));
+  // Not a placeholder: still an error naming the key.
+  Result<EngineConfig> bad = parse_config(json{{"gradient_clipping", "automatic"}}, &warnings);
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message().find("gradient_clipping"), std::string::npos) << bad.error().to_string();
+}
+
 }  // namespace
 }  // namespace strata::engine
