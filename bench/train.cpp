@@ -14,7 +14,10 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
 
 #include "bench/bench_util.h"
 #include "common/unique_fd.h"
@@ -34,6 +37,41 @@ extern "C" void request_stop(int sig) {
   g_stop_signal = sig;
   std::signal(sig, SIG_DFL);
 }
+
+// Progress lines for long work chunk by chunk (TrainerOptions::progress):
+// at most one every two seconds, and the time it took at the end when that
+// was a second or more.
+class ProgressLines {
+ public:
+  void operator()(std::string_view what, int64_t done, int64_t total) {
+    const auto now = std::chrono::steady_clock::now();
+    if (what != what_ || done < done_) {  // a new piece of work
+      what_ = std::string(what);
+      start_ = last_ = now;
+    }
+    done_ = done;
+    const double elapsed = std::chrono::duration<double>(now - start_).count();
+    if (done == total) {
+      if (elapsed >= 1.0)
+        std::printf("%s: %lld chunks in %.1f s\n", what_.c_str(), static_cast<long long>(total), elapsed);
+      what_.clear();
+      done_ = 0;
+    } else if (std::chrono::duration<double>(now - last_).count() >= 2.0) {
+      std::printf("%s: %lld of %lld chunks (%.0f%%, %.0f s)\n", what_.c_str(), static_cast<long long>(done),
+                  static_cast<long long>(total), 100.0 * static_cast<double>(done) / static_cast<double>(total),
+                  elapsed);
+      last_ = now;
+    } else {
+      return;
+    }
+    std::fflush(stdout);
+  }
+
+ private:
+  std::string what_;
+  int64_t done_ = 0;
+  std::chrono::steady_clock::time_point start_, last_;
+};
 
 // The embedded default: a small GPT a 2-core machine trains in seconds.
 const char* kDefaultConfig = R"({
@@ -256,6 +294,8 @@ int run(int argc, char** argv) {
   }
   engine::Trace trace(!trace_path.empty());
   if (trace.enabled()) o.trace = &trace;
+  ProgressLines progress;
+  o.progress = std::ref(progress);
   Result<std::unique_ptr<engine::Trainer>> tr = engine::Trainer::create(o);
   exit_on_error(tr.status(), "strata-train");
   if (resume) {

@@ -282,6 +282,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
       }
     }
     STRATA_RETURN_IF_ERROR(tr->stage_->initialize(c, master.data()));
+    tr->report("initialising", static_cast<int64_t>(c + 1), static_cast<int64_t>(tr->layout_.size()));
     if (o.weights == Tier::kHost) {
       tr->weights_.emplace_back(master.size());
       STRATA_RETURN_IF_ERROR(cpu_optim::convert(master.data(), DType::kF32, tr->weights_[c].data(), o.precision,
@@ -308,6 +309,10 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
     }
   }
   return tr;
+}
+
+void Trainer::report(std::string_view what, int64_t done, int64_t total) const {
+  if (options_.progress) options_.progress(what, done, total);
 }
 
 Trainer::~Trainer() {
@@ -682,6 +687,7 @@ Status Trainer::save(const std::string& root) {
       }
     }
     first += slots.size();
+    report("saving", static_cast<int64_t>(c + 1), 2 * static_cast<int64_t>(layout_.size()));
   }
   STRATA_RETURN_IF_ERROR(model.finish());
   // Optimizer state, streamed piece by piece from its tier into place (no
@@ -698,6 +704,7 @@ Status Trainer::save(const std::string& root) {
     STRATA_RETURN_IF_ERROR(stage_->visit_state(c, [&](int part, uint64_t offset, std::span<std::byte> bytes) {
       return opt.write_at(first_tensor[c] + static_cast<size_t>(part), offset, bytes);
     }));
+    report("saving", static_cast<int64_t>(layout_.size() + c + 1), 2 * static_cast<int64_t>(layout_.size()));
   }
   STRATA_RETURN_IF_ERROR(opt.finish());
   nlohmann::json meta = {{"step", t_}, {"seed", options_.seed}, {"data_position", t_ * options_.grad_accum},
@@ -774,6 +781,7 @@ Status Trainer::load(const std::string& root) {
                                                       weights_[c].data() + t.offset, static_cast<size_t>(t.numel())))));
       }
     }
+    report("loading", static_cast<int64_t>(c + 1), 2 * static_cast<int64_t>(layout_.size()));
   }
   STRATA_ASSIGN_OR_RETURN(SafetensorsReader opt, SafetensorsReader::open(path + "/optimizer.safetensors"));
   for (size_t c = 0; c < layout_.size(); ++c) {
@@ -781,6 +789,7 @@ Status Trainer::load(const std::string& root) {
     STRATA_RETURN_IF_ERROR(stage_->replace_state(c, [&](int part, uint64_t offset, std::span<std::byte> bytes) {
       return opt.read(parts[static_cast<size_t>(part)].name, bytes, offset);
     }));
+    report("loading", static_cast<int64_t>(layout_.size() + c + 1), 2 * static_cast<int64_t>(layout_.size()));
   }
   t_ = meta["step"].get<int64_t>();
   broken_.clear();  // every chunk's weights and state came from the checkpoint

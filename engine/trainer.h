@@ -8,10 +8,12 @@
 // so a run is reproducible from its seed and its loss can fall.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/aligned_vector.h"
@@ -127,6 +129,12 @@ struct TrainerOptions {
   io::Backend io_backend = io::Backend::kAuto;
   std::optional<io::FaultConfig> faults;    // wrap the NVMe device in a fault injector (tests)
   Trace* trace = nullptr;                   // optional: phases, optimizer calls, NVMe requests (not owned)
+  // Optional: called on the calling thread as long work goes chunk by chunk —
+  // "initialising" (create(): each chunk's initial weights and states
+  // placed), "saving" and "loading" (a checkpoint: each chunk's weights, then
+  // each chunk's states) — with the chunks done and the total, ending with
+  // done == total. For progress output: a 10B model's states take minutes.
+  std::function<void(std::string_view what, int64_t done, int64_t total)> progress;
 };
 
 // The planner's view of a trainer's run: model, micro-batch, sequence,
@@ -220,6 +228,8 @@ class Trainer {
   // skipped step); restore_weights() alone retries what is still stale.
   Status restore_written_weights();
   Status restore_weights();
+  // options_.progress, when set.
+  void report(std::string_view what, int64_t done, int64_t total) const;
   // The optimizer writes the weights in RAM in place (not on NVMe, not
   // beside them for the delayed update).
   bool weights_in_place() const { return !weights_.empty() && weights_next_.empty(); }

@@ -26,6 +26,7 @@
 #include <random>
 #include <span>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "common/unique_fd.h"
@@ -628,6 +629,41 @@ TEST(Trainer, ACheckpointOnAFullDiskFailsLeavingThePreviousOneAndNoPartialFiles)
       EXPECT_EQ(*loss, ref[i]) << "step " << i + 1;
     }
   }
+}
+
+// Long work reports its progress chunk by chunk: creation (each chunk's
+// initial state placed), a save and a load (each chunk's weights, then each
+// chunk's states), each counting up to its total on the calling thread.
+TEST(Trainer, ReportsProgressChunkByChunkWhileItInitialisesSavesAndLoads) {
+  uint64_t seed = strata::testing::test_seed(137);
+  strata::testing::TempDir dir;
+  std::vector<std::tuple<std::string, int64_t, int64_t>> calls;
+  const std::thread::id caller = std::this_thread::get_id();
+  bool other_thread = false;
+  for (Tier states : {Tier::kHost, Tier::kNvme}) {
+    SCOPED_TRACE(states == Tier::kNvme ? "states on NVMe" : "states in RAM");
+    calls.clear();
+    TrainerOptions o = tiny(seed);
+    o.states = states;
+    if (states == Tier::kNvme) o.nvme_paths = {dir.sub("nvme")};
+    o.progress = [&](std::string_view what, int64_t done, int64_t total) {
+      calls.emplace_back(std::string(what), done, total);
+      other_thread = other_thread || std::this_thread::get_id() != caller;
+    };
+    Result<std::unique_ptr<Trainer>> tr = Trainer::create(o);
+    ASSERT_TRUE(tr) << tr.error().to_string();
+    ASSERT_TRUE((*tr)->step());
+    const std::string ckpt = dir.sub(states == Tier::kNvme ? "ckpt-nvme" : "ckpt-ram");
+    ASSERT_TRUE((*tr)->save(ckpt).ok());
+    ASSERT_TRUE((*tr)->load(ckpt).ok());
+    const int64_t chunks = o.model.layers + 2;  // the embedding, the blocks, the head's chunk
+    std::vector<std::tuple<std::string, int64_t, int64_t>> want;
+    for (int64_t c = 1; c <= chunks; ++c) want.emplace_back("initialising", c, chunks);
+    for (int64_t c = 1; c <= 2 * chunks; ++c) want.emplace_back("saving", c, 2 * chunks);
+    for (int64_t c = 1; c <= 2 * chunks; ++c) want.emplace_back("loading", c, 2 * chunks);
+    EXPECT_EQ(calls, want);
+  }
+  EXPECT_FALSE(other_thread);
 }
 
 TEST(Trainer, AFailedStepChangesNothingAndTheTrainerContinues) {
