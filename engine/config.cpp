@@ -384,6 +384,7 @@ Status read_native(Reader& top, EngineConfig& c) {
     STRATA_RETURN_IF_ERROR(io.get_int("queue_depth", &qd, 1, 32768));
     c.io.queue_depth = static_cast<uint32_t>(qd);
     STRATA_RETURN_IF_ERROR(io.get_bytes("block_size", &c.io.block_bytes));
+    STRATA_RETURN_IF_ERROR(io.get_choice("direct", &c.io.direct, {"require", "prefer", "off"}));
     io.finish();
   }
   return ok_status();

@@ -38,6 +38,7 @@ struct IoSpec {
   std::string backend = "auto";  // auto | uring | posix
   uint32_t queue_depth = 32;
   uint64_t block_bytes = 1 << 20;  // stripe unit
+  std::string direct = "require";  // require | prefer | off (O_DIRECT; the latter two allow the page cache)
 };
 
 struct EngineConfig {

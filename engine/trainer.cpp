@@ -200,6 +200,9 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
     io::SwapStoreOptions so;
     so.directories = o.nvme_paths;
     so.device.backend = o.io_backend;
+    so.device.queue_depth = o.io_queue_depth;
+    so.stripe_unit_bytes = o.io_stripe_unit_bytes;
+    so.direct = o.io_direct;
     so.faults = o.faults;
     if (Trace* trace = o.trace; trace != nullptr && trace->enabled()) {
       // Every NVMe request on the "nvme reads" / "nvme writes" tracks, from

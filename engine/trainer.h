@@ -127,6 +127,11 @@ struct TrainerOptions {
   Tier weights = Tier::kHost;
   std::vector<std::string> nvme_paths;      // for kNvme
   io::Backend io_backend = io::Backend::kAuto;
+  uint32_t io_queue_depth = 32;                // requests in flight per ring (config io.queue_depth, aio.queue_depth)
+  uint64_t io_stripe_unit_bytes = 1ull << 20;  // the swap files' stripe unit (config io.block_size, aio.block_size)
+  // O_DIRECT or an error (kRequire); kPrefer / kOff allow the page cache
+  // (a filesystem without O_DIRECT, as tmpfs; config io.direct).
+  io::DirectMode io_direct = io::DirectMode::kRequire;
   std::optional<io::FaultConfig> faults;    // wrap the NVMe device in a fault injector (tests)
   Trace* trace = nullptr;                   // optional: phases, optimizer calls, NVMe requests (not owned)
   // Optional: called on the calling thread as long work goes chunk by chunk —

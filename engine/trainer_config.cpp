@@ -1,6 +1,7 @@
 #include "engine/trainer_config.h"
 
 #include "common/units.h"
+#include "io/device_factory.h"
 
 namespace strata::engine {
 
@@ -42,6 +43,12 @@ Result<TrainerOptions> trainer_options(const EngineConfig& cfg) {
   o.adam_states = cfg.adam_states;
   o.numa_node = static_cast<int>(cfg.numa_node);
   o.pin_memory = cfg.pin_memory;
+  STRATA_ASSIGN_OR_RETURN(o.io_backend, io::parse_backend(cfg.io.backend));
+  o.io_queue_depth = cfg.io.queue_depth;
+  o.io_stripe_unit_bytes = cfg.io.block_bytes;
+  o.io_direct = cfg.io.direct == "off"      ? io::DirectMode::kOff
+                : cfg.io.direct == "prefer" ? io::DirectMode::kPrefer
+                                            : io::DirectMode::kRequire;
   return o;
 }
 

@@ -57,7 +57,7 @@ Result<File> File::open(const std::string& path, const FileOptions& options) {
       return invalid_argument("open " + path +
                               ": the filesystem does not support O_DIRECT (tmpfs, ramfs, or an overlay/FUSE mount); "
                               "put swap files on an ext4/xfs NVMe filesystem, or allow buffered I/O "
-                              "(io direct mode 'prefer' or 'off')");
+                              "(DirectMode prefer or off; strata's config: \"io\": {\"direct\": \"prefer\"})");
     } else {
       log_notice("open " + path + ": O_DIRECT not supported by this filesystem, using buffered I/O");
     }

@@ -106,6 +106,9 @@ class SwapStore {
   uint64_t alignment() const { return alignment_; }
   uint64_t padded_size(uint64_t size_bytes) const;
   std::string_view backend() const { return device_->name(); }
+  uint64_t stripe_unit_bytes() const { return options_.stripe_unit_bytes; }
+  uint32_t queue_depth() const { return device_->queue_depth(); }
+  DirectMode direct_mode() const { return options_.direct; }
 
   // Writes `size_bytes` from `buffer` as blob `name` (created or replaced).
   Result<Ticket> write(const std::string& name, IoBuffer buffer, uint64_t size_bytes);

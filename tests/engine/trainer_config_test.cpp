@@ -41,7 +41,8 @@ TEST(TrainerConfig, OptionsCarryEveryFieldTheConfigGives) {
        {"seed", 9},
        {"numa_node", 0},
        {"pin_memory", false},
-       {"delayed_update", true}});
+       {"delayed_update", true},
+       {"io", {{"backend", "posix"}, {"queue_depth", 8}, {"block_size", "256KiB"}, {"direct", "prefer"}}}});
   Result<TrainerOptions> o = trainer_options(c);
   ASSERT_TRUE(o) << o.error().to_string();
   EXPECT_EQ(o->model.hidden, 64);
@@ -65,6 +66,10 @@ TEST(TrainerConfig, OptionsCarryEveryFieldTheConfigGives) {
   EXPECT_EQ(o->numa_node, 0);
   EXPECT_FALSE(o->pin_memory);
   EXPECT_TRUE(o->delayed_update);
+  EXPECT_EQ(o->io_backend, io::Backend::kPosix);
+  EXPECT_EQ(o->io_queue_depth, 8u);
+  EXPECT_EQ(o->io_stripe_unit_bytes, 256u << 10);
+  EXPECT_EQ(o->io_direct, io::DirectMode::kPrefer);
   EXPECT_FALSE(o->stream_weights);  // no placement applied yet
   const Result<TrainerOptions> w =
       trainer_options(parse({{"model", small_model()}, {"optimizer", {{"type", "adamw"}}}}));

@@ -7,10 +7,12 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <linux/capability.h>
+#include <linux/magic.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -120,6 +122,50 @@ TEST(Trainer, SameLossesBitForBitWhereverTheStatesLive) {
   Result<std::unique_ptr<Trainer>> none = Trainer::create(numa);
   ASSERT_FALSE(none);
   EXPECT_NE(none.error().message().find("NUMA node 4000"), std::string::npos) << none.error().to_string();
+}
+
+// The NVMe store takes the I/O settings it is given (the config's io / aio
+// block): stripe unit, queue depth, backend — the same bits; and on a
+// filesystem without O_DIRECT (tmpfs) the states go through the page cache
+// when io_direct allows it, and are refused, naming the setting, when not.
+TEST(Trainer, TheIoSettingsReachTheNvmeStore) {
+  uint64_t seed = strata::testing::test_seed(139);
+  strata::testing::TempDir dir;
+  const std::vector<float> host = run(tiny(seed), 6);
+  ASSERT_EQ(host.size(), 6u);
+  TrainerOptions o = tiny(seed);
+  o.states = Tier::kNvme;
+  o.nvme_paths = {dir.sub("a"), dir.sub("b")};
+  o.io_backend = io::Backend::kPosix;
+  o.io_queue_depth = 4;
+  o.io_stripe_unit_bytes = 64 << 10;
+  {
+    Result<std::unique_ptr<Trainer>> tr = Trainer::create(o);
+    ASSERT_TRUE(tr) << tr.error().to_string();
+    EXPECT_EQ((*tr)->swap_store()->stripe_unit_bytes(), 64u << 10);
+    EXPECT_EQ((*tr)->swap_store()->queue_depth(), 4u);
+    EXPECT_EQ((*tr)->swap_store()->backend(), "posix");
+  }
+  EXPECT_EQ(run(o, 6), host);
+  o.io_stripe_unit_bytes = 1000;  // not a multiple of the files' alignment
+  Result<std::unique_ptr<Trainer>> odd = Trainer::create(o);
+  ASSERT_FALSE(odd);
+  EXPECT_NE(odd.error().message().find("stripe unit 1000"), std::string::npos) << odd.error().to_string();
+
+  struct statfs fs {};
+  if (::statfs("/dev/shm", &fs) != 0 || fs.f_type != TMPFS_MAGIC) GTEST_SKIP() << "/dev/shm is not a tmpfs here";
+  strata::testing::TempDir shm("/dev/shm");
+  TrainerOptions t = tiny(seed);
+  t.states = Tier::kNvme;
+  t.nvme_paths = {shm.path()};
+  Result<std::unique_ptr<Trainer>> refused = Trainer::create(t);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().message().find("O_DIRECT"), std::string::npos) << refused.error().to_string();
+  EXPECT_NE(refused.error().message().find("\"direct\": \"prefer\""), std::string::npos) << refused.error().to_string();
+  t.io_direct = io::DirectMode::kPrefer;
+  EXPECT_EQ(run(t, 6), host);
+  t.io_direct = io::DirectMode::kOff;
+  EXPECT_EQ(run(t, 6), host);
 }
 
 // Adam's m and v stored in bf16 or as 8-bit blockwise codes: the same bits
