@@ -34,10 +34,8 @@ Result<TrainerOptions> trainer_options(const EngineConfig& cfg) {
   o.loss_scale.window = cfg.loss_scaling.window;
   o.loss_scale.hysteresis = cfg.loss_scaling.hysteresis;
   o.loss_scale.min_scale = cfg.loss_scaling.min_scale;
-  if (cfg.constraints.states == Tier::kNvme) {
-    o.states = Tier::kNvme;
-    o.nvme_paths = cfg.nvme_paths;
-  }
+  if (cfg.constraints.states == Tier::kNvme) o.states = Tier::kNvme;
+  o.nvme_paths = cfg.nvme_paths;  // for whatever the run puts on NVMe (states, weights, block inputs)
   o.state_piece_elems = cfg.setup.state_piece_elems;
   o.speculate_in_ram = cfg.speculate_in_ram && o.states == Tier::kHost;
   o.adam_states = cfg.adam_states;
