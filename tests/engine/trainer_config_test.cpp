@@ -76,6 +76,13 @@ TEST(TrainerConfig, OptionsCarryEveryFieldTheConfigGives) {
   ASSERT_TRUE(w);
   EXPECT_TRUE(w->adam.decoupled_weight_decay);
   EXPECT_EQ(w->states, Tier::kHost);
+  // The NVMe paths go with the options whatever the run puts there (here
+  // the block inputs, with the states in RAM).
+  const Result<TrainerOptions> k = trainer_options(
+      parse({{"model", small_model()}, {"nvme_paths", {dir.path()}}, {"placement", {{"checkpoints", "nvme"}}}}));
+  ASSERT_TRUE(k) << k.error().to_string();
+  EXPECT_EQ(k->states, Tier::kHost);
+  EXPECT_EQ(k->nvme_paths, std::vector<std::string>{dir.path()});
 }
 
 TEST(TrainerConfig, WhatTheTrainerCannotRunIsRefusedNamingTheKey) {
