@@ -287,15 +287,36 @@ Status read_offload(Reader& zero, const std::string& key, std::optional<Tier>* t
 }
 
 Status read_deepspeed(Reader& top, EngineConfig& c) {
+  // DeepSpeed's batch rule on one GPU: train_batch_size = micro-batch x
+  // accumulation steps; given two of the three it derives the third (only
+  // train_batch_size: accumulation 1), given all three they must agree.
+  const bool has_micro = top.has("train_micro_batch_size_per_gpu");
+  const bool has_accum = top.has("gradient_accumulation_steps");
   STRATA_RETURN_IF_ERROR(top.get_int("train_micro_batch_size_per_gpu", &c.setup.micro_batch, 1, 1 << 20));
   STRATA_RETURN_IF_ERROR(top.get_int("gradient_accumulation_steps", &c.setup.grad_accum, 1, 1 << 20));
   if (top.has("train_batch_size")) {
     int64_t total = 0;
     STRATA_RETURN_IF_ERROR(top.get_int("train_batch_size", &total, 1, int64_t{1} << 40));
-    if (total != c.setup.micro_batch * c.setup.grad_accum) {
-      return invalid_argument("config key train_batch_size: " + std::to_string(total) +
-                              " != train_micro_batch_size_per_gpu x gradient_accumulation_steps (" +
-                              std::to_string(c.setup.micro_batch * c.setup.grad_accum) + ") on one GPU");
+    auto refuse = [&](const std::string& why) {
+      return invalid_argument("config key train_batch_size: " + std::to_string(total) + " " + why);
+    };
+    if (has_micro && !has_accum) {
+      if (total % c.setup.micro_batch != 0) {
+        return refuse("is not a multiple of train_micro_batch_size_per_gpu (" + std::to_string(c.setup.micro_batch) +
+                      ")");
+      }
+      c.setup.grad_accum = total / c.setup.micro_batch;
+    } else if (has_accum && !has_micro) {
+      if (total % c.setup.grad_accum != 0) {
+        return refuse("is not a multiple of gradient_accumulation_steps (" + std::to_string(c.setup.grad_accum) + ")");
+      }
+      c.setup.micro_batch = total / c.setup.grad_accum;
+    } else if (!has_micro && !has_accum) {
+      c.setup.micro_batch = total;
+      c.setup.grad_accum = 1;
+    } else if (total != c.setup.micro_batch * c.setup.grad_accum) {
+      return refuse("!= train_micro_batch_size_per_gpu x gradient_accumulation_steps (" +
+                    std::to_string(c.setup.micro_batch * c.setup.grad_accum) + ") on one GPU");
     }
   }
   STRATA_RETURN_IF_ERROR(read_precision_blocks(top, c));

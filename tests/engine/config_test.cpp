@@ -141,7 +141,12 @@ TEST(Config, InvalidValuesNameTheKeyAndWhatIsAllowed) {
   m = error_of({{"optimizer", {{"params", {{"betas", {0.9}}}}}}});
   EXPECT_NE(m.find("optimizer.params.betas"), std::string::npos) << m;
   m = error_of({{"train_batch_size", 10}, {"train_micro_batch_size_per_gpu", 4}});
-  EXPECT_NE(m.find("train_batch_size"), std::string::npos) << m;
+  EXPECT_NE(m.find("train_batch_size: 10 is not a multiple of train_micro_batch_size_per_gpu (4)"), std::string::npos)
+      << m;
+  m = error_of({{"train_batch_size", 10}, {"train_micro_batch_size_per_gpu", 5}, {"gradient_accumulation_steps", 3}});
+  EXPECT_NE(m.find("train_batch_size: 10 != train_micro_batch_size_per_gpu x gradient_accumulation_steps (15)"),
+            std::string::npos)
+      << m;
   m = error_of({{"fp16", {{"enabled", true}}}, {"bf16", {{"enabled", true}}}});
   EXPECT_NE(m.find("pick one"), std::string::npos) << m;
   m = error_of({{"model", {{"hidden", 100}, {"heads", 7}}}});
@@ -249,6 +254,33 @@ TEST(Config, AutoValuesKeepTheDefaultsAndAreNamed) {
   Result<EngineConfig> bad = parse_config(json{{"gradient_clipping", "automatic"}}, &warnings);
   ASSERT_FALSE(bad);
   EXPECT_NE(bad.error().message().find("gradient_clipping"), std::string::npos) << bad.error().to_string();
+}
+
+// DeepSpeed's batch rule on one GPU: given two of train_batch_size, the
+// micro-batch and the accumulation steps, the third follows.
+TEST(Config, DeepSpeedDerivesTheThirdBatchSize) {
+  struct Case {
+    json keys;
+    int64_t micro, accum;
+  };
+  const std::vector<Case> cases = {
+      {{{"train_batch_size", 32}, {"train_micro_batch_size_per_gpu", 4}}, 4, 8},
+      {{{"train_batch_size", 32}, {"gradient_accumulation_steps", 2}}, 16, 2},
+      {{{"train_batch_size", 6}}, 6, 1},
+      {{{"train_micro_batch_size_per_gpu", 3}, {"gradient_accumulation_steps", 5}}, 3, 5},
+      {{{"train_batch_size", 12}, {"train_micro_batch_size_per_gpu", 3}, {"gradient_accumulation_steps", 4}}, 3, 4},
+      {{{"train_batch_size", 32}, {"train_micro_batch_size_per_gpu", 4}, {"gradient_accumulation_steps", "auto"}},
+       4,
+       8},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.keys.dump());
+    std::vector<std::string> warnings;
+    Result<EngineConfig> cfg = parse_config(c.keys, &warnings);
+    ASSERT_TRUE(cfg) << cfg.error().to_string();
+    EXPECT_EQ(cfg->setup.micro_batch, c.micro);
+    EXPECT_EQ(cfg->setup.grad_accum, c.accum);
+  }
 }
 
 }  // namespace
