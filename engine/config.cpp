@@ -191,6 +191,15 @@ Status read_optimizer(Reader& top, EngineConfig& c) {
     nested.emplace(std::move(p));
     params = &*nested;
   }
+  if (nested && type == "adam") {
+    // DeepSpeed's form: its Adam is AdamW (decoupled weight decay) unless
+    // params.adam_w_mode is false (ADAM_W_MODE_DEFAULT in DeepSpeed's
+    // runtime/config.py); strata's own {"type": "adam"} is torch.optim.Adam.
+    bool adam_w_mode = true;
+    STRATA_RETURN_IF_ERROR(params->get_bool("adam_w_mode", &adam_w_mode));
+    if (adam_w_mode) c.optimizer.type = "adamw";
+  }
+  params->ignore("torch_adam", "strata's CPU Adam runs the update either way; value ignored");
   STRATA_RETURN_IF_ERROR(params->get_double("lr", &c.optimizer.lr, 0, 10));
   STRATA_RETURN_IF_ERROR(params->get_double("eps", &c.optimizer.eps, 0, 1));
   STRATA_RETURN_IF_ERROR(params->get_double("weight_decay", &c.optimizer.weight_decay, 0, 10));

@@ -283,5 +283,26 @@ TEST(Config, DeepSpeedDerivesTheThirdBatchSize) {
   }
 }
 
+// DeepSpeed's Adam is AdamW unless its params say adam_w_mode: false (its
+// runtime/config.py: ADAM_W_MODE_DEFAULT = True); strata's own "adam" (no
+// params block) is torch.optim.Adam, decay coupled.
+TEST(Config, DeepSpeedsAdamIsAdamWUnlessAdamWModeIsFalse) {
+  auto type_of = [](const json& optimizer) {
+    std::vector<std::string> warnings;
+    Result<EngineConfig> c = parse_config(json{{"optimizer", optimizer}}, &warnings);
+    EXPECT_TRUE(c) << c.error().to_string();
+    return c ? c->optimizer.type : std::string();
+  };
+  EXPECT_EQ(type_of({{"type", "Adam"}, {"params", {{"lr", 1e-3}, {"weight_decay", 0.01}}}}), "adamw");
+  EXPECT_EQ(type_of({{"type", "adam"}, {"params", {{"lr", 1e-3}, {"torch_adam", true}}}}), "adamw");
+  EXPECT_EQ(type_of({{"type", "Adam"}, {"params", {{"adam_w_mode", false}}}}), "adam");
+  EXPECT_EQ(type_of({{"type", "AdamW"}, {"params", {{"adam_w_mode", false}}}}), "adamw");  // as DeepSpeed
+  EXPECT_EQ(type_of({{"type", "adam"}, {"lr", 1e-3}}), "adam");
+  Result<EngineConfig> bad =
+      parse_config(json{{"optimizer", {{"type", "Adam"}, {"params", {{"adam_w_mode", "yes"}}}}}}, nullptr);
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message().find("optimizer.params.adam_w_mode"), std::string::npos) << bad.error().to_string();
+}
+
 }  // namespace
 }  // namespace strata::engine
