@@ -125,6 +125,9 @@ class Reader {
     return Reader(v, key_path(key), warnings_);
   }
 
+  // A warning about the object as a whole.
+  void warn(const std::string& what) { warnings_->push_back(what); }
+
   // Marks keys as understood but not used, with a warning saying so.
   void ignore(const std::string& key, const std::string& why) {
     if (!has(key)) return;
@@ -248,6 +251,10 @@ Status read_precision_blocks(Reader& top, EngineConfig& c) {
     b.finish();
   }
   if (fp16 && bf16) return invalid_argument("config keys fp16.enabled and bf16.enabled are both true; pick one");
+  if (!fp16 && !bf16 && top.has("zero_optimization") && !top.has("precision")) {
+    top.warn("neither fp16.enabled nor bf16.enabled is true: DeepSpeed would train in fp32, strata computes in " +
+             std::string(dtype_name(c.setup.compute)) + " (its working weights are bf16 or fp16)");
+  }
   if (fp16) c.setup.compute = DType::kF16;
   if (bf16) c.setup.compute = DType::kBF16;
   return ok_status();

@@ -250,6 +250,7 @@ TEST(Config, AutoValuesKeepTheDefaultsAndAreNamed) {
     EXPECT_TRUE(contains(warnings, std::string(key) + ": \"auto\"")) << key;
   }
   EXPECT_FALSE(contains(warnings, "optimizer.params.weight_decay"));
+  EXPECT_TRUE(contains(warnings, "DeepSpeed would train in fp32, strata computes in bf16"));
   // Not a placeholder: still an error naming the key.
   Result<EngineConfig> bad = parse_config(json{{"gradient_clipping", "automatic"}}, &warnings);
   ASSERT_FALSE(bad);
