@@ -331,14 +331,16 @@ int run(int argc, char** argv) {
     idle_sum += k.device_idle_fraction;
     std::string scale;
     if (o.precision == DType::kF16) scale = " | loss scale 2^" + std::to_string(std::ilogb((*tr)->loss_scale()));
-    std::printf("step %5lld | loss %.4f | grad norm %8.3f%s%s | %8.0f tok/s | %6.2f GFLOP/s | optimizer %6.1f ms | "
-                "device idle %4.1f%% | h2d/d2h %s/%s | nvme r/w %s/%s\n",
-                static_cast<long long>(i + 1), *loss, (*tr)->last_grad_norm(),
-                (*tr)->last_skipped() ? " (inf/nan: skipped)" : (*tr)->last_clipped() ? " (clipped)" : "", scale.c_str(),
-                tokens / s,
-                flops / s / 1e9, st.seconds * 1e3, 100 * k.device_idle_fraction, format_bytes(k.h2d_bytes).c_str(),
-                format_bytes(k.d2h_bytes).c_str(), format_bytes(k.nvme_read_bytes).c_str(),
-                format_bytes(k.nvme_written_bytes).c_str());
+    std::printf(
+        "step %5lld | loss %.4f | lr %.3g | grad norm %8.3f%s%s | %8.0f tok/s | %6.2f GFLOP/s | "
+        "optimizer %6.1f ms | device idle %4.1f%% | h2d/d2h %s/%s | nvme r/w %s/%s\n",
+        static_cast<long long>(i + 1), *loss, (*tr)->last_lr(), (*tr)->last_grad_norm(),
+        (*tr)->last_skipped()   ? " (inf/nan: skipped)"
+        : (*tr)->last_clipped() ? " (clipped)"
+                                : "",
+        scale.c_str(), tokens / s, flops / s / 1e9, st.seconds * 1e3, 100 * k.device_idle_fraction,
+        format_bytes(k.h2d_bytes).c_str(), format_bytes(k.d2h_bytes).c_str(), format_bytes(k.nvme_read_bytes).c_str(),
+        format_bytes(k.nvme_written_bytes).c_str());
     std::fflush(stdout);
     if (!checkpoint.empty() && save_every > 0 && (i + 1) % save_every == 0) {
       exit_on_error((*tr)->save(checkpoint), "strata-train");

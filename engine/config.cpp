@@ -221,6 +221,90 @@ Status read_optimizer(Reader& top, EngineConfig& c) {
   return ok_status();
 }
 
+// The native "schedule": {"warmup_steps", "warmup": linear | log,
+// "start_lr", "decay": constant | linear | cosine, "decay_end_step" (needed
+// by a decay), "end_lr"}.
+Status read_native_schedule(Reader& top, EngineConfig& c) {
+  STRATA_ASSIGN_OR_RETURN(Reader r, top.object("schedule"));
+  LrSchedule& s = c.lr_schedule;
+  STRATA_RETURN_IF_ERROR(r.get_int("warmup_steps", &s.warmup_steps, 0, int64_t{1} << 40));
+  std::string warmup = "linear", decay = "constant";
+  STRATA_RETURN_IF_ERROR(r.get_choice("warmup", &warmup, {"linear", "log"}));
+  s.warmup = warmup == "log" ? LrSchedule::Warmup::kLog : LrSchedule::Warmup::kLinear;
+  STRATA_RETURN_IF_ERROR(r.get_double("start_lr", &s.start_lr, 0, 10));
+  STRATA_RETURN_IF_ERROR(r.get_choice("decay", &decay, {"constant", "linear", "cosine"}));
+  s.decay = decay == "linear"   ? LrSchedule::Decay::kLinear
+            : decay == "cosine" ? LrSchedule::Decay::kCosine
+                                : LrSchedule::Decay::kConstant;
+  STRATA_RETURN_IF_ERROR(r.get_int("decay_end_step", &s.decay_end_step, 1, int64_t{1} << 40));
+  if (s.decay != LrSchedule::Decay::kConstant && s.decay_end_step == 0) {
+    return invalid_argument("config key schedule.decay_end_step: a " + decay + " decay needs the step it ends at");
+  }
+  STRATA_RETURN_IF_ERROR(r.get_double("end_lr", &s.end_lr, 0, 10));
+  r.finish();
+  return validate(s).with_context("config key schedule");
+}
+
+// DeepSpeed's "scheduler": WarmupLR (warmup, then the peak warmup_max_lr),
+// WarmupDecayLR (then a linear decay back to warmup_min_lr at
+// total_num_steps) and WarmupCosineLR (from warmup_min_ratio of the
+// optimizer's lr, a cosine decay to cos_min_ratio of it), with DeepSpeed's
+// defaults (warmup_type log, 1000 warmup steps).
+Status read_deepspeed_scheduler(Reader& top, EngineConfig& c) {
+  STRATA_ASSIGN_OR_RETURN(Reader r, top.object("scheduler"));
+  std::string type;
+  STRATA_RETURN_IF_ERROR(r.get_choice("type", &type, {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR"}));
+  if (type.empty())
+    return invalid_argument("config key scheduler.type: expected WarmupLR, WarmupDecayLR or WarmupCosineLR");
+  LrSchedule& s = c.lr_schedule;
+  s = LrSchedule{};
+  s.warmup_steps = 1000;
+  s.warmup = LrSchedule::Warmup::kLog;
+  double min_lr = 0, max_lr = 0.001, warmup_min_ratio = 0, cos_min_ratio = 0.0001;
+  int64_t total = 0;
+  if (r.has("params")) {
+    STRATA_ASSIGN_OR_RETURN(Reader p, r.object("params"));
+    STRATA_RETURN_IF_ERROR(p.get_int("warmup_num_steps", &s.warmup_steps, 0, int64_t{1} << 40));
+    std::string warmup = "log";
+    STRATA_RETURN_IF_ERROR(p.get_choice("warmup_type", &warmup, {"log", "linear"}));
+    s.warmup = warmup == "linear" ? LrSchedule::Warmup::kLinear : LrSchedule::Warmup::kLog;
+    if (type == "WarmupCosineLR") {
+      STRATA_RETURN_IF_ERROR(p.get_double("warmup_min_ratio", &warmup_min_ratio, 0, 1));
+      STRATA_RETURN_IF_ERROR(p.get_double("cos_min_ratio", &cos_min_ratio, 0, 1));
+    } else {
+      STRATA_RETURN_IF_ERROR(p.get_double("warmup_min_lr", &min_lr, 0, 10));
+      STRATA_RETURN_IF_ERROR(p.get_double("warmup_max_lr", &max_lr, 0, 10));
+    }
+    if (type != "WarmupLR") STRATA_RETURN_IF_ERROR(p.get_int("total_num_steps", &total, 1, int64_t{1} << 40));
+    p.ignore("last_batch_iteration", "a resumed run takes its step from the checkpoint; value ignored");
+    p.finish();
+  }
+  r.finish();
+  if (type == "WarmupCosineLR") {
+    s.start_lr = c.optimizer.lr * warmup_min_ratio;
+    s.end_lr = c.optimizer.lr * cos_min_ratio;
+    s.decay = LrSchedule::Decay::kCosine;
+  } else {
+    c.optimizer.lr = max_lr;  // DeepSpeed's peak, whatever the optimizer's lr says
+    s.start_lr = s.end_lr = min_lr;
+    s.decay = type == "WarmupDecayLR" ? LrSchedule::Decay::kLinear : LrSchedule::Decay::kConstant;
+  }
+  if (type != "WarmupLR") {
+    if (total == 0) return invalid_argument("config key scheduler.params.total_num_steps is required by " + type);
+    s.decay_end_step = total;
+  }
+  return validate(s).with_context("config key scheduler");
+}
+
+Status read_schedule(Reader& top, EngineConfig& c) {
+  if (top.has("schedule") && top.has("scheduler")) {
+    return invalid_argument("config keys schedule and scheduler (DeepSpeed's) both given; keep one");
+  }
+  if (top.has("schedule")) return read_native_schedule(top, c);
+  if (top.has("scheduler")) return read_deepspeed_scheduler(top, c);
+  return ok_status();
+}
+
 // DeepSpeed's fp16 / bf16 blocks.
 Status read_precision_blocks(Reader& top, EngineConfig& c) {
   bool fp16 = false, bf16 = false;
@@ -439,6 +523,7 @@ Result<EngineConfig> parse_config(const nlohmann::json& j, std::vector<std::stri
   STRATA_RETURN_IF_ERROR(read_native(top, c));
   STRATA_RETURN_IF_ERROR(read_deepspeed(top, c));
   STRATA_RETURN_IF_ERROR(read_optimizer(top, c));
+  STRATA_RETURN_IF_ERROR(read_schedule(top, c));
   top.finish();
   if (c.setup.seq > c.setup.model.max_seq) {
     return invalid_argument("config key batch.seq: " + std::to_string(c.setup.seq) + " exceeds model.max_seq " +

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cpu_optim/dtype.h"
+#include "engine/lr_schedule.h"
 #include "engine/plan.h"
 
 namespace strata::engine {
@@ -48,6 +49,9 @@ struct EngineConfig {
   std::vector<std::string> nvme_paths;
   bool nvme_budget_given = false;  // budgets.nvme was in the config (else: nvme_free_bytes of nvme_paths)
   OptimizerSpec optimizer;
+  // The rate step by step (native "schedule", DeepSpeed's "scheduler");
+  // optimizer.lr is its peak.
+  LrSchedule lr_schedule;
   LossScaling loss_scaling;
   double gradient_clipping = 0.0;  // global-norm clip; 0 = off
   cpu_optim::StateType adam_states = cpu_optim::StateType::kF32;  // "states": fp32 | bf16 | q8 (Adam m and v)

@@ -134,6 +134,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
   if (o.precision != DType::kBF16 && o.precision != DType::kF16) {
     return invalid_argument("trainer: precision must be bf16 or fp16");
   }
+  STRATA_RETURN_IF_ERROR(validate(o.lr_schedule).with_context("trainer"));
   if (!(o.clip_norm >= 0) || !std::isfinite(o.clip_norm)) {
     return invalid_argument("trainer: clip_norm must be finite and >= 0 (0 = off), got " + std::to_string(o.clip_norm));
   }
@@ -487,8 +488,11 @@ Result<float> Trainer::run_step(const int32_t* data_tokens, const int32_t* data_
   const float dloss = fp16 ? static_cast<float>(scaler_.scale()) : 1.0f;
   auto make_step = [&]() {
     OverlapStep ov;
-    ov.config = options_.adam;
+    cpu_optim::AdamConfig adam = options_.adam;
     ov.t = t_ + 1;
+    adam.lr = static_cast<float>(lr_at(options_.lr_schedule, options_.adam.lr, ov.t));
+    last_lr_ = adam.lr;
+    ov.config = adam;
     for (size_t c = 0; c < C; ++c) {
       // The device's gradients as they landed, or their fp32 sum over the micro-batches.
       if (A > 1) {

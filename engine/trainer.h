@@ -21,6 +21,7 @@
 #include "cpu_optim/executor.h"
 #include "cpu_optim/optimizer.h"
 #include "engine/loss_scaler.h"
+#include "engine/lr_schedule.h"
 #include "engine/optimizer_stage.h"
 #include "engine/streamed_model.h"
 #include "engine/trace.h"
@@ -49,7 +50,8 @@ struct TrainerOptions {
   // on the device); 0: all of them.
   int64_t vertical_group = 0;
   uint64_t seed = 1;
-  cpu_optim::AdamConfig adam;
+  cpu_optim::AdamConfig adam;  // adam.lr: the peak rate of lr_schedule
+  LrSchedule lr_schedule;      // the rate step by step (default: adam.lr throughout)
   // How Adam's m and v are stored (the master weights are fp32 always):
   // fp32 (12 bytes of state per parameter with the master weights), bf16
   // (8), or 8-bit blockwise codes with a scale per 256 (~6.03). Checkpoints
@@ -189,6 +191,8 @@ class Trainer {
   // chunk is updated; the step still counts, in the data position and in
   // the optimizer's step number).
   double last_grad_norm() const { return last_grad_norm_; }
+  // The learning rate of the last step's update (lr_schedule at its step).
+  double last_lr() const { return last_lr_; }
   bool last_clipped() const { return last_clipped_; }
   bool last_skipped() const { return last_skipped_; }
   // Whether the last step's speculative updates were undone (clipping or
@@ -279,6 +283,7 @@ class Trainer {
   int64_t t_ = 0;
   StageCounters last_stage_;
   double last_grad_norm_ = 0;
+  double last_lr_ = 0;
   bool last_clipped_ = false;
   bool last_skipped_ = false;
   bool last_rolled_back_ = false;

@@ -27,6 +27,7 @@ Result<TrainerOptions> trainer_options(const EngineConfig& cfg) {
   o.adam.eps = static_cast<float>(cfg.optimizer.eps);
   o.adam.weight_decay = static_cast<float>(cfg.optimizer.weight_decay);
   o.adam.decoupled_weight_decay = cfg.optimizer.type == "adamw";
+  o.lr_schedule = cfg.lr_schedule;
   o.clip_norm = static_cast<float>(cfg.gradient_clipping);
   o.delayed_update = cfg.delayed_update;
   o.precision = cfg.setup.compute;

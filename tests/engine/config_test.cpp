@@ -305,5 +305,80 @@ TEST(Config, DeepSpeedsAdamIsAdamWUnlessAdamWModeIsFalse) {
   EXPECT_NE(bad.error().message().find("optimizer.params.adam_w_mode"), std::string::npos) << bad.error().to_string();
 }
 
+// The rate step by step: strata's "schedule", and DeepSpeed's three
+// warmup schedulers with their defaults (log warmup over 1000 steps).
+TEST(Config, SchedulesNativeAndDeepSpeeds) {
+  std::vector<std::string> warnings;
+  Result<EngineConfig> c = parse_config(json{{"optimizer", {{"type", "adamw"}, {"lr", 0.01}}},
+                                             {"schedule",
+                                              {{"warmup_steps", 10},
+                                               {"start_lr", 0.001},
+                                               {"decay", "cosine"},
+                                               {"decay_end_step", 100},
+                                               {"end_lr", 0.0005}}}},
+                                        &warnings);
+  ASSERT_TRUE(c) << c.error().to_string();
+  EXPECT_EQ(c->lr_schedule.warmup_steps, 10);
+  EXPECT_EQ(c->lr_schedule.warmup, LrSchedule::Warmup::kLinear);
+  EXPECT_EQ(c->lr_schedule.decay, LrSchedule::Decay::kCosine);
+  EXPECT_DOUBLE_EQ(lr_at(c->lr_schedule, c->optimizer.lr, 1), 0.001);
+  EXPECT_DOUBLE_EQ(lr_at(c->lr_schedule, c->optimizer.lr, 11), 0.01);
+  EXPECT_DOUBLE_EQ(lr_at(c->lr_schedule, c->optimizer.lr, 101), 0.0005);
+
+  // WarmupLR: the peak is warmup_max_lr, whatever the optimizer says.
+  c = parse_config(json{{"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.5}}}}},
+                        {"scheduler",
+                         {{"type", "WarmupLR"},
+                          {"params", {{"warmup_min_lr", 0}, {"warmup_max_lr", 0.002}, {"warmup_num_steps", 50}}}}}},
+                   &warnings);
+  ASSERT_TRUE(c) << c.error().to_string();
+  EXPECT_DOUBLE_EQ(c->optimizer.lr, 0.002);
+  EXPECT_EQ(c->lr_schedule.warmup, LrSchedule::Warmup::kLog);  // DeepSpeed's default warmup_type
+  EXPECT_EQ(c->lr_schedule.decay, LrSchedule::Decay::kConstant);
+  EXPECT_DOUBLE_EQ(lr_at(c->lr_schedule, c->optimizer.lr, 50), 0.002);
+  EXPECT_LT(lr_at(c->lr_schedule, c->optimizer.lr, 10), 0.002);
+  // WarmupDecayLR: back down to warmup_min_lr at total_num_steps.
+  c = parse_config(json{{"scheduler",
+                         {{"type", "WarmupDecayLR"},
+                          {"params",
+                           {{"warmup_min_lr", 1e-5},
+                            {"warmup_max_lr", 1e-3},
+                            {"warmup_num_steps", 10},
+                            {"total_num_steps", 110},
+                            {"warmup_type", "linear"}}}}}},
+                   &warnings);
+  ASSERT_TRUE(c) << c.error().to_string();
+  EXPECT_EQ(c->lr_schedule.decay, LrSchedule::Decay::kLinear);
+  EXPECT_DOUBLE_EQ(lr_at(c->lr_schedule, c->optimizer.lr, 1), 1e-5);
+  EXPECT_NEAR(lr_at(c->lr_schedule, c->optimizer.lr, 111), 1e-5, 1e-15);
+  // WarmupCosineLR: ratios of the optimizer's lr; 1000 warmup steps unless said.
+  c = parse_config(
+      json{
+          {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.004}}}}},
+          {"scheduler", {{"type", "WarmupCosineLR"}, {"params", {{"total_num_steps", 5000}, {"cos_min_ratio", 0.1}}}}}},
+      &warnings);
+  ASSERT_TRUE(c) << c.error().to_string();
+  EXPECT_EQ(c->lr_schedule.warmup_steps, 1000);
+  EXPECT_EQ(c->lr_schedule.decay, LrSchedule::Decay::kCosine);
+  EXPECT_DOUBLE_EQ(c->lr_schedule.start_lr, 0.0);
+  EXPECT_NEAR(lr_at(c->lr_schedule, c->optimizer.lr, 5001), 0.0004, 1e-15);
+
+  auto error_of = [](const json& j) {
+    Result<EngineConfig> r = parse_config(j, nullptr);
+    EXPECT_FALSE(r);
+    return r ? std::string() : std::string(r.error().message());
+  };
+  std::string m = error_of({{"scheduler", {{"type", "OneCycle"}}}});
+  EXPECT_NE(m.find("scheduler.type"), std::string::npos) << m;
+  m = error_of({{"scheduler", {{"type", "WarmupDecayLR"}, {"params", {{"warmup_num_steps", 10}}}}}});
+  EXPECT_NE(m.find("total_num_steps is required"), std::string::npos) << m;
+  m = error_of({{"schedule", {{"decay", "linear"}}}});
+  EXPECT_NE(m.find("schedule.decay_end_step"), std::string::npos) << m;
+  m = error_of({{"schedule", {{"warmup_steps", 10}, {"decay", "cosine"}, {"decay_end_step", 5}}}});
+  EXPECT_NE(m.find("must end (step 5) after the warmup"), std::string::npos) << m;
+  m = error_of({{"schedule", json::object()}, {"scheduler", {{"type", "WarmupLR"}}}});
+  EXPECT_NE(m.find("keep one"), std::string::npos) << m;
+}
+
 }  // namespace
 }  // namespace strata::engine

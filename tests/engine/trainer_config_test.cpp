@@ -42,6 +42,7 @@ TEST(TrainerConfig, OptionsCarryEveryFieldTheConfigGives) {
        {"numa_node", 0},
        {"pin_memory", false},
        {"delayed_update", true},
+       {"schedule", {{"warmup_steps", 3}, {"decay", "linear"}, {"decay_end_step", 30}}},
        {"io", {{"backend", "posix"}, {"queue_depth", 8}, {"block_size", "256KiB"}, {"direct", "prefer"}}}});
   Result<TrainerOptions> o = trainer_options(c);
   ASSERT_TRUE(o) << o.error().to_string();
@@ -66,6 +67,9 @@ TEST(TrainerConfig, OptionsCarryEveryFieldTheConfigGives) {
   EXPECT_EQ(o->numa_node, 0);
   EXPECT_FALSE(o->pin_memory);
   EXPECT_TRUE(o->delayed_update);
+  EXPECT_EQ(o->lr_schedule.warmup_steps, 3);
+  EXPECT_EQ(o->lr_schedule.decay, LrSchedule::Decay::kLinear);
+  EXPECT_EQ(o->lr_schedule.decay_end_step, 30);
   EXPECT_EQ(o->io_backend, io::Backend::kPosix);
   EXPECT_EQ(o->io_queue_depth, 8u);
   EXPECT_EQ(o->io_stripe_unit_bytes, 256u << 10);

@@ -712,6 +712,47 @@ TEST(Trainer, ReportsProgressChunkByChunkWhileItInitialisesSavesAndLoads) {
   EXPECT_FALSE(other_thread);
 }
 
+// A learning-rate schedule: each update takes lr_at of its step, the run
+// differs from the constant rate, and a resume at step 10 continues steps
+// 11-20 bit for bit (the rate follows the restored step).
+TEST(Trainer, ALearningRateScheduleIsFollowedAndResumes) {
+  uint64_t seed = strata::testing::test_seed(149);
+  strata::testing::TempDir dir;
+  TrainerOptions o = tiny(seed);
+  o.lr_schedule.warmup_steps = 5;
+  o.lr_schedule.start_lr = 1e-3;
+  o.lr_schedule.decay = LrSchedule::Decay::kCosine;
+  o.lr_schedule.decay_end_step = 18;
+  o.lr_schedule.end_lr = 1e-4;
+  std::vector<float> full;
+  {
+    Result<std::unique_ptr<Trainer>> tr = Trainer::create(o);
+    ASSERT_TRUE(tr) << tr.error().to_string();
+    for (int64_t step = 1; step <= 20; ++step) {
+      Result<float> loss = (*tr)->step();
+      ASSERT_TRUE(loss) << loss.error().to_string();
+      full.push_back(*loss);
+      EXPECT_EQ((*tr)->last_lr(), static_cast<float>(lr_at(o.lr_schedule, o.adam.lr, step))) << step;
+      if (step == 10) {
+        ASSERT_TRUE((*tr)->save(dir.sub("ckpt")).ok());
+      }
+    }
+  }
+  EXPECT_NE(full, run(tiny(seed), 20));
+  Result<std::unique_ptr<Trainer>> tr = Trainer::create(o);
+  ASSERT_TRUE(tr) << tr.error().to_string();
+  ASSERT_TRUE((*tr)->load(dir.path() + "/ckpt").ok());
+  for (size_t i = 10; i < 20; ++i) {
+    Result<float> loss = (*tr)->step();
+    ASSERT_TRUE(loss) << loss.error().to_string();
+    EXPECT_EQ(*loss, full[i]) << "step " << i + 1;
+  }
+  o.lr_schedule.decay_end_step = 3;  // before the warmup ends
+  Result<std::unique_ptr<Trainer>> bad = Trainer::create(o);
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error().code(), StatusCode::kInvalidArgument);
+}
+
 TEST(Trainer, AFailedStepChangesNothingAndTheTrainerContinues) {
   uint64_t seed = strata::testing::test_seed(113);
   strata::testing::TempDir dir;
