@@ -394,6 +394,7 @@ Status Trainer::absorb(Result<OverlapOutcome> outcome) {
   last_skipped_ = outcome->skipped;
   last_rolled_back_ = outcome->rolled_back;
   if (options_.precision == DType::kF16) scaler_.update(outcome->skipped);
+  if (!outcome->skipped) ++updates_;
   rollbacks_ += outcome->rolled_back ? 1 : 0;
   if (in_place && last_skipped_) return restore_written_weights();  // the chunks a speculative update wrote
   if (!in_place && !last_skipped_) std::swap(weights_, weights_next_);
@@ -489,7 +490,7 @@ Result<float> Trainer::run_step(const int32_t* data_tokens, const int32_t* data_
   auto make_step = [&]() {
     OverlapStep ov;
     cpu_optim::AdamConfig adam = options_.adam;
-    ov.t = t_ + 1;
+    ov.t = updates_ + 1;  // a skipped step is no update: Adam's t and the schedule stay
     adam.lr = static_cast<float>(lr_at(options_.lr_schedule, options_.adam.lr, ov.t));
     last_lr_ = adam.lr;
     ov.config = adam;
@@ -714,8 +715,12 @@ Status Trainer::save(const std::string& root) {
     report("saving", static_cast<int64_t>(layout_.size() + c + 1), 2 * static_cast<int64_t>(layout_.size()));
   }
   STRATA_RETURN_IF_ERROR(opt.finish());
-  nlohmann::json meta = {{"step", t_}, {"seed", options_.seed}, {"data_position", t_ * options_.grad_accum},
-                         {"grad_accum", options_.grad_accum}, {"model", model_json(options_.model)},
+  nlohmann::json meta = {{"step", t_},
+                         {"updates", updates_},
+                         {"seed", options_.seed},
+                         {"data_position", t_ * options_.grad_accum},
+                         {"grad_accum", options_.grad_accum},
+                         {"model", model_json(options_.model)},
                          {"precision", dtype_name(options_.precision)},
                          {"adam_states", cpu_optim::state_type_name(options_.adam_states)}};
   if (options_.precision == DType::kF16) {
@@ -767,6 +772,16 @@ Status Trainer::load(const std::string& root) {
     LossScaler probe = scaler_;
     STRATA_RETURN_IF_ERROR(probe.restore(ls).with_context("checkpoint " + path));
   }
+  if (!meta.contains("step") || !meta["step"].is_number_integer() || meta["step"].get<int64_t>() < 0) {
+    return data_loss(path + "/trainer.json: no step count");
+  }
+  const int64_t step = meta["step"].get<int64_t>();
+  // Written before skipped steps were counted apart: every step an update.
+  const int64_t updates = meta.value("updates", step);
+  if (updates < 0 || updates > step) {
+    return data_loss(path + "/trainer.json: updates " + std::to_string(updates) + " outside 0.." +
+                     std::to_string(step));
+  }
   STRATA_ASSIGN_OR_RETURN(SafetensorsReader model, SafetensorsReader::open(path + "/model.safetensors"));
   // From here a failure leaves the weights and states part-loaded.
   broken_ = "loading checkpoint " + path + " failed part way";
@@ -798,7 +813,8 @@ Status Trainer::load(const std::string& root) {
     }));
     report("loading", static_cast<int64_t>(layout_.size() + c + 1), 2 * static_cast<int64_t>(layout_.size()));
   }
-  t_ = meta["step"].get<int64_t>();
+  t_ = step;
+  updates_ = updates;
   broken_.clear();  // every chunk's weights and state came from the checkpoint
   stale_.assign(stale_.size(), false);
   if (options_.precision == DType::kF16) STRATA_RETURN_IF_ERROR(scaler_.restore(ls));

@@ -184,6 +184,11 @@ class Trainer {
   // step number, and a checkpoint's data_position is steps x grad_accum).
   Result<float> step(std::span<const int32_t> tokens, std::span<const int32_t> targets);
   int64_t steps_done() const { return t_; }
+  // Optimizer updates applied: steps_done() less the fp16 steps skipped for
+  // an inf/nan gradient. Adam's step count (its bias correction) and the
+  // learning-rate schedule follow it, as torch's Adam behind a GradScaler and
+  // DeepSpeed (which does not step its scheduler on an overflow) do.
+  int64_t updates_done() const { return updates_; }
   // What the last step's optimizer stage moved (NVMe bytes, seconds).
   const StageCounters& last_stage() const { return last_stage_; }
   // The last step's global gradient norm (before clipping), whether it was
@@ -281,6 +286,7 @@ class Trainer {
   // a load succeeds. The reason, or empty.
   std::string broken_;
   int64_t t_ = 0;
+  int64_t updates_ = 0;  // updates_done()
   StageCounters last_stage_;
   double last_grad_norm_ = 0;
   double last_lr_ = 0;

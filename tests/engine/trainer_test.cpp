@@ -61,6 +61,7 @@ struct RunLog {
   int clipped = 0;
   int skipped = 0;
   int64_t rollbacks = 0;
+  int64_t updates = 0;  // updates_done() at the end
 };
 
 RunLog run_log(const TrainerOptions& o, int steps) {
@@ -78,6 +79,7 @@ RunLog run_log(const TrainerOptions& o, int steps) {
     r.skipped += (*tr)->last_skipped() ? 1 : 0;
   }
   if (tr) r.rollbacks = (*tr)->rollbacks();
+  if (tr) r.updates = (*tr)->updates_done();
   return r;
 }
 
@@ -1430,6 +1432,7 @@ TEST(Trainer, Fp16LossScaleOverflowsGiveTheSameBitsEverywhere) {
   EXPECT_LT(ref.skipped, 15);
   EXPECT_LT(ref.losses.back(), ref.losses.front());
   EXPECT_LT(ref.scales.back(), ref.scales.front());
+  EXPECT_EQ(ref.updates, 20 - ref.skipped);  // a skipped step is no update
   int64_t rollbacks = 0;
   for (int depth : {0, 1, 4}) {
     for (Tier states : {Tier::kHost, Tier::kNvme}) {
@@ -1466,6 +1469,32 @@ TEST(Trainer, Fp16LossScaleOverflowsGiveTheSameBitsEverywhere) {
 
 // An fp16 run resumed at step 10 continues bit for bit, loss scale included;
 // a bf16 run refuses the fp16 checkpoint.
+// A step skipped for an fp16 overflow is no update: Adam's step count and
+// the learning-rate schedule stay where they were (torch's Adam behind a
+// GradScaler is not stepped; DeepSpeed does not step its scheduler).
+TEST(Trainer, SkippedStepsAdvanceNeitherAdamsCountNorTheSchedule) {
+  uint64_t seed = strata::testing::test_seed(151);
+  TrainerOptions o = tiny(seed);
+  o.precision = DType::kF16;
+  o.loss_scale.initial_power = 24;
+  o.loss_scale.window = 3;
+  o.loss_scale.hysteresis = 1;
+  o.lr_schedule.warmup_steps = 30;  // a rate that changes every update
+  Result<std::unique_ptr<Trainer>> tr = Trainer::create(o);
+  ASSERT_TRUE(tr) << tr.error().to_string();
+  int skipped = 0;
+  for (int step = 1; step <= 12; ++step) {
+    const int64_t before = (*tr)->updates_done();
+    ASSERT_TRUE((*tr)->step());
+    EXPECT_EQ((*tr)->last_lr(), static_cast<float>(lr_at(o.lr_schedule, o.adam.lr, before + 1))) << step;
+    EXPECT_EQ((*tr)->updates_done(), before + ((*tr)->last_skipped() ? 0 : 1)) << step;
+    skipped += (*tr)->last_skipped() ? 1 : 0;
+  }
+  EXPECT_GT(skipped, 0);
+  EXPECT_EQ((*tr)->updates_done(), 12 - skipped);
+  EXPECT_EQ((*tr)->steps_done(), 12);
+}
+
 TEST(Trainer, Fp16ResumeRestoresTheLossScale) {
   uint64_t seed = strata::testing::test_seed(111);
   strata::testing::TempDir dir;
@@ -1483,11 +1512,13 @@ TEST(Trainer, Fp16ResumeRestoresTheLossScale) {
     o.nvme_paths = {dir.sub("b")};
     auto tr = std::move(Trainer::create(o)).value();
     for (int i = 0; i < 10; ++i) ASSERT_TRUE(tr->step());
+    ASSERT_LT(tr->updates_done(), 10);  // some of them skipped: the checkpoint must keep the count
     ASSERT_TRUE(tr->save(root).ok());
   }
   o.nvme_paths = {dir.sub("c")};
   auto resumed = std::move(Trainer::create(o)).value();
   ASSERT_TRUE(resumed->load(root).ok());
+  EXPECT_LT(resumed->updates_done(), 10);
   for (int i = 10; i < 20; ++i) {
     EXPECT_EQ(resumed->loss_scale(), straight.scales[static_cast<size_t>(i)]) << "step " << i + 1;
     Result<float> loss = resumed->step();
