@@ -16,14 +16,18 @@
 #include <filesystem>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "bench/bench_util.h"
 #include "common/unique_fd.h"
 #include "common/units.h"
 #include "engine/checkpoint_io.h"
 #include "engine/config.h"
+#include "engine/token_data.h"
 #include "engine/trainer.h"
 #include "engine/trainer_config.h"
 
@@ -127,6 +131,14 @@ int run(int argc, char** argv) {
       ->check(CLI::IsMember({"host", "nvme"}));
   app.add_option("--trace", trace_path, "write a Chrome-trace JSON (opens in Perfetto) of every step's phases, "
                  "optimizer calls and NVMe requests");
+  std::string data_path, data_type = "uint16";
+  app.add_option("--data", data_path,
+                 "train on this token file (a flat array of little-endian tokens, as nanoGPT's train.bin) instead "
+                 "of the synthetic stream; read in order and wrapped, so --resume goes on where the run stopped");
+  app.add_option("--data-type", data_type,
+                 "the token file's integers: uint16 (default), uint32, or uint8 (raw bytes: a byte-level model of any "
+                 "file, for a vocabulary of 256)")
+      ->check(CLI::IsMember({"uint8", "uint16", "uint32"}));
   bool no_pin = false;
   app.add_flag("--no-pin-memory", no_pin, "do not lock the host staging buffers in RAM (config pin_memory: false)");
   app.add_option("--adam-states", adam_states, "how Adam's m and v are stored: fp32, bf16 or q8 (8-bit blockwise); "
@@ -292,6 +304,14 @@ int run(int argc, char** argv) {
         check_directory_writable(std::filesystem::path(trace_path).parent_path().string()).with_context("--trace"),
         "strata-train");
   }
+  std::optional<engine::TokenFile> data;
+  if (!data_path.empty()) {
+    Result<engine::TokenFile> f = engine::TokenFile::open(data_path, *engine::parse_token_width(data_type), o.seq);
+    exit_on_error(f.status().with_context("--data"), "strata-train");
+    data.emplace(std::move(f).value());
+    std::printf("data: %s, %lld tokens (%s)\n", data_path.c_str(), static_cast<long long>(data->tokens()),
+                data_type.c_str());
+  }
   engine::Trace trace(!trace_path.empty());
   if (trace.enabled()) o.trace = &trace;
   ProgressLines progress;
@@ -312,13 +332,27 @@ int run(int argc, char** argv) {
   double total_s = 0;
   uint64_t nvme_bytes = 0, ssd_written = 0;
   double idle_sum = 0;
+  // The token file's micro-batches for step i: grad_accum x batch x seq,
+  // micro-batch index i x grad_accum + k (the checkpoint's data position).
+  std::vector<int32_t> batch_tokens(static_cast<size_t>(o.grad_accum * o.batch * o.seq)),
+      batch_targets(batch_tokens.size());
+  auto step_on = [&](const engine::TokenFile& f, int64_t i) -> Result<float> {
+    const size_t mb = static_cast<size_t>(o.batch * o.seq);
+    for (int64_t k = 0; k < o.grad_accum; ++k) {
+      const size_t at = static_cast<size_t>(k) * mb;
+      STRATA_RETURN_IF_ERROR(f.micro_batch(i * o.grad_accum + k, o.batch, o.model.vocab,
+                                           std::span(batch_tokens).subspan(at, mb),
+                                           std::span(batch_targets).subspan(at, mb)));
+    }
+    return (*tr)->step(batch_tokens, batch_targets);
+  };
   const int64_t start = (*tr)->steps_done();
   int64_t saved_at = resume ? start : -1;  // the step of the checkpoint last written (or loaded)
   std::signal(SIGINT, request_stop);
   std::signal(SIGTERM, request_stop);
   for (int64_t i = start; i < steps && g_stop_signal == 0; ++i) {
     auto t0 = std::chrono::steady_clock::now();
-    Result<float> loss = (*tr)->step();
+    Result<float> loss = data ? step_on(*data, i) : (*tr)->step();
     exit_on_error(loss.status(), "strata-train");
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     total_s += s;

@@ -5,10 +5,13 @@
 # resumed run prints the losses of the run that never stopped. Outputs
 # written after the run (checkpoint, trace) with a path that cannot be
 # written fail before the first step. SIGTERM stops a run after its step
-# in progress with a checkpoint of that step, exit status 143.
-# Usage: strata_train_checkpoints_test.sh path/to/strata-train
+# in progress with a checkpoint of that step, exit status 143. With --data
+# (here a text file as uint8 tokens) a resumed run reads on where the
+# uninterrupted one would have: the same losses.
+# Usage: strata_train_checkpoints_test.sh path/to/strata-train path/to/a/text/file
 set -eu
 train=$1
+text=$2
 d=$(mktemp -d "${STRATA_TEST_DIR:-/tmp}/strata-train-ckpt.XXXXXX")
 trap 'rm -rf "$d"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
@@ -31,7 +34,20 @@ for step in 3 4; do
   [ -n "$want" ] && [ "$want" = "$got" ] || fail "step $step: uninterrupted '$want', resumed '$got'"
   echo "step $step:$got (uninterrupted:$want)"
 done
-for bad in "--checkpoint /proc/no-checkpoints-here" "--trace $d/missing/trace.json"; do
+"$train" --steps 4 --data "$text" --data-type uint8 > "$d/data_full.txt"
+grep -q "^data: $text, [0-9]* tokens (uint8)" "$d/data_full.txt" || fail "no 'data:' line"
+"$train" --steps 2 --data "$text" --data-type uint8 --checkpoint "$d/e" > /dev/null
+"$train" --steps 4 --data "$text" --data-type uint8 --checkpoint "$d/e" --resume > "$d/data_resumed.txt"
+for step in 3 4; do
+  want=$(grep "^step *$step |" "$d/data_full.txt" | cut -d'|' -f2)
+  got=$(grep "^step *$step |" "$d/data_resumed.txt" | cut -d'|' -f2)
+  [ -n "$want" ] && [ "$want" = "$got" ] || fail "--data step $step: uninterrupted '$want', resumed '$got'"
+  echo "--data step $step:$got (uninterrupted:$want)"
+done
+synthetic=$(grep "^step *3 |" "$d/full.txt" | cut -d'|' -f2)
+[ "$synthetic" != "$(grep "^step *3 |" "$d/data_full.txt" | cut -d'|' -f2)" ] || fail "--data gave the synthetic losses"
+
+for bad in "--checkpoint /proc/no-checkpoints-here" "--trace $d/missing/trace.json" "--data $d/no-such-tokens"; do
   # shellcheck disable=SC2086
   if "$train" --steps 3 $bad > "$d/bad.txt" 2>&1; then fail "$bad was accepted"; fi
   grep -q "^step " "$d/bad.txt" && fail "$bad failed only after training"
