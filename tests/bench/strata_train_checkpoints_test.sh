@@ -26,26 +26,27 @@ grep -q '"steps":0' "$d/past.txt" || fail "a run of no steps reports steps other
 listing=$(ls "$d/a" | tr '\n' ' ')
 [ "$listing" = "latest step-2 step-4 " ] || fail "a resume with nothing to run wrote: $listing"
 
-"$train" --steps 2 --checkpoint "$d/b" > /dev/null
-"$train" --steps 4 --checkpoint "$d/b" --resume > "$d/resumed.txt"
-for step in 3 4; do
-  want=$(grep "^step *$step |" "$d/full.txt" | cut -d'|' -f2)
-  got=$(grep "^step *$step |" "$d/resumed.txt" | cut -d'|' -f2)
-  [ -n "$want" ] && [ "$want" = "$got" ] || fail "step $step: uninterrupted '$want', resumed '$got'"
-  echo "step $step:$got (uninterrupted:$want)"
-done
+# loss_of FILE STEP: the "loss X" field of that step's line.
+loss_of() { grep "^step *$2 |" "$1" | cut -d'|' -f2; }
+# resumes_alike LABEL FULL ARGS...: 2 steps, a checkpoint, a resume to 4;
+# steps 3 and 4 as in FULL (the uninterrupted run's output).
+resumes_alike() {
+  label=$1 full=$2
+  shift 2
+  "$train" --steps 2 "$@" --checkpoint "$d/$label" > /dev/null
+  "$train" --steps 4 "$@" --checkpoint "$d/$label" --resume > "$d/$label.txt"
+  for step in 3 4; do
+    want=$(loss_of "$full" "$step")
+    got=$(loss_of "$d/$label.txt" "$step")
+    [ -n "$want" ] && [ "$want" = "$got" ] || fail "$label step $step: uninterrupted '$want', resumed '$got'"
+    echo "$label step $step:$got (uninterrupted:$want)"
+  done
+}
+resumes_alike synthetic "$d/full.txt"
 "$train" --steps 4 --data "$text" --data-type uint8 > "$d/data_full.txt"
 grep -q "^data: $text, [0-9]* tokens (uint8)" "$d/data_full.txt" || fail "no 'data:' line"
-"$train" --steps 2 --data "$text" --data-type uint8 --checkpoint "$d/e" > /dev/null
-"$train" --steps 4 --data "$text" --data-type uint8 --checkpoint "$d/e" --resume > "$d/data_resumed.txt"
-for step in 3 4; do
-  want=$(grep "^step *$step |" "$d/data_full.txt" | cut -d'|' -f2)
-  got=$(grep "^step *$step |" "$d/data_resumed.txt" | cut -d'|' -f2)
-  [ -n "$want" ] && [ "$want" = "$got" ] || fail "--data step $step: uninterrupted '$want', resumed '$got'"
-  echo "--data step $step:$got (uninterrupted:$want)"
-done
-synthetic=$(grep "^step *3 |" "$d/full.txt" | cut -d'|' -f2)
-[ "$synthetic" != "$(grep "^step *3 |" "$d/data_full.txt" | cut -d'|' -f2)" ] || fail "--data gave the synthetic losses"
+resumes_alike data "$d/data_full.txt" --data "$text" --data-type uint8
+[ "$(loss_of "$d/full.txt" 3)" != "$(loss_of "$d/data_full.txt" 3)" ] || fail "--data gave the synthetic losses"
 
 for bad in "--checkpoint /proc/no-checkpoints-here" "--trace $d/missing/trace.json" "--data $d/no-such-tokens"; do
   # shellcheck disable=SC2086
