@@ -244,6 +244,8 @@ int run(int argc, char** argv) {
   }
   o.stream_weights = stream;
   o.device_bytes = stream || device == "cuda" ? budgets.device_bytes : 0;
+  o.host_budget_bytes = budgets.host_bytes;  // held at run time, as the device's
+  o.nvme_budget_bytes = budgets.nvme_bytes;
   o.prefetch_depth = prefetch;
   o.activation_checkpoints = activations == "host"   ? engine::Tier::kHost
                              : activations == "nvme" ? engine::Tier::kNvme

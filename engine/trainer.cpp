@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "common/units.h"
 #include "engine/checkpoint_io.h"
 #include "gpu/device_info.h"
 #include "gpu/host/ops.h"
@@ -204,6 +205,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
     so.device.queue_depth = o.io_queue_depth;
     so.stripe_unit_bytes = o.io_stripe_unit_bytes;
     so.direct = o.io_direct;
+    if (o.nvme_budget_bytes > 0) so.budget_bytes = o.nvme_budget_bytes;
     so.faults = o.faults;
     if (Trace* trace = o.trace; trace != nullptr && trace->enabled()) {
       // Every NVMe request on the "nvme reads" / "nvme writes" tracks, from
@@ -311,6 +313,12 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
       STRATA_ASSIGN_OR_RETURN(gpu::HostPin pin, gpu::HostPin::make(*tr->device_, v.data(), v.size() * 2));
       tr->pins_.push_back(std::move(pin));
     }
+  }
+  if (o.host_budget_bytes > 0 && tr->host_bytes() > o.host_budget_bytes) {
+    return resource_exhausted("trainer: its host memory, " + format_bytes(tr->host_bytes()) +
+                              " (states, weights, gradients, staging), exceeds the host budget of " +
+                              format_bytes(o.host_budget_bytes) +
+                              " (budgets.host); raise it, or put the states or weights on NVMe");
   }
   return tr;
 }

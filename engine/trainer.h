@@ -70,6 +70,13 @@ struct TrainerOptions {
   enum class Backend : uint8_t { kHost, kCuda };
   Backend backend = Backend::kHost;
   uint64_t device_bytes = 0;
+  // The host and NVMe budgets, held at run time (0: not held): create()
+  // refuses, naming the budget, a trainer whose host memory (host_bytes():
+  // states, weights, gradients, staging arenas) exceeds host_budget_bytes,
+  // and the NVMe store refuses a blob past nvme_budget_bytes — never a
+  // silent spill past what the plan was given.
+  uint64_t host_budget_bytes = 0;
+  uint64_t nvme_budget_bytes = 0;
   int prefetch_depth = 1;
   Tier activation_checkpoints = Tier::kDevice;  // kDevice, kHost or kNvme (streaming only)
   // Global-norm gradient clipping (0 = off): when the norm of all gradients

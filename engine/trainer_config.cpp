@@ -79,6 +79,8 @@ Result<Plan> apply_planned_placement(TrainerOptions* o, Budgets budgets, const C
   const bool on_nvme = pl.weights == Tier::kNvme || pl.states == Tier::kNvme || pl.checkpoints == Tier::kNvme;
   o->nvme_paths = on_nvme ? nvme_paths : std::vector<std::string>{};
   o->device_bytes = o->stream_weights || o->backend == TrainerOptions::Backend::kCuda ? budgets.device_bytes : 0;
+  o->host_budget_bytes = budgets.host_bytes;
+  o->nvme_budget_bytes = on_nvme ? budgets.nvme_bytes : 0;
   return plan;
 }
 

@@ -755,6 +755,49 @@ TEST(Trainer, ALearningRateScheduleIsFollowedAndResumes) {
   EXPECT_EQ(bad.error().code(), StatusCode::kInvalidArgument);
 }
 
+// The host and NVMe budgets are held at run time as the device's is: a
+// trainer that needs more host memory than its budget, or more NVMe, is
+// refused with the budget named; exactly enough runs.
+TEST(Trainer, TheHostAndNvmeBudgetsAreHeld) {
+  uint64_t seed = strata::testing::test_seed(157);
+  strata::testing::TempDir dir;
+  TrainerOptions o = tiny(seed);
+  o.states = Tier::kNvme;
+  o.nvme_paths = {dir.sub("measure")};
+  uint64_t host = 0, nvme = 0;
+  {
+    Result<std::unique_ptr<Trainer>> tr = Trainer::create(o);
+    ASSERT_TRUE(tr) << tr.error().to_string();
+    ASSERT_TRUE((*tr)->step());
+    host = (*tr)->host_bytes();
+    nvme = (*tr)->swap_store()->stats().peak_used_bytes;
+  }
+  o.host_budget_bytes = host - 1;
+  o.nvme_paths = {dir.sub("host-short")};
+  Result<std::unique_ptr<Trainer>> short_host = Trainer::create(o);
+  ASSERT_FALSE(short_host);
+  EXPECT_EQ(short_host.error().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(short_host.error().message().find("budgets.host"), std::string::npos) << short_host.error().to_string();
+  o.host_budget_bytes = host;
+  o.nvme_budget_bytes = nvme / 2;
+  o.nvme_paths = {dir.sub("nvme-short")};
+  // The states' first generation is placed by create(), the second (the
+  // speculative update's) by the first step: one of them is refused.
+  Status nvme_refused;
+  if (Result<std::unique_ptr<Trainer>> tr = Trainer::create(o); !tr) {
+    nvme_refused = tr.error();
+  } else if (Result<float> loss = (*tr)->step(); !loss) {
+    nvme_refused = loss.error();
+  }
+  EXPECT_EQ(nvme_refused.code(), StatusCode::kResourceExhausted) << nvme_refused.to_string();
+  EXPECT_NE(nvme_refused.message().find("swap budget of"), std::string::npos) << nvme_refused.to_string();
+  o.nvme_budget_bytes = nvme;
+  o.nvme_paths = {dir.sub("enough")};
+  Result<std::unique_ptr<Trainer>> enough = Trainer::create(o);
+  ASSERT_TRUE(enough) << enough.error().to_string();
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE((*enough)->step());
+}
+
 TEST(Trainer, AFailedStepChangesNothingAndTheTrainerContinues) {
   uint64_t seed = strata::testing::test_seed(113);
   strata::testing::TempDir dir;
