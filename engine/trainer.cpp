@@ -74,6 +74,50 @@ nlohmann::json model_json(const gpu::GptConfig& c) {
   return {{"layers", c.layers}, {"hidden", c.hidden}, {"heads", c.heads}, {"vocab", c.vocab}, {"max_seq", c.max_seq}};
 }
 
+// splitmix64's finaliser: well-spread generator seeds from small integers.
+uint64_t mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// Chunk c's initial fp32 master weights, GPT-2's initialisation: weights
+// ~ N(0, 0.02), the residual projections (attn.c_proj, mlp.c_proj) scaled by
+// 1/sqrt(2L), LayerNorm weights 1, biases 0. The draws come in blocks of
+// 2^16 elements, each from its own generator seeded by (seed, chunk,
+// block), on the executor's threads (which also fault the pages in): the
+// same weights at any thread count, and a 10B model's 10^10 draws spread
+// over the cores instead of one.
+std::unique_ptr<float[]> initial_master(const gpu::ChunkLayout& chunk, size_t c, const TrainerOptions& o,
+                                        cpu_optim::Executor& ex) {
+  constexpr int64_t kBlock = int64_t{1} << 16;
+  const int64_t n = chunk.numel;
+  std::unique_ptr<float[]> master(new float[static_cast<size_t>(n)]);
+  float* const out = master.get();
+  const uint64_t chunk_seed = mix64(mix64(o.seed) ^ c);
+  ex.parallel_for((n + kBlock - 1) / kBlock, 1, [&](int64_t first, int64_t last) {
+    for (int64_t b = first; b < last; ++b) {
+      std::mt19937_64 rng(mix64(chunk_seed ^ static_cast<uint64_t>(b)));
+      std::normal_distribution<float> normal(0.0f, 0.02f);
+      for (int64_t i = b * kBlock; i < std::min(n, (b + 1) * kBlock); ++i) out[i] = normal(rng);
+    }
+  });
+  const float residual_scale = 1.0f / std::sqrt(2.0f * static_cast<float>(o.model.layers));
+  for (const gpu::TensorSlot& t : chunk.tensors) {
+    const bool is_bias = t.name.size() >= 5 && t.name.compare(t.name.size() - 5, 5, ".bias") == 0;
+    const bool is_ln = t.name.find("ln_") != std::string::npos;
+    const bool residual = t.name.find("c_proj.weight") != std::string::npos;
+    float* const first = out + t.offset;
+    if (is_bias || is_ln) {
+      std::fill(first, first + t.numel(), is_bias ? 0.0f : 1.0f);
+    } else if (residual) {
+      for (int64_t i = 0; i < t.numel(); ++i) first[i] *= residual_scale;
+    }
+  }
+  return master;
+}
+
 }  // namespace
 
 TrainSetup training_setup(const TrainerOptions& o) {
@@ -272,36 +316,24 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
     STRATA_RETURN_IF_ERROR(tr->streamed_->set_nvme_weights(
         {tr->swap_.get(), [stage](size_t c) { return stage->weights_blobs(c); }}));
   }
-  // GPT-2's initialisation: weights ~ N(0, 0.02), the residual projections
-  // (attn.c_proj, mlp.c_proj) scaled by 1/sqrt(2L), LayerNorm weights 1, biases 0.
-  std::mt19937_64 rng(o.seed);
-  std::normal_distribution<float> normal(0.0f, 0.02f);
-  const float residual_scale = 1.0f / std::sqrt(2.0f * static_cast<float>(o.model.layers));
   for (size_t c = 0; c < tr->layout_.size(); ++c) {
-    std::vector<float> master(static_cast<size_t>(elems[c]), 0.0f);
-    for (const gpu::TensorSlot& t : tr->layout_[c].tensors) {
-      bool is_bias = t.name.size() >= 5 && t.name.compare(t.name.size() - 5, 5, ".bias") == 0;
-      bool is_ln = t.name.find("ln_") != std::string::npos;
-      float scale = t.name.find("c_proj.weight") != std::string::npos ? residual_scale : 1.0f;
-      for (int64_t i = 0; i < t.numel(); ++i) {
-        master[static_cast<size_t>(t.offset + i)] = is_bias ? 0.0f : (is_ln ? 1.0f : normal(rng) * scale);
-      }
-    }
-    STRATA_RETURN_IF_ERROR(tr->stage_->initialize(c, master.data()));
+    const std::unique_ptr<float[]> master = initial_master(tr->layout_[c], c, o, *tr->executor_);
+    STRATA_RETURN_IF_ERROR(tr->stage_->initialize(c, master.get()));
     tr->report("initialising", static_cast<int64_t>(c + 1), static_cast<int64_t>(tr->layout_.size()));
     if (o.weights == Tier::kHost) {
-      tr->weights_.emplace_back(master.size());
-      STRATA_RETURN_IF_ERROR(cpu_optim::convert(master.data(), DType::kF32, tr->weights_[c].data(), o.precision,
-                                                elems[c]));
-      if (o.delayed_update) tr->weights_next_.emplace_back(master.size());
+      tr->weights_.emplace_back(static_cast<size_t>(elems[c]));
+      STRATA_RETURN_IF_ERROR(
+          cpu_optim::convert(master.get(), DType::kF32, tr->weights_[c].data(), o.precision, elems[c]));
+      if (o.delayed_update) tr->weights_next_.emplace_back(static_cast<size_t>(elems[c]));
     }
-    tr->grads_.emplace_back(master.size(), 0);
-    if (o.grad_accum > 1) tr->acc_.emplace_back(master.size(), 0.0f);
+    const size_t n = static_cast<size_t>(elems[c]);
+    tr->grads_.emplace_back(n, 0);
+    if (o.grad_accum > 1) tr->acc_.emplace_back(n, 0.0f);
     if (o.delayed_update) {
       if (o.grad_accum > 1) {
-        tr->acc_alt_.emplace_back(master.size(), 0.0f);
+        tr->acc_alt_.emplace_back(n, 0.0f);
       } else {
-        tr->grads_alt_.emplace_back(master.size(), 0);
+        tr->grads_alt_.emplace_back(n, 0);
       }
     }
   }
