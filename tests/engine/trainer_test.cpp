@@ -798,6 +798,32 @@ TEST(Trainer, TheHostAndNvmeBudgetsAreHeld) {
   for (int i = 0; i < 3; ++i) ASSERT_TRUE((*enough)->step());
 }
 
+// The initial weights are drawn block by block on the optimizer's threads,
+// each block from its own generator: the same weights and states, byte for
+// byte in a checkpoint written before the first step, with one optimizer
+// thread or all of them (chunks of several 2^16-element blocks).
+TEST(Trainer, TheInitialWeightsAreTheSameAtAnyThreadCount) {
+  uint64_t seed = strata::testing::test_seed(163);
+  strata::testing::TempDir dir;
+  TrainerOptions o = tiny(seed);
+  o.model.hidden = 128;  // a block's chunk: ~200K parameters, 4 blocks of draws
+  o.model.layers = 1;
+  ASSERT_GT(gpu::block_layout(o.model, 0).numel, 3 * (int64_t{1} << 16));
+  auto initial = [&](const std::string& name) {
+    Result<std::unique_ptr<Trainer>> tr = Trainer::create(o);
+    EXPECT_TRUE(tr) << tr.error().to_string();
+    EXPECT_TRUE(tr && (*tr)->save(dir.path() + "/" + name).ok());
+    return files_under(dir.path() + "/" + name + "/step-0");
+  };
+  o.compute_threads = 0;  // the optimizer's executor: every core
+  const std::map<std::string, std::string> all = initial("all");
+  ASSERT_EQ(all.size(), 3u);                              // model, optimizer, trainer.json
+  o.compute_threads = cpu_optim::hardware_threads() - 1;  // one optimizer thread
+  EXPECT_TRUE(initial("one") == all);
+  o.seed = seed + 1;
+  EXPECT_FALSE(initial("other-seed") == all);
+}
+
 TEST(Trainer, AFailedStepChangesNothingAndTheTrainerContinues) {
   uint64_t seed = strata::testing::test_seed(113);
   strata::testing::TempDir dir;
