@@ -775,16 +775,24 @@ Status Trainer::save(const std::string& root) {
   return dir.commit(t_);
 }
 
-Status Trainer::load(const std::string& root) {
-  STRATA_RETURN_IF_ERROR(flush());
-  CheckpointDir dir(root);
-  STRATA_ASSIGN_OR_RETURN(CheckpointDir::Entry latest, dir.latest());
-  const std::string& path = latest.path;
+Result<Trainer::CheckpointMeta> Trainer::checkpoint_meta(const std::string& path) const {
   std::ifstream in(path + "/trainer.json");
-  nlohmann::json meta = nlohmann::json::parse(in, nullptr, false);
+  const nlohmann::json meta = nlohmann::json::parse(in, nullptr, false);
   if (meta.is_discarded()) return data_loss(path + "/trainer.json is not valid JSON");
-  if (meta["model"] != model_json(options_.model)) {
-    return failed_precondition("checkpoint " + path + " is for model " + meta["model"].dump() + ", not " +
+  // A value of the wrong type (a hand-edited file) throws in nlohmann's
+  // accessors: an error, not an exception out of the trainer.
+  try {
+    return checked_meta(path, meta);
+  } catch (const nlohmann::json::exception& e) {
+    return data_loss(path + "/trainer.json: " + e.what());
+  }
+}
+
+Result<Trainer::CheckpointMeta> Trainer::checked_meta(const std::string& path, const nlohmann::json& meta) const {
+  CheckpointMeta m;
+  const nlohmann::json model = meta.contains("model") ? meta.at("model") : nlohmann::json();
+  if (model != model_json(options_.model)) {
+    return failed_precondition("checkpoint " + path + " is for model " + model.dump() + ", not " +
                                model_json(options_.model).dump());
   }
   const int64_t accum = meta.value("grad_accum", int64_t{1});
@@ -803,25 +811,33 @@ Status Trainer::load(const std::string& root) {
     return failed_precondition("checkpoint " + path + " holds " + adam_states + " Adam states, this run keeps " +
                                std::string(cpu_optim::state_type_name(options_.adam_states)));
   }
-  LossScaler::State ls;
   if (options_.precision == DType::kF16) {
     if (!meta.contains("loss_scale")) return data_loss(path + "/trainer.json: an fp16 checkpoint without loss_scale");
-    ls.scale = meta["loss_scale"].value("scale", 0.0);
-    ls.good_steps = meta["loss_scale"].value("good_steps", int64_t{-1});
-    ls.hysteresis_left = meta["loss_scale"].value("hysteresis_left", 0);
+    m.loss_scale.scale = meta["loss_scale"].value("scale", 0.0);
+    m.loss_scale.good_steps = meta["loss_scale"].value("good_steps", int64_t{-1});
+    m.loss_scale.hysteresis_left = meta["loss_scale"].value("hysteresis_left", 0);
     LossScaler probe = scaler_;
-    STRATA_RETURN_IF_ERROR(probe.restore(ls).with_context("checkpoint " + path));
+    STRATA_RETURN_IF_ERROR(probe.restore(m.loss_scale).with_context("checkpoint " + path));
   }
   if (!meta.contains("step") || !meta["step"].is_number_integer() || meta["step"].get<int64_t>() < 0) {
     return data_loss(path + "/trainer.json: no step count");
   }
-  const int64_t step = meta["step"].get<int64_t>();
+  m.step = meta["step"].get<int64_t>();
   // Written before skipped steps were counted apart: every step an update.
-  const int64_t updates = meta.value("updates", step);
-  if (updates < 0 || updates > step) {
-    return data_loss(path + "/trainer.json: updates " + std::to_string(updates) + " outside 0.." +
-                     std::to_string(step));
+  m.updates = meta.value("updates", m.step);
+  if (m.updates < 0 || m.updates > m.step) {
+    return data_loss(path + "/trainer.json: updates " + std::to_string(m.updates) + " outside 0.." +
+                     std::to_string(m.step));
   }
+  return m;
+}
+
+Status Trainer::load(const std::string& root) {
+  STRATA_RETURN_IF_ERROR(flush());
+  CheckpointDir dir(root);
+  STRATA_ASSIGN_OR_RETURN(CheckpointDir::Entry latest, dir.latest());
+  const std::string& path = latest.path;
+  STRATA_ASSIGN_OR_RETURN(const CheckpointMeta meta, checkpoint_meta(path));
   STRATA_ASSIGN_OR_RETURN(SafetensorsReader model, SafetensorsReader::open(path + "/model.safetensors"));
   // From here a failure leaves the weights and states part-loaded.
   broken_ = "loading checkpoint " + path + " failed part way";
@@ -853,11 +869,11 @@ Status Trainer::load(const std::string& root) {
     }));
     report("loading", static_cast<int64_t>(layout_.size() + c + 1), 2 * static_cast<int64_t>(layout_.size()));
   }
-  t_ = step;
-  updates_ = updates;
+  t_ = meta.step;
+  updates_ = meta.updates;
   broken_.clear();  // every chunk's weights and state came from the checkpoint
   stale_.assign(stale_.size(), false);
-  if (options_.precision == DType::kF16) STRATA_RETURN_IF_ERROR(scaler_.restore(ls));
+  if (options_.precision == DType::kF16) STRATA_RETURN_IF_ERROR(scaler_.restore(meta.loss_scale));
   return ok_status();
 }
 

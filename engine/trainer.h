@@ -10,6 +10,7 @@
 
 #include <functional>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <span>
 #include <string>
@@ -251,6 +252,14 @@ class Trainer {
   Status restore_weights();
   // options_.progress, when set.
   void report(std::string_view what, int64_t done, int64_t total) const;
+  // A checkpoint's trainer.json, checked against this trainer (model,
+  // accumulation, precision, state type, loss scale, step counts).
+  struct CheckpointMeta {
+    int64_t step = 0, updates = 0;
+    LossScaler::State loss_scale;
+  };
+  Result<CheckpointMeta> checkpoint_meta(const std::string& path) const;
+  Result<CheckpointMeta> checked_meta(const std::string& path, const nlohmann::json& meta) const;
   // The optimizer writes the weights in RAM in place (not on NVMe, not
   // beside them for the delayed update).
   bool weights_in_place() const { return !weights_.empty() && weights_next_.empty(); }

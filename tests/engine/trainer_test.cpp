@@ -824,6 +824,52 @@ TEST(Trainer, TheInitialWeightsAreTheSameAtAnyThreadCount) {
   EXPECT_FALSE(initial("other-seed") == all);
 }
 
+// A checkpoint whose trainer.json was edited by hand (a value of the wrong
+// type, a key gone, not JSON) is refused with the file named — not an
+// exception out of the trainer — and the trainer goes on as it was.
+TEST(Trainer, ADamagedCheckpointDescriptionIsRefusedNotThrown) {
+  uint64_t seed = strata::testing::test_seed(167);
+  strata::testing::TempDir dir;
+  const TrainerOptions o = tiny(seed);
+  const std::vector<float> ref = run(o, 3);
+  Result<std::unique_ptr<Trainer>> tr = Trainer::create(o);
+  ASSERT_TRUE(tr) << tr.error().to_string();
+  ASSERT_EQ(*(*tr)->step(), ref[0]);
+  const std::string root = dir.path() + "/ckpt";
+  ASSERT_TRUE((*tr)->save(root).ok());
+  const std::string meta_path = root + "/step-1/trainer.json";
+  std::string original;
+  {
+    std::ifstream in(meta_path);
+    original.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  ASSERT_NE(original.find("\"grad_accum\": 1"), std::string::npos) << original;
+  struct Case {
+    std::string name, text;
+    StatusCode code;
+  };
+  std::string wrong_type = original, no_model = original;
+  const std::string accum = "\"grad_accum\": 1", model = "\"model\"";
+  wrong_type.replace(wrong_type.find(accum), accum.size(), "\"grad_accum\": \"one\"");
+  no_model.replace(no_model.find(model), model.size(), "\"modell\"");
+  const std::vector<Case> cases = {{"wrong type", wrong_type, StatusCode::kDataLoss},
+                                   {"no model", no_model, StatusCode::kFailedPrecondition},
+                                   {"not JSON", "{\"step\": ", StatusCode::kDataLoss}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    {
+      std::ofstream out(meta_path, std::ios::trunc);
+      out << c.text;
+    }
+    Status s = (*tr)->load(root);
+    std::printf("%s: %s\n", c.name.c_str(), s.to_string().c_str());
+    EXPECT_EQ(s.code(), c.code) << s.to_string();
+    EXPECT_NE(s.message().find(root + "/step-1"), std::string::npos) << s.to_string();
+  }
+  // Nothing was loaded: the trainer goes on from where it was.
+  for (size_t i = 1; i < 3; ++i) EXPECT_EQ(*(*tr)->step(), ref[i]);
+}
+
 TEST(Trainer, AFailedStepChangesNothingAndTheTrainerContinues) {
   uint64_t seed = strata::testing::test_seed(113);
   strata::testing::TempDir dir;
