@@ -141,7 +141,11 @@ int64_t micro_batches_per_pass(const TrainerOptions& o) {
   return o.vertical_group > 0 ? o.vertical_group : o.grad_accum;
 }
 
-Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
+namespace {
+
+// What create() refuses before it allocates anything: shapes, placements
+// the trainer does not run, and out-of-range knobs.
+Status check_options(const TrainerOptions& o) {
   STRATA_RETURN_IF_ERROR(o.model.validate());
   if (o.batch < 1 || o.seq < 1 || o.seq > o.model.max_seq) {
     return invalid_argument("trainer: batch >= 1 and 1 <= seq <= max_seq required");
@@ -179,7 +183,6 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
   if (o.precision != DType::kBF16 && o.precision != DType::kF16) {
     return invalid_argument("trainer: precision must be bf16 or fp16");
   }
-  STRATA_RETURN_IF_ERROR(validate(o.lr_schedule).with_context("trainer"));
   if (!(o.clip_norm >= 0) || !std::isfinite(o.clip_norm)) {
     return invalid_argument("trainer: clip_norm must be finite and >= 0 (0 = off), got " + std::to_string(o.clip_norm));
   }
@@ -191,6 +194,56 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
     return unimplemented("trainer: this build has no CUDA (the cuda backend needs nvcc at build time)");
 #endif
   }
+  return ok_status();
+}
+
+// The rest of them: steps, threads, NUMA, NVMe and staging.
+Status check_resources(const TrainerOptions& o) {
+  STRATA_RETURN_IF_ERROR(validate(o.lr_schedule).with_context("trainer"));
+  if (!(o.clip_norm >= 0) || !std::isfinite(o.clip_norm)) {
+    return invalid_argument("trainer: clip_norm must be finite and >= 0 (0 = off), got " + std::to_string(o.clip_norm));
+  }
+  if (o.compute_threads < 0 || o.compute_threads > 4096) {
+    return invalid_argument("trainer: compute_threads must be 0..4096, got " + std::to_string(o.compute_threads));
+  }
+  if (o.numa_node < -1) {
+    return invalid_argument("trainer: numa_node must be -1 (auto) or a node number, got " +
+                            std::to_string(o.numa_node));
+  }
+  STRATA_RETURN_IF_ERROR(check_state_piece_elems(o.state_piece_elems).with_context("trainer"));
+  if (o.states == Tier::kNvme || o.activation_checkpoints == Tier::kNvme) {
+    if (o.nvme_paths.empty())
+      return invalid_argument("trainer: optimizer states or checkpoints on NVMe need nvme_paths");
+  }
+  if (o.staging_buffers < 3 || o.staging_buffers > 64) {
+    return invalid_argument("trainer: staging_buffers must be 3..64, got " + std::to_string(o.staging_buffers));
+  }
+  return ok_status();
+}
+
+// The optimizer's threads: on the host backend with its compute capped at
+// compute_threads cores, the others (as beside a GPU), instead of
+// time-slicing the compute thread's core; on the NUMA node asked for, or
+// (CUDA) the GPU's.
+cpu_optim::ExecutorOptions executor_options(const TrainerOptions& o) {
+  cpu_optim::ExecutorOptions eo;
+  if (o.backend == TrainerOptions::Backend::kHost && o.compute_threads > 0) {
+    eo.threads = std::max(1, cpu_optim::hardware_threads() - o.compute_threads);
+  }
+  eo.numa_node = o.numa_node;
+  if (eo.numa_node < 0 && o.backend == TrainerOptions::Backend::kCuda) {
+    if (Result<std::vector<gpu::CudaDeviceInfo>> gpus = gpu::cuda_devices(); gpus && !gpus->empty()) {
+      eo.numa_node = gpu::numa_node_of_pci(gpus->front().pci_bus_id);
+    }
+  }
+  return eo;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
+  STRATA_RETURN_IF_ERROR(check_options(o));
+  STRATA_RETURN_IF_ERROR(check_resources(o));
   if (o.compute_threads > 0) gpu::host::set_compute_threads(o.compute_threads);
   std::unique_ptr<Trainer> tr(new Trainer());
 #ifdef STRATA_HAVE_CUDA
@@ -207,23 +260,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
   if (o.precision == DType::kF16) {
     STRATA_ASSIGN_OR_RETURN(tr->scaler_, LossScaler::create(o.loss_scale));
   }
-  // The host backend computes on the CPU: with its compute capped at
-  // compute_threads cores, the optimizer gets the others (as beside a GPU),
-  // instead of time-slicing the compute thread's core.
-  cpu_optim::ExecutorOptions eo;
-  if (o.backend == TrainerOptions::Backend::kHost && o.compute_threads > 0) {
-    eo.threads = std::max(1, cpu_optim::hardware_threads() - o.compute_threads);
-  }
-  if (o.numa_node < -1) {
-    return invalid_argument("trainer: numa_node must be -1 (auto) or a node number, got " + std::to_string(o.numa_node));
-  }
-  eo.numa_node = o.numa_node;
-  if (eo.numa_node < 0 && o.backend == TrainerOptions::Backend::kCuda) {
-    if (Result<std::vector<gpu::CudaDeviceInfo>> gpus = gpu::cuda_devices(); gpus && !gpus->empty()) {
-      eo.numa_node = gpu::numa_node_of_pci(gpus->front().pci_bus_id);
-    }
-  }
-  STRATA_ASSIGN_OR_RETURN(tr->executor_, cpu_optim::Executor::create(eo));
+  STRATA_ASSIGN_OR_RETURN(tr->executor_, cpu_optim::Executor::create(executor_options(o)));
   if (o.grad_accum > 1) tr->accumulator_ = std::make_unique<SerialQueue>("strata:accum");
   // Everything the trainer allocates from here on — arenas (locked or
   // cudaHostAlloc'ed, their pages faulted in here), states, weights,
@@ -231,17 +268,28 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
   STRATA_ASSIGN_OR_RETURN(cpu_optim::Executor::NodeMemoryScope on_node, tr->executor_->node_memory_scope());
   std::vector<int64_t> elems;
   for (const auto& chunk : tr->layout_) elems.push_back(chunk.numel);
-  STRATA_RETURN_IF_ERROR(check_state_piece_elems(o.state_piece_elems).with_context("trainer"));
   // What one staging buffer holds: the largest piece of a chunk's state.
-  const int64_t max_piece = max_state_piece(elems, o.states == Tier::kNvme ? o.state_piece_elems : 0);
-  if (o.states == Tier::kNvme || o.activation_checkpoints == Tier::kNvme) {
-    if (o.nvme_paths.empty()) return invalid_argument("trainer: optimizer states or checkpoints on NVMe need nvme_paths");
+  STRATA_RETURN_IF_ERROR(tr->open_nvme(max_state_piece(elems, o.states == Tier::kNvme ? o.state_piece_elems : 0)));
+  STRATA_ASSIGN_OR_RETURN(
+      tr->stage_, OptimizerStage::create(elems, o.states, tr->swap_.get(), tr->staging_.get(), *tr->executor_, o.trace,
+                                         o.adam_states, o.state_piece_elems));
+  if (o.speculate_in_ram) STRATA_RETURN_IF_ERROR(tr->stage_->enable_ram_speculation());
+  STRATA_RETURN_IF_ERROR(tr->build_model());
+  STRATA_RETURN_IF_ERROR(tr->place_initial_state(elems));
+  if (o.host_budget_bytes > 0 && tr->host_bytes() > o.host_budget_bytes) {
+    return resource_exhausted("trainer: its host memory, " + format_bytes(tr->host_bytes()) +
+                              " (states, weights, gradients, staging), exceeds the host budget of " +
+                              format_bytes(o.host_budget_bytes) +
+                              " (budgets.host); raise it, or put the states or weights on NVMe");
   }
-  if (o.staging_buffers < 3 || o.staging_buffers > 64) {
-    return invalid_argument("trainer: staging_buffers must be 3..64, got " + std::to_string(o.staging_buffers));
-  }
-  // One store (one ring) for every NVMe byte: the optimizer stage's thread
-  // and the compute thread share it.
+  return tr;
+}
+
+// One store (one ring) for every NVMe byte, and the optimizer's staging
+// arena when the states are there.
+Status Trainer::open_nvme(int64_t max_piece) {
+  const TrainerOptions& o = options_;
+  // The optimizer stage's thread and the compute thread share the store.
   if (o.states == Tier::kNvme || o.activation_checkpoints == Tier::kNvme) {
     io::SwapStoreOptions so;
     so.directories = o.nvme_paths;
@@ -261,22 +309,23 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
                     trace->us(r.submitted), trace->us(r.completed), "nvme", r.bytes);
       };
     }
-    STRATA_ASSIGN_OR_RETURN(tr->swap_, io::SwapStore::open(so));
+    STRATA_ASSIGN_OR_RETURN(swap_, io::SwapStore::open(so));
   }
   if (o.states == Tier::kNvme) {
     const uint64_t staging_bytes = o.weights == Tier::kNvme
-                                       ? OptimizerStage::staging_bytes_with_weights(*tr->swap_, max_piece, o.adam_states)
-                                       : tr->swap_->padded_size(OptimizerStage::state_bytes(max_piece, o.adam_states));
-    STRATA_ASSIGN_OR_RETURN(tr->staging_,
-                            PinnedArena::create("optimizer staging", staging_bytes,
-                                                static_cast<uint32_t>(o.staging_buffers), *tr->allocator_,
-                                                tr->executor_.get()));
+                                       ? OptimizerStage::staging_bytes_with_weights(*swap_, max_piece, o.adam_states)
+                                       : swap_->padded_size(OptimizerStage::state_bytes(max_piece, o.adam_states));
+    STRATA_ASSIGN_OR_RETURN(
+        staging_, PinnedArena::create("optimizer staging", staging_bytes, static_cast<uint32_t>(o.staging_buffers),
+                                      *allocator_, executor_.get()));
   }
+  return ok_status();
+}
 
-  STRATA_ASSIGN_OR_RETURN(tr->stage_, OptimizerStage::create(elems, o.states, tr->swap_.get(), tr->staging_.get(),
-                                                             *tr->executor_, o.trace, o.adam_states,
-                                                             o.state_piece_elems));
-  if (o.speculate_in_ram) STRATA_RETURN_IF_ERROR(tr->stage_->enable_ram_speculation());
+// The device and the streamed model on it, traced when asked, reading its
+// weights from NVMe when they live there.
+Status Trainer::build_model() {
+  const TrainerOptions& o = options_;
   // The device computes in the working weights' type. The resident
   // placement is the streamed model with a slot for every chunk but the
   // resident embedding (L + 1 slots: depth L), each copied up once a step
@@ -287,21 +336,21 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
 #ifdef STRATA_HAVE_CUDA
     gpu::cuda::CudaDeviceOptions d;
     d.capacity_bytes = o.device_bytes;
-    STRATA_ASSIGN_OR_RETURN(tr->device_, gpu::cuda::CudaDevice::create(d));
+    STRATA_ASSIGN_OR_RETURN(device_, gpu::cuda::CudaDevice::create(d));
 #endif
   } else {
     gpu::HostDeviceOptions d;
     d.capacity_bytes = o.device_bytes > 0 ? o.device_bytes : gpu::HostDeviceOptions::kNoCap;
     STRATA_ASSIGN_OR_RETURN(std::unique_ptr<gpu::HostDevice> hd, gpu::HostDevice::create(d));
     host_device = hd.get();
-    tr->device_ = std::move(hd);
+    device_ = std::move(hd);
   }
   STRATA_ASSIGN_OR_RETURN(
-      tr->streamed_,
-      StreamedModel::create(o.model, o.batch, o.seq, *tr->device_, depth, o.activation_checkpoints, tr->swap_.get(),
-                            tr->allocator_.get(), o.precision, o.states, static_cast<int>(micro_batches_per_pass(o))));
-  tr->streamed_->set_trace(o.trace);
-  tr->stage_->set_store(&tr->streamed_->store());  // the states' moves, in the store's record
+      streamed_,
+      StreamedModel::create(o.model, o.batch, o.seq, *device_, depth, o.activation_checkpoints, swap_.get(),
+                            allocator_.get(), o.precision, o.states, static_cast<int>(micro_batches_per_pass(o))));
+  streamed_->set_trace(o.trace);
+  stage_->set_store(&streamed_->store());  // the states' moves, in the store's record
   if (host_device != nullptr && o.trace != nullptr && o.trace->enabled()) {
     Trace* trace = o.trace;
     host_device->set_copy_observer([trace](bool to_device, uint64_t bytes, Trace::Clock::time_point start,
@@ -311,48 +360,48 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
     });
   }
   if (o.weights == Tier::kNvme) {
-    STRATA_RETURN_IF_ERROR(tr->stage_->home_weights_on_nvme(o.precision));
-    OptimizerStage* stage = tr->stage_.get();
-    STRATA_RETURN_IF_ERROR(tr->streamed_->set_nvme_weights(
-        {tr->swap_.get(), [stage](size_t c) { return stage->weights_blobs(c); }}));
+    STRATA_RETURN_IF_ERROR(stage_->home_weights_on_nvme(o.precision));
+    OptimizerStage* stage = stage_.get();
+    STRATA_RETURN_IF_ERROR(
+        streamed_->set_nvme_weights({swap_.get(), [stage](size_t c) { return stage->weights_blobs(c); }}));
   }
-  for (size_t c = 0; c < tr->layout_.size(); ++c) {
-    const std::unique_ptr<float[]> master = initial_master(tr->layout_[c], c, o, *tr->executor_);
-    STRATA_RETURN_IF_ERROR(tr->stage_->initialize(c, master.get()));
-    tr->report("initialising", static_cast<int64_t>(c + 1), static_cast<int64_t>(tr->layout_.size()));
+  return ok_status();
+}
+
+// Each chunk's initial master weights (and states), its working weights on
+// the host, its gradient buffers; those the device copies from and to pinned.
+Status Trainer::place_initial_state(const std::vector<int64_t>& elems) {
+  const TrainerOptions& o = options_;
+  for (size_t c = 0; c < layout_.size(); ++c) {
+    const std::unique_ptr<float[]> master = initial_master(layout_[c], c, o, *executor_);
+    STRATA_RETURN_IF_ERROR(stage_->initialize(c, master.get()));
+    report("initialising", static_cast<int64_t>(c + 1), static_cast<int64_t>(layout_.size()));
     if (o.weights == Tier::kHost) {
-      tr->weights_.emplace_back(static_cast<size_t>(elems[c]));
-      STRATA_RETURN_IF_ERROR(
-          cpu_optim::convert(master.get(), DType::kF32, tr->weights_[c].data(), o.precision, elems[c]));
-      if (o.delayed_update) tr->weights_next_.emplace_back(static_cast<size_t>(elems[c]));
+      weights_.emplace_back(static_cast<size_t>(elems[c]));
+      STRATA_RETURN_IF_ERROR(cpu_optim::convert(master.get(), DType::kF32, weights_[c].data(), o.precision, elems[c]));
+      if (o.delayed_update) weights_next_.emplace_back(static_cast<size_t>(elems[c]));
     }
     const size_t n = static_cast<size_t>(elems[c]);
-    tr->grads_.emplace_back(n, 0);
-    if (o.grad_accum > 1) tr->acc_.emplace_back(n, 0.0f);
+    grads_.emplace_back(n, 0);
+    if (o.grad_accum > 1) acc_.emplace_back(n, 0.0f);
     if (o.delayed_update) {
       if (o.grad_accum > 1) {
-        tr->acc_alt_.emplace_back(n, 0.0f);
+        acc_alt_.emplace_back(n, 0.0f);
       } else {
-        tr->grads_alt_.emplace_back(n, 0);
+        grads_alt_.emplace_back(n, 0);
       }
     }
   }
-  tr->stale_.assign(tr->weights_.size(), false);
+  stale_.assign(weights_.size(), false);
   // What the streamed model copies from and to, pinned for the device
   // (CUDA: asynchronous copies; the host backend: nothing to do).
-  for (auto* set : {&tr->weights_, &tr->weights_next_, &tr->grads_, &tr->grads_alt_}) {
+  for (auto* set : {&weights_, &weights_next_, &grads_, &grads_alt_}) {
     for (AlignedVector<uint16_t>& v : *set) {
-      STRATA_ASSIGN_OR_RETURN(gpu::HostPin pin, gpu::HostPin::make(*tr->device_, v.data(), v.size() * 2));
-      tr->pins_.push_back(std::move(pin));
+      STRATA_ASSIGN_OR_RETURN(gpu::HostPin pin, gpu::HostPin::make(*device_, v.data(), v.size() * 2));
+      pins_.push_back(std::move(pin));
     }
   }
-  if (o.host_budget_bytes > 0 && tr->host_bytes() > o.host_budget_bytes) {
-    return resource_exhausted("trainer: its host memory, " + format_bytes(tr->host_bytes()) +
-                              " (states, weights, gradients, staging), exceeds the host budget of " +
-                              format_bytes(o.host_budget_bytes) +
-                              " (budgets.host); raise it, or put the states or weights on NVMe");
-  }
-  return tr;
+  return ok_status();
 }
 
 void Trainer::report(std::string_view what, int64_t done, int64_t total) const {

@@ -250,6 +250,10 @@ class Trainer {
   // skipped step); restore_weights() alone retries what is still stale.
   Status restore_written_weights();
   Status restore_weights();
+  // create()'s parts, in its order (options_ set).
+  Status open_nvme(int64_t max_piece);
+  Status build_model();
+  Status place_initial_state(const std::vector<int64_t>& elems);
   // options_.progress, when set.
   void report(std::string_view what, int64_t done, int64_t total) const;
   // A checkpoint's trainer.json, checked against this trainer (model,
