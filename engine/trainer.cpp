@@ -544,6 +544,147 @@ Result<float> Trainer::step(std::span<const int32_t> tokens, std::span<const int
   return run_step(tokens.data(), targets.data());
 }
 
+// The optimizer stage's step: Adam at the update count's rate, the
+// gradients (as they land, or their fp32 sums), where the new weights go.
+OverlapStep Trainer::make_overlap_step(float dloss) {
+  const int64_t A = options_.grad_accum;
+  OverlapStep ov;
+  cpu_optim::AdamConfig adam = options_.adam;
+  ov.t = updates_ + 1;  // a skipped step is no update: Adam's t and the schedule stay
+  adam.lr = static_cast<float>(lr_at(options_.lr_schedule, options_.adam.lr, ov.t));
+  last_lr_ = adam.lr;
+  ov.config = adam;
+  for (size_t c = 0; c < grads_.size(); ++c) {
+    // The device's gradients as they landed, or their fp32 sum over the micro-batches.
+    if (A > 1) {
+      ov.grads.push_back({acc_[c].data(), DType::kF32});
+    } else {
+      ov.grads.push_back({grads_[c].data(), options_.precision});
+    }
+    // The new weights: in place, or beside the ones the next step computes
+    // with (delayed); null: the stage writes them to NVMe.
+    ov.out.push_back(!weights_next_.empty() ? weights_next_[c].data()
+                                            : (weights_.empty() ? nullptr : weights_[c].data()));
+  }
+  ov.out_dtype = options_.precision;
+  ov.order = landing_order_;
+  ov.grad_scale = 1.0f / static_cast<float>(A) / dloss;
+  ov.clip_norm = options_.clip_norm;
+  // Guess that this step neither clips nor skips when the last one did neither.
+  ov.speculate = options_.speculate && !last_clipped_ && !last_skipped_;
+  return ov;
+}
+
+// Hands chunk c to the stage: with `add_last`, the stage's thread adds the
+// last micro-batch into the sum first. The buffers are captured, not the
+// trainer's members (a delayed step swaps those while the stage may still
+// run).
+void Trainer::hand_over(size_t c, bool add_last, std::function<Status()> ready) {
+  if (!add_last) return stage_->land(c, std::move(ready));
+  float* acc = acc_[c].data();
+  const uint16_t* g = grads_[c].data();
+  const size_t n = grads_[c].size();
+  const DType dtype = options_.precision;
+  cpu_optim::Executor* ex = executor_.get();
+  stage_->land(c, [acc, g, dtype, n, ex, ready = std::move(ready)]() -> Status {
+    if (ready) STRATA_RETURN_IF_ERROR(ready());
+    accumulate(acc, g, dtype, n, /*first=*/false, *ex);
+    return ok_status();
+  });
+}
+
+// Chunk c's gradient, once landed, added into its fp32 sum (or starting it:
+// `first`) on the accumulator's thread beside the rest of backward.
+void Trainer::sum_later(size_t c, bool first) {
+  StreamedModel* model = streamed_.get();
+  float* acc = acc_[c].data();
+  const uint16_t* g = grads_[c].data();
+  const size_t n = grads_[c].size();
+  const DType dtype = options_.precision;
+  cpu_optim::Executor* ex = executor_.get();
+  accumulator_->submit([model, c, acc, g, n, dtype, first, ex]() -> Status {
+    STRATA_RETURN_IF_ERROR(model->await_gradient(c));
+    accumulate(acc, g, dtype, n, first, *ex);
+    return ok_status();
+  });
+}
+
+// The NVMe bytes read and written so far, every directory.
+void Trainer::nvme_totals(uint64_t* read, uint64_t* written) const {
+  *read = *written = 0;
+  if (!swap_) return;
+  for (const io::DirectoryStats& d : swap_->stats().directories) {
+    *read += d.bytes_read;
+    *written += d.bytes_written;
+  }
+}
+
+// The A micro-batches in passes of V through the streamed model: one at a
+// time (V = 1), or V together in the vertical order (V divides A). In a
+// pass each chunk's gradient lands V times in a row into grads_. The step's
+// last landing goes to the stage (unless delayed: then every chunk is
+// handed over after backward); with A > 1 every other one is added into the
+// fp32 sums on the accumulator's thread, which is drained before the next
+// copy into the same buffer and after each pass. The sums' order, and so
+// their bits, are the same for any V. Passes after the first compute with
+// the same weights: what the last left on the device stays (resident
+// weights go up once a step). Returns the sum of the A losses, in
+// micro-batch order; the copies and the device's waits go into `counters`.
+Result<double> Trainer::passes(const int32_t* data_tokens, const int32_t* data_targets, float dloss,
+                               StepCounters& counters) {
+  const int64_t A = options_.grad_accum;
+  const bool delayed = options_.delayed_update;
+  const int64_t V = streamed_->micro_batches(), per = options_.batch * options_.seq;
+  // What a pass reads the weights from (empty: they come from NVMe) and
+  // writes the gradients to (after a delayed step's swap).
+  std::vector<const void*> pass_weights;
+  std::vector<void*> pass_grads;
+  for (size_t c = 0; c < grads_.size(); ++c) {
+    pass_weights.push_back(weights_.empty() ? nullptr : weights_[c].data());
+    pass_grads.push_back(grads_[c].data());
+  }
+  StreamedModel* model = streamed_.get();
+  std::vector<int32_t> tokens, targets;
+  double total = 0;
+  std::vector<float> losses;
+  for (int64_t k0 = 0; k0 < A; k0 += V) {  // the pass's first micro-batch
+    const int32_t* tok = data_tokens ? data_tokens + k0 * per : nullptr;
+    const int32_t* tgt = data_targets ? data_targets + k0 * per : nullptr;
+    if (tok == nullptr) {
+      tokens.clear();
+      targets.clear();
+      std::vector<int32_t> tk, tg;
+      for (int64_t k = k0; k < k0 + V; ++k) {
+        make_batch(t_ * A + k, &tk, &tg);
+        tokens.insert(tokens.end(), tk.begin(), tk.end());
+        targets.insert(targets.end(), tg.begin(), tg.end());
+      }
+      tok = tokens.data();
+      tgt = targets.data();
+    }
+    const uint64_t h2d = streamed_->bytes_to_device(), d2h = streamed_->bytes_to_host();
+    auto landed = [&, model](size_t c, int64_t m) {
+      const int64_t k = k0 + m;
+      if (k == A - 1 && !delayed) {
+        hand_over(c, A > 1, [model, c] { return model->await_gradient(c); });
+      } else if (A > 1) {
+        sum_later(c, k == 0);
+      }
+    };
+    auto before_resend = [this] { return accumulator_->drain(); };
+    Status fb = streamed_->forward_backward_pass(pass_weights, tok, tgt, pass_grads, landed, before_resend, dloss,
+                                                 &losses, k0 > 0);
+    Status summed = accumulator_ ? accumulator_->drain() : ok_status();
+    STRATA_RETURN_IF_ERROR(fb);
+    STRATA_RETURN_IF_ERROR(summed);
+    counters.h2d_bytes += streamed_->bytes_to_device() - h2d;
+    counters.d2h_bytes += streamed_->bytes_to_host() - d2h;
+    counters.device_wait_s += streamed_->last_wait_seconds();
+    for (float l : losses) total += l;
+  }
+  return total;
+}
+
 Result<float> Trainer::run_step(const int32_t* data_tokens, const int32_t* data_targets) {
   if (!broken_.empty()) return failed_precondition("trainer: " + broken_ + "; load a checkpoint to continue");
   STRATA_RETURN_IF_ERROR(restore_weights());  // what a failed step left stale
@@ -559,7 +700,6 @@ Result<float> Trainer::run_step(const int32_t* data_tokens, const int32_t* data_
     phase_us = now;
   };
   const int64_t A = options_.grad_accum;
-  const size_t C = grads_.size();
   const bool delayed = options_.delayed_update;
   StepCounters counters;  // this step's, published at its end
   // Delayed update: the previous step's stage may still be reading the
@@ -573,41 +713,12 @@ Result<float> Trainer::run_step(const int32_t* data_tokens, const int32_t* data_
   }
   // fp16: the loss is scaled, so a scale too large overflows the fp16
   // backward to inf, and the step is skipped.
-  const DType dtype = options_.precision;
-  const bool fp16 = dtype == DType::kF16;
-  const float dloss = fp16 ? static_cast<float>(scaler_.scale()) : 1.0f;
-  auto make_step = [&]() {
-    OverlapStep ov;
-    cpu_optim::AdamConfig adam = options_.adam;
-    ov.t = updates_ + 1;  // a skipped step is no update: Adam's t and the schedule stay
-    adam.lr = static_cast<float>(lr_at(options_.lr_schedule, options_.adam.lr, ov.t));
-    last_lr_ = adam.lr;
-    ov.config = adam;
-    for (size_t c = 0; c < C; ++c) {
-      // The device's gradients as they landed, or their fp32 sum over the micro-batches.
-      if (A > 1) {
-        ov.grads.push_back({acc_[c].data(), DType::kF32});
-      } else {
-        ov.grads.push_back({grads_[c].data(), dtype});
-      }
-      // The new weights: in place, or beside the ones the next step computes
-      // with (delayed); null: the stage writes them to NVMe.
-      ov.out.push_back(!weights_next_.empty() ? weights_next_[c].data()
-                                              : (weights_.empty() ? nullptr : weights_[c].data()));
-    }
-    ov.out_dtype = options_.precision;
-    ov.order = landing_order_;
-    ov.grad_scale = 1.0f / static_cast<float>(A) / dloss;
-    ov.clip_norm = options_.clip_norm;
-    // Guess that this step neither clips nor skips when the last one did neither.
-    ov.speculate = options_.speculate && !last_clipped_ && !last_skipped_;
-    return ov;
-  };
+  const float dloss = options_.precision == DType::kF16 ? static_cast<float>(scaler_.scale()) : 1.0f;
   // Exact schedule: the optimizer stage starts now, on its own thread: it
   // reads states ahead while the forward runs and takes each chunk as its
   // gradient lands. Delayed: it starts after this step's backward and runs
   // beside the next step's forward and backward.
-  if (!delayed) STRATA_RETURN_IF_ERROR(stage_->begin(make_step()));
+  if (!delayed) STRATA_RETURN_IF_ERROR(stage_->begin(make_overlap_step(dloss)));
   // Any failure from here on: stop the stage (the weights this step
   // computed with are untouched; a delayed update in flight lands).
   auto abandon = [&](Status s) -> Status {
@@ -618,111 +729,11 @@ Result<float> Trainer::run_step(const int32_t* data_tokens, const int32_t* data_
     Status r = delayed ? flush() : ok_status();
     return r.ok() ? std::move(s) : std::move(r);
   };
-  // Hands chunk c to the stage: with `add_last`, the stage's thread adds
-  // the last micro-batch into the sum first. The buffers are captured, not
-  // the trainer's members (a delayed step swaps those while the stage may
-  // still run).
-  auto hand_over = [&](size_t c, bool add_last, std::function<Status()> ready) {
-    if (!add_last) return stage_->land(c, std::move(ready));
-    float* acc = acc_[c].data();
-    const uint16_t* g = grads_[c].data();
-    const size_t n = grads_[c].size();
-    cpu_optim::Executor* ex = executor_.get();
-    stage_->land(c, [acc, g, dtype, n, ex, ready = std::move(ready)]() -> Status {
-      if (ready) STRATA_RETURN_IF_ERROR(ready());
-      accumulate(acc, g, dtype, n, /*first=*/false, *ex);
-      return ok_status();
-    });
-  };
-
-  std::vector<int32_t> tokens, targets;
-  // What a pass of the streamed model reads the weights from (empty: they
-  // come from NVMe) and writes the gradients to (after a delayed step's swap).
-  std::vector<const void*> pass_weights;
-  std::vector<void*> pass_grads;
-  for (size_t c = 0; c < C; ++c) {
-    pass_weights.push_back(weights_.empty() ? nullptr : weights_[c].data());
-    pass_grads.push_back(grads_[c].data());
-  }
-  StreamedModel* model = streamed_.get();
-  // Chunk c's gradient, once landed, added into its fp32 sum (or starting
-  // it: `first`) on the accumulator's thread beside the rest of backward.
-  auto sum_later = [&, model](size_t c, bool first) {
-    float* acc = acc_[c].data();
-    const uint16_t* g = grads_[c].data();
-    const size_t n = grads_[c].size();
-    cpu_optim::Executor* ex = executor_.get();
-    accumulator_->submit([model, c, acc, g, n, dtype, first, ex]() -> Status {
-      STRATA_RETURN_IF_ERROR(model->await_gradient(c));
-      accumulate(acc, g, dtype, n, first, *ex);
-      return ok_status();
-    });
-  };
-  // The A micro-batches in passes of V through the streamed model: one at a
-  // time (V = 1), or V together in the vertical order (V divides A). In a
-  // pass each chunk's gradient lands V times in a row into grads_. The
-  // step's last landing goes to the stage (unless delayed: then every
-  // chunk is handed over after backward); with A > 1 every other one is
-  // added into the fp32 sums on the accumulator's thread, which is drained
-  // before the next copy into the same buffer and after each pass. The sums'
-  // order, and so their bits, are the same for any V. Passes after the
-  // first compute with the same weights: what the last left on the device
-  // stays (resident weights go up once a step). Returns the sum of the A
-  // losses, in micro-batch order.
-  auto passes = [&]() -> Result<double> {
-    const int64_t V = streamed_->micro_batches(), per = options_.batch * options_.seq;
-    double total = 0;
-    std::vector<float> losses;
-    for (int64_t k0 = 0; k0 < A; k0 += V) {  // the pass's first micro-batch
-      const int32_t* tok = data_tokens ? data_tokens + k0 * per : nullptr;
-      const int32_t* tgt = data_targets ? data_targets + k0 * per : nullptr;
-      if (tok == nullptr) {
-        tokens.clear();
-        targets.clear();
-        std::vector<int32_t> tk, tg;
-        for (int64_t k = k0; k < k0 + V; ++k) {
-          make_batch(t_ * A + k, &tk, &tg);
-          tokens.insert(tokens.end(), tk.begin(), tk.end());
-          targets.insert(targets.end(), tg.begin(), tg.end());
-        }
-        tok = tokens.data();
-        tgt = targets.data();
-      }
-      const uint64_t h2d = streamed_->bytes_to_device(), d2h = streamed_->bytes_to_host();
-      auto landed = [&, model](size_t c, int64_t m) {
-        const int64_t k = k0 + m;
-        if (k == A - 1 && !delayed) {
-          hand_over(c, A > 1, [model, c] { return model->await_gradient(c); });
-        } else if (A > 1) {
-          sum_later(c, k == 0);
-        }
-      };
-      auto before_resend = [this] { return accumulator_->drain(); };
-      Status fb = streamed_->forward_backward_pass(pass_weights, tok, tgt, pass_grads, landed, before_resend, dloss,
-                                                   &losses, k0 > 0);
-      Status summed = accumulator_ ? accumulator_->drain() : ok_status();
-      STRATA_RETURN_IF_ERROR(fb);
-      STRATA_RETURN_IF_ERROR(summed);
-      counters.h2d_bytes += streamed_->bytes_to_device() - h2d;
-      counters.d2h_bytes += streamed_->bytes_to_host() - d2h;
-      counters.device_wait_s += streamed_->last_wait_seconds();
-      for (float l : losses) total += l;
-    }
-    return total;
-  };
-  auto nvme_totals = [this](uint64_t* read, uint64_t* written) {
-    *read = *written = 0;
-    if (!swap_) return;
-    for (const io::DirectoryStats& d : swap_->stats().directories) {
-      *read += d.bytes_read;
-      *written += d.bytes_written;
-    }
-  };
   uint64_t nvme_read0 = 0, nvme_written0 = 0;
   nvme_totals(&nvme_read0, &nvme_written0);
   // Each micro-batch's gradient is computed alone and summed in fp32, in
   // order (the same bits in every placement); the 1/A goes into the scale.
-  Result<double> sum = passes();
+  Result<double> sum = passes(data_tokens, data_targets, dloss, counters);
   if (!sum) return abandon(std::move(sum).error());
   const float loss = A == 1 ? static_cast<float>(*sum) : static_cast<float>(*sum / static_cast<double>(A));
   last_times_.forward_backward = seconds_since(t0);
@@ -732,7 +743,7 @@ Result<float> Trainer::run_step(const int32_t* data_tokens, const int32_t* data_
     // The previous step's update ends here; this step's starts, for the
     // next forward to run beside.
     STRATA_RETURN_IF_ERROR(flush());
-    STRATA_RETURN_IF_ERROR(stage_->begin(make_step()));
+    STRATA_RETURN_IF_ERROR(stage_->begin(make_overlap_step(dloss)));
     for (size_t c : landing_order_) hand_over(c, false, {});  // the sum is complete
     pending_ = true;
   } else {

@@ -241,6 +241,12 @@ class Trainer {
   void make_batch(int64_t index, std::vector<int32_t>* tokens, std::vector<int32_t>* targets) const;
   // step()'s body: on the caller's micro-batches, or (null) the synthetic stream's.
   Result<float> run_step(const int32_t* tokens, const int32_t* targets);
+  // run_step()'s parts.
+  OverlapStep make_overlap_step(float dloss);
+  void hand_over(size_t c, bool add_last, std::function<Status()> ready);
+  void sum_later(size_t c, bool first);
+  void nvme_totals(uint64_t* read, uint64_t* written) const;
+  Result<double> passes(const int32_t* tokens, const int32_t* targets, float dloss, StepCounters& counters);
   // Takes a finished stage's outcome: counters, the loss scale, the new weights.
   Status absorb(Result<OverlapOutcome> outcome);
   // Delayed update: waits for the update in flight and takes it.
