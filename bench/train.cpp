@@ -1,5 +1,6 @@
 // strata-train: trains a GPT on the host backend from a config (an embedded
-// default when none is given) on the deterministic synthetic stream, printing
+// default when none is given) on the deterministic synthetic stream or a
+// token file (--data), printing
 // the planner's view of the run, then one progress line per step, and a JSON
 // summary last. Optimizer states in RAM, or on NVMe with --nvme DIR;
 // checkpoints with --checkpoint DIR (every --save-every steps and at the end),
