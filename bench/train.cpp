@@ -1,8 +1,7 @@
 // strata-train: trains a GPT on the host backend from a config (an embedded
 // default when none is given) on the deterministic synthetic stream or a
-// token file (--data), printing
-// the planner's view of the run, then one progress line per step, and a JSON
-// summary last. Optimizer states in RAM, or on NVMe with --nvme DIR;
+// token file (--data), printing the planner's view of the run, then one
+// progress line per step, and a JSON summary last. Optimizer states in RAM, or on NVMe with --nvme DIR;
 // checkpoints with --checkpoint DIR (every --save-every steps and at the end),
 // resumed with --resume. SIGINT or SIGTERM stops the run after the step in
 // progress, with a checkpoint when --checkpoint is given (a second signal
@@ -472,8 +471,8 @@ int train(const Flags& f, Run& r) {
 
 int run(int argc, char** argv) {
   CLI::App app{
-      "strata-train: train a GPT (synthetic data) on the host backend or a CUDA GPU, with optimizer states in RAM or "
-      "on NVMe"};
+      "strata-train: train a GPT (synthetic data, or a token file with --data) on the host backend or a CUDA GPU, "
+      "with optimizer states in RAM or on NVMe"};
   Flags f;
   add_run_flags(app, f);
   add_placement_flags(app, f);
