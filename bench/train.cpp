@@ -492,6 +492,11 @@ int run(int argc, char** argv) {
   Result<engine::TrainerOptions> from_config = engine::trainer_options(*cfg);
   exit_on_error(from_config.status(), "strata-train");
   r.o = std::move(from_config).value();
+  if (cfg->lr_decay_ends_with_run) {
+    r.o.lr_schedule.decay_end_step = r.steps;
+    exit_on_error(engine::validate(r.o.lr_schedule).with_context("scheduler (its decay ends at --steps)"),
+                  "strata-train");
+  }
   apply_flags(f, *cfg, r);
   if (std::optional<int> rc = place(app, f, *cfg, r)) return *rc;
   const bool fits = print_plan(f, r);

@@ -290,7 +290,12 @@ Status read_deepspeed_scheduler(Reader& top, EngineConfig& c) {
     s.decay = type == "WarmupDecayLR" ? LrSchedule::Decay::kLinear : LrSchedule::Decay::kConstant;
   }
   if (type != "WarmupLR") {
-    if (total == 0) return invalid_argument("config key scheduler.params.total_num_steps is required by " + type);
+    if (total == 0) {  // absent or "auto" (Hugging Face fills in the run's steps): the run's steps
+      total = c.steps;
+      c.lr_decay_ends_with_run = true;
+      r.warn("scheduler.params.total_num_steps not given: the decay ends with the run (step " + std::to_string(total) +
+             " here)");
+    }
     s.decay_end_step = total;
   }
   return validate(s).with_context("config key scheduler");

@@ -52,6 +52,9 @@ struct EngineConfig {
   // The rate step by step (native "schedule", DeepSpeed's "scheduler");
   // optimizer.lr is its peak.
   LrSchedule lr_schedule;
+  // DeepSpeed's scheduler named no total_num_steps: its decay ends at the
+  // run's last step (`steps`, or what a command line makes of it).
+  bool lr_decay_ends_with_run = false;
   LossScaling loss_scaling;
   double gradient_clipping = 0.0;  // global-norm clip; 0 = off
   cpu_optim::StateType adam_states = cpu_optim::StateType::kF32;  // "states": fp32 | bf16 | q8 (Adam m and v)

@@ -370,8 +370,19 @@ TEST(Config, SchedulesNativeAndDeepSpeeds) {
   };
   std::string m = error_of({{"scheduler", {{"type", "OneCycle"}}}});
   EXPECT_NE(m.find("scheduler.type"), std::string::npos) << m;
-  m = error_of({{"scheduler", {{"type", "WarmupDecayLR"}, {"params", {{"warmup_num_steps", 10}}}}}});
-  EXPECT_NE(m.find("total_num_steps is required"), std::string::npos) << m;
+  // No total_num_steps (or "auto", as Hugging Face writes it): the decay ends with the run.
+  warnings.clear();
+  c = parse_config(
+      json{{"steps", 300},
+           {"scheduler",
+            {{"type", "WarmupDecayLR"}, {"params", {{"warmup_num_steps", 10}, {"total_num_steps", "auto"}}}}}},
+      &warnings);
+  ASSERT_TRUE(c) << c.error().to_string();
+  EXPECT_TRUE(c->lr_decay_ends_with_run);
+  EXPECT_EQ(c->lr_schedule.decay_end_step, 300);
+  EXPECT_TRUE(contains(warnings, "total_num_steps not given: the decay ends with the run"));
+  m = error_of({{"steps", 5}, {"scheduler", {{"type", "WarmupDecayLR"}, {"params", {{"warmup_num_steps", 10}}}}}});
+  EXPECT_NE(m.find("must end (step 5) after the warmup"), std::string::npos) << m;
   m = error_of({{"schedule", {{"decay", "linear"}}}});
   EXPECT_NE(m.find("schedule.decay_end_step"), std::string::npos) << m;
   m = error_of({{"schedule", {{"warmup_steps", 10}, {"decay", "cosine"}, {"decay_end_step", 5}}}});
