@@ -336,19 +336,37 @@ std::optional<engine::TokenFile> check_inputs_and_outputs(const Flags& f, const 
 
 // What the steps did, for the summary.
 struct Totals {
+  int64_t steps = 0;
   float first = 0, last = 0;
   double seconds = 0, idle_sum = 0;
   uint64_t nvme_bytes = 0, ssd_written = 0;
 };
 
-// Step i's line (i from 0), and its share of the totals.
-void print_step(const engine::Trainer& tr, const engine::TrainerOptions& o, int64_t i, float loss, double s,
-                Totals& t) {
+// "45s", "3m20s", "2h05m".
+std::string format_duration(double seconds) {
+  const int64_t s = static_cast<int64_t>(std::llround(seconds));
+  char buf[32];
+  if (s < 60) {
+    std::snprintf(buf, sizeof buf, "%llds", static_cast<long long>(s));
+  } else if (s < 3600) {
+    std::snprintf(buf, sizeof buf, "%lldm%02llds", static_cast<long long>(s / 60), static_cast<long long>(s % 60));
+  } else {
+    std::snprintf(buf, sizeof buf, "%lldh%02lldm", static_cast<long long>(s / 3600),
+                  static_cast<long long>(s / 60 % 60));
+  }
+  return buf;
+}
+
+// Step i's line (i from 0; `remaining` steps after it, for the time left at
+// the mean step time so far), and its share of the totals.
+void print_step(const engine::Trainer& tr, const engine::TrainerOptions& o, int64_t i, int64_t remaining, float loss,
+                double s, Totals& t) {
   const double tokens = static_cast<double>(o.batch * o.seq * o.grad_accum);
   const double flops = gpu::training_flops_per_token(o.model, o.seq, /*recompute=*/false) * tokens;
   const engine::StageCounters& st = tr.last_stage();
   const engine::StepCounters& k = tr.last_counters();
   t.seconds += s;
+  ++t.steps;
   t.last = loss;
   t.nvme_bytes += k.nvme_read_bytes + k.nvme_written_bytes;
   t.ssd_written += k.nvme_written_bytes;
@@ -357,14 +375,18 @@ void print_step(const engine::Trainer& tr, const engine::TrainerOptions& o, int6
   if (o.precision == DType::kF16) scale = " | loss scale 2^" + std::to_string(std::ilogb(tr.loss_scale()));
   std::printf(
       "step %5lld | loss %.4f | lr %.3g | grad norm %8.3f%s%s | %8.0f tok/s | %6.2f GFLOP/s | "
-      "optimizer %6.1f ms | device idle %4.1f%% | h2d/d2h %s/%s | nvme r/w %s/%s\n",
+      "optimizer %6.1f ms | device idle %4.1f%% | h2d/d2h %s/%s | nvme r/w %s/%s%s\n",
       static_cast<long long>(i + 1), loss, tr.last_lr(), tr.last_grad_norm(),
       tr.last_skipped()   ? " (inf/nan: skipped)"
       : tr.last_clipped() ? " (clipped)"
                           : "",
       scale.c_str(), tokens / s, flops / s / 1e9, st.seconds * 1e3, 100 * k.device_idle_fraction,
       format_bytes(k.h2d_bytes).c_str(), format_bytes(k.d2h_bytes).c_str(), format_bytes(k.nvme_read_bytes).c_str(),
-      format_bytes(k.nvme_written_bytes).c_str());
+      format_bytes(k.nvme_written_bytes).c_str(),
+      remaining > 0
+          ? (" | eta " + format_duration(t.seconds / static_cast<double>(t.steps) * static_cast<double>(remaining)))
+                .c_str()
+          : "");
   std::fflush(stdout);
 }
 
@@ -395,7 +417,8 @@ int64_t run_steps(engine::Trainer& tr, const Flags& f, const Run& r, const std::
     Result<float> loss = data ? step_on(*data, i) : tr.step();
     exit_on_error(loss.status(), "strata-train");
     if (i == start) t.first = *loss;
-    print_step(tr, o, i, *loss, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), t);
+    print_step(tr, o, i, r.steps - i - 1, *loss,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), t);
     if (!f.checkpoint.empty() && f.save_every > 0 && (i + 1) % f.save_every == 0) {
       exit_on_error(tr.save(f.checkpoint), "strata-train");
       saved_at = i + 1;
