@@ -137,6 +137,7 @@ int main(void) {
   const char* d = strata_trainer_describe(a);
   if (d == NULL) d = "(NULL)";
   CHECK(strstr(d, "\"placement\"") != NULL && strstr(d, "\"steps_done\":10") != NULL, "describe: %s", d);
+  CHECK(strstr(d, "\"updates_done\":10") != NULL && strstr(d, "\"lr\":") != NULL, "describe: %s", d);
   CHECK(strstr(d, "unknown key unknown_key") != NULL, "describe lists the config's warnings: %s", d);
   strata_trainer_destroy(a);
 
