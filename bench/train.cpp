@@ -93,7 +93,7 @@ struct Flags {
   std::string config_path, nvme, checkpoint, adam_states, trace_path;
   std::string data_path, data_type = "uint16";
   std::string activations = "device", weights_on = "host", device = "host";
-  int64_t steps = -1, save_every = 0, sub_group = -1;
+  int64_t steps = -1, save_every = 0, sub_group = -1, keep_checkpoints = 0;
   int prefetch = 1;
   bool resume = false, stream = false, delayed = false, speculate_in_ram = false, plan_only = false;
   bool auto_placement = false, vertical = false, no_pin = false;
@@ -107,6 +107,10 @@ void add_run_flags(CLI::App& app, Flags& f) {
   app.add_option("--checkpoint", f.checkpoint, "checkpoint directory");
   app.add_option("--save-every", f.save_every, "also checkpoint every N steps")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  app.add_option("--keep-checkpoints", f.keep_checkpoints,
+                 "after each checkpoint, remove the older ones but the newest N (and the one 'latest' names); "
+                 "0, the default: keep all")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   app.add_flag("--delayed-update", f.delayed,
                "run each optimizer update beside the next step's compute (NOT exact: one step stale)");
   app.add_flag("--speculate-in-ram", f.speculate_in_ram,
@@ -334,6 +338,14 @@ std::optional<engine::TokenFile> check_inputs_and_outputs(const Flags& f, const 
   return std::move(data).value();
 }
 
+// A checkpoint of the trainer's step, then the older ones pruned to
+// --keep-checkpoints.
+void save_checkpoint(engine::Trainer& tr, const Flags& f) {
+  exit_on_error(tr.save(f.checkpoint), "strata-train");
+  Result<int> pruned = engine::CheckpointDir(f.checkpoint).prune(static_cast<int>(f.keep_checkpoints));
+  exit_on_error(pruned.status().with_context("--keep-checkpoints"), "strata-train");
+}
+
 // What the steps did, for the summary.
 struct Totals {
   int64_t steps = 0;
@@ -420,7 +432,7 @@ int64_t run_steps(engine::Trainer& tr, const Flags& f, const Run& r, const std::
     print_step(tr, o, i, r.steps - i - 1, *loss,
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), t);
     if (!f.checkpoint.empty() && f.save_every > 0 && (i + 1) % f.save_every == 0) {
-      exit_on_error(tr.save(f.checkpoint), "strata-train");
+      save_checkpoint(tr, f);
       saved_at = i + 1;
     }
   }
@@ -481,7 +493,7 @@ int train(const Flags& f, Run& r) {
   }
   if (!f.checkpoint.empty()) {
     // The last step's checkpoint, unless it was just written (or loaded).
-    if (saved_at != tr.steps_done()) exit_on_error(tr.save(f.checkpoint), "strata-train");
+    if (saved_at != tr.steps_done()) save_checkpoint(tr, f);
     std::printf("checkpoint: %s\n", engine::CheckpointDir(f.checkpoint).latest()->path.c_str());
   }
   if (trace.enabled()) {

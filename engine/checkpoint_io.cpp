@@ -5,10 +5,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <tuple>
 
 namespace strata::engine {
 namespace {
@@ -282,6 +284,47 @@ void CheckpointDir::abandon() {
   pending_.clear();
   std::error_code ec;
   std::filesystem::remove_all(tmp, ec);  // best effort: the next begin() retries it
+}
+
+Result<int> CheckpointDir::prune(int keep) const {
+  if (keep < 0) return invalid_argument("checkpoint: keep must be >= 0, got " + std::to_string(keep));
+  if (keep == 0) return 0;
+  Result<Entry> newest = latest();
+  if (!newest) return newest.error().code() == StatusCode::kNotFound ? Result<int>(0) : Result<int>(newest.error());
+  // step-<N> and step-<N>.r<k>, complete (no .tmp), ordered by (N, k).
+  struct Saved {
+    int64_t step, resave;
+    std::filesystem::path path;
+  };
+  std::vector<Saved> saved;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(root_, ec)) {
+    const std::string leaf = entry.path().filename().string();
+    if (leaf.rfind("step-", 0) != 0 || leaf.ends_with(".tmp") || !entry.is_directory()) continue;
+    char* end = nullptr;
+    const long long step = std::strtoll(leaf.c_str() + 5, &end, 10);
+    long long resave = 0;
+    if (end == leaf.c_str() + 5) continue;
+    if (*end == '.' && end[1] == 'r') {
+      char* rend = nullptr;
+      resave = std::strtoll(end + 2, &rend, 10);
+      if (rend == end + 2 || *rend != '\0') continue;
+    } else if (*end != '\0') {
+      continue;
+    }
+    saved.push_back({static_cast<int64_t>(step), static_cast<int64_t>(resave), entry.path()});
+  }
+  if (ec) return errno_status(ec.value(), "checkpoint: listing " + root_);
+  std::sort(saved.begin(), saved.end(),
+            [](const Saved& a, const Saved& b) { return std::tie(a.step, a.resave) > std::tie(b.step, b.resave); });
+  int removed = 0;
+  for (size_t i = static_cast<size_t>(keep); i < saved.size(); ++i) {
+    if (saved[i].path.filename() == std::filesystem::path(newest->path).filename()) continue;  // `latest`'s
+    std::filesystem::remove_all(saved[i].path, ec);
+    if (ec) return errno_status(ec.value(), "checkpoint: removing " + saved[i].path.string());
+    ++removed;
+  }
+  return removed;
 }
 
 Result<CheckpointDir::Entry> CheckpointDir::latest() const {

@@ -115,6 +115,10 @@ class CheckpointDir {
   void abandon();
   // The checkpoint `latest` names; NotFound when there is none.
   Result<Entry> latest() const;
+  // Removes the complete checkpoints but the `keep` newest (by step, then
+  // by resave number) and the one `latest` names; keep 0 removes nothing.
+  // Returns how many it removed.
+  Result<int> prune(int keep) const;
   Result<int64_t> latest_step() const;
 
  private:

@@ -1,7 +1,8 @@
 #!/bin/sh
 # strata-train's checkpoints, end to end: --save-every N writes one checkpoint
 # every N steps and the last step's once (not a second copy of the step just
-# saved); a resume at or past --steps runs nothing and writes nothing; and a
+# saved), and --keep-checkpoints N leaves the newest N; a resume at or past
+# --steps runs nothing and writes nothing; and a
 # resumed run prints the losses of the run that never stopped. Outputs
 # written after the run (checkpoint, trace) with a path that cannot be
 # written fail before the first step. SIGTERM stops a run after its step
@@ -19,6 +20,9 @@ fail() { echo "FAIL: $*"; exit 1; }
 "$train" --steps 4 --checkpoint "$d/a" --save-every 2 > "$d/full.txt"
 listing=$(ls "$d/a" | tr '\n' ' ')
 [ "$listing" = "latest step-2 step-4 " ] || fail "--save-every 2 over 4 steps left: $listing"
+"$train" --steps 4 --checkpoint "$d/k" --save-every 1 --keep-checkpoints 2 > /dev/null
+listing=$(ls "$d/k" | tr '\n' ' ')
+[ "$listing" = "latest step-3 step-4 " ] || fail "--keep-checkpoints 2 left: $listing"
 
 "$train" --steps 3 --checkpoint "$d/a" --resume > "$d/past.txt"
 grep -q "nothing to run: the checkpoint is at step 4, --steps asks for 3" "$d/past.txt" || fail "no 'nothing to run' line"

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -217,6 +218,43 @@ TEST(CheckpointDir, UnfinishedAttemptsAreRemoved) {
   ckpt.abandon();  // nothing pending: the committed checkpoint stays
   EXPECT_EQ(*ckpt.latest_step(), 12);
   EXPECT_TRUE(std::filesystem::exists(root + "/step-12/model.safetensors"));
+}
+
+// A bounded number of checkpoints: prune(keep) removes the complete
+// checkpoints but the `keep` newest (a resave of a step counts after it)
+// and whatever `latest` names; unfinished ones and other files stay.
+TEST(CheckpointDir, PruneKeepsTheNewestAndTheLatest) {
+  strata::testing::TempDir dir;
+  const std::string root = dir.path() + "/ckpt/";  // a trailing slash, as a user may write it
+  std::vector<TensorInfo> model = {{"w", TensorType::kF32, {1024}}};
+  CheckpointDir ckpt(root);
+  EXPECT_EQ(*ckpt.prune(2), 0);  // nothing there yet
+  for (int64_t step : {2, 4, 6, 6, 8}) {
+    Result<std::string> tmp = ckpt.begin(step);
+    ASSERT_TRUE(tmp) << tmp.error().to_string();
+    ASSERT_TRUE(write_model(*tmp + "/model.safetensors", model, 4096).ok());
+    ASSERT_TRUE(ckpt.commit(step).ok());
+  }
+  std::filesystem::create_directories(root + "step-9.tmp");  // another writer's, unfinished
+  auto listing = [&] {
+    std::vector<std::string> names;
+    for (const auto& e : std::filesystem::directory_iterator(root)) names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  EXPECT_EQ(*ckpt.prune(0), 0);
+  EXPECT_EQ(listing().size(), 7u);
+  EXPECT_EQ(*ckpt.prune(2), 3);
+  EXPECT_EQ(listing(), (std::vector<std::string>{"latest", "step-6.r1", "step-8", "step-9.tmp"}));
+  // `latest` is never removed, even when it is not among the newest (a
+  // resume from an older checkpoint, say).
+  {
+    std::ofstream latest(root + "latest");
+    latest << "step-6.r1\n";
+  }
+  EXPECT_EQ(*ckpt.prune(1), 0);
+  EXPECT_EQ(listing(), (std::vector<std::string>{"latest", "step-6.r1", "step-8", "step-9.tmp"}));
+  EXPECT_EQ(ckpt.prune(-1).error().code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace
