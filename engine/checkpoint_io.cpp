@@ -66,6 +66,26 @@ Status fsync_path(const std::string& path, bool directory) {
   return owner.close();
 }
 
+// A complete checkpoint's directory name: step-<N>, or step-<N>.r<k> for a
+// step saved again; false for anything else (a .tmp among them).
+bool parse_checkpoint_name(const std::string& name, int64_t* step, int64_t* resave) {
+  if (name.rfind("step-", 0) != 0) return false;
+  char* end = nullptr;
+  const long long n = std::strtoll(name.c_str() + 5, &end, 10);
+  if (end == name.c_str() + 5 || n < 0) return false;
+  long long k = 0;
+  if (end[0] == '.' && end[1] == 'r') {
+    char* rend = nullptr;
+    k = std::strtoll(end + 2, &rend, 10);
+    if (rend == end + 2) return false;
+    end = rend;
+  }
+  if (*end != '\0') return false;
+  *step = n;
+  *resave = k;
+  return true;
+}
+
 }  // namespace
 
 uint64_t tensor_type_bytes(TensorType t) {
@@ -299,20 +319,9 @@ Result<int> CheckpointDir::prune(int keep) const {
   std::vector<Saved> saved;
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(root_, ec)) {
-    const std::string leaf = entry.path().filename().string();
-    if (leaf.rfind("step-", 0) != 0 || leaf.ends_with(".tmp") || !entry.is_directory()) continue;
-    char* end = nullptr;
-    const long long step = std::strtoll(leaf.c_str() + 5, &end, 10);
-    long long resave = 0;
-    if (end == leaf.c_str() + 5) continue;
-    if (*end == '.' && end[1] == 'r') {
-      char* rend = nullptr;
-      resave = std::strtoll(end + 2, &rend, 10);
-      if (rend == end + 2 || *rend != '\0') continue;
-    } else if (*end != '\0') {
-      continue;
-    }
-    saved.push_back({static_cast<int64_t>(step), static_cast<int64_t>(resave), entry.path()});
+    int64_t step = 0, resave = 0;
+    if (!entry.is_directory() || !parse_checkpoint_name(entry.path().filename().string(), &step, &resave)) continue;
+    saved.push_back({step, resave, entry.path()});
   }
   if (ec) return errno_status(ec.value(), "checkpoint: listing " + root_);
   std::sort(saved.begin(), saved.end(),
@@ -340,12 +349,11 @@ Result<CheckpointDir::Entry> CheckpointDir::latest() const {
   if (n <= 0) return data_loss(latest_file + " is empty");
   std::string name(buf, static_cast<size_t>(n));
   while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
-  char* end = nullptr;
-  long long step = name.rfind("step-", 0) == 0 ? std::strtoll(name.c_str() + 5, &end, 10) : 0;
-  if (end == nullptr || end == name.c_str() + 5 || name.find('/') != std::string::npos) {
+  int64_t step = 0, resave = 0;
+  if (!parse_checkpoint_name(name, &step, &resave)) {
     return data_loss(latest_file + " does not name a checkpoint: " + name);
   }
-  Entry e{static_cast<int64_t>(step), root_ + "/" + name};
+  Entry e{step, root_ + "/" + name};
   struct stat st {};
   if (::stat(e.path.c_str(), &st) != 0) return data_loss(latest_file + " names " + e.path + ", which is missing");
   return e;
