@@ -261,9 +261,6 @@ std::optional<int> place(const CLI::App& app, Flags& f, const engine::EngineConf
     }
   }
   o.stream_weights = f.stream;
-  o.device_bytes = f.stream || f.device == "cuda" ? r.budgets.device_bytes : 0;
-  o.host_budget_bytes = r.budgets.host_bytes;  // held at run time, as the device's
-  o.nvme_budget_bytes = r.budgets.nvme_bytes;
   o.prefetch_depth = f.prefetch;
   o.activation_checkpoints = f.activations == "host"   ? engine::Tier::kHost
                              : f.activations == "nvme" ? engine::Tier::kNvme
@@ -283,6 +280,7 @@ std::optional<int> place(const CLI::App& app, Flags& f, const engine::EngineConf
     std::fprintf(stderr, "strata-train: --activations-on nvme needs --nvme DIR\n");
     return 2;
   }
+  engine::apply_budgets(&o, r.budgets);  // held at run time: device, host, NVMe
   return std::nullopt;
 }
 

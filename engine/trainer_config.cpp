@@ -78,10 +78,16 @@ Result<Plan> apply_planned_placement(TrainerOptions* o, Budgets budgets, const C
   o->vertical_group = pl.micro_batches_per_pass > 1 ? pl.micro_batches_per_pass : 0;
   const bool on_nvme = pl.weights == Tier::kNvme || pl.states == Tier::kNvme || pl.checkpoints == Tier::kNvme;
   o->nvme_paths = on_nvme ? nvme_paths : std::vector<std::string>{};
+  apply_budgets(o, budgets);
+  return plan;
+}
+
+void apply_budgets(TrainerOptions* o, const Budgets& budgets) {
+  const bool on_nvme =
+      o->weights == Tier::kNvme || o->states == Tier::kNvme || o->activation_checkpoints == Tier::kNvme;
   o->device_bytes = o->stream_weights || o->backend == TrainerOptions::Backend::kCuda ? budgets.device_bytes : 0;
   o->host_budget_bytes = budgets.host_bytes;
   o->nvme_budget_bytes = on_nvme ? budgets.nvme_bytes : 0;
-  return plan;
 }
 
 }  // namespace strata::engine

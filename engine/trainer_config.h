@@ -27,6 +27,11 @@ Result<TrainerOptions> trainer_options(const EngineConfig& config);
 // whether any was filled in.
 Budgets budgets_or_defaults(Budgets budgets, bool* defaulted = nullptr);
 
+// The budgets a run is held to, from its placement (set first): the
+// device's cap when the weights stream or the device is a GPU, the host's,
+// and the NVMe budget when anything lives on NVMe.
+void apply_budgets(TrainerOptions* options, const Budgets& budgets);
+
 // Applies the planner's placement — the fastest that fits `budgets` within
 // `fixed` — to `options`: where the weights, states and checkpoints live,
 // whether the weights stream (and then the device cap), the prefetch depth,
