@@ -766,7 +766,7 @@ inline Q8ScaledMoments q8_scaled_moments(const TileCall& call) {
 
 // The q8 loop's prefetch distance (its parameters per batch take longer):
 // 1024 ahead ran 3-10% faster from memory than 2048 or 512 on a host with
-// 60-70 GB/s of triad (docs/CPU_OPTIM.md, "Eighth session"), and no slower
+// 60-70 GB/s of triad (docs/CPU_OPTIM.md, "Eighth revision"), and no slower
 // than 2048 on the earlier, slower one.
 inline constexpr int64_t kQ8PrefetchElems = 1024;
 
