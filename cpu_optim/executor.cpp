@@ -134,6 +134,24 @@ Status Executor::first_touch(void* data, uint64_t bytes) {
   return ok_status();
 }
 
+namespace {
+constexpr int64_t kFillPiece = int64_t{1} << 21;
+}  // namespace
+
+void Executor::zero(void* data, uint64_t bytes) {
+  auto* d = static_cast<unsigned char*>(data);
+  parallel_for(static_cast<int64_t>(bytes), kFillPiece,
+               [d](int64_t begin, int64_t end) { std::memset(d + begin, 0, static_cast<size_t>(end - begin)); });
+}
+
+void Executor::copy(void* dst, const void* src, uint64_t bytes) {
+  auto* d = static_cast<unsigned char*>(dst);
+  const auto* s = static_cast<const unsigned char*>(src);
+  parallel_for(static_cast<int64_t>(bytes), kFillPiece, [d, s](int64_t begin, int64_t end) {
+    std::memcpy(d + begin, s + begin, static_cast<size_t>(end - begin));
+  });
+}
+
 Result<Executor::NodeMemoryScope> Executor::node_memory_scope() const {
   NodeMemoryScope scope;
   if (impl_->node == nullptr) return scope;

@@ -38,6 +38,14 @@ class Executor {
   // range there with hwloc when a node was given).
   Status first_touch(void* data, uint64_t bytes);
 
+  // memset(data, 0, bytes) and memcpy(dst, src, bytes) from the executor's
+  // threads, in 2 MiB pieces: a new buffer's pages fault in (and the kernel
+  // clears them) on all threads at once and on their NUMA node, where one
+  // thread filling a model-sized buffer spends most of its time in the
+  // kernel's page-fault path.
+  void zero(void* data, uint64_t bytes);
+  void copy(void* dst, const void* src, uint64_t bytes);
+
   // While a scope lives, the pages the calling thread faults in come from
   // the executor's NUMA node (hwloc binds the thread's memory policy; the
   // previous policy comes back when the scope ends). For allocators that

@@ -10,6 +10,7 @@
 
 #include "common/thread.h"
 #include "common/units.h"
+#include "cpu_optim/executor.h"
 
 namespace strata::engine {
 
@@ -138,7 +139,10 @@ Status OptimizerStage::home_weights_on_nvme(DType dtype) {
 Status OptimizerStage::enable_ram_speculation() {
   if (tier_ != Tier::kHost) return failed_precondition("optimizer stage: RAM speculation is for states in RAM");
   next_.resize(pieces_.size());
-  for (size_t u = 0; u < pieces_.size(); ++u) next_[u].assign(state_bytes(pieces_[u].elems, state_type_), std::byte{0});
+  for (size_t u = 0; u < pieces_.size(); ++u) {
+    next_[u] = AlignedVector<std::byte>(state_bytes(pieces_[u].elems, state_type_));
+    executor_->zero(next_[u].data(), next_[u].size());
+  }
   return ok_status();
 }
 
@@ -201,8 +205,11 @@ Status OptimizerStage::initialize(size_t c, const float* master) {
       return ok_status();
     };
     if (tier_ == Tier::kHost) {
-      host_[u].assign(state_bytes(n, state_type_), std::byte{0});
-      STRATA_RETURN_IF_ERROR(put_master(host_[u].data()));
+      // Filled on the executor's threads: they fault the pages in.
+      const uint64_t bytes = state_bytes(n, state_type_), master_bytes = static_cast<uint64_t>(n) * 4;
+      host_[u] = AlignedVector<std::byte>(bytes);
+      executor_->copy(host_[u].data(), src, master_bytes);
+      executor_->zero(host_[u].data() + master_bytes, bytes - master_bytes);
       continue;
     }
     STRATA_RETURN_IF_ERROR(

@@ -82,19 +82,17 @@ uint64_t mix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-// Chunk c's initial fp32 master weights, GPT-2's initialisation: weights
-// ~ N(0, 0.02), the residual projections (attn.c_proj, mlp.c_proj) scaled by
-// 1/sqrt(2L), LayerNorm weights 1, biases 0. The draws come in blocks of
-// 2^16 elements, each from its own generator seeded by (seed, chunk,
-// block), on the executor's threads (which also fault the pages in): the
-// same weights at any thread count, and a 10B model's 10^10 draws spread
-// over the cores instead of one.
-std::unique_ptr<float[]> initial_master(const gpu::ChunkLayout& chunk, size_t c, const TrainerOptions& o,
-                                        cpu_optim::Executor& ex) {
+// Chunk c's initial fp32 master weights into out[0, numel), GPT-2's
+// initialisation: weights ~ N(0, 0.02), the residual projections
+// (attn.c_proj, mlp.c_proj) scaled by 1/sqrt(2L), LayerNorm weights 1,
+// biases 0. The draws come in blocks of 2^16 elements, each from its own
+// generator seeded by (seed, chunk, block), on the executor's threads
+// (which also fault the pages in): the same weights at any thread count,
+// and a 10B model's 10^10 draws spread over the cores instead of one.
+void initial_master(const gpu::ChunkLayout& chunk, size_t c, const TrainerOptions& o, cpu_optim::Executor& ex,
+                    float* out) {
   constexpr int64_t kBlock = int64_t{1} << 16;
   const int64_t n = chunk.numel;
-  std::unique_ptr<float[]> master(new float[static_cast<size_t>(n)]);
-  float* const out = master.get();
   const uint64_t chunk_seed = mix64(mix64(o.seed) ^ c);
   ex.parallel_for((n + kBlock - 1) / kBlock, 1, [&](int64_t first, int64_t last) {
     for (int64_t b = first; b < last; ++b) {
@@ -115,7 +113,13 @@ std::unique_ptr<float[]> initial_master(const gpu::ChunkLayout& chunk, size_t c,
       for (int64_t i = 0; i < t.numel(); ++i) first[i] *= residual_scale;
     }
   }
-  return master;
+}
+
+// Appends a buffer of n zeros to `set`, zeroed on the executor's threads.
+template <class T>
+void zeroed(std::vector<AlignedVector<T>>& set, size_t n, cpu_optim::Executor& ex) {
+  set.emplace_back(n);
+  ex.zero(set.back().data(), n * sizeof(T));
 }
 
 }  // namespace
@@ -372,23 +376,28 @@ Status Trainer::build_model() {
 // the host, its gradient buffers; those the device copies from and to pinned.
 Status Trainer::place_initial_state(const std::vector<int64_t>& elems) {
   const TrainerOptions& o = options_;
+  // One buffer for every chunk's master weights: its pages fault in once.
+  AlignedVector<float> master(static_cast<size_t>(*std::max_element(elems.begin(), elems.end())));
   for (size_t c = 0; c < layout_.size(); ++c) {
-    const std::unique_ptr<float[]> master = initial_master(layout_[c], c, o, *executor_);
-    STRATA_RETURN_IF_ERROR(stage_->initialize(c, master.get()));
+    initial_master(layout_[c], c, o, *executor_, master.data());
+    STRATA_RETURN_IF_ERROR(stage_->initialize(c, master.data()));
     report("initialising", static_cast<int64_t>(c + 1), static_cast<int64_t>(layout_.size()));
-    if (o.weights == Tier::kHost) {
-      weights_.emplace_back(static_cast<size_t>(elems[c]));
-      STRATA_RETURN_IF_ERROR(cpu_optim::convert(master.get(), DType::kF32, weights_[c].data(), o.precision, elems[c]));
-      if (o.delayed_update) weights_next_.emplace_back(static_cast<size_t>(elems[c]));
-    }
+    // Every buffer is filled on the executor's threads, which fault its
+    // pages in (AlignedVector(n) leaves them untouched).
     const size_t n = static_cast<size_t>(elems[c]);
-    grads_.emplace_back(n, 0);
-    if (o.grad_accum > 1) acc_.emplace_back(n, 0.0f);
+    if (o.weights == Tier::kHost) {
+      weights_.emplace_back(n);
+      STRATA_RETURN_IF_ERROR(
+          cpu_optim::convert(master.data(), DType::kF32, weights_[c].data(), o.precision, elems[c], *executor_));
+      if (o.delayed_update) zeroed(weights_next_, n, *executor_);
+    }
+    zeroed(grads_, n, *executor_);
+    if (o.grad_accum > 1) zeroed(acc_, n, *executor_);
     if (o.delayed_update) {
       if (o.grad_accum > 1) {
-        acc_alt_.emplace_back(n, 0.0f);
+        zeroed(acc_alt_, n, *executor_);
       } else {
-        grads_alt_.emplace_back(n, 0);
+        zeroed(grads_alt_, n, *executor_);
       }
     }
   }

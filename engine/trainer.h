@@ -295,10 +295,10 @@ class Trainer {
   std::vector<AlignedVector<uint16_t>> weights_, weights_next_;
   LossScaler scaler_;
   std::vector<AlignedVector<uint16_t>> grads_;  // one micro-batch's gradients as the device computed them
-  std::vector<std::vector<float>> acc_;        // their fp32 sum over the micro-batches (grad_accum > 1)
+  std::vector<AlignedVector<float>> acc_;       // their fp32 sum over the micro-batches (grad_accum > 1)
   // Delayed update: the buffers the stage in flight reads (grads_ or acc_'s other set).
   std::vector<AlignedVector<uint16_t>> grads_alt_;
-  std::vector<std::vector<float>> acc_alt_;
+  std::vector<AlignedVector<float>> acc_alt_;
   // Adds each chunk's gradient into acc_ as it lands (micro-batches whose
   // gradients do not go to the stage directly), beside the rest of backward.
   std::unique_ptr<SerialQueue> accumulator_;

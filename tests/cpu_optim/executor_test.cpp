@@ -212,5 +212,29 @@ TEST(Executor, AFreeThreadTakesTheChunksABusyOneHasNotStarted) {
   EXPECT_EQ(others_done, kChunks - 1);
 }
 
+// zero and copy cover exactly [data, data + bytes) at any size and offset:
+// piece boundaries (2 MiB) at +-1, an odd start, nothing for 0 bytes.
+TEST(Executor, ZeroAndCopyCoverExactlyTheirBytes) {
+  Result<std::unique_ptr<Executor>> ex = Executor::create({.threads = 2});
+  ASSERT_TRUE(ex) << ex.error().to_string();
+  constexpr size_t kPiece = size_t{1} << 21;
+  std::mt19937_64 rng(7);
+  for (size_t bytes : {size_t{0}, size_t{1}, kPiece - 1, kPiece, kPiece + 1, 3 * kPiece + 5}) {
+    for (size_t offset : {size_t{0}, size_t{3}}) {
+      const size_t total = bytes + offset + 16;
+      std::vector<unsigned char> src(total), dst(total), expect(total);
+      for (auto& b : src) b = static_cast<unsigned char>(rng() | 1);  // never 0
+      for (auto& b : dst) b = static_cast<unsigned char>(rng() | 1);
+      expect = dst;
+      std::memset(expect.data() + offset, 0, bytes);
+      (*ex)->zero(dst.data() + offset, bytes);
+      EXPECT_EQ(dst, expect) << "zero of " << bytes << " bytes at +" << offset;
+      std::memcpy(expect.data() + offset, src.data() + offset, bytes);
+      (*ex)->copy(dst.data() + offset, src.data() + offset, bytes);
+      EXPECT_EQ(dst, expect) << "copy of " << bytes << " bytes at +" << offset;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace strata::cpu_optim
