@@ -85,20 +85,29 @@ uint64_t mix64(uint64_t x) {
 // Chunk c's initial fp32 master weights into out[0, numel), GPT-2's
 // initialisation: weights ~ N(0, 0.02), the residual projections
 // (attn.c_proj, mlp.c_proj) scaled by 1/sqrt(2L), LayerNorm weights 1,
-// biases 0. The draws come in blocks of 2^16 elements, each from its own
-// generator seeded by (seed, chunk, block), on the executor's threads
-// (which also fault the pages in): the same weights at any thread count,
-// and a 10B model's 10^10 draws spread over the cores instead of one.
+// biases 0. Elements 2k and 2k+1 are a Box-Muller pair made of the k-th
+// output of splitmix64 started at a seed of (seed, chunk): 24 bits for the
+// radius, 24 for the angle (so |z| <= 5.77). Each draw is a function of its
+// index alone: the same weights at any thread count, and — unlike
+// std::normal_distribution, whose algorithm is each standard library's own
+// — the same with any C++ library over the same libm. The executor's
+// threads draw them (and fault the pages in): a 10B model's 10^10 draws
+// spread over the cores.
 void initial_master(const gpu::ChunkLayout& chunk, size_t c, const TrainerOptions& o, cpu_optim::Executor& ex,
                     float* out) {
-  constexpr int64_t kBlock = int64_t{1} << 16;
+  constexpr int64_t kBlock = int64_t{1} << 16;  // even: a block holds whole pairs
+  constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ull;
+  constexpr float kTwoPi = 6.28318530717958647692f;
   const int64_t n = chunk.numel;
   const uint64_t chunk_seed = mix64(mix64(o.seed) ^ c);
-  ex.parallel_for((n + kBlock - 1) / kBlock, 1, [&](int64_t first, int64_t last) {
-    for (int64_t b = first; b < last; ++b) {
-      std::mt19937_64 rng(mix64(chunk_seed ^ static_cast<uint64_t>(b)));
-      std::normal_distribution<float> normal(0.0f, 0.02f);
-      for (int64_t i = b * kBlock; i < std::min(n, (b + 1) * kBlock); ++i) out[i] = normal(rng);
+  ex.parallel_for(n, kBlock, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; i += 2) {
+      const uint64_t h = mix64(chunk_seed + static_cast<uint64_t>(i / 2) * kGolden);
+      const float u1 = static_cast<float>((h >> 40) + 1) * 0x1p-24f;         // (0, 1]
+      const float u2 = static_cast<float>((h >> 16) & 0xffffff) * 0x1p-24f;  // [0, 1)
+      const float r = 0.02f * std::sqrt(-2.0f * std::log(u1));
+      out[i] = r * std::cos(kTwoPi * u2);
+      if (i + 1 < end) out[i + 1] = r * std::sin(kTwoPi * u2);
     }
   });
   const float residual_scale = 1.0f / std::sqrt(2.0f * static_cast<float>(o.model.layers));

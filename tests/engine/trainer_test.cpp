@@ -824,6 +824,61 @@ TEST(Trainer, TheInitialWeightsAreTheSameAtAnyThreadCount) {
   EXPECT_FALSE(initial("other-seed") == all);
 }
 
+// The initial weights are GPT-2's, as a checkpoint of step 0 holds them
+// (bf16): biases 0, LayerNorm weights 1, the residual projections
+// (c_proj) N(0, 0.02 / sqrt(2L)), every other matrix N(0, 0.02) — each
+// tensor's mean, standard deviation, share beyond 2 sigma (4.55% for a
+// normal; 0 for a uniform of that sigma), correlation with the next element
+// and largest value (5.77 sigma at most from 24 bits of radius).
+TEST(Trainer, TheInitialWeightsAreGpt2s) {
+  strata::testing::TempDir dir;
+  TrainerOptions o = tiny(strata::testing::test_seed(173));
+  o.model.hidden = 128, o.model.vocab = 256, o.model.max_seq = 64;  // every matrix >= 8192 elements
+  Result<std::unique_ptr<Trainer>> tr = Trainer::create(o);
+  ASSERT_TRUE(tr) << tr.error().to_string();
+  ASSERT_TRUE((*tr)->save(dir.path()).ok());
+  Result<SafetensorsReader> model = SafetensorsReader::open(dir.path() + "/step-0/model.safetensors");
+  ASSERT_TRUE(model) << model.error().to_string();
+  int matrices = 0, residual = 0;
+  for (const TensorInfo& t : model->tensors()) {
+    ASSERT_EQ(t.dtype, TensorType::kBF16) << t.name;
+    std::vector<uint16_t> raw(t.bytes() / 2);
+    ASSERT_TRUE(model->read(t.name, std::as_writable_bytes(std::span(raw))).ok()) << t.name;
+    std::vector<double> x(raw.size());
+    std::transform(raw.begin(), raw.end(), x.begin(), [](uint16_t h) { return double{bf16_to_f32(h)}; });
+    const auto ends_with = [&](std::string_view tail) { return std::string_view(t.name).ends_with(tail); };
+    if (ends_with(".bias")) {
+      EXPECT_TRUE(std::all_of(x.begin(), x.end(), [](double v) { return v == 0.0; })) << t.name;
+      continue;
+    }
+    if (t.name.find("ln_") != std::string::npos) {
+      EXPECT_TRUE(std::all_of(x.begin(), x.end(), [](double v) { return v == 1.0; })) << t.name;
+      continue;
+    }
+    const bool is_residual = ends_with("c_proj.weight");
+    const double sigma = is_residual ? 0.02 / std::sqrt(2.0 * static_cast<double>(o.model.layers)) : 0.02;
+    const double n = static_cast<double>(x.size());
+    double sum = 0, sq = 0, largest = 0, beyond = 0;
+    for (double v : x) {
+      sum += v, sq += v * v, largest = std::max(largest, std::abs(v));
+      beyond += std::abs(v) > 2 * sigma ? 1 : 0;
+    }
+    const double mean = sum / n, sd = std::sqrt(sq / n - mean * mean);
+    double lag = 0;  // neighbours (a Box-Muller pair among them) are independent
+    for (size_t i = 0; i + 1 < x.size(); ++i) lag += (x[i] - mean) * (x[i + 1] - mean);
+    ASSERT_GE(n, 8192) << t.name;
+    EXPECT_NEAR(mean, 0.0, 5 * sigma / std::sqrt(n)) << t.name;
+    EXPECT_NEAR(sd / sigma, 1.0, 0.05) << t.name;
+    EXPECT_NEAR(beyond / n, 0.0455, 0.012) << t.name;
+    EXPECT_NEAR(lag / (n - 1) / (sd * sd), 0.0, 5 / std::sqrt(n)) << t.name;
+    EXPECT_LE(largest, 5.78 * sigma * (1 + 1.0 / 256)) << t.name;  // bf16 rounds up by at most 2^-8
+    ++matrices;
+    residual += is_residual ? 1 : 0;
+  }
+  EXPECT_EQ(matrices, 2 + 4 * static_cast<int>(o.model.layers));  // wte, wpe; c_attn, c_proj, c_fc, mlp c_proj
+  EXPECT_EQ(residual, 2 * static_cast<int>(o.model.layers));
+}
+
 // A checkpoint whose trainer.json was edited by hand (a value of the wrong
 // type, a key gone, not JSON) is refused with the file named — not an
 // exception out of the trainer — and the trainer goes on as it was.
