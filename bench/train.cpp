@@ -338,9 +338,9 @@ std::optional<engine::TokenFile> check_inputs_and_outputs(const Flags& f, const 
 
 // A checkpoint of the trainer's step, then the older ones pruned to
 // --keep-checkpoints.
-void save_checkpoint(engine::Trainer& tr, const Flags& f) {
-  exit_on_error(tr.save(f.checkpoint), "strata-train");
-  Result<int> pruned = engine::CheckpointDir(f.checkpoint).prune(static_cast<int>(f.keep_checkpoints));
+void save_checkpoint(engine::Trainer& tr, engine::CheckpointDir& checkpoints, const Flags& f) {
+  exit_on_error(tr.save(checkpoints), "strata-train");
+  Result<int> pruned = checkpoints.prune(static_cast<int>(f.keep_checkpoints));
   exit_on_error(pruned.status().with_context("--keep-checkpoints"), "strata-train");
 }
 
@@ -402,9 +402,10 @@ void print_step(const engine::Trainer& tr, const engine::TrainerOptions& o, int6
 
 // The steps from the trainer's step count to `steps` (until a stop
 // signal), on the token file's micro-batches or the synthetic stream,
-// checkpointing every save_every; the step of the last checkpoint written.
-int64_t run_steps(engine::Trainer& tr, const Flags& f, const Run& r, const std::optional<engine::TokenFile>& data,
-                  Totals& t) {
+// checkpointing every save_every into `checkpoints` (null: no
+// --checkpoint); the step of the last checkpoint written.
+int64_t run_steps(engine::Trainer& tr, engine::CheckpointDir* checkpoints, const Flags& f, const Run& r,
+                  const std::optional<engine::TokenFile>& data, Totals& t) {
   const engine::TrainerOptions& o = r.o;
   // Step i's micro-batches: grad_accum x batch x seq, micro-batch index
   // i x grad_accum + k (the checkpoint's data position).
@@ -429,8 +430,8 @@ int64_t run_steps(engine::Trainer& tr, const Flags& f, const Run& r, const std::
     if (i == start) t.first = *loss;
     print_step(tr, o, i, r.steps - i - 1, *loss,
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), t);
-    if (!f.checkpoint.empty() && f.save_every > 0 && (i + 1) % f.save_every == 0) {
-      save_checkpoint(tr, f);
+    if (checkpoints != nullptr && f.save_every > 0 && (i + 1) % f.save_every == 0) {
+      save_checkpoint(tr, *checkpoints, f);
       saved_at = i + 1;
     }
   }
@@ -464,6 +465,13 @@ void print_summary(const engine::Trainer& tr, const Flags& f, const Run& r, int6
 // checkpoint and the trace, prints the summary. The exit status.
 int train(const Flags& f, Run& r) {
   std::optional<engine::TokenFile> data = check_inputs_and_outputs(f, r.o);
+  // The checkpoint root's writer lock, held for the whole run: a second run
+  // on the same --checkpoint is refused before it builds anything.
+  std::optional<engine::CheckpointDir> checkpoints;
+  if (!f.checkpoint.empty()) {
+    checkpoints.emplace(f.checkpoint);
+    exit_on_error(checkpoints->lock(), "strata-train");
+  }
   engine::Trace trace(!f.trace_path.empty());
   if (trace.enabled()) r.o.trace = &trace;
   ProgressLines progress;
@@ -481,7 +489,7 @@ int train(const Flags& f, Run& r) {
   }
   const int64_t start = tr.steps_done();
   Totals totals;
-  const int64_t saved_at = run_steps(tr, f, r, data, totals);
+  const int64_t saved_at = run_steps(tr, checkpoints ? &*checkpoints : nullptr, f, r, data, totals);
   const int stop_signal = g_stop_signal;
   if (stop_signal != 0) {
     std::printf("stopping after step %lld: %s%s\n", static_cast<long long>(tr.steps_done()),
@@ -489,10 +497,10 @@ int train(const Flags& f, Run& r) {
                 f.checkpoint.empty() ? " (no --checkpoint: nothing saved)" : ", saving a checkpoint");
     std::fflush(stdout);
   }
-  if (!f.checkpoint.empty()) {
+  if (checkpoints) {
     // The last step's checkpoint, unless it was just written (or loaded).
-    if (saved_at != tr.steps_done()) save_checkpoint(tr, f);
-    std::printf("checkpoint: %s\n", engine::CheckpointDir(f.checkpoint).latest()->path.c_str());
+    if (saved_at != tr.steps_done()) save_checkpoint(tr, *checkpoints, f);
+    std::printf("checkpoint: %s\n", checkpoints->latest()->path.c_str());
   }
   if (trace.enabled()) {
     exit_on_error(trace.write(f.trace_path), "strata-train");

@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -242,10 +243,37 @@ Status CheckpointDir::check_writable() const {
   return check_directory_writable(root_).with_context("checkpoint");
 }
 
-Result<std::string> CheckpointDir::begin(int64_t step) {
+Status CheckpointDir::lock() {
+  if (lock_.valid()) return ok_status();
   std::error_code ec;
   std::filesystem::create_directories(root_, ec);
   if (ec) return errno_status(ec.value(), "checkpoint: creating the root " + root_);
+  const std::string path = root_ + "/.lock";
+  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+  if (!fd.valid()) return errno_status(errno, "checkpoint: opening the writer lock " + path);
+  if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    if (err != EWOULDBLOCK) return errno_status(err, "checkpoint: locking " + path);
+    char text[32] = {};
+    const ssize_t n = ::pread(fd.get(), text, sizeof(text) - 1, 0);
+    std::string holder = n > 0 ? std::string(text, static_cast<size_t>(n)) : "";
+    while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+    if (holder.empty()) holder = "unknown";
+    if (holder == std::to_string(::getpid())) holder += ", this process";
+    return failed_precondition("checkpoint: " + root_ + " is being written by another writer (pid " + holder +
+                               ", which holds " + path + "); one writer per checkpoint directory");
+  }
+  // The holder's pid, for the message a second writer gets.
+  const std::string pid = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(fd.get(), 0) != 0) return errno_status(errno, "checkpoint: truncating " + path);
+  STRATA_RETURN_IF_ERROR(pwrite_all(fd.get(), pid.data(), pid.size(), 0, path));
+  lock_ = std::move(fd);
+  return ok_status();
+}
+
+Result<std::string> CheckpointDir::begin(int64_t step) {
+  STRATA_RETURN_IF_ERROR(lock());
+  std::error_code ec;
   std::string name = "step-" + std::to_string(step);
   for (int k = 1; std::filesystem::exists(root_ + "/" + name); ++k) {
     name = "step-" + std::to_string(step) + ".r" + std::to_string(k);
@@ -306,9 +334,10 @@ void CheckpointDir::abandon() {
   std::filesystem::remove_all(tmp, ec);  // best effort: the next begin() retries it
 }
 
-Result<int> CheckpointDir::prune(int keep) const {
+Result<int> CheckpointDir::prune(int keep) {
   if (keep < 0) return invalid_argument("checkpoint: keep must be >= 0, got " + std::to_string(keep));
   if (keep == 0) return 0;
+  STRATA_RETURN_IF_ERROR(lock());
   Result<Entry> newest = latest();
   if (!newest) return newest.error().code() == StatusCode::kNotFound ? Result<int>(0) : Result<int>(newest.error());
   // step-<N> and step-<N>.r<k>, complete (no .tmp), ordered by (N, k).

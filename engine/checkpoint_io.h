@@ -8,6 +8,7 @@
 //   <root>/latest          then a one-line pointer, replaced atomically
 //                          (written to latest.tmp, fsynced, renamed).
 // A process killed at any point leaves `latest` naming a complete checkpoint.
+//   <root>/.lock           the writer's lock (flock), one writer at a time.
 #pragma once
 
 #include <cstdint>
@@ -86,10 +87,11 @@ class SafetensorsReader {
 // The directory protocol above. A checkpoint of a step that already has one
 // goes to a fresh name (step-<N>.r<k>), so the directory `latest` names is
 // never removed or overwritten before `latest` moves on. A root has one
-// writer: begin() removes every .tmp directory a killed writer left, and an
-// attempt that does not commit (a full disk, a failed read of a state) is
-// removed when the CheckpointDir goes — a failed checkpoint must not keep
-// the space the next one needs.
+// writer, which holds its lock (lock()): begin() removes every .tmp
+// directory a killed writer left, and an attempt that does not commit (a
+// full disk, a failed read of a state) is removed when the CheckpointDir
+// goes — a failed checkpoint must not keep the space the next one needs.
+// Reading (latest(), a resume) takes no lock.
 class CheckpointDir {
  public:
   struct Entry {
@@ -104,6 +106,16 @@ class CheckpointDir {
   // Creates the root if needed and checks that files can be made in it:
   // for a caller that will save after long work.
   Status check_writable() const;
+  // The root's writer lock: an exclusive flock(2) on <root>/.lock (made
+  // with the root if needed), held until this CheckpointDir goes; the
+  // kernel drops it when the process ends, however it ends. begin() and
+  // prune() take it when this object does not hold it yet. A caller that
+  // writes a root for a whole run takes it first, so that a second writer
+  // is refused at once — FailedPrecondition naming the holder's pid —
+  // rather than removing the first's unfinished checkpoint or
+  // interleaving its own. Another CheckpointDir of the same process is
+  // another writer too.
+  Status lock();
   // Creates (empty) <root>/<name>.tmp for the step and returns its path,
   // after removing the .tmp directories of earlier attempts.
   Result<std::string> begin(int64_t step);
@@ -118,12 +130,13 @@ class CheckpointDir {
   // Removes the complete checkpoints but the `keep` newest (by step, then
   // by resave number) and the one `latest` names; keep 0 removes nothing.
   // Returns how many it removed.
-  Result<int> prune(int keep) const;
+  Result<int> prune(int keep);
   Result<int64_t> latest_step() const;
 
  private:
   std::string root_;
   std::string pending_;  // the final name chosen by begin()
+  UniqueFd lock_;        // <root>/.lock, flocked: lock()
 };
 
 }  // namespace strata::engine

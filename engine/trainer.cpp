@@ -780,10 +780,20 @@ Result<float> Trainer::run_step(const int32_t* data_tokens, const int32_t* data_
 }
 
 Status Trainer::save(const std::string& root) {
+  CheckpointDir dir(root);
+  return save(dir);
+}
+
+Status Trainer::save(CheckpointDir& dir) {
+  Status saved = write_checkpoint(dir);
+  if (!saved.ok()) dir.abandon();  // the caller's dir lives on: nothing half-written stays
+  return saved;
+}
+
+Status Trainer::write_checkpoint(CheckpointDir& dir) {
   STRATA_RETURN_IF_ERROR(flush());  // a delayed update in flight lands first
   if (!broken_.empty()) return failed_precondition("trainer: " + broken_ + "; nothing consistent to save");
   STRATA_RETURN_IF_ERROR(restore_weights());
-  CheckpointDir dir(root);
   STRATA_ASSIGN_OR_RETURN(std::string tmp, dir.begin(t_));
   // Model weights, bf16, GPT-2 names.
   std::vector<TensorInfo> tensors;

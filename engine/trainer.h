@@ -31,6 +31,8 @@
 
 namespace strata::engine {
 
+class CheckpointDir;
+
 struct TrainerOptions {
   gpu::GptConfig model;
   int64_t batch = 2;
@@ -233,11 +235,15 @@ class Trainer {
   // optimizer.safetensors with every chunk's fp32 master/m/v, trainer.json)
   // by the CheckpointDir protocol.
   Status save(const std::string& root);
+  // The same through the caller's CheckpointDir, whose writer lock the
+  // caller may hold for a whole run (CheckpointDir::lock()).
+  Status save(CheckpointDir& dir);
   // Restores the latest checkpoint under root; the model config must match.
   Status load(const std::string& root);
 
  private:
   Trainer() = default;
+  Status write_checkpoint(CheckpointDir& dir);
   void make_batch(int64_t index, std::vector<int32_t>* tokens, std::vector<int32_t>* targets) const;
   // step()'s body: on the caller's micro-batches, or (null) the synthetic stream's.
   Result<float> run_step(const int32_t* tokens, const int32_t* targets);

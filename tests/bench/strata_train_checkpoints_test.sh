@@ -8,7 +8,8 @@
 # written fail before the first step. SIGTERM stops a run after its step
 # in progress with a checkpoint of that step, exit status 143. With --data
 # (here a text file as uint8 tokens) a resumed run reads on where the
-# uninterrupted one would have: the same losses.
+# uninterrupted one would have: the same losses. A second run on a
+# checkpoint directory that a run is writing is refused at once.
 # Usage: strata_train_checkpoints_test.sh path/to/strata-train path/to/a/text/file
 set -eu
 train=$1
@@ -66,6 +67,16 @@ until grep -q "^step *3 |" "$d/term.txt"; do
   waited=$((waited + 1))
   [ "$waited" -lt 600 ] || { kill -9 "$pid"; fail "no third step in 120 s"; }
 done
+# A second run on the same checkpoint directory is refused before it
+# builds anything, naming the first run's pid.
+if "$train" --steps 2 --checkpoint "$d/c" > "$d/second.txt" 2>&1; then
+  kill -9 "$pid"
+  fail "a second writer of $d/c was accepted"
+fi
+grep -q "is being written by another writer (pid $pid," "$d/second.txt" ||
+  { kill -9 "$pid"; fail "the second writer's refusal: $(tail -n 1 "$d/second.txt")"; }
+grep -q "^step " "$d/second.txt" && { kill -9 "$pid"; fail "the second writer ran steps"; }
+echo "a second writer refused: $(tail -n 1 "$d/second.txt")"
 kill -TERM "$pid"
 rc=0
 wait "$pid" || rc=$?

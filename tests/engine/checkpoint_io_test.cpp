@@ -220,6 +220,68 @@ TEST(CheckpointDir, UnfinishedAttemptsAreRemoved) {
   EXPECT_TRUE(std::filesystem::exists(root + "/step-12/model.safetensors"));
 }
 
+// One writer per root: while one CheckpointDir holds the root's lock —
+// another process's, or another object's of this one — a second writer's
+// begin() and prune() are refused with the holder's pid, and the first's
+// unfinished checkpoint is left alone (begin() would have removed it as a
+// killed writer's). The lock goes with the holder, however its process
+// ends (here: SIGKILL).
+TEST(CheckpointDir, ASecondWriterIsRefusedAndTheFirstsWorkIsLeftAlone) {
+  strata::testing::TempDir dir;
+  const std::string root = dir.path() + "/ckpt";
+  std::vector<TensorInfo> model = {{"w", TensorType::kF32, {1024}}};
+  {
+    CheckpointDir first(root);
+    Result<std::string> tmp = first.begin(5);
+    ASSERT_TRUE(tmp) << tmp.error().to_string();
+    CheckpointDir second(root);
+    Result<std::string> refused = second.begin(6);
+    ASSERT_FALSE(refused);
+    EXPECT_EQ(refused.error().code(), StatusCode::kFailedPrecondition);
+    const std::string pid = std::to_string(::getpid());
+    EXPECT_NE(refused.error().to_string().find("pid " + pid + ", this process"), std::string::npos)
+        << refused.error().to_string();
+    EXPECT_EQ(second.prune(1).error().code(), StatusCode::kFailedPrecondition);
+    EXPECT_TRUE(std::filesystem::exists(*tmp)) << "the first writer's unfinished checkpoint was removed";
+    ASSERT_TRUE(write_model(*tmp + "/model.safetensors", model, 4096).ok());
+    ASSERT_TRUE(first.commit(5).ok());
+    EXPECT_EQ(*second.latest_step(), 5);  // reading takes no lock
+  }
+  // Another process holds it, then is killed.
+  int ready[2], hold[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  ASSERT_EQ(::pipe(hold), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    CheckpointDir holder(root);
+    const char ok = holder.lock().ok() ? 'y' : 'n';
+    if (::write(ready[1], &ok, 1) != 1) ::_exit(2);
+    char c;
+    while (::read(hold[0], &c, 1) < 0) {
+    }
+    ::_exit(0);  // not reached: killed first
+  }
+  char ok = 0;
+  ASSERT_EQ(::read(ready[0], &ok, 1), 1);
+  ASSERT_EQ(ok, 'y');
+  CheckpointDir mine(root);
+  Status refused = mine.lock();
+  EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.to_string().find("(pid " + std::to_string(child) + ","), std::string::npos) << refused.to_string();
+  EXPECT_FALSE(mine.begin(7));
+  ::kill(child, SIGKILL);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  for (int fd : {ready[0], ready[1], hold[0], hold[1]}) ::close(fd);
+  EXPECT_TRUE(mine.lock().ok()) << "the killed holder's lock stayed";
+  Result<std::string> tmp = mine.begin(7);
+  ASSERT_TRUE(tmp) << tmp.error().to_string();
+  ASSERT_TRUE(write_model(*tmp + "/model.safetensors", model, 4096).ok());
+  ASSERT_TRUE(mine.commit(7).ok());
+  EXPECT_EQ(*mine.latest_step(), 7);
+}
+
 // A bounded number of checkpoints: prune(keep) removes the complete
 // checkpoints but the `keep` newest (a resave of a step counts after it)
 // and whatever `latest` names; unfinished ones and other files stay.
@@ -243,9 +305,9 @@ TEST(CheckpointDir, PruneKeepsTheNewestAndTheLatest) {
     return names;
   };
   EXPECT_EQ(*ckpt.prune(0), 0);
-  EXPECT_EQ(listing().size(), 7u);
+  EXPECT_EQ(listing().size(), 8u);  // with the writer's .lock
   EXPECT_EQ(*ckpt.prune(2), 3);
-  EXPECT_EQ(listing(), (std::vector<std::string>{"latest", "step-6.r1", "step-8", "step-9.tmp"}));
+  EXPECT_EQ(listing(), (std::vector<std::string>{".lock", "latest", "step-6.r1", "step-8", "step-9.tmp"}));
   // `latest` is never removed, even when it is not among the newest (a
   // resume from an older checkpoint, say).
   {
@@ -253,7 +315,7 @@ TEST(CheckpointDir, PruneKeepsTheNewestAndTheLatest) {
     latest << "step-6.r1\n";
   }
   EXPECT_EQ(*ckpt.prune(1), 0);
-  EXPECT_EQ(listing(), (std::vector<std::string>{"latest", "step-6.r1", "step-8", "step-9.tmp"}));
+  EXPECT_EQ(listing(), (std::vector<std::string>{".lock", "latest", "step-6.r1", "step-8", "step-9.tmp"}));
   EXPECT_EQ(ckpt.prune(-1).error().code(), StatusCode::kInvalidArgument);
 }
 
