@@ -253,6 +253,9 @@ Status CheckpointDir::lock() {
   if (!fd.valid()) return errno_status(errno, "checkpoint: opening the writer lock " + path);
   if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
+    // A filesystem without locks (some network and FUSE ones) keeps the
+    // protocol as it was before the lock: one writer by convention.
+    if (err == ENOLCK || err == EOPNOTSUPP || err == ENOSYS) return ok_status();
     if (err != EWOULDBLOCK) return errno_status(err, "checkpoint: locking " + path);
     char text[32] = {};
     const ssize_t n = ::pread(fd.get(), text, sizeof(text) - 1, 0);

@@ -114,7 +114,8 @@ class CheckpointDir {
   // is refused at once — FailedPrecondition naming the holder's pid —
   // rather than removing the first's unfinished checkpoint or
   // interleaving its own. Another CheckpointDir of the same process is
-  // another writer too.
+  // another writer too. On a filesystem that has no locks (flock fails
+  // with ENOLCK / EOPNOTSUPP) it is OK without a lock.
   Status lock();
   // Creates (empty) <root>/<name>.tmp for the step and returns its path,
   // after removing the .tmp directories of earlier attempts.
