@@ -184,42 +184,99 @@ Result<PinnedArena::Lease> OptimizerStage::read_staged(const std::string& name, 
   return lease;
 }
 
-Status OptimizerStage::write_staged(const std::string& name, uint64_t bytes,
-                                    const std::function<Status(std::byte*)>& fill, const std::string& what) {
-  STRATA_ASSIGN_OR_RETURN(PinnedArena::Lease lease, staging_->acquire("write " + name));
-  std::memset(lease.data(), 0, lease.buffer().capacity_bytes);  // the arrays' padding and the alignment tail are written too
-  STRATA_RETURN_IF_ERROR(fill(lease.data()));
-  STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->write(name, lease.buffer(), bytes));
-  return swap_->wait(t).with_context("writing " + what);
+Status OptimizerStage::write_staged(const std::string& name, uint64_t bytes, const Fill& fill,
+                                    const std::string& what) {
+  STRATA_ASSIGN_OR_RETURN(StagedWrite w, submit_staged(name, bytes, fill, what));
+  return swap_->wait(w.ticket).with_context("writing " + what);
 }
 
-Status OptimizerStage::initialize(size_t c, const float* master) {
-  STRATA_CHECK(c < elems_.size());
+Result<OptimizerStage::StagedWrite> OptimizerStage::submit_staged(const std::string& name, uint64_t bytes,
+                                                                  const Fill& fill, std::string what) {
+  STRATA_ASSIGN_OR_RETURN(PinnedArena::Lease lease, staging_->acquire("write " + name));
+  // The arrays' padding and the alignment tail are written too.
+  executor_->zero(lease.data(), lease.buffer().capacity_bytes);
+  STRATA_RETURN_IF_ERROR(fill(lease.data()));
+  STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->write(name, lease.buffer(), bytes));
+  return StagedWrite{t, std::move(lease), std::move(what)};
+}
+
+void OptimizerStage::initialize_in_ram(size_t c, const float* master) {
+  for (size_t u = first_piece_[c]; u < first_piece_[c + 1]; ++u) {
+    // Filled on the executor's threads: they fault the pages in. m = v = 0
+    // (8-bit states: zero codes under zero scales decode to 0).
+    const int64_t n = pieces_[u].elems;
+    const uint64_t bytes = state_bytes(n, state_type_), master_bytes = static_cast<uint64_t>(n) * 4;
+    host_[u] = AlignedVector<std::byte>(bytes);
+    executor_->copy(host_[u].data(), master + pieces_[u].offset, master_bytes);
+    executor_->zero(host_[u].data() + master_bytes, bytes - master_bytes);
+  }
+}
+
+Status OptimizerStage::initial_writes(size_t c, const float* master, const InitialWrite& write) {
   const std::string what = "chunk " + std::to_string(c);
   for (size_t u = first_piece_[c]; u < first_piece_[c + 1]; ++u) {
     const int64_t n = pieces_[u].elems;
     const float* src = master + pieces_[u].offset;
-    // m = v = 0 (8-bit states: zero codes under zero scales decode to 0).
-    auto put_master = [&](std::byte* state) {
-      std::memcpy(state, src, static_cast<size_t>(n) * 4);
+    // m = v = 0: the staging buffer comes zeroed.
+    auto put_master = [this, src, n](std::byte* state) {
+      executor_->copy(state, src, static_cast<uint64_t>(n) * 4);
       return ok_status();
     };
-    if (tier_ == Tier::kHost) {
-      // Filled on the executor's threads: they fault the pages in.
-      const uint64_t bytes = state_bytes(n, state_type_), master_bytes = static_cast<uint64_t>(n) * 4;
-      host_[u] = AlignedVector<std::byte>(bytes);
-      executor_->copy(host_[u].data(), src, master_bytes);
-      executor_->zero(host_[u].data() + master_bytes, bytes - master_bytes);
-      continue;
-    }
     STRATA_RETURN_IF_ERROR(
-        write_staged(blob(u, gen_[u]), state_bytes(n, state_type_), put_master, "optimizer state of " + what));
+        write(blob(u, gen_[u]), state_bytes(n, state_type_), put_master, "optimizer state of " + what));
     if (!weights_nvme_) continue;
-    auto put_weights = [&](std::byte* w) { return cpu_optim::convert(src, DType::kF32, w, weights_dtype_, n); };
+    auto put_weights = [this, src, n](std::byte* w) {
+      return cpu_optim::convert(src, DType::kF32, w, weights_dtype_, n, *executor_);
+    };
     STRATA_RETURN_IF_ERROR(
-        write_staged(weights_blob(u, gen_[u]), 2 * static_cast<uint64_t>(n), put_weights, "the weights of " + what));
+        write(weights_blob(u, gen_[u]), 2 * static_cast<uint64_t>(n), put_weights, "the weights of " + what));
   }
   return ok_status();
+}
+
+Status OptimizerStage::initialize(size_t c, const float* master) {
+  STRATA_CHECK(c < elems_.size());
+  if (tier_ == Tier::kHost) {
+    initialize_in_ram(c, master);
+    return ok_status();
+  }
+  return initial_writes(c, master,
+                        [this](const std::string& name, uint64_t bytes, const Fill& fill, const std::string& what) {
+                          return write_staged(name, bytes, fill, what);
+                        });
+}
+
+Status OptimizerStage::initialize_all(const MasterSource& master) {
+  std::deque<StagedWrite> in_flight;
+  const size_t most = std::max<uint32_t>(staging_ != nullptr ? staging_->capacity() : 1, 2) - 1;
+  Status first_error = ok_status();
+  auto retire_oldest = [&] {
+    Status s = swap_->wait(in_flight.front().ticket).with_context("writing " + in_flight.front().what);
+    if (first_error.ok() && !s.ok()) first_error = std::move(s);
+    in_flight.pop_front();  // the lease goes back once its write has landed
+  };
+  auto write_behind = [&](const std::string& name, uint64_t bytes, const Fill& fill, const std::string& what) {
+    if (in_flight.size() >= most) retire_oldest();
+    if (!first_error.ok()) return first_error;
+    STRATA_ASSIGN_OR_RETURN(StagedWrite w, submit_staged(name, bytes, fill, what));
+    in_flight.push_back(std::move(w));
+    return ok_status();
+  };
+  for (size_t c = 0; c < elems_.size() && first_error.ok(); ++c) {
+    Result<const float*> m = master(c);
+    if (!m) {
+      first_error = m.error();
+      break;
+    }
+    if (tier_ == Tier::kHost) {
+      initialize_in_ram(c, *m);
+      continue;
+    }
+    Status s = initial_writes(c, *m, write_behind);
+    if (first_error.ok() && !s.ok()) first_error = std::move(s);
+  }
+  while (!in_flight.empty()) retire_oldest();
+  return first_error;
 }
 
 Status OptimizerStage::visit_weights(size_t c, const WeightsSlice& slice) {

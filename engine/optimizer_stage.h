@@ -150,6 +150,13 @@ class OptimizerStage {
 
   // Sets chunk c's master weights (m = v = 0), and its working weights when on NVMe.
   Status initialize(size_t chunk, const float* master);
+  // The same for every chunk in order: master(c) gives chunk c's master
+  // weights (chunk_elems(c) floats, read before master(c + 1) is asked
+  // for). On NVMe the writes stay in flight while the next chunk's weights
+  // are made, as many as the staging buffers but one; every write has
+  // landed when it returns, an error or not.
+  using MasterSource = std::function<Result<const float*>(size_t chunk)>;
+  Status initialize_all(const MasterSource& master);
 
   // One optimizer step t over every chunk: grads[c] in, new weights out[c]
   // (n elements of out_dtype each). `options.nonfinite` should be
@@ -238,8 +245,22 @@ class OptimizerStage {
   // errors.
   Result<PinnedArena::Lease> read_staged(const std::string& blob, const std::string& what,
                                          uint64_t prefix_bytes = UINT64_MAX);
-  Status write_staged(const std::string& blob, uint64_t bytes, const std::function<Status(std::byte*)>& fill,
-                      const std::string& what);
+  using Fill = std::function<Status(std::byte*)>;
+  Status write_staged(const std::string& blob, uint64_t bytes, const Fill& fill, const std::string& what);
+  // write_staged's first half: the filled buffer's write submitted, not
+  // waited for (the lease goes with the ticket: a DMA target until then).
+  struct StagedWrite {
+    io::Ticket ticket;
+    PinnedArena::Lease lease;
+    std::string what;
+  };
+  Result<StagedWrite> submit_staged(const std::string& blob, uint64_t bytes, const Fill& fill, std::string what);
+  // Chunk c's initial blobs on NVMe — each piece's state (master, zero m
+  // and v) and, when homed there, its working weights — handed to `write`.
+  using InitialWrite =
+      std::function<Status(const std::string& blob, uint64_t bytes, const Fill& fill, const std::string& what)>;
+  Status initial_writes(size_t chunk, const float* master, const InitialWrite& write);
+  void initialize_in_ram(size_t chunk, const float* master);
   Status run_overlap();
   Status wait_landed(size_t chunk);
   class Pipeline;

@@ -387,12 +387,14 @@ Status Trainer::place_initial_state(const std::vector<int64_t>& elems) {
   const TrainerOptions& o = options_;
   // One buffer for every chunk's master weights: its pages fault in once.
   AlignedVector<float> master(static_cast<size_t>(*std::max_element(elems.begin(), elems.end())));
-  for (size_t c = 0; c < layout_.size(); ++c) {
+  const auto chunks = static_cast<int64_t>(layout_.size());
+  // Chunk c's master weights and its host buffers, each filled on the
+  // executor's threads, which fault its pages in (AlignedVector(n) leaves
+  // them untouched); the stage writes states on NVMe behind the next
+  // chunk's draws.
+  auto make_chunk = [&](size_t c) -> Result<const float*> {
+    if (c > 0) report("initialising", static_cast<int64_t>(c), chunks);
     initial_master(layout_[c], c, o, *executor_, master.data());
-    STRATA_RETURN_IF_ERROR(stage_->initialize(c, master.data()));
-    report("initialising", static_cast<int64_t>(c + 1), static_cast<int64_t>(layout_.size()));
-    // Every buffer is filled on the executor's threads, which fault its
-    // pages in (AlignedVector(n) leaves them untouched).
     const size_t n = static_cast<size_t>(elems[c]);
     if (o.weights == Tier::kHost) {
       weights_.emplace_back(n);
@@ -409,7 +411,10 @@ Status Trainer::place_initial_state(const std::vector<int64_t>& elems) {
         zeroed(grads_alt_, n, *executor_);
       }
     }
-  }
+    return static_cast<const float*>(master.data());
+  };
+  STRATA_RETURN_IF_ERROR(stage_->initialize_all(make_chunk));
+  report("initialising", chunks, chunks);
   stale_.assign(weights_.size(), false);
   // What the streamed model copies from and to, pinned for the device
   // (CUDA: asynchronous copies; the host backend: nothing to do).

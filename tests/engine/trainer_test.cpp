@@ -824,6 +824,34 @@ TEST(Trainer, TheInitialWeightsAreTheSameAtAnyThreadCount) {
   EXPECT_FALSE(initial("other-seed") == all);
 }
 
+// A write that fails while create() writes the initial states to NVMe
+// (several in flight: the writes go on behind the next chunk's draws) ends
+// create() with that error, every write waited for, nothing left behind;
+// the same options without the fault then train.
+TEST(Trainer, AWriteThatFailsWhileInitialisingEndsCreateCleanly) {
+  strata::testing::TempDir dir;
+  TrainerOptions o = tiny(strata::testing::test_seed(179));
+  o.model.layers = 4;
+  o.states = Tier::kNvme;
+  o.state_piece_elems = kStatePieceGranule;  // several pieces a chunk: several writes in flight
+  o.nvme_paths = {dir.path()};
+  for (Tier weights : {Tier::kHost, Tier::kNvme}) {
+    for (uint32_t one_in : {1u, 3u, 7u}) {
+      SCOPED_TRACE("weights on " + std::string(tier_name(weights)) + ", ENOSPC 1 in " + std::to_string(one_in));
+      TrainerOptions f = o;
+      f.weights = weights;
+      f.stream_weights = weights == Tier::kNvme;
+      f.faults = io::FaultConfig{.seed = one_in, .enospc_one_in = one_in};
+      Result<std::unique_ptr<Trainer>> tr = Trainer::create(f);
+      ASSERT_FALSE(tr);
+      EXPECT_EQ(tr.error().code(), StatusCode::kResourceExhausted) << tr.error().to_string();
+      EXPECT_NE(tr.error().to_string().find("writing "), std::string::npos) << tr.error().to_string();
+    }
+  }
+  o.faults.reset();
+  EXPECT_EQ(run(o, 3).size(), 3u);
+}
+
 // The initial weights are GPT-2's, as a checkpoint of step 0 holds them
 // (bf16): biases 0, LayerNorm weights 1, the residual projections
 // (c_proj) N(0, 0.02 / sqrt(2L)), every other matrix N(0, 0.02) — each
