@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "common/units.h"
+#include "cpu_optim/dtype.h"
 #include "gpu/host/gpt.h"
 #include "gpu/host/host_device.h"
 
@@ -389,6 +390,40 @@ std::string shortfalls(const Plan& p, const Budgets& b) {
   return out;
 }
 
+// The nearest setup that fits when `s` does not, in order of the least
+// change to the run: a smaller micro-batch; smaller Adam states (bf16, then
+// 8-bit) at this micro-batch; then both. Empty when none does.
+std::string nearest_fitting(const TrainSetup& s, const Budgets& b, const Bandwidths& bw, const Constraints& fixed) {
+  auto fits_with = [&](int64_t micro_batch, double state_bytes) {
+    TrainSetup t = s;
+    t.micro_batch = micro_batch;
+    t.state_bytes_per_param = state_bytes;
+    Plan p;
+    return best_plan(t, b, bw, fixed, &p, nullptr);
+  };
+  for (int64_t mb = s.micro_batch - 1; mb >= 1; --mb) {
+    if (fits_with(mb, s.state_bytes_per_param)) return "micro-batch " + std::to_string(mb) + " would fit";
+  }
+  std::vector<cpu_optim::StateType> smaller;  // than the states asked for
+  for (cpu_optim::StateType t : {cpu_optim::StateType::kBF16, cpu_optim::StateType::kQ8}) {
+    if (cpu_optim::adam_state_bytes_per_param(t) < s.state_bytes_per_param) smaller.push_back(t);
+  }
+  auto states_text = [](cpu_optim::StateType t) {
+    return "Adam states in " + std::string(cpu_optim::state_type_name(t)) + " (config \"states\")";
+  };
+  for (cpu_optim::StateType t : smaller) {
+    if (fits_with(s.micro_batch, cpu_optim::adam_state_bytes_per_param(t))) return states_text(t) + " would fit";
+  }
+  for (cpu_optim::StateType t : smaller) {
+    for (int64_t mb = s.micro_batch - 1; mb >= 1; --mb) {
+      if (fits_with(mb, cpu_optim::adam_state_bytes_per_param(t))) {
+        return "micro-batch " + std::to_string(mb) + " with " + states_text(t) + " would fit";
+      }
+    }
+  }
+  return "";
+}
+
 const LinkTime& slowest_link(const Plan& p) {
   const LinkTime* slow = &p.links.front();
   for (const LinkTime& l : p.links) slow = l.seconds > slow->seconds ? &l : slow;
@@ -422,15 +457,8 @@ Result<Plan> make_plan(const TrainSetup& s, const Budgets& b, const Bandwidths& 
   std::string message = "no placement of " + std::to_string(gpu::parameter_count(s.model)) +
                         " parameters fits: the closest (" + placement_text(closest.placement) + ") " +
                         shortfalls(closest, b);
-  for (int64_t mb = s.micro_batch - 1; mb >= 1; --mb) {
-    TrainSetup smaller = s;
-    smaller.micro_batch = mb;
-    Plan p;
-    if (best_plan(smaller, b, bw, fixed, &p, nullptr)) {
-      message += "; micro-batch " + std::to_string(mb) + " would fit";
-      break;
-    }
-  }
+  const std::string nearest = nearest_fitting(s, b, bw, fixed);
+  if (!nearest.empty()) message += "; " + nearest;
   return resource_exhausted(message);
 }
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "common/units.h"
+#include "cpu_optim/dtype.h"
 #include "gpu/host/gpt.h"
 
 namespace strata::engine {
@@ -237,6 +238,47 @@ TEST(Plan, NothingFitsNamesTheShortBudgetAndASmallerMicroBatch) {
   TrainSetup bad = gpt2("small");
   bad.seq = 4096;
   EXPECT_EQ(make_plan(bad, {kGiB, kGiB, 0}, Bandwidths{}).error().code(), StatusCode::kInvalidArgument);
+}
+
+// When no micro-batch fits, smaller Adam states are named — each
+// suggestion checked to fit, and the same setup with one step less
+// (fp32 states at micro-batch 1, or bf16 where q8 is named) checked not to.
+TEST(Plan, NothingFitsNamesSmallerAdamStatesThatWould) {
+  TrainSetup xl = gpt2("xl", 2);               // 1.56B parameters
+  const Budgets base{4 * kGiB, 64 * kGiB, 0};  // NVMe: below
+  auto plan_with = [&](int64_t micro_batch, cpu_optim::StateType states, const Budgets& b) {
+    TrainSetup t = xl;
+    t.micro_batch = micro_batch;
+    t.state_bytes_per_param = cpu_optim::adam_state_bytes_per_param(states);
+    return make_plan(t, b, Bandwidths{}, Constraints{.states = Tier::kNvme});
+  };
+  int named = 0;
+  // fp32 states on NVMe: 34.8 GiB (two generations of 12 B/param), bf16
+  // 23.2, q8 17.5.
+  for (uint64_t nvme : {16 * kGiB, 20 * kGiB, 24 * kGiB, 30 * kGiB}) {
+    Budgets b = base;
+    b.nvme_bytes = nvme;
+    Result<Plan> p = plan_with(2, cpu_optim::StateType::kF32, b);
+    if (p) continue;
+    const std::string m(p.error().message());
+    SCOPED_TRACE(m);
+    EXPECT_FALSE(plan_with(1, cpu_optim::StateType::kF32, b)) << "a smaller micro-batch fits: it comes first";
+    for (cpu_optim::StateType t : {cpu_optim::StateType::kBF16, cpu_optim::StateType::kQ8}) {
+      const std::string text = "Adam states in " + std::string(cpu_optim::state_type_name(t));
+      if (m.find("micro-batch 1 with " + text) != std::string::npos) {
+        EXPECT_TRUE(plan_with(1, t, b));
+        EXPECT_FALSE(plan_with(2, t, b));
+        ++named;
+      } else if (m.find(text + " (config \"states\") would fit") != std::string::npos) {
+        EXPECT_TRUE(plan_with(2, t, b));
+        if (t == cpu_optim::StateType::kQ8) {
+          EXPECT_FALSE(plan_with(2, cpu_optim::StateType::kBF16, b));
+        }
+        ++named;
+      }
+    }
+  }
+  EXPECT_GE(named, 2) << "the NVMe budgets above should have asked for bf16 and for q8 states";
 }
 
 TEST(Plan, MoreBudgetNeverMakesTheStepSlower) {
