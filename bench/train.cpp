@@ -476,6 +476,7 @@ int train(const Flags& f, Run& r) {
   if (trace.enabled()) r.o.trace = &trace;
   ProgressLines progress;
   r.o.progress = std::ref(progress);
+  r.o.initial_state = !f.resume;  // a resume's weights and states come from the checkpoint
   Result<std::unique_ptr<engine::Trainer>> created = engine::Trainer::create(r.o);
   exit_on_error(created.status(), "strata-train");
   engine::Trainer& tr = **created;

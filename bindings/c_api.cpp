@@ -123,6 +123,23 @@ strata_status strata_trainer_create(const char* config_json, const char* device,
   });
 }
 
+strata_status strata_trainer_resume(const char* config_json, const char* device, const char* dir,
+                                    strata_trainer** out) {
+  return guarded([&]() -> Status {
+    if (out == nullptr) return strata::invalid_argument("strata_trainer_resume: out is NULL");
+    *out = nullptr;
+    if (dir == nullptr) return strata::invalid_argument("strata_trainer_resume: dir is NULL");
+    STRATA_ASSIGN_OR_RETURN(Prepared p, prepare(config_json, device));
+    auto t = std::make_unique<strata_trainer>();
+    t->prepared = std::move(p);
+    t->prepared.options.initial_state = false;  // the load sets every weight and state
+    STRATA_ASSIGN_OR_RETURN(t->trainer, engine::Trainer::create(t->prepared.options));
+    STRATA_RETURN_IF_ERROR(t->trainer->load(dir));
+    *out = t.release();
+    return strata::ok_status();
+  });
+}
+
 void strata_trainer_destroy(strata_trainer* trainer) {
   delete trainer;
 }

@@ -246,6 +246,16 @@ Status OptimizerStage::initialize(size_t c, const float* master) {
                         });
 }
 
+void OptimizerStage::leave_unset() {
+  if (tier_ != Tier::kHost) return;
+  for (size_t u = 0; u < pieces_.size(); ++u) {
+    // Zeroed on the executor's threads, which fault the pages in (the
+    // load's reads into them are one thread's).
+    host_[u] = AlignedVector<std::byte>(state_bytes(pieces_[u].elems, state_type_));
+    executor_->zero(host_[u].data(), host_[u].size());
+  }
+}
+
 Status OptimizerStage::initialize_all(const MasterSource& master) {
   std::deque<StagedWrite> in_flight;
   const size_t most = std::max<uint32_t>(staging_ != nullptr ? staging_->capacity() : 1, 2) - 1;

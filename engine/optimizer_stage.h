@@ -157,6 +157,10 @@ class OptimizerStage {
   // landed when it returns, an error or not.
   using MasterSource = std::function<Result<const float*>(size_t chunk)>;
   Status initialize_all(const MasterSource& master);
+  // Instead of initialize(): states in RAM get their buffers, zeroed; on
+  // NVMe nothing is written. For a replace_state() of every chunk (a
+  // checkpoint's load) to fill.
+  void leave_unset();
 
   // One optimizer step t over every chunk: grads[c] in, new weights out[c]
   // (n elements of out_dtype each). `options.nonfinite` should be

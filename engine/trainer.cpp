@@ -385,21 +385,19 @@ Status Trainer::build_model() {
 // the host, its gradient buffers; those the device copies from and to pinned.
 Status Trainer::place_initial_state(const std::vector<int64_t>& elems) {
   const TrainerOptions& o = options_;
-  // One buffer for every chunk's master weights: its pages fault in once.
-  AlignedVector<float> master(static_cast<size_t>(*std::max_element(elems.begin(), elems.end())));
-  const auto chunks = static_cast<int64_t>(layout_.size());
-  // Chunk c's master weights and its host buffers, each filled on the
-  // executor's threads, which fault its pages in (AlignedVector(n) leaves
-  // them untouched); the stage writes states on NVMe behind the next
-  // chunk's draws.
-  auto make_chunk = [&](size_t c) -> Result<const float*> {
-    if (c > 0) report("initialising", static_cast<int64_t>(c), chunks);
-    initial_master(layout_[c], c, o, *executor_, master.data());
+  // Chunk c's host buffers, each filled on the executor's threads, which
+  // fault its pages in (AlignedVector(n) leaves them untouched): the
+  // working weights from `master` (null: zeros, for a load), zero gradients.
+  auto host_buffers = [&](size_t c, const float* master) -> Status {
     const size_t n = static_cast<size_t>(elems[c]);
     if (o.weights == Tier::kHost) {
       weights_.emplace_back(n);
-      STRATA_RETURN_IF_ERROR(
-          cpu_optim::convert(master.data(), DType::kF32, weights_[c].data(), o.precision, elems[c], *executor_));
+      if (master != nullptr) {
+        STRATA_RETURN_IF_ERROR(
+            cpu_optim::convert(master, DType::kF32, weights_[c].data(), o.precision, elems[c], *executor_));
+      } else {
+        executor_->zero(weights_[c].data(), n * 2);
+      }
       if (o.delayed_update) zeroed(weights_next_, n, *executor_);
     }
     zeroed(grads_, n, *executor_);
@@ -411,10 +409,26 @@ Status Trainer::place_initial_state(const std::vector<int64_t>& elems) {
         zeroed(grads_alt_, n, *executor_);
       }
     }
-    return static_cast<const float*>(master.data());
+    return ok_status();
   };
-  STRATA_RETURN_IF_ERROR(stage_->initialize_all(make_chunk));
-  report("initialising", chunks, chunks);
+  const auto chunks = static_cast<int64_t>(layout_.size());
+  if (!o.initial_state) {
+    stage_->leave_unset();
+    for (size_t c = 0; c < layout_.size(); ++c) STRATA_RETURN_IF_ERROR(host_buffers(c, nullptr));
+    broken_ = "created without initial weights and states (TrainerOptions::initial_state false)";
+  } else {
+    // One buffer for every chunk's master weights: its pages fault in once.
+    // The stage writes states on NVMe behind the next chunk's draws.
+    AlignedVector<float> master(static_cast<size_t>(*std::max_element(elems.begin(), elems.end())));
+    auto make_chunk = [&](size_t c) -> Result<const float*> {
+      if (c > 0) report("initialising", static_cast<int64_t>(c), chunks);
+      initial_master(layout_[c], c, o, *executor_, master.data());
+      STRATA_RETURN_IF_ERROR(host_buffers(c, master.data()));
+      return static_cast<const float*>(master.data());
+    };
+    STRATA_RETURN_IF_ERROR(stage_->initialize_all(make_chunk));
+    report("initialising", chunks, chunks);
+  }
   stale_.assign(weights_.size(), false);
   // What the streamed model copies from and to, pinned for the device
   // (CUDA: asynchronous copies; the host backend: nothing to do).

@@ -113,6 +113,11 @@ struct TrainerOptions {
   // Deterministic (the same bits in every placement), but not the same
   // numbers as the exact schedule. Weights on the host only.
   bool delayed_update = false;
+  // false: create() leaves the weights and optimizer states unset — no
+  // initial draws, and states on NVMe not written (a 10B model's 120 GB) —
+  // for a load() to fill: a resume. Until a load() succeeds, step() and
+  // save() are refused.
+  bool initial_state = true;
   // Cores the host backend's compute may use (process-wide; 0 = all). Set
   // below the core count, the rest are left to the optimizer stage and the
   // I/O, as a GPU would leave them.

@@ -157,6 +157,25 @@ int main(void) {
   CHECK(strata_trainer_step(b, NULL, NULL, 0, &synthetic) == STRATA_OK && isfinite(synthetic), "synthetic step");
   strata_trainer_destroy(b);
 
+  /* strata_trainer_resume: created from the checkpoint, the same bits. */
+  char resume_config[2048];
+  snprintf(resume_config, sizeof resume_config, kConfig, "");
+  strata_trainer* r = (strata_trainer*)1;
+  CHECK(strata_trainer_resume(resume_config, NULL, "/nonexistent/strata", &r) == STRATA_NOT_FOUND && r == NULL,
+        "resume from nowhere");
+  CHECK(strata_trainer_resume(resume_config, NULL, NULL, &r) == STRATA_INVALID_ARGUMENT, "resume from NULL");
+  CHECK(strata_trainer_resume(resume_config, NULL, ckpt, &r) == STRATA_OK && r != NULL, "resume");
+  if (r != NULL) {
+    CHECK(strata_trainer_steps_done(r) == kSaveAt, "steps done after resume");
+    memset(resumed, 0, sizeof resumed);
+    CHECK(run(r, kSaveAt, kSteps, resumed), "steps after resume");
+    for (int k = kSaveAt; k < kSteps; ++k) {
+      CHECK(memcmp(&resumed[k], &losses[k], sizeof(float)) == 0, "step %d: %.9g after resume, %.9g before", k + 1,
+            resumed[k], losses[k]);
+    }
+    strata_trainer_destroy(r);
+  }
+
   /* The optimizer states on NVMe: the same losses. */
   char extra[700];
   snprintf(extra, sizeof extra, ", \"nvme_paths\": [\"%s\"], \"placement\": {\"states\": \"nvme\"}", root);

@@ -336,14 +336,29 @@ TEST(Trainer, ResumeFromStep10ReproducesSteps11To20) {
       for (int i = 0; i < 10; ++i) ASSERT_TRUE(tr->step());
       ASSERT_TRUE(tr->save(root).ok());
     }
-    auto resumed = std::move(Trainer::create(o)).value();
-    Status s = resumed->load(root);
-    ASSERT_TRUE(s.ok()) << s.to_string();
-    EXPECT_EQ(resumed->steps_done(), 10);
-    for (int i = 10; i < 20; ++i) {
-      Result<float> loss = resumed->step();
-      ASSERT_TRUE(loss);
-      EXPECT_EQ(*loss, straight[static_cast<size_t>(i)]) << "step " << i + 1 << " (" << name << ")";
+    // Created with its initial state, or without one for the load to fill
+    // (no draws; states on NVMe not written): step() and save() are refused
+    // until the load, and the same losses follow.
+    for (bool initial_state : {true, false}) {
+      SCOPED_TRACE(initial_state ? "with its initial state" : "without an initial state");
+      TrainerOptions r = o;
+      r.initial_state = initial_state;
+      auto resumed = std::move(Trainer::create(r)).value();
+      if (!initial_state) {
+        if (resumed->swap_store() != nullptr) {
+          EXPECT_EQ(resumed->swap_store()->stats().used_bytes, 0u) << "blobs written before the load";
+        }
+        EXPECT_EQ(resumed->step().error().code(), StatusCode::kFailedPrecondition);
+        EXPECT_EQ(resumed->save(dir.path() + "/unset-" + name).code(), StatusCode::kFailedPrecondition);
+      }
+      Status s = resumed->load(root);
+      ASSERT_TRUE(s.ok()) << s.to_string();
+      EXPECT_EQ(resumed->steps_done(), 10);
+      for (int i = 10; i < 20; ++i) {
+        Result<float> loss = resumed->step();
+        ASSERT_TRUE(loss);
+        EXPECT_EQ(*loss, straight[static_cast<size_t>(i)]) << "step " << i + 1 << " (" << name << ")";
+      }
     }
   }
   // A checkpoint of another model is refused, naming both.

@@ -95,6 +95,11 @@ STRATA_API int64_t strata_trainer_steps_done(const strata_trainer* trainer);
 STRATA_API strata_status strata_trainer_save(strata_trainer* trainer, const char* dir);
 /* Restores the latest checkpoint under `dir`; the config's model must match. */
 STRATA_API strata_status strata_trainer_load(strata_trainer* trainer, const char* dir);
+/* strata_trainer_create, then strata_trainer_load of `dir`, without the
+ * initial weights and states the load would replace (no initial draws;
+ * states on NVMe are written once, by the load). On an error *out is NULL. */
+STRATA_API strata_status strata_trainer_resume(const char* config_json, const char* device, const char* dir,
+                                               strata_trainer** out);
 
 /*
  * A JSON object describing the trainer: "parameters", "placement" (the
