@@ -20,6 +20,7 @@
 #include "common/dtype.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
+#include "io/buffer.h"
 
 namespace strata::engine {
 
@@ -41,7 +42,12 @@ struct TensorInfo {
 // Writes one .safetensors file: the header (all names, dtypes, shapes and
 // offsets) first, then each tensor's bytes — in the declared order,
 // appended in as many pieces as the caller likes, or placed at an offset
-// in a tensor (write_at), each byte once.
+// in a tensor (write_at), each byte once. The whole 4 KiB blocks of a
+// big write go to the disk with O_DIRECT (through an aligned bounce
+// buffer), the rest through the page cache: a checkpoint of model states
+// is not copied into the page cache nor throttled behind its writeback.
+// Where the filesystem refuses O_DIRECT (tmpfs), everything goes through
+// the page cache. Each block is written by one of the two paths only.
 class SafetensorsWriter {
  public:
   static Result<SafetensorsWriter> create(const std::string& path, std::vector<TensorInfo> tensors,
@@ -55,11 +61,17 @@ class SafetensorsWriter {
   Status write_at(size_t index, uint64_t offset, std::span<const std::byte> data);
   // Checks every tensor was written in full, fsyncs and closes.
   Status finish();
+  // Bytes written with O_DIRECT so far.
+  uint64_t direct_bytes() const { return direct_bytes_; }
 
  private:
   SafetensorsWriter() = default;
+  Status write_bytes(uint64_t at, std::span<const std::byte> data);
   std::string path_;
   UniqueFd fd_;
+  UniqueFd direct_fd_;  // the same file with O_DIRECT; invalid where refused
+  io::Buffer bounce_;   // 4 KiB-aligned staging for direct writes
+  uint64_t direct_bytes_ = 0;
   std::vector<TensorInfo> tensors_;
   uint64_t data_start_ = 0;          // file offset of the first tensor's bytes
   std::vector<uint64_t> begin_;      // each tensor's bytes, from data_start_

@@ -10,7 +10,9 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <thread>
 
 #include "gpu/gpt_config.h"
@@ -107,6 +109,65 @@ TEST(Safetensors, WritesAtOffsetsMakeTheSameFileAsAppends) {
   ASSERT_TRUE(bad);
   EXPECT_EQ(bad->write_at(0, tensors[0].bytes() - 4, std::vector<std::byte>(8)).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(bad->write_at(tensors.size(), 0, std::vector<std::byte>(4)).code(), StatusCode::kInvalidArgument);
+}
+
+// Big writes go to the disk with O_DIRECT, their partial blocks through the
+// page cache: tensors of odd sizes (so their boundaries fall anywhere in a
+// block), written in random pieces in a random order, give exactly the
+// bytes an in-memory copy of the file holds — on the test directory's
+// filesystem (O_DIRECT: some bytes direct) and on tmpfs (O_DIRECT or not,
+// as the kernel has it).
+TEST(Safetensors, DirectAndPageCacheWritesMakeTheSameFile) {
+  strata::testing::TempDir disk;
+  std::vector<std::string> dirs = {disk.path()};
+  std::unique_ptr<strata::testing::TempDir> shm;
+  if (std::filesystem::is_directory("/dev/shm")) {
+    shm = std::make_unique<strata::testing::TempDir>("/dev/shm");
+    dirs.push_back(shm->path());
+  }
+  std::mt19937_64 rng(strata::testing::test_seed(181));
+  std::vector<TensorInfo> tensors;
+  for (int i = 0; i < 12; ++i) {
+    const int64_t n = 1 + static_cast<int64_t>(rng() % (i % 3 == 0 ? 7 : 400000));  // some tiny, most big
+    tensors.push_back({"t" + std::to_string(i), i % 2 ? TensorType::kBF16 : TensorType::kF32, {n}});
+  }
+  for (const std::string& d : dirs) {
+    SCOPED_TRACE(d);
+    const std::string path = d + "/mixed.safetensors";
+    Result<SafetensorsWriter> w = SafetensorsWriter::create(path, tensors);
+    ASSERT_TRUE(w) << w.error().to_string();
+    std::vector<std::vector<std::byte>> data;
+    struct Piece {
+      size_t tensor;
+      uint64_t offset, bytes;
+    };
+    std::vector<Piece> pieces;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      data.emplace_back(tensors[i].bytes());
+      for (auto& b : data.back()) b = static_cast<std::byte>(rng());
+      for (uint64_t at = 0; at < tensors[i].bytes();) {
+        const uint64_t n = std::min<uint64_t>(tensors[i].bytes() - at, 1 + rng() % 300000);
+        pieces.push_back({i, at, n});
+        at += n;
+      }
+    }
+    std::shuffle(pieces.begin(), pieces.end(), rng);
+    for (const Piece& p : pieces) {
+      ASSERT_TRUE(w->write_at(p.tensor, p.offset, std::span(data[p.tensor]).subspan(p.offset, p.bytes)).ok());
+    }
+    const uint64_t direct = w->direct_bytes();
+    ASSERT_TRUE(w->finish().ok());
+    if (d == disk.path()) {
+      EXPECT_GT(direct, 0u) << "no write went to the disk directly";
+    }
+    Result<SafetensorsReader> r = SafetensorsReader::open(path);
+    ASSERT_TRUE(r) << r.error().to_string();
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      std::vector<std::byte> back(tensors[i].bytes());
+      ASSERT_TRUE(r->read(tensors[i].name, back).ok());
+      EXPECT_TRUE(back == data[i]) << tensors[i].name;
+    }
+  }
 }
 
 TEST(Safetensors, WrongAmountsAndTruncationAreErrors) {
