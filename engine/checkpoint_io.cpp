@@ -230,6 +230,7 @@ Result<SafetensorsReader> SafetensorsReader::open(const std::string& path) {
   SafetensorsReader r;
   r.fd_ = UniqueFd(fd);
   r.path_ = path;
+  r.direct_fd_ = UniqueFd(::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC));  // invalid where refused
   unsigned char le[8];
   if (::pread(fd, le, 8, 0) != 8) return data_loss("safetensors " + path + ": file shorter than its 8-byte header");
   uint64_t length = 0;
@@ -272,11 +273,15 @@ Status SafetensorsReader::read(const std::string& name, std::span<std::byte> out
     if (offset + out.size() > tensors_[i].bytes()) {
       return invalid_argument("safetensors " + path_ + ": reading past the end of " + name);
     }
-    uint64_t pos = data_start_ + begin_[i] + offset;
-    std::byte* p = out.data();
-    uint64_t left = out.size();
+    return read_bytes(data_start_ + begin_[i] + offset, out, name);
+  }
+  return not_found("safetensors " + path_ + ": no tensor " + name);
+}
+
+Status SafetensorsReader::read_bytes(uint64_t at, std::span<std::byte> out, const std::string& name) const {
+  auto buffered = [&](uint64_t pos, std::byte* p, uint64_t left) -> Status {
     while (left > 0) {
-      ssize_t n = ::pread(fd_.get(), p, left, static_cast<off_t>(pos));
+      const ssize_t n = ::pread(fd_.get(), p, left, static_cast<off_t>(pos));
       if (n < 0 && errno == EINTR) continue;
       if (n < 0) return errno_status(errno, "read " + path_);
       if (n == 0) return data_loss("safetensors " + path_ + ": " + name + " is truncated");
@@ -285,8 +290,38 @@ Status SafetensorsReader::read(const std::string& name, std::span<std::byte> out
       left -= static_cast<uint64_t>(n);
     }
     return ok_status();
+  };
+  const uint64_t end = at + out.size();
+  const uint64_t first = (at + kDirectBlock - 1) / kDirectBlock * kDirectBlock,
+                 last = end / kDirectBlock * kDirectBlock;
+  if (!direct_fd_.valid() || last < first + kDirectMinBytes) return buffered(at, out.data(), out.size());
+  if (bounce_.data() == nullptr) {
+    Result<io::Buffer> b = io::allocate_aligned(kDirectBounceBytes, kDirectBlock);
+    if (!b) return buffered(at, out.data(), out.size());
+    bounce_ = std::move(b).value();
   }
-  return not_found("safetensors " + path_ + ": no tensor " + name);
+  STRATA_RETURN_IF_ERROR(buffered(at, out.data(), first - at));
+  STRATA_RETURN_IF_ERROR(buffered(last, out.data() + (last - at), end - last));
+  for (uint64_t pos = first; pos < last;) {
+    const uint64_t n = std::min<uint64_t>(bounce_.capacity_bytes(), last - pos);
+    const ssize_t got = ::pread(direct_fd_.get(), bounce_.data(), n, static_cast<off_t>(pos));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0 && errno == EINVAL) {
+      direct_fd_ = UniqueFd();  // an alignment this filesystem does not take: the page cache
+      return buffered(pos, out.data() + (pos - at), last - pos);
+    }
+    if (got < 0) return errno_status(errno, "read " + path_);
+    if (got == 0) return data_loss("safetensors " + path_ + ": " + name + " is truncated");
+    std::memcpy(out.data() + (pos - at), bounce_.data(), static_cast<size_t>(got));
+    direct_bytes_ += static_cast<uint64_t>(got);
+    pos += static_cast<uint64_t>(got);
+    if (static_cast<uint64_t>(got) != n) {
+      // A short direct read: the rest, whatever its alignment, through the
+      // page cache (which reports a file cut short).
+      return buffered(pos, out.data() + (pos - at), last - pos);
+    }
+  }
+  return ok_status();
 }
 
 Status CheckpointDir::check_writable() const {

@@ -84,12 +84,21 @@ class SafetensorsReader {
   static Result<SafetensorsReader> open(const std::string& path);
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
-  // Reads `name`'s bytes (or a part of them from `offset`) into `out`.
+  // Reads `name`'s bytes (or a part of them from `offset`) into `out`: as
+  // the writer writes, the whole 4 KiB blocks of a big read with O_DIRECT
+  // (through a bounce buffer: one reader is one thread's), the rest
+  // through the page cache.
   Status read(const std::string& name, std::span<std::byte> out, uint64_t offset = 0) const;
+  // Bytes read with O_DIRECT so far.
+  uint64_t direct_bytes() const { return direct_bytes_; }
 
  private:
+  Status read_bytes(uint64_t at, std::span<std::byte> out, const std::string& name) const;
   std::string path_;
   UniqueFd fd_;
+  mutable UniqueFd direct_fd_;  // the same file with O_DIRECT; invalid where refused
+  mutable io::Buffer bounce_;   // allocated on the first direct read
+  mutable uint64_t direct_bytes_ = 0;
   uint64_t data_start_ = 0;
   std::vector<TensorInfo> tensors_;
   std::vector<uint64_t> begin_;

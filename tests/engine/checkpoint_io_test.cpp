@@ -111,8 +111,8 @@ TEST(Safetensors, WritesAtOffsetsMakeTheSameFileAsAppends) {
   EXPECT_EQ(bad->write_at(tensors.size(), 0, std::vector<std::byte>(4)).code(), StatusCode::kInvalidArgument);
 }
 
-// Big writes go to the disk with O_DIRECT, their partial blocks through the
-// page cache: tensors of odd sizes (so their boundaries fall anywhere in a
+// Big writes (and reads) go to the disk with O_DIRECT, their partial
+// blocks through the page cache: tensors of odd sizes (so their boundaries fall anywhere in a
 // block), written in random pieces in a random order, give exactly the
 // bytes an in-memory copy of the file holds — on the test directory's
 // filesystem (O_DIRECT: some bytes direct) and on tmpfs (O_DIRECT or not,
@@ -166,6 +166,17 @@ TEST(Safetensors, DirectAndPageCacheWritesMakeTheSameFile) {
       std::vector<std::byte> back(tensors[i].bytes());
       ASSERT_TRUE(r->read(tensors[i].name, back).ok());
       EXPECT_TRUE(back == data[i]) << tensors[i].name;
+    }
+    // Reads of random parts, direct and through the page cache as the
+    // writes were.
+    for (const Piece& p : pieces) {
+      std::vector<std::byte> part(p.bytes);
+      ASSERT_TRUE(r->read(tensors[p.tensor].name, part, p.offset).ok());
+      EXPECT_TRUE(std::equal(part.begin(), part.end(), data[p.tensor].begin() + static_cast<ptrdiff_t>(p.offset)))
+          << tensors[p.tensor].name << " at " << p.offset;
+    }
+    if (d == disk.path()) {
+      EXPECT_GT(r->direct_bytes(), 0u) << "no read came from the disk directly";
     }
   }
 }
