@@ -120,7 +120,9 @@ void add_run_flags(CLI::App& app, Flags& f) {
                "with gradient accumulation, run every micro-batch of a block while its weights are on the device "
                "(the weights move once per step, not once per micro-batch; the same numbers; activation "
                "checkpoints on the device; config batch.vertical)");
-  app.add_flag("--resume", f.resume, "continue from the latest checkpoint in --checkpoint");
+  app.add_flag("--resume", f.resume,
+               "continue from the latest checkpoint in --checkpoint (its weights and states replace the "
+               "initialisation, which is skipped)");
   app.add_flag("--plan-only", f.plan_only,
                "print the planner's estimate for this config and these flags (bytes per tier, time per link, "
                "the placement) and exit: 0 if it fits the budgets, 1 if not");
