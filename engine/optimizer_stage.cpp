@@ -321,26 +321,56 @@ Status OptimizerStage::read_master(size_t c, float* dst) {
 
 Status OptimizerStage::visit_state(size_t c, const StateSlice& slice, int parts) {
   STRATA_CHECK(c < elems_.size());
-  for (size_t u = first_piece_[c]; u < first_piece_[c + 1]; ++u) {
+  auto wanted_of = [&](size_t u) {
     std::vector<Slice> wanted = slices(u);
     std::erase_if(wanted, [&](const Slice& s) { return s.part >= parts; });
-    std::byte* state = nullptr;
-    PinnedArena::Lease lease;
-    if (tier_ == Tier::kHost) {
+    return wanted;
+  };
+  if (tier_ == Tier::kHost) {
+    for (size_t u = first_piece_[c]; u < first_piece_[c + 1]; ++u) {
       STRATA_CHECK_MSG(!host_[u].empty(), "optimizer stage: chunk %zu was never initialised", c);
-      state = host_[u].data();
-    } else {
-      uint64_t prefix = 0;
-      for (const Slice& s : wanted) prefix = std::max(prefix, s.at + s.bytes);
-      STRATA_ASSIGN_OR_RETURN(lease,
-                              read_staged(blob(u, gen_[u]), "optimizer state of chunk " + std::to_string(c), prefix));
-      state = lease.data();
+      for (const Slice& s : wanted_of(u)) {
+        STRATA_RETURN_IF_ERROR(slice(s.part, s.offset, {host_[u].data() + s.at, static_cast<size_t>(s.bytes)}));
+      }
     }
-    for (const Slice& s : wanted) {
-      STRATA_RETURN_IF_ERROR(slice(s.part, s.offset, {state + s.at, static_cast<size_t>(s.bytes)}));
+    return ok_status();
+  }
+  // On NVMe the next pieces' reads are in flight while `slice` takes this
+  // one's bytes (a checkpoint writes them meanwhile); every read is waited
+  // for before this returns, an error or not (a buffer in flight is a DMA
+  // target).
+  const std::string what = "optimizer state of chunk " + std::to_string(c);
+  struct Pending {
+    io::Ticket ticket;
+    PinnedArena::Lease lease;
+  };
+  std::deque<Pending> ahead;
+  const size_t most = std::max<uint32_t>(staging_->capacity(), 2) - 1;
+  size_t next = first_piece_[c];
+  Status first_error = ok_status();
+  auto submit = [&]() -> Status {
+    uint64_t prefix = 0;
+    for (const Slice& s : wanted_of(next)) prefix = std::max(prefix, s.at + s.bytes);
+    const std::string& name = blob(next, gen_[next]);
+    STRATA_ASSIGN_OR_RETURN(PinnedArena::Lease lease, staging_->acquire("read " + name));
+    STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->read_prefix(name, lease.buffer(), prefix));
+    ahead.push_back({t, std::move(lease)});
+    ++next;
+    return ok_status();
+  };
+  for (size_t u = first_piece_[c]; u < first_piece_[c + 1] && first_error.ok(); ++u) {
+    while (first_error.ok() && ahead.size() < most && next < first_piece_[c + 1]) first_error = submit();
+    if (!first_error.ok()) break;
+    Pending mine = std::move(ahead.front());
+    ahead.pop_front();
+    first_error = swap_->wait(mine.ticket).with_context("reading " + what);
+    for (const Slice& s : wanted_of(u)) {
+      if (!first_error.ok()) break;
+      first_error = slice(s.part, s.offset, {mine.lease.data() + s.at, static_cast<size_t>(s.bytes)});
     }
   }
-  return ok_status();
+  for (Pending& p : ahead) (void)swap_->wait(p.ticket);  // the first error is the one reported
+  return first_error;
 }
 
 Status OptimizerStage::replace_state(size_t c, const StateSlice& slice) {

@@ -867,6 +867,37 @@ TEST(Trainer, AWriteThatFailsWhileInitialisingEndsCreateCleanly) {
   EXPECT_EQ(run(o, 3).size(), 3u);
 }
 
+// A state read that fails while a checkpoint streams the states from NVMe
+// (the next pieces' reads in flight behind it) ends save() with that error,
+// every read waited for: no unfinished step directory stays, `latest`
+// still names the checkpoint before, and the trainer is destroyed cleanly.
+TEST(Trainer, AStateReadThatFailsWhileSavingLeavesThePreviousCheckpoint) {
+  strata::testing::TempDir dir;
+  TrainerOptions o = tiny(strata::testing::test_seed(191));
+  o.states = Tier::kNvme;
+  o.state_piece_elems = kStatePieceGranule;  // several pieces a chunk: several reads in flight
+  o.nvme_paths = {dir.sub("nvme")};
+  o.faults = io::FaultConfig{};
+  const std::string root = dir.path() + "/ckpt";
+  Result<std::unique_ptr<Trainer>> tr = Trainer::create(o);
+  ASSERT_TRUE(tr) << tr.error().to_string();
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE((*tr)->step());
+  ASSERT_TRUE((*tr)->save(root).ok());
+  ASSERT_TRUE((*tr)->step());
+  const OptimizerStage& stage = (*tr)->optimizer_stage();
+  ASSERT_GT(stage.pieces(), 4u);
+  io::SwapStore& store = *(*tr)->swap_store();
+  auto where = *store.locate(stage.state_blob(stage.pieces() / 2));
+  store.faults()->add_bad_range(where[0].file_slot, where[0].file_offset_bytes, 4096);
+  Status saved = (*tr)->save(root);
+  EXPECT_EQ(saved.code(), StatusCode::kUnavailable) << saved.to_string();
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(root)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{".lock", "latest", "step-2"}));
+  EXPECT_EQ(*CheckpointDir(root).latest_step(), 2);
+}
+
 // The initial weights are GPT-2's, as a checkpoint of step 0 holds them
 // (bf16): biases 0, LayerNorm weights 1, the residual projections
 // (c_proj) N(0, 0.02 / sqrt(2L)), every other matrix N(0, 0.02) — each
