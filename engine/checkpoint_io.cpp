@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <tuple>
+#include <utility>
 
 namespace strata::engine {
 namespace {
@@ -93,6 +94,13 @@ bool parse_checkpoint_name(const std::string& name, int64_t* step, int64_t* resa
 constexpr uint64_t kDirectBlock = 4096;
 constexpr uint64_t kDirectMinBytes = uint64_t{64} << 10;
 constexpr uint64_t kDirectBounceBytes = uint64_t{8} << 20;
+
+// The whole blocks of the file range [at, end): [first, last), empty
+// (last <= first) when it holds none. The writer and the reader send these
+// with O_DIRECT and the partial blocks either side through the page cache.
+std::pair<uint64_t, uint64_t> direct_blocks(uint64_t at, uint64_t end) {
+  return {(at + kDirectBlock - 1) / kDirectBlock * kDirectBlock, end / kDirectBlock * kDirectBlock};
+}
 
 }  // namespace
 
@@ -180,8 +188,7 @@ Status SafetensorsWriter::write_at(size_t index, uint64_t offset, std::span<cons
 
 Status SafetensorsWriter::write_bytes(uint64_t at, std::span<const std::byte> data) {
   const uint64_t end = at + data.size();
-  const uint64_t first = (at + kDirectBlock - 1) / kDirectBlock * kDirectBlock,
-                 last = end / kDirectBlock * kDirectBlock;
+  const auto [first, last] = direct_blocks(at, end);
   if (!direct_fd_.valid() || last < first + kDirectMinBytes) {
     return pwrite_all(fd_.get(), data.data(), data.size(), at, path_);
   }
@@ -292,8 +299,7 @@ Status SafetensorsReader::read_bytes(uint64_t at, std::span<std::byte> out, cons
     return ok_status();
   };
   const uint64_t end = at + out.size();
-  const uint64_t first = (at + kDirectBlock - 1) / kDirectBlock * kDirectBlock,
-                 last = end / kDirectBlock * kDirectBlock;
+  const auto [first, last] = direct_blocks(at, end);
   if (!direct_fd_.valid() || last < first + kDirectMinBytes) return buffered(at, out.data(), out.size());
   if (bounce_.data() == nullptr) {
     Result<io::Buffer> b = io::allocate_aligned(kDirectBounceBytes, kDirectBlock);
