@@ -118,8 +118,9 @@ void add_run_flags(CLI::App& app, Flags& f) {
                "each chunk is updated as its gradient lands (exact, rolled back when the step clips or skips)");
   app.add_flag("--vertical-accumulation", f.vertical,
                "with gradient accumulation, run every micro-batch of a block while its weights are on the device "
-               "(the weights move once per step, not once per micro-batch; the same numbers; activation "
-               "checkpoints on the device; config batch.vertical)");
+               "(the weights move once per step, not once per micro-batch; the same numbers; every micro-batch's "
+               "activation checkpoints are kept at once, on the tier --activations-on names; config "
+               "batch.vertical)");
   app.add_flag("--resume", f.resume,
                "continue from the latest checkpoint in --checkpoint (its weights and states replace the "
                "initialisation, which is skipped)");

@@ -147,14 +147,17 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
     p.device.activations += block_acts * z.c;
     p.device.io_buffers += (4 * N * C + 3 * N + 1) * z.c + 2 * N * 4 + (V - 1) * per_micro_batch;
   }
+  // A pass's block input l is its V micro-batches' inputs side by side: one
+  // copy, one NVMe blob (StreamedModel).
+  const uint64_t ckpt_group_bytes = V * N * C * z.c;
   if (pl.checkpoints == Tier::kNvme) {
     // The last kCheckpointBuffers block inputs never leave the device buffers.
     p.nvme.activations += static_cast<uint64_t>(std::max<int64_t>(s.model.layers + 1 - kCheckpointBuffers, 0)) *
-                          round_up(static_cast<uint64_t>(z.tokens) * C * z.c, uint64_t{4096});
+                          round_up(ckpt_group_bytes, uint64_t{4096});
   } else {
-    tier(p, pl.checkpoints).activations += z.checkpoints * (pl.checkpoints == Tier::kDevice ? V : 1);
+    tier(p, pl.checkpoints).activations += z.checkpoints * V;
   }
-  if (pl.checkpoints != Tier::kDevice) p.device.activations += kCheckpointBuffers * N * C * z.c;
+  if (pl.checkpoints != Tier::kDevice) p.device.activations += kCheckpointBuffers * ckpt_group_bytes;
 
   // Host: gradients land in host memory in the compute type (their fp32
   // sum too when accumulating over micro-batches; a delayed update keeps a
@@ -201,7 +204,7 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
     tier(p, pl.states).model_states += state_total;
     if (pl.speculate_in_ram) tier(p, pl.states).model_states += state_total;  // the second copy
   }
-  if (pl.checkpoints == Tier::kNvme) p.host.io_buffers += 2 * padded(static_cast<uint64_t>(z.tokens) * C * z.c);
+  if (pl.checkpoints == Tier::kNvme) p.host.io_buffers += 2 * padded(ckpt_group_bytes);
 
   // Links, per optimizer step.
   const double P = static_cast<double>(z.params), c = static_cast<double>(z.c);
@@ -340,8 +343,8 @@ bool best_plan(const TrainSetup& s, const Budgets& b, const Bandwidths& bw, cons
   bool found = false, have_closest = false;
   double closest_over = std::numeric_limits<double>::infinity();
   // The vertical order's group sizes (micro-batches per pass): the
-  // divisors of grad_accum above 1, or only the one asked for. It keeps the
-  // checkpoints on the device; asked for, it is the only order.
+  // divisors of grad_accum above 1, or only the one asked for (then the
+  // only order), with the checkpoints on any tier.
   std::vector<int64_t> groups;
   if (s.micro_batches_per_pass > 1) {
     groups.push_back(s.micro_batches_per_pass);
@@ -353,7 +356,6 @@ bool best_plan(const TrainSetup& s, const Budgets& b, const Bandwidths& bw, cons
   std::vector<Placement> all;
   for (Placement pl : candidates(b, fixed)) {
     if (s.micro_batches_per_pass <= 1) all.push_back(pl);
-    if (pl.checkpoints != Tier::kDevice) continue;
     for (int64_t v : groups) {
       pl.micro_batches_per_pass = v;
       all.push_back(pl);

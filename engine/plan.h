@@ -117,9 +117,9 @@ struct Placement {
   // they land (TrainerOptions::speculate_in_ram).
   bool speculate_in_ram = false;
   // With gradient accumulation: the vertical order when > 1 — this many
-  // micro-batches of a block at once (a divisor of grad_accum; checkpoints
-  // on the device), chosen by the planner where it is faster and fits, or
-  // asked for (TrainSetup::micro_batches_per_pass).
+  // micro-batches of a block at once (a divisor of grad_accum; their
+  // checkpoints on any tier), chosen by the planner where it is faster and
+  // fits, or asked for (TrainSetup::micro_batches_per_pass).
   int64_t micro_batches_per_pass = 1;
   bool operator==(const Placement&) const = default;
 };

@@ -26,12 +26,6 @@ Result<std::unique_ptr<StreamedModel>> StreamedModel::create(const gpu::GptConfi
   }
   if (prefetch_depth < 1 || prefetch_depth > 1024) return invalid_argument("prefetch depth must be 1..1024");
   if (micro_batches < 1 || micro_batches > 4096) return invalid_argument("micro-batches per pass must be 1..4096");
-  if (micro_batches > 1 && checkpoints != Tier::kDevice) {
-    return invalid_argument(
-        "the vertical order (all micro-batches of a block at once) keeps its activation "
-        "checkpoints on the device; checkpoints on " +
-        std::string(tier_name(checkpoints)) + " are for one micro-batch at a time");
-  }
   if (checkpoints == Tier::kNvme && swap == nullptr) {
     return invalid_argument("activation checkpoints on NVMe need a swap store (NVMe directories)");
   }
@@ -62,11 +56,15 @@ Result<std::unique_ptr<StreamedModel>> StreamedModel::create(const gpu::GptConfi
   STRATA_ASSIGN_OR_RETURN(m->ops_, dev.model_ops(c, dtype));
   STRATA_ASSIGN_OR_RETURN(m->compute_, dev.create_stream("compute"));
   STRATA_ASSIGN_OR_RETURN(m->workspace_, m->ops_->workspace(B, seq));
+  // Block input l of a pass is V micro-batches' [N,C] inputs side by side
+  // (one copy, one blob); on the device all L + 1 of them, or
+  // kCheckpointBuffers in flight when they live on the host or NVMe.
   const bool on_device = checkpoints == Tier::kDevice;
-  STRATA_ASSIGN_OR_RETURN(m->checkpoints_, elements(dev, (on_device ? V * (L + 1) : kCheckpointBuffers) * N * C, es,
+  STRATA_ASSIGN_OR_RETURN(m->checkpoints_, elements(dev, (on_device ? L + 1 : kCheckpointBuffers) * V * N * C, es,
                                                     "block-input checkpoints"));
+  const uint64_t group_bytes = static_cast<uint64_t>(V * N * C) * es;
   if (checkpoints == Tier::kHost) {
-    m->host_checkpoints_.assign(static_cast<size_t>((L + 1) * N * C) * es, 0);
+    m->host_checkpoints_.assign(static_cast<size_t>(L + 1) * group_bytes, 0);
     STRATA_ASSIGN_OR_RETURN(m->checkpoint_pin_, gpu::HostPin::make(dev, m->host_checkpoints_.data(),
                                                                   m->host_checkpoints_.size()));
   }
@@ -74,7 +72,7 @@ Result<std::unique_ptr<StreamedModel>> StreamedModel::create(const gpu::GptConfi
     m->swap_ = swap;
     for (int64_t l = 0; l <= L; ++l) m->checkpoint_blobs_.push_back("activation-checkpoint/x-" + std::to_string(l));
     STRATA_ASSIGN_OR_RETURN(m->staging_, PinnedArena::create("activation checkpoint staging",
-                                                             swap->padded_size(static_cast<uint64_t>(N * C) * es), 2,
+                                                             swap->padded_size(group_bytes), 2,
                                                              *m->allocator_));
     for (int i = 0; i < 2; ++i) {
       STRATA_ASSIGN_OR_RETURN(PinnedArena::Lease lease, m->staging_->acquire("activation checkpoints"));
@@ -182,10 +180,12 @@ Status StreamedModel::run_step(const std::vector<const void*>& weights, const in
   // the last K stay there from forward to backward.
   constexpr int64_t K = kCheckpointBuffers;
   const uint64_t x_bytes = static_cast<uint64_t>(N * C) * es;
-  // Micro-batch m's block input l (the vertical order: checkpoints on the
-  // device, m's after m - 1's).
+  // Block input l of the pass: the mbs micro-batches' inputs side by side
+  // (group_bytes), moved to and from the host or NVMe as one.
+  const uint64_t group_bytes = static_cast<uint64_t>(mbs) * x_bytes;
+  // Micro-batch m's block input l.
   auto x_mb = [&](int64_t m, int64_t l) {
-    return ckpt + static_cast<uint64_t>(host_ckpt ? l % K : m * (L + 1) + l) * x_bytes;
+    return ckpt + static_cast<uint64_t>((host_ckpt ? l % K : l) * mbs + m) * x_bytes;
   };
   auto x_of = [&](int64_t l) { return x_mb(0, l); };
   for (gpu::Event& e : ckpt_done_) e = gpu::Event{};
@@ -217,12 +217,12 @@ Status StreamedModel::run_step(const std::vector<const void*>& weights, const in
       // (drain_staging, after the stream's event says the write was issued).
       STRATA_RETURN_IF_ERROR(drain_staging(l));
       PinnedArena::Lease& buf = stage_buf_[static_cast<size_t>(l % 2)];
-      STRATA_RETURN_IF_ERROR(dev_->copy_to_host(copy_, buf.data(), x_of(l), x_bytes));
+      STRATA_RETURN_IF_ERROR(dev_->copy_to_host(copy_, buf.data(), x_of(l), group_bytes));
       std::optional<io::Ticket>* pending = &stage_write_[l % 2];
       io::SwapStore* swap = swap_;
       const std::string* name = &blob(l);
-      STRATA_RETURN_IF_ERROR(dev_->enqueue(copy_, [swap, pending, name, io = buf.buffer(), x_bytes]() -> Status {
-        Result<io::Ticket> t = swap->write(*name, io, x_bytes);
+      STRATA_RETURN_IF_ERROR(dev_->enqueue(copy_, [swap, pending, name, io = buf.buffer(), group_bytes]() -> Status {
+        Result<io::Ticket> t = swap->write(*name, io, group_bytes);
         if (!t) return std::move(t).error().with_context("writing an activation checkpoint");
         *pending = *t;
         return ok_status();
@@ -230,10 +230,11 @@ Status StreamedModel::run_step(const std::vector<const void*>& weights, const in
       STRATA_ASSIGN_OR_RETURN(ckpt_done_[l % K], dev_->record(copy_));
       stage_done_[l % 2] = ckpt_done_[l % K];
     } else {
-      STRATA_RETURN_IF_ERROR(dev_->copy_to_host(copy_, host_checkpoints_.data() + static_cast<uint64_t>(l) * x_bytes, x_of(l), x_bytes));
+      uint8_t* dst = host_checkpoints_.data() + static_cast<uint64_t>(l) * group_bytes;
+      STRATA_RETURN_IF_ERROR(dev_->copy_to_host(copy_, dst, x_of(l), group_bytes));
       STRATA_ASSIGN_OR_RETURN(ckpt_done_[l % K], dev_->record(copy_));
     }
-    d2h_bytes_ += x_bytes;
+    d2h_bytes_ += group_bytes;
     return ok_status();
   };
   // Brings block input l back into its device buffer: fetch(l) at the top
@@ -248,7 +249,7 @@ Status StreamedModel::run_step(const std::vector<const void*>& weights, const in
   };
   auto fetch = [&](int64_t l) -> Status {
     if (!host_ckpt || l < 0 || l > L - K) return ok_status();
-    const uint8_t* src = host_checkpoints_.data() + (nvme_ckpt ? 0 : static_cast<uint64_t>(l) * x_bytes);
+    const uint8_t* src = host_checkpoints_.data() + (nvme_ckpt ? 0 : static_cast<uint64_t>(l) * group_bytes);
     if (nvme_ckpt) {
       const double t0 = WaitMeter::now_s();
       Status rs = swap_->wait(*stage_read_[l % 2]);
@@ -258,10 +259,10 @@ Status StreamedModel::run_step(const std::vector<const void*>& weights, const in
       src = reinterpret_cast<const uint8_t*>(stage_buf_[static_cast<size_t>(l % 2)].data());
     }
     STRATA_RETURN_IF_ERROR(claim(l));  // block l + K's input, used by the block before, is done with
-    STRATA_RETURN_IF_ERROR(dev_->copy_to_device(copy_, x_of(l), src, x_bytes));
+    STRATA_RETURN_IF_ERROR(dev_->copy_to_device(copy_, x_of(l), src, group_bytes));
     STRATA_ASSIGN_OR_RETURN(ckpt_done_[l % K], dev_->record(copy_));
     if (nvme_ckpt) stage_done_[l % 2] = ckpt_done_[l % K];
-    h2d_bytes_ += x_bytes;
+    h2d_bytes_ += group_bytes;
     return ok_status();
   };
   // Per micro-batch: dx and dx_in, swapped block by block; the losses,

@@ -66,9 +66,11 @@ class StreamedModel {
                                  const std::vector<void*>& grads, const GradLanded& landed = {}, float dloss = 1.0f,
                                  bool same_weights = false);
   // One pass over create's micro_batches = V micro-batches: with V > 1 the
-  // vertical order (checkpoints on the device) — each block's weights come
-  // to the device once and compute every micro-batch (V sets of block
-  // inputs and block gradients on the device, and of embedding gradients).
+  // vertical order — each block's weights come to the device once and
+  // compute every micro-batch (V sets of block gradients and embedding
+  // gradients on the device, and V sets of block inputs: all on the device,
+  // or, with checkpoints on the host or NVMe, kCheckpointBuffers groups of V
+  // there, each group moved as one copy and one blob).
   // `tokens` and `targets` hold V micro-batches of B x seq, one after
   // another. Each chunk's gradient lands V times in a row, micro-batch by
   // micro-batch, into the same host buffer: `landed(chunk, k)` after

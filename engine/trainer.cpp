@@ -171,12 +171,6 @@ Status check_options(const TrainerOptions& o) {
     return invalid_argument("trainer: vertical_group must divide grad_accum (" + std::to_string(o.grad_accum) +
                             "), or be 0 for all of them; got " + std::to_string(o.vertical_group));
   }
-  if (micro_batches_per_pass(o) > 1 && o.activation_checkpoints != Tier::kDevice) {
-    return invalid_argument(
-        "trainer: vertical_accumulation keeps every micro-batch's activation checkpoints on the "
-        "device; it does not combine with checkpoints on " +
-        std::string(tier_name(o.activation_checkpoints)));
-  }
   if (o.weights != Tier::kHost && o.weights != Tier::kNvme) {
     return invalid_argument("trainer: the weights live on the host or on NVMe");
   }

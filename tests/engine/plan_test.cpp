@@ -349,5 +349,35 @@ TEST(Plan, ChoosesTheVerticalOrderWhenTheWeightsLinkIsSlowestAndItFits) {
   EXPECT_NE(p.error().message().find("8 micro-batches of a block at once"), std::string::npos) << p.error().to_string();
 }
 
+// Where the device cannot hold every micro-batch's checkpoints, the
+// vertical order keeps them on the host (kCheckpointBuffers groups in
+// flight on the device): all 8 micro-batches in one pass, where with the
+// checkpoints on the device only passes of 4 would fit — the weights cross
+// the slow link once a step instead of twice.
+TEST(Plan, TheVerticalOrderPutsItsCheckpointsOnTheHostWhereTheDeviceIsShort) {
+  TrainSetup s = gpt2("large", 1);
+  s.seq = 512;
+  s.grad_accum = 8;
+  Bandwidths bw;
+  bw.h2d_gbps = 1;
+  auto plan_of = [&](Tier checkpoints, int64_t v) {
+    Placement pl{Tier::kHost, Tier::kHost, checkpoints, 1};
+    pl.micro_batches_per_pass = v;
+    return estimate(s, pl, bw);
+  };
+  const Plan on_device = plan_of(Tier::kDevice, 8), on_host = plan_of(Tier::kHost, 8);
+  const Plan four = plan_of(Tier::kDevice, 4);
+  ASSERT_LT(on_host.device.total(), on_device.device.total());
+  ASSERT_LT(four.device.total(), on_host.device.total()) << "the test needs a budget between them";
+  EXPECT_EQ(on_host.host.activations, 8 * plan_of(Tier::kHost, 1).host.activations);
+  EXPECT_LT(on_host.step_seconds, four.step_seconds);
+  const Budgets b{on_host.device.total(), 64 * kGiB, 0};
+  Result<Plan> p = make_plan(s, b, bw);
+  ASSERT_TRUE(p) << p.error().to_string();
+  EXPECT_EQ(p->placement.micro_batches_per_pass, 8) << p->why;
+  EXPECT_EQ(p->placement.checkpoints, Tier::kHost) << p->why;
+  EXPECT_NE(p->why.find("checkpoints on host, 8 micro-batches of a block at once"), std::string::npos) << p->why;
+}
+
 }  // namespace
 }  // namespace strata::engine

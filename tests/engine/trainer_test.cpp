@@ -1237,7 +1237,7 @@ TEST(Trainer, StepsOnTheCallersDataAndRefusesBadDataChangingNothing) {
 // delayed update — while the weights go to the device once per step
 // instead of once per micro-batch (the one-at-a-time order keeps what is
 // still on the device for the next micro-batch, so resident weights move
-// once a step there too). Checkpoints off the device are refused.
+// once a step there too). Checkpoints off the device: the next test.
 TEST(Trainer, VerticalAccumulationGivesTheSameBitsAndMovesTheWeightsOnce) {
   uint64_t seed = strata::testing::test_seed(117);
   strata::testing::TempDir dir;
@@ -1371,15 +1371,79 @@ TEST(Trainer, VerticalAccumulationGivesTheSameBitsAndMovesTheWeightsOnce) {
     EXPECT_NE(bad.error().message().find("vertical_group must divide grad_accum (4)"), std::string::npos)
         << bad.error().to_string();
   }
-  TrainerOptions refused = base;
-  refused.vertical_accumulation = true;
-  refused.stream_weights = true;
-  refused.device_bytes = 8ull << 20;
-  refused.activation_checkpoints = Tier::kHost;
-  Result<std::unique_ptr<Trainer>> tr = Trainer::create(refused);
-  ASSERT_FALSE(tr);
-  EXPECT_EQ(tr.error().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(tr.error().message().find("vertical_accumulation"), std::string::npos) << tr.error().to_string();
+}
+
+// The vertical order with the activation checkpoints off the device: each
+// pass's block input l (its micro-batches' inputs side by side) goes to the
+// host or NVMe as one copy and comes back before its block's backward. The
+// same bits as one micro-batch at a time with checkpoints on the device,
+// at prefetch depth 1 and 4, states in RAM and on NVMe, weights on NVMe,
+// in groups of two; the weights move once per pass and the block inputs'
+// bytes are each micro-batch's, as one at a time.
+TEST(Trainer, VerticalAccumulationWithCheckpointsOnTheHostAndNvmeGivesTheSameBits) {
+  const uint64_t seed = strata::testing::test_seed(131);
+  strata::testing::TempDir dir;
+  TrainerOptions base = tiny(seed);
+  base.model.layers = 5;  // more block inputs than the kCheckpointBuffers that stay on the device
+  base.grad_accum = 4;
+  base.stream_weights = true;
+  base.device_bytes = 8ull << 20;
+  base.clip_norm = 1.5f;
+  int variant = 0;
+  struct Run {
+    std::vector<float> losses;
+    uint64_t h2d = 0, d2h = 0;
+  };
+  auto run_counted = [&](TrainerOptions o) {
+    o.nvme_paths = {dir.sub("c" + std::to_string(variant++))};
+    Run r;
+    Result<std::unique_ptr<Trainer>> tr = Trainer::create(o);
+    EXPECT_TRUE(tr) << tr.error().to_string();
+    if (!tr) return r;
+    for (int i = 0; i < 5; ++i) {
+      Result<float> l = (*tr)->step();
+      EXPECT_TRUE(l) << l.error().to_string();
+      if (!l) return r;
+      r.losses.push_back(*l);
+      r.h2d += (*tr)->last_counters().h2d_bytes;
+      r.d2h += (*tr)->last_counters().d2h_bytes;
+    }
+    return r;
+  };
+  const Run ref = run_counted(base);  // one at a time, checkpoints on the device
+  ASSERT_EQ(ref.losses.size(), 5u);
+  for (Tier acts : {Tier::kHost, Tier::kNvme}) {
+    for (int depth : {1, 4}) {
+      for (Tier states : {Tier::kHost, Tier::kNvme}) {
+        TrainerOptions o = base;
+        o.activation_checkpoints = acts;
+        o.prefetch_depth = depth;
+        o.states = states;
+        o.weights = states == Tier::kNvme && depth == 1 ? Tier::kNvme : Tier::kHost;
+        const Run one = run_counted(o);
+        o.vertical_accumulation = true;
+        const Run vertical = run_counted(o);
+        o.vertical_group = 2;
+        const Run groups = run_counted(o);
+        const std::string what = std::string("checkpoints on ") + std::string(tier_name(acts)) + ", depth " +
+                                 std::to_string(depth) + ", states on " + std::string(tier_name(states)) +
+                                 ", weights on " + std::string(tier_name(o.weights)) + ", seed " +
+                                 std::to_string(seed);
+        EXPECT_EQ(one.losses, ref.losses) << what << ", one at a time";
+        EXPECT_EQ(vertical.losses, ref.losses) << what << ", vertical";
+        EXPECT_EQ(groups.losses, ref.losses) << what << ", vertical in groups of 2";
+        // Streamed at depth 1 the weights move once per pass, not per
+        // micro-batch; at depth 4 every chunk keeps a slot either way.
+        if (depth == 1) {
+          EXPECT_LT(vertical.h2d, groups.h2d) << what;
+          EXPECT_LT(groups.h2d, one.h2d) << what;
+        }
+        // Gradients and block inputs go down the same bytes in every order.
+        EXPECT_EQ(vertical.d2h, one.d2h) << what;
+        EXPECT_EQ(groups.d2h, one.d2h) << what;
+      }
+    }
+  }
 }
 
 // With a trace, every step's phases, the optimizer's chunk updates and the
@@ -1537,45 +1601,51 @@ TEST(Trainer, PlannedBytesPerTierMatchWhatTheRunUsed) {
     ++n;
   }
   // The vertical order: grad_accum micro-batches' checkpoints, block
-  // gradients and embedding gradients on the device at once — resident and
-  // streamed, states in RAM and on NVMe, every tier against the plan.
+  // gradients and embedding gradients at once — resident and streamed,
+  // states in RAM and on NVMe, checkpoints on the device, the host and
+  // NVMe, every tier against the plan.
   for (int64_t accum : {2, 4, -4}) {  // -4: four micro-batches in passes of two
     for (int depth : {0, 1}) {
       for (Tier states : {Tier::kHost, Tier::kNvme}) {
-        TrainerOptions o = tiny(11);
-        o.model.layers = 3;
-        o.grad_accum = std::abs(accum);
-        o.vertical_group = accum < 0 ? 2 : 0;
-        o.vertical_accumulation = true;
-        o.stream_weights = depth > 0;
-        o.device_bytes = depth > 0 ? 1ull << 30 : 0;
-        o.prefetch_depth = std::max(depth, 1);
-        o.states = states;
-        o.nvme_paths = {dir.sub("vertical" + std::to_string(n))};
-        Placement pl;
-        pl.weights = depth > 0 ? Tier::kHost : Tier::kDevice;
-        pl.states = states;
-        pl.prefetch_depth = o.prefetch_depth;
-        pl.micro_batches_per_pass = micro_batches_per_pass(o);
-        const Plan plan = estimate(training_setup(o), pl, Bandwidths{});
-        Result<std::unique_ptr<Trainer>> tr = Trainer::create(o);
-        ASSERT_TRUE(tr) << tr.error().to_string();
-        ASSERT_TRUE((*tr)->step());
-        ASSERT_TRUE((*tr)->step());
-        const double measured[3] = {
-            static_cast<double>((*tr)->device()->peak_bytes()), static_cast<double>((*tr)->host_bytes()),
-            (*tr)->swap_store() ? static_cast<double>((*tr)->swap_store()->stats().peak_used_bytes) : 0.0};
-        const double planned[3] = {static_cast<double>(plan.device.total()), static_cast<double>(plan.host.total()),
-                                   static_cast<double>(plan.nvme.total())};
-        for (int k = 0; k < 3; ++k) {
-          if (measured[k] == 0 && planned[k] == 0) continue;
-          const double ratio = measured[k] > 0 ? planned[k] / measured[k] : 0.0;
-          worst = std::max(worst, std::abs(ratio - 1.0));
-          EXPECT_NEAR(ratio, 1.0, 0.05) << "vertical, grad_accum " << accum << ", depth " << depth << ", states on "
-                                        << tier_name(states) << ": tier " << k << " planned " << planned[k]
-                                        << ", measured " << measured[k];
+        for (Tier acts : {Tier::kDevice, Tier::kHost, Tier::kNvme}) {
+          if (depth == 0 && acts != Tier::kDevice) continue;
+          TrainerOptions o = tiny(11);
+          o.activation_checkpoints = acts;
+          o.model.layers = 3;
+          o.grad_accum = std::abs(accum);
+          o.vertical_group = accum < 0 ? 2 : 0;
+          o.vertical_accumulation = true;
+          o.stream_weights = depth > 0;
+          o.device_bytes = depth > 0 ? 1ull << 30 : 0;
+          o.prefetch_depth = std::max(depth, 1);
+          o.states = states;
+          o.nvme_paths = {dir.sub("vertical" + std::to_string(n))};
+          Placement pl;
+          pl.weights = depth > 0 ? Tier::kHost : Tier::kDevice;
+          pl.states = states;
+          pl.prefetch_depth = o.prefetch_depth;
+          pl.checkpoints = acts;
+          pl.micro_batches_per_pass = micro_batches_per_pass(o);
+          const Plan plan = estimate(training_setup(o), pl, Bandwidths{});
+          Result<std::unique_ptr<Trainer>> tr = Trainer::create(o);
+          ASSERT_TRUE(tr) << tr.error().to_string();
+          ASSERT_TRUE((*tr)->step());
+          ASSERT_TRUE((*tr)->step());
+          const double measured[3] = {
+              static_cast<double>((*tr)->device()->peak_bytes()), static_cast<double>((*tr)->host_bytes()),
+              (*tr)->swap_store() ? static_cast<double>((*tr)->swap_store()->stats().peak_used_bytes) : 0.0};
+          const double planned[3] = {static_cast<double>(plan.device.total()), static_cast<double>(plan.host.total()),
+                                     static_cast<double>(plan.nvme.total())};
+          for (int k = 0; k < 3; ++k) {
+            if (measured[k] == 0 && planned[k] == 0) continue;
+            const double ratio = measured[k] > 0 ? planned[k] / measured[k] : 0.0;
+            worst = std::max(worst, std::abs(ratio - 1.0));
+            EXPECT_NEAR(ratio, 1.0, 0.05) << "vertical, grad_accum " << accum << ", depth " << depth << ", states on "
+                                          << tier_name(states) << ", checkpoints on " << tier_name(acts) << ": tier "
+                                          << k << " planned " << planned[k] << ", measured " << measured[k];
+          }
+          ++n;
         }
-        ++n;
       }
     }
   }
