@@ -1006,8 +1006,13 @@ TEST(Trainer, AFailedStepChangesNothingAndTheTrainerContinues) {
   // beside the ones the step computes with, switched to only when the step
   // updates: a forward that fails part way, as a failed checkpoint write
   // after block 2 makes it, must leave the weights the step began with).
-  for (Tier weights : {Tier::kNvme, Tier::kHost}) {
-    SCOPED_TRACE(weights == Tier::kNvme ? "weights on nvme" : "weights in ram");
+  // Also in the vertical order, whose checkpoint blobs hold two
+  // micro-batches' block inputs each.
+  for (int variant = 0; variant < 3; ++variant) {
+    const Tier weights = variant == 1 ? Tier::kHost : Tier::kNvme;
+    const bool vertical = variant == 2;
+    SCOPED_TRACE(std::string(weights == Tier::kNvme ? "weights on nvme" : "weights in ram") +
+                 (vertical ? ", vertical order of 2 micro-batches" : ""));
     TrainerOptions o = tiny(seed);
     o.model.layers = 5;
     o.stream_weights = true;
@@ -1015,7 +1020,11 @@ TEST(Trainer, AFailedStepChangesNothingAndTheTrainerContinues) {
     o.states = Tier::kNvme;
     o.weights = weights;
     o.activation_checkpoints = Tier::kNvme;
-    const std::string tag = weights == Tier::kNvme ? "n" : "h";
+    if (vertical) {
+      o.grad_accum = 2;
+      o.vertical_accumulation = true;
+    }
+    const std::string tag = std::to_string(variant);
     o.nvme_paths = {dir.sub("ref" + tag)};
     std::vector<float> ref = run(o, 8);
     ASSERT_EQ(ref.size(), 8u);
