@@ -186,18 +186,18 @@ Result<PinnedArena::Lease> OptimizerStage::read_staged(const std::string& name, 
 
 Status OptimizerStage::write_staged(const std::string& name, uint64_t bytes, const Fill& fill,
                                     const std::string& what) {
-  STRATA_ASSIGN_OR_RETURN(StagedWrite w, submit_staged(name, bytes, fill, what));
+  STRATA_ASSIGN_OR_RETURN(StagedRequest w, submit_staged(name, bytes, fill, what));
   return swap_->wait(w.ticket).with_context("writing " + what);
 }
 
-Result<OptimizerStage::StagedWrite> OptimizerStage::submit_staged(const std::string& name, uint64_t bytes,
+Result<OptimizerStage::StagedRequest> OptimizerStage::submit_staged(const std::string& name, uint64_t bytes,
                                                                   const Fill& fill, std::string what) {
   STRATA_ASSIGN_OR_RETURN(PinnedArena::Lease lease, staging_->acquire("write " + name));
   // The arrays' padding and the alignment tail are written too.
   executor_->zero(lease.data(), lease.buffer().capacity_bytes);
   STRATA_RETURN_IF_ERROR(fill(lease.data()));
   STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->write(name, lease.buffer(), bytes));
-  return StagedWrite{t, std::move(lease), std::move(what)};
+  return StagedRequest{t, std::move(lease), std::move(what)};
 }
 
 void OptimizerStage::initialize_in_ram(size_t c, const float* master) {
@@ -256,20 +256,59 @@ void OptimizerStage::leave_unset() {
   }
 }
 
+// Staged requests in flight, oldest first, at most the staging buffers but
+// one (so that a blocking read or write still finds a buffer): each keeps
+// the lease of its buffer until it has been waited for, on every path,
+// errors too — a buffer in flight is a DMA target. The destructor waits for
+// what is left, its errors dropped (the caller reports the first it saw).
+class OptimizerStage::InFlight {
+ public:
+  InFlight(io::SwapStore* swap, const PinnedArena* staging, const char* verb)
+      : swap_(swap), most_(std::max<uint32_t>(staging != nullptr ? staging->capacity() : 1, 2) - 1), verb_(verb) {}
+  InFlight(const InFlight&) = delete;
+  InFlight& operator=(const InFlight&) = delete;
+  ~InFlight() { drain().ignore(); }
+
+  bool full() const { return q_.size() >= most_; }
+  bool empty() const { return q_.empty(); }
+  void push(StagedRequest r) { q_.push_back(std::move(r)); }
+  // Waits for the oldest; its buffer's lease goes to `lease` (or back to
+  // the arena).
+  Status retire(PinnedArena::Lease* lease = nullptr) {
+    StagedRequest r = std::move(q_.front());
+    q_.pop_front();
+    Status s = swap_->wait(r.ticket).with_context(verb_ + r.what);
+    if (lease != nullptr) *lease = std::move(r.lease);
+    return s;
+  }
+  // Waits for every one; the first error.
+  Status drain() {
+    Status first = ok_status();
+    while (!q_.empty()) {
+      Status s = retire();
+      if (first.ok() && !s.ok()) first = std::move(s);
+    }
+    return first;
+  }
+
+ private:
+  io::SwapStore* swap_;
+  size_t most_;
+  std::string verb_;
+  std::deque<StagedRequest> q_;
+};
+
 Status OptimizerStage::initialize_all(const MasterSource& master) {
-  std::deque<StagedWrite> in_flight;
-  const size_t most = std::max<uint32_t>(staging_ != nullptr ? staging_->capacity() : 1, 2) - 1;
+  InFlight in_flight(swap_, staging_, "writing ");
   Status first_error = ok_status();
-  auto retire_oldest = [&] {
-    Status s = swap_->wait(in_flight.front().ticket).with_context("writing " + in_flight.front().what);
+  auto keep = [&](Status s) {
     if (first_error.ok() && !s.ok()) first_error = std::move(s);
-    in_flight.pop_front();  // the lease goes back once its write has landed
   };
   auto write_behind = [&](const std::string& name, uint64_t bytes, const Fill& fill, const std::string& what) {
-    if (in_flight.size() >= most) retire_oldest();
+    if (in_flight.full()) keep(in_flight.retire());
     if (!first_error.ok()) return first_error;
-    STRATA_ASSIGN_OR_RETURN(StagedWrite w, submit_staged(name, bytes, fill, what));
-    in_flight.push_back(std::move(w));
+    STRATA_ASSIGN_OR_RETURN(StagedRequest w, submit_staged(name, bytes, fill, what));
+    in_flight.push(std::move(w));
     return ok_status();
   };
   for (size_t c = 0; c < elems_.size() && first_error.ok(); ++c) {
@@ -282,10 +321,9 @@ Status OptimizerStage::initialize_all(const MasterSource& master) {
       initialize_in_ram(c, *m);
       continue;
     }
-    Status s = initial_writes(c, *m, write_behind);
-    if (first_error.ok() && !s.ok()) first_error = std::move(s);
+    keep(initial_writes(c, *m, write_behind));
   }
-  while (!in_flight.empty()) retire_oldest();
+  keep(in_flight.drain());
   return first_error;
 }
 
@@ -340,12 +378,7 @@ Status OptimizerStage::visit_state(size_t c, const StateSlice& slice, int parts)
   // for before this returns, an error or not (a buffer in flight is a DMA
   // target).
   const std::string what = "optimizer state of chunk " + std::to_string(c);
-  struct Pending {
-    io::Ticket ticket;
-    PinnedArena::Lease lease;
-  };
-  std::deque<Pending> ahead;
-  const size_t most = std::max<uint32_t>(staging_->capacity(), 2) - 1;
+  InFlight ahead(swap_, staging_, "reading ");
   size_t next = first_piece_[c];
   Status first_error = ok_status();
   auto submit = [&]() -> Status {
@@ -354,23 +387,21 @@ Status OptimizerStage::visit_state(size_t c, const StateSlice& slice, int parts)
     const std::string& name = blob(next, gen_[next]);
     STRATA_ASSIGN_OR_RETURN(PinnedArena::Lease lease, staging_->acquire("read " + name));
     STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->read_prefix(name, lease.buffer(), prefix));
-    ahead.push_back({t, std::move(lease)});
+    ahead.push({t, std::move(lease), what});
     ++next;
     return ok_status();
   };
   for (size_t u = first_piece_[c]; u < first_piece_[c + 1] && first_error.ok(); ++u) {
-    while (first_error.ok() && ahead.size() < most && next < first_piece_[c + 1]) first_error = submit();
+    while (first_error.ok() && !ahead.full() && next < first_piece_[c + 1]) first_error = submit();
     if (!first_error.ok()) break;
-    Pending mine = std::move(ahead.front());
-    ahead.pop_front();
-    first_error = swap_->wait(mine.ticket).with_context("reading " + what);
+    PinnedArena::Lease mine;
+    first_error = ahead.retire(&mine);
     for (const Slice& s : wanted_of(u)) {
       if (!first_error.ok()) break;
-      first_error = slice(s.part, s.offset, {mine.lease.data() + s.at, static_cast<size_t>(s.bytes)});
+      first_error = slice(s.part, s.offset, {mine.data() + s.at, static_cast<size_t>(s.bytes)});
     }
   }
-  for (Pending& p : ahead) (void)swap_->wait(p.ticket);  // the first error is the one reported
-  return first_error;
+  return first_error;  // what is still ahead is waited for as `ahead` goes, its errors dropped
 }
 
 Status OptimizerStage::replace_state(size_t c, const StateSlice& slice) {

@@ -251,14 +251,18 @@ class OptimizerStage {
                                          uint64_t prefix_bytes = UINT64_MAX);
   using Fill = std::function<Status(std::byte*)>;
   Status write_staged(const std::string& blob, uint64_t bytes, const Fill& fill, const std::string& what);
-  // write_staged's first half: the filled buffer's write submitted, not
-  // waited for (the lease goes with the ticket: a DMA target until then).
-  struct StagedWrite {
+  // A staged read or write submitted, not waited for (the lease goes with
+  // the ticket: a DMA target until then); submit_staged is write_staged's
+  // first half.
+  struct StagedRequest {
     io::Ticket ticket;
     PinnedArena::Lease lease;
     std::string what;
   };
-  Result<StagedWrite> submit_staged(const std::string& blob, uint64_t bytes, const Fill& fill, std::string what);
+  Result<StagedRequest> submit_staged(const std::string& blob, uint64_t bytes, const Fill& fill, std::string what);
+  // Staged requests in flight, oldest first (initialize_all's writes,
+  // visit_state's reads).
+  class InFlight;
   // Chunk c's initial blobs on NVMe — each piece's state (master, zero m
   // and v) and, when homed there, its working weights — handed to `write`.
   using InitialWrite =
