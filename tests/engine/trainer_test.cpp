@@ -318,8 +318,8 @@ TEST(Trainer, LossFalls) {
 TEST(Trainer, ResumeFromStep10ReproducesSteps11To20) {
   uint64_t seed = strata::testing::test_seed(103);
   strata::testing::TempDir dir;
-  for (const char* placement : {"host", "nvme", "all-nvme"}) {
-    const std::string name = placement;
+  const std::vector<std::string> placements = {"host", "nvme", "all-nvme"};
+  auto options_for = [&](const std::string& name) {
     TrainerOptions o = tiny(seed);
     o.states = name == "host" ? Tier::kHost : Tier::kNvme;
     if (name == "all-nvme") {  // the weights stream from NVMe too
@@ -327,9 +327,15 @@ TEST(Trainer, ResumeFromStep10ReproducesSteps11To20) {
       o.device_bytes = 8ull << 20;
       o.weights = Tier::kNvme;
     }
+    return o;
+  };
+  std::vector<float> first_straight;
+  for (const std::string& name : placements) {
+    TrainerOptions o = options_for(name);
     o.nvme_paths = {dir.sub("nvme-" + name)};
     std::vector<float> straight = run(o, 20);
     ASSERT_EQ(straight.size(), 20u);
+    if (first_straight.empty()) first_straight = straight;
     const std::string root = dir.path() + "/ckpt-" + name;
     {
       auto tr = std::move(Trainer::create(o)).value();
@@ -358,6 +364,26 @@ TEST(Trainer, ResumeFromStep10ReproducesSteps11To20) {
         Result<float> loss = resumed->step();
         ASSERT_TRUE(loss);
         EXPECT_EQ(*loss, straight[static_cast<size_t>(i)]) << "step " << i + 1 << " (" << name << ")";
+      }
+    }
+  }
+  // A checkpoint is the same whatever tier wrote it: each placement's
+  // resumes in each other one (states moved from RAM to NVMe, weights from
+  // NVMe to RAM, ...) and goes on with the bits of the run that never
+  // stopped.
+  for (const std::string& from : placements) {
+    for (const std::string& to : placements) {
+      if (from == to) continue;
+      TrainerOptions r = options_for(to);
+      r.nvme_paths = {dir.sub("moved-" + from + "-" + to)};
+      r.initial_state = false;
+      auto resumed = std::move(Trainer::create(r)).value();
+      Status s = resumed->load(dir.path() + "/ckpt-" + from);
+      ASSERT_TRUE(s.ok()) << from << " -> " << to << ": " << s.to_string();
+      for (int i = 10; i < 20; ++i) {
+        Result<float> loss = resumed->step();
+        ASSERT_TRUE(loss) << loss.error().to_string();
+        EXPECT_EQ(*loss, first_straight[static_cast<size_t>(i)]) << "step " << i + 1 << ", " << from << " -> " << to;
       }
     }
   }
