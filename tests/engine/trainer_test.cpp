@@ -1616,24 +1616,38 @@ TEST(Trainer, PlannedBytesPerTierMatchWhatTheRunUsed) {
     }
   }
   // The delayed update's second set of gradient buffers (bf16, or the fp32
-  // sums when accumulating).
+  // sums when accumulating), and of weights in RAM (none on NVMe, where the
+  // update writes the blobs' other generation).
   for (int64_t accum : {1, 2}) {
-    TrainerOptions o = tiny(7);
-    o.grad_accum = accum;
-    o.delayed_update = true;
-    o.stream_weights = true;
-    o.device_bytes = 1ull << 30;
-    const TrainSetup setup = training_setup(o);
-    Placement pl;
-    pl.weights = Tier::kHost;
-    const Plan plan = estimate(setup, pl, Bandwidths{});
-    Result<std::unique_ptr<Trainer>> tr = Trainer::create(o);
-    ASSERT_TRUE(tr) << tr.error().to_string();
-    ASSERT_TRUE((*tr)->step());
-    const double ratio = static_cast<double>(plan.host.total()) / static_cast<double>((*tr)->host_bytes());
-    worst = std::max(worst, std::abs(ratio - 1.0));
-    EXPECT_NEAR(ratio, 1.0, 0.05) << "delayed update, grad_accum " << accum;
-    ++n;
+    for (Tier weights : {Tier::kHost, Tier::kNvme}) {
+      TrainerOptions o = tiny(7);
+      o.grad_accum = accum;
+      o.delayed_update = true;
+      o.stream_weights = true;
+      o.device_bytes = 1ull << 30;
+      o.weights = weights;
+      o.states = weights;  // weights on NVMe beside the states
+      o.nvme_paths = {dir.sub("delayed" + std::to_string(n))};
+      const TrainSetup setup = training_setup(o);
+      Placement pl;
+      pl.weights = weights;
+      pl.states = weights;
+      const Plan plan = estimate(setup, pl, Bandwidths{});
+      Result<std::unique_ptr<Trainer>> tr = Trainer::create(o);
+      ASSERT_TRUE(tr) << tr.error().to_string();
+      ASSERT_TRUE((*tr)->step());
+      ASSERT_TRUE((*tr)->step());
+      const double ratio = static_cast<double>(plan.host.total()) / static_cast<double>((*tr)->host_bytes());
+      worst = std::max(worst, std::abs(ratio - 1.0));
+      EXPECT_NEAR(ratio, 1.0, 0.05) << "delayed update, grad_accum " << accum << ", weights on " << tier_name(weights);
+      if (weights == Tier::kNvme) {
+        const double nvme = static_cast<double>(plan.nvme.total()) /
+                            static_cast<double>((*tr)->swap_store()->stats().peak_used_bytes);
+        worst = std::max(worst, std::abs(nvme - 1.0));
+        EXPECT_NEAR(nvme, 1.0, 0.05) << "delayed update, grad_accum " << accum << ", nvme";
+      }
+      ++n;
+    }
   }
   // The vertical order: grad_accum micro-batches' checkpoints, block
   // gradients and embedding gradients at once — resident and streamed,
@@ -1910,20 +1924,27 @@ TEST(Trainer, DelayedUpdateIsDeterministicAcrossPlacementsAndDocumentedInexact) 
     bool stream;
     int depth;
     Tier states, acts;
-    int accum;
+    Tier weights = Tier::kHost;
   };
-  for (Variant v : {Variant{"resident, states on nvme", false, 1, Tier::kNvme, Tier::kDevice, 1},
+  int variant = 0;
+  // Weights on NVMe: the forward of step t + 1 reads the blobs of update
+  // t - 1 while update t writes the other generation beside it.
+  for (Variant v : {Variant{"resident, states on nvme", false, 1, Tier::kNvme, Tier::kDevice},
                     Variant{"streamed depth 1, states on nvme, checkpoints on nvme", true, 1, Tier::kNvme,
-                            Tier::kNvme, 1},
-                    Variant{"streamed depth 4, states on host", true, 4, Tier::kHost, Tier::kHost, 1}}) {
+                            Tier::kNvme},
+                    Variant{"streamed depth 4, states on host", true, 4, Tier::kHost, Tier::kHost},
+                    Variant{"streamed depth 1, weights and states on nvme", true, 1, Tier::kNvme, Tier::kDevice,
+                            Tier::kNvme},
+                    Variant{"streamed depth 4, weights, states and checkpoints on nvme", true, 4, Tier::kNvme,
+                            Tier::kNvme, Tier::kNvme}}) {
     TrainerOptions o = base;
     o.stream_weights = v.stream;
     o.device_bytes = v.stream ? 8ull << 20 : 0;
     o.prefetch_depth = v.depth;
     o.states = v.states;
     o.activation_checkpoints = v.acts;
-    o.grad_accum = v.accum;
-    o.nvme_paths = {dir.sub(std::string("v") + std::to_string(v.depth) + (v.stream ? "s" : "r"))};
+    o.weights = v.weights;
+    o.nvme_paths = {dir.sub("v" + std::to_string(variant++))};
     EXPECT_EQ(run(o, 20), ref) << v.name;
   }
   // Accumulation and clipping in the delayed schedule: host and NVMe agree.
@@ -1934,6 +1955,11 @@ TEST(Trainer, DelayedUpdateIsDeterministicAcrossPlacementsAndDocumentedInexact) 
   clipped.states = Tier::kNvme;
   clipped.nvme_paths = {dir.sub("clip")};
   EXPECT_EQ(run(clipped, 12), clipped_ref);
+  clipped.stream_weights = true;
+  clipped.device_bytes = 8ull << 20;
+  clipped.weights = Tier::kNvme;
+  clipped.nvme_paths = {dir.sub("clip-weights")};
+  EXPECT_EQ(run(clipped, 12), clipped_ref) << "weights on nvme";
   // The delayed stage sees the same mean gradient as the exact one: step 1
   // starts from the same weights in both, and its norm is reported when
   // its update lands (after step 2 in the delayed schedule).
@@ -1951,29 +1977,38 @@ TEST(Trainer, DelayedUpdateIsDeterministicAcrossPlacementsAndDocumentedInexact) 
     EXPECT_GT(exact_tr->last_grad_norm(), 0.0);
     EXPECT_EQ(delayed_tr->last_grad_norm(), exact_tr->last_grad_norm());
   }
-  // Save at 10 lands the update in flight; the resumed run continues like the saving one.
-  TrainerOptions o = base;
-  o.states = Tier::kNvme;
-  o.nvme_paths = {dir.sub("resume")};
-  std::vector<float> saving;
-  const std::string root = dir.path() + "/ckpt";
-  {
-    auto tr = std::move(Trainer::create(o)).value();
-    for (int i = 0; i < 20; ++i) {
-      Result<float> loss = tr->step();
-      ASSERT_TRUE(loss);
-      saving.push_back(*loss);
-      if (i == 9) {
-        ASSERT_TRUE(tr->save(root).ok());
+  // Save at 10 lands the update in flight; the resumed run continues like
+  // the saving one (states on NVMe; then the weights too).
+  for (Tier weights : {Tier::kHost, Tier::kNvme}) {
+    TrainerOptions o = base;
+    o.states = Tier::kNvme;
+    if (weights == Tier::kNvme) {
+      o.stream_weights = true;
+      o.device_bytes = 8ull << 20;
+      o.weights = Tier::kNvme;
+    }
+    const std::string tag = std::string(tier_name(weights));
+    o.nvme_paths = {dir.sub("resume-" + tag)};
+    std::vector<float> saving;
+    const std::string root = dir.path() + "/ckpt-" + tag;
+    {
+      auto tr = std::move(Trainer::create(o)).value();
+      for (int i = 0; i < 20; ++i) {
+        Result<float> loss = tr->step();
+        ASSERT_TRUE(loss);
+        saving.push_back(*loss);
+        if (i == 9) {
+          ASSERT_TRUE(tr->save(root).ok());
+        }
       }
     }
-  }
-  auto resumed = std::move(Trainer::create(o)).value();
-  ASSERT_TRUE(resumed->load(root).ok());
-  for (int i = 10; i < 20; ++i) {
-    Result<float> loss = resumed->step();
-    ASSERT_TRUE(loss);
-    EXPECT_EQ(*loss, saving[static_cast<size_t>(i)]) << "step " << i + 1;
+    auto resumed = std::move(Trainer::create(o)).value();
+    ASSERT_TRUE(resumed->load(root).ok());
+    for (int i = 10; i < 20; ++i) {
+      Result<float> loss = resumed->step();
+      ASSERT_TRUE(loss);
+      EXPECT_EQ(*loss, saving[static_cast<size_t>(i)]) << "step " << i + 1 << ", weights on " << tag;
+    }
   }
   std::printf("delayed update: loss %.4f -> %.4f (exact schedule %.4f -> %.4f)\n", ref.front(), ref.back(),
               exact.front(), exact.back());
