@@ -44,9 +44,9 @@ struct TrainerOptions {
   // runs while its weights are on the device, so the weights are fetched
   // once per step instead of once per micro-batch (streamed, and from NVMe,
   // bytes per token fall with grad_accum). Costs grad_accum sets of block
-  // inputs, block gradients and embedding gradients on the device
-  // (activation checkpoints on the device only). The same bits as the
-  // default order, one micro-batch after another.
+  // gradients and embedding gradients on the device, and of block inputs
+  // on the tier activation_checkpoints names. The same bits as the default
+  // order, one micro-batch after another.
   bool vertical_accumulation = false;
   // The vertical order in groups: this many micro-batches share a pass (a
   // divisor of grad_accum; later passes of a step keep what the last left
@@ -110,8 +110,8 @@ struct TrainerOptions {
   // forward and backward of step t+1, which therefore computes with the
   // weights from before update t (one step stale). Hides the optimizer and
   // its NVMe traffic entirely; costs a second set of host gradient buffers.
-  // Deterministic (the same bits in every placement), but not the same
-  // numbers as the exact schedule. Weights on the host only.
+  // Deterministic (the same bits in every placement, weights on NVMe too),
+  // but not the same numbers as the exact schedule.
   bool delayed_update = false;
   // false: create() leaves the weights and optimizer states unset — no
   // initial draws, and states on NVMe not written (a 10B model's 120 GB) —

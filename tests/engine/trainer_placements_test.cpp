@@ -1,0 +1,164 @@
+// Placements drawn at random: for one run's numbers (seed, precision, Adam
+// state type, accumulation, clipping) every placement and schedule the
+// trainer runs gives the same losses, gradient norms and loss scales, bit
+// for bit (DESIGN.md, "Precision and determinism") — resident or streamed at
+// any prefetch depth; weights, optimizer states and activation checkpoints
+// on any tier they may live on; one micro-batch at a time or the vertical
+// order in any group; speculation on NVMe or in RAM, or none; states in
+// pieces; io_uring or POSIX; transient NVMe faults (EAGAIN, EINTR, short
+// transfers, transient EIO, late and reordered completions), which the I/O
+// layer retries unseen. trainer_test.cpp holds the placements it names one by
+// one; this test covers their combinations, a different set for every seed
+// (STRATA_TEST_SEED replays one; each failure prints its placement).
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/trainer.h"
+#include "tests/test_util.h"
+
+namespace strata::engine {
+namespace {
+
+// What a run computed, step by step.
+struct Outcome {
+  std::vector<float> losses;
+  std::vector<double> norms, scales;
+  bool operator==(const Outcome&) const = default;
+};
+
+Outcome run(const TrainerOptions& o, int steps, std::string* error) {
+  Outcome out;
+  Result<std::unique_ptr<Trainer>> tr = Trainer::create(o);
+  if (!tr) {
+    *error = tr.error().to_string();
+    return out;
+  }
+  for (int i = 0; i < steps; ++i) {
+    out.scales.push_back((*tr)->loss_scale());
+    Result<float> loss = (*tr)->step();
+    if (!loss) {
+      *error = "step " + std::to_string(i + 1) + ": " + loss.error().to_string();
+      return out;
+    }
+    out.losses.push_back(*loss);
+    out.norms.push_back((*tr)->last_grad_norm());
+  }
+  return out;
+}
+
+// The run's numbers: everything that may change the bits.
+TrainerOptions numbers(std::mt19937_64& rng, uint64_t seed) {
+  auto pick = [&rng](int n) { return static_cast<int>(rng() % static_cast<uint64_t>(n)); };
+  TrainerOptions o;
+  o.model.layers = 3 + pick(3);  // more blocks than the checkpoint buffers that stay on the device
+  o.model.hidden = 32, o.model.heads = 4, o.model.vocab = 64, o.model.max_seq = 16;
+  o.batch = 2 + pick(2);
+  o.seq = 16;
+  o.seed = seed;
+  o.adam.lr = 1e-2f;
+  o.adam.weight_decay = 0.01f;
+  o.grad_accum = std::vector<int64_t>{1, 2, 4}[static_cast<size_t>(pick(3))];
+  o.adam_states = std::vector<cpu_optim::StateType>{cpu_optim::StateType::kF32, cpu_optim::StateType::kBF16,
+                                                    cpu_optim::StateType::kQ8}[static_cast<size_t>(pick(3))];
+  if (pick(2) == 1) o.clip_norm = 1.0f + 0.5f * static_cast<float>(pick(3));  // fires on some steps
+  if (pick(3) == 0) {
+    // fp16, with a loss scale that overflows on some steps (skipped).
+    o.precision = DType::kF16;
+    o.loss_scale.initial_power = 24;
+    o.loss_scale.window = 3;
+    o.loss_scale.hysteresis = 1;
+  }
+  return o;
+}
+
+// A placement of `base`'s run; `what` says which, for the failure message.
+TrainerOptions placement(const TrainerOptions& base, std::mt19937_64& rng, const std::string& dir, std::string* what) {
+  auto pick = [&rng](int n) { return static_cast<int>(rng() % static_cast<uint64_t>(n)); };
+  TrainerOptions o = base;
+  o.nvme_paths = {dir};
+  o.stream_weights = pick(3) != 0;
+  o.device_bytes = o.stream_weights ? 8ull << 20 : 0;
+  o.prefetch_depth = 1 + pick(4);
+  o.states = pick(2) == 0 ? Tier::kHost : Tier::kNvme;
+  o.weights = o.stream_weights && o.states == Tier::kNvme && pick(2) == 0 ? Tier::kNvme : Tier::kHost;
+  o.activation_checkpoints =
+      o.stream_weights ? std::vector<Tier>{Tier::kDevice, Tier::kHost, Tier::kNvme}[static_cast<size_t>(pick(3))]
+                       : Tier::kDevice;
+  if (o.grad_accum > 1 && pick(2) == 0) {
+    o.vertical_accumulation = true;
+    o.vertical_group = o.grad_accum == 4 && pick(2) == 0 ? 2 : 0;
+  }
+  if (o.states == Tier::kHost) {
+    o.speculate_in_ram = pick(2) == 0;
+  } else {
+    o.speculate = pick(4) != 0;
+    if (pick(2) == 0) o.state_piece_elems = kStatePieceGranule;  // every chunk in pieces
+  }
+  const bool nvme = o.states == Tier::kNvme || o.activation_checkpoints == Tier::kNvme;
+  if (nvme) {
+    o.io_backend = pick(2) == 0 ? io::Backend::kPosix : io::Backend::kAuto;
+    if (pick(2) == 0) {
+      io::FaultConfig f;
+      f.seed = rng();
+      f.eagain_one_in = 7;
+      f.eintr_one_in = 11;
+      f.short_transfer_one_in = 5;
+      f.eio_transient_one_in = 13;
+      f.latency_one_in = 9;
+      f.latency_us = 100;
+      f.reorder = true;
+      o.faults = f;
+    }
+  }
+  *what = std::string(o.stream_weights ? "streamed, depth " + std::to_string(o.prefetch_depth) : "resident") +
+          ", weights on " + std::string(tier_name(o.weights)) + ", states on " + std::string(tier_name(o.states)) +
+          ", checkpoints on " + std::string(tier_name(o.activation_checkpoints)) +
+          (o.vertical_accumulation
+               ? ", vertical" + (o.vertical_group > 0 ? " in groups of " + std::to_string(o.vertical_group) : "")
+               : "") +
+          (o.speculate_in_ram ? ", speculating in RAM" : "") +
+          (o.states == Tier::kNvme && !o.speculate ? ", no speculation" : "") +
+          (o.state_piece_elems == kStatePieceGranule ? ", states in pieces" : "") +
+          (nvme && o.io_backend == io::Backend::kPosix ? ", POSIX I/O" : "") + (o.faults ? ", transient faults" : "");
+  return o;
+}
+
+std::string numbers_text(const TrainerOptions& o) {
+  char clip[32];
+  std::snprintf(clip, sizeof clip, "%g", static_cast<double>(o.clip_norm));
+  return std::to_string(o.model.layers) + " blocks, batch " + std::to_string(o.batch) + ", grad_accum " +
+         std::to_string(o.grad_accum) + ", " + std::string(dtype_name(o.precision)) + ", " +
+         std::string(cpu_optim::state_type_name(o.adam_states)) + " Adam states, clip " + clip;
+}
+
+TEST(TrainerPlacements, RandomPlacementsGiveTheSameBits) {
+  const uint64_t seed = strata::testing::test_seed(20261201);
+  std::mt19937_64 rng(seed);
+  strata::testing::TempDir dir;
+  constexpr int kRuns = 12, kPlacements = 5, kSteps = 6;
+  int variant = 0;
+  for (int r = 0; r < kRuns; ++r) {
+    const TrainerOptions base = numbers(rng, rng());
+    std::string error;
+    const Outcome ref = run(base, kSteps, &error);  // resident, states in RAM, one micro-batch at a time
+    ASSERT_TRUE(error.empty()) << numbers_text(base) << ": " << error;
+    ASSERT_EQ(ref.losses.size(), static_cast<size_t>(kSteps));
+    for (int k = 0; k < kPlacements; ++k) {
+      std::string what;
+      const TrainerOptions o = placement(base, rng, dir.sub("p" + std::to_string(variant++)), &what);
+      const Outcome got = run(o, kSteps, &error);
+      ASSERT_TRUE(error.empty()) << numbers_text(base) << "; " << what << ": " << error << " (seed " << seed << ")";
+      EXPECT_EQ(got.losses, ref.losses) << numbers_text(base) << "; " << what << " (seed " << seed << ")";
+      EXPECT_EQ(got.norms, ref.norms) << numbers_text(base) << "; " << what;
+      EXPECT_EQ(got.scales, ref.scales) << numbers_text(base) << "; " << what;
+      std::printf("%s; %s: the same %d losses\n", numbers_text(base).c_str(), what.c_str(), kSteps);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace strata::engine
