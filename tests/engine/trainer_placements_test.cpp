@@ -1,7 +1,7 @@
 // Placements drawn at random: for one run's numbers (seed, precision, Adam
 // state type, accumulation, clipping) every placement and schedule the
 // trainer runs gives the same losses, gradient norms and loss scales, bit
-// for bit (DESIGN.md, "Precision and determinism") — resident or streamed at
+// for bit (the delayed update's own, when the run has one) (DESIGN.md, "Precision and determinism") — resident or streamed at
 // any prefetch depth; weights, optimizer states and activation checkpoints
 // on any tier they may live on; one micro-batch at a time or the vertical
 // order in any group; speculation on NVMe or in RAM, or none; states in
@@ -72,6 +72,9 @@ TrainerOptions numbers(std::mt19937_64& rng, uint64_t seed) {
     o.loss_scale.window = 3;
     o.loss_scale.hysteresis = 1;
   }
+  // The delayed update: other numbers than the exact schedule's, but its
+  // own in every placement.
+  o.delayed_update = pick(4) == 0;
   return o;
 }
 
@@ -132,7 +135,8 @@ std::string numbers_text(const TrainerOptions& o) {
   std::snprintf(clip, sizeof clip, "%g", static_cast<double>(o.clip_norm));
   return std::to_string(o.model.layers) + " blocks, batch " + std::to_string(o.batch) + ", grad_accum " +
          std::to_string(o.grad_accum) + ", " + std::string(dtype_name(o.precision)) + ", " +
-         std::string(cpu_optim::state_type_name(o.adam_states)) + " Adam states, clip " + clip;
+         std::string(cpu_optim::state_type_name(o.adam_states)) + " Adam states, clip " + clip +
+         (o.delayed_update ? ", delayed update" : "");
 }
 
 TEST(TrainerPlacements, RandomPlacementsGiveTheSameBits) {
