@@ -512,6 +512,12 @@ Status Trainer::absorb(Result<OverlapOutcome> outcome) {
     if (in_place) restore_written_weights().ignore();  // what stays stale is put back before the next use
     return std::move(outcome).error();
   }
+  // A skipped step's chunks that a speculative update wrote in place get
+  // their old weights back first: where that fails, the step fails and
+  // nothing of it is taken — not the loss scale's move, not the counts —
+  // so that its retry is the step as it would have run (the chunks stay
+  // marked and the next step puts them back first).
+  if (in_place && outcome->skipped) STRATA_RETURN_IF_ERROR(restore_written_weights());
   last_stage_ = outcome->counters;
   last_grad_norm_ = outcome->grad_norm;
   last_clipped_ = outcome->clipped;
@@ -520,7 +526,6 @@ Status Trainer::absorb(Result<OverlapOutcome> outcome) {
   if (options_.precision == DType::kF16) scaler_.update(outcome->skipped);
   if (!outcome->skipped) ++updates_;
   rollbacks_ += outcome->rolled_back ? 1 : 0;
-  if (in_place && last_skipped_) return restore_written_weights();  // the chunks a speculative update wrote
   if (!in_place && !last_skipped_) std::swap(weights_, weights_next_);
   return ok_status();
 }

@@ -12,6 +12,7 @@
 // (STRATA_TEST_SEED replays one; each failure prints its placement).
 #include <gtest/gtest.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <random>
 #include <string>
@@ -162,6 +163,70 @@ TEST(TrainerPlacements, RandomPlacementsGiveTheSameBits) {
       std::printf("%s; %s: the same %d losses\n", numbers_text(base).c_str(), what.c_str(), kSteps);
     }
   }
+}
+
+// Persistent NVMe faults at random moments of random placements: an EIO
+// that strikes reads, or an EIO or ENOSPC that strikes writes, after a
+// random number of good ones
+// ends its step with UNAVAILABLE or RESOURCE_EXHAUSTED and changes nothing —
+// once the disk is well again the step is retried and the run goes on with
+// the bits of the run that never failed (the exact schedule; the delayed
+// update lands its update in flight when a step fails, so it is left out).
+TEST(TrainerPlacements, FaultsAtRandomMomentsEndTheirStepAndChangeNothing) {
+  const uint64_t seed = strata::testing::test_seed(20261202);
+  std::mt19937_64 rng(seed);
+  strata::testing::TempDir dir;
+  constexpr int kRuns = 8, kSteps = 6;
+  int variant = 0, failed_steps = 0;
+  for (int r = 0; r < kRuns; ++r) {
+    TrainerOptions base = numbers(rng, rng());
+    base.delayed_update = false;
+    std::string error;
+    const Outcome ref = run(base, kSteps, &error);
+    ASSERT_TRUE(error.empty()) << numbers_text(base) << ": " << error;
+    std::string what;
+    TrainerOptions o;
+    do {  // a placement with something on NVMe
+      o = placement(base, rng, dir.sub("f" + std::to_string(variant++)), &what);
+    } while (o.states != Tier::kNvme && o.activation_checkpoints != Tier::kNvme);
+    if (!o.faults) o.faults = io::FaultConfig{};
+    Result<std::unique_ptr<Trainer>> tr = Trainer::create(o);
+    ASSERT_TRUE(tr) << what << ": " << tr.error().to_string();
+    Outcome got;
+    for (int i = 0; i < kSteps; ++i) {
+      const double scale = (*tr)->loss_scale();
+      const io::IoOp op = rng() % 2 == 0 ? io::IoOp::kRead : io::IoOp::kWrite;
+      const int err = op == io::IoOp::kWrite && rng() % 2 == 0 ? ENOSPC : EIO;  // a read never meets ENOSPC
+      const auto good = static_cast<uint32_t>(rng() % 24);
+      (*tr)->swap_store()->faults()->fail_next(op, err, 1000, good);
+      Result<float> bad = (*tr)->step();
+      (*tr)->swap_store()->faults()->clear_forced();
+      const std::string at = numbers_text(base) + "; " + what + "; step " + std::to_string(i + 1) + ", " +
+                             std::string(io::io_op_name(op)) + "s fail with " + (err == EIO ? "EIO" : "ENOSPC") +
+                             " after " + std::to_string(good) + " (seed " + std::to_string(seed) + ")";
+      got.scales.push_back(scale);
+      if (bad) {  // the faults struck nothing this step uses after `good` requests
+        got.losses.push_back(*bad);
+        got.norms.push_back((*tr)->last_grad_norm());
+        continue;
+      }
+      ++failed_steps;
+      EXPECT_TRUE(bad.error().code() == StatusCode::kUnavailable ||
+                  bad.error().code() == StatusCode::kResourceExhausted)
+          << at << ": " << bad.error().to_string();
+      EXPECT_EQ((*tr)->steps_done(), i) << at;
+      EXPECT_EQ((*tr)->loss_scale(), scale) << at << ": the failed step moved the loss scale";
+      Result<float> again = (*tr)->step();
+      ASSERT_TRUE(again) << at << ", then well again: " << again.error().to_string();
+      got.losses.push_back(*again);
+      got.norms.push_back((*tr)->last_grad_norm());
+    }
+    EXPECT_EQ(got.losses, ref.losses) << numbers_text(base) << "; " << what << " (seed " << seed << ")";
+    EXPECT_EQ(got.norms, ref.norms) << numbers_text(base) << "; " << what;
+    EXPECT_EQ(got.scales, ref.scales) << numbers_text(base) << "; " << what;
+  }
+  std::printf("%d of %d steps failed on a fault and were retried\n", failed_steps, kRuns * kSteps);
+  EXPECT_GT(failed_steps, 0) << "no fault struck: the test checked nothing";
 }
 
 }  // namespace

@@ -1141,6 +1141,53 @@ TEST(Trainer, AFailedStepChangesNothingAndTheTrainerContinues) {
   EXPECT_TRUE(deferred_once) << "no case left weights to put back at the next step";
 }
 
+// A skipped fp16 step whose speculative in-place weights cannot be put back
+// (the read of their master weights fails) fails, and its loss scale stays:
+// the scaler had already halved it, so the retry ran at half the scale and
+// the run no longer matched one that never failed (found by
+// TrainerPlacements.FaultsAtRandomMomentsEndTheirStepAndChangeNothing).
+TEST(Trainer, AFailedRestoreAfterAnOverflowLeavesTheLossScale) {
+  const uint64_t seed = strata::testing::test_seed(6);
+  strata::testing::TempDir dir;
+  TrainerOptions o = tiny(seed);
+  o.model.layers = 4;
+  o.precision = DType::kF16;
+  o.loss_scale.initial_power = 24;  // the first steps overflow
+  o.loss_scale.window = 3;
+  o.loss_scale.hysteresis = 1;
+  o.states = Tier::kNvme;
+  o.nvme_paths = {dir.sub("ref")};
+  const RunLog ref = run_log(o, 4);
+  ASSERT_EQ(ref.losses.size(), 4u);
+  ASSERT_GT(ref.skipped, 0);
+  int restores_failed = 0;
+  for (uint32_t good = 0; good < 24; ++good) {
+    TrainerOptions f = o;
+    f.faults = io::FaultConfig{};
+    f.nvme_paths = {dir.sub("f" + std::to_string(good))};
+    auto tr = std::move(Trainer::create(f)).value();
+    RunLog got;
+    for (int i = 0; i < 4; ++i) {
+      const double scale = tr->loss_scale();
+      got.scales.push_back(scale);
+      if (i == 0) tr->swap_store()->faults()->fail_next(io::IoOp::kRead, EIO, 1000, good);
+      Result<float> loss = tr->step();
+      tr->swap_store()->faults()->clear_forced();
+      if (!loss) {
+        EXPECT_EQ(tr->loss_scale(), scale) << "reads fail after " << good << ": " << loss.error().to_string();
+        EXPECT_EQ(tr->steps_done(), 0);
+        if (loss.error().message().find("putting back the weights") != std::string::npos) ++restores_failed;
+        loss = tr->step();
+      }
+      ASSERT_TRUE(loss) << loss.error().to_string();
+      got.losses.push_back(*loss);
+    }
+    EXPECT_EQ(got.losses, ref.losses) << "reads fail after " << good;
+    EXPECT_EQ(got.scales, ref.scales) << "reads fail after " << good;
+  }
+  EXPECT_GT(restores_failed, 0) << "no fault struck the putting back of the weights";
+}
+
 // Gradient accumulation: the loss is the micro-batches' mean (checked with a
 // zero learning rate, where the weights never move), streamed and resident
 // give the same bits, the loss falls, and a checkpoint refuses to resume
