@@ -1,10 +1,9 @@
 // Placements drawn at random: for one run's numbers (seed, precision, Adam
 // state type, accumulation, clipping) every placement and schedule the
 // trainer runs gives the same losses, gradient norms and loss scales, bit
-// for bit (the delayed update's own, when the run has one) (DESIGN.md, "Precision and determinism") — resident or streamed at
-// any prefetch depth; weights, optimizer states and activation checkpoints
-// on any tier they may live on; one micro-batch at a time or the vertical
-// order in any group; speculation on NVMe or in RAM, or none; states in
+// for bit (the delayed update's own, when the run has one) (DESIGN.md, "Precision and determinism") — resident or
+// streamed at any prefetch depth; weights, optimizer states and activation checkpoints on any tier they may live on;
+// one micro-batch at a time or the vertical order in any group; speculation on NVMe or in RAM, or none; states in
 // pieces; io_uring or POSIX; transient NVMe faults (EAGAIN, EINTR, short
 // transfers, transient EIO, late and reordered completions), which the I/O
 // layer retries unseen. trainer_test.cpp holds the placements it names one by
@@ -18,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/checkpoint_io.h"
 #include "engine/trainer.h"
 #include "tests/test_util.h"
 
@@ -172,12 +172,16 @@ TEST(TrainerPlacements, RandomPlacementsGiveTheSameBits) {
 // once the disk is well again the step is retried and the run goes on with
 // the bits of the run that never failed (the exact schedule; the delayed
 // update lands its update in flight when a step fails, so it is left out).
+// Checkpoints are saved after some steps with their state reads failing at
+// a random moment too: a save completes or fails leaving `latest` as it
+// was, and the run resumes from the last one that completed with the same
+// bits.
 TEST(TrainerPlacements, FaultsAtRandomMomentsEndTheirStepAndChangeNothing) {
   const uint64_t seed = strata::testing::test_seed(20261202);
   std::mt19937_64 rng(seed);
   strata::testing::TempDir dir;
   constexpr int kRuns = 8, kSteps = 6;
-  int variant = 0, failed_steps = 0;
+  int variant = 0, failed_steps = 0, saves_done = 0, saves_failed = 0, resumes = 0;
   for (int r = 0; r < kRuns; ++r) {
     TrainerOptions base = numbers(rng, rng());
     base.delayed_update = false;
@@ -193,6 +197,31 @@ TEST(TrainerPlacements, FaultsAtRandomMomentsEndTheirStepAndChangeNothing) {
     Result<std::unique_ptr<Trainer>> tr = Trainer::create(o);
     ASSERT_TRUE(tr) << what << ": " << tr.error().to_string();
     Outcome got;
+    // After some steps a checkpoint, its reads failing at a random moment
+    // too: a save either completes or fails leaving `latest` as it was;
+    // whatever the faults, the run resumes from the last one that completed.
+    const std::string root = dir.sub("ck" + std::to_string(r));
+    int64_t saved = 0;
+    auto maybe_save = [&](int i) {
+      if (rng() % 2 != 0) return;
+      const auto good = static_cast<uint32_t>(rng() % 16);
+      (*tr)->swap_store()->faults()->fail_next(io::IoOp::kRead, EIO, 1000, good);
+      Status st = (*tr)->save(root);
+      (*tr)->swap_store()->faults()->clear_forced();
+      if (st.ok()) {
+        saved = i + 1;
+        ++saves_done;
+        return;
+      }
+      ++saves_failed;
+      EXPECT_EQ(st.code(), StatusCode::kUnavailable) << what << "; save after step " << i + 1 << ": " << st.to_string();
+      Result<CheckpointDir::Entry> latest = CheckpointDir(root).latest();
+      if (saved == 0) {
+        EXPECT_FALSE(latest) << what << ": a failed first save left a checkpoint";
+      } else {
+        EXPECT_TRUE(latest && latest->step == saved) << what << ": the failed save moved latest";
+      }
+    };
     for (int i = 0; i < kSteps; ++i) {
       const double scale = (*tr)->loss_scale();
       const io::IoOp op = rng() % 2 == 0 ? io::IoOp::kRead : io::IoOp::kWrite;
@@ -208,6 +237,7 @@ TEST(TrainerPlacements, FaultsAtRandomMomentsEndTheirStepAndChangeNothing) {
       if (bad) {  // the faults struck nothing this step uses after `good` requests
         got.losses.push_back(*bad);
         got.norms.push_back((*tr)->last_grad_norm());
+        maybe_save(i);
         continue;
       }
       ++failed_steps;
@@ -220,11 +250,31 @@ TEST(TrainerPlacements, FaultsAtRandomMomentsEndTheirStepAndChangeNothing) {
       ASSERT_TRUE(again) << at << ", then well again: " << again.error().to_string();
       got.losses.push_back(*again);
       got.norms.push_back((*tr)->last_grad_norm());
+      maybe_save(i);
     }
     EXPECT_EQ(got.losses, ref.losses) << numbers_text(base) << "; " << what << " (seed " << seed << ")";
     EXPECT_EQ(got.norms, ref.norms) << numbers_text(base) << "; " << what;
     EXPECT_EQ(got.scales, ref.scales) << numbers_text(base) << "; " << what;
+    if (saved > 0 && saved < kSteps) {
+      TrainerOptions again = o;
+      again.faults.reset();
+      again.initial_state = false;
+      again.nvme_paths = {dir.sub("resumed" + std::to_string(r))};
+      Result<std::unique_ptr<Trainer>> resumed = Trainer::create(again);
+      ASSERT_TRUE(resumed) << resumed.error().to_string();
+      Status st = (*resumed)->load(root);
+      ASSERT_TRUE(st.ok()) << what << ": " << st.to_string();
+      ASSERT_EQ((*resumed)->steps_done(), saved);
+      for (int64_t i = saved; i < kSteps; ++i) {
+        Result<float> loss = (*resumed)->step();
+        ASSERT_TRUE(loss) << loss.error().to_string();
+        EXPECT_EQ(*loss, ref.losses[static_cast<size_t>(i)]) << what << ": resumed at " << saved << ", step " << i + 1;
+      }
+      ++resumes;
+    }
   }
+  std::printf("%d saves completed, %d failed on a fault; %d runs resumed from the last one\n", saves_done, saves_failed,
+              resumes);
   std::printf("%d of %d steps failed on a fault and were retried\n", failed_steps, kRuns * kSteps);
   EXPECT_GT(failed_steps, 0) << "no fault struck: the test checked nothing";
 }
