@@ -555,9 +555,30 @@ Status Trainer::restore_weights() {
 }
 
 Status Trainer::flush() {
+  STRATA_RETURN_IF_ERROR(resume_failed_update());
   if (!pending_) return ok_status();
   pending_ = false;
-  return absorb(stage_->finish());
+  Status s = absorb(stage_->finish());
+  // Nothing of it was taken (the states' new generation is never switched
+  // to, the weights it wrote beside are not swapped in): begun again later.
+  if (!s.ok()) redo_ = in_flight_;
+  return s;
+}
+
+Status Trainer::resume_failed_update() {
+  if (!redo_) return ok_status();
+  begin_delayed(*redo_);
+  redo_.reset();
+  return ok_status();
+}
+
+// Starts a delayed update: every chunk's gradient is complete.
+void Trainer::begin_delayed(const OverlapStep& step) {
+  in_flight_ = step;
+  Status s = stage_->begin(step);
+  STRATA_CHECK_MSG(s.ok(), "trainer: the optimizer stage refused a step: %s", s.to_string().c_str());
+  for (size_t c : landing_order_) hand_over(c, false, {});
+  pending_ = true;
 }
 
 Result<float> Trainer::step() {
@@ -744,12 +765,17 @@ Result<float> Trainer::run_step(const int32_t* data_tokens, const int32_t* data_
   StepCounters counters;  // this step's, published at its end
   // Delayed update: the previous step's stage may still be reading the
   // other set of the buffers it takes its gradients from.
-  if (delayed) {
+  // A failed one is begun again first, to run beside this step as it would have.
+  auto swap_gradient_sets = [&] {
     if (A == 1) {
       std::swap(grads_, grads_alt_);
     } else {
       std::swap(acc_, acc_alt_);
     }
+  };
+  if (delayed) {
+    STRATA_RETURN_IF_ERROR(resume_failed_update());
+    swap_gradient_sets();
   }
   // fp16: the loss is scaled, so a scale too large overflows the fp16
   // backward to inf, and the step is skipped.
@@ -760,14 +786,18 @@ Result<float> Trainer::run_step(const int32_t* data_tokens, const int32_t* data_
   // beside the next step's forward and backward.
   if (!delayed) STRATA_RETURN_IF_ERROR(stage_->begin(make_overlap_step(dloss)));
   // Any failure from here on: stop the stage (the weights this step
-  // computed with are untouched; a delayed update in flight lands).
+  // computed with are untouched). Delayed: the update in flight goes on
+  // reading its gradient set, which the retry's swap leaves alone.
   auto abandon = [&](Status s) -> Status {
-    if (!delayed) stage_->cancel();
+    if (delayed) {
+      swap_gradient_sets();
+      return s;
+    }
+    stage_->cancel();
     // Chunks the stage had updated in place get their old weights back
     // (what cannot be now, before the next use).
     if (weights_in_place()) restore_written_weights().ignore();
-    Status r = delayed ? flush() : ok_status();
-    return r.ok() ? std::move(s) : std::move(r);
+    return s;
   };
   uint64_t nvme_read0 = 0, nvme_written0 = 0;
   nvme_totals(&nvme_read0, &nvme_written0);
@@ -781,11 +811,14 @@ Result<float> Trainer::run_step(const int32_t* data_tokens, const int32_t* data_
   t0 = std::chrono::steady_clock::now();
   if (delayed) {
     // The previous step's update ends here; this step's starts, for the
-    // next forward to run beside.
-    STRATA_RETURN_IF_ERROR(flush());
-    STRATA_RETURN_IF_ERROR(stage_->begin(make_overlap_step(dloss)));
-    for (size_t c : landing_order_) hand_over(c, false, {});  // the sum is complete
-    pending_ = true;
+    // next forward to run beside. A failed update is begun again at the
+    // retry of this step (flush keeps it), whose gradients are computed again.
+    Status landed = flush();
+    if (!landed.ok()) {
+      swap_gradient_sets();
+      return landed;
+    }
+    begin_delayed(make_overlap_step(dloss));
   } else {
     STRATA_RETURN_IF_ERROR(absorb(stage_->finish()));
   }
@@ -943,6 +976,7 @@ Result<Trainer::CheckpointMeta> Trainer::checked_meta(const std::string& path, c
 }
 
 Status Trainer::load(const std::string& root) {
+  redo_.reset();  // what the load replaces
   STRATA_RETURN_IF_ERROR(flush());
   CheckpointDir dir(root);
   STRATA_ASSIGN_OR_RETURN(CheckpointDir::Entry latest, dir.latest());

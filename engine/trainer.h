@@ -260,8 +260,11 @@ class Trainer {
   Result<double> passes(const int32_t* tokens, const int32_t* targets, float dloss, StepCounters& counters);
   // Takes a finished stage's outcome: counters, the loss scale, the new weights.
   Status absorb(Result<OverlapOutcome> outcome);
-  // Delayed update: waits for the update in flight and takes it.
+  // Delayed update: waits for the update in flight (begun again first when
+  // it had failed) and takes it.
   Status flush();
+  Status resume_failed_update();
+  void begin_delayed(const OverlapStep& step);
   // Weights on NVMe: the blobs the steps read them from, taken from the
   // stage while it is idle (after each update lands), so that the forward
   // of a delayed step reads the weights from before the update running
@@ -321,6 +324,12 @@ class Trainer {
   std::unique_ptr<SerialQueue> accumulator_;
   std::vector<gpu::HostPin> pins_;             // the vectors the streamed model copies from and to, pinned
   bool pending_ = false;                       // delayed update: a stage step in flight
+  // Delayed update: the step begun last (what redo_ takes when it fails),
+  // and one that failed, to be begun again — from the same gradients,
+  // which nothing overwrites until it lands — before anything waits for it
+  // (resume_failed_update), so that a failure changes no numbers.
+  OverlapStep in_flight_;
+  std::optional<OverlapStep> redo_;
   // Chunks whose weights in RAM a failed or skipped step had updated in
   // place and restore_weights() has not yet put back (it failed, say, with
   // the NVMe it reads): step() and save() put them back first.

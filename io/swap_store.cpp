@@ -445,6 +445,13 @@ Result<std::vector<PieceLocation>> SwapStore::locate(const std::string& name) co
   return out;
 }
 
+bool SwapStore::with_faults(const std::function<void(FaultyDevice&)>& f) {
+  if (!faulty_) return false;
+  std::unique_lock<std::mutex> lock = enter();
+  f(*faulty_);
+  return true;
+}
+
 SwapStoreStats SwapStore::stats() const {
   std::unique_lock lock = enter();
   SwapStoreStats s;

@@ -132,8 +132,12 @@ class SwapStore {
   Result<std::vector<PieceLocation>> locate(const std::string& name) const;
 
   SwapStoreStats stats() const;
-  // The fault injector when options.faults was set, else null.
+  // The fault injector when options.faults was set, else null. Its
+  // settings may be changed directly only while no request is in flight;
+  // with_faults changes them under the store's lock, beside other threads'
+  // requests (false, f not called, without an injector).
   FaultyDevice* faults() { return faulty_.get(); }
+  bool with_faults(const std::function<void(FaultyDevice&)>& f);
 
  private:
   struct Directory {

@@ -1188,6 +1188,55 @@ TEST(Trainer, AFailedRestoreAfterAnOverflowLeavesTheLossScale) {
   EXPECT_GT(restores_failed, 0) << "no fault struck the putting back of the weights";
 }
 
+// The delayed update through NVMe failures: a step whose forward or
+// backward fails (a block input's read or write) leaves the update beside it
+// in flight, and an update that fails itself (its state reads or writes)
+// is begun again from the same gradients at the retry — either way the
+// retried run has the uninterrupted one's numbers. Before, a failed step
+// landed the update at once and a failed update was lost.
+TEST(Trainer, AFailedDelayedStepOrUpdateIsRetriedWithTheSameNumbers) {
+  const uint64_t seed = strata::testing::test_seed(141);
+  strata::testing::TempDir dir;
+  TrainerOptions o = tiny(seed);
+  o.model.layers = 4;
+  o.delayed_update = true;
+  o.stream_weights = true;
+  o.device_bytes = 8ull << 20;
+  o.states = Tier::kNvme;
+  o.activation_checkpoints = Tier::kNvme;
+  o.nvme_paths = {dir.sub("ref")};
+  const std::vector<float> ref = run(o, 6);
+  ASSERT_EQ(ref.size(), 6u);
+  int stage_failures = 0, pass_failures = 0, variant = 0;
+  for (io::IoOp op : {io::IoOp::kRead, io::IoOp::kWrite}) {
+    for (uint32_t good = 0; good < 12; good += 3) {
+      TrainerOptions f = o;
+      f.faults = io::FaultConfig{};
+      f.nvme_paths = {dir.sub("f" + std::to_string(variant++))};
+      auto tr = std::move(Trainer::create(f)).value();
+      std::vector<float> losses;
+      for (int i = 0; i < 6; ++i) {
+        if (i == 2) tr->swap_store()->with_faults([&](io::FaultyDevice& d) { d.fail_next(op, EIO, 1000, good); });
+        Result<float> loss = tr->step();
+        tr->swap_store()->with_faults([](io::FaultyDevice& d) { d.clear_forced(); });
+        for (int retry = 0; !loss && retry < 2; ++retry) {
+          EXPECT_EQ(loss.error().code(), StatusCode::kUnavailable) << loss.error().to_string();
+          EXPECT_EQ(tr->steps_done(), i);
+          const bool stage = loss.error().message().find("optimizer state") != std::string::npos;
+          (stage ? stage_failures : pass_failures) += 1;
+          loss = tr->step();
+        }
+        ASSERT_TRUE(loss) << loss.error().to_string();
+        losses.push_back(*loss);
+      }
+      EXPECT_EQ(losses, ref) << io::io_op_name(op) << "s fail after " << good << " good ones";
+    }
+  }
+  std::printf("%d failed updates begun again, %d failed forward/backward passes\n", stage_failures, pass_failures);
+  EXPECT_GT(stage_failures, 0);
+  EXPECT_GT(pass_failures, 0);
+}
+
 // Gradient accumulation: the loss is the micro-batches' mean (checked with a
 // zero learning rate, where the weights never move), streamed and resident
 // give the same bits, the loss falls, and a checkpoint refuses to resume

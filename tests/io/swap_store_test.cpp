@@ -8,8 +8,11 @@
 #include <sys/vfs.h>
 
 #include <atomic>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <thread>
 
@@ -165,6 +168,55 @@ TEST_P(SwapStoreTest, TwoThreadsShareOneStore) {
   b.join();
   EXPECT_EQ(bad.load(), 0);
   EXPECT_EQ(store->stats().used_bytes, 6 * store->padded_size(700 * kKiB));
+}
+
+// Faults set and cleared under the store's lock while another thread's
+// requests are in flight (persistent ones: the I/O layer retries a few
+// EIOs unseen): each failure reaches that thread as an error,
+// never as wrong data, and once cleared its requests work again. Without
+// an injector with_faults says so and calls nothing.
+TEST_P(SwapStoreTest, FaultsChangeUnderTheLockBesideRequestsInFlight) {
+  auto plain = open(options(1));
+  ASSERT_TRUE(plain);
+  EXPECT_FALSE(plain->with_faults([](FaultyDevice&) { ADD_FAILURE() << "called without an injector"; }));
+  SwapStoreOptions o = options(2);
+  o.faults = FaultConfig{};
+  auto store = open(o);
+  ASSERT_TRUE(store);
+  const uint64_t seed = strata::testing::test_seed(35);
+  std::atomic<bool> stop{false};
+  std::atomic<int> failed{0}, wrong{0}, done{0};
+  std::thread io([&] {
+    Buffer out = buffer_for(*store, 300 * kKiB), in = buffer_for(*store, 300 * kKiB);
+    for (uint64_t round = 0; !stop.load(); ++round) {
+      strata::testing::fill_stamped(out.data(), 300 * kKiB, 0, seed + round);
+      if (!write_sync(*store, "b", out, 300 * kKiB).ok() || !read_sync(*store, "b", in).ok()) {
+        ++failed;
+        continue;
+      }
+      if (!strata::testing::check_stamped(in.data(), 300 * kKiB, 0, seed + round).empty()) ++wrong;
+      ++done;
+    }
+  });
+  auto wait_until = [](const std::function<bool()>& ok) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!ok() && std::chrono::steady_clock::now() < end) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    return ok();
+  };
+  ASSERT_TRUE(wait_until([&] { return done.load() > 0; }));
+  for (int k = 0; k < 6; ++k) {
+    const int failed_before = failed.load(), done_before = done.load();
+    EXPECT_TRUE(store->with_faults([&](FaultyDevice& d) { d.fail_next(k % 2 ? IoOp::kRead : IoOp::kWrite, EIO, 1000); }));
+    EXPECT_TRUE(wait_until([&] { return failed.load() > failed_before; })) << "fault " << k << " never struck";
+    EXPECT_TRUE(store->with_faults([](FaultyDevice& d) { d.clear_forced(); }));
+    EXPECT_TRUE(wait_until([&] { return done.load() > done_before + 1; })) << "no round worked after fault " << k;
+  }
+  stop = true;
+  io.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_GE(failed.load(), 6);
+  std::printf("%d rounds worked, %d met an injected fault (seed %llu)\n", done.load(), failed.load(),
+              static_cast<unsigned long long>(seed));
 }
 
 TEST_P(SwapStoreTest, OverwriteInPlaceAndResizeAndRemove) {
