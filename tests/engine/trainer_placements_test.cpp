@@ -4,7 +4,8 @@
 // for bit (the delayed update's own, when the run has one) (DESIGN.md, "Precision and determinism") — resident or
 // streamed at any prefetch depth; weights, optimizer states and activation checkpoints on any tier they may live on;
 // one micro-batch at a time or the vertical order in any group; speculation on NVMe or in RAM, or none; states in
-// pieces; io_uring or POSIX; transient NVMe faults (EAGAIN, EINTR, short
+// pieces; io_uring or POSIX at queue depth 1, 4 or 32, striped over one
+// or two directories, with 3-6 staging buffers; transient NVMe faults (EAGAIN, EINTR, short
 // transfers, transient EIO, late and reordered completions), which the I/O
 // layer retries unseen. trainer_test.cpp holds the placements it names one by
 // one; this test covers their combinations, a different set for every seed
@@ -13,6 +14,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
@@ -83,7 +85,9 @@ TrainerOptions numbers(std::mt19937_64& rng, uint64_t seed) {
 TrainerOptions placement(const TrainerOptions& base, std::mt19937_64& rng, const std::string& dir, std::string* what) {
   auto pick = [&rng](int n) { return static_cast<int>(rng() % static_cast<uint64_t>(n)); };
   TrainerOptions o = base;
-  o.nvme_paths = {dir};
+  o.nvme_paths = {dir + "/a"};
+  if (pick(2) == 0) o.nvme_paths.push_back(dir + "/b");  // striped over two directories
+  for (const std::string& d : o.nvme_paths) std::filesystem::create_directories(d);
   o.stream_weights = pick(3) != 0;
   o.device_bytes = o.stream_weights ? 8ull << 20 : 0;
   o.prefetch_depth = 1 + pick(4);
@@ -105,6 +109,9 @@ TrainerOptions placement(const TrainerOptions& base, std::mt19937_64& rng, const
   const bool nvme = o.states == Tier::kNvme || o.activation_checkpoints == Tier::kNvme;
   if (nvme) {
     o.io_backend = pick(2) == 0 ? io::Backend::kPosix : io::Backend::kAuto;
+    o.io_queue_depth = std::vector<uint32_t>{1, 4, 32}[static_cast<size_t>(pick(3))];
+    o.io_stripe_unit_bytes = pick(2) == 0 ? uint64_t{64} << 10 : uint64_t{1} << 20;
+    o.staging_buffers = 3 + pick(4);
     if (pick(2) == 0) {
       io::FaultConfig f;
       f.seed = rng();
@@ -118,16 +125,22 @@ TrainerOptions placement(const TrainerOptions& base, std::mt19937_64& rng, const
       o.faults = f;
     }
   }
-  *what = std::string(o.stream_weights ? "streamed, depth " + std::to_string(o.prefetch_depth) : "resident") +
-          ", weights on " + std::string(tier_name(o.weights)) + ", states on " + std::string(tier_name(o.states)) +
-          ", checkpoints on " + std::string(tier_name(o.activation_checkpoints)) +
-          (o.vertical_accumulation
-               ? ", vertical" + (o.vertical_group > 0 ? " in groups of " + std::to_string(o.vertical_group) : "")
-               : "") +
-          (o.speculate_in_ram ? ", speculating in RAM" : "") +
-          (o.states == Tier::kNvme && !o.speculate ? ", no speculation" : "") +
-          (o.state_piece_elems == kStatePieceGranule ? ", states in pieces" : "") +
-          (nvme && o.io_backend == io::Backend::kPosix ? ", POSIX I/O" : "") + (o.faults ? ", transient faults" : "");
+  *what =
+      std::string(o.stream_weights ? "streamed, depth " + std::to_string(o.prefetch_depth) : "resident") +
+      ", weights on " + std::string(tier_name(o.weights)) + ", states on " + std::string(tier_name(o.states)) +
+      ", checkpoints on " + std::string(tier_name(o.activation_checkpoints)) +
+      (o.vertical_accumulation
+           ? ", vertical" + (o.vertical_group > 0 ? " in groups of " + std::to_string(o.vertical_group) : "")
+           : "") +
+      (o.speculate_in_ram ? ", speculating in RAM" : "") +
+      (o.states == Tier::kNvme && !o.speculate ? ", no speculation" : "") +
+      (o.state_piece_elems == kStatePieceGranule ? ", states in pieces" : "") +
+      (nvme && o.io_backend == io::Backend::kPosix ? ", POSIX I/O" : "") +
+      (nvme ? ", queue depth " + std::to_string(o.io_queue_depth) + ", stripe " +
+                  std::to_string(o.io_stripe_unit_bytes >> 10) + " KiB over " + std::to_string(o.nvme_paths.size()) +
+                  " dir(s), " + std::to_string(o.staging_buffers) + " staging buffers"
+            : "") +
+      (o.faults ? ", transient faults" : "");
   return o;
 }
 
@@ -286,8 +299,8 @@ TEST(TrainerPlacements, FaultsAtRandomMomentsEndTheirStepAndChangeNothing) {
   }
   std::printf("%d saves completed, %d failed on a fault; %d runs resumed from the last one\n", saves_done, saves_failed,
               resumes);
-  std::printf("%d of %d steps failed on a fault and were retried (%d of them delayed-update steps)\n",
-              failed_steps, kRuns * kSteps, failed_delayed);
+  std::printf("%d of %d steps failed on a fault and were retried (%d of them delayed-update steps)\n", failed_steps,
+              kRuns * kSteps, failed_delayed);
   EXPECT_GT(failed_steps, 0) << "no fault struck: the test checked nothing";
 }
 
