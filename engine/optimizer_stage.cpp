@@ -534,6 +534,7 @@ Status OptimizerStage::begin(OverlapStep step) {
   }
   if (tier_ != Tier::kNvme && next_.empty()) ov_.speculate = false;
   outcome_ = OverlapOutcome{};
+  switch_generations_ = switch_ram_copies_ = false;
   stats_.assign(C, cpu_optim::GradStats{});
   written_.assign(C, false);
   {
@@ -568,6 +569,12 @@ Result<OverlapOutcome> OptimizerStage::finish() {
   }
   in_step_ = false;
   if (!worker_status_.ok()) return std::move(worker_status_);
+  if (switch_generations_) {
+    for (int& g : gen_) g = 1 - g;
+  }
+  if (switch_ram_copies_) {
+    for (size_t u = 0; u < host_.size(); ++u) host_[u].swap(next_[u]);
+  }
   return outcome_;
 }
 
@@ -828,14 +835,13 @@ Status OptimizerStage::run_overlap() {
     o.counters.nonfinite += pipe->counters.nonfinite;
     pipe.reset();
   }
-  // Every piece now holds its new state in its other blob: switch to it.
-  if (nvme && !o.skipped) {
-    for (int& g : gen_) g = 1 - g;
-  }
-  // In RAM, a confirmed guess: the second copies become the states.
-  if (!nvme && guess_held) {
-    for (size_t u = 0; u < host_.size(); ++u) host_[u].swap(next_[u]);
-  }
+  // Every piece now holds its new state in its other blob (on NVMe), or in
+  // its second copy (in RAM, a confirmed guess): finish() switches to them
+  // on the caller's thread, so that what the caller reads of the stage
+  // while a step runs (weights_blobs, beside a delayed update) is the last
+  // finished step's, and a cancelled step switches nothing.
+  switch_generations_ = nvme && !o.skipped;
+  switch_ram_copies_ = !nvme && guess_held;
   o.counters.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() - idle_s_;
   return ok_status();
 }

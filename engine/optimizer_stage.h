@@ -129,12 +129,13 @@ class OptimizerStage {
   Status enable_ram_speculation();
   bool ram_speculation() const { return !next_.empty(); }
   // The blobs holding chunk c's working weights now, one per piece at its
-  // byte offset in the chunk (not during a step).
+  // byte offset in the chunk: those of the last finished step, also while
+  // the next runs (its switch takes effect in finish(); the caller's thread).
   std::vector<ChunkStore::BlobPiece> weights_blobs(size_t chunk) const;
   // The NVMe pipeline's units: every chunk's pieces, in chunk order.
   size_t pieces() const { return pieces_.size(); }
   int64_t piece_elems(size_t piece) const { return pieces_[piece].elems; }
-  // The blob holding a piece's state now (not during a step).
+  // The blob holding a piece's state now (as weights_blobs; the caller's thread).
   const std::string& state_blob(size_t piece) const { return blob(piece, gen_[piece]); }
   static uint64_t staging_bytes_with_weights(const io::SwapStore& swap, int64_t elems,
                                              cpu_optim::StateType states = cpu_optim::StateType::kF32) {
@@ -313,6 +314,10 @@ class OptimizerStage {
   // The overlapped step in flight.
   OverlapStep ov_;
   OverlapOutcome outcome_;
+  // The step's verdict, for finish() to apply (written by the worker
+  // before job_done_): switch every piece to its other blob (NVMe), or the
+  // states to their second copies (RAM speculation).
+  bool switch_generations_ = false, switch_ram_copies_ = false;
   std::vector<cpu_optim::GradStats> stats_;
   std::vector<bool> written_;  // per chunk: traced_update wrote into ov_.out (the stage's thread, then the caller's)
   // One worker thread for the stage's life, started by the first begin():

@@ -365,9 +365,9 @@ Status Trainer::build_model() {
   }
   if (o.weights == Tier::kNvme) {
     STRATA_RETURN_IF_ERROR(stage_->home_weights_on_nvme(o.precision));
-    take_weight_blobs();
+    OptimizerStage* stage = stage_.get();
     STRATA_RETURN_IF_ERROR(
-        streamed_->set_nvme_weights({swap_.get(), [this](size_t c) { return weight_blobs_[c]; }}));
+        streamed_->set_nvme_weights({swap_.get(), [stage](size_t c) { return stage->weights_blobs(c); }}));
   }
   return ok_status();
 }
@@ -494,14 +494,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 }  // namespace
 
-void Trainer::take_weight_blobs() {
-  if (!stage_->weights_on_nvme()) return;
-  weight_blobs_.resize(layout_.size());
-  for (size_t c = 0; c < layout_.size(); ++c) weight_blobs_[c] = stage_->weights_blobs(c);
-}
-
 Status Trainer::absorb(Result<OverlapOutcome> outcome) {
-  take_weight_blobs();  // the stage is done: its generations are settled
   // Delayed: the stage wrote the new weights beside the ones the step
   // computed with; they take their place only when the step updated (not
   // failed, not skipped). Otherwise it wrote them in place, chunk by chunk,

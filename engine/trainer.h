@@ -265,11 +265,6 @@ class Trainer {
   Status flush();
   Status resume_failed_update();
   void begin_delayed(const OverlapStep& step);
-  // Weights on NVMe: the blobs the steps read them from, taken from the
-  // stage while it is idle (after each update lands), so that the forward
-  // of a delayed step reads the weights from before the update running
-  // beside it, never the stage's generation as it switches.
-  void take_weight_blobs();
   // Marks the chunks the stage's last step wrote in place stale and puts
   // them back from the master weights it left as they were (a failed or
   // skipped step); restore_weights() alone retries what is still stale.
@@ -303,7 +298,6 @@ class Trainer {
   std::unique_ptr<OptimizerStage> stage_;
   std::unique_ptr<gpu::Device> device_;
   std::unique_ptr<StreamedModel> streamed_;
-  std::vector<std::vector<ChunkStore::BlobPiece>> weight_blobs_;  // take_weight_blobs()
   // Weights in RAM (bf16 / fp16; empty with the weights on NVMe): the ones
   // the device computes with, which the optimizer overwrites in place — a
   // chunk's update comes after its last use in the step, and a step that
