@@ -548,27 +548,26 @@ Status Trainer::restore_weights() {
 }
 
 Status Trainer::flush() {
-  STRATA_RETURN_IF_ERROR(resume_failed_update());
+  restart_failed_update();
   if (!pending_) return ok_status();
   pending_ = false;
   Status s = absorb(stage_->finish());
   // Nothing of it was taken (the states' new generation is never switched
   // to, the weights it wrote beside are not swapped in): begun again later.
-  if (!s.ok()) redo_ = in_flight_;
+  update_failed_ = !s.ok();
   return s;
 }
 
-Status Trainer::resume_failed_update() {
-  if (!redo_) return ok_status();
-  begin_delayed(*redo_);
-  redo_.reset();
-  return ok_status();
+void Trainer::restart_failed_update() {
+  if (!update_failed_) return;
+  update_failed_ = false;
+  begin_delayed(std::move(in_flight_));
 }
 
 // Starts a delayed update: every chunk's gradient is complete.
-void Trainer::begin_delayed(const OverlapStep& step) {
+void Trainer::begin_delayed(OverlapStep step) {
   in_flight_ = step;
-  Status s = stage_->begin(step);
+  Status s = stage_->begin(std::move(step));
   STRATA_CHECK_MSG(s.ok(), "trainer: the optimizer stage refused a step: %s", s.to_string().c_str());
   for (size_t c : landing_order_) hand_over(c, false, {});
   pending_ = true;
@@ -767,7 +766,7 @@ Result<float> Trainer::run_step(const int32_t* data_tokens, const int32_t* data_
     }
   };
   if (delayed) {
-    STRATA_RETURN_IF_ERROR(resume_failed_update());
+    restart_failed_update();
     swap_gradient_sets();
   }
   // fp16: the loss is scaled, so a scale too large overflows the fp16
@@ -969,7 +968,7 @@ Result<Trainer::CheckpointMeta> Trainer::checked_meta(const std::string& path, c
 }
 
 Status Trainer::load(const std::string& root) {
-  redo_.reset();  // what the load replaces
+  update_failed_ = false;  // what the load replaces
   STRATA_RETURN_IF_ERROR(flush());
   CheckpointDir dir(root);
   STRATA_ASSIGN_OR_RETURN(CheckpointDir::Entry latest, dir.latest());

@@ -263,8 +263,8 @@ class Trainer {
   // Delayed update: waits for the update in flight (begun again first when
   // it had failed) and takes it.
   Status flush();
-  Status resume_failed_update();
-  void begin_delayed(const OverlapStep& step);
+  void restart_failed_update();
+  void begin_delayed(OverlapStep step);
   // Marks the chunks the stage's last step wrote in place stale and puts
   // them back from the master weights it left as they were (a failed or
   // skipped step); restore_weights() alone retries what is still stale.
@@ -318,12 +318,12 @@ class Trainer {
   std::unique_ptr<SerialQueue> accumulator_;
   std::vector<gpu::HostPin> pins_;             // the vectors the streamed model copies from and to, pinned
   bool pending_ = false;                       // delayed update: a stage step in flight
-  // Delayed update: the step begun last (what redo_ takes when it fails),
-  // and one that failed, to be begun again — from the same gradients,
-  // which nothing overwrites until it lands — before anything waits for it
-  // (resume_failed_update), so that a failure changes no numbers.
+  // Delayed update: the step begun last, and whether it failed — then it
+  // is begun again, from the same gradients, which nothing overwrites until
+  // it lands, before anything waits for it (restart_failed_update), so
+  // that a failure changes no numbers.
   OverlapStep in_flight_;
-  std::optional<OverlapStep> redo_;
+  bool update_failed_ = false;
   // Chunks whose weights in RAM a failed or skipped step had updated in
   // place and restore_weights() has not yet put back (it failed, say, with
   // the NVMe it reads): step() and save() put them back first.
