@@ -92,7 +92,7 @@ const char* kDefaultConfig = R"({
 struct Flags {
   std::string config_path, nvme, checkpoint, adam_states, trace_path;
   std::string data_path, data_type = "uint16";
-  std::string activations = "device", weights_on = "host", device = "host";
+  std::string activations = "device", weights_on = "host", device = "host", gradients_on;
   int64_t steps = -1, save_every = 0, sub_group = -1, keep_checkpoints = 0;
   int prefetch = 1;
   bool resume = false, stream = false, delayed = false, speculate_in_ram = false, plan_only = false;
@@ -141,6 +141,12 @@ void add_placement_flags(CLI::App& app, Flags& f) {
       ->check(CLI::IsMember({"device", "host", "nvme"}));
   app.add_option("--weights-on", f.weights_on,
                  "where the working weights live between uses when streaming (nvme needs --nvme)")
+      ->check(CLI::IsMember({"host", "nvme"}));
+  app.add_option("--gradients-on", f.gradients_on,
+                 "where the gradients wait for the optimizer: host (a buffer per chunk), or nvme (a ring of three "
+                 "chunk buffers; each gradient written to NVMe as it lands, read back only for an update after the "
+                 "verdict; needs --nvme, grad_accum 1, no --delayed-update; the same numbers); default: the "
+                 "config's placement.gradients, else host")
       ->check(CLI::IsMember({"host", "nvme"}));
   app.add_option("--trace", f.trace_path,
                  "write a Chrome-trace JSON (opens in Perfetto) of every step's phases, optimizer calls and NVMe "
@@ -230,6 +236,7 @@ std::optional<int> auto_place(Flags& f, const engine::EngineConfig& cfg, Run& r)
   std::vector<std::string> paths = f.nvme.empty() ? cfg.nvme_paths : std::vector<std::string>{f.nvme};
   engine::Constraints fixed = cfg.constraints;
   if (!f.nvme.empty()) fixed.states = std::nullopt;  // --nvme makes NVMe available, the planner decides
+  if (!f.gradients_on.empty()) fixed.gradients = f.gradients_on == "nvme" ? engine::Tier::kNvme : engine::Tier::kHost;
   Result<engine::Plan> chosen = engine::apply_planned_placement(&r.o, r.budgets, fixed, paths);
   if (!chosen && paths.empty()) {
     std::fprintf(stderr, "strata-train: --auto-placement: %s (no NVMe tier: --nvme DIR gives the planner one)\n",
@@ -279,6 +286,13 @@ std::optional<int> place(const CLI::App& app, Flags& f, const engine::EngineConf
     }
     o.weights = engine::Tier::kNvme;
   }
+  if (!f.auto_placement && !f.gradients_on.empty()) {
+    o.gradients = f.gradients_on == "nvme" ? engine::Tier::kNvme : engine::Tier::kHost;
+  }
+  if (o.gradients == engine::Tier::kNvme && o.states != engine::Tier::kNvme) {
+    std::fprintf(stderr, "strata-train: gradients on NVMe need the optimizer states on NVMe (--nvme DIR)\n");
+    return 2;
+  }
   if (o.activation_checkpoints == engine::Tier::kNvme && o.nvme_paths.empty()) {
     std::fprintf(stderr, "strata-train: --activations-on nvme needs --nvme DIR\n");
     return 2;
@@ -297,7 +311,8 @@ bool print_plan(const Flags& f, const Run& r) {
                                         o.activation_checkpoints,
                                         f.stream ? f.prefetch : 1,
                                         o.speculate_in_ram,
-                                        engine::micro_batches_per_pass(o)};
+                                        engine::micro_batches_per_pass(o),
+                                        o.gradients};
   engine::Plan plan = engine::estimate(setup, run_placement, engine::Bandwidths{});
   plan.why = !r.auto_why.empty() ? r.auto_why + " (the placement this run uses: --auto-placement)"
                                  : engine::placement_text(run_placement) +
@@ -452,6 +467,7 @@ void print_summary(const engine::Trainer& tr, const Flags& f, const Run& r, int6
                       {"tokens_per_s", ran > 0 ? tokens * static_cast<double>(ran) / t.seconds : 0.0},
                       {"parameters", gpu::parameter_count(o.model)},
                       {"states", std::string(engine::tier_name(o.states))},
+                      {"gradients", std::string(engine::tier_name(o.gradients))},
                       {"adam_states", std::string(cpu_optim::state_type_name(o.adam_states))},
                       {"weights", std::string(engine::tier_name(o.weights))},
                       {"nvme_bytes", t.nvme_bytes},

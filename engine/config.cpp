@@ -493,13 +493,15 @@ Status read_native(Reader& top, EngineConfig& c) {
   STRATA_RETURN_IF_ERROR(top.get_bool("pin_memory", &c.pin_memory));
   if (top.has("placement")) {
     STRATA_ASSIGN_OR_RETURN(Reader p, top.object("placement"));
-    std::string w, s, ck;
+    std::string w, s, ck, g;
     STRATA_RETURN_IF_ERROR(p.get_choice("weights", &w, {"device", "host", "nvme"}));
     STRATA_RETURN_IF_ERROR(p.get_choice("states", &s, {"host", "nvme"}));
     STRATA_RETURN_IF_ERROR(p.get_choice("checkpoints", &ck, {"device", "host", "nvme"}));
+    STRATA_RETURN_IF_ERROR(p.get_choice("gradients", &g, {"host", "nvme"}));
     if (!w.empty()) c.constraints.weights = *tier_from(w);
     if (!s.empty()) c.constraints.states = *tier_from(s);
     if (!ck.empty()) c.constraints.checkpoints = *tier_from(ck);
+    if (!g.empty()) c.constraints.gradients = *tier_from(g);
     STRATA_RETURN_IF_ERROR(read_sub_group(p, c));
     p.finish();
   }
@@ -535,7 +537,7 @@ Result<EngineConfig> parse_config(const nlohmann::json& j, std::vector<std::stri
                             std::to_string(c.setup.model.max_seq));
   }
   const bool nvme_used = c.constraints.weights == Tier::kNvme || c.constraints.states == Tier::kNvme ||
-                         c.constraints.checkpoints == Tier::kNvme;
+                         c.constraints.checkpoints == Tier::kNvme || c.constraints.gradients == Tier::kNvme;
   if ((nvme_used || c.budgets.nvme_bytes > 0) && c.nvme_paths.empty()) {
     return invalid_argument("config: an NVMe budget or placement needs nvme_paths (or a DeepSpeed nvme_path)");
   }

@@ -85,8 +85,8 @@ Result<std::unique_ptr<OptimizerStage>> OptimizerStage::create(std::vector<int64
   stage->gen_.assign(stage->pieces_.size(), 0);
   for (size_t u = 0; u < stage->pieces_.size(); ++u) {
     const std::string name = stage->piece_name(u);
-    stage->names_.push_back(
-        {"optimizer-state/" + name, "optimizer-state/" + name + ".b", "weights/" + name, "weights/" + name + ".b"});
+    stage->names_.push_back({"optimizer-state/" + name, "optimizer-state/" + name + ".b", "weights/" + name,
+                             "weights/" + name + ".b", "gradient/" + name});
   }
   return stage;
 }
@@ -126,7 +126,7 @@ Status OptimizerStage::home_weights_on_nvme(DType dtype) {
   }
   int64_t max_elems = 0;
   for (const Piece& p : pieces_) max_elems = std::max(max_elems, p.elems);
-  const uint64_t need = staging_bytes_with_weights(*swap_, max_elems, state_type_);
+  const uint64_t need = staging_bytes(*swap_, max_elems, state_type_, /*weights=*/true, grads_nvme_);
   if (staging_->buffer_bytes() < need) {
     return invalid_argument("optimizer stage: weights on NVMe need staging buffers of " + format_bytes(need) +
                             " (have " + format_bytes(staging_->buffer_bytes()) + ")");
@@ -134,6 +134,76 @@ Status OptimizerStage::home_weights_on_nvme(DType dtype) {
   weights_nvme_ = true;
   weights_dtype_ = dtype;
   return ok_status();
+}
+
+Status OptimizerStage::home_gradients_on_nvme(DType dtype) {
+  if (tier_ != Tier::kNvme) return invalid_argument("optimizer stage: gradients on NVMe need the states on NVMe");
+  if (dtype != DType::kBF16 && dtype != DType::kF16) {
+    return invalid_argument("optimizer stage: gradients on NVMe are bf16 or fp16");
+  }
+  int64_t max_elems = 0;
+  for (const Piece& p : pieces_) max_elems = std::max(max_elems, p.elems);
+  const uint64_t need = staging_bytes(*swap_, max_elems, state_type_, weights_nvme_, /*gradients=*/true);
+  if (staging_->buffer_bytes() < need) {
+    return invalid_argument("optimizer stage: gradients on NVMe need staging buffers of " + format_bytes(need) +
+                            " (have " + format_bytes(staging_->buffer_bytes()) + ")");
+  }
+  grads_nvme_ = true;
+  grads_dtype_ = dtype;
+  return ok_status();
+}
+
+Status OptimizerStage::wait_gradients_released(size_t count) {
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] { return released_ >= count || job_done_ || abort_; });
+  if (released_ >= count) return ok_status();
+  if (!worker_status_.ok()) return worker_status_;
+  return cancelled("optimizer stage: the step ended before the gradient buffers of " + std::to_string(count) +
+                   " chunks were free again");
+}
+
+Status OptimizerStage::write_gradient(size_t c) {
+  const auto* base = static_cast<const std::byte*>(ov_.grads[c].data);
+  for (size_t u = first_piece_[c]; u < first_piece_[c + 1]; ++u) {
+    const uint64_t bytes = gradient_bytes(u);
+    // The swap store reads the padding past the piece's bytes too (the
+    // caller's buffer holds the chunk padded); pieces start on its alignment.
+    io::IoBuffer buf{const_cast<std::byte*>(base) + 2 * static_cast<uint64_t>(pieces_[u].offset),
+                     swap_->padded_size(bytes)};
+    Result<io::Ticket> t = swap_->write(gradient_blob(u), buf, bytes);
+    if (!t) return std::move(t).error().with_context("writing the gradient of chunk " + std::to_string(c));
+    grad_writes_[c].push_back(*t);
+    outcome_.counters.nvme_bytes_written += bytes;
+  }
+  return ok_status();
+}
+
+Status OptimizerStage::release_gradient(size_t c) {
+  Status s = ok_status();
+  for (const io::Ticket& t : grad_writes_[c]) {
+    Status w = swap_->wait(t);
+    if (s.ok() && !w.ok()) s = std::move(w);
+  }
+  grad_writes_[c].clear();
+  STRATA_RETURN_IF_ERROR(s.with_context("writing the gradient of chunk " + std::to_string(c)));
+  {
+    std::lock_guard lock(mu_);
+    ++released_;
+  }
+  cv_.notify_all();
+  return ok_status();
+}
+
+Status OptimizerStage::drain_gradient_writes() {
+  Status first = ok_status();
+  for (size_t c = 0; c < grad_writes_.size(); ++c) {
+    for (const io::Ticket& t : grad_writes_[c]) {
+      Status w = swap_->wait(t);
+      if (first.ok() && !w.ok()) first = std::move(w).with_context("writing the gradient of chunk " + std::to_string(c));
+    }
+    grad_writes_[c].clear();
+  }
+  return first;
 }
 
 Status OptimizerStage::enable_ram_speculation() {
@@ -474,7 +544,9 @@ Result<StageCounters> OptimizerStage::step(const cpu_optim::OptimizerConfig& con
                             std::to_string(grads.size()) + " gradients and " + std::to_string(out.size()) +
                             " outputs given");
   }
-  if (weights_nvme_) return failed_precondition("optimizer stage: with weights on NVMe, use begin()/finish()");
+  if (weights_nvme_ || grads_nvme_) {
+    return failed_precondition("optimizer stage: with weights or gradients on NVMe, use begin()/finish()");
+  }
   auto t0 = std::chrono::steady_clock::now();
   // The serial step: every chunk in order through the same update (and, on
   // NVMe, the same read -> update -> write pipeline) as the overlapped one.
@@ -527,7 +599,17 @@ Status OptimizerStage::begin(OverlapStep step) {
   if (!(step.clip_norm >= 0) || !std::isfinite(step.clip_norm)) {
     return invalid_argument("optimizer stage: clip_norm must be finite and >= 0");
   }
+  if (grads_nvme_) {
+    for (const ChunkGrad& g : step.grads) {
+      if (g.dtype != grads_dtype_ || reinterpret_cast<uintptr_t>(g.data) % swap_->alignment() != 0) {
+        return invalid_argument("optimizer stage: gradients on NVMe are " + std::string(dtype_name(grads_dtype_)) +
+                                ", each in a buffer on the swap store's alignment (" +
+                                std::to_string(swap_->alignment()) + " bytes)");
+      }
+    }
+  }
   ov_ = std::move(step);
+  grad_writes_.assign(C, {});
   piece_order_.clear();
   for (size_t c : ov_.order) {
     for (size_t u = first_piece_[c]; u < first_piece_[c + 1]; ++u) piece_order_.push_back(u);
@@ -541,6 +623,7 @@ Status OptimizerStage::begin(OverlapStep step) {
     std::lock_guard lock(mu_);
     ready_.assign(C, {});
     landed_.assign(C, false);
+    released_ = 0;
     abort_ = false;
     worker_status_ = ok_status();
     job_done_ = false;
@@ -603,6 +686,7 @@ Status OptimizerStage::wait_landed(size_t c) {
     ready = std::move(ready_[c]);
   }
   if (ready) STRATA_RETURN_IF_ERROR(ready().with_context("gradient of chunk " + std::to_string(c)));
+  if (grads_nvme_) STRATA_RETURN_IF_ERROR(write_gradient(c));
   // A speculative update takes the statistics from its own read of the
   // gradient (StepOptions::stats, piece by piece in order: the bits of one
   // grad_stats over the chunk); otherwise they come first, on their own.
@@ -620,8 +704,13 @@ Status OptimizerStage::wait_landed(size_t c) {
 class OptimizerStage::Pipeline {
  public:
   explicit Pipeline(OptimizerStage& s)
-      : s_(s), U_(s.pieces_.size()), lease_(U_), reads_(U_), writes_(U_), weight_writes_(U_) {}
+      : s_(s), U_(s.pieces_.size()), lease_(U_), reads_(U_), writes_(U_), weight_writes_(U_), grad_reads_(U_) {}
   ~Pipeline() { drain(); }
+
+  // Gradients on NVMe: from here on every update takes its piece's gradient
+  // from its blob, read beside the state (the blobs are complete: every
+  // chunk landed and its writes were waited for).
+  void read_gradients() { grads_ = true; }
 
   // Issues reads for positions < upto of the piece order, freeing buffers of finished writes as needed.
   Status fill(size_t upto) {
@@ -640,6 +729,15 @@ class OptimizerStage::Pipeline {
       s_.moved(u, Residency::kLoading);
       ++next_read_;
     }
+    // Each leased buffer's gradient (pieces read ahead before the gradients
+    // were complete get theirs now).
+    while (grads_ && next_grad_read_ < next_read_) {
+      const size_t u = s_.piece_order_[next_grad_read_];
+      io::IoBuffer buf{lease_[u].data() + s_.gradient_offset(u), s_.swap_->padded_size(s_.gradient_bytes(u))};
+      STRATA_ASSIGN_OR_RETURN(io::Ticket t, s_.swap_->read(s_.gradient_blob(u), buf));
+      grad_reads_[u] = t;
+      ++next_grad_read_;
+    }
     return ok_status();
   }
 
@@ -655,9 +753,19 @@ class OptimizerStage::Pipeline {
     STRATA_RETURN_IF_ERROR(rs.with_context("reading optimizer state of chunk " + std::to_string(c)));
     counters.nvme_bytes_read += bytes;
     s_.moved(u, Residency::kOnHost);
+    const void* grad = nullptr;
+    if (grads_) {
+      STRATA_CHECK_MSG(grad_reads_[u].has_value(), "optimizer stage: piece %zu updated before its gradient was read",
+                       u);
+      Status gs = s_.swap_->wait(*grad_reads_[u]);
+      grad_reads_[u].reset();
+      STRATA_RETURN_IF_ERROR(gs.with_context("reading the gradient of chunk " + std::to_string(c)));
+      counters.nvme_bytes_read += s_.gradient_bytes(u);
+      grad = lease_[u].data() + s_.gradient_offset(u);
+    }
     const uint64_t woff = s_.weights_nvme_ ? s_.weights_offset(u) : 0;
     void* out = s_.weights_nvme_ ? static_cast<void*>(lease_[u].data() + woff) : nullptr;
-    STRATA_RETURN_IF_ERROR(s_.traced_update(u, lease_[u].data(), out, options, &counters));
+    STRATA_RETURN_IF_ERROR(s_.traced_update(u, lease_[u].data(), out, options, &counters, nullptr, grad));
     s_.moved(u, Residency::kDirty);
     STRATA_ASSIGN_OR_RETURN(io::Ticket w, s_.swap_->write(s_.blob(u, 1 - s_.gen_[u]), lease_[u].buffer(), bytes));
     writes_[u] = w;
@@ -700,6 +808,7 @@ class OptimizerStage::Pipeline {
   void drain() {
     for (size_t u = 0; u < U_; ++u) {
       if (reads_[u]) s_.swap_->wait(*reads_[u]).ignore();
+      if (grad_reads_[u]) s_.swap_->wait(*grad_reads_[u]).ignore();
       if (writes_[u]) s_.swap_->wait(*writes_[u]).ignore();
       if (weight_writes_[u]) s_.swap_->wait(*weight_writes_[u]).ignore();
       // A buffer dropped unwritten: the blob on NVMe is what the piece has.
@@ -710,18 +819,21 @@ class OptimizerStage::Pipeline {
   OptimizerStage& s_;
   const size_t U_;
   std::vector<PinnedArena::Lease> lease_;
-  std::vector<std::optional<io::Ticket>> reads_, writes_, weight_writes_;
+  std::vector<std::optional<io::Ticket>> reads_, writes_, weight_writes_, grad_reads_;
   std::deque<size_t> pending_writes_;
   size_t next_read_ = 0;
+  bool grads_ = false;  // read_gradients()
+  size_t next_grad_read_ = 0;
 };
 
 Status OptimizerStage::traced_update(size_t piece, std::byte* state, void* out, const cpu_optim::StepOptions& options,
-                                     StageCounters* counters, std::byte* state_next) {
+                                     StageCounters* counters, std::byte* state_next, const void* grad) {
   const double start = trace_ ? trace_->now_us() : 0;
   const Piece& p = pieces_[piece];
-  // The piece's part of its chunk's gradient and new weights.
+  // The piece's part of its chunk's gradient (or the one read for it) and new weights.
   ChunkGrad g = ov_.grads[p.chunk];
-  g.data = static_cast<const std::byte*>(g.data) + dtype_bytes(g.dtype) * static_cast<uint64_t>(p.offset);
+  g.data = grad != nullptr ? grad
+                           : static_cast<const std::byte*>(g.data) + dtype_bytes(g.dtype) * static_cast<uint64_t>(p.offset);
   if (out == nullptr && ov_.out[p.chunk] != nullptr) {
     out = static_cast<std::byte*>(ov_.out[p.chunk]) + dtype_bytes(ov_.out_dtype) * static_cast<uint64_t>(p.offset);
     written_[p.chunk] = true;  // before the update: a failing one may have written part of it
@@ -750,6 +862,7 @@ Result<StageCounters> OptimizerStage::update_pass(const cpu_optim::StepOptions& 
   std::optional<Pipeline> fresh;
   Pipeline* pipe = prefetched;
   if (pipe == nullptr) pipe = &fresh.emplace(*this);
+  if (grads_nvme_) pipe->read_gradients();
   const size_t ahead = staging_->capacity() - 1;  // one buffer for the write behind
   for (size_t k = 0; k < piece_order_.size(); ++k) {
     STRATA_RETURN_IF_ERROR(pipe->fill(k + ahead));
@@ -772,6 +885,14 @@ cpu_optim::StepOptions scaled(float grad_scale, cpu_optim::GradStats* stats = nu
 }  // namespace
 
 Status OptimizerStage::run_overlap() {
+  Status s = run_overlap_body();
+  // No gradient write outlives the step: the caller reuses its buffers.
+  Status drained = grads_nvme_ ? drain_gradient_writes() : ok_status();
+  if (s.ok()) s = std::move(drained);
+  return s;
+}
+
+Status OptimizerStage::run_overlap_body() {
   auto t0 = std::chrono::steady_clock::now();
   idle_s_ = 0;
   const size_t C = elems_.size();
@@ -786,6 +907,7 @@ Status OptimizerStage::run_overlap() {
       const Piece& p = pieces_[piece_order_[k]];
       if (p.index == 0) STRATA_RETURN_IF_ERROR(wait_landed(p.chunk));
       STRATA_RETURN_IF_ERROR(pipe->update(k, scaled(ov_.grad_scale, &stats_[p.chunk])));
+      if (grads_nvme_ && p.index + 1 == pieces_of(p.chunk)) STRATA_RETURN_IF_ERROR(release_gradient(p.chunk));
     }
     STRATA_RETURN_IF_ERROR(pipe->finish_writes());
   } else if (ov_.speculate) {
@@ -799,7 +921,10 @@ Status OptimizerStage::run_overlap() {
     }
   } else {
     if (nvme) STRATA_RETURN_IF_ERROR(pipe->fill(ahead));
-    for (size_t k = 0; k < C; ++k) STRATA_RETURN_IF_ERROR(wait_landed(ov_.order[k]));
+    for (size_t k = 0; k < C; ++k) {
+      STRATA_RETURN_IF_ERROR(wait_landed(ov_.order[k]));
+      if (grads_nvme_) STRATA_RETURN_IF_ERROR(release_gradient(ov_.order[k]));  // its statistics taken, its blobs written
+    }
   }
   // The verdict over the whole model, summed in chunk order (deterministic).
   double sum_squares = 0;

@@ -64,7 +64,10 @@ struct StageCounters {
 };
 
 // One overlapped step; grads and out are indexed by chunk and must stay
-// valid until finish().
+// valid until finish() — with gradients on NVMe (home_gradients_on_nvme),
+// grads[c] only from land(c) until the stage released it
+// (wait_gradients_released), and each must start on the swap store's
+// alignment and hold the chunk's bytes padded to it.
 struct OverlapStep {
   cpu_optim::OptimizerConfig config;
   int64_t t = 0;
@@ -122,6 +125,23 @@ class OptimizerStage {
   // staging_bytes_with_weights().
   Status home_weights_on_nvme(DType dtype);
   bool weights_on_nvme() const { return weights_nvme_; }
+  // Homes the step's gradients on NVMe too (`dtype`: the device's bf16 or
+  // fp16 gradients as they land, not fp32 sums): as each chunk lands, the
+  // stage writes its gradient to a scratch blob per piece, and the caller's
+  // buffer for it is free again once gradients_released() counts the chunk
+  // — so the caller can keep a few gradient buffers in a ring instead of
+  // one per chunk (wait_gradients_released). An update after the verdict
+  // (the first one, or one redone with the clip factor) reads each piece's
+  // gradient back beside its state. States on NVMe only; before a step; the
+  // staging buffers must hold staging_bytes(..., gradients = true).
+  Status home_gradients_on_nvme(DType dtype);
+  bool gradients_on_nvme() const { return grads_nvme_; }
+  // During a step with gradients on NVMe (any thread): waits until the
+  // stage is done with the gradient buffers of the first `count` chunks of
+  // the landing order — their NVMe copies written, their speculative
+  // updates done — or the step ended short of them (its error; Cancelled
+  // when it was abandoned).
+  Status wait_gradients_released(size_t count);
   // States in RAM: keep a second copy of every chunk's state (12 bytes per
   // parameter) so that speculative steps can update each chunk as it lands,
   // into the copy, and switch to it at the verdict (or drop it), as on NVMe.
@@ -139,7 +159,15 @@ class OptimizerStage {
   const std::string& state_blob(size_t piece) const { return blob(piece, gen_[piece]); }
   static uint64_t staging_bytes_with_weights(const io::SwapStore& swap, int64_t elems,
                                              cpu_optim::StateType states = cpu_optim::StateType::kF32) {
-    return swap.padded_size(state_bytes(elems, states)) + swap.padded_size(2 * static_cast<uint64_t>(elems));
+    return staging_bytes(swap, elems, states, /*weights=*/true, /*gradients=*/false);
+  }
+  // One staging buffer: a piece's state, then (weights or gradients homed
+  // on NVMe) its 2-byte working weights and its 2-byte gradient, each
+  // padded to the swap store's alignment.
+  static uint64_t staging_bytes(const io::SwapStore& swap, int64_t elems, cpu_optim::StateType states, bool weights,
+                                bool gradients) {
+    const uint64_t two = swap.padded_size(2 * static_cast<uint64_t>(elems));
+    return swap.padded_size(state_bytes(elems, states)) + (weights ? two : 0) + (gradients ? two : 0);
   }
   // Chunk c's working weights out of / into their NVMe blob (checkpoints).
   // A piece at a time: `slice(offset, bytes)` gets the piece's 2-byte
@@ -241,9 +269,23 @@ class OptimizerStage {
   // then the weights'.
   const std::string& blob(size_t piece, int gen) const { return names_[piece][gen]; }
   const std::string& weights_blob(size_t piece, int gen) const { return names_[piece][2 + gen]; }
+  const std::string& gradient_blob(size_t piece) const { return names_[piece][4]; }
   uint64_t weights_offset(size_t piece) const {
     return swap_->padded_size(state_bytes(pieces_[piece].elems, state_type_));
   }
+  // Where a piece's gradient lies in its staging buffer, and its bytes.
+  uint64_t gradient_offset(size_t piece) const {
+    return weights_offset(piece) +
+           (weights_nvme_ ? swap_->padded_size(2 * static_cast<uint64_t>(pieces_[piece].elems)) : 0);
+  }
+  uint64_t gradient_bytes(size_t piece) const { return 2 * static_cast<uint64_t>(pieces_[piece].elems); }
+  // Gradients on NVMe: the writes of chunk c's gradient pieces, from the
+  // caller's buffer, issued once it landed (the stage's thread).
+  Status write_gradient(size_t chunk);
+  // Waits for them, then counts the chunk released (its buffer free).
+  Status release_gradient(size_t chunk);
+  // Waits for every gradient write still in flight (every exit of a step).
+  Status drain_gradient_writes();
   // A blob read into a staging buffer (at least its first `prefix_bytes`:
   // SwapStore::read_prefix), or a zeroed staging buffer filled by `fill` and
   // written as `bytes` of the blob; waited for. `what` names the data in
@@ -271,13 +313,15 @@ class OptimizerStage {
   Status initial_writes(size_t chunk, const float* master, const InitialWrite& write);
   void initialize_in_ram(size_t chunk, const float* master);
   Status run_overlap();
+  Status run_overlap_body();
   Status wait_landed(size_t chunk);
   class Pipeline;
   // One piece's update (in ov_'s step), traced. `out`: where its new
   // weights go (null: ov_'s output for its chunk, at the piece's offset).
   // `state_next`: null to update in place, else where the new state goes.
+  // `grad`: the piece's gradient, when not in ov_.grads (read from NVMe).
   Status traced_update(size_t piece, std::byte* state, void* out, const cpu_optim::StepOptions& options,
-                       StageCounters* counters, std::byte* state_next = nullptr);
+                       StageCounters* counters, std::byte* state_next = nullptr, const void* grad = nullptr);
   // Every piece, in ov_.order's chunk order, through the NVMe pipeline (a
   // fresh one, or one whose reads are already under way); writes go to the
   // other blobs.
@@ -307,9 +351,15 @@ class OptimizerStage {
   std::vector<AlignedVector<std::byte>> host_;  // state blobs on the host tier (one piece per chunk)
   std::vector<AlignedVector<std::byte>> next_;  // their second copies, with RAM speculation
   std::vector<int> gen_;                  // which of its two blobs holds each piece's state (NVMe)
-  std::vector<std::array<std::string, 4>> names_;  // each piece's blob names (blob(), weights_blob())
+  // Each piece's blob names: blob(), weights_blob(), gradient_blob().
+  std::vector<std::array<std::string, 5>> names_;
   bool weights_nvme_ = false;
   DType weights_dtype_ = DType::kBF16;
+  bool grads_nvme_ = false;
+  DType grads_dtype_ = DType::kBF16;
+  // Gradients on NVMe, during a step (the stage's thread): each chunk's
+  // gradient writes in flight.
+  std::vector<std::vector<io::Ticket>> grad_writes_;
 
   // The overlapped step in flight.
   OverlapStep ov_;
@@ -334,6 +384,7 @@ class OptimizerStage {
   std::condition_variable cv_;
   std::vector<std::function<Status()>> ready_;  // guarded by mu_
   std::vector<bool> landed_;                    // guarded by mu_
+  size_t released_ = 0;                         // guarded by mu_: chunks whose gradient buffers are free again
   bool abort_ = false;                          // guarded by mu_
 };
 

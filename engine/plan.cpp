@@ -79,7 +79,8 @@ std::string placement_text(const Placement& pl) {
          ", checkpoints on " + std::string(tier_name(pl.checkpoints)) +
          (pl.micro_batches_per_pass > 1 ? ", " + std::to_string(pl.micro_batches_per_pass) +
                                               " micro-batches of a block at once (vertical accumulation)"
-                                        : std::string());
+                                        : std::string()) +
+         (pl.gradients == Tier::kNvme ? ", gradients on nvme" : "");
 }
 
 Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
@@ -169,7 +170,8 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   // engine/streamed_model.cpp allocate; a test holds the two within 5%.
   const uint64_t w = dtype_bytes(s.working);
   auto padded = [](uint64_t bytes) { return round_up(bytes, uint64_t{4096}); };  // NVMe blocks and pinned buffers
-  p.host.model_states += z.padded * z.c;
+  const bool grads_nvme = pl.gradients == Tier::kNvme;
+  if (!grads_nvme) p.host.model_states += z.padded * z.c;
   if (s.grad_accum > 1) p.host.model_states += z.padded * 4;
   if (s.delayed_update) p.host.model_states += z.padded * (s.grad_accum > 1 ? 4 : z.c);
   // The CPU optimizer writes the working weights in host memory, in place
@@ -195,10 +197,16 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
     // depth + 3 aligned read buffers (any chunk), which the copies to the device read.
     p.host.io_buffers += static_cast<uint64_t>(pl.prefetch_depth + 3) * padded(z.max_chunk * w);
   }
+  if (grads_nvme) {
+    // The ring of chunk buffers on the host, a scratch blob per piece.
+    p.host.io_buffers += kGradientBuffers * padded(z.max_chunk * z.c);
+    p.nvme.model_states += blobs(static_cast<double>(z.c));
+  }
   if (pl.states == Tier::kNvme) {
     p.nvme.model_states += 2 * blobs(state_bytes);
     const uint64_t per_buffer = padded(static_cast<uint64_t>(static_cast<double>(max_piece) * state_bytes)) +
-                                (pl.weights == Tier::kNvme ? padded(max_piece * w) : 0);
+                                (pl.weights == Tier::kNvme ? padded(max_piece * w) : 0) +
+                                (grads_nvme ? padded(max_piece * z.c) : 0);
     p.host.io_buffers += kStateStagingBuffers * per_buffer;
   } else {
     tier(p, pl.states).model_states += state_total;
@@ -250,6 +258,10 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
     nvme_read += ckpt * A;
     nvme_write += ckpt * A;
   }
+  // Gradients on NVMe are written as they land; a step whose speculative
+  // update holds (the one predicted here) does not read them back — one
+  // that clips, or follows one that clipped or skipped, reads them too.
+  if (pl.gradients == Tier::kNvme) nvme_write += P * c;
   const double flops = gpu::training_flops_per_token(s.model, s.seq, /*recompute=*/true) *
                        static_cast<double>(z.tokens) * A;
   p.links = {
@@ -275,7 +287,9 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   if (pl.states == Tier::kNvme) {
     // Their pieces' updates and writes overlap one another but the last
     // piece's: the slower of the two over `last`, plus the faster over one piece.
-    const double weights = pl.weights == Tier::kNvme ? static_cast<double>(w) : 0.0;  // working weights too
+    // Working weights and gradients too, when homed there.
+    const double weights = (pl.weights == Tier::kNvme ? static_cast<double>(w) : 0.0) +
+                           (pl.gradients == Tier::kNvme ? c : 0.0);
     const double update = p.tail_seconds;
     const double write = last * (state_bytes + weights) / (bw.nvme_write_gbps * 1e9);
     double unit = static_cast<double>(state_piece_sizes(layout[0].numel, s.state_piece_elems)[0]);
@@ -326,7 +340,15 @@ std::vector<Placement> candidates(const Budgets& b, const Constraints& fixed) {
         if (!allowed(fixed.checkpoints, ck)) continue;
         if (w == Tier::kDevice && ck != Tier::kDevice) continue;
         for (int k = 1; k <= (w == Tier::kDevice ? 1 : 4); ++k) {
-          out.push_back({w, st, ck, k});
+          if (allowed(fixed.gradients, Tier::kHost)) out.push_back({w, st, ck, k});
+          // States on NVMe: the gradients may wait there too (best_plan
+          // keeps these where the setup allows them).
+          if (st == Tier::kNvme && allowed(fixed.gradients, Tier::kNvme)) {
+            Placement g{w, st, ck, k};
+            g.gradients = Tier::kNvme;
+            out.push_back(g);
+          }
+          if (!allowed(fixed.gradients, Tier::kHost)) continue;
           // States in RAM may keep a second copy, so chunks update as their
           // gradients land instead of after backward (more host memory).
           if (st == Tier::kHost) out.push_back({w, st, ck, k, /*speculate_in_ram=*/true});
@@ -355,6 +377,8 @@ bool best_plan(const TrainSetup& s, const Budgets& b, const Bandwidths& bw, cons
   }
   std::vector<Placement> all;
   for (Placement pl : candidates(b, fixed)) {
+    // Gradients on NVMe: one micro-batch a step, the exact schedule (TrainerOptions::gradients).
+    if (pl.gradients == Tier::kNvme && (s.grad_accum != 1 || s.delayed_update)) continue;
     if (s.micro_batches_per_pass <= 1) all.push_back(pl);
     for (int64_t v : groups) {
       pl.micro_batches_per_pass = v;

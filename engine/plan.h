@@ -71,6 +71,9 @@ int64_t max_state_piece(const std::vector<int64_t>& chunk_elems, int64_t piece_e
 // one piece's state: state_piece_sizes): one holds the write behind, the
 // rest read ahead.
 inline constexpr int kStateStagingBuffers = 4;
+// Pinned chunk buffers of the gradient ring when the gradients wait on
+// NVMe (TrainerOptions::gradients): a chunk's gradient waits for a free one.
+inline constexpr int kGradientBuffers = 3;
 // Device buffers for block-input checkpoints kept off the device: the
 // backward pass computes from one, and the next two come back on the copy
 // stream meanwhile, so a block never waits for its input's copy.
@@ -121,6 +124,11 @@ struct Placement {
   // checkpoints on any tier), chosen by the planner where it is faster and
   // fits, or asked for (TrainSetup::micro_batches_per_pass).
   int64_t micro_batches_per_pass = 1;
+  // Where the gradients wait for the optimizer: the host (one buffer per
+  // chunk), or NVMe — a ring of kGradientBuffers chunk buffers on the host,
+  // each gradient written to NVMe as it lands and read back for an update
+  // after the verdict (TrainerOptions::gradients: states on NVMe, grad_accum 1).
+  Tier gradients = Tier::kHost;
   bool operator==(const Placement&) const = default;
 };
 
@@ -146,6 +154,7 @@ struct Constraints {
   std::optional<Tier> weights;
   std::optional<Tier> states;
   std::optional<Tier> checkpoints;
+  std::optional<Tier> gradients;
 };
 
 // The bytes and link times of one placement, whether or not it fits.

@@ -332,6 +332,7 @@ Status StreamedModel::run_step(const std::vector<const void*>& weights, const in
     };
     STRATA_RETURN_IF_ERROR(run(zeroed_then_computed));
     if (m > 0 && before_resend) STRATA_RETURN_IF_ERROR(before_resend());
+    if (gate_) STRATA_RETURN_IF_ERROR(gate_(chunk));
     STRATA_RETURN_IF_ERROR(store_->send_gradient(chunk, grads[chunk]));
     if (landed) landed(chunk, m);
     return ok_status();
@@ -398,6 +399,7 @@ Status StreamedModel::run_step(const std::vector<const void*>& weights, const in
       // taken at the top of backward; the view tracks the last send).
       STRATA_RETURN_IF_ERROR(store_->gradient_buffer(0, static_cast<int>(m)).status());
     }
+    if (gate_) STRATA_RETURN_IF_ERROR(gate_(0));
     STRATA_RETURN_IF_ERROR(store_->send_gradient(0, grads[0], static_cast<int>(m)));
     if (landed) landed(0, m);
   }

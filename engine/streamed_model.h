@@ -86,6 +86,11 @@ class StreamedModel {
                                const std::function<Status()>& before_resend, float dloss, std::vector<float>* losses,
                                bool same_weights = false);
   int micro_batches() const { return micro_batches_; }
+  // Called on the compute thread before each gradient's copy to its host
+  // buffer is issued (once the buffer may be overwritten): the trainer's
+  // ring of gradient buffers waits there for a free one. An error ends the
+  // step. Empty: none.
+  void set_gradient_gate(std::function<Status(size_t chunk)> gate) { gate_ = std::move(gate); }
   // Waits until `chunk`'s gradient of the step in flight is in its host
   // buffer (any thread; valid until the next forward_backward).
   Status await_gradient(size_t chunk) { return store_->await_gradient(chunk); }
@@ -138,6 +143,7 @@ class StreamedModel {
   gpu::GptConfig config_;
   int64_t B_ = 0, T_ = 0;
   int micro_batches_ = 1;  // the vertical order's micro-batches per pass
+  std::function<Status(size_t chunk)> gate_;  // set_gradient_gate
   gpu::Device* dev_ = nullptr;
   gpu::Stream copy_{};
   std::vector<gpu::ChunkLayout> layout_;

@@ -177,6 +177,19 @@ Status check_options(const TrainerOptions& o) {
   if (o.weights == Tier::kNvme && (!o.stream_weights || o.states != Tier::kNvme)) {
     return invalid_argument("trainer: weights on NVMe need stream_weights and the optimizer states on NVMe");
   }
+  if (o.gradients != Tier::kHost && o.gradients != Tier::kNvme) {
+    return invalid_argument("trainer: the gradients wait on the host or on NVMe");
+  }
+  if (o.gradients == Tier::kNvme) {
+    if (o.states != Tier::kNvme || o.grad_accum != 1 || o.delayed_update) {
+      return invalid_argument("trainer: gradients on NVMe need the optimizer states on NVMe, grad_accum 1 and no "
+                              "delayed update (got states on " + std::string(tier_name(o.states)) + ", grad_accum " +
+                              std::to_string(o.grad_accum) + (o.delayed_update ? ", the delayed update)" : ")"));
+    }
+    if (o.gradient_buffers < 1 || o.gradient_buffers > 64) {
+      return invalid_argument("trainer: gradient_buffers must be 1..64, got " + std::to_string(o.gradient_buffers));
+    }
+  }
   if (o.speculate_in_ram && o.states != Tier::kHost) {
     return invalid_argument("trainer: speculate_in_ram is for optimizer states in RAM (on NVMe, speculation keeps "
                             "its second copy there: `speculate`)");
@@ -278,6 +291,21 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
       tr->stage_, OptimizerStage::create(elems, o.states, tr->swap_.get(), tr->staging_.get(), *tr->executor_, o.trace,
                                          o.adam_states, o.state_piece_elems));
   if (o.speculate_in_ram) STRATA_RETURN_IF_ERROR(tr->stage_->enable_ram_speculation());
+  if (o.gradients == Tier::kNvme) {
+    STRATA_RETURN_IF_ERROR(tr->stage_->home_gradients_on_nvme(o.precision));
+    // Each buffer holds the largest chunk's gradient, padded for the
+    // stage's NVMe writes of its pieces.
+    const uint64_t max_chunk = static_cast<uint64_t>(*std::max_element(elems.begin(), elems.end()));
+    STRATA_ASSIGN_OR_RETURN(tr->grad_ring_, PinnedArena::create("gradient ring", tr->swap_->padded_size(2 * max_chunk),
+                                                                static_cast<uint32_t>(o.gradient_buffers),
+                                                                *tr->allocator_, tr->executor_.get()));
+    for (int k = 0; k < o.gradient_buffers; ++k) {
+      STRATA_ASSIGN_OR_RETURN(PinnedArena::Lease lease, tr->grad_ring_->acquire("the trainer's gradient ring"));
+      tr->ring_.push_back(std::move(lease));
+    }
+    tr->landing_position_.assign(tr->layout_.size(), 0);
+    for (size_t k = 0; k < tr->landing_order_.size(); ++k) tr->landing_position_[tr->landing_order_[k]] = k;
+  }
   STRATA_RETURN_IF_ERROR(tr->build_model());
   STRATA_RETURN_IF_ERROR(tr->place_initial_state(elems));
   if (o.host_budget_bytes > 0 && tr->host_bytes() > o.host_budget_bytes) {
@@ -316,9 +344,8 @@ Status Trainer::open_nvme(int64_t max_piece) {
     STRATA_ASSIGN_OR_RETURN(swap_, io::SwapStore::open(so));
   }
   if (o.states == Tier::kNvme) {
-    const uint64_t staging_bytes = o.weights == Tier::kNvme
-                                       ? OptimizerStage::staging_bytes_with_weights(*swap_, max_piece, o.adam_states)
-                                       : swap_->padded_size(OptimizerStage::state_bytes(max_piece, o.adam_states));
+    const uint64_t staging_bytes = OptimizerStage::staging_bytes(*swap_, max_piece, o.adam_states,
+                                                                 o.weights == Tier::kNvme, o.gradients == Tier::kNvme);
     STRATA_ASSIGN_OR_RETURN(
         staging_, PinnedArena::create("optimizer staging", staging_bytes, static_cast<uint32_t>(o.staging_buffers),
                                       *allocator_, executor_.get()));
@@ -363,6 +390,14 @@ Status Trainer::build_model() {
                   bytes);
     });
   }
+  if (!ring_.empty()) {
+    // A chunk's gradient goes into its ring buffer once the stage is done
+    // with the chunk that used it last (ring_.size() landings before).
+    streamed_->set_gradient_gate([this](size_t c) -> Status {
+      const size_t k = landing_position_[c], R = ring_.size();
+      return k < R ? ok_status() : stage_->wait_gradients_released(k - R + 1);
+    });
+  }
   if (o.weights == Tier::kNvme) {
     STRATA_RETURN_IF_ERROR(stage_->home_weights_on_nvme(o.precision));
     OptimizerStage* stage = stage_.get();
@@ -391,7 +426,7 @@ Status Trainer::place_initial_state(const std::vector<int64_t>& elems) {
       }
       if (o.delayed_update) zeroed(weights_next_, n, *executor_);
     }
-    zeroed(grads_, n, *executor_);
+    if (o.gradients == Tier::kHost) zeroed(grads_, n, *executor_);
     if (o.grad_accum > 1) zeroed(acc_, n, *executor_);
     if (o.delayed_update) {
       if (o.grad_accum > 1) {
@@ -456,6 +491,7 @@ uint64_t Trainer::host_bytes() const {
   }
   b += stage_->host_bytes();
   if (staging_) b += staging_->total_bytes();
+  if (grad_ring_) b += grad_ring_->total_bytes();
   b += streamed_->host_bytes();
   return b;
 }
@@ -607,12 +643,12 @@ OverlapStep Trainer::make_overlap_step(float dloss) {
   adam.lr = static_cast<float>(lr_at(options_.lr_schedule, options_.adam.lr, ov.t));
   last_lr_ = adam.lr;
   ov.config = adam;
-  for (size_t c = 0; c < grads_.size(); ++c) {
+  for (size_t c = 0; c < layout_.size(); ++c) {
     // The device's gradients as they landed, or their fp32 sum over the micro-batches.
     if (A > 1) {
       ov.grads.push_back({acc_[c].data(), DType::kF32});
     } else {
-      ov.grads.push_back({grads_[c].data(), options_.precision});
+      ov.grads.push_back({grad_buffer(c), options_.precision});
     }
     // The new weights: in place, or beside the ones the next step computes
     // with (delayed); null: the stage writes them to NVMe.
@@ -692,9 +728,9 @@ Result<double> Trainer::passes(const int32_t* data_tokens, const int32_t* data_t
   // writes the gradients to (after a delayed step's swap).
   std::vector<const void*> pass_weights;
   std::vector<void*> pass_grads;
-  for (size_t c = 0; c < grads_.size(); ++c) {
+  for (size_t c = 0; c < layout_.size(); ++c) {
     pass_weights.push_back(weights_.empty() ? nullptr : weights_[c].data());
-    pass_grads.push_back(grads_[c].data());
+    pass_grads.push_back(grad_buffer(c));
   }
   StreamedModel* model = streamed_.get();
   std::vector<int32_t> tokens, targets;

@@ -97,6 +97,18 @@ struct TrainerOptions {
   // goes there, and the copies switch at the verdict. Off (the default): in
   // RAM the updates wait for the verdict, after backward.
   bool speculate_in_ram = false;
+  // Where the gradients wait for the optimizer: kHost, a buffer per chunk
+  // (2 bytes per parameter; with grad_accum > 1 their fp32 sums too, 4
+  // more), or kNvme — a ring of `gradient_buffers` pinned chunk buffers
+  // (each the largest chunk's gradient): the optimizer stage writes each
+  // gradient that lands to NVMe (2 bytes per parameter a step) and frees
+  // its buffer once its statistics and speculative update are done, and an
+  // update after the verdict (clipping fired, or the step after one that
+  // clipped or skipped) reads the gradients back beside the states. A chunk's
+  // copy to the host waits for a free buffer. The same bits as kHost. Needs
+  // the states on NVMe, grad_accum 1 and the exact schedule (no delayed update).
+  Tier gradients = Tier::kHost;
+  int gradient_buffers = kGradientBuffers;
   // Pinned staging buffers for NVMe states (each one piece's state): one
   // holds the write behind, the rest read ahead.
   int staging_buffers = kStateStagingBuffers;
@@ -309,6 +321,16 @@ class Trainer {
   std::vector<AlignedVector<uint16_t>> weights_, weights_next_;
   LossScaler scaler_;
   std::vector<AlignedVector<uint16_t>> grads_;  // one micro-batch's gradients as the device computed them
+  // Gradients on NVMe instead: a ring of chunk buffers (grads_ is empty);
+  // the chunk at position k of the landing order uses buffer k % size.
+  std::unique_ptr<PinnedArena> grad_ring_;
+  std::vector<PinnedArena::Lease> ring_;
+  std::vector<size_t> landing_position_;  // per chunk
+  // Where chunk c's gradient lands on the host.
+  uint16_t* grad_buffer(size_t c) {
+    if (grads_.empty()) return reinterpret_cast<uint16_t*>(ring_[landing_position_[c] % ring_.size()].data());
+    return grads_[c].data();
+  }
   std::vector<AlignedVector<float>> acc_;       // their fp32 sum over the micro-batches (grad_accum > 1)
   // Delayed update: the buffers the stage in flight reads (grads_ or acc_'s other set).
   std::vector<AlignedVector<uint16_t>> grads_alt_;

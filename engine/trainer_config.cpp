@@ -36,6 +36,7 @@ Result<TrainerOptions> trainer_options(const EngineConfig& cfg) {
   o.loss_scale.hysteresis = cfg.loss_scaling.hysteresis;
   o.loss_scale.min_scale = cfg.loss_scaling.min_scale;
   if (cfg.constraints.states == Tier::kNvme) o.states = Tier::kNvme;
+  if (cfg.constraints.gradients == Tier::kNvme) o.gradients = Tier::kNvme;
   o.nvme_paths = cfg.nvme_paths;  // for whatever the run puts on NVMe (states, weights, block inputs)
   o.state_piece_elems = cfg.setup.state_piece_elems;
   o.speculate_in_ram = cfg.speculate_in_ram && o.states == Tier::kHost;
@@ -74,6 +75,7 @@ Result<Plan> apply_planned_placement(TrainerOptions* o, Budgets budgets, const C
   o->activation_checkpoints = pl.checkpoints;
   o->prefetch_depth = o->stream_weights ? pl.prefetch_depth : 1;
   o->speculate_in_ram = pl.speculate_in_ram;
+  o->gradients = pl.gradients;
   o->vertical_accumulation = pl.micro_batches_per_pass > 1;
   o->vertical_group = pl.micro_batches_per_pass > 1 ? pl.micro_batches_per_pass : 0;
   const bool on_nvme = pl.weights == Tier::kNvme || pl.states == Tier::kNvme || pl.checkpoints == Tier::kNvme;

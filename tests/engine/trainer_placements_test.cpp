@@ -4,7 +4,7 @@
 // for bit (the delayed update's own, when the run has one) (DESIGN.md, "Precision and determinism") — resident or
 // streamed at any prefetch depth; weights, optimizer states and activation checkpoints on any tier they may live on;
 // one micro-batch at a time or the vertical order in any group; speculation on NVMe or in RAM, or none; states in
-// pieces; io_uring or POSIX at queue depth 1, 4 or 32, striped over one
+// pieces; the gradients on NVMe through a ring of 1-4 buffers; io_uring or POSIX at queue depth 1, 4 or 32, striped over one
 // or two directories, with 3-6 staging buffers; transient NVMe faults (EAGAIN, EINTR, short
 // transfers, transient EIO, late and reordered completions), which the I/O
 // layer retries unseen. trainer_test.cpp holds the placements it names one by
@@ -105,6 +105,10 @@ TrainerOptions placement(const TrainerOptions& base, std::mt19937_64& rng, const
   } else {
     o.speculate = pick(4) != 0;
     if (pick(2) == 0) o.state_piece_elems = kStatePieceGranule;  // every chunk in pieces
+    if (o.grad_accum == 1 && !o.delayed_update && pick(2) == 0) {
+      o.gradients = Tier::kNvme;  // a ring of 1-4 chunk buffers
+      o.gradient_buffers = 1 + pick(4);
+    }
   }
   const bool nvme = o.states == Tier::kNvme || o.activation_checkpoints == Tier::kNvme;
   if (nvme) {
@@ -135,6 +139,7 @@ TrainerOptions placement(const TrainerOptions& base, std::mt19937_64& rng, const
       (o.speculate_in_ram ? ", speculating in RAM" : "") +
       (o.states == Tier::kNvme && !o.speculate ? ", no speculation" : "") +
       (o.state_piece_elems == kStatePieceGranule ? ", states in pieces" : "") +
+      (o.gradients == Tier::kNvme ? ", gradients on nvme in a ring of " + std::to_string(o.gradient_buffers) : "") +
       (nvme && o.io_backend == io::Backend::kPosix ? ", POSIX I/O" : "") +
       (nvme ? ", queue depth " + std::to_string(o.io_queue_depth) + ", stripe " +
                   std::to_string(o.io_stripe_unit_bytes >> 10) + " KiB over " + std::to_string(o.nvme_paths.size()) +
@@ -195,7 +200,8 @@ TEST(TrainerPlacements, FaultsAtRandomMomentsEndTheirStepAndChangeNothing) {
   std::mt19937_64 rng(seed);
   strata::testing::TempDir dir;
   constexpr int kRuns = 8, kSteps = 6;
-  int variant = 0, failed_steps = 0, failed_delayed = 0, saves_done = 0, saves_failed = 0, resumes = 0;
+  int variant = 0, failed_steps = 0, failed_delayed = 0, failed_grads_nvme = 0, saves_done = 0, saves_failed = 0,
+      resumes = 0;
   for (int r = 0; r < kRuns; ++r) {
     const TrainerOptions base = numbers(rng, rng());
     std::string error;
@@ -258,6 +264,7 @@ TEST(TrainerPlacements, FaultsAtRandomMomentsEndTheirStepAndChangeNothing) {
       }
       ++failed_steps;
       failed_delayed += base.delayed_update ? 1 : 0;
+      failed_grads_nvme += o.gradients == Tier::kNvme ? 1 : 0;
       EXPECT_TRUE(bad.error().code() == StatusCode::kUnavailable ||
                   bad.error().code() == StatusCode::kResourceExhausted)
           << at << ": " << bad.error().to_string();
@@ -299,8 +306,10 @@ TEST(TrainerPlacements, FaultsAtRandomMomentsEndTheirStepAndChangeNothing) {
   }
   std::printf("%d saves completed, %d failed on a fault; %d runs resumed from the last one\n", saves_done, saves_failed,
               resumes);
-  std::printf("%d of %d steps failed on a fault and were retried (%d of them delayed-update steps)\n", failed_steps,
-              kRuns * kSteps, failed_delayed);
+  std::printf(
+      "%d of %d steps failed on a fault and were retried (%d of them delayed-update steps, %d with the gradients on "
+      "NVMe)\n",
+      failed_steps, kRuns * kSteps, failed_delayed, failed_grads_nvme);
   EXPECT_GT(failed_steps, 0) << "no fault struck: the test checked nothing";
 }
 

@@ -1634,6 +1634,7 @@ TEST(Trainer, PlannedBytesPerTierMatchWhatTheRunUsed) {
   };
   struct Homes {
     Tier weights, states;
+    Tier gradients = Tier::kHost;
   };
   // The working type and how Adam's m and v are stored.
   const std::pair<DType, cpu_optim::StateType> kinds[] = {{DType::kBF16, cpu_optim::StateType::kF32},
@@ -1647,7 +1648,7 @@ TEST(Trainer, PlannedBytesPerTierMatchWhatTheRunUsed) {
     for (int depth : {1, 3}) {
       for (Tier acts : {Tier::kDevice, Tier::kHost, Tier::kNvme}) {
         for (Homes homes : {Homes{Tier::kHost, Tier::kHost}, Homes{Tier::kHost, Tier::kNvme},
-                            Homes{Tier::kNvme, Tier::kNvme}}) {
+                            Homes{Tier::kNvme, Tier::kNvme}, Homes{Tier::kHost, Tier::kNvme, Tier::kNvme}}) {
           for (const auto& [precision, st] : kinds) {
             if (precision == DType::kF16 && (sh.layers != 6 || depth != 1)) continue;
             // Low-precision Adam states: one shape and depth.
@@ -1663,6 +1664,7 @@ TEST(Trainer, PlannedBytesPerTierMatchWhatTheRunUsed) {
             o.activation_checkpoints = acts;
             o.weights = homes.weights;
             o.states = homes.states;
+            o.gradients = homes.gradients;
             o.precision = precision;
             o.adam_states = st;
             o.speculate_in_ram = homes.states == Tier::kHost && depth == 3;  // the second copy of the states
@@ -1676,6 +1678,7 @@ TEST(Trainer, PlannedBytesPerTierMatchWhatTheRunUsed) {
             pl.checkpoints = acts;
             pl.prefetch_depth = depth;
             pl.speculate_in_ram = o.speculate_in_ram;
+            pl.gradients = homes.gradients;
             const Plan plan = estimate(setup, pl, Bandwidths{});
             Result<std::unique_ptr<Trainer>> tr = Trainer::create(o);
             ASSERT_TRUE(tr) << tr.error().to_string();
@@ -1686,7 +1689,8 @@ TEST(Trainer, PlannedBytesPerTierMatchWhatTheRunUsed) {
                                      ", states on " + std::string(tier_name(homes.states)) + ", checkpoints on " +
                                      std::string(tier_name(acts)) + ", " + std::string(dtype_name(precision)) +
                                      ", " + std::string(cpu_optim::state_type_name(st)) + " Adam states" +
-                                     (sh.hidden == 128 && homes.states == Tier::kNvme ? " in pieces" : "");
+                                     (sh.hidden == 128 && homes.states == Tier::kNvme ? " in pieces" : "") +
+                                     (homes.gradients == Tier::kNvme ? ", gradients on nvme" : "");
             const double measured[3] = {
                 static_cast<double>((*tr)->device()->peak_bytes()), static_cast<double>((*tr)->host_bytes()),
                 (*tr)->swap_store() ? static_cast<double>((*tr)->swap_store()->stats().peak_used_bytes) : 0.0};

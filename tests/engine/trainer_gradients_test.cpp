@@ -1,0 +1,188 @@
+// Gradients homed on NVMe (TrainerOptions::gradients): the trainer keeps a
+// ring of a few chunk buffers instead of a gradient buffer per chunk, the
+// optimizer stage writes each gradient to NVMe as it lands and reads it back
+// for an update after the verdict — the same bits as gradients on the host,
+// with clipping that fires and fp16 overflows, at any ring size; the host
+// holds less and NVMe takes 2 more bytes per parameter a step.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "engine/trainer.h"
+#include "tests/test_util.h"
+
+namespace strata::engine {
+namespace {
+
+TrainerOptions small(uint64_t seed) {
+  TrainerOptions o;
+  o.model.layers = 3, o.model.hidden = 32, o.model.heads = 4, o.model.vocab = 64, o.model.max_seq = 16;
+  o.batch = 4;
+  o.seq = 16;
+  o.seed = seed;
+  o.adam.lr = 1e-2f;
+  o.adam.weight_decay = 0.01f;
+  o.states = Tier::kNvme;
+  return o;
+}
+
+struct Log {
+  std::vector<float> losses;
+  std::vector<double> norms, scales;
+  int clipped = 0, skipped = 0;
+  int64_t rollbacks = 0;
+  uint64_t host_bytes = 0, nvme_written = 0;  // nvme_written: the last step's
+  bool operator==(const Log& o) const {
+    return losses == o.losses && norms == o.norms && scales == o.scales && clipped == o.clipped &&
+           skipped == o.skipped;
+  }
+};
+
+Log run(const TrainerOptions& o, int steps) {
+  Log r;
+  Result<std::unique_ptr<Trainer>> tr = Trainer::create(o);
+  EXPECT_TRUE(tr) << tr.error().to_string();
+  if (!tr) return r;
+  r.host_bytes = (*tr)->host_bytes();
+  for (int i = 0; i < steps; ++i) {
+    r.scales.push_back((*tr)->loss_scale());
+    Result<float> loss = (*tr)->step();
+    EXPECT_TRUE(loss) << "step " << i + 1 << ": " << loss.error().to_string();
+    if (!loss) break;
+    r.losses.push_back(*loss);
+    r.norms.push_back((*tr)->last_grad_norm());
+    r.clipped += (*tr)->last_clipped() ? 1 : 0;
+    r.skipped += (*tr)->last_skipped() ? 1 : 0;
+    r.nvme_written = (*tr)->last_counters().nvme_written_bytes;
+  }
+  r.rollbacks = (*tr)->rollbacks();
+  return r;
+}
+
+TEST(TrainerGradients, OnNvmeThroughARingTheyGiveTheSameBits) {
+  const uint64_t seed = strata::testing::test_seed(20261203);
+  strata::testing::TempDir dir;
+  int n = 0;
+  TrainerOptions free_run = small(seed);
+  free_run.nvme_paths = {dir.sub("free")};
+  const Log free = run(free_run, 16);
+  ASSERT_EQ(free.norms.size(), 16u);
+  std::vector<double> sorted = free.norms;
+  std::sort(sorted.begin(), sorted.end());
+  // Clipping that fires on some steps (each redone from the old states, with
+  // the gradients read back), and fp16 whose loss scale overflows on some
+  // (skipped).
+  for (bool fp16 : {false, true}) {
+    TrainerOptions base = small(seed);
+    base.clip_norm = static_cast<float>(sorted[8]);
+    if (fp16) {
+      base.precision = DType::kF16;
+      base.loss_scale.initial_power = 24;
+      base.loss_scale.window = 3;
+      base.loss_scale.hysteresis = 1;
+    }
+    base.nvme_paths = {dir.sub("ref" + std::to_string(fp16))};
+    const Log ref = run(base, 16);  // the gradients on the host
+    ASSERT_EQ(ref.losses.size(), 16u);
+    EXPECT_GT(ref.clipped, 0);
+    EXPECT_LT(ref.clipped, 16);
+    if (fp16) {
+      EXPECT_GT(ref.skipped, 0);
+    }
+    for (int ring : {1, 3}) {
+      for (bool speculate : {true, false}) {
+        for (int variant = 0; variant < 3; ++variant) {  // plain; states in pieces; weights streamed from NVMe
+          TrainerOptions o = base;
+          o.gradients = Tier::kNvme;
+          o.gradient_buffers = ring;
+          o.speculate = speculate;
+          if (variant == 1) o.state_piece_elems = kStatePieceGranule;
+          if (variant == 2) {
+            o.stream_weights = true;
+            o.device_bytes = 8ull << 20;
+            o.weights = Tier::kNvme;
+            o.prefetch_depth = 2;
+          }
+          o.nvme_paths = {dir.sub("g" + std::to_string(n++))};
+          const std::string what = std::string(fp16 ? "fp16" : "bf16") + ", a ring of " + std::to_string(ring) +
+                                   (speculate ? ", speculating" : ", not speculating") +
+                                   (variant == 1 ? ", states in pieces" : variant == 2 ? ", weights on NVMe" : "");
+          const Log got = run(o, 16);
+          EXPECT_EQ(got.losses, ref.losses) << what;
+          EXPECT_EQ(got.norms, ref.norms) << what;
+          EXPECT_EQ(got.scales, ref.scales) << what;
+          EXPECT_EQ(got.clipped, ref.clipped) << what;
+          EXPECT_EQ(got.skipped, ref.skipped) << what;
+          // A speculative step that clipped was redone from gradients read back.
+          if (speculate) {
+            EXPECT_GT(got.rollbacks, 0) << what;
+          }
+        }
+      }
+    }
+    std::printf("%s: clipping fired on %d of 16 steps, %d skipped; the same bits with the gradients on NVMe "
+                "(ring 1 and 3, speculating or not, states in pieces, weights on NVMe)\n",
+                fp16 ? "fp16" : "bf16", ref.clipped, ref.skipped);
+  }
+}
+
+TEST(TrainerGradients, OnNvmeTheHostHoldsARingAndNvmeTakesTwoBytesAParameter) {
+  strata::testing::TempDir dir;
+  TrainerOptions host = small(3);
+  host.model.layers = 24;  // many chunks, so that a ring of 3 is far smaller
+  host.nvme_paths = {dir.sub("h")};
+  TrainerOptions nvme = host;
+  nvme.gradients = Tier::kNvme;
+  nvme.nvme_paths = {dir.sub("n")};
+  const Log h = run(host, 3), g = run(nvme, 3);
+  ASSERT_EQ(h.losses, g.losses);
+  const std::vector<gpu::ChunkLayout> layout = gpu::model_layout(host.model);
+  uint64_t grad_bytes = 0, max_chunk = 0;
+  for (const gpu::ChunkLayout& c : layout) {
+    grad_bytes += 2 * static_cast<uint64_t>(c.numel);
+    max_chunk = std::max(max_chunk, 2 * static_cast<uint64_t>(c.numel));
+  }
+  // The host gives up a buffer per chunk for 3 chunk buffers, and the
+  // staging buffers a gradient each (both padded to the swap alignment).
+  ASSERT_GT(h.host_bytes, g.host_bytes);
+  const uint64_t saved = h.host_bytes - g.host_bytes;
+  EXPECT_GE(saved + 1, grad_bytes - 3 * (max_chunk + 4096) - kStateStagingBuffers * (max_chunk + 4096));
+  EXPECT_LE(saved, grad_bytes);
+  // Each step writes every gradient once (no step clipped: none read back).
+  EXPECT_EQ(g.clipped, 0);
+  EXPECT_GE(g.nvme_written, h.nvme_written + grad_bytes);
+  EXPECT_LE(g.nvme_written, h.nvme_written + grad_bytes + layout.size() * 4096);
+  std::printf("%zu chunks, %llu gradient bytes: the host holds %llu bytes less; NVMe writes %llu bytes more a step\n",
+              layout.size(), static_cast<unsigned long long>(grad_bytes), static_cast<unsigned long long>(saved),
+              static_cast<unsigned long long>(g.nvme_written - h.nvme_written));
+}
+
+TEST(TrainerGradients, OnNvmeTheyAreRefusedWhereTheTrainerCannotRunThem) {
+  strata::testing::TempDir dir;
+  auto refused = [&](TrainerOptions o, const std::string& says) {
+    o.gradients = Tier::kNvme;
+    o.nvme_paths = {dir.path()};
+    Result<std::unique_ptr<Trainer>> tr = Trainer::create(o);
+    ASSERT_FALSE(tr);
+    EXPECT_EQ(tr.error().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(tr.error().to_string().find(says), std::string::npos) << tr.error().to_string();
+  };
+  TrainerOptions o = small(1);
+  o.states = Tier::kHost;
+  refused(o, "states on host");
+  o = small(1);
+  o.grad_accum = 2;
+  refused(o, "grad_accum 2");
+  o = small(1);
+  o.delayed_update = true;
+  refused(o, "the delayed update");
+  o = small(1);
+  o.gradient_buffers = 0;
+  refused(o, "gradient_buffers must be 1..64");
+}
+
+}  // namespace
+}  // namespace strata::engine
