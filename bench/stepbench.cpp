@@ -5,7 +5,8 @@
 //              device's ModelOps with every chunk resident (no copies);
 //   copies     the step's host<->device bytes through a device of the same kind;
 //   optimizer  the optimizer stage's busy time with its states in memory;
-//   nvme       reading and writing every chunk's state once.
+//   nvme       reading and writing every chunk's state once (and, with
+//              --gradients nvme, writing its gradient).
 // Prints overlap efficiency = max(parts) / step and the planner's prediction
 // (its model at the link rates just measured) with its error. The host
 // backend runs on CPU cores, so its parts share them; `--device cuda` runs
@@ -95,6 +96,11 @@ int run(int argc, char** argv) {
       ->check(CLI::IsMember({"nvme", "ram"}));
   app.add_flag("--speculate-in-ram", speculate_in_ram,
                "with --states ram: a second copy of the states, so chunks update as their gradients land");
+  std::string gradients_on = "host";
+  app.add_option("--gradients", gradients_on,
+                 "where the gradients wait for the optimizer: host (a buffer per chunk) or nvme (with --states nvme: "
+                 "a ring of three chunk buffers, each gradient written to NVMe as it lands)")
+      ->check(CLI::IsMember({"host", "nvme"}));
   std::string adam_states = "fp32";
   app.add_option("--adam-states", adam_states, "how Adam's m and v are stored: fp32, bf16 or q8 (8-bit blockwise)")
       ->check(CLI::IsMember({"fp32", "bf16", "q8"}));
@@ -111,6 +117,11 @@ int run(int argc, char** argv) {
   const bool states_nvme = states_on == "nvme";
   if (speculate_in_ram && states_nvme) {
     std::fprintf(stderr, "strata-stepbench: --speculate-in-ram needs --states ram\n");
+    return 2;
+  }
+  const bool grads_nvme = gradients_on == "nvme";
+  if (grads_nvme && !states_nvme) {
+    std::fprintf(stderr, "strata-stepbench: --gradients nvme needs --states nvme\n");
     return 2;
   }
   gpu::host::set_compute_threads(compute_threads);  // every part and the step alike
@@ -138,6 +149,7 @@ int run(int argc, char** argv) {
   full.activation_checkpoints = engine::Tier::kHost;
   full.states = states_nvme ? engine::Tier::kNvme : engine::Tier::kHost;
   full.speculate_in_ram = speculate_in_ram;
+  full.gradients = grads_nvme ? engine::Tier::kNvme : engine::Tier::kHost;
   if (states_nvme) full.nvme_paths = {dir};
   full.backend = device == "cuda" ? engine::TrainerOptions::Backend::kCuda : engine::TrainerOptions::Backend::kHost;
   if (!trace_path.empty()) {  // written after the runs: a wrong path fails now
@@ -147,7 +159,7 @@ int run(int argc, char** argv) {
   }
   engine::Trace trace(!trace_path.empty());
   if (trace.enabled()) full.trace = &trace;
-  const std::string where = states_nvme ? "on NVMe in " + dir
+  const std::string where = states_nvme ? "on NVMe in " + dir + (grads_nvme ? ", the gradients too" : "")
                                          : std::string("in RAM") + (speculate_in_ram ? " (with a second copy)" : "");
   std::printf("strata-stepbench: %d blocks x hidden %d, %.1fM parameters, %s of model states, device budget %s "
               "(1/%.3g), %s Adam states %s; the host device computes on %d of %d cores\n",
@@ -231,9 +243,10 @@ int run(int argc, char** argv) {
   const double compute_s = fwd_s + bwd_s;
   const uint64_t device_peak = offloaded->device()->peak_bytes();
   // The same placement with the opt-in delayed update (inexact): the
-  // optimizer and its NVMe traffic run beside the next step's compute.
+  // optimizer and its NVMe traffic run beside the next step's compute
+  // (not with the gradients on NVMe, which the trainer runs exact only).
   double delayed_s = 0;
-  {
+  if (!grads_nvme) {
     engine::TrainerOptions d = full;
     d.delayed_update = true;
     d.trace = nullptr;
@@ -305,6 +318,7 @@ int run(int argc, char** argv) {
     }
     nvme_s = median_seconds(reps, [&] {
       std::vector<std::optional<io::Ticket>> writes(stage.pieces());
+      std::vector<io::Ticket> grad_writes;  // waited for by wait_all
       for (size_t u = 0; u < stage.pieces(); ++u) {
         const std::string name = stage.state_blob(u);
         if (u >= 2) STEP_CHECK(swap->wait(*writes[u - 2]));
@@ -315,6 +329,12 @@ int run(int argc, char** argv) {
                                            engine::OptimizerStage::state_bytes(stage.piece_elems(u), base.adam_states));
         STEP_CHECK(w.status());
         writes[u] = *w;
+        if (grads_nvme) {  // and the piece's 2-byte gradient, as it lands
+          Result<io::Ticket> g = swap->write("stepbench-gradient/" + std::to_string(u), leases[u % 2].buffer(),
+                                             2 * static_cast<uint64_t>(stage.piece_elems(u)));
+          STEP_CHECK(g.status());
+          grad_writes.push_back(*g);
+        }
       }
       STEP_CHECK(swap->wait_all());
     });
@@ -326,6 +346,7 @@ int run(int argc, char** argv) {
   placement.weights = engine::Tier::kHost;
   placement.states = full.states;
   placement.speculate_in_ram = speculate_in_ram;
+  placement.gradients = full.gradients;
   placement.checkpoints = engine::Tier::kHost;
   placement.prefetch_depth = prefetch;
   engine::Bandwidths bw;
@@ -333,7 +354,7 @@ int run(int argc, char** argv) {
                        static_cast<double>(base.batch * base.seq);
   const double copy_gbps = static_cast<double>(h2d + d2h) / copies_s / 1e9;
   bw.h2d_gbps = bw.d2h_gbps = copy_gbps;
-  if (nvme_s > 0) bw.nvme_read_gbps = bw.nvme_write_gbps = 2.0 * static_cast<double>(nvme_r) / nvme_s / 1e9;
+  if (nvme_s > 0) bw.nvme_read_gbps = bw.nvme_write_gbps = static_cast<double>(nvme_r + nvme_w) / nvme_s / 1e9;
   bw.cpu_optimizer_params_per_s = static_cast<double>(params) / optimizer_s;
   // The measured rate over the FLOPs compute_s covers (recompute included,
   // as the streamed step recomputes each block).
@@ -351,8 +372,10 @@ int run(int argc, char** argv) {
   std::printf("%-10s %10.4f %12s\n", "optimizer", optimizer_s, "-");
   std::printf("%-10s %10.4f %12s\n", "nvme", nvme_s, format_bytes(nvme_r + nvme_w).c_str());
   std::printf("%-10s %10.4f\n", "step", step_s);
-  std::printf("%-10s %10.4f   (delayed update, not exact: max(parts)/step %.3f)\n", "delayed", delayed_s,
-              std::max({compute_s, copies_s, optimizer_s, nvme_s}) / delayed_s);
+  if (delayed_s > 0) {
+    std::printf("%-10s %10.4f   (delayed update, not exact: max(parts)/step %.3f)\n", "delayed", delayed_s,
+                std::max({compute_s, copies_s, optimizer_s, nvme_s}) / delayed_s);
+  }
   std::printf("%-10s %10.4f   (links: ", "predicted", predicted);
   for (const auto& l : plan.links) std::printf("%s %.4f s; ", l.link.c_str(), l.seconds);
   std::printf("not overlapped: head %.4f s, tail %.4f s", plan.head_seconds, plan.tail_seconds);
@@ -380,6 +403,7 @@ int run(int argc, char** argv) {
                       {"sub_group_size", sub_group},
                       {"adam_states", adam_states},
                       {"speculate_in_ram", speculate_in_ram},
+                      {"gradients", gradients_on},
                       {"system", system_info()}};
   std::printf("%s\n", j.dump().c_str());
   return 0;

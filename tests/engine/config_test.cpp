@@ -31,7 +31,7 @@ TEST(Config, NativeConfigParsesEveryField) {
             {"states", "q8"},
             {"optimizer", {{"type", "adamw"}, {"lr", 3e-4}, {"betas", {0.9, 0.95}}, {"weight_decay", 0.1}}},
             {"gradient_clipping", 1.0},
-            {"placement", {{"checkpoints", "host"}, {"sub_group_size", 1 << 20}}},
+            {"placement", {{"checkpoints", "host"}, {"gradients", "nvme"}, {"sub_group_size", 1 << 20}}},
             {"io", {{"backend", "posix"}, {"queue_depth", 64}, {"block_size", "8MiB"}}},
             {"seed", 7},
             {"speculate_in_ram", true},
@@ -55,6 +55,7 @@ TEST(Config, NativeConfigParsesEveryField) {
   EXPECT_TRUE(c->nvme_budget_given);
   EXPECT_DOUBLE_EQ(c->optimizer.beta2, 0.95);
   EXPECT_EQ(c->constraints.checkpoints, Tier::kHost);
+  EXPECT_EQ(c->constraints.gradients, Tier::kNvme);
   EXPECT_EQ(c->setup.state_piece_elems, 1 << 20);
   EXPECT_FALSE(c->constraints.weights.has_value());
   EXPECT_EQ(c->io.block_bytes, 8 * kMiB);
@@ -153,6 +154,8 @@ TEST(Config, InvalidValuesNameTheKeyAndWhatIsAllowed) {
   EXPECT_NE(m.find("heads"), std::string::npos) << m;
   m = error_of({{"nvme_paths", {"/nonexistent-strata"}}});
   EXPECT_NE(m.find("/nonexistent-strata"), std::string::npos) << m;
+  m = error_of({{"placement", {{"gradients", "device"}}}});
+  EXPECT_NE(m.find("placement.gradients"), std::string::npos) << m;
   m = error_of({{"placement", {{"sub_group_size", 100}}}});
   EXPECT_NE(m.find("placement.sub_group_size: 100 parameters; 0 (whole chunks) or at least 4096"), std::string::npos)
       << m;

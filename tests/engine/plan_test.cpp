@@ -196,6 +196,7 @@ TEST(Plan, ChoosesOnlyPlacementsTheTrainerRuns) {
           EXPECT_TRUE(pl.weights != Tier::kDevice || pl.checkpoints == Tier::kDevice);
           EXPECT_NE(pl.states, Tier::kDevice);
           EXPECT_TRUE(!pl.speculate_in_ram || pl.states == Tier::kHost);
+          EXPECT_TRUE(pl.gradients == Tier::kHost || (pl.states == Tier::kNvme && s.grad_accum == 1));
         }
       }
     }
@@ -220,6 +221,49 @@ TEST(Plan, StreamsWeightsAndSpillsToNvmeWhenTiersAreSmall) {
   std::string table = format_plan(*nvme, {2 * kGiB, 16 * kGiB, 200 * kGiB});
   EXPECT_NE(table.find("predicted step"), std::string::npos);
   EXPECT_NE(table.find("nvme read"), std::string::npos);
+}
+
+// A 10B model (48 blocks of 4096) on one 32 GiB device: with the states
+// and weights on NVMe the host still needs a gradient buffer per chunk
+// (2 bytes per parameter, 18 GiB) — more than a 16 GiB host has; with the
+// gradients on NVMe too it needs a ring of three chunk buffers and the
+// staging buffers. With accumulation (the fp32 sums stay on the host) the
+// gradients stay on the host.
+TEST(Plan, PutsTheGradientsOnNvmeWhereTheHostIsShort) {
+  TrainSetup s;
+  s.model.layers = 48, s.model.hidden = 4096, s.model.heads = 32, s.model.vocab = 50304, s.model.max_seq = 1024;
+  s.micro_batch = 8;
+  s.seq = 1024;
+  const Budgets b{32 * kGiB, 16 * kGiB, 400 * kGiB};
+  Result<Plan> p = make_plan(s, b, Bandwidths{});
+  ASSERT_TRUE(p) << p.error().to_string();
+  EXPECT_EQ(p->placement.gradients, Tier::kNvme) << p->why;
+  EXPECT_EQ(p->placement.states, Tier::kNvme);
+  EXPECT_GT(p->parameters, 9'800'000'000);
+  EXPECT_LE(p->host.total(), 16 * kGiB);
+  EXPECT_EQ(p->host.model_states, 0u);
+  Placement host_grads = p->placement;
+  host_grads.gradients = Tier::kHost;
+  const Plan h = estimate(s, host_grads, Bandwidths{});
+  EXPECT_GT(h.host.total(), 16 * kGiB);
+  EXPECT_EQ(h.host.model_states, 2 * padded_params(s.model));
+  // 2 bytes per parameter more NVMe writes a step; the same reads.
+  auto link = [](const Plan& plan, const std::string& name) {
+    for (const LinkTime& l : plan.links) {
+      if (l.link == name) return l.bytes;
+    }
+    return -1.0;
+  };
+  EXPECT_DOUBLE_EQ(link(*p, "nvme write") - link(h, "nvme write"), 2.0 * static_cast<double>(p->parameters));
+  EXPECT_DOUBLE_EQ(link(*p, "nvme read"), link(h, "nvme read"));
+  EXPECT_NE(format_plan(*p, b).find("gradients on nvme"), std::string::npos);
+  s.grad_accum = 2;
+  Result<Plan> accum = make_plan(s, b, Bandwidths{});
+  ASSERT_FALSE(accum);
+  Constraints fixed;
+  fixed.gradients = Tier::kHost;
+  s.grad_accum = 1;
+  ASSERT_FALSE(make_plan(s, b, Bandwidths{}, fixed)) << "16 GiB of host is short with the gradients there";
 }
 
 TEST(Plan, NothingFitsNamesTheShortBudgetAndASmallerMicroBatch) {
