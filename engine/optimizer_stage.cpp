@@ -119,35 +119,35 @@ void OptimizerStage::worker_loop() {
   }
 }
 
-Status OptimizerStage::home_weights_on_nvme(DType dtype) {
-  if (tier_ != Tier::kNvme) return invalid_argument("optimizer stage: weights on NVMe need the states on NVMe");
+// Whether a view may be homed on NVMe beside the states, with the staging
+// buffers holding it (and whatever else is homed there): `what` is
+// "weights" or "gradients".
+Status OptimizerStage::check_nvme_home(const char* what, DType dtype, bool weights, bool gradients) const {
+  if (tier_ != Tier::kNvme) {
+    return invalid_argument("optimizer stage: " + std::string(what) + " on NVMe need the states on NVMe");
+  }
   if (dtype != DType::kBF16 && dtype != DType::kF16) {
-    return invalid_argument("optimizer stage: working weights on NVMe are bf16 or fp16");
+    return invalid_argument("optimizer stage: " + std::string(what) + " on NVMe are bf16 or fp16");
   }
   int64_t max_elems = 0;
   for (const Piece& p : pieces_) max_elems = std::max(max_elems, p.elems);
-  const uint64_t need = staging_bytes(*swap_, max_elems, state_type_, /*weights=*/true, grads_nvme_);
+  const uint64_t need = staging_bytes(*swap_, max_elems, state_type_, weights, gradients);
   if (staging_->buffer_bytes() < need) {
-    return invalid_argument("optimizer stage: weights on NVMe need staging buffers of " + format_bytes(need) +
-                            " (have " + format_bytes(staging_->buffer_bytes()) + ")");
+    return invalid_argument("optimizer stage: " + std::string(what) + " on NVMe need staging buffers of " +
+                            format_bytes(need) + " (have " + format_bytes(staging_->buffer_bytes()) + ")");
   }
+  return ok_status();
+}
+
+Status OptimizerStage::home_weights_on_nvme(DType dtype) {
+  STRATA_RETURN_IF_ERROR(check_nvme_home("weights", dtype, /*weights=*/true, grads_nvme_));
   weights_nvme_ = true;
   weights_dtype_ = dtype;
   return ok_status();
 }
 
 Status OptimizerStage::home_gradients_on_nvme(DType dtype) {
-  if (tier_ != Tier::kNvme) return invalid_argument("optimizer stage: gradients on NVMe need the states on NVMe");
-  if (dtype != DType::kBF16 && dtype != DType::kF16) {
-    return invalid_argument("optimizer stage: gradients on NVMe are bf16 or fp16");
-  }
-  int64_t max_elems = 0;
-  for (const Piece& p : pieces_) max_elems = std::max(max_elems, p.elems);
-  const uint64_t need = staging_bytes(*swap_, max_elems, state_type_, weights_nvme_, /*gradients=*/true);
-  if (staging_->buffer_bytes() < need) {
-    return invalid_argument("optimizer stage: gradients on NVMe need staging buffers of " + format_bytes(need) +
-                            " (have " + format_bytes(staging_->buffer_bytes()) + ")");
-  }
+  STRATA_RETURN_IF_ERROR(check_nvme_home("gradients", dtype, weights_nvme_, /*gradients=*/true));
   grads_nvme_ = true;
   grads_dtype_ = dtype;
   return ok_status();
@@ -199,7 +199,9 @@ Status OptimizerStage::drain_gradient_writes() {
   for (size_t c = 0; c < grad_writes_.size(); ++c) {
     for (const io::Ticket& t : grad_writes_[c]) {
       Status w = swap_->wait(t);
-      if (first.ok() && !w.ok()) first = std::move(w).with_context("writing the gradient of chunk " + std::to_string(c));
+      if (first.ok() && !w.ok()) {
+        first = std::move(w).with_context("writing the gradient of chunk " + std::to_string(c));
+      }
     }
     grad_writes_[c].clear();
   }
@@ -832,8 +834,8 @@ Status OptimizerStage::traced_update(size_t piece, std::byte* state, void* out, 
   const Piece& p = pieces_[piece];
   // The piece's part of its chunk's gradient (or the one read for it) and new weights.
   ChunkGrad g = ov_.grads[p.chunk];
-  g.data = grad != nullptr ? grad
-                           : static_cast<const std::byte*>(g.data) + dtype_bytes(g.dtype) * static_cast<uint64_t>(p.offset);
+  const uint64_t at = dtype_bytes(g.dtype) * static_cast<uint64_t>(p.offset);
+  g.data = grad != nullptr ? grad : static_cast<const std::byte*>(g.data) + at;
   if (out == nullptr && ov_.out[p.chunk] != nullptr) {
     out = static_cast<std::byte*>(ov_.out[p.chunk]) + dtype_bytes(ov_.out_dtype) * static_cast<uint64_t>(p.offset);
     written_[p.chunk] = true;  // before the update: a failing one may have written part of it
@@ -923,7 +925,8 @@ Status OptimizerStage::run_overlap_body() {
     if (nvme) STRATA_RETURN_IF_ERROR(pipe->fill(ahead));
     for (size_t k = 0; k < C; ++k) {
       STRATA_RETURN_IF_ERROR(wait_landed(ov_.order[k]));
-      if (grads_nvme_) STRATA_RETURN_IF_ERROR(release_gradient(ov_.order[k]));  // its statistics taken, its blobs written
+      // Its statistics taken, its blobs written: its buffer is free.
+      if (grads_nvme_) STRATA_RETURN_IF_ERROR(release_gradient(ov_.order[k]));
     }
   }
   // The verdict over the whole model, summed in chunk order (deterministic).

@@ -279,6 +279,7 @@ class OptimizerStage {
            (weights_nvme_ ? swap_->padded_size(2 * static_cast<uint64_t>(pieces_[piece].elems)) : 0);
   }
   uint64_t gradient_bytes(size_t piece) const { return 2 * static_cast<uint64_t>(pieces_[piece].elems); }
+  Status check_nvme_home(const char* what, DType dtype, bool weights, bool gradients) const;
   // Gradients on NVMe: the writes of chunk c's gradient pieces, from the
   // caller's buffer, issued once it landed (the stage's thread).
   Status write_gradient(size_t chunk);

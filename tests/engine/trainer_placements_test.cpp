@@ -4,8 +4,8 @@
 // for bit (the delayed update's own, when the run has one) (DESIGN.md, "Precision and determinism") — resident or
 // streamed at any prefetch depth; weights, optimizer states and activation checkpoints on any tier they may live on;
 // one micro-batch at a time or the vertical order in any group; speculation on NVMe or in RAM, or none; states in
-// pieces; the gradients on NVMe through a ring of 1-4 buffers; io_uring or POSIX at queue depth 1, 4 or 32, striped over one
-// or two directories, with 3-6 staging buffers; transient NVMe faults (EAGAIN, EINTR, short
+// pieces; the gradients on NVMe through a ring of 1-4 buffers; io_uring or POSIX at queue depth 1, 4 or 32,
+// striped over one or two directories, with 3-6 staging buffers; transient NVMe faults (EAGAIN, EINTR, short
 // transfers, transient EIO, late and reordered completions), which the I/O
 // layer retries unseen. trainer_test.cpp holds the placements it names one by
 // one; this test covers their combinations, a different set for every seed
