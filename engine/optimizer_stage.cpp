@@ -122,16 +122,13 @@ void OptimizerStage::worker_loop() {
 // Whether a view may be homed on NVMe beside the states, with the staging
 // buffers holding it (and whatever else is homed there): `what` is
 // "weights" or "gradients".
-Status OptimizerStage::check_nvme_home(const char* what, DType dtype, bool weights, bool gradients) const {
+Status OptimizerStage::check_nvme_home(const char* what, bool weights, uint64_t gradient_bytes) const {
   if (tier_ != Tier::kNvme) {
     return invalid_argument("optimizer stage: " + std::string(what) + " on NVMe need the states on NVMe");
   }
-  if (dtype != DType::kBF16 && dtype != DType::kF16) {
-    return invalid_argument("optimizer stage: " + std::string(what) + " on NVMe are bf16 or fp16");
-  }
   int64_t max_elems = 0;
   for (const Piece& p : pieces_) max_elems = std::max(max_elems, p.elems);
-  const uint64_t need = staging_bytes(*swap_, max_elems, state_type_, weights, gradients);
+  const uint64_t need = staging_bytes(*swap_, max_elems, state_type_, weights, gradient_bytes);
   if (staging_->buffer_bytes() < need) {
     return invalid_argument("optimizer stage: " + std::string(what) + " on NVMe need staging buffers of " +
                             format_bytes(need) + " (have " + format_bytes(staging_->buffer_bytes()) + ")");
@@ -140,14 +137,21 @@ Status OptimizerStage::check_nvme_home(const char* what, DType dtype, bool weigh
 }
 
 Status OptimizerStage::home_weights_on_nvme(DType dtype) {
-  STRATA_RETURN_IF_ERROR(check_nvme_home("weights", dtype, /*weights=*/true, grads_nvme_));
+  if (dtype != DType::kBF16 && dtype != DType::kF16) {
+    return invalid_argument("optimizer stage: working weights on NVMe are bf16 or fp16");
+  }
+  STRATA_RETURN_IF_ERROR(
+      check_nvme_home("weights", /*weights=*/true, grads_nvme_ ? dtype_bytes(grads_dtype_) : 0));
   weights_nvme_ = true;
   weights_dtype_ = dtype;
   return ok_status();
 }
 
 Status OptimizerStage::home_gradients_on_nvme(DType dtype) {
-  STRATA_RETURN_IF_ERROR(check_nvme_home("gradients", dtype, weights_nvme_, /*gradients=*/true));
+  if (dtype != DType::kBF16 && dtype != DType::kF16 && dtype != DType::kF32) {
+    return invalid_argument("optimizer stage: gradients on NVMe are bf16, fp16 or fp32 sums");
+  }
+  STRATA_RETURN_IF_ERROR(check_nvme_home("gradients", weights_nvme_, dtype_bytes(dtype)));
   grads_nvme_ = true;
   grads_dtype_ = dtype;
   return ok_status();
@@ -168,8 +172,8 @@ Status OptimizerStage::write_gradient(size_t c) {
     const uint64_t bytes = gradient_bytes(u);
     // The swap store reads the padding past the piece's bytes too (the
     // caller's buffer holds the chunk padded); pieces start on its alignment.
-    io::IoBuffer buf{const_cast<std::byte*>(base) + 2 * static_cast<uint64_t>(pieces_[u].offset),
-                     swap_->padded_size(bytes)};
+    const uint64_t at = dtype_bytes(grads_dtype_) * static_cast<uint64_t>(pieces_[u].offset);
+    io::IoBuffer buf{const_cast<std::byte*>(base) + at, swap_->padded_size(bytes)};
     Result<io::Ticket> t = swap_->write(gradient_blob(u), buf, bytes);
     if (!t) return std::move(t).error().with_context("writing the gradient of chunk " + std::to_string(c));
     grad_writes_[c].push_back(*t);

@@ -126,7 +126,7 @@ class OptimizerStage {
   Status home_weights_on_nvme(DType dtype);
   bool weights_on_nvme() const { return weights_nvme_; }
   // Homes the step's gradients on NVMe too (`dtype`: the device's bf16 or
-  // fp16 gradients as they land, not fp32 sums): as each chunk lands, the
+  // fp16 gradients as they land, or fp32 sums of them): as each chunk lands, the
   // stage writes its gradient to a scratch blob per piece, and the caller's
   // buffer for it is free again once gradients_released() counts the chunk
   // — so the caller can keep a few gradient buffers in a ring instead of
@@ -159,15 +159,17 @@ class OptimizerStage {
   const std::string& state_blob(size_t piece) const { return blob(piece, gen_[piece]); }
   static uint64_t staging_bytes_with_weights(const io::SwapStore& swap, int64_t elems,
                                              cpu_optim::StateType states = cpu_optim::StateType::kF32) {
-    return staging_bytes(swap, elems, states, /*weights=*/true, /*gradients=*/false);
+    return staging_bytes(swap, elems, states, /*weights=*/true, /*gradient_bytes=*/0);
   }
   // One staging buffer: a piece's state, then (weights or gradients homed
-  // on NVMe) its 2-byte working weights and its 2-byte gradient, each
+  // on NVMe) its 2-byte working weights and its gradient (`gradient_bytes`
+  // per element: 2, or 4 for fp32 sums; 0 when not homed there), each
   // padded to the swap store's alignment.
   static uint64_t staging_bytes(const io::SwapStore& swap, int64_t elems, cpu_optim::StateType states, bool weights,
-                                bool gradients) {
-    const uint64_t two = swap.padded_size(2 * static_cast<uint64_t>(elems));
-    return swap.padded_size(state_bytes(elems, states)) + (weights ? two : 0) + (gradients ? two : 0);
+                                uint64_t gradient_bytes) {
+    const uint64_t n = static_cast<uint64_t>(elems);
+    return swap.padded_size(state_bytes(elems, states)) + (weights ? swap.padded_size(2 * n) : 0) +
+           (gradient_bytes > 0 ? swap.padded_size(gradient_bytes * n) : 0);
   }
   // Chunk c's working weights out of / into their NVMe blob (checkpoints).
   // A piece at a time: `slice(offset, bytes)` gets the piece's 2-byte
@@ -278,8 +280,10 @@ class OptimizerStage {
     return weights_offset(piece) +
            (weights_nvme_ ? swap_->padded_size(2 * static_cast<uint64_t>(pieces_[piece].elems)) : 0);
   }
-  uint64_t gradient_bytes(size_t piece) const { return 2 * static_cast<uint64_t>(pieces_[piece].elems); }
-  Status check_nvme_home(const char* what, DType dtype, bool weights, bool gradients) const;
+  uint64_t gradient_bytes(size_t piece) const {
+    return dtype_bytes(grads_dtype_) * static_cast<uint64_t>(pieces_[piece].elems);
+  }
+  Status check_nvme_home(const char* what, bool weights, uint64_t gradient_bytes) const;
   // Gradients on NVMe: the writes of chunk c's gradient pieces, from the
   // caller's buffer, issued once it landed (the stage's thread).
   Status write_gradient(size_t chunk);

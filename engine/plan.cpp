@@ -171,8 +171,13 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   const uint64_t w = dtype_bytes(s.working);
   auto padded = [](uint64_t bytes) { return round_up(bytes, uint64_t{4096}); };  // NVMe blocks and pinned buffers
   const bool grads_nvme = pl.gradients == Tier::kNvme;
-  if (!grads_nvme) p.host.model_states += z.padded * z.c;
-  if (s.grad_accum > 1) p.host.model_states += z.padded * 4;
+  // Gradients on NVMe: what goes there per parameter (the device's type, or
+  // the fp32 sum when accumulating).
+  const uint64_t grad_nvme_bytes = s.grad_accum > 1 ? 4 : z.c;
+  if (!grads_nvme) {
+    p.host.model_states += z.padded * z.c;
+    if (s.grad_accum > 1) p.host.model_states += z.padded * 4;
+  }
   if (s.delayed_update) p.host.model_states += z.padded * (s.grad_accum > 1 ? 4 : z.c);
   // The CPU optimizer writes the working weights in host memory, in place
   // (the delayed update: beside the ones the next step computes with), from
@@ -198,15 +203,17 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
     p.host.io_buffers += static_cast<uint64_t>(pl.prefetch_depth + 3) * padded(z.max_chunk * w);
   }
   if (grads_nvme) {
-    // The ring of chunk buffers on the host, a scratch blob per piece.
+    // The ring of chunk buffers on the host (and of their sums), a scratch
+    // blob per piece.
     p.host.io_buffers += kGradientBuffers * padded(z.max_chunk * z.c);
-    p.nvme.model_states += blobs(static_cast<double>(z.c));
+    if (s.grad_accum > 1) p.host.io_buffers += kGradientBuffers * padded(z.max_chunk * 4);
+    p.nvme.model_states += blobs(static_cast<double>(grad_nvme_bytes));
   }
   if (pl.states == Tier::kNvme) {
     p.nvme.model_states += 2 * blobs(state_bytes);
     const uint64_t per_buffer = padded(static_cast<uint64_t>(static_cast<double>(max_piece) * state_bytes)) +
                                 (pl.weights == Tier::kNvme ? padded(max_piece * w) : 0) +
-                                (grads_nvme ? padded(max_piece * z.c) : 0);
+                                (grads_nvme ? padded(max_piece * grad_nvme_bytes) : 0);
     p.host.io_buffers += kStateStagingBuffers * per_buffer;
   } else {
     tier(p, pl.states).model_states += state_total;
@@ -261,7 +268,7 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   // Gradients on NVMe are written as they land; a step whose speculative
   // update holds (the one predicted here) does not read them back — one
   // that clips, or follows one that clipped or skipped, reads them too.
-  if (pl.gradients == Tier::kNvme) nvme_write += P * c;
+  if (pl.gradients == Tier::kNvme) nvme_write += P * (s.grad_accum > 1 ? 4.0 : c);
   const double flops = gpu::training_flops_per_token(s.model, s.seq, /*recompute=*/true) *
                        static_cast<double>(z.tokens) * A;
   p.links = {
@@ -289,7 +296,7 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
     // piece's: the slower of the two over `last`, plus the faster over one piece.
     // Working weights and gradients too, when homed there.
     const double weights = (pl.weights == Tier::kNvme ? static_cast<double>(w) : 0.0) +
-                           (pl.gradients == Tier::kNvme ? c : 0.0);
+                           (pl.gradients == Tier::kNvme ? (s.grad_accum > 1 ? 4.0 : c) : 0.0);
     const double update = p.tail_seconds;
     const double write = last * (state_bytes + weights) / (bw.nvme_write_gbps * 1e9);
     double unit = static_cast<double>(state_piece_sizes(layout[0].numel, s.state_piece_elems)[0]);
@@ -376,13 +383,18 @@ bool best_plan(const TrainSetup& s, const Budgets& b, const Bandwidths& bw, cons
     }
   }
   std::vector<Placement> all;
+  // Gradients on NVMe: the exact schedule, and each chunk's micro-batches
+  // one after another — one a step, or the vertical order in one pass
+  // (TrainerOptions::gradients).
+  auto runs = [&](const Placement& pl) {
+    if (pl.gradients != Tier::kNvme) return true;
+    return !s.delayed_update && (s.grad_accum == 1 || pl.micro_batches_per_pass == s.grad_accum);
+  };
   for (Placement pl : candidates(b, fixed)) {
-    // Gradients on NVMe: one micro-batch a step, the exact schedule (TrainerOptions::gradients).
-    if (pl.gradients == Tier::kNvme && (s.grad_accum != 1 || s.delayed_update)) continue;
-    if (s.micro_batches_per_pass <= 1) all.push_back(pl);
+    if (s.micro_batches_per_pass <= 1 && runs(pl)) all.push_back(pl);
     for (int64_t v : groups) {
       pl.micro_batches_per_pass = v;
-      all.push_back(pl);
+      if (runs(pl)) all.push_back(pl);
     }
   }
   for (const Placement& pl : all) {

@@ -181,10 +181,18 @@ Status check_options(const TrainerOptions& o) {
     return invalid_argument("trainer: the gradients wait on the host or on NVMe");
   }
   if (o.gradients == Tier::kNvme) {
-    if (o.states != Tier::kNvme || o.grad_accum != 1 || o.delayed_update) {
-      return invalid_argument("trainer: gradients on NVMe need the optimizer states on NVMe, grad_accum 1 and no "
-                              "delayed update (got states on " + std::string(tier_name(o.states)) + ", grad_accum " +
-                              std::to_string(o.grad_accum) + (o.delayed_update ? ", the delayed update)" : ")"));
+    // Accumulating, each chunk's micro-batches must land one after another
+    // (the vertical order in one pass): only one chunk's sum is being made at a time.
+    const bool one_pass = o.grad_accum == 1 || micro_batches_per_pass(o) == o.grad_accum;
+    if (o.states != Tier::kNvme || !one_pass || o.delayed_update) {
+      return invalid_argument(
+          "trainer: gradients on NVMe need the optimizer states on NVMe, grad_accum 1 or the vertical order in one "
+          "pass, and no delayed update (got states on " +
+          std::string(tier_name(o.states)) + ", grad_accum " + std::to_string(o.grad_accum) +
+          (o.grad_accum > 1 ? (o.vertical_accumulation ? " in passes of " + std::to_string(micro_batches_per_pass(o))
+                                                       : " one micro-batch at a time")
+                            : "") +
+          (o.delayed_update ? ", the delayed update)" : ")"));
     }
     if (o.gradient_buffers < 1 || o.gradient_buffers > 64) {
       return invalid_argument("trainer: gradient_buffers must be 1..64, got " + std::to_string(o.gradient_buffers));
@@ -292,17 +300,24 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
                                          o.adam_states, o.state_piece_elems));
   if (o.speculate_in_ram) STRATA_RETURN_IF_ERROR(tr->stage_->enable_ram_speculation());
   if (o.gradients == Tier::kNvme) {
-    STRATA_RETURN_IF_ERROR(tr->stage_->home_gradients_on_nvme(o.precision));
-    // Each buffer holds the largest chunk's gradient, padded for the
-    // stage's NVMe writes of its pieces.
+    const bool sums = o.grad_accum > 1;
+    STRATA_RETURN_IF_ERROR(tr->stage_->home_gradients_on_nvme(sums ? DType::kF32 : o.precision));
+    // Each buffer holds the largest chunk's gradient (or sum), padded for
+    // the stage's NVMe writes of its pieces.
     const uint64_t max_chunk = static_cast<uint64_t>(*std::max_element(elems.begin(), elems.end()));
-    STRATA_ASSIGN_OR_RETURN(tr->grad_ring_, PinnedArena::create("gradient ring", tr->swap_->padded_size(2 * max_chunk),
-                                                                static_cast<uint32_t>(o.gradient_buffers),
-                                                                *tr->allocator_, tr->executor_.get()));
-    for (int k = 0; k < o.gradient_buffers; ++k) {
-      STRATA_ASSIGN_OR_RETURN(PinnedArena::Lease lease, tr->grad_ring_->acquire("the trainer's gradient ring"));
-      tr->ring_.push_back(std::move(lease));
-    }
+    auto ring = [&](const char* name, uint64_t elem_bytes, std::unique_ptr<PinnedArena>* arena,
+                    std::vector<PinnedArena::Lease>* leases) -> Status {
+      STRATA_ASSIGN_OR_RETURN(*arena, PinnedArena::create(name, tr->swap_->padded_size(elem_bytes * max_chunk),
+                                                          static_cast<uint32_t>(o.gradient_buffers), *tr->allocator_,
+                                                          tr->executor_.get()));
+      for (int k = 0; k < o.gradient_buffers; ++k) {
+        STRATA_ASSIGN_OR_RETURN(PinnedArena::Lease lease, (*arena)->acquire(name));
+        leases->push_back(std::move(lease));
+      }
+      return ok_status();
+    };
+    STRATA_RETURN_IF_ERROR(ring("gradient ring", 2, &tr->grad_ring_, &tr->ring_));
+    if (sums) STRATA_RETURN_IF_ERROR(ring("gradient sum ring", 4, &tr->sum_ring_, &tr->sums_));
     tr->landing_position_.assign(tr->layout_.size(), 0);
     for (size_t k = 0; k < tr->landing_order_.size(); ++k) tr->landing_position_[tr->landing_order_[k]] = k;
   }
@@ -344,8 +359,11 @@ Status Trainer::open_nvme(int64_t max_piece) {
     STRATA_ASSIGN_OR_RETURN(swap_, io::SwapStore::open(so));
   }
   if (o.states == Tier::kNvme) {
-    const uint64_t staging_bytes = OptimizerStage::staging_bytes(*swap_, max_piece, o.adam_states,
-                                                                 o.weights == Tier::kNvme, o.gradients == Tier::kNvme);
+    // With the gradients on NVMe, a piece's gradient too: as the device
+    // computed it, or its fp32 sum when accumulating.
+    const uint64_t grad_bytes = o.gradients != Tier::kNvme ? 0 : o.grad_accum > 1 ? 4 : dtype_bytes(o.precision);
+    const uint64_t staging_bytes =
+        OptimizerStage::staging_bytes(*swap_, max_piece, o.adam_states, o.weights == Tier::kNvme, grad_bytes);
     STRATA_ASSIGN_OR_RETURN(
         staging_, PinnedArena::create("optimizer staging", staging_bytes, static_cast<uint32_t>(o.staging_buffers),
                                       *allocator_, executor_.get()));
@@ -426,8 +444,10 @@ Status Trainer::place_initial_state(const std::vector<int64_t>& elems) {
       }
       if (o.delayed_update) zeroed(weights_next_, n, *executor_);
     }
-    if (o.gradients == Tier::kHost) zeroed(grads_, n, *executor_);
-    if (o.grad_accum > 1) zeroed(acc_, n, *executor_);
+    if (o.gradients == Tier::kHost) {
+      zeroed(grads_, n, *executor_);
+      if (o.grad_accum > 1) zeroed(acc_, n, *executor_);
+    }
     if (o.delayed_update) {
       if (o.grad_accum > 1) {
         zeroed(acc_alt_, n, *executor_);
@@ -492,6 +512,7 @@ uint64_t Trainer::host_bytes() const {
   b += stage_->host_bytes();
   if (staging_) b += staging_->total_bytes();
   if (grad_ring_) b += grad_ring_->total_bytes();
+  if (sum_ring_) b += sum_ring_->total_bytes();
   b += streamed_->host_bytes();
   return b;
 }
@@ -646,7 +667,7 @@ OverlapStep Trainer::make_overlap_step(float dloss) {
   for (size_t c = 0; c < layout_.size(); ++c) {
     // The device's gradients as they landed, or their fp32 sum over the micro-batches.
     if (A > 1) {
-      ov.grads.push_back({acc_[c].data(), DType::kF32});
+      ov.grads.push_back({sum_buffer(c), DType::kF32});
     } else {
       ov.grads.push_back({grad_buffer(c), options_.precision});
     }
@@ -670,9 +691,9 @@ OverlapStep Trainer::make_overlap_step(float dloss) {
 // run).
 void Trainer::hand_over(size_t c, bool add_last, std::function<Status()> ready) {
   if (!add_last) return stage_->land(c, std::move(ready));
-  float* acc = acc_[c].data();
-  const uint16_t* g = grads_[c].data();
-  const size_t n = grads_[c].size();
+  float* acc = sum_buffer(c);
+  const uint16_t* g = grad_buffer(c);
+  const auto n = static_cast<size_t>(layout_[c].numel);
   const DType dtype = options_.precision;
   cpu_optim::Executor* ex = executor_.get();
   stage_->land(c, [acc, g, dtype, n, ex, ready = std::move(ready)]() -> Status {
@@ -686,9 +707,9 @@ void Trainer::hand_over(size_t c, bool add_last, std::function<Status()> ready) 
 // `first`) on the accumulator's thread beside the rest of backward.
 void Trainer::sum_later(size_t c, bool first) {
   StreamedModel* model = streamed_.get();
-  float* acc = acc_[c].data();
-  const uint16_t* g = grads_[c].data();
-  const size_t n = grads_[c].size();
+  float* acc = sum_buffer(c);
+  const uint16_t* g = grad_buffer(c);
+  const auto n = static_cast<size_t>(layout_[c].numel);
   const DType dtype = options_.precision;
   cpu_optim::Executor* ex = executor_.get();
   accumulator_->submit([model, c, acc, g, n, dtype, first, ex]() -> Status {

@@ -106,7 +106,11 @@ struct TrainerOptions {
   // update after the verdict (clipping fired, or the step after one that
   // clipped or skipped) reads the gradients back beside the states. A chunk's
   // copy to the host waits for a free buffer. The same bits as kHost. Needs
-  // the states on NVMe, grad_accum 1 and the exact schedule (no delayed update).
+  // the states on NVMe, the exact schedule (no delayed update), and
+  // grad_accum 1 or the vertical order in one pass (vertical_group 0 or
+  // grad_accum): then a chunk's micro-batches land one after another and
+  // their fp32 sum (a second ring, 4 bytes per parameter of the chunk) is
+  // what goes to NVMe.
   Tier gradients = Tier::kHost;
   int gradient_buffers = kGradientBuffers;
   // Pinned staging buffers for NVMe states (each one piece's state): one
@@ -321,15 +325,21 @@ class Trainer {
   std::vector<AlignedVector<uint16_t>> weights_, weights_next_;
   LossScaler scaler_;
   std::vector<AlignedVector<uint16_t>> grads_;  // one micro-batch's gradients as the device computed them
-  // Gradients on NVMe instead: a ring of chunk buffers (grads_ is empty);
-  // the chunk at position k of the landing order uses buffer k % size.
-  std::unique_ptr<PinnedArena> grad_ring_;
-  std::vector<PinnedArena::Lease> ring_;
+  // Gradients on NVMe instead: a ring of chunk buffers (grads_ is empty),
+  // and with grad_accum > 1 (the vertical order in one pass) one of their
+  // fp32 sums (acc_ is empty); the chunk at position k of the landing order
+  // uses buffer k % size of each.
+  std::unique_ptr<PinnedArena> grad_ring_, sum_ring_;
+  std::vector<PinnedArena::Lease> ring_, sums_;
   std::vector<size_t> landing_position_;  // per chunk
-  // Where chunk c's gradient lands on the host.
+  // Where chunk c's gradient lands on the host, and where its sum is kept.
   uint16_t* grad_buffer(size_t c) {
     if (grads_.empty()) return reinterpret_cast<uint16_t*>(ring_[landing_position_[c] % ring_.size()].data());
     return grads_[c].data();
+  }
+  float* sum_buffer(size_t c) {
+    if (acc_.empty()) return reinterpret_cast<float*>(sums_[landing_position_[c] % sums_.size()].data());
+    return acc_[c].data();
   }
   std::vector<AlignedVector<float>> acc_;       // their fp32 sum over the micro-batches (grad_accum > 1)
   // Delayed update: the buffers the stage in flight reads (grads_ or acc_'s other set).

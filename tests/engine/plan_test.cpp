@@ -227,8 +227,8 @@ TEST(Plan, StreamsWeightsAndSpillsToNvmeWhenTiersAreSmall) {
 // and weights on NVMe the host still needs a gradient buffer per chunk
 // (2 bytes per parameter, 18 GiB) — more than a 16 GiB host has; with the
 // gradients on NVMe too it needs a ring of three chunk buffers and the
-// staging buffers. With accumulation (the fp32 sums stay on the host) the
-// gradients stay on the host.
+// staging buffers; accumulating, in the vertical order in one pass, a ring
+// of the fp32 sums too.
 TEST(Plan, PutsTheGradientsOnNvmeWhereTheHostIsShort) {
   TrainSetup s;
   s.model.layers = 48, s.model.hidden = 4096, s.model.heads = 32, s.model.vocab = 50304, s.model.max_seq = 1024;
@@ -257,9 +257,21 @@ TEST(Plan, PutsTheGradientsOnNvmeWhereTheHostIsShort) {
   EXPECT_DOUBLE_EQ(link(*p, "nvme write") - link(h, "nvme write"), 2.0 * static_cast<double>(p->parameters));
   EXPECT_DOUBLE_EQ(link(*p, "nvme read"), link(h, "nvme read"));
   EXPECT_NE(format_plan(*p, b).find("gradients on nvme"), std::string::npos);
-  s.grad_accum = 2;
+  // Accumulating over 4 micro-batches of 2: only in the vertical order in
+  // one pass (each chunk's micro-batches land one after another; a ring of
+  // their fp32 sums beside the ring of gradients).
+  s.micro_batch = 2;
+  s.grad_accum = 4;
   Result<Plan> accum = make_plan(s, b, Bandwidths{});
-  ASSERT_FALSE(accum);
+  ASSERT_TRUE(accum) << accum.error().to_string();
+  EXPECT_EQ(accum->placement.gradients, Tier::kNvme) << accum->why;
+  EXPECT_EQ(accum->placement.micro_batches_per_pass, 4) << accum->why;
+  EXPECT_LE(accum->host.total(), 16 * kGiB);
+  Placement one_at_a_time = accum->placement;
+  one_at_a_time.micro_batches_per_pass = 1;
+  one_at_a_time.gradients = Tier::kHost;
+  EXPECT_GT(estimate(s, one_at_a_time, Bandwidths{}).host.total(), 16 * kGiB);  // 6 bytes a parameter
+  s.micro_batch = 8;
   Constraints fixed;
   fixed.gradients = Tier::kHost;
   s.grad_accum = 1;

@@ -2,8 +2,9 @@
 // ring of a few chunk buffers instead of a gradient buffer per chunk, the
 // optimizer stage writes each gradient to NVMe as it lands and reads it back
 // for an update after the verdict — the same bits as gradients on the host,
-// with clipping that fires and fp16 overflows, at any ring size; the host
-// holds less and NVMe takes 2 more bytes per parameter a step.
+// with clipping that fires and fp16 overflows, at any ring size, and with
+// accumulation in the vertical order (a ring of fp32 sums); the host holds
+// less and NVMe takes 2 more bytes per parameter a step.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -129,6 +130,70 @@ TEST(TrainerGradients, OnNvmeThroughARingTheyGiveTheSameBits) {
   }
 }
 
+// Accumulating: the vertical order in one pass lands each chunk's
+// micro-batches one after another, so a ring of their fp32 sums replaces
+// the sums of every chunk; the same bits as the gradients and their sums on
+// the host, one micro-batch at a time.
+TEST(TrainerGradients, AccumulatedInTheVerticalOrderTheirSumsGoToNvmeWithTheSameBits) {
+  const uint64_t seed = strata::testing::test_seed(20261204);
+  strata::testing::TempDir dir;
+  TrainerOptions base = small(seed);
+  base.grad_accum = 4;
+  base.batch = 2;
+  base.nvme_paths = {dir.sub("free")};
+  const Log free = run(base, 12);
+  ASSERT_EQ(free.norms.size(), 12u);
+  std::vector<double> sorted = free.norms;
+  std::sort(sorted.begin(), sorted.end());
+  base.clip_norm = static_cast<float>(sorted[6]);  // fires on some steps
+  base.nvme_paths = {dir.sub("ref")};
+  const Log ref = run(base, 12);  // one micro-batch at a time, the sums on the host
+  ASSERT_EQ(ref.losses.size(), 12u);
+  EXPECT_GT(ref.clipped, 0);
+  EXPECT_LT(ref.clipped, 12);
+  int n = 0;
+  for (int ring : {1, 3}) {
+    for (bool speculate : {true, false}) {
+      for (Tier acts : {Tier::kDevice, Tier::kHost, Tier::kNvme}) {
+        TrainerOptions o = base;
+        o.vertical_accumulation = true;
+        o.gradients = Tier::kNvme;
+        o.gradient_buffers = ring;
+        o.speculate = speculate;
+        if (acts != Tier::kDevice) {  // streamed, the weights from NVMe, the checkpoints off the device
+          o.stream_weights = true;
+          o.device_bytes = 8ull << 20;
+          o.weights = Tier::kNvme;
+          o.activation_checkpoints = acts;
+          o.state_piece_elems = kStatePieceGranule;
+        }
+        o.nvme_paths = {dir.sub("v" + std::to_string(n++))};
+        const std::string what = "a ring of " + std::to_string(ring) + (speculate ? ", speculating" : "") +
+                                 ", checkpoints on " + std::string(tier_name(acts));
+        const Log got = run(o, 12);
+        EXPECT_EQ(got.losses, ref.losses) << what;
+        EXPECT_EQ(got.norms, ref.norms) << what;
+        EXPECT_EQ(got.clipped, ref.clipped) << what;
+      }
+    }
+  }
+  // The host holds no sum per chunk: a ring of them (many chunks, so that
+  // the rings and the staging buffers' share are smaller).
+  TrainerOptions host = base;
+  host.model.layers = 24;
+  host.vertical_accumulation = true;
+  TrainerOptions nvme = host;
+  nvme.gradients = Tier::kNvme;
+  host.nvme_paths = {dir.sub("hh")};
+  nvme.nvme_paths = {dir.sub("hn")};
+  const Log h = run(host, 2), g = run(nvme, 2);
+  EXPECT_EQ(h.losses, g.losses);
+  EXPECT_LT(g.host_bytes, h.host_bytes);
+  std::printf("4 micro-batches a step, clipping on %d of 12 steps: the same bits with the fp32 sums on NVMe (rings 1 "
+              "and 3, speculating or not, checkpoints on the device, host or NVMe); host %llu -> %llu bytes\n",
+              ref.clipped, static_cast<unsigned long long>(h.host_bytes), static_cast<unsigned long long>(g.host_bytes));
+}
+
 TEST(TrainerGradients, OnNvmeTheHostHoldsARingAndNvmeTakesTwoBytesAParameter) {
   strata::testing::TempDir dir;
   TrainerOptions host = small(3);
@@ -175,7 +240,12 @@ TEST(TrainerGradients, OnNvmeTheyAreRefusedWhereTheTrainerCannotRunThem) {
   refused(o, "states on host");
   o = small(1);
   o.grad_accum = 2;
-  refused(o, "grad_accum 2");
+  refused(o, "grad_accum 2 one micro-batch at a time");
+  o = small(1);
+  o.grad_accum = 4;
+  o.vertical_accumulation = true;
+  o.vertical_group = 2;
+  refused(o, "grad_accum 4 in passes of 2");
   o = small(1);
   o.delayed_update = true;
   refused(o, "the delayed update");
