@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <strata/strata.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static int g_checks = 0, g_failed = 0;
@@ -190,6 +191,25 @@ int main(void) {
           nvme[k], losses[k]);
   }
   strata_trainer_destroy(c);
+
+  /* The gradients on NVMe too (placement.gradients): the same losses. */
+  char grads_root[600];
+  snprintf(grads_root, sizeof grads_root, "%s/grads", root);
+  CHECK(mkdir(grads_root, 0700) == 0, "mkdir %s", grads_root);
+  snprintf(extra, sizeof extra,
+           ", \"nvme_paths\": [\"%s\"], \"placement\": {\"states\": \"nvme\", \"gradients\": \"nvme\"}",
+           grads_root);
+  strata_trainer* g = create(extra);
+  if (g == NULL) return 1;
+  d = strata_trainer_describe(g);
+  if (d == NULL) d = "(NULL)";
+  CHECK(strstr(d, "gradients on nvme") != NULL, "placement: %s", d);
+  CHECK(run(g, 0, kSteps, nvme), "steps with the gradients on NVMe");
+  for (int k = 0; k < kSteps; ++k) {
+    CHECK(memcmp(&nvme[k], &losses[k], sizeof(float)) == 0, "step %d: %.9g with NVMe gradients, %.9g in RAM", k + 1,
+          nvme[k], losses[k]);
+  }
+  strata_trainer_destroy(g);
 
   /* The plan alone, whole and truncated. */
   char config[2048], text[4096], small[16];

@@ -64,7 +64,7 @@ STRATA_API const char* strata_status_name(strata_status status);
 
 /*
  * Creates a trainer from `config_json` (the text of a config). The planner
- * places weights, optimizer states and activation checkpoints: the fastest
+ * places weights, optimizer states, gradients and activation checkpoints: the fastest
  * placement that fits the config's budgets within its constraints (NVMe is a
  * tier only when the config names nvme_paths or a DeepSpeed nvme_path;
  * budgets not given default to a 1 GiB device and half the RAM). `device`:
