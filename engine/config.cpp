@@ -502,6 +502,9 @@ Status read_native(Reader& top, EngineConfig& c) {
     if (!s.empty()) c.constraints.states = *tier_from(s);
     if (!ck.empty()) c.constraints.checkpoints = *tier_from(ck);
     if (!g.empty()) c.constraints.gradients = *tier_from(g);
+    int64_t ring = c.setup.gradient_buffers;
+    STRATA_RETURN_IF_ERROR(p.get_int("gradient_buffers", &ring, 1, 64));
+    c.setup.gradient_buffers = static_cast<int>(ring);
     STRATA_RETURN_IF_ERROR(read_sub_group(p, c));
     p.finish();
   }

@@ -205,8 +205,9 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   if (grads_nvme) {
     // The ring of chunk buffers on the host (and of their sums), a scratch
     // blob per piece.
-    p.host.io_buffers += kGradientBuffers * padded(z.max_chunk * z.c);
-    if (s.grad_accum > 1) p.host.io_buffers += kGradientBuffers * padded(z.max_chunk * 4);
+    const auto ring = static_cast<uint64_t>(s.gradient_buffers);
+    p.host.io_buffers += ring * padded(z.max_chunk * z.c);
+    if (s.grad_accum > 1) p.host.io_buffers += ring * padded(z.max_chunk * 4);
     p.nvme.model_states += blobs(static_cast<double>(grad_nvme_bytes));
   }
   if (pl.states == Tier::kNvme) {

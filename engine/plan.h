@@ -29,6 +29,10 @@ struct Placement;
 // "weights on host, optimizer states on nvme, checkpoints on device", as plans print it.
 std::string placement_text(const Placement& placement);
 
+// Pinned chunk buffers of the gradient ring when the gradients wait on
+// NVMe (TrainerOptions::gradients): a chunk's gradient waits for a free one (the default).
+inline constexpr int kGradientBuffers = 3;
+
 struct TrainSetup {
   gpu::GptConfig model;
   int64_t micro_batch = 1;
@@ -53,6 +57,9 @@ struct TrainSetup {
   // States on NVMe move in pieces of at most this many parameters
   // (state_piece_sizes; DeepSpeed's sub_group_size); 0: whole chunks.
   int64_t state_piece_elems = int64_t{1} << 25;
+  // Chunk buffers of the gradient ring when the gradients wait on NVMe
+  // (Placement::gradients; TrainerOptions::gradient_buffers).
+  int gradient_buffers = kGradientBuffers;
 };
 
 // The optimizer stage's unit on NVMe: a chunk of n parameters in pieces of
@@ -71,9 +78,6 @@ int64_t max_state_piece(const std::vector<int64_t>& chunk_elems, int64_t piece_e
 // one piece's state: state_piece_sizes): one holds the write behind, the
 // rest read ahead.
 inline constexpr int kStateStagingBuffers = 4;
-// Pinned chunk buffers of the gradient ring when the gradients wait on
-// NVMe (TrainerOptions::gradients): a chunk's gradient waits for a free one.
-inline constexpr int kGradientBuffers = 3;
 // Device buffers for block-input checkpoints kept off the device: the
 // backward pass computes from one, and the next two come back on the copy
 // stream meanwhile, so a block never waits for its input's copy.

@@ -143,6 +143,7 @@ TrainSetup training_setup(const TrainerOptions& o) {
   s.working = o.precision;
   s.state_bytes_per_param = cpu_optim::adam_state_bytes_per_param(o.adam_states);
   s.state_piece_elems = o.state_piece_elems;
+  s.gradient_buffers = o.gradient_buffers;
   s.host_backend = o.backend == TrainerOptions::Backend::kHost;
   s.delayed_update = o.delayed_update;
   s.micro_batches_per_pass = micro_batches_per_pass(o);

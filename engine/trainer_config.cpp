@@ -39,6 +39,7 @@ Result<TrainerOptions> trainer_options(const EngineConfig& cfg) {
   if (cfg.constraints.gradients == Tier::kNvme) o.gradients = Tier::kNvme;
   o.nvme_paths = cfg.nvme_paths;  // for whatever the run puts on NVMe (states, weights, block inputs)
   o.state_piece_elems = cfg.setup.state_piece_elems;
+  o.gradient_buffers = cfg.setup.gradient_buffers;
   o.speculate_in_ram = cfg.speculate_in_ram && o.states == Tier::kHost;
   o.adam_states = cfg.adam_states;
   o.numa_node = static_cast<int>(cfg.numa_node);

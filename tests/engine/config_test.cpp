@@ -31,7 +31,8 @@ TEST(Config, NativeConfigParsesEveryField) {
             {"states", "q8"},
             {"optimizer", {{"type", "adamw"}, {"lr", 3e-4}, {"betas", {0.9, 0.95}}, {"weight_decay", 0.1}}},
             {"gradient_clipping", 1.0},
-            {"placement", {{"checkpoints", "host"}, {"gradients", "nvme"}, {"sub_group_size", 1 << 20}}},
+            {"placement",
+             {{"checkpoints", "host"}, {"gradients", "nvme"}, {"gradient_buffers", 5}, {"sub_group_size", 1 << 20}}},
             {"io", {{"backend", "posix"}, {"queue_depth", 64}, {"block_size", "8MiB"}}},
             {"seed", 7},
             {"speculate_in_ram", true},
@@ -56,6 +57,7 @@ TEST(Config, NativeConfigParsesEveryField) {
   EXPECT_DOUBLE_EQ(c->optimizer.beta2, 0.95);
   EXPECT_EQ(c->constraints.checkpoints, Tier::kHost);
   EXPECT_EQ(c->constraints.gradients, Tier::kNvme);
+  EXPECT_EQ(c->setup.gradient_buffers, 5);
   EXPECT_EQ(c->setup.state_piece_elems, 1 << 20);
   EXPECT_FALSE(c->constraints.weights.has_value());
   EXPECT_EQ(c->io.block_bytes, 8 * kMiB);
@@ -156,6 +158,8 @@ TEST(Config, InvalidValuesNameTheKeyAndWhatIsAllowed) {
   EXPECT_NE(m.find("/nonexistent-strata"), std::string::npos) << m;
   m = error_of({{"placement", {{"gradients", "device"}}}});
   EXPECT_NE(m.find("placement.gradients"), std::string::npos) << m;
+  m = error_of({{"placement", {{"gradient_buffers", 0}}}});
+  EXPECT_NE(m.find("placement.gradient_buffers"), std::string::npos) << m;
   m = error_of({{"placement", {{"sub_group_size", 100}}}});
   EXPECT_NE(m.find("placement.sub_group_size: 100 parameters; 0 (whole chunks) or at least 4096"), std::string::npos)
       << m;

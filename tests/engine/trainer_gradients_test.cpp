@@ -225,6 +225,33 @@ TEST(TrainerGradients, OnNvmeTheHostHoldsARingAndNvmeTakesTwoBytesAParameter) {
               static_cast<unsigned long long>(g.nvme_written - h.nvme_written));
 }
 
+// The planner sizes the ring as the trainer does, at any number of buffers.
+TEST(TrainerGradients, ThePlannedHostBytesFollowTheRingSize) {
+  strata::testing::TempDir dir;
+  for (int ring : {1, 3, 8}) {
+    for (int64_t accum : {1, 2}) {
+      TrainerOptions o = small(5);
+      o.model.layers = 6;
+      o.gradients = Tier::kNvme;
+      o.gradient_buffers = ring;
+      o.grad_accum = accum;
+      o.vertical_accumulation = accum > 1;
+      o.nvme_paths = {dir.sub("r" + std::to_string(ring) + "a" + std::to_string(accum))};
+      Placement pl;
+      pl.weights = Tier::kDevice;
+      pl.states = Tier::kNvme;
+      pl.gradients = Tier::kNvme;
+      pl.micro_batches_per_pass = accum;
+      const Plan plan = estimate(training_setup(o), pl, Bandwidths{});
+      Result<std::unique_ptr<Trainer>> tr = Trainer::create(o);
+      ASSERT_TRUE(tr) << tr.error().to_string();
+      ASSERT_TRUE((*tr)->step());
+      EXPECT_NEAR(static_cast<double>(plan.host.total()) / static_cast<double>((*tr)->host_bytes()), 1.0, 0.01)
+          << "a ring of " << ring << ", grad_accum " << accum;
+    }
+  }
+}
+
 TEST(TrainerGradients, OnNvmeTheyAreRefusedWhereTheTrainerCannotRunThem) {
   strata::testing::TempDir dir;
   auto refused = [&](TrainerOptions o, const std::string& says) {
