@@ -220,9 +220,22 @@ TEST(TrainerGradients, OnNvmeTheHostHoldsARingAndNvmeTakesTwoBytesAParameter) {
   EXPECT_EQ(g.clipped, 0);
   EXPECT_GE(g.nvme_written, h.nvme_written + grad_bytes);
   EXPECT_LE(g.nvme_written, h.nvme_written + grad_bytes + layout.size() * 4096);
+  // A host budget of what the run with the gradients on NVMe holds: the
+  // gradients on the host are refused by name, on NVMe the model trains.
+  host.host_budget_bytes = nvme.host_budget_bytes = g.host_bytes;
+  Result<std::unique_ptr<Trainer>> over = Trainer::create(host);
+  ASSERT_FALSE(over);
+  EXPECT_EQ(over.error().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(over.error().to_string().find("host budget"), std::string::npos) << over.error().to_string();
+  nvme.nvme_paths = {dir.sub("budget")};
+  const Log trained = run(nvme, 30);
+  ASSERT_EQ(trained.losses.size(), 30u);
+  EXPECT_LT(trained.losses.back(), trained.losses.front() * 0.9f);
   std::printf("%zu chunks, %llu gradient bytes: the host holds %llu bytes less; NVMe writes %llu bytes more a step\n",
               layout.size(), static_cast<unsigned long long>(grad_bytes), static_cast<unsigned long long>(saved),
               static_cast<unsigned long long>(g.nvme_written - h.nvme_written));
+  std::printf("in a host budget of %llu bytes: loss %.4f -> %.4f in 30 steps\n",
+              static_cast<unsigned long long>(g.host_bytes), trained.losses.front(), trained.losses.back());
 }
 
 // The planner sizes the ring as the trainer does, at any number of buffers.
