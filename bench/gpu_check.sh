@@ -8,7 +8,8 @@
 # engine's CUDA trainer against the host backend), the GPU benchmark, the
 # trainer on the GPU (`strata-train --device cuda`), and the offloaded step
 # on the GPU (`strata-stepbench --device cuda`, states in RAM, then on NVMe
-# where the disk takes O_DIRECT), and prints a short table last.
+# where the disk takes O_DIRECT, and the trainer with its states and
+# gradients there), and prints a short table last.
 #   device run: bash bench/gpu_check.sh   (carry: [".deps-gpu"])
 # PARTS picks what runs after the build (default: "tests bench train step").
 # Without the engine's packages in .deps-gpu it builds only common/, gpu/,
@@ -90,6 +91,10 @@ if [[ $FULL == ON ]] && wants step; then
   if dd if=/dev/zero of="$SB/probe" bs=4096 count=1 oflag=direct status=none 2>/dev/null; then
     log "strata-stepbench on the GPU (states on NVMe in $SB)"
     timeout 180 $BIN/strata-stepbench --device cuda --dir "$SB" --reps 3 2>&1 | tee "$OUT/stepbench_nvme.txt" | grep -vE "^\{"
+    log "strata-train on the GPU with the states and gradients on NVMe (the embedded default; the losses of train.txt)"
+    mkdir -p "$SB/train"
+    timeout 120 $BIN/strata-train --device cuda --steps 30 --nvme "$SB/train" --gradients-on nvme 2>&1 |
+      tee "$OUT/train_grads_nvme.txt" | grep -E "^step +(1|10|20|30) |^strata-train:"
   else
     echo "$SB does not take O_DIRECT: the NVMe stepbench is skipped" | tee "$OUT/stepbench_nvme.txt"
   fi
@@ -99,7 +104,7 @@ fi
 log "summary"
 grep -E "tests passed|tests failed" "$OUT/ctest.log" 2>/dev/null || echo "ctest did not run or finish"
 grep -vE "^\{" "$OUT/gpubench.txt" 2>/dev/null | tail -16
-for f in train train_streamed; do
+for f in train train_streamed train_grads_nvme; do
   [[ -f "$OUT/$f.txt" ]] && echo "$f: $(grep -E '^step|^strata-train:' "$OUT/$f.txt" | sed -n '1p;$p' | sed -E 's/ \| device idle.*//' | tr '\n' ' ')"
 done
 for f in stepbench_ram stepbench_nvme; do
