@@ -322,10 +322,11 @@ TEST(Trainer, ResumeFromStep10ReproducesSteps11To20) {
   auto options_for = [&](const std::string& name) {
     TrainerOptions o = tiny(seed);
     o.states = name == "host" ? Tier::kHost : Tier::kNvme;
-    if (name == "all-nvme") {  // the weights stream from NVMe too
+    if (name == "all-nvme") {  // the weights stream from NVMe too, and the gradients wait there
       o.stream_weights = true;
       o.device_bytes = 8ull << 20;
       o.weights = Tier::kNvme;
+      o.gradients = Tier::kNvme;
     }
     return o;
   };
