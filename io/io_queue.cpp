@@ -99,11 +99,14 @@ void IoQueue::pump() {
       batch_.push_back(raw);
     }
     Status status = device_.submit(batch_);
-    std::vector<uint32_t> ids(backlog_.begin(), backlog_.begin() + static_cast<std::ptrdiff_t>(room));
-    backlog_.erase(backlog_.begin(), backlog_.begin() + static_cast<std::ptrdiff_t>(room));
     if (!status.ok()) {
-      for (uint32_t id : ids) finish(id, status.with_context(describe(pending_[id].request) + ": submit"));
+      // finish() touches only ready_ and the free list, not the backlog.
+      for (size_t i = 0; i < room; ++i) {
+        const uint32_t id = backlog_[i];
+        finish(id, status.with_context(describe(pending_[id].request) + ": submit"));
+      }
     }
+    backlog_.erase(backlog_.begin(), backlog_.begin() + static_cast<std::ptrdiff_t>(room));
   }
 }
 
