@@ -189,7 +189,7 @@ Status OptimizerStage::release_gradient(size_t c) {
     if (s.ok() && !w.ok()) s = std::move(w);
   }
   grad_writes_[c].clear();
-  STRATA_RETURN_IF_ERROR(s.with_context("writing the gradient of chunk " + std::to_string(c)));
+  STRATA_RETURN_IF_ERROR_CTX(std::move(s), "writing the gradient of chunk " + std::to_string(c));
   {
     std::lock_guard lock(mu_);
     ++released_;
@@ -691,7 +691,7 @@ Status OptimizerStage::wait_landed(size_t c) {
     }
     ready = std::move(ready_[c]);
   }
-  if (ready) STRATA_RETURN_IF_ERROR(ready().with_context("gradient of chunk " + std::to_string(c)));
+  if (ready) STRATA_RETURN_IF_ERROR_CTX(ready(), "gradient of chunk " + std::to_string(c));
   if (grads_nvme_) STRATA_RETURN_IF_ERROR(write_gradient(c));
   // A speculative update takes the statistics from its own read of the
   // gradient (StepOptions::stats, piece by piece in order: the bits of one
@@ -756,7 +756,7 @@ class OptimizerStage::Pipeline {
     const uint64_t bytes = state_bytes(s_.pieces_[u].elems, s_.state_type_);
     Status rs = s_.swap_->wait(*reads_[u]);
     reads_[u].reset();
-    STRATA_RETURN_IF_ERROR(rs.with_context("reading optimizer state of chunk " + std::to_string(c)));
+    STRATA_RETURN_IF_ERROR_CTX(std::move(rs), "reading optimizer state of chunk " + std::to_string(c));
     counters.nvme_bytes_read += bytes;
     s_.moved(u, Residency::kOnHost);
     const void* grad = nullptr;
@@ -765,7 +765,7 @@ class OptimizerStage::Pipeline {
                        u);
       Status gs = s_.swap_->wait(*grad_reads_[u]);
       grad_reads_[u].reset();
-      STRATA_RETURN_IF_ERROR(gs.with_context("reading the gradient of chunk " + std::to_string(c)));
+      STRATA_RETURN_IF_ERROR_CTX(std::move(gs), "reading the gradient of chunk " + std::to_string(c));
       counters.nvme_bytes_read += s_.gradient_bytes(u);
       grad = lease_[u].data() + s_.gradient_offset(u);
     }
@@ -807,7 +807,8 @@ class OptimizerStage::Pipeline {
     }
     lease_[u] = PinnedArena::Lease();
     s_.moved(u, Residency::kOnNvme);
-    return s.with_context("writing optimizer state of chunk " + std::to_string(s_.pieces_[u].chunk));
+    if (s.ok()) return s;
+    return std::move(s).with_context("writing optimizer state of chunk " + std::to_string(s_.pieces_[u].chunk));
   }
   // Every issued request is waited for before its buffer's lease can end,
   // on the error path too: the kernel may still be writing into it.
