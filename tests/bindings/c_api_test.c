@@ -86,6 +86,30 @@ static int remove_entry(const char* path, const struct stat* st, int flag, struc
   return remove(path);
 }
 
+/* A trainer with `placement` (a JSON object) and its NVMe files in a new
+   directory `name` under `root`: its describe() names `says`, and its
+   kSteps losses are `losses`, bit for bit. 0 when it could not be made. */
+static int same_losses_placed(const char* root, const char* name, const char* placement, const char* says,
+                              const float* losses) {
+  char dir[600], extra[900];
+  snprintf(dir, sizeof dir, "%s/%s", root, name);
+  CHECK(mkdir(dir, 0700) == 0, "mkdir %s", dir);
+  snprintf(extra, sizeof extra, ", \"nvme_paths\": [\"%s\"], \"placement\": %s", dir, placement);
+  strata_trainer* t = create(extra);
+  if (t == NULL) return 0;
+  const char* d = strata_trainer_describe(t);
+  if (d == NULL) d = "(NULL)";
+  CHECK(strstr(d, says) != NULL, "placement %s: %s", placement, d);
+  float got[kSteps];
+  CHECK(run(t, 0, kSteps, got), "steps with placement %s", placement);
+  for (int k = 0; k < kSteps; ++k) {
+    CHECK(memcmp(&got[k], &losses[k], sizeof(float)) == 0, "step %d: %.9g with placement %s, %.9g in RAM", k + 1,
+          got[k], placement, losses[k]);
+  }
+  strata_trainer_destroy(t);
+  return 1;
+}
+
 int main(void) {
   CHECK(strata_api_version() == STRATA_API_VERSION, "api version %d", strata_api_version());
   const char* tmp = getenv("TMPDIR");
@@ -126,7 +150,7 @@ int main(void) {
   CHECK(strata_trainer_steps_done(a) == 0, "steps done %lld", (long long)strata_trainer_steps_done(a));
 
   /* The whole run, a checkpoint at step 5 on the way. */
-  float losses[kSteps], resumed[kSteps], nvme[kSteps];
+  float losses[kSteps], resumed[kSteps];
   CHECK(run(a, 0, kSaveAt, losses), "first steps");
   char ckpt[600];
   snprintf(ckpt, sizeof ckpt, "%s/ckpt", root);
@@ -177,39 +201,13 @@ int main(void) {
     strata_trainer_destroy(r);
   }
 
-  /* The optimizer states on NVMe: the same losses. */
-  char extra[700];
-  snprintf(extra, sizeof extra, ", \"nvme_paths\": [\"%s\"], \"placement\": {\"states\": \"nvme\"}", root);
-  strata_trainer* c = create(extra);
-  if (c == NULL) return 1;
-  d = strata_trainer_describe(c);
-  if (d == NULL) d = "(NULL)";
-  CHECK(strstr(d, "optimizer states on nvme") != NULL, "placement: %s", d);
-  CHECK(run(c, 0, kSteps, nvme), "NVMe steps");
-  for (int k = 0; k < kSteps; ++k) {
-    CHECK(memcmp(&nvme[k], &losses[k], sizeof(float)) == 0, "step %d: %.9g with NVMe states, %.9g in RAM", k + 1,
-          nvme[k], losses[k]);
+  /* The optimizer states on NVMe, then the gradients there too
+     (placement.gradients): the same losses. */
+  if (!same_losses_placed(root, "states", "{\"states\": \"nvme\"}", "optimizer states on nvme", losses)) return 1;
+  if (!same_losses_placed(root, "grads", "{\"states\": \"nvme\", \"gradients\": \"nvme\"}", "gradients on nvme",
+                          losses)) {
+    return 1;
   }
-  strata_trainer_destroy(c);
-
-  /* The gradients on NVMe too (placement.gradients): the same losses. */
-  char grads_root[600];
-  snprintf(grads_root, sizeof grads_root, "%s/grads", root);
-  CHECK(mkdir(grads_root, 0700) == 0, "mkdir %s", grads_root);
-  snprintf(extra, sizeof extra,
-           ", \"nvme_paths\": [\"%s\"], \"placement\": {\"states\": \"nvme\", \"gradients\": \"nvme\"}",
-           grads_root);
-  strata_trainer* g = create(extra);
-  if (g == NULL) return 1;
-  d = strata_trainer_describe(g);
-  if (d == NULL) d = "(NULL)";
-  CHECK(strstr(d, "gradients on nvme") != NULL, "placement: %s", d);
-  CHECK(run(g, 0, kSteps, nvme), "steps with the gradients on NVMe");
-  for (int k = 0; k < kSteps; ++k) {
-    CHECK(memcmp(&nvme[k], &losses[k], sizeof(float)) == 0, "step %d: %.9g with NVMe gradients, %.9g in RAM", k + 1,
-          nvme[k], losses[k]);
-  }
-  strata_trainer_destroy(g);
 
   /* The plan alone, whole and truncated. */
   char config[2048], text[4096], small[16];
