@@ -13,54 +13,23 @@
 #include <vector>
 
 #include "engine/trainer.h"
+#include "tests/engine/trainer_runs.h"
 #include "tests/test_util.h"
 
 namespace strata::engine {
 namespace {
 
+// tiny() with 3 blocks and the states on NVMe.
 TrainerOptions small(uint64_t seed) {
-  TrainerOptions o;
-  o.model.layers = 3, o.model.hidden = 32, o.model.heads = 4, o.model.vocab = 64, o.model.max_seq = 16;
-  o.batch = 4;
-  o.seq = 16;
-  o.seed = seed;
-  o.adam.lr = 1e-2f;
-  o.adam.weight_decay = 0.01f;
+  TrainerOptions o = testing::tiny(seed);
+  o.model.layers = 3;
   o.states = Tier::kNvme;
   return o;
 }
 
-struct Log {
-  std::vector<float> losses;
-  std::vector<double> norms, scales;
-  int clipped = 0, skipped = 0;
-  int64_t rollbacks = 0;
-  uint64_t host_bytes = 0, nvme_written = 0;  // nvme_written: the last step's
-  bool operator==(const Log& o) const {
-    return losses == o.losses && norms == o.norms && scales == o.scales && clipped == o.clipped &&
-           skipped == o.skipped;
-  }
-};
-
+using Log = testing::RunLog;
 Log run(const TrainerOptions& o, int steps) {
-  Log r;
-  Result<std::unique_ptr<Trainer>> tr = Trainer::create(o);
-  EXPECT_TRUE(tr) << tr.error().to_string();
-  if (!tr) return r;
-  r.host_bytes = (*tr)->host_bytes();
-  for (int i = 0; i < steps; ++i) {
-    r.scales.push_back((*tr)->loss_scale());
-    Result<float> loss = (*tr)->step();
-    EXPECT_TRUE(loss) << "step " << i + 1 << ": " << loss.error().to_string();
-    if (!loss) break;
-    r.losses.push_back(*loss);
-    r.norms.push_back((*tr)->last_grad_norm());
-    r.clipped += (*tr)->last_clipped() ? 1 : 0;
-    r.skipped += (*tr)->last_skipped() ? 1 : 0;
-    r.nvme_written = (*tr)->last_counters().nvme_written_bytes;
-  }
-  r.rollbacks = (*tr)->rollbacks();
-  return r;
+  return testing::run_log(o, steps);
 }
 
 TEST(TrainerGradients, OnNvmeThroughARingTheyGiveTheSameBits) {
@@ -110,7 +79,9 @@ TEST(TrainerGradients, OnNvmeThroughARingTheyGiveTheSameBits) {
           o.nvme_paths = {dir.sub("g" + std::to_string(n++))};
           const std::string what = std::string(fp16 ? "fp16" : "bf16") + ", a ring of " + std::to_string(ring) +
                                    (speculate ? ", speculating" : ", not speculating") +
-                                   (variant == 1 ? ", states in pieces" : variant == 2 ? ", weights on NVMe" : "");
+                                   (variant == 1   ? ", states in pieces"
+                                    : variant == 2 ? ", weights on NVMe"
+                                                   : "");
           const Log got = run(o, 16);
           EXPECT_EQ(got.losses, ref.losses) << what;
           EXPECT_EQ(got.norms, ref.norms) << what;
@@ -124,9 +95,10 @@ TEST(TrainerGradients, OnNvmeThroughARingTheyGiveTheSameBits) {
         }
       }
     }
-    std::printf("%s: clipping fired on %d of 16 steps, %d skipped; the same bits with the gradients on NVMe "
-                "(ring 1 and 3, speculating or not, states in pieces, weights on NVMe)\n",
-                fp16 ? "fp16" : "bf16", ref.clipped, ref.skipped);
+    std::printf(
+        "%s: clipping fired on %d of 16 steps, %d skipped; the same bits with the gradients on NVMe "
+        "(ring 1 and 3, speculating or not, states in pieces, weights on NVMe)\n",
+        fp16 ? "fp16" : "bf16", ref.clipped, ref.skipped);
   }
 }
 
@@ -189,9 +161,10 @@ TEST(TrainerGradients, AccumulatedInTheVerticalOrderTheirSumsGoToNvmeWithTheSame
   const Log h = run(host, 2), g = run(nvme, 2);
   EXPECT_EQ(h.losses, g.losses);
   EXPECT_LT(g.host_bytes, h.host_bytes);
-  std::printf("4 micro-batches a step, clipping on %d of 12 steps: the same bits with the fp32 sums on NVMe (rings 1 "
-              "and 3, speculating or not, checkpoints on the device, host or NVMe); host %llu -> %llu bytes\n",
-              ref.clipped, static_cast<unsigned long long>(h.host_bytes), static_cast<unsigned long long>(g.host_bytes));
+  std::printf(
+      "4 micro-batches a step, clipping on %d of 12 steps: the same bits with the fp32 sums on NVMe (rings 1 "
+      "and 3, speculating or not, checkpoints on the device, host or NVMe); host %llu -> %llu bytes\n",
+      ref.clipped, static_cast<unsigned long long>(h.host_bytes), static_cast<unsigned long long>(g.host_bytes));
 }
 
 TEST(TrainerGradients, OnNvmeTheHostHoldsARingAndNvmeTakesTwoBytesAParameter) {

@@ -33,6 +33,7 @@
 
 #include "common/unique_fd.h"
 #include "engine/checkpoint_io.h"
+#include "tests/engine/trainer_runs.h"
 #include "tests/test_util.h"
 
 #ifdef STRATA_HAVE_CUDA
@@ -42,46 +43,9 @@
 namespace strata::engine {
 namespace {
 
-TrainerOptions tiny(uint64_t seed) {
-  TrainerOptions o;
-  o.model.layers = 2, o.model.hidden = 32, o.model.heads = 4, o.model.vocab = 64, o.model.max_seq = 16;
-  o.batch = 4;
-  o.seq = 16;
-  o.seed = seed;
-  o.adam.lr = 1e-2f;
-  o.adam.weight_decay = 0.01f;
-  return o;
-}
-
-// What a run of `steps` steps did, step by step.
-struct RunLog {
-  std::vector<float> losses;
-  std::vector<double> norms;
-  std::vector<double> scales;  // the loss scale each step used (fp16)
-  int clipped = 0;
-  int skipped = 0;
-  int64_t rollbacks = 0;
-  int64_t updates = 0;  // updates_done() at the end
-};
-
-RunLog run_log(const TrainerOptions& o, int steps) {
-  RunLog r;
-  Result<std::unique_ptr<Trainer>> tr = Trainer::create(o);
-  EXPECT_TRUE(tr) << tr.error().to_string();
-  for (int i = 0; i < steps && tr; ++i) {
-    r.scales.push_back((*tr)->loss_scale());
-    Result<float> loss = (*tr)->step();
-    EXPECT_TRUE(loss) << loss.error().to_string();
-    if (!loss) break;
-    r.losses.push_back(*loss);
-    r.norms.push_back((*tr)->last_grad_norm());
-    r.clipped += (*tr)->last_clipped() ? 1 : 0;
-    r.skipped += (*tr)->last_skipped() ? 1 : 0;
-  }
-  if (tr) r.rollbacks = (*tr)->rollbacks();
-  if (tr) r.updates = (*tr)->updates_done();
-  return r;
-}
+using testing::RunLog;
+using testing::run_log;
+using testing::tiny;
 
 std::vector<float> run(const TrainerOptions& o, int steps) { return run_log(o, steps).losses; }
 
