@@ -543,9 +543,11 @@ int run(int argc, char** argv) {
     return 2;
   }
   std::vector<std::string> warnings;
-  Result<engine::EngineConfig> cfg = f.config_path.empty()
-                                         ? engine::parse_config(nlohmann::json::parse(kDefaultConfig), &warnings)
-                                         : engine::load_config(f.config_path, &warnings);
+  // --nvme DIR serves a config that names no NVMe directory of its own.
+  const std::vector<std::string> nvme_dirs = f.nvme.empty() ? std::vector<std::string>{} : std::vector{f.nvme};
+  Result<engine::EngineConfig> cfg =
+      f.config_path.empty() ? engine::parse_config(nlohmann::json::parse(kDefaultConfig), &warnings, nvme_dirs)
+                            : engine::load_config(f.config_path, &warnings, nvme_dirs);
   exit_on_error(cfg.status(), "strata-train");
   for (const std::string& w : warnings) std::fprintf(stderr, "strata-train: warning: %s\n", w.c_str());
   Run r;

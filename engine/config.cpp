@@ -523,7 +523,8 @@ Status read_native(Reader& top, EngineConfig& c) {
 
 }  // namespace
 
-Result<EngineConfig> parse_config(const nlohmann::json& j, std::vector<std::string>* warnings) {
+Result<EngineConfig> parse_config(const nlohmann::json& j, std::vector<std::string>* warnings,
+                                  const std::vector<std::string>& nvme_paths) {
   std::vector<std::string> local;
   if (warnings == nullptr) warnings = &local;
   if (!j.is_object()) return invalid_argument("config: expected a JSON object at the top level");
@@ -539,10 +540,12 @@ Result<EngineConfig> parse_config(const nlohmann::json& j, std::vector<std::stri
     return invalid_argument("config key batch.seq: " + std::to_string(c.setup.seq) + " exceeds model.max_seq " +
                             std::to_string(c.setup.model.max_seq));
   }
+  if (c.nvme_paths.empty()) c.nvme_paths = nvme_paths;
   const bool nvme_used = c.constraints.weights == Tier::kNvme || c.constraints.states == Tier::kNvme ||
                          c.constraints.checkpoints == Tier::kNvme || c.constraints.gradients == Tier::kNvme;
   if ((nvme_used || c.budgets.nvme_bytes > 0) && c.nvme_paths.empty()) {
-    return invalid_argument("config: an NVMe budget or placement needs nvme_paths (or a DeepSpeed nvme_path)");
+    return invalid_argument(
+        "config: an NVMe budget or placement needs nvme_paths (or a DeepSpeed nvme_path, or strata-train --nvme DIR)");
   }
   c.nvme_budget_given = c.budgets.nvme_bytes > 0;
   if (!c.nvme_budget_given && !c.nvme_paths.empty()) {
@@ -571,12 +574,13 @@ Result<uint64_t> nvme_free_bytes(const std::vector<std::string>& dirs) {
   return dirs.empty() ? 0 : per_dir * dirs.size();
 }
 
-Result<EngineConfig> load_config(const std::string& path, std::vector<std::string>* warnings) {
+Result<EngineConfig> load_config(const std::string& path, std::vector<std::string>* warnings,
+                                 const std::vector<std::string>& nvme_paths) {
   std::ifstream in(path);
   if (!in) return not_found("config file " + path + " cannot be read");
   json j = json::parse(in, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
   if (j.is_discarded()) return invalid_argument("config file " + path + " is not valid JSON");
-  Result<EngineConfig> c = parse_config(j, warnings);
+  Result<EngineConfig> c = parse_config(j, warnings, nvme_paths);
   if (!c) return std::move(c).error().with_context(path);
   return c;
 }

@@ -79,9 +79,13 @@ struct EngineConfig {
 Result<uint64_t> nvme_free_bytes(const std::vector<std::string>& dirs);
 
 // Parses a config (native or the DeepSpeed offload subset). Warnings about
-// unknown keys are appended to `warnings`.
-Result<EngineConfig> parse_config(const nlohmann::json& json, std::vector<std::string>* warnings);
+// unknown keys are appended to `warnings`. `nvme_paths`: the NVMe
+// directories when the config names none (a command line's --nvme DIR), so
+// that its NVMe budget and placement keys have somewhere to go.
+Result<EngineConfig> parse_config(const nlohmann::json& json, std::vector<std::string>* warnings,
+                                  const std::vector<std::string>& nvme_paths = {});
 // Reads and parses a file; errors name the file.
-Result<EngineConfig> load_config(const std::string& path, std::vector<std::string>* warnings);
+Result<EngineConfig> load_config(const std::string& path, std::vector<std::string>* warnings,
+                                 const std::vector<std::string>& nvme_paths = {});
 
 }  // namespace strata::engine

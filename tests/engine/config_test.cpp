@@ -187,6 +187,26 @@ TEST(Config, FilesAreReadWithCommentsAndErrorsNameThem) {
   EXPECT_NE(bad.error().message().find("bad.json"), std::string::npos);
 }
 
+// An NVMe budget or placement with no NVMe directory named is refused,
+// saying where one may come from; a command line's directory (strata-train
+// --nvme DIR) serves a config that names none, and not one that does.
+TEST(Config, NvmeKeysTakeTheCommandLinesDirectoryWhenTheConfigNamesNone) {
+  strata::testing::TempDir dir;
+  const json j = {{"budgets", {{"nvme", "1GiB"}}}, {"placement", {{"gradients", "nvme"}, {"states", "nvme"}}}};
+  Result<EngineConfig> none = parse_config(j, nullptr);
+  ASSERT_FALSE(none);
+  EXPECT_NE(none.error().message().find("strata-train --nvme DIR"), std::string::npos) << none.error().to_string();
+  Result<EngineConfig> given = parse_config(j, nullptr, {dir.path()});
+  ASSERT_TRUE(given) << given.error().to_string();
+  EXPECT_EQ(given->nvme_paths, std::vector<std::string>{dir.path()});
+  EXPECT_EQ(given->budgets.nvme_bytes, kGiB);
+  json own = j;
+  own["nvme_paths"] = {dir.sub("own")};
+  Result<EngineConfig> kept = parse_config(own, nullptr, {dir.path()});
+  ASSERT_TRUE(kept) << kept.error().to_string();
+  EXPECT_EQ(kept->nvme_paths, std::vector<std::string>{dir.path() + "/own"});
+}
+
 // The default NVMe budget is what the swap store can place: every blob is
 // striped over all the directories in equal units, so the one with the
 // least room bounds them, and directories on one filesystem share its free
