@@ -317,11 +317,13 @@ int run(int argc, char** argv) {
       leases.push_back(std::move(*l));
     }
     nvme_s = median_seconds(reps, [&] {
-      std::vector<std::optional<io::Ticket>> writes(stage.pieces());
-      std::vector<io::Ticket> grad_writes;  // waited for by wait_all
+      std::vector<std::optional<io::Ticket>> writes(stage.pieces()), grad_writes(stage.pieces());
       for (size_t u = 0; u < stage.pieces(); ++u) {
         const std::string name = stage.state_blob(u);
-        if (u >= 2) STEP_CHECK(swap->wait(*writes[u - 2]));
+        if (u >= 2) {  // the buffer's writes (state, gradient) are done before it is read into again
+          STEP_CHECK(swap->wait(*writes[u - 2]));
+          if (grad_writes[u - 2]) STEP_CHECK(swap->wait(*grad_writes[u - 2]));
+        }
         Result<io::Ticket> r = swap->read(name, leases[u % 2].buffer());
         STEP_CHECK(r.status());
         STEP_CHECK(swap->wait(*r));
@@ -333,7 +335,7 @@ int run(int argc, char** argv) {
           Result<io::Ticket> g = swap->write("stepbench-gradient/" + std::to_string(u), leases[u % 2].buffer(),
                                              2 * static_cast<uint64_t>(stage.piece_elems(u)));
           STEP_CHECK(g.status());
-          grad_writes.push_back(*g);
+          grad_writes[u] = *g;
         }
       }
       STEP_CHECK(swap->wait_all());
@@ -394,7 +396,7 @@ int run(int argc, char** argv) {
                       {"device_idle_fraction", idle},
                       {"compute_threads", compute_threads},
                       {"device", device},
-                      {"delayed_update_step_s", delayed_s},
+                      {"delayed_update_step_s", delayed_s > 0 ? nlohmann::json(delayed_s) : nlohmann::json(nullptr)},
                       {"h2d_bytes", h2d},
                       {"d2h_bytes", d2h},
                       {"nvme_bytes", nvme_r + nvme_w},
