@@ -173,6 +173,11 @@ void add_placement_flags(CLI::App& app, Flags& f) {
       ->check(CLI::IsMember({"host", "cuda"}));
 }
 
+// --gradients-on's tier (the flag given).
+engine::Tier gradients_flag(const Flags& f) {
+  return f.gradients_on == "nvme" ? engine::Tier::kNvme : engine::Tier::kHost;
+}
+
 // What a run is: the trainer's options, the budgets it is held to, the
 // planner's reason when it chose the placement, and the steps to reach.
 struct Run {
@@ -236,7 +241,7 @@ std::optional<int> auto_place(Flags& f, const engine::EngineConfig& cfg, Run& r)
   std::vector<std::string> paths = f.nvme.empty() ? cfg.nvme_paths : std::vector<std::string>{f.nvme};
   engine::Constraints fixed = cfg.constraints;
   if (!f.nvme.empty()) fixed.states = std::nullopt;  // --nvme makes NVMe available, the planner decides
-  if (!f.gradients_on.empty()) fixed.gradients = f.gradients_on == "nvme" ? engine::Tier::kNvme : engine::Tier::kHost;
+  if (!f.gradients_on.empty()) fixed.gradients = gradients_flag(f);
   Result<engine::Plan> chosen = engine::apply_planned_placement(&r.o, r.budgets, fixed, paths);
   if (!chosen && paths.empty()) {
     std::fprintf(stderr, "strata-train: --auto-placement: %s (no NVMe tier: --nvme DIR gives the planner one)\n",
@@ -286,9 +291,7 @@ std::optional<int> place(const CLI::App& app, Flags& f, const engine::EngineConf
     }
     o.weights = engine::Tier::kNvme;
   }
-  if (!f.auto_placement && !f.gradients_on.empty()) {
-    o.gradients = f.gradients_on == "nvme" ? engine::Tier::kNvme : engine::Tier::kHost;
-  }
+  if (!f.auto_placement && !f.gradients_on.empty()) o.gradients = gradients_flag(f);
   if (o.gradients == engine::Tier::kNvme && o.states != engine::Tier::kNvme) {
     std::fprintf(stderr, "strata-train: gradients on NVMe need the optimizer states on NVMe (--nvme DIR)\n");
     return 2;

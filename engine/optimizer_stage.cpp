@@ -154,6 +154,7 @@ Status OptimizerStage::home_gradients_on_nvme(DType dtype) {
   STRATA_RETURN_IF_ERROR(check_nvme_home("gradients", weights_nvme_, dtype_bytes(dtype)));
   grads_nvme_ = true;
   grads_dtype_ = dtype;
+  grad_writes_.assign(pieces_.size(), std::nullopt);
   return ok_status();
 }
 
@@ -176,40 +177,33 @@ Status OptimizerStage::write_gradient(size_t c) {
     io::IoBuffer buf{const_cast<std::byte*>(base) + at, swap_->padded_size(bytes)};
     Result<io::Ticket> t = swap_->write(gradient_blob(u), buf, bytes);
     if (!t) return std::move(t).error().with_context("writing the gradient of chunk " + std::to_string(c));
-    grad_writes_[c].push_back(*t);
+    grad_writes_[u] = *t;
     outcome_.counters.nvme_bytes_written += bytes;
   }
   return ok_status();
 }
 
-Status OptimizerStage::release_gradient(size_t c) {
+Status OptimizerStage::wait_gradient_writes(size_t first, size_t end) {
   Status s = ok_status();
-  for (const io::Ticket& t : grad_writes_[c]) {
-    Status w = swap_->wait(t);
-    if (s.ok() && !w.ok()) s = std::move(w);
+  for (size_t u = first; u < end; ++u) {
+    if (!grad_writes_[u]) continue;
+    Status w = swap_->wait(*grad_writes_[u]);
+    grad_writes_[u].reset();
+    if (s.ok() && !w.ok()) {
+      s = std::move(w).with_context("writing the gradient of chunk " + std::to_string(pieces_[u].chunk));
+    }
   }
-  grad_writes_[c].clear();
-  STRATA_RETURN_IF_ERROR_CTX(std::move(s), "writing the gradient of chunk " + std::to_string(c));
+  return s;
+}
+
+Status OptimizerStage::release_gradient(size_t c) {
+  STRATA_RETURN_IF_ERROR(wait_gradient_writes(first_piece_[c], first_piece_[c + 1]));
   {
     std::lock_guard lock(mu_);
     ++released_;
   }
   cv_.notify_all();
   return ok_status();
-}
-
-Status OptimizerStage::drain_gradient_writes() {
-  Status first = ok_status();
-  for (size_t c = 0; c < grad_writes_.size(); ++c) {
-    for (const io::Ticket& t : grad_writes_[c]) {
-      Status w = swap_->wait(t);
-      if (first.ok() && !w.ok()) {
-        first = std::move(w).with_context("writing the gradient of chunk " + std::to_string(c));
-      }
-    }
-    grad_writes_[c].clear();
-  }
-  return first;
 }
 
 Status OptimizerStage::enable_ram_speculation() {
@@ -615,7 +609,6 @@ Status OptimizerStage::begin(OverlapStep step) {
     }
   }
   ov_ = std::move(step);
-  grad_writes_.assign(C, {});
   piece_order_.clear();
   for (size_t c : ov_.order) {
     for (size_t u = first_piece_[c]; u < first_piece_[c + 1]; ++u) piece_order_.push_back(u);
@@ -894,7 +887,7 @@ cpu_optim::StepOptions scaled(float grad_scale, cpu_optim::GradStats* stats = nu
 Status OptimizerStage::run_overlap() {
   Status s = run_overlap_body();
   // No gradient write outlives the step: the caller reuses its buffers.
-  Status drained = grads_nvme_ ? drain_gradient_writes() : ok_status();
+  Status drained = grads_nvme_ ? wait_gradient_writes(0, pieces_.size()) : ok_status();
   if (s.ok()) s = std::move(drained);
   return s;
 }

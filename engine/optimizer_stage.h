@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -122,18 +123,18 @@ class OptimizerStage {
   // per piece beside its state, written by every update; the caller then
   // reads them from weights_blobs(c) and passes null outputs to begin().
   // States on NVMe only; before initialize(); the staging buffers must hold
-  // staging_bytes_with_weights().
+  // staging_bytes(..., weights = true, ...).
   Status home_weights_on_nvme(DType dtype);
   bool weights_on_nvme() const { return weights_nvme_; }
   // Homes the step's gradients on NVMe too (`dtype`: the device's bf16 or
   // fp16 gradients as they land, or fp32 sums of them): as each chunk lands, the
   // stage writes its gradient to a scratch blob per piece, and the caller's
-  // buffer for it is free again once gradients_released() counts the chunk
-  // — so the caller can keep a few gradient buffers in a ring instead of
-  // one per chunk (wait_gradients_released). An update after the verdict
+  // buffer for it is free again once the stage released the chunk
+  // (wait_gradients_released) — so the caller can keep a few gradient
+  // buffers in a ring instead of one per chunk. An update after the verdict
   // (the first one, or one redone with the clip factor) reads each piece's
   // gradient back beside its state. States on NVMe only; before a step; the
-  // staging buffers must hold staging_bytes(..., gradients = true).
+  // staging buffers must hold staging_bytes(..., dtype_bytes(dtype)).
   Status home_gradients_on_nvme(DType dtype);
   bool gradients_on_nvme() const { return grads_nvme_; }
   // During a step with gradients on NVMe (any thread): waits until the
@@ -157,10 +158,6 @@ class OptimizerStage {
   int64_t piece_elems(size_t piece) const { return pieces_[piece].elems; }
   // The blob holding a piece's state now (as weights_blobs; the caller's thread).
   const std::string& state_blob(size_t piece) const { return blob(piece, gen_[piece]); }
-  static uint64_t staging_bytes_with_weights(const io::SwapStore& swap, int64_t elems,
-                                             cpu_optim::StateType states = cpu_optim::StateType::kF32) {
-    return staging_bytes(swap, elems, states, /*weights=*/true, /*gradient_bytes=*/0);
-  }
   // One staging buffer: a piece's state, then (weights or gradients homed
   // on NVMe) its 2-byte working weights and its gradient (`gradient_bytes`
   // per element: 2, or 4 for fp32 sums; 0 when not homed there), each
@@ -275,10 +272,10 @@ class OptimizerStage {
   uint64_t weights_offset(size_t piece) const {
     return swap_->padded_size(state_bytes(pieces_[piece].elems, state_type_));
   }
-  // Where a piece's gradient lies in its staging buffer, and its bytes.
+  // Where a piece's gradient lies in its staging buffer (after its state
+  // and weights), and its bytes.
   uint64_t gradient_offset(size_t piece) const {
-    return weights_offset(piece) +
-           (weights_nvme_ ? swap_->padded_size(2 * static_cast<uint64_t>(pieces_[piece].elems)) : 0);
+    return staging_bytes(*swap_, pieces_[piece].elems, state_type_, weights_nvme_, /*gradient_bytes=*/0);
   }
   uint64_t gradient_bytes(size_t piece) const {
     return dtype_bytes(grads_dtype_) * static_cast<uint64_t>(pieces_[piece].elems);
@@ -287,10 +284,11 @@ class OptimizerStage {
   // Gradients on NVMe: the writes of chunk c's gradient pieces, from the
   // caller's buffer, issued once it landed (the stage's thread).
   Status write_gradient(size_t chunk);
-  // Waits for them, then counts the chunk released (its buffer free).
+  // Waits for the gradient writes of pieces [first, end) still in flight;
+  // the first error, naming its chunk.
+  Status wait_gradient_writes(size_t first, size_t end);
+  // Waits for chunk c's, then counts the chunk released (its buffer free).
   Status release_gradient(size_t chunk);
-  // Waits for every gradient write still in flight (every exit of a step).
-  Status drain_gradient_writes();
   // A blob read into a staging buffer (at least its first `prefix_bytes`:
   // SwapStore::read_prefix), or a zeroed staging buffer filled by `fill` and
   // written as `bytes` of the blob; waited for. `what` names the data in
@@ -362,9 +360,9 @@ class OptimizerStage {
   DType weights_dtype_ = DType::kBF16;
   bool grads_nvme_ = false;
   DType grads_dtype_ = DType::kBF16;
-  // Gradients on NVMe, during a step (the stage's thread): each chunk's
-  // gradient writes in flight.
-  std::vector<std::vector<io::Ticket>> grad_writes_;
+  // Gradients on NVMe, during a step (the stage's thread): each piece's
+  // gradient write in flight.
+  std::vector<std::optional<io::Ticket>> grad_writes_;
 
   // The overlapped step in flight.
   OverlapStep ov_;

@@ -63,6 +63,10 @@ int64_t max_state_piece(const std::vector<int64_t>& chunk_elems, int64_t piece_e
   return m;
 }
 
+bool gradients_run_on_nvme(const TrainSetup& s, Tier states, int64_t micro_batches_per_pass) {
+  return states == Tier::kNvme && !s.delayed_update && (s.grad_accum == 1 || micro_batches_per_pass == s.grad_accum);
+}
+
 std::string_view tier_name(Tier t) {
   switch (t) {
     case Tier::kDevice: return "device";
@@ -269,7 +273,7 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   // Gradients on NVMe are written as they land; a step whose speculative
   // update holds (the one predicted here) does not read them back — one
   // that clips, or follows one that clipped or skipped, reads them too.
-  if (pl.gradients == Tier::kNvme) nvme_write += P * (s.grad_accum > 1 ? 4.0 : c);
+  if (grads_nvme) nvme_write += P * static_cast<double>(grad_nvme_bytes);
   const double flops = gpu::training_flops_per_token(s.model, s.seq, /*recompute=*/true) *
                        static_cast<double>(z.tokens) * A;
   p.links = {
@@ -297,7 +301,7 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
     // piece's: the slower of the two over `last`, plus the faster over one piece.
     // Working weights and gradients too, when homed there.
     const double weights = (pl.weights == Tier::kNvme ? static_cast<double>(w) : 0.0) +
-                           (pl.gradients == Tier::kNvme ? (s.grad_accum > 1 ? 4.0 : c) : 0.0);
+                           (grads_nvme ? static_cast<double>(grad_nvme_bytes) : 0.0);
     const double update = p.tail_seconds;
     const double write = last * (state_bytes + weights) / (bw.nvme_write_gbps * 1e9);
     double unit = static_cast<double>(state_piece_sizes(layout[0].numel, s.state_piece_elems)[0]);
@@ -348,18 +352,20 @@ std::vector<Placement> candidates(const Budgets& b, const Constraints& fixed) {
         if (!allowed(fixed.checkpoints, ck)) continue;
         if (w == Tier::kDevice && ck != Tier::kDevice) continue;
         for (int k = 1; k <= (w == Tier::kDevice ? 1 : 4); ++k) {
-          if (allowed(fixed.gradients, Tier::kHost)) out.push_back({w, st, ck, k});
-          // States on NVMe: the gradients may wait there too (best_plan
-          // keeps these where the setup allows them).
-          if (st == Tier::kNvme && allowed(fixed.gradients, Tier::kNvme)) {
-            Placement g{w, st, ck, k};
-            g.gradients = Tier::kNvme;
-            out.push_back(g);
+          // The gradients on the host, or beside states on NVMe there too
+          // (best_plan keeps those where the setup allows them).
+          for (Tier g : {Tier::kHost, Tier::kNvme}) {
+            if (!allowed(fixed.gradients, g) || (g == Tier::kNvme && st != Tier::kNvme)) continue;
+            Placement pl{w, st, ck, k};
+            pl.gradients = g;
+            out.push_back(pl);
+            // States in RAM may keep a second copy, so chunks update as their
+            // gradients land instead of after backward (more host memory).
+            if (st == Tier::kHost) {
+              pl.speculate_in_ram = true;
+              out.push_back(pl);
+            }
           }
-          if (!allowed(fixed.gradients, Tier::kHost)) continue;
-          // States in RAM may keep a second copy, so chunks update as their
-          // gradients land instead of after backward (more host memory).
-          if (st == Tier::kHost) out.push_back({w, st, ck, k, /*speculate_in_ram=*/true});
         }
       }
     }
@@ -384,12 +390,8 @@ bool best_plan(const TrainSetup& s, const Budgets& b, const Bandwidths& bw, cons
     }
   }
   std::vector<Placement> all;
-  // Gradients on NVMe: the exact schedule, and each chunk's micro-batches
-  // one after another — one a step, or the vertical order in one pass
-  // (TrainerOptions::gradients).
   auto runs = [&](const Placement& pl) {
-    if (pl.gradients != Tier::kNvme) return true;
-    return !s.delayed_update && (s.grad_accum == 1 || pl.micro_batches_per_pass == s.grad_accum);
+    return pl.gradients != Tier::kNvme || gradients_run_on_nvme(s, pl.states, pl.micro_batches_per_pass);
   };
   for (Placement pl : candidates(b, fixed)) {
     if (s.micro_batches_per_pass <= 1 && runs(pl)) all.push_back(pl);

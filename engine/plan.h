@@ -62,6 +62,12 @@ struct TrainSetup {
   int gradient_buffers = kGradientBuffers;
 };
 
+// Whether the trainer keeps the gradients on NVMe for this setup
+// (Placement::gradients): beside states on NVMe, in the exact schedule (no
+// delayed update), with each chunk's micro-batches landing one after
+// another — one a step, or all of them in one pass of the vertical order.
+bool gradients_run_on_nvme(const TrainSetup& setup, Tier states, int64_t micro_batches_per_pass);
+
 // The optimizer stage's unit on NVMe: a chunk of n parameters in pieces of
 // at most `piece_elems` (0: one piece), equal but the last, each a multiple
 // of kStatePieceGranule — whole 8-bit blocks, and 2-byte weights on 8 KiB

@@ -157,6 +157,10 @@ int64_t micro_batches_per_pass(const TrainerOptions& o) {
 
 namespace {
 
+// What goes to NVMe for each parameter when the gradients live there: the
+// device's gradient, or its fp32 sum when accumulating.
+DType nvme_gradient_type(const TrainerOptions& o) { return o.grad_accum > 1 ? DType::kF32 : o.precision; }
+
 // What create() refuses before it allocates anything: shapes, placements
 // the trainer does not run, and out-of-range knobs.
 Status check_options(const TrainerOptions& o) {
@@ -184,8 +188,7 @@ Status check_options(const TrainerOptions& o) {
   if (o.gradients == Tier::kNvme) {
     // Accumulating, each chunk's micro-batches must land one after another
     // (the vertical order in one pass): only one chunk's sum is being made at a time.
-    const bool one_pass = o.grad_accum == 1 || micro_batches_per_pass(o) == o.grad_accum;
-    if (o.states != Tier::kNvme || !one_pass || o.delayed_update) {
+    if (!gradients_run_on_nvme(training_setup(o), o.states, micro_batches_per_pass(o))) {
       return invalid_argument(
           "trainer: gradients on NVMe need the optimizer states on NVMe, grad_accum 1 or the vertical order in one "
           "pass, and no delayed update (got states on " +
@@ -301,8 +304,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
                                          o.adam_states, o.state_piece_elems));
   if (o.speculate_in_ram) STRATA_RETURN_IF_ERROR(tr->stage_->enable_ram_speculation());
   if (o.gradients == Tier::kNvme) {
-    const bool sums = o.grad_accum > 1;
-    STRATA_RETURN_IF_ERROR(tr->stage_->home_gradients_on_nvme(sums ? DType::kF32 : o.precision));
+    STRATA_RETURN_IF_ERROR(tr->stage_->home_gradients_on_nvme(nvme_gradient_type(o)));
     // Each buffer holds the largest chunk's gradient (or sum), padded for
     // the stage's NVMe writes of its pieces.
     const uint64_t max_chunk = static_cast<uint64_t>(*std::max_element(elems.begin(), elems.end()));
@@ -318,7 +320,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
       return ok_status();
     };
     STRATA_RETURN_IF_ERROR(ring("gradient ring", 2, &tr->grad_ring_, &tr->ring_));
-    if (sums) STRATA_RETURN_IF_ERROR(ring("gradient sum ring", 4, &tr->sum_ring_, &tr->sums_));
+    if (o.grad_accum > 1) STRATA_RETURN_IF_ERROR(ring("gradient sum ring", 4, &tr->sum_ring_, &tr->sums_));
     tr->landing_position_.assign(tr->layout_.size(), 0);
     for (size_t k = 0; k < tr->landing_order_.size(); ++k) tr->landing_position_[tr->landing_order_[k]] = k;
   }
@@ -360,9 +362,8 @@ Status Trainer::open_nvme(int64_t max_piece) {
     STRATA_ASSIGN_OR_RETURN(swap_, io::SwapStore::open(so));
   }
   if (o.states == Tier::kNvme) {
-    // With the gradients on NVMe, a piece's gradient too: as the device
-    // computed it, or its fp32 sum when accumulating.
-    const uint64_t grad_bytes = o.gradients != Tier::kNvme ? 0 : o.grad_accum > 1 ? 4 : dtype_bytes(o.precision);
+    // With the gradients on NVMe, a piece's gradient too.
+    const uint64_t grad_bytes = o.gradients == Tier::kNvme ? dtype_bytes(nvme_gradient_type(o)) : 0;
     const uint64_t staging_bytes =
         OptimizerStage::staging_bytes(*swap_, max_piece, o.adam_states, o.weights == Tier::kNvme, grad_bytes);
     STRATA_ASSIGN_OR_RETURN(

@@ -325,6 +325,10 @@ class Trainer {
   std::vector<AlignedVector<uint16_t>> weights_, weights_next_;
   LossScaler scaler_;
   std::vector<AlignedVector<uint16_t>> grads_;  // one micro-batch's gradients as the device computed them
+  std::vector<AlignedVector<float>> acc_;       // their fp32 sum over the micro-batches (grad_accum > 1)
+  // Delayed update: the buffers the stage in flight reads (grads_ or acc_'s other set).
+  std::vector<AlignedVector<uint16_t>> grads_alt_;
+  std::vector<AlignedVector<float>> acc_alt_;
   // Gradients on NVMe instead: a ring of chunk buffers (grads_ is empty),
   // and with grad_accum > 1 (the vertical order in one pass) one of their
   // fp32 sums (acc_ is empty); the chunk at position k of the landing order
@@ -341,10 +345,6 @@ class Trainer {
     if (acc_.empty()) return reinterpret_cast<float*>(sums_[landing_position_[c] % sums_.size()].data());
     return acc_[c].data();
   }
-  std::vector<AlignedVector<float>> acc_;       // their fp32 sum over the micro-batches (grad_accum > 1)
-  // Delayed update: the buffers the stage in flight reads (grads_ or acc_'s other set).
-  std::vector<AlignedVector<uint16_t>> grads_alt_;
-  std::vector<AlignedVector<float>> acc_alt_;
   // Adds each chunk's gradient into acc_ as it lands (micro-batches whose
   // gradients do not go to the stage directly), beside the rest of backward.
   std::unique_ptr<SerialQueue> accumulator_;
