@@ -27,10 +27,8 @@ TrainerOptions small(uint64_t seed) {
   return o;
 }
 
-using Log = testing::RunLog;
-Log run(const TrainerOptions& o, int steps) {
-  return testing::run_log(o, steps);
-}
+using testing::RunLog;
+using testing::run_log;
 
 TEST(TrainerGradients, OnNvmeThroughARingTheyGiveTheSameBits) {
   const uint64_t seed = strata::testing::test_seed(20261203);
@@ -38,7 +36,7 @@ TEST(TrainerGradients, OnNvmeThroughARingTheyGiveTheSameBits) {
   int n = 0;
   TrainerOptions free_run = small(seed);
   free_run.nvme_paths = {dir.sub("free")};
-  const Log free = run(free_run, 16);
+  const RunLog free = run_log(free_run, 16);
   ASSERT_EQ(free.norms.size(), 16u);
   std::vector<double> sorted = free.norms;
   std::sort(sorted.begin(), sorted.end());
@@ -55,7 +53,7 @@ TEST(TrainerGradients, OnNvmeThroughARingTheyGiveTheSameBits) {
       base.loss_scale.hysteresis = 1;
     }
     base.nvme_paths = {dir.sub("ref" + std::to_string(fp16))};
-    const Log ref = run(base, 16);  // the gradients on the host
+    const RunLog ref = run_log(base, 16);  // the gradients on the host
     ASSERT_EQ(ref.losses.size(), 16u);
     EXPECT_GT(ref.clipped, 0);
     EXPECT_LT(ref.clipped, 16);
@@ -82,7 +80,7 @@ TEST(TrainerGradients, OnNvmeThroughARingTheyGiveTheSameBits) {
                                    (variant == 1   ? ", states in pieces"
                                     : variant == 2 ? ", weights on NVMe"
                                                    : "");
-          const Log got = run(o, 16);
+          const RunLog got = run_log(o, 16);
           EXPECT_EQ(got.losses, ref.losses) << what;
           EXPECT_EQ(got.norms, ref.norms) << what;
           EXPECT_EQ(got.scales, ref.scales) << what;
@@ -113,13 +111,13 @@ TEST(TrainerGradients, AccumulatedInTheVerticalOrderTheirSumsGoToNvmeWithTheSame
   base.grad_accum = 4;
   base.batch = 2;
   base.nvme_paths = {dir.sub("free")};
-  const Log free = run(base, 12);
+  const RunLog free = run_log(base, 12);
   ASSERT_EQ(free.norms.size(), 12u);
   std::vector<double> sorted = free.norms;
   std::sort(sorted.begin(), sorted.end());
   base.clip_norm = static_cast<float>(sorted[6]);  // fires on some steps
   base.nvme_paths = {dir.sub("ref")};
-  const Log ref = run(base, 12);  // one micro-batch at a time, the sums on the host
+  const RunLog ref = run_log(base, 12);  // one micro-batch at a time, the sums on the host
   ASSERT_EQ(ref.losses.size(), 12u);
   EXPECT_GT(ref.clipped, 0);
   EXPECT_LT(ref.clipped, 12);
@@ -142,7 +140,7 @@ TEST(TrainerGradients, AccumulatedInTheVerticalOrderTheirSumsGoToNvmeWithTheSame
         o.nvme_paths = {dir.sub("v" + std::to_string(n++))};
         const std::string what = "a ring of " + std::to_string(ring) + (speculate ? ", speculating" : "") +
                                  ", checkpoints on " + std::string(tier_name(acts));
-        const Log got = run(o, 12);
+        const RunLog got = run_log(o, 12);
         EXPECT_EQ(got.losses, ref.losses) << what;
         EXPECT_EQ(got.norms, ref.norms) << what;
         EXPECT_EQ(got.clipped, ref.clipped) << what;
@@ -158,7 +156,7 @@ TEST(TrainerGradients, AccumulatedInTheVerticalOrderTheirSumsGoToNvmeWithTheSame
   nvme.gradients = Tier::kNvme;
   host.nvme_paths = {dir.sub("hh")};
   nvme.nvme_paths = {dir.sub("hn")};
-  const Log h = run(host, 2), g = run(nvme, 2);
+  const RunLog h = run_log(host, 2), g = run_log(nvme, 2);
   EXPECT_EQ(h.losses, g.losses);
   EXPECT_LT(g.host_bytes, h.host_bytes);
   std::printf(
@@ -175,7 +173,7 @@ TEST(TrainerGradients, OnNvmeTheHostHoldsARingAndNvmeTakesTwoBytesAParameter) {
   TrainerOptions nvme = host;
   nvme.gradients = Tier::kNvme;
   nvme.nvme_paths = {dir.sub("n")};
-  const Log h = run(host, 3), g = run(nvme, 3);
+  const RunLog h = run_log(host, 3), g = run_log(nvme, 3);
   ASSERT_EQ(h.losses, g.losses);
   const std::vector<gpu::ChunkLayout> layout = gpu::model_layout(host.model);
   uint64_t grad_bytes = 0, max_chunk = 0;
@@ -201,7 +199,7 @@ TEST(TrainerGradients, OnNvmeTheHostHoldsARingAndNvmeTakesTwoBytesAParameter) {
   EXPECT_EQ(over.error().code(), StatusCode::kResourceExhausted);
   EXPECT_NE(over.error().to_string().find("host budget"), std::string::npos) << over.error().to_string();
   nvme.nvme_paths = {dir.sub("budget")};
-  const Log trained = run(nvme, 30);
+  const RunLog trained = run_log(nvme, 30);
   ASSERT_EQ(trained.losses.size(), 30u);
   EXPECT_LT(trained.losses.back(), trained.losses.front() * 0.9f);
   std::printf("%zu chunks, %llu gradient bytes: the host holds %llu bytes less; NVMe writes %llu bytes more a step\n",
