@@ -27,8 +27,8 @@ TrainerOptions small(uint64_t seed) {
   return o;
 }
 
-using testing::RunLog;
 using testing::run_log;
+using testing::RunLog;
 
 TEST(TrainerGradients, OnNvmeThroughARingTheyGiveTheSameBits) {
   const uint64_t seed = strata::testing::test_seed(20261203);
