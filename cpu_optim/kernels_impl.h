@@ -650,9 +650,9 @@ void run_staged(const TileCall& call, BatchStep<Arch, K>& st, int64_t base) {
 enum class OutKind : uint8_t { kNone, kBF16, kF16 };
 
 // Prefetches element i + kAhead (kPrefetchElems unless the loop has its
-// own) of a stream whose elements are `Bytes` wide. The fp32/bf16-state
-// loops call it once per batch (a repeated prefetch of a line is cheap);
-// the 8-bit loop once per line.
+// own) of a stream whose elements are `Bytes` wide. The bf16-state loop
+// calls it once per batch (a repeated prefetch of a line is cheap), the
+// 8-bit loop once per line; the fp32-state loop not at all (run_fused).
 inline constexpr int64_t kPrefetchElems = 512;
 template <int64_t Bytes, int64_t kAhead = kPrefetchElems>
 inline void prefetch_ahead(const void* base, int64_t i) {
@@ -803,14 +803,24 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
     constexpr bool kPairs = is_avx512<Arch>() && native_bf16;
     constexpr bool kPairCheck = kPairs && K == OptKind::kAdam && O == OutKind::kBF16 && stream_out;
     // One batch at i: loaded, updated, the new fp32 weights stored.
+    // Software prefetch a few KiB ahead over bf16 states only. Their loop
+    // does more arithmetic per byte, and with its instructions in flight
+    // the out-of-order window alone keeps too few lines requested. Over
+    // fp32 states the hardware prefetcher keeps ahead of the loop by
+    // itself, and software prefetches into L1 only took miss slots from
+    // its loads: without them the fp32 mode went from 0.69-0.96 of its
+    // roofline to 0.99-1.08, offload from 0.84-1.00 to 0.94-1.05
+    // (docs/CPU_OPTIM.md, "Tenth revision"), while bf16 states lose
+    // without it.
+    constexpr bool kPrefetch = kState != DType::kF32;
     auto one = [&]<bool kCheck>(std::bool_constant<kCheck>, int64_t i, B& p, B& m, B& v, B& graw) {
-      // Software prefetch a few KiB ahead: with the update's instructions in
-      // flight the out-of-order window alone keeps too few lines requested.
-      prefetch_ahead<4>(params, i);
-      prefetch_ahead<G == DType::kF32 ? 4 : 2>(grad, i);
-      if (has_m) prefetch_ahead<kSB>(mem_m, i);
-      if constexpr (kHasV) prefetch_ahead<kSB>(mem_v, i);
-      if (O != OutKind::kNone && !stream_out) prefetch_ahead<2>(out, i);  // a streamed out is never read
+      if constexpr (kPrefetch) {
+        prefetch_ahead<4>(params, i);
+        prefetch_ahead<G == DType::kF32 ? 4 : 2>(grad, i);
+        if (has_m) prefetch_ahead<kSB>(mem_m, i);
+        if constexpr (kHasV) prefetch_ahead<kSB>(mem_v, i);
+        if (O != OutKind::kNone && !stream_out) prefetch_ahead<2>(out, i);  // a streamed out is never read
+      }
       p = B::load_unaligned(params + i);
       m = has_m ? load_as_f32<Arch>(mem_m, kState, i) : B(0.0f);
       v = kHasV ? load_as_f32<Arch>(mem_v, kState, i) : B(0.0f);
@@ -1111,7 +1121,7 @@ void stats_direct(const void* grad, int64_t len, float scale, xsimd::batch<float
   const B zero(0.0f), s(scale);
   int64_t i = 0;
   for (; i + W <= len; i += W) {
-    // As the update does: without it one core keeps too few reads in flight
+    // As the update over bf16 states does: without it one core keeps too few reads in flight
     // (a read-only pass ran at about 8 GB/s per core here).
     prefetch_ahead<static_cast<int64_t>(dtype_bytes(G))>(grad, i);
     B x = load_as_f32<Arch>(grad, G, i);
