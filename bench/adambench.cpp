@@ -132,8 +132,8 @@ double bytes_per_param(const Mode& m) {
 // scalar reference, --with-stats) worked on negative v and NaN weights.
 // Multiversioned so it runs with the widest vectors the CPU has.
 // With kPrefetch, every input stream is also prefetched 512 parameters
-// ahead, as the fp32- and bf16-state loops do (cpu_optim/kernels_impl.h;
-// the 8-bit loop prefetches 1024 ahead).
+// ahead, as the bf16-state loop does (cpu_optim/kernels_impl.h; the 8-bit
+// loop prefetches 1024 ahead, the fp32-state loop not at all).
 template <int kGBytes, int kSBytes, bool kOut, bool kPrefetch = false>
 __attribute__((target_clones("avx512f", "avx2", "default"))) uint64_t roofline_loop(std::byte* p, const std::byte* g,
                                                                                     std::byte* m, std::byte* v,
@@ -341,19 +341,26 @@ TwinFn mode_lines_twin(const Buffers& b) {
 // --show-twins: each twin's time, not only the fastest.
 bool g_show_twins = false;
 
-// The optimizer's step and the roofline, timed side by side
-// (interleaved_median_seconds): the roofline is the fastest of the twins.
+// A mode's step and its no-arithmetic twins, in that order: what
+// interleaved_median_seconds times, so that the step and its roofline see
+// the same stretch of the machine's time.
+constexpr size_t kTimedPerMode = 5;
+std::vector<std::function<void()>> step_and_twins(std::function<void()> step, Buffers& b, Executor& ex) {
+  return {std::move(step), twin_run(b, ex, 16, mode_twin<Words<false>>(b)),
+          twin_run(b, ex, 16, mode_twin<Words<true>>(b)), roofline_elementwise_run(b, ex),
+          twin_run(b, ex, 64, mode_lines_twin(b))};
+}
+
+// The step's median and the roofline (the fastest twin's median) from
+// step_and_twins' kTimedPerMode medians starting at `t`.
 struct StepTimes {
   double step = 0, roofline = 0;
 };
-StepTimes step_and_roofline_seconds(const std::function<void()>& step, Buffers& b, Executor& ex, int reps) {
-  const std::vector<double> t = interleaved_median_seconds(
-      reps, {step, twin_run(b, ex, 16, mode_twin<Words<false>>(b)), twin_run(b, ex, 16, mode_twin<Words<true>>(b)),
-             roofline_elementwise_run(b, ex), twin_run(b, ex, 64, mode_lines_twin(b))});
+StepTimes step_times(const double* t) {
   if (g_show_twins) {
     std::printf("  twins (s): words %.4f, prefetched %.4f, elementwise %.4f, lines %.4f\n", t[1], t[2], t[3], t[4]);
   }
-  return {t[0], *std::min_element(t.begin() + 1, t.end())};
+  return {t[0], *std::min_element(t + 1, t + kTimedPerMode)};
 }
 
 double triad_gbps(int64_t n, Executor& ex, int reps) {
@@ -538,15 +545,40 @@ int run(int argc, char** argv) {
     Executor& ex = **ex_r;
     double triad = triad_gbps(n / 2, ex, reps);
     const size_t first_row = rows.size();
-    for (const Mode& mode : modes) {
-      Buffers b = make_buffers(mode, n, ex);
-      const double huge_share = huge_share_of(b);
-      cpu_optim::ParamSpan span = span_of(b);
+    // Every mode's buffers at once, and all modes' steps and twins timed in
+    // the same rounds: on a host whose memory speed swings from second to
+    // second, modes timed one after another met different memory, and their
+    // ratios to each other (bf16_state and q8_state against offload) said
+    // more about when each ran than about the modes.
+    struct ModeRun {
+      const Mode* mode;
+      Buffers b;
+      cpu_optim::ParamSpan span;
       int64_t t = 0;
+    };
+    std::vector<std::unique_ptr<ModeRun>> runs;
+    std::vector<std::function<void()>> timed;
+    for (const Mode& mode : modes) {
+      auto& r = *runs.emplace_back(std::make_unique<ModeRun>(ModeRun{&mode, make_buffers(mode, n, ex), {}}));
+      r.span = span_of(r.b);
+      for (auto& fn : step_and_twins([&r, &adamw, isa, &ex] { adam_step(adamw, ++r.t, r.span, isa, ex); }, r.b, ex)) {
+        timed.push_back(std::move(fn));
+      }
+    }
+    std::printf("(%d threads: %zu modes, their steps and twins timed in %d rounds)\n", ex.threads(), modes.size(),
+                reps);
+    std::fflush(stdout);
+    const std::vector<double> medians = interleaved_median_seconds(reps, timed);
+    for (size_t k = 0; k < runs.size(); ++k) {
+      ModeRun& run = *runs[k];
+      const Mode& mode = *run.mode;
+      Buffers& b = run.b;
+      const double huge_share = huge_share_of(b);
+      cpu_optim::ParamSpan& span = run.span;
       auto step_with = [&](Isa which, cpu_optim::GradStats* stats = nullptr) {
-        adam_step(adamw, ++t, span, which, ex, stats);
+        adam_step(adamw, ++run.t, span, which, ex, stats);
       };
-      const StepTimes times = step_and_roofline_seconds([&] { step_with(isa); }, b, ex, reps);
+      const StepTimes times = step_times(medians.data() + k * kTimedPerMode);
       const double s = times.step, roof = times.roofline;
       double naive = skip_naive ? 0 : median_seconds(1, [&] { step_with(Isa::kScalar); });
       double bytes = bytes_per_param(mode) * static_cast<double>(n);
