@@ -806,10 +806,10 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
     // Software prefetch a few KiB ahead over bf16 states only. Their loop
     // does more arithmetic per byte, and with its instructions in flight
     // the out-of-order window alone keeps too few lines requested. Over
-    // fp32 states the hardware prefetcher keeps ahead of the loop by
-    // itself, and software prefetches into L1 only took miss slots from
-    // its loads: without them the fp32 mode went from 0.69-0.96 of its
-    // roofline to 0.99-1.08, offload from 0.84-1.00 to 0.94-1.05
+    // fp32 states the hardware prefetcher seems to keep ahead of the loop
+    // by itself, and software prefetches into L1 only to take miss slots
+    // from its loads: without them the fp32 mode went from 0.69-0.96 of
+    // its roofline to 0.99-1.08, offload from 0.84-1.00 to 0.94-1.05
     // (docs/CPU_OPTIM.md, "Tenth revision"), while bf16 states lose
     // without it.
     constexpr bool kPrefetch = kState != DType::kF32;
