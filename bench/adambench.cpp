@@ -21,6 +21,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <bit>
 #include <chrono>
@@ -179,17 +180,35 @@ struct Buffers {
   Aligned p, g, m, v, ms, vs, out;
 };
 
+// The sizes of a mode's buffers over n parameters: p, g, m, v, the q8
+// scales of m and v, out.
+std::array<uint64_t, 7> buffer_sizes(const Mode& mode, int64_t n) {
+  const auto un = static_cast<uint64_t>(n);
+  const uint64_t sb = state_elem_bytes(mode.state);
+  const uint64_t blocks = (un + cpu_optim::kQ8BlockElems - 1) / cpu_optim::kQ8BlockElems;
+  return {un * 4, un * cpu_optim::dtype_bytes(mode.grad), un * sb, un * sb, blocks * 4, blocks * 4, un * 2};
+}
+
+// What make_buffers allocates for the mode (each buffer in whole 2 MiB pages).
+uint64_t buffers_bytes(const Mode& mode, int64_t n) {
+  uint64_t total = 0;
+  for (uint64_t bytes : buffer_sizes(mode, n)) total += round_up(std::max<uint64_t>(bytes, 1), kHugePageBytes);
+  return total;
+}
+
 Buffers make_buffers(const Mode& mode, int64_t n, Executor& ex) {
   Buffers b{n, mode, {}, {}, {}, {}, {}, {}, {}};
-  uint64_t sb = state_elem_bytes(mode.state);
-  uint64_t blocks = static_cast<uint64_t>((n + cpu_optim::kQ8BlockElems - 1) / cpu_optim::kQ8BlockElems);
-  b.p = alloc_bytes(n * 4);
-  b.g = alloc_bytes(n * cpu_optim::dtype_bytes(mode.grad));
-  b.m = alloc_bytes(n * sb);
-  b.v = alloc_bytes(n * sb);
-  b.ms = alloc_bytes(blocks * 4);
-  b.vs = alloc_bytes(blocks * 4);
-  b.out = alloc_bytes(n * 2);
+  const uint64_t sb = state_elem_bytes(mode.state);
+  const std::array<uint64_t, 7> sizes = buffer_sizes(mode, n);
+  for (auto [a, bytes] : {std::pair{&b.p, sizes[0]},
+                          {&b.g, sizes[1]},
+                          {&b.m, sizes[2]},
+                          {&b.v, sizes[3]},
+                          {&b.ms, sizes[4]},
+                          {&b.vs, sizes[5]},
+                          {&b.out, sizes[6]}}) {
+    *a = alloc_bytes(bytes);
+  }
   // Fill in parallel (first touch from the worker threads).
   ex.parallel_for(n, 1 << 20, [&](int64_t begin, int64_t end) {
     auto* p = reinterpret_cast<float*>(b.p.get());
@@ -207,9 +226,23 @@ Buffers make_buffers(const Mode& mode, int64_t n, Executor& ex) {
     std::memset(b.v.get() + begin * sb, 0, (end - begin) * sb);
     std::memset(b.out.get() + begin * 2, 0, (end - begin) * 2);
   });
-  std::memset(b.ms.get(), 0, blocks * 4);
-  std::memset(b.vs.get(), 0, blocks * 4);
+  std::memset(b.ms.get(), 0, sizes[4]);
+  std::memset(b.vs.get(), 0, sizes[5]);
   return b;
+}
+
+// The memory the kernel says can be allocated without swapping
+// (MemAvailable), or 0 where it does not say.
+uint64_t available_memory_bytes() {
+  std::FILE* f = std::fopen("/proc/meminfo", "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  unsigned long long kib = 0;
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    if (std::sscanf(line, "MemAvailable: %llu kB", &kib) == 1) break;
+  }
+  std::fclose(f);
+  return static_cast<uint64_t>(kib) * 1024;
 }
 
 // The share of the mode's buffers the kernel backs with huge pages.
@@ -534,6 +567,28 @@ int run(int argc, char** argv) {
                                 "All-core figures vary with it)"
                               : "");
   }
+  // The modes timed together: all of them, in the same rounds, where their
+  // buffers fit in the memory the machine has free — on a host whose
+  // memory speed swings from second to second, modes timed one after
+  // another meet different memory, and their ratios to each other
+  // (bf16_state and q8_state against offload) say more about when each ran
+  // than about the modes; else each mode alone, and the output says so.
+  std::vector<std::vector<const Mode*>> groups;
+  {
+    uint64_t together = 0;
+    for (const Mode& mode : modes) together += buffers_bytes(mode, n);
+    const uint64_t available = available_memory_bytes();
+    if (modes.size() > 1 && available > 0 && together > available / 10 * 9) {
+      std::printf(
+          "(the modes' buffers together, %.1f GiB, are over 90%% of the %.1f GiB free: each mode is timed alone, "
+          "so their figures against each other compare different moments)\n",
+          static_cast<double>(together) / static_cast<double>(kGiB), static_cast<double>(available) / kGiB);
+      for (const Mode& mode : modes) groups.push_back({&mode});
+    } else {
+      groups.emplace_back();
+      for (const Mode& mode : modes) groups.back().push_back(&mode);
+    }
+  }
   std::printf("%-10s %3s %9s %10s %7s %9s %7s %7s %9s %7s\n", "mode", "thr", "s/step", "params/s", "GB/s", "roof GB/s",
               "ratio", "triad", "vs naive", "huge pg");
   for (int threads : thread_counts) {
@@ -545,83 +600,82 @@ int run(int argc, char** argv) {
     Executor& ex = **ex_r;
     double triad = triad_gbps(n / 2, ex, reps);
     const size_t first_row = rows.size();
-    // Every mode's buffers at once, and all modes' steps and twins timed in
-    // the same rounds: on a host whose memory speed swings from second to
-    // second, modes timed one after another met different memory, and their
-    // ratios to each other (bf16_state and q8_state against offload) said
-    // more about when each ran than about the modes.
-    struct ModeRun {
-      const Mode* mode;
-      Buffers b;
-      cpu_optim::ParamSpan span;
-      int64_t t = 0;
-    };
-    std::vector<std::unique_ptr<ModeRun>> runs;
-    std::vector<std::function<void()>> timed;
-    for (const Mode& mode : modes) {
-      auto& r = *runs.emplace_back(std::make_unique<ModeRun>(ModeRun{&mode, make_buffers(mode, n, ex), {}}));
-      r.span = span_of(r.b);
-      for (auto& fn : step_and_twins([&r, &adamw, isa, &ex] { adam_step(adamw, ++r.t, r.span, isa, ex); }, r.b, ex)) {
-        timed.push_back(std::move(fn));
-      }
-    }
-    std::printf("(%d threads: %zu modes, their steps and twins timed in %d rounds)\n", ex.threads(), modes.size(),
-                reps);
-    std::fflush(stdout);
-    const std::vector<double> medians = interleaved_median_seconds(reps, timed);
-    for (size_t k = 0; k < runs.size(); ++k) {
-      ModeRun& run = *runs[k];
-      const Mode& mode = *run.mode;
-      Buffers& b = run.b;
-      const double huge_share = huge_share_of(b);
-      cpu_optim::ParamSpan& span = run.span;
-      auto step_with = [&](Isa which, cpu_optim::GradStats* stats = nullptr) {
-        adam_step(adamw, ++run.t, span, which, ex, stats);
+    for (const std::vector<const Mode*>& group : groups) {
+      struct ModeRun {
+        const Mode* mode;
+        Buffers b;
+        cpu_optim::ParamSpan span;
+        int64_t t = 0;
       };
-      const StepTimes times = step_times(medians.data() + k * kTimedPerMode);
-      const double s = times.step, roof = times.roofline;
-      double naive = skip_naive ? 0 : median_seconds(1, [&] { step_with(Isa::kScalar); });
-      double bytes = bytes_per_param(mode) * static_cast<double>(n);
-      double gbps = bytes / s / 1e9, roof_gbps = bytes / roof / 1e9;
-      std::printf("%-10s %3d %9.4f %10.3e %7.2f %9.2f %7.3f %7.2f %9.2f %6.0f%%\n", mode.name.c_str(), ex.threads(), s,
-                  static_cast<double>(n) / s, gbps, roof_gbps, gbps / roof_gbps, triad, naive > 0 ? naive / s : 0.0,
-                  100 * huge_share);
-      std::fflush(stdout);
-      nlohmann::json row = {{"mode", mode.name},
-                            {"threads", ex.threads()},
-                            {"seconds_per_step", s},
-                            {"params_per_s", static_cast<double>(n) / s},
-                            {"bytes_per_param", bytes_per_param(mode)},
-                            {"gbps", gbps},
-                            {"roofline_gbps", roof_gbps},
-                            {"ratio_to_roofline", gbps / roof_gbps},
-                            {"triad_gbps", triad},
-                            {"huge_page_share", huge_share}};
-      if (naive > 0) row["speedup_vs_naive"] = naive / s;
-      if (with_stats) {
-        // What an engine that updates before it knows the global norm pays
-        // for the norm: a read-only pass over the gradient first, or a fused
-        // multiply-add per batch in the update's own pass.
-        auto with_separate_pass = [&] {
-          auto g = cpu_optim::grad_stats(span.grad, span.grad_dtype, span.n, 1.0f, ex, isa);
-          if (!g) exit_on_error(g.error(), "strata-adambench");
-          step_with(isa);
-        };
-        auto fused_in_update = [&] {
-          cpu_optim::GradStats g;
-          step_with(isa, &g);
-        };
-        const std::vector<double> both = interleaved_median_seconds(reps, {with_separate_pass, fused_in_update});
-        const double separate = both[0], fused = both[1];
-        std::printf(
-            "%-10s %3d   with the gradient statistics: separate pass %.4f s, in the update %.4f s "
-            "(%.3f x; the step alone %.4f s)\n",
-            mode.name.c_str(), ex.threads(), separate, fused, separate / fused, s);
-        std::fflush(stdout);
-        row["seconds_with_separate_stats"] = separate;
-        row["seconds_with_fused_stats"] = fused;
+      std::vector<std::unique_ptr<ModeRun>> runs;
+      std::vector<std::function<void()>> timed;
+      for (const Mode* mode : group) {
+        auto& r = *runs.emplace_back(std::make_unique<ModeRun>(ModeRun{mode, make_buffers(*mode, n, ex), {}}));
+        r.span = span_of(r.b);
+        for (auto& fn : step_and_twins([&r, &adamw, isa, &ex] { adam_step(adamw, ++r.t, r.span, isa, ex); }, r.b, ex)) {
+          timed.push_back(std::move(fn));
+        }
       }
-      rows.push_back(row);
+      if (group.size() > 1) {
+        std::printf("(%d threads: %zu modes, their steps and twins timed in %d rounds)\n", ex.threads(), group.size(),
+                    reps);
+        std::fflush(stdout);
+      }
+      const std::vector<double> medians = interleaved_median_seconds(reps, timed);
+      for (size_t k = 0; k < runs.size(); ++k) {
+        ModeRun& run = *runs[k];
+        const Mode& mode = *run.mode;
+        Buffers& b = run.b;
+        const double huge_share = huge_share_of(b);
+        cpu_optim::ParamSpan& span = run.span;
+        auto step_with = [&](Isa which, cpu_optim::GradStats* stats = nullptr) {
+          adam_step(adamw, ++run.t, span, which, ex, stats);
+        };
+        const StepTimes times = step_times(medians.data() + k * kTimedPerMode);
+        const double s = times.step, roof = times.roofline;
+        double naive = skip_naive ? 0 : median_seconds(1, [&] { step_with(Isa::kScalar); });
+        double bytes = bytes_per_param(mode) * static_cast<double>(n);
+        double gbps = bytes / s / 1e9, roof_gbps = bytes / roof / 1e9;
+        std::printf("%-10s %3d %9.4f %10.3e %7.2f %9.2f %7.3f %7.2f %9.2f %6.0f%%\n", mode.name.c_str(), ex.threads(),
+                    s, static_cast<double>(n) / s, gbps, roof_gbps, gbps / roof_gbps, triad,
+                    naive > 0 ? naive / s : 0.0, 100 * huge_share);
+        std::fflush(stdout);
+        nlohmann::json row = {{"mode", mode.name},
+                              {"threads", ex.threads()},
+                              {"seconds_per_step", s},
+                              {"params_per_s", static_cast<double>(n) / s},
+                              {"bytes_per_param", bytes_per_param(mode)},
+                              {"gbps", gbps},
+                              {"roofline_gbps", roof_gbps},
+                              {"ratio_to_roofline", gbps / roof_gbps},
+                              {"triad_gbps", triad},
+                              {"huge_page_share", huge_share}};
+        if (naive > 0) row["speedup_vs_naive"] = naive / s;
+        if (with_stats) {
+          // What an engine that updates before it knows the global norm pays
+          // for the norm: a read-only pass over the gradient first, or a fused
+          // multiply-add per batch in the update's own pass.
+          auto with_separate_pass = [&] {
+            auto g = cpu_optim::grad_stats(span.grad, span.grad_dtype, span.n, 1.0f, ex, isa);
+            if (!g) exit_on_error(g.error(), "strata-adambench");
+            step_with(isa);
+          };
+          auto fused_in_update = [&] {
+            cpu_optim::GradStats g;
+            step_with(isa, &g);
+          };
+          const std::vector<double> both = interleaved_median_seconds(reps, {with_separate_pass, fused_in_update});
+          const double separate = both[0], fused = both[1];
+          std::printf(
+              "%-10s %3d   with the gradient statistics: separate pass %.4f s, in the update %.4f s "
+              "(%.3f x; the step alone %.4f s)\n",
+              mode.name.c_str(), ex.threads(), separate, fused, separate / fused, s);
+          std::fflush(stdout);
+          row["seconds_with_separate_stats"] = separate;
+          row["seconds_with_fused_stats"] = fused;
+        }
+        rows.push_back(row);
+      }
     }
     print_vs_offload(rows, first_row);
   }
