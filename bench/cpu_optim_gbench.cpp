@@ -1,17 +1,27 @@
-// Google Benchmark cases for cpu_optim: AdamW in the offload mode (bf16
-// gradients in, fp32 master/m/v, bf16 weights out) on every instruction set
-// this CPU runs, next to the scalar reference and a same-bytes copy loop
-// (the roofline) registered in the same binary with the same arguments.
-// Rates: bytes_per_second counts the bytes the mode reads plus writes (28 per
-// parameter); items_per_second counts parameters. Compare runs with
-// Google Benchmark's compare.py.
+// Google Benchmark cases for cpu_optim: AdamW in each of strata-adambench's
+// modes — offload (bf16 gradients in, fp32 master/m/v, bf16 weights out),
+// fp32 (fp32 gradients and states, no copy out), bf16_state and q8_state
+// (offload with bf16 / 8-bit blockwise m and v) — on every instruction set
+// this CPU runs, next to the scalar reference and a same-bytes copy loop per
+// mode (the roofline: strata-adambench's 64-byte-line twin) registered in
+// the same binary with the same arguments.
+// Rates: bytes_per_second counts the bytes the mode reads plus writes (28,
+// 28, 20 and about 16 per parameter); items_per_second counts parameters.
+// Compare runs with Google Benchmark's compare.py.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
+#include "bench/roofline_lines.h"
 #include "cpu_optim/executor.h"
 #include "cpu_optim/optimizer.h"
 
@@ -20,78 +30,151 @@ namespace {
 
 using cpu_optim::DType;
 using cpu_optim::Isa;
+using cpu_optim::StateType;
 
-constexpr int64_t kBytesPerParam = 28;
+struct Mode {
+  DType grad;
+  StateType state;
+  bool out;
+};
+constexpr Mode kOffload{DType::kBF16, StateType::kF32, true};
+constexpr Mode kFp32{DType::kF32, StateType::kF32, false};
+constexpr Mode kBf16State{DType::kBF16, StateType::kBF16, true};
+constexpr Mode kQ8State{DType::kBF16, StateType::kQ8, true};
 
+// Bytes read plus written per parameter: p read and written, g read, m and
+// v read and written, the weights copy written; the q8 block scales too.
+double bytes_per_param(const Mode& mode) {
+  const double s = static_cast<double>(cpu_optim::state_elem_bytes(mode.state));
+  double b = 8 + static_cast<double>(cpu_optim::dtype_bytes(mode.grad)) + 4 * s + (mode.out ? 2 : 0);
+  if (mode.state == StateType::kQ8) b += 2.0 * 2 * 4 / cpu_optim::kQ8BlockElems;
+  return b;
+}
+
+// A 64-byte-aligned buffer (the line twin's streams start on lines).
+struct Buffer {
+  explicit Buffer(size_t bytes)
+      : ptr(static_cast<std::byte*>(std::aligned_alloc(64, (std::max<size_t>(bytes, 1) + 63) / 64 * 64)), &std::free) {
+    if (ptr == nullptr) std::abort();
+    std::memset(ptr.get(), 0, bytes);
+  }
+  std::unique_ptr<std::byte, decltype(&std::free)> ptr;
+  std::byte* get() const { return ptr.get(); }
+};
+
+// One span's buffers in the mode's types (the states zero, which every
+// state type decodes as 0).
 struct Span {
-  explicit Span(int64_t n)
-      : p(n, 1.0f), m(n, 0.0f), v(n, 0.0f), g(n, cpu_optim::f32_to_bf16(0.01f)), out(n, 0) {}
-  std::vector<float> p, m, v;
-  std::vector<uint16_t> g, out;
+  Span(const Mode& of, int64_t elems)
+      : mode(of),
+        n(elems),
+        p(static_cast<size_t>(n) * 4),
+        g(static_cast<size_t>(n) * cpu_optim::dtype_bytes(mode.grad)),
+        m(static_cast<size_t>(n) * cpu_optim::state_elem_bytes(mode.state)),
+        v(static_cast<size_t>(n) * cpu_optim::state_elem_bytes(mode.state)),
+        scales(2 * 4 * static_cast<size_t>((n + cpu_optim::kQ8BlockElems - 1) / cpu_optim::kQ8BlockElems)),
+        out(static_cast<size_t>(n) * 2) {
+    for (int64_t i = 0; i < n; ++i) {
+      reinterpret_cast<float*>(p.get())[i] = 1.0f;
+      if (mode.grad == DType::kF32) {
+        reinterpret_cast<float*>(g.get())[i] = 0.01f;
+      } else {
+        reinterpret_cast<uint16_t*>(g.get())[i] = cpu_optim::f32_to_bf16(0.01f);
+      }
+    }
+  }
+  Mode mode;
+  int64_t n;
+  Buffer p, g, m, v;
+  Buffer scales;  // m's, then v's (fp32)
+  Buffer out;
 
   cpu_optim::ParamSpan view() {
     cpu_optim::ParamSpan s;
-    s.params = p.data();
-    s.n = static_cast<int64_t>(p.size());
-    s.grad = g.data();
-    s.grad_dtype = DType::kBF16;
-    s.weights_out = out.data();
+    s.params = reinterpret_cast<float*>(p.get());
+    s.n = n;
+    s.grad = g.get();
+    s.grad_dtype = mode.grad;
+    s.weights_out = mode.out ? out.get() : nullptr;
     s.out_dtype = DType::kBF16;
-    s.state.m = m.data();
-    s.state.v = v.data();
+    s.state.type = mode.state;
+    s.state.m = m.get();
+    s.state.v = v.get();
+    const int64_t blocks = (n + cpu_optim::kQ8BlockElems - 1) / cpu_optim::kQ8BlockElems;
+    s.state.m_scale = reinterpret_cast<float*>(scales.get());
+    s.state.v_scale = reinterpret_cast<float*>(scales.get()) + blocks;
     return s;
   }
 };
 
-void set_rates(benchmark::State& state, int64_t n) {
+void set_rates(benchmark::State& state, const Mode& mode, int64_t n) {
   state.SetItemsProcessed(state.iterations() * n);
-  state.SetBytesProcessed(state.iterations() * n * kBytesPerParam);
+  state.SetBytesProcessed(static_cast<int64_t>(static_cast<double>(state.iterations() * n) * bytes_per_param(mode)));
 }
 
-void BM_AdamWOffload(benchmark::State& state, Isa isa) {
-  const int64_t n = state.range(0);
+std::unique_ptr<cpu_optim::Executor> executor(benchmark::State& state) {
   auto ex = cpu_optim::Executor::create({static_cast<int>(state.range(1)), -1});
   if (!ex) {
     state.SkipWithError(ex.error().to_string().c_str());
-    return;
+    return nullptr;
   }
-  bool available = false;
-  for (Isa i : cpu_optim::available_isas()) available |= i == isa;
-  if (!available) {
-    state.SkipWithError("instruction set not available on this CPU");
-    return;
-  }
-  Span span(n);
+  return std::move(*ex);
+}
+
+void BM_AdamW(benchmark::State& state, Mode mode, Isa isa) {
+  const int64_t n = state.range(0);
+  std::unique_ptr<cpu_optim::Executor> ex = executor(state);
+  if (!ex) return;
+  Span span(mode, n);
   cpu_optim::AdamConfig adamw;
+  adamw.weight_decay = 0.01f;
   cpu_optim::StepOptions options;
   options.isa = isa;
   options.nonfinite = cpu_optim::NonFinitePolicy::kReportOnly;
   int64_t t = 0;
   for (auto _ : state) {
-    auto r = cpu_optim::step(adamw, ++t, span.view(), options, **ex);
+    auto r = cpu_optim::step(adamw, ++t, span.view(), options, *ex);
+    if (!r) {
+      state.SkipWithError(r.error().to_string().c_str());
+      return;
+    }
     benchmark::DoNotOptimize(r);
   }
-  set_rates(state, n);
+  set_rates(state, mode, n);
 }
 
-// The baseline: the same streams and bytes, no arithmetic.
-void BM_RooflineOffload(benchmark::State& state) {
+// The baseline: the mode's streams and bytes, no arithmetic —
+// strata-adambench's line twin (bench/roofline_lines.h): p, m and v read and
+// written back unchanged, g read into the weights copy (non-temporal, as the
+// kernels write it) or, with none, into a checksum, one full-width vector
+// instruction per 64-byte line.
+volatile uint64_t opaque_zero = 0;  // the twin's key: p, m, v keep their bits
+
+void BM_Roofline(benchmark::State& state, Mode mode) {
   const int64_t n = state.range(0);
-  auto ex = cpu_optim::Executor::create({static_cast<int>(state.range(1)), -1});
-  Span span(n);
-  for (auto _ : state) {
-    (*ex)->parallel_for(n, 1 << 16, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        float mi = span.m[i];
-        span.p[i] = span.p[i] + 0.0f;
-        span.m[i] = span.v[i];
-        span.v[i] = mi;
-        span.out[i] = span.g[i];
-      }
-    });
-    benchmark::ClobberMemory();
+  std::unique_ptr<cpu_optim::Executor> ex = executor(state);
+  if (!ex) return;
+  const int g = static_cast<int>(cpu_optim::dtype_bytes(mode.grad));
+  const int sb = static_cast<int>(cpu_optim::state_elem_bytes(mode.state));
+  const TwinFn twin = __builtin_cpu_supports("avx512f") ? roofline_lines_avx512(g, sb, mode.out)
+                      : __builtin_cpu_supports("avx2")  ? roofline_lines_avx2(g, sb, mode.out)
+                                                        : nullptr;
+  if (twin == nullptr || n % 64 != 0) {
+    state.SkipWithError("the line twin needs AVX2 or AVX-512 and a multiple of 64 parameters");
+    return;
   }
-  set_rates(state, n);
+  Span span(mode, n);
+  const uint64_t key = opaque_zero;
+  for (auto _ : state) {
+    std::atomic<uint64_t> sink{0};
+    ex->parallel_for(n / 64, 1 << 10, [&](int64_t begin, int64_t end) {
+      const int64_t first = begin * 64;
+      sink ^= twin(span.p.get() + first * 4, span.g.get() + first * g, span.m.get() + first * sb,
+                   span.v.get() + first * sb, span.out.get() + first * 2, end - begin, key);
+    });
+    benchmark::DoNotOptimize(sink.load());
+  }
+  set_rates(state, mode, n);
 }
 
 void args(benchmark::internal::Benchmark* b) {
@@ -101,14 +184,35 @@ void args(benchmark::internal::Benchmark* b) {
   b->ArgNames({"params", "threads"})->UseRealTime()->Unit(benchmark::kMillisecond);
 }
 
-BENCHMARK_CAPTURE(BM_AdamWOffload, avx512_bf16, Isa::kAvx512Bf16)->Apply(args);
-BENCHMARK_CAPTURE(BM_AdamWOffload, avx512, Isa::kAvx512)->Apply(args);
-BENCHMARK_CAPTURE(BM_AdamWOffload, avx2, Isa::kAvx2)->Apply(args);
-BENCHMARK_CAPTURE(BM_AdamWOffload, sse2, Isa::kSse2)->Apply(args);
-BENCHMARK_CAPTURE(BM_AdamWOffload, scalar_reference, Isa::kScalar)->Apply(args);
-BENCHMARK(BM_RooflineOffload)->Apply(args);
+// Every mode's cases: AdamW on each instruction set this CPU runs and the
+// scalar reference, then the roofline.
+void register_cases() {
+  const std::pair<const char*, Mode> modes[] = {
+      {"offload", kOffload}, {"fp32", kFp32}, {"bf16_state", kBf16State}, {"q8_state", kQ8State}};
+  const std::pair<const char*, Isa> isas[] = {{"avx512_bf16", Isa::kAvx512Bf16},
+                                              {"avx512", Isa::kAvx512},
+                                              {"avx2", Isa::kAvx2},
+                                              {"sse2", Isa::kSse2},
+                                              {"scalar_reference", Isa::kScalar}};
+  for (const auto& [mode_name, mode] : modes) {
+    for (const auto& [isa_name, isa] : isas) {
+      const std::vector<Isa> available = cpu_optim::available_isas();
+      if (isa != Isa::kScalar && std::find(available.begin(), available.end(), isa) == available.end()) continue;
+      const std::string name = std::string("BM_AdamW/") + mode_name + "/" + isa_name;
+      benchmark::RegisterBenchmark(name.c_str(), BM_AdamW, mode, isa)->Apply(args);
+    }
+    benchmark::RegisterBenchmark((std::string("BM_Roofline/") + mode_name).c_str(), BM_Roofline, mode)->Apply(args);
+  }
+}
 
 }  // namespace
 }  // namespace strata::bench
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  strata::bench::register_cases();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
