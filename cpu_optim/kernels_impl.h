@@ -802,7 +802,6 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
     // gradient is not finite — not so for Lion, whose sign() drops a NaN).
     constexpr bool kPairs = is_avx512<Arch>() && native_bf16;
     constexpr bool kPairCheck = kPairs && K == OptKind::kAdam && O == OutKind::kBF16 && stream_out;
-    // One batch at i: loaded, updated, the new fp32 weights stored.
     // Software prefetch a few KiB ahead over bf16 states only. Their loop
     // does more arithmetic per byte, and with its instructions in flight
     // the out-of-order window alone keeps too few lines requested. Over
@@ -813,6 +812,7 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
     // (docs/CPU_OPTIM.md, "Tenth revision"), while bf16 states lose
     // without it.
     constexpr bool kPrefetch = kState != DType::kF32;
+    // One batch at i: loaded, updated, the new fp32 weights stored.
     auto one = [&]<bool kCheck>(std::bool_constant<kCheck>, int64_t i, B& p, B& m, B& v, B& graw) {
       if constexpr (kPrefetch) {
         prefetch_ahead<4>(params, i);
@@ -1121,8 +1121,9 @@ void stats_direct(const void* grad, int64_t len, float scale, xsimd::batch<float
   const B zero(0.0f), s(scale);
   int64_t i = 0;
   for (; i + W <= len; i += W) {
-    // As the update over bf16 states does: without it one core keeps too few reads in flight
-    // (a read-only pass ran at about 8 GB/s per core here).
+    // As the update over bf16 states does: without it one core kept too
+    // few reads in flight (a read-only pass ran at about 8 GB/s per core
+    // on an earlier host).
     prefetch_ahead<static_cast<int64_t>(dtype_bytes(G))>(grad, i);
     B x = load_as_f32<Arch>(grad, G, i);
     check = fused_fma<Arch>(x, zero, check);
