@@ -36,6 +36,7 @@
 #include <utility>
 #include <vector>
 
+#include "bench/adam_modes.h"
 #include "bench/bench_util.h"
 #include "bench/roofline_lines.h"
 #include "common/check.h"
@@ -53,12 +54,7 @@ using cpu_optim::Isa;
 using cpu_optim::StateType;
 using cpu_optim::state_elem_bytes;
 
-struct Mode {
-  std::string name;
-  DType grad;
-  StateType state;
-  bool out;
-};
+using Mode = AdamMode;
 
 // Bytes of the ranges [begin, end) that the kernel backs with huge pages,
 // from /proc/self/smaps. The buffers are advised (MADV_HUGEPAGE or
@@ -112,14 +108,6 @@ Aligned alloc_bytes(uint64_t bytes) {
   // MADV_NOHUGEPAGE too, whatever STRATA_HUGE_PAGES says.
   ::madvise(a.get(), rounded, g_huge_pages ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
   return a;
-}
-
-// Bytes read + written per parameter by a mode (scales of q8 included).
-double bytes_per_param(const Mode& m) {
-  double b = 8 + static_cast<double>(cpu_optim::dtype_bytes(m.grad)) + 4.0 * state_elem_bytes(m.state) +
-             (m.out ? 2 : 0);
-  if (m.state == StateType::kQ8) b += 2.0 * 2 * 4 / cpu_optim::kQ8BlockElems;
-  return b;
 }
 
 // The no-arithmetic twins of a mode. Words: per group of 16 parameters it reads and
@@ -378,7 +366,7 @@ bool g_show_twins = false;
 // interleaved_median_seconds times, so that the step and its roofline see
 // the same stretch of the machine's time.
 constexpr size_t kTimedPerMode = 5;
-std::vector<std::function<void()>> step_and_twins(std::function<void()> step, Buffers& b, Executor& ex) {
+std::array<std::function<void()>, kTimedPerMode> step_and_twins(std::function<void()> step, Buffers& b, Executor& ex) {
   return {std::move(step), twin_run(b, ex, 16, mode_twin<Words<false>>(b)),
           twin_run(b, ex, 16, mode_twin<Words<true>>(b)), roofline_elementwise_run(b, ex),
           twin_run(b, ex, 64, mode_lines_twin(b))};
@@ -528,14 +516,13 @@ int run(int argc, char** argv) {
   }
   std::vector<Mode> modes;
   for (const std::string& name : mode_names) {
-    if (name == "offload") modes.push_back({name, DType::kBF16, StateType::kF32, true});
-    else if (name == "fp32") modes.push_back({name, DType::kF32, StateType::kF32, false});
-    else if (name == "bf16_state") modes.push_back({name, DType::kBF16, StateType::kBF16, true});
-    else if (name == "q8_state") modes.push_back({name, DType::kBF16, StateType::kQ8, true});
-    else {
+    const Mode* m =
+        std::find_if(std::begin(kAdamModes), std::end(kAdamModes), [&](const Mode& k) { return k.name == name; });
+    if (m == std::end(kAdamModes)) {
       std::fprintf(stderr, "strata-adambench: unknown mode '%s'\n", name.c_str());
       return 2;
     }
+    modes.push_back(*m);
   }
   const int64_t n = int64_t{1} << log2_params;
   std::vector<Isa> isas = cpu_optim::available_isas();
@@ -555,7 +542,8 @@ int run(int argc, char** argv) {
       skip_core_check ? std::vector<std::pair<int, double>>{} : core_speeds(probe, adamw, isa);
   if (!speeds.empty()) {
     double lo = speeds[0].second, hi = speeds[0].second;
-    std::printf("core speeds (%s in cache, one pinned thread, params/s):", probe.name.c_str());
+    std::printf("core speeds (%.*s in cache, one pinned thread, params/s):", static_cast<int>(probe.name.size()),
+                probe.name.data());
     for (const auto& [cpu, speed] : speeds) {
       std::printf(" cpu%d %.2e", cpu, speed);
       lo = std::min(lo, speed);
@@ -634,17 +622,17 @@ int run(int argc, char** argv) {
         const StepTimes times = step_times(medians.data() + k * kTimedPerMode);
         const double s = times.step, roof = times.roofline;
         double naive = skip_naive ? 0 : median_seconds(1, [&] { step_with(Isa::kScalar); });
-        double bytes = bytes_per_param(mode) * static_cast<double>(n);
+        double bytes = adam_bytes_per_param(mode) * static_cast<double>(n);
         double gbps = bytes / s / 1e9, roof_gbps = bytes / roof / 1e9;
-        std::printf("%-10s %3d %9.4f %10.3e %7.2f %9.2f %7.3f %7.2f %9.2f %6.0f%%\n", mode.name.c_str(), ex.threads(),
-                    s, static_cast<double>(n) / s, gbps, roof_gbps, gbps / roof_gbps, triad,
+        std::printf("%-10s %3d %9.4f %10.3e %7.2f %9.2f %7.3f %7.2f %9.2f %6.0f%%\n", std::string(mode.name).c_str(),
+                    ex.threads(), s, static_cast<double>(n) / s, gbps, roof_gbps, gbps / roof_gbps, triad,
                     naive > 0 ? naive / s : 0.0, 100 * huge_share);
         std::fflush(stdout);
-        nlohmann::json row = {{"mode", mode.name},
+        nlohmann::json row = {{"mode", std::string(mode.name)},
                               {"threads", ex.threads()},
                               {"seconds_per_step", s},
                               {"params_per_s", static_cast<double>(n) / s},
-                              {"bytes_per_param", bytes_per_param(mode)},
+                              {"bytes_per_param", adam_bytes_per_param(mode)},
                               {"gbps", gbps},
                               {"roofline_gbps", roof_gbps},
                               {"ratio_to_roofline", gbps / roof_gbps},
@@ -669,7 +657,7 @@ int run(int argc, char** argv) {
           std::printf(
               "%-10s %3d   with the gradient statistics: separate pass %.4f s, in the update %.4f s "
               "(%.3f x; the step alone %.4f s)\n",
-              mode.name.c_str(), ex.threads(), separate, fused, separate / fused, s);
+              std::string(mode.name).c_str(), ex.threads(), separate, fused, separate / fused, s);
           std::fflush(stdout);
           row["seconds_with_separate_stats"] = separate;
           row["seconds_with_fused_stats"] = fused;
@@ -681,7 +669,7 @@ int run(int argc, char** argv) {
   }
   nlohmann::json j = {{"bench", "adam"}, {"params", n}, {"isa", isa_used}, {"system", system_info()}, {"rows", rows}};
   if (!cores.empty()) {
-    j["core_probe_mode"] = probe.name;
+    j["core_probe_mode"] = std::string(probe.name);
     j["core_params_per_s"] = cores;
   }
   std::printf("%s\n", j.dump().c_str());

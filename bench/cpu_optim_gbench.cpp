@@ -14,14 +14,14 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "bench/adam_modes.h"
 #include "bench/roofline_lines.h"
+#include "common/aligned_vector.h"
 #include "cpu_optim/executor.h"
 #include "cpu_optim/optimizer.h"
 
@@ -32,35 +32,7 @@ using cpu_optim::DType;
 using cpu_optim::Isa;
 using cpu_optim::StateType;
 
-struct Mode {
-  DType grad;
-  StateType state;
-  bool out;
-};
-constexpr Mode kOffload{DType::kBF16, StateType::kF32, true};
-constexpr Mode kFp32{DType::kF32, StateType::kF32, false};
-constexpr Mode kBf16State{DType::kBF16, StateType::kBF16, true};
-constexpr Mode kQ8State{DType::kBF16, StateType::kQ8, true};
-
-// Bytes read plus written per parameter: p read and written, g read, m and
-// v read and written, the weights copy written; the q8 block scales too.
-double bytes_per_param(const Mode& mode) {
-  const double s = static_cast<double>(cpu_optim::state_elem_bytes(mode.state));
-  double b = 8 + static_cast<double>(cpu_optim::dtype_bytes(mode.grad)) + 4 * s + (mode.out ? 2 : 0);
-  if (mode.state == StateType::kQ8) b += 2.0 * 2 * 4 / cpu_optim::kQ8BlockElems;
-  return b;
-}
-
-// A 64-byte-aligned buffer (the line twin's streams start on lines).
-struct Buffer {
-  explicit Buffer(size_t bytes)
-      : ptr(static_cast<std::byte*>(std::aligned_alloc(64, (std::max<size_t>(bytes, 1) + 63) / 64 * 64)), &std::free) {
-    if (ptr == nullptr) std::abort();
-    std::memset(ptr.get(), 0, bytes);
-  }
-  std::unique_ptr<std::byte, decltype(&std::free)> ptr;
-  std::byte* get() const { return ptr.get(); }
-};
+using Mode = AdamMode;
 
 // One span's buffers in the mode's types (the states zero, which every
 // state type decodes as 0).
@@ -68,48 +40,53 @@ struct Span {
   Span(const Mode& of, int64_t elems)
       : mode(of),
         n(elems),
-        p(static_cast<size_t>(n) * 4),
-        g(static_cast<size_t>(n) * cpu_optim::dtype_bytes(mode.grad)),
-        m(static_cast<size_t>(n) * cpu_optim::state_elem_bytes(mode.state)),
-        v(static_cast<size_t>(n) * cpu_optim::state_elem_bytes(mode.state)),
-        scales(2 * 4 * static_cast<size_t>((n + cpu_optim::kQ8BlockElems - 1) / cpu_optim::kQ8BlockElems)),
-        out(static_cast<size_t>(n) * 2) {
+        p(bytes(4)),
+        g(bytes(cpu_optim::dtype_bytes(mode.grad))),
+        m(bytes(cpu_optim::state_elem_bytes(mode.state))),
+        v(bytes(cpu_optim::state_elem_bytes(mode.state))),
+        scales(2 * static_cast<size_t>((n + cpu_optim::kQ8BlockElems - 1) / cpu_optim::kQ8BlockElems), 0.0f),
+        out(bytes(2)) {
     for (int64_t i = 0; i < n; ++i) {
-      reinterpret_cast<float*>(p.get())[i] = 1.0f;
+      reinterpret_cast<float*>(p.data())[i] = 1.0f;
       if (mode.grad == DType::kF32) {
-        reinterpret_cast<float*>(g.get())[i] = 0.01f;
+        reinterpret_cast<float*>(g.data())[i] = 0.01f;
       } else {
-        reinterpret_cast<uint16_t*>(g.get())[i] = cpu_optim::f32_to_bf16(0.01f);
+        reinterpret_cast<uint16_t*>(g.data())[i] = cpu_optim::f32_to_bf16(0.01f);
       }
     }
   }
+  // Zeroed storage for n elements of `elem` bytes (64-byte aligned, as the
+  // line twin needs).
+  AlignedVector<std::byte> bytes(uint64_t elem) const {
+    return AlignedVector<std::byte>(static_cast<size_t>(n) * elem, std::byte{0});
+  }
   Mode mode;
   int64_t n;
-  Buffer p, g, m, v;
-  Buffer scales;  // m's, then v's (fp32)
-  Buffer out;
+  AlignedVector<std::byte> p, g, m, v;
+  AlignedVector<float> scales;  // m's, then v's
+  AlignedVector<std::byte> out;
 
   cpu_optim::ParamSpan view() {
     cpu_optim::ParamSpan s;
-    s.params = reinterpret_cast<float*>(p.get());
+    s.params = reinterpret_cast<float*>(p.data());
     s.n = n;
-    s.grad = g.get();
+    s.grad = g.data();
     s.grad_dtype = mode.grad;
-    s.weights_out = mode.out ? out.get() : nullptr;
+    s.weights_out = mode.out ? out.data() : nullptr;
     s.out_dtype = DType::kBF16;
     s.state.type = mode.state;
-    s.state.m = m.get();
-    s.state.v = v.get();
-    const int64_t blocks = (n + cpu_optim::kQ8BlockElems - 1) / cpu_optim::kQ8BlockElems;
-    s.state.m_scale = reinterpret_cast<float*>(scales.get());
-    s.state.v_scale = reinterpret_cast<float*>(scales.get()) + blocks;
+    s.state.m = m.data();
+    s.state.v = v.data();
+    s.state.m_scale = scales.data();
+    s.state.v_scale = scales.data() + scales.size() / 2;
     return s;
   }
 };
 
 void set_rates(benchmark::State& state, const Mode& mode, int64_t n) {
   state.SetItemsProcessed(state.iterations() * n);
-  state.SetBytesProcessed(static_cast<int64_t>(static_cast<double>(state.iterations() * n) * bytes_per_param(mode)));
+  state.SetBytesProcessed(
+      static_cast<int64_t>(static_cast<double>(state.iterations() * n) * adam_bytes_per_param(mode)));
 }
 
 std::unique_ptr<cpu_optim::Executor> executor(benchmark::State& state) {
@@ -169,8 +146,8 @@ void BM_Roofline(benchmark::State& state, Mode mode) {
     std::atomic<uint64_t> sink{0};
     ex->parallel_for(n / 64, 1 << 10, [&](int64_t begin, int64_t end) {
       const int64_t first = begin * 64;
-      sink ^= twin(span.p.get() + first * 4, span.g.get() + first * g, span.m.get() + first * sb,
-                   span.v.get() + first * sb, span.out.get() + first * 2, end - begin, key);
+      sink ^= twin(span.p.data() + first * 4, span.g.data() + first * g, span.m.data() + first * sb,
+                   span.v.data() + first * sb, span.out.data() + first * 2, end - begin, key);
     });
     benchmark::DoNotOptimize(sink.load());
   }
@@ -187,14 +164,13 @@ void args(benchmark::internal::Benchmark* b) {
 // Every mode's cases: AdamW on each instruction set this CPU runs and the
 // scalar reference, then the roofline.
 void register_cases() {
-  const std::pair<const char*, Mode> modes[] = {
-      {"offload", kOffload}, {"fp32", kFp32}, {"bf16_state", kBf16State}, {"q8_state", kQ8State}};
   const std::pair<const char*, Isa> isas[] = {{"avx512_bf16", Isa::kAvx512Bf16},
                                               {"avx512", Isa::kAvx512},
                                               {"avx2", Isa::kAvx2},
                                               {"sse2", Isa::kSse2},
                                               {"scalar_reference", Isa::kScalar}};
-  for (const auto& [mode_name, mode] : modes) {
+  for (const Mode& mode : kAdamModes) {
+    const std::string mode_name(mode.name);
     for (const auto& [isa_name, isa] : isas) {
       const std::vector<Isa> available = cpu_optim::available_isas();
       if (isa != Isa::kScalar && std::find(available.begin(), available.end(), isa) == available.end()) continue;
