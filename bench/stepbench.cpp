@@ -344,13 +344,7 @@ int run(int argc, char** argv) {
 
   // The planner's model of this placement at the rates just measured.
   const engine::TrainSetup setup = engine::training_setup(full);
-  engine::Placement placement;
-  placement.weights = engine::Tier::kHost;
-  placement.states = full.states;
-  placement.speculate_in_ram = speculate_in_ram;
-  placement.gradients = full.gradients;
-  placement.checkpoints = engine::Tier::kHost;
-  placement.prefetch_depth = prefetch;
+  const engine::Placement placement = engine::run_placement(full);
   engine::Bandwidths bw;
   const double flops = gpu::training_flops_per_token(base.model, base.seq, /*recompute=*/true) *
                        static_cast<double>(base.batch * base.seq);

@@ -309,13 +309,7 @@ std::optional<int> place(const CLI::App& app, Flags& f, const engine::EngineConf
 bool print_plan(const Flags& f, const Run& r) {
   const engine::TrainerOptions& o = r.o;
   engine::TrainSetup setup = engine::training_setup(o);
-  const engine::Placement run_placement{f.stream ? o.weights : engine::Tier::kDevice,
-                                        o.states,
-                                        o.activation_checkpoints,
-                                        f.stream ? f.prefetch : 1,
-                                        o.speculate_in_ram,
-                                        engine::micro_batches_per_pass(o),
-                                        o.gradients};
+  const engine::Placement run_placement = engine::run_placement(o);
   engine::Plan plan = engine::estimate(setup, run_placement, engine::Bandwidths{});
   plan.why = !r.auto_why.empty() ? r.auto_why + " (the placement this run uses: --auto-placement)"
                                  : engine::placement_text(run_placement) +

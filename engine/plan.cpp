@@ -175,14 +175,14 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   const uint64_t w = dtype_bytes(s.working);
   auto padded = [](uint64_t bytes) { return round_up(bytes, uint64_t{4096}); };  // NVMe blocks and pinned buffers
   const bool grads_nvme = pl.gradients == Tier::kNvme;
-  // Gradients on NVMe: what goes there per parameter (the device's type, or
-  // the fp32 sum when accumulating).
-  const uint64_t grad_nvme_bytes = s.grad_accum > 1 ? 4 : z.c;
+  // What the optimizer reads per parameter of gradient (on NVMe, or in a
+  // delayed update's second set).
+  const uint64_t opt_grad_bytes = dtype_bytes(optimizer_gradient_type(s));
   if (!grads_nvme) {
     p.host.model_states += z.padded * z.c;
     if (s.grad_accum > 1) p.host.model_states += z.padded * 4;
   }
-  if (s.delayed_update) p.host.model_states += z.padded * (s.grad_accum > 1 ? 4 : z.c);
+  if (s.delayed_update) p.host.model_states += z.padded * opt_grad_bytes;
   // The CPU optimizer writes the working weights in host memory, in place
   // (the delayed update: beside the ones the next step computes with), from
   // where they go up each step (resident too); with the weights on NVMe, to
@@ -212,13 +212,13 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
     const auto ring = static_cast<uint64_t>(s.gradient_buffers);
     p.host.io_buffers += ring * padded(z.max_chunk * z.c);
     if (s.grad_accum > 1) p.host.io_buffers += ring * padded(z.max_chunk * 4);
-    p.nvme.model_states += blobs(static_cast<double>(grad_nvme_bytes));
+    p.nvme.model_states += blobs(static_cast<double>(opt_grad_bytes));
   }
   if (pl.states == Tier::kNvme) {
     p.nvme.model_states += 2 * blobs(state_bytes);
     const uint64_t per_buffer = padded(static_cast<uint64_t>(static_cast<double>(max_piece) * state_bytes)) +
                                 (pl.weights == Tier::kNvme ? padded(max_piece * w) : 0) +
-                                (grads_nvme ? padded(max_piece * grad_nvme_bytes) : 0);
+                                (grads_nvme ? padded(max_piece * opt_grad_bytes) : 0);
     p.host.io_buffers += kStateStagingBuffers * per_buffer;
   } else {
     tier(p, pl.states).model_states += state_total;
@@ -273,7 +273,7 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   // Gradients on NVMe are written as they land; a step whose speculative
   // update holds (the one predicted here) does not read them back — one
   // that clips, or follows one that clipped or skipped, reads them too.
-  if (grads_nvme) nvme_write += P * static_cast<double>(grad_nvme_bytes);
+  if (grads_nvme) nvme_write += P * static_cast<double>(opt_grad_bytes);
   const double flops = gpu::training_flops_per_token(s.model, s.seq, /*recompute=*/true) *
                        static_cast<double>(z.tokens) * A;
   p.links = {
@@ -301,7 +301,7 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
     // piece's: the slower of the two over `last`, plus the faster over one piece.
     // Working weights and gradients too, when homed there.
     const double weights = (pl.weights == Tier::kNvme ? static_cast<double>(w) : 0.0) +
-                           (grads_nvme ? static_cast<double>(grad_nvme_bytes) : 0.0);
+                           (grads_nvme ? static_cast<double>(opt_grad_bytes) : 0.0);
     const double update = p.tail_seconds;
     const double write = last * (state_bytes + weights) / (bw.nvme_write_gbps * 1e9);
     double unit = static_cast<double>(state_piece_sizes(layout[0].numel, s.state_piece_elems)[0]);

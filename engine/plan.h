@@ -62,6 +62,12 @@ struct TrainSetup {
   int gradient_buffers = kGradientBuffers;
 };
 
+// What the optimizer reads a chunk's gradient as: the device's gradient
+// (TrainSetup::compute), or its fp32 sum over the micro-batches when
+// accumulating — what the gradients on NVMe and a delayed update's second
+// set of buffers hold.
+inline DType optimizer_gradient_type(const TrainSetup& s) { return s.grad_accum > 1 ? DType::kF32 : s.compute; }
+
 // Whether the trainer keeps the gradients on NVMe for this setup
 // (Placement::gradients): beside states on NVMe, in the exact schedule (no
 // delayed update), with each chunk's micro-batches landing one after
@@ -135,9 +141,10 @@ struct Placement {
   // fits, or asked for (TrainSetup::micro_batches_per_pass).
   int64_t micro_batches_per_pass = 1;
   // Where the gradients wait for the optimizer: the host (one buffer per
-  // chunk), or NVMe — a ring of kGradientBuffers chunk buffers on the host,
-  // each gradient written to NVMe as it lands and read back for an update
-  // after the verdict (TrainerOptions::gradients: states on NVMe, grad_accum 1).
+  // chunk), or NVMe — a ring of TrainSetup::gradient_buffers chunk buffers
+  // on the host, each gradient (or fp32 sum) written to NVMe as it lands and
+  // read back for an update after the verdict (TrainerOptions::gradients;
+  // where it runs: gradients_run_on_nvme).
   Tier gradients = Tier::kHost;
   bool operator==(const Placement&) const = default;
 };

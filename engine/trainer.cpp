@@ -155,11 +155,19 @@ int64_t micro_batches_per_pass(const TrainerOptions& o) {
   return o.vertical_group > 0 ? o.vertical_group : o.grad_accum;
 }
 
-namespace {
+Placement run_placement(const TrainerOptions& o) {
+  Placement pl;
+  pl.weights = o.stream_weights ? o.weights : Tier::kDevice;
+  pl.states = o.states;
+  pl.checkpoints = o.activation_checkpoints;
+  pl.prefetch_depth = o.stream_weights ? o.prefetch_depth : 1;
+  pl.speculate_in_ram = o.speculate_in_ram;
+  pl.micro_batches_per_pass = micro_batches_per_pass(o);
+  pl.gradients = o.gradients;
+  return pl;
+}
 
-// What goes to NVMe for each parameter when the gradients live there: the
-// device's gradient, or its fp32 sum when accumulating.
-DType nvme_gradient_type(const TrainerOptions& o) { return o.grad_accum > 1 ? DType::kF32 : o.precision; }
+namespace {
 
 // What create() refuses before it allocates anything: shapes, placements
 // the trainer does not run, and out-of-range knobs.
@@ -304,7 +312,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
                                          o.adam_states, o.state_piece_elems));
   if (o.speculate_in_ram) STRATA_RETURN_IF_ERROR(tr->stage_->enable_ram_speculation());
   if (o.gradients == Tier::kNvme) {
-    STRATA_RETURN_IF_ERROR(tr->stage_->home_gradients_on_nvme(nvme_gradient_type(o)));
+    STRATA_RETURN_IF_ERROR(tr->stage_->home_gradients_on_nvme(optimizer_gradient_type(training_setup(o))));
     // Each buffer holds the largest chunk's gradient (or sum), padded for
     // the stage's NVMe writes of its pieces.
     const uint64_t max_chunk = static_cast<uint64_t>(*std::max_element(elems.begin(), elems.end()));
@@ -363,7 +371,8 @@ Status Trainer::open_nvme(int64_t max_piece) {
   }
   if (o.states == Tier::kNvme) {
     // With the gradients on NVMe, a piece's gradient too.
-    const uint64_t grad_bytes = o.gradients == Tier::kNvme ? dtype_bytes(nvme_gradient_type(o)) : 0;
+    const uint64_t grad_bytes =
+        o.gradients == Tier::kNvme ? dtype_bytes(optimizer_gradient_type(training_setup(o))) : 0;
     const uint64_t staging_bytes =
         OptimizerStage::staging_bytes(*swap_, max_piece, o.adam_states, o.weights == Tier::kNvme, grad_bytes);
     STRATA_ASSIGN_OR_RETURN(

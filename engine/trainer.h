@@ -181,6 +181,9 @@ struct TrainerOptions {
 TrainSetup training_setup(const TrainerOptions& options);
 // Micro-batches per pass of the streamed model: 1, or the vertical order's group.
 int64_t micro_batches_per_pass(const TrainerOptions& options);
+// The placement a trainer with these options runs, as the planner sees it
+// (the inverse of apply_planned_placement): what estimate() takes for the run.
+Placement run_placement(const TrainerOptions& options);
 
 // Where the last step's time went (seconds, wall clock, one after another).
 // The optimizer stage runs beside forward+backward; `optimizer` is what is

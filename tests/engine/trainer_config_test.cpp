@@ -116,6 +116,7 @@ TEST(TrainerConfig, MissingBudgetsGetTheHostDefaults) {
 // model stays resident; a device too small for it streams the weights; a
 // host too small for the states puts them on NVMe when there are paths, and
 // is the planner's error (naming what does not fit) when there are none.
+// The options it fills run the plan's placement (run_placement).
 TEST(TrainerConfig, ThePlannersPlacementIsApplied) {
   strata::testing::TempDir dir;
   const EngineConfig c =
@@ -126,6 +127,7 @@ TEST(TrainerConfig, ThePlannersPlacementIsApplied) {
   TrainerOptions o = *base;
   Result<Plan> p = apply_planned_placement(&o, Budgets{4ull << 30, 4ull << 30, 0}, {}, {});
   ASSERT_TRUE(p) << p.error().to_string();
+  EXPECT_EQ(run_placement(o), p->placement) << placement_text(p->placement);
   EXPECT_FALSE(o.stream_weights);
   EXPECT_EQ(o.states, Tier::kHost);
   EXPECT_EQ(o.device_bytes, 0u);
@@ -134,6 +136,7 @@ TEST(TrainerConfig, ThePlannersPlacementIsApplied) {
   o = *base;
   p = apply_planned_placement(&o, Budgets{24ull << 20, 4ull << 30, 0}, {}, {});
   ASSERT_TRUE(p) << p.error().to_string();
+  EXPECT_EQ(run_placement(o), p->placement) << placement_text(p->placement);
   EXPECT_TRUE(o.stream_weights);
   EXPECT_EQ(o.device_bytes, 24ull << 20);
   EXPECT_EQ(o.prefetch_depth, p->placement.prefetch_depth);
@@ -145,6 +148,7 @@ TEST(TrainerConfig, ThePlannersPlacementIsApplied) {
   EXPECT_NE(p.error().message().find("host needs"), std::string::npos) << p.error().to_string();
   p = apply_planned_placement(&o, Budgets{24ull << 20, 80ull << 20, 0}, {}, {dir.path()});
   ASSERT_TRUE(p) << p.error().to_string();
+  EXPECT_EQ(run_placement(o), p->placement) << placement_text(p->placement);
   EXPECT_EQ(o.states, Tier::kNvme);
   EXPECT_EQ(o.nvme_paths, std::vector<std::string>{dir.path()});
   // The config's constraints bind the planner.
@@ -153,6 +157,7 @@ TEST(TrainerConfig, ThePlannersPlacementIsApplied) {
   fixed.states = Tier::kNvme;
   p = apply_planned_placement(&o, Budgets{4ull << 30, 4ull << 30, 0}, fixed, {dir.path()});
   ASSERT_TRUE(p) << p.error().to_string();
+  EXPECT_EQ(run_placement(o), p->placement) << placement_text(p->placement);
   EXPECT_EQ(o.states, Tier::kNvme);
 }
 

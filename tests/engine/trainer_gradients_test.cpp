@@ -221,12 +221,7 @@ TEST(TrainerGradients, ThePlannedHostBytesFollowTheRingSize) {
       o.grad_accum = accum;
       o.vertical_accumulation = accum > 1;
       o.nvme_paths = {dir.sub("r" + std::to_string(ring) + "a" + std::to_string(accum))};
-      Placement pl;
-      pl.weights = Tier::kDevice;
-      pl.states = Tier::kNvme;
-      pl.gradients = Tier::kNvme;
-      pl.micro_batches_per_pass = accum;
-      const Plan plan = estimate(training_setup(o), pl, Bandwidths{});
+      const Plan plan = estimate(training_setup(o), run_placement(o), Bandwidths{});
       Result<std::unique_ptr<Trainer>> tr = Trainer::create(o);
       ASSERT_TRUE(tr) << tr.error().to_string();
       ASSERT_TRUE((*tr)->step());

@@ -1353,11 +1353,7 @@ TEST(Trainer, VerticalAccumulationGivesTheSameBitsAndMovesTheWeightsOnce) {
       losses->push_back(*l);
       *h2d += (*tr)->last_counters().h2d_bytes;
     }
-    Placement pl;
-    pl.weights = o.stream_weights ? o.weights : Tier::kDevice;
-    pl.states = o.states;
-    pl.prefetch_depth = o.prefetch_depth;
-    const Plan plan = estimate(training_setup(o), pl, Bandwidths{});
+    const Plan plan = estimate(training_setup(o), run_placement(o), Bandwidths{});
     const double tokens = static_cast<double>(2 * o.grad_accum * o.batch * o.seq * 4);
     for (const LinkTime& link : plan.links) {
       if (link.link != "host->device") continue;
@@ -1637,14 +1633,7 @@ TEST(Trainer, PlannedBytesPerTierMatchWhatTheRunUsed) {
             if (sh.hidden == 128) o.state_piece_elems = 4 * kStatePieceGranule;
             o.nvme_paths = {dir.sub("p" + std::to_string(n++))};
             const TrainSetup setup = training_setup(o);
-            Placement pl;
-            pl.weights = homes.weights;
-            pl.states = homes.states;
-            pl.checkpoints = acts;
-            pl.prefetch_depth = depth;
-            pl.speculate_in_ram = o.speculate_in_ram;
-            pl.gradients = homes.gradients;
-            const Plan plan = estimate(setup, pl, Bandwidths{});
+            const Plan plan = estimate(setup, run_placement(o), Bandwidths{});
             Result<std::unique_ptr<Trainer>> tr = Trainer::create(o);
             ASSERT_TRUE(tr) << tr.error().to_string();
             ASSERT_TRUE((*tr)->step());
@@ -1694,10 +1683,7 @@ TEST(Trainer, PlannedBytesPerTierMatchWhatTheRunUsed) {
       o.states = weights;  // weights on NVMe beside the states
       o.nvme_paths = {dir.sub("delayed" + std::to_string(n))};
       const TrainSetup setup = training_setup(o);
-      Placement pl;
-      pl.weights = weights;
-      pl.states = weights;
-      const Plan plan = estimate(setup, pl, Bandwidths{});
+      const Plan plan = estimate(setup, run_placement(o), Bandwidths{});
       Result<std::unique_ptr<Trainer>> tr = Trainer::create(o);
       ASSERT_TRUE(tr) << tr.error().to_string();
       ASSERT_TRUE((*tr)->step());
@@ -1739,14 +1725,7 @@ TEST(Trainer, PlannedBytesPerTierMatchWhatTheRunUsed) {
           o.prefetch_depth = std::max(depth, 1);
           o.states = states;
           o.nvme_paths = {dir.sub("vertical" + std::to_string(n))};
-          Placement pl;
-          pl.weights = depth > 0 ? Tier::kHost : Tier::kDevice;
-          pl.states = states;
-          pl.prefetch_depth = o.prefetch_depth;
-          pl.checkpoints = acts;
-          pl.micro_batches_per_pass = micro_batches_per_pass(o);
-          pl.gradients = grads;
-          const Plan plan = estimate(training_setup(o), pl, Bandwidths{});
+          const Plan plan = estimate(training_setup(o), run_placement(o), Bandwidths{});
           Result<std::unique_ptr<Trainer>> tr = Trainer::create(o);
           ASSERT_TRUE(tr) << tr.error().to_string();
           ASSERT_TRUE((*tr)->step());
@@ -1777,10 +1756,7 @@ TEST(Trainer, PlannedBytesPerTierMatchWhatTheRunUsed) {
     o.model.layers = 4;
     o.states = states;
     o.nvme_paths = {dir.sub("resident" + std::to_string(n))};
-    Placement pl;
-    pl.weights = Tier::kDevice;
-    pl.states = states;
-    const Plan plan = estimate(training_setup(o), pl, Bandwidths{});
+    const Plan plan = estimate(training_setup(o), run_placement(o), Bandwidths{});
     Result<std::unique_ptr<Trainer>> tr = Trainer::create(o);
     ASSERT_TRUE(tr) << tr.error().to_string();
     ASSERT_TRUE((*tr)->step());
