@@ -105,8 +105,7 @@ TrainerOptions placement(const TrainerOptions& base, std::mt19937_64& rng, const
   } else {
     o.speculate = pick(4) != 0;
     if (pick(2) == 0) o.state_piece_elems = kStatePieceGranule;  // every chunk in pieces
-    const bool one_pass = o.grad_accum == 1 || (o.vertical_accumulation && o.vertical_group == 0);
-    if (one_pass && !o.delayed_update && pick(2) == 0) {
+    if (gradients_run_on_nvme(training_setup(o), o.states, micro_batches_per_pass(o)) && pick(2) == 0) {
       o.gradients = Tier::kNvme;  // a ring of 1-4 chunk buffers
       o.gradient_buffers = 1 + pick(4);
     }
