@@ -120,7 +120,7 @@ Aligned alloc_bytes(uint64_t bytes) {
 // an earlier version swapped m with v, and what was timed after it (the
 // scalar reference, --with-stats) worked on negative v and NaN weights.
 // Multiversioned so it runs with the widest vectors the CPU has.
-// With kPrefetch, every input stream is also prefetched 512 parameters
+// With kPrefetch, every input stream is also prefetched 256 parameters
 // ahead, as the bf16-state loop does (cpu_optim/kernels_impl.h; the 8-bit
 // loop prefetches 1024 ahead, the fp32-state loop not at all).
 template <int kGBytes, int kSBytes, bool kOut, bool kPrefetch = false>
@@ -129,7 +129,7 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) uint64_t roofline_l
                                                                                     std::byte* out, int64_t groups,
                                                                                     uint64_t key) {
   constexpr int kP = 16 * 4 / 8, kG = 16 * kGBytes / 8, kS = 16 * kSBytes / 8;
-  constexpr int64_t kAhead = 512 / 16;  // groups
+  constexpr int64_t kAhead = 256 / 16;  // groups
   uint64_t sink = 0;
   for (int64_t u = 0; u < groups; ++u) {
     if constexpr (kPrefetch) {

@@ -653,7 +653,11 @@ enum class OutKind : uint8_t { kNone, kBF16, kF16 };
 // own) of a stream whose elements are `Bytes` wide. The bf16-state loop
 // calls it once per batch (a repeated prefetch of a line is cheap), the
 // 8-bit loop once per line; the fp32-state loop not at all (run_fused).
-inline constexpr int64_t kPrefetchElems = 512;
+// 256 ahead: with fp32 states left to the hardware prefetcher, the
+// bf16-state loop ran at 0.99-1.12 of its roofline at two threads where it
+// ran at 0.86-0.99 with 512 (eight alternating pairs; docs/CPU_OPTIM.md,
+// "Eleventh revision").
+inline constexpr int64_t kPrefetchElems = 256;
 template <int64_t Bytes, int64_t kAhead = kPrefetchElems>
 inline void prefetch_ahead(const void* base, int64_t i) {
   _mm_prefetch(static_cast<const char*>(base) + (i + kAhead) * Bytes, _MM_HINT_T0);
