@@ -9,6 +9,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <limits>
 #include <type_traits>
 #include <xsimd/xsimd.hpp>
 
@@ -201,8 +202,18 @@ xsimd::batch<float, Arch> coarse_reciprocal(const xsimd::batch<float, Arch>& x) 
 // sqrt(x) and 1/x for x >= 0 through the FMA ports instead of the divider
 // (which both vsqrtps and vdivps share, and which bounds Adam otherwise):
 // the hardware estimate (14 bits on AVX-512, 12 on AVX2) refined by one
-// Newton-Raphson step, ~22 bits. sqrt(0) is 0 and sqrt(inf)/sqrt(nan) stay
-// non-finite. Other architectures use the exact instructions.
+// Newton-Raphson step, ~22 bits. sqrt(+-0) is +0 and sqrt(inf)/sqrt(nan)
+// stay non-finite. Other architectures use the exact instructions.
+// AVX-512: vfixupimmps replaces the Newton result where x is special, by
+// x's class (a nibble per class, lowest first: QNaN, SNaN, zero, one,
+// -inf, +inf, negative, positive; 1 = x itself, 8 = +0, 0 = the result
+// kept) — one instruction where selects take four (the same bits as
+// x == 0 ? 0 : isfinite(x) ? s : x for all 2^32 inputs, compared once);
+// its estimate is exact enough for subnormal x too. AVX2: the estimate
+// of a subnormal's root is inf (the instruction treats it as 0), so
+// x < FLT_MIN is taken as 0 — a root of at most 1.1e-19, below the last
+// bit of the denominators it is added to (sqrt(v) / sqrt(bc2) + eps with
+// eps = 1e-8); negative x (never a second moment) gives 0 there too.
 template <class Arch>
 xsimd::batch<float, Arch> fast_sqrt(const xsimd::batch<float, Arch>& x) {
   using B = xsimd::batch<float, Arch>;
@@ -211,18 +222,33 @@ xsimd::batch<float, Arch> fast_sqrt(const xsimd::batch<float, Arch>& x) {
     // y <- y * (1.5 - 0.5 x y^2); sqrt(x) = x * y
     B xy = x * y;
     B s = xy * fused_fnma<Arch>(B(0.5f) * xy, y, B(1.5f));
-    return xsimd::select(x == B(0.0f), B(0.0f), xsimd::select(xsimd::isfinite(x), s, x));
+    if constexpr (is_avx512<Arch>()) {
+      return _mm512_fixupimm_ps(s, x, _mm512_set1_epi32(0x00110811), 0);
+    } else {
+      return xsimd::select(x < B(std::numeric_limits<float>::min()), B(0.0f),
+                           xsimd::select(xsimd::isfinite(x), s, x));
+    }
   } else {
     return xsimd::sqrt(x);
   }
 }
 
+// 1/x for the optimizers' denominators (x >= eps > 0, or +inf where v is):
+// the Newton step alone turns 1/inf into inf * 0 = NaN, so +inf is fixed up
+// to 0 — on AVX-512 by vfixupimmps, which also gives +-0 -> +-inf and
+// -inf -> -0 as division does (nibbles as in fast_sqrt: 1 = x, 2 = x
+// quieted, 6 = inf with x's sign, 7 = -0, 8 = +0), on AVX2 by clamping x to
+// FLT_MAX first (the estimate of its reciprocal is 0; NaN stays NaN).
 template <class Arch>
 xsimd::batch<float, Arch> fast_reciprocal(const xsimd::batch<float, Arch>& x) {
   using B = xsimd::batch<float, Arch>;
-  if constexpr (has_lane_moves<Arch>()) {
+  if constexpr (is_avx512<Arch>()) {
     const B y = rcp_estimate<Arch>(x);
-    return y * fused_fnma<Arch>(x, y, B(2.0f));  // y <- y (2 - x y)
+    return _mm512_fixupimm_ps(y * fused_fnma<Arch>(x, y, B(2.0f)), x, _mm512_set1_epi32(0x00870621), 0);
+  } else if constexpr (has_lane_moves<Arch>()) {
+    const B xc = _mm256_min_ps(_mm256_set1_ps(std::numeric_limits<float>::max()), x);  // NaN: x (the second)
+    const B y = rcp_estimate<Arch>(xc);
+    return y * fused_fnma<Arch>(xc, y, B(2.0f));  // y <- y (2 - x y)
   } else {
     return B(1.0f) / x;
   }
