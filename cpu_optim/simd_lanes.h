@@ -225,8 +225,7 @@ xsimd::batch<float, Arch> fast_sqrt(const xsimd::batch<float, Arch>& x) {
     if constexpr (is_avx512<Arch>()) {
       return _mm512_fixupimm_ps(s, x, _mm512_set1_epi32(0x00110811), 0);
     } else {
-      return xsimd::select(x < B(std::numeric_limits<float>::min()), B(0.0f),
-                           xsimd::select(xsimd::isfinite(x), s, x));
+      return xsimd::select(x < B(std::numeric_limits<float>::min()), B(0.0f), xsimd::select(xsimd::isfinite(x), s, x));
     }
   } else {
     return xsimd::sqrt(x);
