@@ -376,13 +376,25 @@ std::array<std::function<void()>, kTimedPerMode> step_and_twins(std::function<vo
 // step_and_twins' kTimedPerMode medians starting at `t`.
 struct StepTimes {
   double step = 0, roofline = 0;
+  size_t roofline_twin = 1;  // which of the kTimedPerMode the roofline is
 };
 StepTimes step_times(const double* t) {
   if (g_show_twins) {
     std::printf("  twins (s): words %.4f, prefetched %.4f, elementwise %.4f, lines %.4f\n", t[1], t[2], t[3], t[4]);
   }
-  return {t[0], *std::min_element(t + 1, t + kTimedPerMode)};
+  const double* fastest = std::min_element(t + 1, t + kTimedPerMode);
+  return {t[0], *fastest, static_cast<size_t>(fastest - t)};
 }
+
+// Slowest over fastest of one function's rounds (1 for fewer than two).
+double round_spread(const std::vector<double>& rounds) {
+  if (rounds.size() < 2) return 1.0;
+  const auto [lo, hi] = std::minmax_element(rounds.begin(), rounds.end());
+  return *lo > 0 ? *hi / *lo : 1.0;
+}
+// Above this spread of its step's or roofline's rounds a row says that the
+// machine's speed changed while it was timed.
+constexpr double kNoticeableSpread = 1.25;
 
 double triad_gbps(int64_t n, Executor& ex, int reps) {
   Aligned a = alloc_bytes(n * 4), b = alloc_bytes(n * 4), c = alloc_bytes(n * 4);
@@ -609,7 +621,11 @@ int run(int argc, char** argv) {
                     reps);
         std::fflush(stdout);
       }
-      const std::vector<double> medians = interleaved_median_seconds(reps, timed);
+      const std::vector<std::vector<double>> rounds = interleaved_round_seconds(reps, timed);
+      std::vector<double> medians;
+      for (const std::vector<double>& r : rounds) {
+        medians.push_back(r.empty() ? std::numeric_limits<double>::infinity() : median(r));  // empty: a twin not run
+      }
       for (size_t k = 0; k < runs.size(); ++k) {
         ModeRun& run = *runs[k];
         const Mode& mode = *run.mode;
@@ -621,12 +637,19 @@ int run(int argc, char** argv) {
         };
         const StepTimes times = step_times(medians.data() + k * kTimedPerMode);
         const double s = times.step, roof = times.roofline;
+        const double step_spread = round_spread(rounds[k * kTimedPerMode]);
+        const double roof_spread = round_spread(rounds[k * kTimedPerMode + times.roofline_twin]);
         double naive = skip_naive ? 0 : median_seconds(1, [&] { step_with(Isa::kScalar); });
         double bytes = adam_bytes_per_param(mode) * static_cast<double>(n);
         double gbps = bytes / s / 1e9, roof_gbps = bytes / roof / 1e9;
         std::printf("%-10s %3d %9.4f %10.3e %7.2f %9.2f %7.3f %7.2f %9.2f %6.0f%%\n", std::string(mode.name).c_str(),
                     ex.threads(), s, static_cast<double>(n) / s, gbps, roof_gbps, gbps / roof_gbps, triad,
                     naive > 0 ? naive / s : 0.0, 100 * huge_share);
+        if (step_spread > kNoticeableSpread || roof_spread > kNoticeableSpread) {
+          std::printf("  (its rounds: the step's slowest %.2fx its fastest, the roofline's %.2fx — the machine's speed "
+                      "changed while they ran; the ratio is of medians)\n",
+                      step_spread, roof_spread);
+        }
         std::fflush(stdout);
         nlohmann::json row = {{"mode", std::string(mode.name)},
                               {"threads", ex.threads()},
@@ -637,7 +660,9 @@ int run(int argc, char** argv) {
                               {"roofline_gbps", roof_gbps},
                               {"ratio_to_roofline", gbps / roof_gbps},
                               {"triad_gbps", triad},
-                              {"huge_page_share", huge_share}};
+                              {"huge_page_share", huge_share},
+                              {"step_round_spread", step_spread},
+                              {"roofline_round_spread", roof_spread}};
         if (naive > 0) row["speedup_vs_naive"] = naive / s;
         if (with_stats) {
           // What an engine that updates before it knows the global norm pays

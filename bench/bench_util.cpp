@@ -44,7 +44,7 @@ double median_seconds(int reps, const std::function<void()>& fn) {
   return interleaved_median_seconds(reps, {fn})[0];
 }
 
-std::vector<double> interleaved_median_seconds(int reps, const std::vector<std::function<void()>>& fns) {
+std::vector<std::vector<double>> interleaved_round_seconds(int reps, const std::vector<std::function<void()>>& fns) {
   const size_t k = fns.size();
   for (const auto& fn : fns) {
     if (fn) fn();
@@ -59,8 +59,13 @@ std::vector<double> interleaved_median_seconds(int reps, const std::vector<std::
       t[i].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
   }
-  std::vector<double> medians(k, std::numeric_limits<double>::infinity());
-  for (size_t i = 0; i < k; ++i) {
+  return t;
+}
+
+std::vector<double> interleaved_median_seconds(int reps, const std::vector<std::function<void()>>& fns) {
+  std::vector<std::vector<double>> t = interleaved_round_seconds(reps, fns);
+  std::vector<double> medians(t.size(), std::numeric_limits<double>::infinity());
+  for (size_t i = 0; i < t.size(); ++i) {
     if (!t[i].empty()) medians[i] = median(std::move(t[i]));
   }
   return medians;

@@ -31,5 +31,8 @@ double median_seconds(int reps, const std::function<void()>& fn);
 // drifts far less than one of timings taken one after the other. An empty
 // function is not run; its median is infinity.
 std::vector<double> interleaved_median_seconds(int reps, const std::vector<std::function<void()>>& fns);
+// The same rounds, every timed run kept: each function's seconds in round
+// order (none for an empty function).
+std::vector<std::vector<double>> interleaved_round_seconds(int reps, const std::vector<std::function<void()>>& fns);
 
 }  // namespace strata::bench
