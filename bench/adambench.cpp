@@ -173,7 +173,7 @@ struct Buffers {
 std::array<uint64_t, 7> buffer_sizes(const Mode& mode, int64_t n) {
   const auto un = static_cast<uint64_t>(n);
   const uint64_t sb = state_elem_bytes(mode.state);
-  const uint64_t blocks = (un + cpu_optim::kQ8BlockElems - 1) / cpu_optim::kQ8BlockElems;
+  const uint64_t blocks = div_ceil(un, cpu_optim::kQ8BlockElems);
   return {un * 4, un * cpu_optim::dtype_bytes(mode.grad), un * sb, un * sb, blocks * 4, blocks * 4, un * 2};
 }
 
@@ -217,20 +217,6 @@ Buffers make_buffers(const Mode& mode, int64_t n, Executor& ex) {
   std::memset(b.ms.get(), 0, sizes[4]);
   std::memset(b.vs.get(), 0, sizes[5]);
   return b;
-}
-
-// The memory the kernel says can be allocated without swapping
-// (MemAvailable), or 0 where it does not say.
-uint64_t available_memory_bytes() {
-  std::FILE* f = std::fopen("/proc/meminfo", "r");
-  if (f == nullptr) return 0;
-  char line[256];
-  unsigned long long kib = 0;
-  while (std::fgets(line, sizeof line, f) != nullptr) {
-    if (std::sscanf(line, "MemAvailable: %llu kB", &kib) == 1) break;
-  }
-  std::fclose(f);
-  return static_cast<uint64_t>(kib) * 1024;
 }
 
 // The share of the mode's buffers the kernel backs with huge pages.
@@ -352,11 +338,8 @@ TwinFn mode_twin(const Buffers& b) {
                          static_cast<int>(state_elem_bytes(b.mode.state)), b.mode.out);
 }
 TwinFn mode_lines_twin(const Buffers& b) {
-  const int g = static_cast<int>(cpu_optim::dtype_bytes(b.mode.grad));
-  const int s = static_cast<int>(state_elem_bytes(b.mode.state));
-  if (__builtin_cpu_supports("avx512f")) return roofline_lines_avx512(g, s, b.mode.out);
-  if (__builtin_cpu_supports("avx2")) return roofline_lines_avx2(g, s, b.mode.out);
-  return nullptr;
+  return roofline_lines(static_cast<int>(cpu_optim::dtype_bytes(b.mode.grad)),
+                        static_cast<int>(state_elem_bytes(b.mode.state)), b.mode.out);
 }
 
 // --show-twins: each twin's time, not only the fastest.
@@ -580,9 +563,9 @@ int run(int argc, char** argv) {
     const uint64_t available = available_memory_bytes();
     if (modes.size() > 1 && available > 0 && together > available / 10 * 9) {
       std::printf(
-          "(the modes' buffers together, %.1f GiB, are over 90%% of the %.1f GiB free: each mode is timed alone, "
-          "so their figures against each other compare different moments)\n",
-          static_cast<double>(together) / static_cast<double>(kGiB), static_cast<double>(available) / kGiB);
+          "(the modes' buffers together, %s, are over 90%% of the %s free: each mode is timed alone, so their "
+          "figures against each other compare different moments)\n",
+          format_bytes(together).c_str(), format_bytes(available).c_str());
       for (const Mode& mode : modes) groups.push_back({&mode});
     } else {
       groups.emplace_back();
@@ -622,10 +605,7 @@ int run(int argc, char** argv) {
         std::fflush(stdout);
       }
       const std::vector<std::vector<double>> rounds = interleaved_round_seconds(reps, timed);
-      std::vector<double> medians;
-      for (const std::vector<double>& r : rounds) {
-        medians.push_back(r.empty() ? std::numeric_limits<double>::infinity() : median(r));  // empty: a twin not run
-      }
+      const std::vector<double> medians = round_medians(rounds);
       for (size_t k = 0; k < runs.size(); ++k) {
         ModeRun& run = *runs[k];
         const Mode& mode = *run.mode;

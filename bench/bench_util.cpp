@@ -62,13 +62,16 @@ std::vector<std::vector<double>> interleaved_round_seconds(int reps, const std::
   return t;
 }
 
-std::vector<double> interleaved_median_seconds(int reps, const std::vector<std::function<void()>>& fns) {
-  std::vector<std::vector<double>> t = interleaved_round_seconds(reps, fns);
-  std::vector<double> medians(t.size(), std::numeric_limits<double>::infinity());
-  for (size_t i = 0; i < t.size(); ++i) {
-    if (!t[i].empty()) medians[i] = median(std::move(t[i]));
+std::vector<double> round_medians(const std::vector<std::vector<double>>& rounds) {
+  std::vector<double> medians(rounds.size(), std::numeric_limits<double>::infinity());
+  for (size_t i = 0; i < rounds.size(); ++i) {
+    if (!rounds[i].empty()) medians[i] = median(rounds[i]);
   }
   return medians;
+}
+
+std::vector<double> interleaved_median_seconds(int reps, const std::vector<std::function<void()>>& fns) {
+  return round_medians(interleaved_round_seconds(reps, fns));
 }
 
 }  // namespace strata::bench

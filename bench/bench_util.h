@@ -34,5 +34,7 @@ std::vector<double> interleaved_median_seconds(int reps, const std::vector<std::
 // The same rounds, every timed run kept: each function's seconds in round
 // order (none for an empty function).
 std::vector<std::vector<double>> interleaved_round_seconds(int reps, const std::vector<std::function<void()>>& fns);
+// Each function's median of those rounds (infinity where it has none).
+std::vector<double> round_medians(const std::vector<std::vector<double>>& rounds);
 
 }  // namespace strata::bench

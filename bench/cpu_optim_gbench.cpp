@@ -10,7 +10,6 @@
 // Compare runs with Google Benchmark's compare.py.
 #include <benchmark/benchmark.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -22,6 +21,7 @@
 #include "bench/adam_modes.h"
 #include "bench/roofline_lines.h"
 #include "common/aligned_vector.h"
+#include "common/units.h"
 #include "cpu_optim/executor.h"
 #include "cpu_optim/optimizer.h"
 
@@ -44,7 +44,7 @@ struct Span {
         g(bytes(cpu_optim::dtype_bytes(mode.grad))),
         m(bytes(cpu_optim::state_elem_bytes(mode.state))),
         v(bytes(cpu_optim::state_elem_bytes(mode.state))),
-        scales(2 * static_cast<size_t>((n + cpu_optim::kQ8BlockElems - 1) / cpu_optim::kQ8BlockElems), 0.0f),
+        scales(2 * static_cast<size_t>(div_ceil(static_cast<uint64_t>(n), cpu_optim::kQ8BlockElems)), 0.0f),
         out(bytes(2)) {
     for (int64_t i = 0; i < n; ++i) {
       reinterpret_cast<float*>(p.data())[i] = 1.0f;
@@ -133,9 +133,7 @@ void BM_Roofline(benchmark::State& state, Mode mode) {
   if (!ex) return;
   const int g = static_cast<int>(cpu_optim::dtype_bytes(mode.grad));
   const int sb = static_cast<int>(cpu_optim::state_elem_bytes(mode.state));
-  const TwinFn twin = __builtin_cpu_supports("avx512f") ? roofline_lines_avx512(g, sb, mode.out)
-                      : __builtin_cpu_supports("avx2")  ? roofline_lines_avx2(g, sb, mode.out)
-                                                        : nullptr;
+  const TwinFn twin = roofline_lines(g, sb, mode.out);
   if (twin == nullptr || n % 64 != 0) {
     state.SkipWithError("the line twin needs AVX2 or AVX-512 and a multiple of 64 parameters");
     return;
@@ -164,17 +162,11 @@ void args(benchmark::internal::Benchmark* b) {
 // Every mode's cases: AdamW on each instruction set this CPU runs and the
 // scalar reference, then the roofline.
 void register_cases() {
-  const std::pair<const char*, Isa> isas[] = {{"avx512_bf16", Isa::kAvx512Bf16},
-                                              {"avx512", Isa::kAvx512},
-                                              {"avx2", Isa::kAvx2},
-                                              {"sse2", Isa::kSse2},
-                                              {"scalar_reference", Isa::kScalar}};
+  const std::vector<Isa> isas = cpu_optim::available_isas();  // the scalar reference last
   for (const Mode& mode : kAdamModes) {
     const std::string mode_name(mode.name);
-    for (const auto& [isa_name, isa] : isas) {
-      const std::vector<Isa> available = cpu_optim::available_isas();
-      if (isa != Isa::kScalar && std::find(available.begin(), available.end(), isa) == available.end()) continue;
-      const std::string name = std::string("BM_AdamW/") + mode_name + "/" + isa_name;
+    for (Isa isa : isas) {
+      const std::string name = "BM_AdamW/" + mode_name + "/" + std::string(cpu_optim::isa_name(isa));
       benchmark::RegisterBenchmark(name.c_str(), BM_AdamW, mode, isa)->Apply(args);
     }
     benchmark::RegisterBenchmark((std::string("BM_Roofline/") + mode_name).c_str(), BM_Roofline, mode)->Apply(args);

@@ -26,6 +26,12 @@ using TwinFn = uint64_t (*)(std::byte* p, const std::byte* g, std::byte* m, std:
 // with or without the 2-byte output; nullptr for another combination.
 TwinFn roofline_lines_avx512(int g_bytes, int s_bytes, bool out);
 TwinFn roofline_lines_avx2(int g_bytes, int s_bytes, bool out);
+// The widest of those this CPU runs (nullptr without AVX2).
+inline TwinFn roofline_lines(int g_bytes, int s_bytes, bool out) {
+  if (__builtin_cpu_supports("avx512f")) return roofline_lines_avx512(g_bytes, s_bytes, out);
+  if (__builtin_cpu_supports("avx2")) return roofline_lines_avx2(g_bytes, s_bytes, out);
+  return nullptr;
+}
 
 namespace lines_detail {
 

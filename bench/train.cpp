@@ -144,9 +144,10 @@ void add_placement_flags(CLI::App& app, Flags& f) {
       ->check(CLI::IsMember({"host", "nvme"}));
   app.add_option("--gradients-on", f.gradients_on,
                  "where the gradients wait for the optimizer: host (a buffer per chunk), or nvme (a ring of "
-                 "chunk buffers, three unless the config's placement.gradient_buffers says; each gradient written to NVMe as it lands, read back only for an update after the "
-                 "verdict; needs --nvme, no --delayed-update, and with grad_accum > 1 --vertical-accumulation in "
-                 "one pass; the same numbers); default: the config's placement.gradients, else host")
+                 "chunk buffers, three unless the config's placement.gradient_buffers says; each gradient written "
+                 "to NVMe as it lands, read back only for an update after the verdict; needs --nvme, no "
+                 "--delayed-update, and with grad_accum > 1 --vertical-accumulation in one pass; the same "
+                 "numbers); default: the config's placement.gradients, else host")
       ->check(CLI::IsMember({"host", "nvme"}));
   app.add_option("--trace", f.trace_path,
                  "write a Chrome-trace JSON (opens in Perfetto) of every step's phases, optimizer calls and NVMe "

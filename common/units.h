@@ -27,5 +27,8 @@ std::string format_bytes(uint64_t bytes);
 bool parse_bytes(const std::string& text, uint64_t* out);
 // Physical memory of this machine, in bytes (0 if the system will not say).
 uint64_t physical_memory_bytes();
+// The memory the kernel says can be allocated without swapping
+// (MemAvailable in /proc/meminfo), in bytes (0 if it will not say).
+uint64_t available_memory_bytes();
 
 }  // namespace strata

@@ -199,21 +199,46 @@ xsimd::batch<float, Arch> coarse_reciprocal(const xsimd::batch<float, Arch>& x) 
   }
 }
 
+// vfixupimmps (AVX-512): per lane, what replaces a result, chosen by the
+// class of the input. A table holds one response per class, in the
+// instruction's class order.
+enum class Fixup : uint32_t { kKeep = 0, kInput = 1, kQuietInput = 2, kSignedInf = 6, kMinusZero = 7, kPlusZero = 8 };
+struct FixupByClass {
+  Fixup qnan, snan, zero, one, minus_inf, plus_inf, negative, positive;
+};
+constexpr int32_t fixup_table(const FixupByClass& f) {
+  const Fixup order[] = {f.qnan, f.snan, f.zero, f.one, f.minus_inf, f.plus_inf, f.negative, f.positive};
+  uint32_t table = 0;
+  for (int i = 0; i < 8; ++i) table |= static_cast<uint32_t>(order[i]) << (4 * i);
+  return static_cast<int32_t>(table);
+}
+template <FixupByClass kF>
+__m512 fixup(__m512 result, __m512 input) {
+  return _mm512_fixupimm_ps(result, input, _mm512_set1_epi32(fixup_table(kF)), 0);
+}
+// fast_sqrt's: NaN and +-inf are x itself, +-0 is +0. fast_reciprocal's:
+// as division — NaN x (quieted), +-0 -> +-inf, -inf -> -0, +inf -> +0.
+inline constexpr FixupByClass kSqrtFixups{Fixup::kInput, Fixup::kInput, Fixup::kPlusZero, Fixup::kKeep,
+                                          Fixup::kInput, Fixup::kInput, Fixup::kKeep,     Fixup::kKeep};
+inline constexpr FixupByClass kReciprocalFixups{Fixup::kInput,     Fixup::kQuietInput, Fixup::kSignedInf, Fixup::kKeep,
+                                                Fixup::kMinusZero, Fixup::kPlusZero,   Fixup::kKeep,      Fixup::kKeep};
+// The tables as they were checked against the selects and against division
+// (every fp32 input, once).
+static_assert(fixup_table(kSqrtFixups) == 0x00110811 && fixup_table(kReciprocalFixups) == 0x00870621);
+
 // sqrt(x) and 1/x for x >= 0 through the FMA ports instead of the divider
 // (which both vsqrtps and vdivps share, and which bounds Adam otherwise):
 // the hardware estimate (14 bits on AVX-512, 12 on AVX2) refined by one
 // Newton-Raphson step, ~22 bits. sqrt(+-0) is +0 and sqrt(inf)/sqrt(nan)
 // stay non-finite. Other architectures use the exact instructions.
-// AVX-512: vfixupimmps replaces the Newton result where x is special, by
-// x's class (a nibble per class, lowest first: QNaN, SNaN, zero, one,
-// -inf, +inf, negative, positive; 1 = x itself, 8 = +0, 0 = the result
-// kept) — one instruction where selects take four (the same bits as
-// x == 0 ? 0 : isfinite(x) ? s : x for all 2^32 inputs, compared once);
-// its estimate is exact enough for subnormal x too. AVX2: the estimate
-// of a subnormal's root is inf (the instruction treats it as 0), so
-// x < FLT_MIN is taken as 0 — a root of at most 1.1e-19, below the last
-// bit of the denominators it is added to (sqrt(v) / sqrt(bc2) + eps with
-// eps = 1e-8); negative x (never a second moment) gives 0 there too.
+// AVX-512: vfixupimmps sets the special inputs' results — one instruction
+// where selects take four (the same bits as x == 0 ? 0 : isfinite(x) ? s :
+// x for all 2^32 inputs, compared once); its estimate is exact enough for
+// subnormal x too. AVX2: the estimate of a subnormal's root is inf (the
+// instruction treats it as 0), so x < FLT_MIN is taken as 0 — a root of at
+// most 1.1e-19, below the last bit of the denominators it is added to
+// (sqrt(v) / sqrt(bc2) + eps with eps = 1e-8); negative x (never a second
+// moment) gives 0 there too.
 template <class Arch>
 xsimd::batch<float, Arch> fast_sqrt(const xsimd::batch<float, Arch>& x) {
   using B = xsimd::batch<float, Arch>;
@@ -223,7 +248,7 @@ xsimd::batch<float, Arch> fast_sqrt(const xsimd::batch<float, Arch>& x) {
     B xy = x * y;
     B s = xy * fused_fnma<Arch>(B(0.5f) * xy, y, B(1.5f));
     if constexpr (is_avx512<Arch>()) {
-      return _mm512_fixupimm_ps(s, x, _mm512_set1_epi32(0x00110811), 0);
+      return fixup<kSqrtFixups>(s, x);
     } else {
       return xsimd::select(x < B(std::numeric_limits<float>::min()), B(0.0f), xsimd::select(xsimd::isfinite(x), s, x));
     }
@@ -235,19 +260,23 @@ xsimd::batch<float, Arch> fast_sqrt(const xsimd::batch<float, Arch>& x) {
 // 1/x for the optimizers' denominators (x >= eps > 0, or +inf where v is):
 // the Newton step alone turns 1/inf into inf * 0 = NaN, so +inf is fixed up
 // to 0 — on AVX-512 by vfixupimmps, which also gives +-0 -> +-inf and
-// -inf -> -0 as division does (nibbles as in fast_sqrt: 1 = x, 2 = x
-// quieted, 6 = inf with x's sign, 7 = -0, 8 = +0), on AVX2 by clamping x to
-// FLT_MAX first (the estimate of its reciprocal is 0; NaN stays NaN).
+// -inf -> -0 as division does, on AVX2 by clamping x to FLT_MAX first (the
+// estimate of its reciprocal is 0; NaN stays NaN).
 template <class Arch>
 xsimd::batch<float, Arch> fast_reciprocal(const xsimd::batch<float, Arch>& x) {
   using B = xsimd::batch<float, Arch>;
-  if constexpr (is_avx512<Arch>()) {
-    const B y = rcp_estimate<Arch>(x);
-    return _mm512_fixupimm_ps(y * fused_fnma<Arch>(x, y, B(2.0f)), x, _mm512_set1_epi32(0x00870621), 0);
-  } else if constexpr (has_lane_moves<Arch>()) {
-    const B xc = _mm256_min_ps(_mm256_set1_ps(std::numeric_limits<float>::max()), x);  // NaN: x (the second)
+  if constexpr (has_lane_moves<Arch>()) {
+    B xc = x;
+    if constexpr (!is_avx512<Arch>()) {
+      xc = _mm256_min_ps(_mm256_set1_ps(std::numeric_limits<float>::max()), x);  // NaN: x (the second operand)
+    }
     const B y = rcp_estimate<Arch>(xc);
-    return y * fused_fnma<Arch>(xc, y, B(2.0f));  // y <- y (2 - x y)
+    const B r = y * fused_fnma<Arch>(xc, y, B(2.0f));  // y <- y (2 - x y)
+    if constexpr (is_avx512<Arch>()) {
+      return fixup<kReciprocalFixups>(r, x);
+    } else {
+      return r;
+    }
   } else {
     return B(1.0f) / x;
   }
