@@ -625,6 +625,23 @@ int run(int argc, char** argv) {
         std::printf("%-10s %3d %9.4f %10.3e %7.2f %9.2f %7.3f %7.2f %9.2f %6.0f%%\n", std::string(mode.name).c_str(),
                     ex.threads(), s, static_cast<double>(n) / s, gbps, roof_gbps, gbps / roof_gbps, triad,
                     naive > 0 ? naive / s : 0.0, 100 * huge_share);
+        // The probe mode's arithmetic against this memory: what the cores
+        // this row runs on compute in cache (the core check, the fastest
+        // `threads` of them) over the parameters/s the roofline moves.
+        double ceiling_vs_roof = 0;
+        if (&mode == &probe && !speeds.empty()) {
+          std::vector<double> fastest;
+          for (const auto& cs : speeds) fastest.push_back(cs.second);
+          std::sort(fastest.rbegin(), fastest.rend());
+          fastest.resize(std::min(fastest.size(), static_cast<size_t>(ex.threads())));
+          double ceiling = 0;
+          for (double f : fastest) ceiling += f;
+          ceiling_vs_roof = ceiling / (roof_gbps * 1e9 / adam_bytes_per_param(mode));
+        }
+        if (ceiling_vs_roof > 0) {
+          std::printf("  (its cores in cache, alone: %.2fx the parameters/s this roofline moves%s)\n", ceiling_vs_roof,
+                      ceiling_vs_roof < 1.0 ? " — the arithmetic alone cannot keep up with this memory" : "");
+        }
         if (step_spread > kNoticeableSpread || roof_spread > kNoticeableSpread) {
           std::printf("  (its rounds: the step's slowest %.2fx its fastest, the roofline's %.2fx — the machine's speed "
                       "changed while they ran; the ratio is of medians)\n",
@@ -644,6 +661,7 @@ int run(int argc, char** argv) {
                               {"step_round_spread", step_spread},
                               {"roofline_round_spread", roof_spread}};
         if (naive > 0) row["speedup_vs_naive"] = naive / s;
+        if (ceiling_vs_roof > 0) row["arithmetic_vs_roofline"] = ceiling_vs_roof;
         if (with_stats) {
           // What an engine that updates before it knows the global norm pays
           // for the norm: a read-only pass over the gradient first, or a fused
