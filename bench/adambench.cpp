@@ -379,6 +379,20 @@ double round_spread(const std::vector<double>& rounds) {
 // machine's speed changed while it was timed.
 constexpr double kNoticeableSpread = 1.25;
 
+// What `threads` of the cores compute in cache, alone (the fastest of the
+// core check's figures, one per thread), over `roof_params_per_s`, the
+// parameters/s a roofline moves: under 1 the arithmetic alone cannot keep
+// up with that memory. 0 without a core check.
+double cores_vs_roofline(const std::vector<std::pair<int, double>>& speeds, int threads, double roof_params_per_s) {
+  std::vector<double> fastest;
+  for (const auto& cpu_speed : speeds) fastest.push_back(cpu_speed.second);
+  std::sort(fastest.rbegin(), fastest.rend());
+  fastest.resize(std::min(fastest.size(), static_cast<size_t>(threads)));
+  double ceiling = 0;
+  for (double f : fastest) ceiling += f;
+  return ceiling / roof_params_per_s;
+}
+
 double triad_gbps(int64_t n, Executor& ex, int reps) {
   Aligned a = alloc_bytes(n * 4), b = alloc_bytes(n * 4), c = alloc_bytes(n * 4);
   ex.parallel_for(n, 1 << 20, [&](int64_t begin, int64_t end) {
@@ -620,24 +634,15 @@ int run(int argc, char** argv) {
         const double step_spread = round_spread(rounds[k * kTimedPerMode]);
         const double roof_spread = round_spread(rounds[k * kTimedPerMode + times.roofline_twin]);
         double naive = skip_naive ? 0 : median_seconds(1, [&] { step_with(Isa::kScalar); });
-        double bytes = adam_bytes_per_param(mode) * static_cast<double>(n);
+        const std::string name(mode.name);
+        const double bytes_per_param = adam_bytes_per_param(mode);
+        double bytes = bytes_per_param * static_cast<double>(n);
         double gbps = bytes / s / 1e9, roof_gbps = bytes / roof / 1e9;
-        std::printf("%-10s %3d %9.4f %10.3e %7.2f %9.2f %7.3f %7.2f %9.2f %6.0f%%\n", std::string(mode.name).c_str(),
-                    ex.threads(), s, static_cast<double>(n) / s, gbps, roof_gbps, gbps / roof_gbps, triad,
-                    naive > 0 ? naive / s : 0.0, 100 * huge_share);
-        // The probe mode's arithmetic against this memory: what the cores
-        // this row runs on compute in cache (the core check, the fastest
-        // `threads` of them) over the parameters/s the roofline moves.
-        double ceiling_vs_roof = 0;
-        if (&mode == &probe && !speeds.empty()) {
-          std::vector<double> fastest;
-          for (const auto& cs : speeds) fastest.push_back(cs.second);
-          std::sort(fastest.rbegin(), fastest.rend());
-          fastest.resize(std::min(fastest.size(), static_cast<size_t>(ex.threads())));
-          double ceiling = 0;
-          for (double f : fastest) ceiling += f;
-          ceiling_vs_roof = ceiling / (roof_gbps * 1e9 / adam_bytes_per_param(mode));
-        }
+        std::printf("%-10s %3d %9.4f %10.3e %7.2f %9.2f %7.3f %7.2f %9.2f %6.0f%%\n", name.c_str(), ex.threads(), s,
+                    static_cast<double>(n) / s, gbps, roof_gbps, gbps / roof_gbps, triad, naive > 0 ? naive / s : 0.0,
+                    100 * huge_share);
+        const double ceiling_vs_roof =
+            &mode == &probe ? cores_vs_roofline(speeds, ex.threads(), roof_gbps * 1e9 / bytes_per_param) : 0.0;
         if (ceiling_vs_roof > 0) {
           std::printf("  (its cores in cache, alone: %.2fx the parameters/s this roofline moves%s)\n", ceiling_vs_roof,
                       ceiling_vs_roof < 1.0 ? " — the arithmetic alone cannot keep up with this memory" : "");
@@ -648,11 +653,11 @@ int run(int argc, char** argv) {
                       step_spread, roof_spread);
         }
         std::fflush(stdout);
-        nlohmann::json row = {{"mode", std::string(mode.name)},
+        nlohmann::json row = {{"mode", name},
                               {"threads", ex.threads()},
                               {"seconds_per_step", s},
                               {"params_per_s", static_cast<double>(n) / s},
-                              {"bytes_per_param", adam_bytes_per_param(mode)},
+                              {"bytes_per_param", bytes_per_param},
                               {"gbps", gbps},
                               {"roofline_gbps", roof_gbps},
                               {"ratio_to_roofline", gbps / roof_gbps},
@@ -680,7 +685,7 @@ int run(int argc, char** argv) {
           std::printf(
               "%-10s %3d   with the gradient statistics: separate pass %.4f s, in the update %.4f s "
               "(%.3f x; the step alone %.4f s)\n",
-              std::string(mode.name).c_str(), ex.threads(), separate, fused, separate / fused, s);
+              name.c_str(), ex.threads(), separate, fused, separate / fused, s);
           std::fflush(stdout);
           row["seconds_with_separate_stats"] = separate;
           row["seconds_with_fused_stats"] = fused;
