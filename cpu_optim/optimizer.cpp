@@ -4,7 +4,9 @@
 #include <xsimd/xsimd.hpp>
 
 #include <atomic>
+#include <charconv>
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "common/units.h"
@@ -20,16 +22,38 @@ using detail::TileCall;
 
 constexpr int64_t kTileQuantum = 4096;  // tiles are multiples of this (and so of the q8 block and sub-tile)
 
+// A hyper-parameter as a message shows it: the shortest text that reads
+// back as the same float (std::to_string would print 1e-9 as 0.000000).
+std::string shown(float x) {
+  char buf[32];
+  const std::to_chars_result r = std::to_chars(buf, buf + sizeof buf, x);
+  return std::string(buf, r.ptr);
+}
+
 Status check_unit(float x, const char* name, bool allow_one = false) {
   if (!(x >= 0.0f && (allow_one ? x <= 1.0f : x < 1.0f))) {
-    return invalid_argument(std::string(name) + " must be in [0, 1), got " + std::to_string(x));
+    return invalid_argument(std::string(name) + " must be in [0, " + (allow_one ? "1]" : "1)") + ", got " + shown(x));
   }
   return ok_status();
 }
 
 Status check_nonneg(float x, const char* name) {
   if (!(x >= 0.0f) || !std::isfinite(x)) {
-    return invalid_argument(std::string(name) + " must be finite and >= 0, got " + std::to_string(x));
+    return invalid_argument(std::string(name) + " must be finite and >= 0, got " + shown(x));
+  }
+  return ok_status();
+}
+
+// A denominator's eps: 0 or a normal number. Below the smallest normal
+// float the vector kernels' reciprocal estimates cannot represent 1 / eps
+// (AVX2's treats a subnormal as 0; AVX-512's overflows below 2^-128) and
+// where v is 0 the update would come out NaN, silently, where the scalar
+// reference takes a finite step.
+Status check_eps(float x, const char* name) {
+  STRATA_RETURN_IF_ERROR(check_nonneg(x, name));
+  if (x != 0.0f && x < std::numeric_limits<float>::min()) {
+    return invalid_argument(std::string(name) + " must be 0 or at least " + shown(std::numeric_limits<float>::min()) +
+                            " (the smallest normal float), got " + shown(x));
   }
   return ok_status();
 }
@@ -41,7 +65,7 @@ Result<std::pair<OptKind, Coeffs>> coefficients(const OptimizerConfig& config, i
     STRATA_RETURN_IF_ERROR(check_nonneg(a->lr, "adam lr"));
     STRATA_RETURN_IF_ERROR(check_unit(a->beta1, "adam beta1"));
     STRATA_RETURN_IF_ERROR(check_unit(a->beta2, "adam beta2"));
-    STRATA_RETURN_IF_ERROR(check_nonneg(a->eps, "adam eps"));
+    STRATA_RETURN_IF_ERROR(check_eps(a->eps, "adam eps"));
     STRATA_RETURN_IF_ERROR(check_nonneg(a->weight_decay, "adam weight_decay"));
     c.lr = a->lr, c.beta1 = a->beta1, c.beta2 = a->beta2, c.eps = a->eps, c.weight_decay = a->weight_decay;
     c.one_minus_beta1 = 1.0f - a->beta1;
@@ -57,7 +81,7 @@ Result<std::pair<OptKind, Coeffs>> coefficients(const OptimizerConfig& config, i
   if (const auto* a = std::get_if<AdagradConfig>(&config)) {
     STRATA_RETURN_IF_ERROR(check_nonneg(a->lr, "adagrad lr"));
     STRATA_RETURN_IF_ERROR(check_nonneg(a->lr_decay, "adagrad lr_decay"));
-    STRATA_RETURN_IF_ERROR(check_nonneg(a->eps, "adagrad eps"));
+    STRATA_RETURN_IF_ERROR(check_eps(a->eps, "adagrad eps"));
     STRATA_RETURN_IF_ERROR(check_nonneg(a->weight_decay, "adagrad weight_decay"));
     c.lr = a->lr, c.eps = a->eps, c.weight_decay = a->weight_decay;
     c.step_size = static_cast<float>(a->lr / (1.0 + static_cast<double>(t - 1) * a->lr_decay));
@@ -327,6 +351,10 @@ Result<GradStats> grad_stats(const void* grad, DType dtype, int64_t n, float gra
   for (double p : partials) stats.sum_squares += p;  // in order: deterministic
   stats.nonfinite = bad.load();
   return stats;
+}
+
+Status validate(const OptimizerConfig& config) {
+  return coefficients(config, 1).status();
 }
 
 Result<StepReport> step(const OptimizerConfig& config, int64_t t, const ParamSpan& span, const StepOptions& options,

@@ -141,8 +141,16 @@ struct StepReport {
   bool skipped = false;   // true when kSkipStep found any: nothing was written
 };
 
+// OK when step() would take `config`'s hyper-parameters (rates and weight
+// decays finite and >= 0, betas in [0, 1) (Lion's in [0, 1]), eps 0 or a
+// normal number, SGD's
+// Nesterov with momentum and no dampening); else InvalidArgument naming the
+// one that is not. For checking a configuration before any work is done.
+Status validate(const OptimizerConfig& config);
+
 // Updates `span` with optimizer step `t` (t >= 1). InvalidArgument for a
-// bad config, null pointers, t < 1, or a state type the optimizer lacks.
+// bad config (validate), null pointers, t < 1, or a state type the
+// optimizer lacks.
 Result<StepReport> step(const OptimizerConfig& config, int64_t t, const ParamSpan& span, const StepOptions& options,
                         Executor& executor);
 

@@ -173,6 +173,9 @@ namespace {
 // the trainer does not run, and out-of-range knobs.
 Status check_options(const TrainerOptions& o) {
   STRATA_RETURN_IF_ERROR(o.model.validate());
+  // Here, not at the first step: by then the run has allocated and
+  // initialised everything.
+  STRATA_RETURN_IF_ERROR(cpu_optim::validate(o.adam).with_context("trainer"));
   if (o.batch < 1 || o.seq < 1 || o.seq > o.model.max_seq) {
     return invalid_argument("trainer: batch >= 1 and 1 <= seq <= max_seq required");
   }

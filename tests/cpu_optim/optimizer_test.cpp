@@ -13,6 +13,9 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
+#include <utility>
+#include <variant>
 #include <vector>
 
 #include "cpu_optim/executor.h"
@@ -955,6 +958,73 @@ TEST(Optimizer, BadArgumentsAreInvalidArgument) {
   EXPECT_EQ(step(nesterov, 1, p.span(), {}, *ex).error().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(Executor::create({-1, -1}).error().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(Executor::create({1, 4096}).error().code(), StatusCode::kInvalidArgument);
+}
+
+// eps is 0 or a normal number. With the smallest normal eps every
+// instruction set takes the reference's step where v is 0 (a gradient of
+// 0, or one whose square underflows); a subnormal eps is refused — the
+// vector reciprocals cannot represent 1 / eps below FLT_MIN, and such a
+// step came out NaN there, unreported, where the reference's is finite —
+// by step(), which leaves the span as it was, and by validate().
+TEST(Optimizer, EpsIsZeroOrNormalAndTheSmallestNormalOneMatchesReference) {
+  auto ex = make_executor(2);
+  AdamConfig adamw;
+  adamw.weight_decay = 0.1f;
+  AdagradConfig adagrad;
+  const std::vector<std::pair<std::string, OptimizerConfig>> both = {{"adamw", adamw}, {"adagrad", adagrad}};
+  for (auto [name, config] : both) {
+    auto set_eps = [&config](float e) {
+      if (auto* a = std::get_if<AdamConfig>(&config)) a->eps = e;
+      if (auto* a = std::get_if<AdagradConfig>(&config)) a->eps = e;
+    };
+    set_eps(FLT_MIN);
+    ASSERT_TRUE(validate(config).ok()) << validate(config).to_string();
+    const int64_t n = 67;
+    auto prepare = [&](Problem& p) {
+      for (int64_t i = 0; i < n; ++i) p.set_grad(i, i % 3 == 0 ? 0.0f : (i % 3 == 1 ? 1e-30f : -2e-30f));
+    };
+    Problem ref(n, DType::kF32, true, DType::kBF16, StateType::kF32, 5);
+    prepare(ref);
+    StepOptions options;
+    options.isa = Isa::kScalar;
+    ASSERT_TRUE(step(config, 1, ref.span(), options, *ex));
+    for (int64_t i = 0; i < n; ++i) ASSERT_TRUE(std::isfinite(ref.params[ref.skew + i])) << name << " " << i;
+    for (Isa isa : available_isas()) {
+      if (isa == Isa::kScalar) continue;
+      SCOPED_TRACE(name + " isa " + std::string(isa_name(isa)));
+      Problem got(n, DType::kF32, true, DType::kBF16, StateType::kF32, 5);
+      prepare(got);
+      options.isa = isa;
+      Result<StepReport> r = step(config, 1, got.span(), options, *ex);
+      ASSERT_TRUE(r) << r.error().to_string();
+      expect_close(got, ref, config);
+    }
+    for (float eps : {1e-40f, 1e-38f, -1e-30f}) {
+      set_eps(eps);
+      const Status v = validate(config);
+      EXPECT_EQ(v.code(), StatusCode::kInvalidArgument) << name << " eps " << eps;
+      EXPECT_NE(v.message().find("eps"), std::string::npos) << v.to_string();
+      Problem p(n, DType::kF32, true, DType::kBF16, StateType::kF32, 5);
+      prepare(p);
+      const std::vector<float> before = p.params;
+      const std::vector<std::byte> m_before = p.m, v_before = p.v;
+      for (Isa isa : available_isas()) {
+        options.isa = isa;
+        Result<StepReport> r = step(config, 1, p.span(), options, *ex);
+        ASSERT_FALSE(r) << name << " eps " << eps;
+        EXPECT_EQ(r.error().code(), StatusCode::kInvalidArgument);
+        EXPECT_EQ(std::memcmp(p.params.data(), before.data(), before.size() * 4), 0);
+        EXPECT_TRUE(p.m == m_before && p.v == v_before);
+      }
+    }
+  }
+  AdamConfig zero_eps;
+  zero_eps.eps = 0.0f;  // as torch.optim allows: a zero v then divides by zero
+  EXPECT_TRUE(validate(zero_eps).ok());
+  AdamConfig tiny_lr;
+  tiny_lr.lr = -1e-9f;
+  const Status lr = validate(tiny_lr);
+  EXPECT_NE(lr.message().find("got -1e-09"), std::string::npos) << lr.to_string();  // not -0.000000
 }
 
 TEST(Executor, BindsToNumaNodeZeroAndFirstTouches) {

@@ -492,6 +492,21 @@ TEST(Trainer, RefusesABadClipNorm) {
   EXPECT_NE(tr.error().to_string().find("clip_norm"), std::string::npos) << tr.error().to_string();
 }
 
+// Adam's hyper-parameters are checked when the trainer is created, before
+// anything is allocated or initialised, not at the first step.
+TEST(Trainer, RefusesBadAdamHyperParametersAtCreation) {
+  TrainerOptions beta = tiny(1), eps = tiny(1), lr = tiny(1);
+  beta.adam.beta1 = 1.0f;
+  eps.adam.eps = 1e-40f;  // subnormal
+  lr.adam.lr = std::nanf("");
+  for (const auto& [o, what] : {std::pair{beta, "adam beta1"}, std::pair{eps, "adam eps"}, std::pair{lr, "adam lr"}}) {
+    Result<std::unique_ptr<Trainer>> tr = Trainer::create(o);
+    ASSERT_FALSE(tr) << what;
+    EXPECT_EQ(tr.error().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(tr.error().message().find(what), std::string::npos) << tr.error().to_string();
+  }
+}
+
 // Where there is no GPU (or no CUDA in the build) creating a trainer on the
 // CUDA backend, resident or streamed, is an error that says so.
 TEST(Trainer, TheCudaBackendSaysWhenItCannotRun) {
