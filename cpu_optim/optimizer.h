@@ -143,9 +143,9 @@ struct StepReport {
 
 // OK when step() would take `config`'s hyper-parameters (rates and weight
 // decays finite and >= 0, betas in [0, 1) (Lion's in [0, 1]), eps 0 or a
-// normal number, SGD's
-// Nesterov with momentum and no dampening); else InvalidArgument naming the
-// one that is not. For checking a configuration before any work is done.
+// normal number, SGD's Nesterov with momentum and no dampening); else
+// InvalidArgument naming the one that is not. For checking a configuration
+// before any work is done.
 Status validate(const OptimizerConfig& config);
 
 // Updates `span` with optimizer step `t` (t >= 1). InvalidArgument for a
