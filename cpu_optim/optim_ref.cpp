@@ -115,7 +115,10 @@ int64_t reference_tile(const TileCall& call) {
       case OptKind::kAdam: {
         if (!c.decoupled) g = g + c.weight_decay * p;
         m[i] = c.beta1 * m[i] + c.one_minus_beta1 * g;
-        v[i] = c.beta2 * v[i] + c.one_minus_beta2 * (g * g);
+        // (1 - beta2) * g * g in torch's order (addcmul_'s value * t1 * t2,
+        // left to right): finite up to |g| ~ 5.8e20, where g * g first
+        // would overflow above 1.8e19 and take no step.
+        v[i] = c.beta2 * v[i] + c.one_minus_beta2 * g * g;
         float denom = std::sqrt(v[i]) / c.bias_correction2_sqrt + c.eps;
         if (c.decoupled) p = p * c.decay;
         p = p - c.step_size * (m[i] / denom);
