@@ -15,6 +15,7 @@ namespace strata::cpu_optim::detail {
 
 enum class OptKind : uint8_t { kAdam, kAdagrad, kLion, kSgd };
 
+// Each rounded to fp32 once from the double hyper-parameters (optimizer.h).
 struct Coeffs {
   float lr = 0, beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0;
   float one_minus_beta1 = 0, one_minus_beta2 = 0;
@@ -22,7 +23,7 @@ struct Coeffs {
   float bias_correction2_sqrt = 1;  // Adam: sqrt(1 - beta2^t)
   float decay = 1;           // decoupled weight decay factor 1 - lr * wd
   bool decoupled = true;     // Adam: AdamW
-  float momentum = 0, dampening = 0;
+  float momentum = 0, one_minus_dampening = 1;
   bool nesterov = false;
   bool first_step = false;   // SGD: t == 1 initialises the momentum buffer
 };

@@ -431,7 +431,7 @@ struct BatchStep {
         step_size(call.c.step_size),
         inv_bc2_sqrt(1.0f / call.c.bias_correction2_sqrt),
         momentum(call.c.momentum),
-        one_minus_dampening(1.0f - call.c.dampening),
+        one_minus_dampening(call.c.one_minus_dampening),
         decoupled(call.c.decoupled),
         nesterov(call.c.nesterov),
         first_step(call.c.first_step),

@@ -139,7 +139,7 @@ int64_t reference_tile(const TileCall& call) {
       case OptKind::kSgd:
         g = g + c.weight_decay * p;
         if (c.momentum != 0.0f) {
-          m[i] = c.first_step ? g : c.momentum * m[i] + (1.0f - c.dampening) * g;
+          m[i] = c.first_step ? g : c.momentum * m[i] + c.one_minus_dampening * g;
           g = c.nesterov ? g + c.momentum * m[i] : m[i];
         }
         p = p - c.lr * g;

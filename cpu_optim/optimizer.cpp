@@ -23,59 +23,69 @@ using detail::TileCall;
 constexpr int64_t kTileQuantum = 4096;  // tiles are multiples of this (and so of the q8 block and sub-tile)
 
 // A hyper-parameter as a message shows it: the shortest text that reads
-// back as the same float (std::to_string would print 1e-9 as 0.000000).
-std::string shown(float x) {
+// back as the same number (std::to_string would print 1e-9 as 0.000000).
+template <class T>
+std::string shown(T x) {
   char buf[32];
   const std::to_chars_result r = std::to_chars(buf, buf + sizeof buf, x);
   return std::string(buf, r.ptr);
 }
 
-Status check_unit(float x, const char* name, bool allow_one = false) {
-  if (!(x >= 0.0f && (allow_one ? x <= 1.0f : x < 1.0f))) {
+Status check_unit(double x, const char* name, bool allow_one = false) {
+  if (!(x >= 0.0 && (allow_one ? x <= 1.0 : x < 1.0))) {
     return invalid_argument(std::string(name) + " must be in [0, " + (allow_one ? "1]" : "1)") + ", got " + shown(x));
   }
   return ok_status();
 }
 
-Status check_nonneg(float x, const char* name) {
-  if (!(x >= 0.0f) || !std::isfinite(x)) {
-    return invalid_argument(std::string(name) + " must be finite and >= 0, got " + shown(x));
+// Finite and >= 0, and finite as the fp32 it is rounded to.
+Status check_nonneg(double x, const char* name) {
+  if (!(x >= 0.0) || !std::isfinite(static_cast<float>(x))) {
+    return invalid_argument(std::string(name) + " must be finite and >= 0 (at most " +
+                            shown(std::numeric_limits<float>::max()) + "), got " + shown(x));
   }
   return ok_status();
 }
 
-// A denominator's eps: 0 or a normal number. Below the smallest normal
-// float the vector kernels' reciprocal estimates cannot represent 1 / eps
-// (AVX2's treats a subnormal as 0; AVX-512's overflows below 2^-128) and
-// where v is 0 the update would come out NaN, silently, where the scalar
-// reference takes a finite step.
-Status check_eps(float x, const char* name) {
+// A denominator's eps: 0 or at least the smallest normal float. Below it
+// the vector kernels' reciprocal estimates cannot represent 1 / eps (AVX2's
+// treats a subnormal as 0; AVX-512's overflows below 2^-128) and where v is
+// 0 the update would come out NaN, silently, where the scalar reference
+// takes a finite step.
+Status check_eps(double x, const char* name) {
   STRATA_RETURN_IF_ERROR(check_nonneg(x, name));
-  if (x != 0.0f && x < std::numeric_limits<float>::min()) {
+  if (x != 0.0 && x < static_cast<double>(std::numeric_limits<float>::min())) {
     return invalid_argument(std::string(name) + " must be 0 or at least " + shown(std::numeric_limits<float>::min()) +
                             " (the smallest normal float), got " + shown(x));
   }
   return ok_status();
 }
 
-// Builds the per-step coefficients, validating the hyper-parameters.
+float f32(double x) {
+  return static_cast<float>(x);
+}
+
+// Builds the per-step coefficients, validating the hyper-parameters: each
+// computed in double from the double hyper-parameters and rounded to fp32
+// once, as torch.optim's scalars are (optimizer.h).
 Result<std::pair<OptKind, Coeffs>> coefficients(const OptimizerConfig& config, int64_t t) {
   Coeffs c;
+  const double td = static_cast<double>(t);
   if (const auto* a = std::get_if<AdamConfig>(&config)) {
     STRATA_RETURN_IF_ERROR(check_nonneg(a->lr, "adam lr"));
     STRATA_RETURN_IF_ERROR(check_unit(a->beta1, "adam beta1"));
     STRATA_RETURN_IF_ERROR(check_unit(a->beta2, "adam beta2"));
     STRATA_RETURN_IF_ERROR(check_eps(a->eps, "adam eps"));
     STRATA_RETURN_IF_ERROR(check_nonneg(a->weight_decay, "adam weight_decay"));
-    c.lr = a->lr, c.beta1 = a->beta1, c.beta2 = a->beta2, c.eps = a->eps, c.weight_decay = a->weight_decay;
-    c.one_minus_beta1 = 1.0f - a->beta1;
-    c.one_minus_beta2 = 1.0f - a->beta2;
-    double bc1 = 1.0 - std::pow(static_cast<double>(a->beta1), static_cast<double>(t));
-    double bc2 = 1.0 - std::pow(static_cast<double>(a->beta2), static_cast<double>(t));
-    c.step_size = static_cast<float>(a->lr / bc1);
-    c.bias_correction2_sqrt = static_cast<float>(std::sqrt(bc2));
+    c.lr = f32(a->lr), c.beta1 = f32(a->beta1), c.beta2 = f32(a->beta2), c.eps = f32(a->eps);
+    c.weight_decay = f32(a->weight_decay);
+    c.one_minus_beta1 = f32(1.0 - a->beta1);
+    c.one_minus_beta2 = f32(1.0 - a->beta2);
+    const double bc1 = 1.0 - std::pow(a->beta1, td), bc2 = 1.0 - std::pow(a->beta2, td);
+    c.step_size = f32(a->lr / bc1);
+    c.bias_correction2_sqrt = f32(std::sqrt(bc2));
     c.decoupled = a->decoupled_weight_decay;
-    c.decay = a->decoupled_weight_decay ? 1.0f - a->lr * a->weight_decay : 1.0f;
+    c.decay = a->decoupled_weight_decay ? f32(1.0 - a->lr * a->weight_decay) : 1.0f;
     return std::make_pair(OptKind::kAdam, c);
   }
   if (const auto* a = std::get_if<AdagradConfig>(&config)) {
@@ -83,8 +93,8 @@ Result<std::pair<OptKind, Coeffs>> coefficients(const OptimizerConfig& config, i
     STRATA_RETURN_IF_ERROR(check_nonneg(a->lr_decay, "adagrad lr_decay"));
     STRATA_RETURN_IF_ERROR(check_eps(a->eps, "adagrad eps"));
     STRATA_RETURN_IF_ERROR(check_nonneg(a->weight_decay, "adagrad weight_decay"));
-    c.lr = a->lr, c.eps = a->eps, c.weight_decay = a->weight_decay;
-    c.step_size = static_cast<float>(a->lr / (1.0 + static_cast<double>(t - 1) * a->lr_decay));
+    c.lr = f32(a->lr), c.eps = f32(a->eps), c.weight_decay = f32(a->weight_decay);
+    c.step_size = f32(a->lr / (1.0 + (td - 1.0) * a->lr_decay));
     return std::make_pair(OptKind::kAdagrad, c);
   }
   if (const auto* a = std::get_if<LionConfig>(&config)) {
@@ -92,10 +102,10 @@ Result<std::pair<OptKind, Coeffs>> coefficients(const OptimizerConfig& config, i
     STRATA_RETURN_IF_ERROR(check_unit(a->beta1, "lion beta1", true));
     STRATA_RETURN_IF_ERROR(check_unit(a->beta2, "lion beta2", true));
     STRATA_RETURN_IF_ERROR(check_nonneg(a->weight_decay, "lion weight_decay"));
-    c.lr = a->lr, c.beta1 = a->beta1, c.beta2 = a->beta2, c.weight_decay = a->weight_decay;
-    c.one_minus_beta1 = 1.0f - a->beta1;
-    c.one_minus_beta2 = 1.0f - a->beta2;
-    c.decay = 1.0f - a->lr * a->weight_decay;
+    c.lr = f32(a->lr), c.beta1 = f32(a->beta1), c.beta2 = f32(a->beta2), c.weight_decay = f32(a->weight_decay);
+    c.one_minus_beta1 = f32(1.0 - a->beta1);
+    c.one_minus_beta2 = f32(1.0 - a->beta2);
+    c.decay = f32(1.0 - a->lr * a->weight_decay);
     return std::make_pair(OptKind::kLion, c);
   }
   const auto& s = std::get<SgdConfig>(config);
@@ -103,10 +113,11 @@ Result<std::pair<OptKind, Coeffs>> coefficients(const OptimizerConfig& config, i
   STRATA_RETURN_IF_ERROR(check_nonneg(s.momentum, "sgd momentum"));
   STRATA_RETURN_IF_ERROR(check_unit(s.dampening, "sgd dampening", true));
   STRATA_RETURN_IF_ERROR(check_nonneg(s.weight_decay, "sgd weight_decay"));
-  if (s.nesterov && (s.momentum <= 0.0f || s.dampening != 0.0f)) {
+  if (s.nesterov && (s.momentum <= 0.0 || s.dampening != 0.0)) {
     return invalid_argument("sgd nesterov needs momentum > 0 and dampening 0 (as torch.optim.SGD)");
   }
-  c.lr = s.lr, c.weight_decay = s.weight_decay, c.momentum = s.momentum, c.dampening = s.dampening;
+  c.lr = f32(s.lr), c.weight_decay = f32(s.weight_decay), c.momentum = f32(s.momentum);
+  c.one_minus_dampening = f32(1.0 - s.dampening);
   c.nesterov = s.nesterov;
   c.first_step = t == 1;
   return std::make_pair(OptKind::kSgd, c);
@@ -272,7 +283,8 @@ std::string_view optimizer_name(const OptimizerConfig& config) {
 
 int state_count(const OptimizerConfig& config) {
   if (std::holds_alternative<AdamConfig>(config)) return 2;
-  if (const auto* s = std::get_if<SgdConfig>(&config)) return s->momentum != 0.0f ? 1 : 0;
+  if (const auto* s = std::get_if<SgdConfig>(&config))
+    return static_cast<float>(s->momentum) != 0.0f ? 1 : 0;  // as the kernels see it
   return 1;
 }
 

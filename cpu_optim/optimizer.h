@@ -31,34 +31,39 @@ namespace strata::cpu_optim {
 
 class Executor;
 
+// Hyper-parameters are doubles, as torch.optim's are (Python floats): the
+// per-step coefficients — 1 - beta, the bias corrections, lr / (1 - beta1^t),
+// 1 - lr * weight_decay — are computed in double and rounded to fp32 once,
+// so 1 - beta2 for beta2 = 0.999 is 0.001 and not 1 - 0.999f (1.3e-5 off;
+// 1.7e-4 for 0.9999), and v follows torch's.
 struct AdamConfig {
-  float lr = 1e-3f;
-  float beta1 = 0.9f;
-  float beta2 = 0.999f;
-  float eps = 1e-8f;
-  float weight_decay = 0.0f;
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
   bool decoupled_weight_decay = true;  // true: AdamW; false: Adam's L2 (wd * p added to g)
 };
 
 struct AdagradConfig {
-  float lr = 1e-2f;
-  float lr_decay = 0.0f;
-  float weight_decay = 0.0f;
-  float eps = 1e-10f;
+  double lr = 1e-2;
+  double lr_decay = 0.0;
+  double weight_decay = 0.0;
+  double eps = 1e-10;
 };
 
 struct LionConfig {
-  float lr = 1e-4f;
-  float beta1 = 0.9f;
-  float beta2 = 0.99f;
-  float weight_decay = 0.0f;
+  double lr = 1e-4;
+  double beta1 = 0.9;
+  double beta2 = 0.99;
+  double weight_decay = 0.0;
 };
 
 struct SgdConfig {
-  float lr = 1e-2f;
-  float momentum = 0.0f;
-  float dampening = 0.0f;
-  float weight_decay = 0.0f;
+  double lr = 1e-2;
+  double momentum = 0.0;
+  double dampening = 0.0;
+  double weight_decay = 0.0;
   bool nesterov = false;
 };
 

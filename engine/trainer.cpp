@@ -675,7 +675,7 @@ OverlapStep Trainer::make_overlap_step(float dloss) {
   OverlapStep ov;
   cpu_optim::AdamConfig adam = options_.adam;
   ov.t = updates_ + 1;  // a skipped step is no update: Adam's t and the schedule stay
-  adam.lr = static_cast<float>(lr_at(options_.lr_schedule, options_.adam.lr, ov.t));
+  adam.lr = lr_at(options_.lr_schedule, options_.adam.lr, ov.t);
   last_lr_ = adam.lr;
   ov.config = adam;
   for (size_t c = 0; c < layout_.size(); ++c) {

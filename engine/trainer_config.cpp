@@ -21,11 +21,11 @@ Result<TrainerOptions> trainer_options(const EngineConfig& cfg) {
   o.grad_accum = cfg.setup.grad_accum;
   o.vertical_accumulation = cfg.vertical_accumulation;
   o.seed = cfg.seed;
-  o.adam.lr = static_cast<float>(cfg.optimizer.lr);
-  o.adam.beta1 = static_cast<float>(cfg.optimizer.beta1);
-  o.adam.beta2 = static_cast<float>(cfg.optimizer.beta2);
-  o.adam.eps = static_cast<float>(cfg.optimizer.eps);
-  o.adam.weight_decay = static_cast<float>(cfg.optimizer.weight_decay);
+  o.adam.lr = cfg.optimizer.lr;
+  o.adam.beta1 = cfg.optimizer.beta1;
+  o.adam.beta2 = cfg.optimizer.beta2;
+  o.adam.eps = cfg.optimizer.eps;
+  o.adam.weight_decay = cfg.optimizer.weight_decay;
   o.adam.decoupled_weight_decay = cfg.optimizer.type == "adamw";
   o.lr_schedule = cfg.lr_schedule;
   o.clip_norm = static_cast<float>(cfg.gradient_clipping);

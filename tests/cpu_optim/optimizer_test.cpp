@@ -1058,7 +1058,7 @@ TEST(Optimizer, EpsIsZeroOrNormalAndTheSmallestNormalOneMatchesReference) {
   zero_eps.eps = 0.0f;  // as torch.optim allows: a zero v then divides by zero
   EXPECT_TRUE(validate(zero_eps).ok());
   AdamConfig tiny_lr;
-  tiny_lr.lr = -1e-9f;
+  tiny_lr.lr = -1e-9;
   const Status lr = validate(tiny_lr);
   EXPECT_NE(lr.message().find("got -1e-09"), std::string::npos) << lr.to_string();  // not -0.000000
 }

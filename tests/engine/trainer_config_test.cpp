@@ -52,10 +52,10 @@ TEST(TrainerConfig, OptionsCarryEveryFieldTheConfigGives) {
   EXPECT_EQ(o->grad_accum, 2);
   EXPECT_TRUE(o->vertical_accumulation);
   EXPECT_EQ(o->seed, 9u);
-  EXPECT_EQ(o->adam.lr, 0.25f);
-  EXPECT_EQ(o->adam.beta1, 0.8f);
-  EXPECT_EQ(o->adam.beta2, 0.9f);
-  EXPECT_EQ(o->adam.eps, 1e-6f);
+  EXPECT_EQ(o->adam.lr, 0.25);
+  EXPECT_EQ(o->adam.beta1, 0.8);
+  EXPECT_EQ(o->adam.beta2, 0.9);
+  EXPECT_EQ(o->adam.eps, 1e-6);
   EXPECT_EQ(o->adam.weight_decay, 0.5f);
   EXPECT_FALSE(o->adam.decoupled_weight_decay);  // "adam": L2, coupled
   EXPECT_EQ(o->clip_norm, 2.0f);

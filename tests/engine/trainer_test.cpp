@@ -755,7 +755,7 @@ TEST(Trainer, ALearningRateScheduleIsFollowedAndResumes) {
       Result<float> loss = (*tr)->step();
       ASSERT_TRUE(loss) << loss.error().to_string();
       full.push_back(*loss);
-      EXPECT_EQ((*tr)->last_lr(), static_cast<float>(lr_at(o.lr_schedule, o.adam.lr, step))) << step;
+      EXPECT_EQ((*tr)->last_lr(), lr_at(o.lr_schedule, o.adam.lr, step)) << step;
       if (step == 10) {
         ASSERT_TRUE((*tr)->save(dir.sub("ckpt")).ok());
       }
@@ -1912,7 +1912,7 @@ TEST(Trainer, SkippedStepsAdvanceNeitherAdamsCountNorTheSchedule) {
   for (int step = 1; step <= 12; ++step) {
     const int64_t before = (*tr)->updates_done();
     ASSERT_TRUE((*tr)->step());
-    EXPECT_EQ((*tr)->last_lr(), static_cast<float>(lr_at(o.lr_schedule, o.adam.lr, before + 1))) << step;
+    EXPECT_EQ((*tr)->last_lr(), lr_at(o.lr_schedule, o.adam.lr, before + 1)) << step;
     EXPECT_EQ((*tr)->updates_done(), before + ((*tr)->last_skipped() ? 0 : 1)) << step;
     skipped += (*tr)->last_skipped() ? 1 : 0;
   }
