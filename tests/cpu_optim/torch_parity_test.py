@@ -10,6 +10,7 @@ element. Lion is not in torch 1.13; its reference follows the paper.
 import json
 import os
 import subprocess
+import zlib
 
 import numpy as np
 import pytest
@@ -67,7 +68,7 @@ def problem(seed):
 @pytest.mark.parametrize("name,opt_class,kwargs,fields", CASES, ids=[c[0] for c in CASES])
 def test_matches_torch_optim(name, opt_class, kwargs, fields, tmp_path):
     assert TOOL and os.path.exists(TOOL), "STRATA_PARITY_TOOL must name cpu_optim_torch_parity_tool (ctest sets it)"
-    params, grads = problem(seed=len(name))
+    params, grads = problem(seed=zlib.crc32(name.encode()))
     want_p, want_m, want_v = torch_run(opt_class, kwargs, params, grads)
     path = tmp_path / "problem.json"
     path.write_text(json.dumps(dict(fields, params=params.tolist(), grads=[g.tolist() for g in grads])))
@@ -81,8 +82,8 @@ def test_matches_torch_optim(name, opt_class, kwargs, fields, tmp_path):
     for isa, got in results.items():
         got_p = np.asarray(got["params"], dtype=np.float64)
         np.testing.assert_allclose(got_p, want_p, rtol=2e-6, atol=1e-5 * step, err_msg=f"{name} {isa} params")
-        for label, want, key in (("m", want_m, "m"), ("v", want_v, "v")):
-            if want is None:
+        for key, want in (("m", want_m), ("v", want_v)):
+            if want is None:  # a state this optimizer does not keep
                 continue
             np.testing.assert_allclose(np.asarray(got[key], dtype=np.float64), want, rtol=2e-6,
-                                       atol=1e-6 * np.max(np.abs(want)), err_msg=f"{name} {isa} {label}")
+                                       atol=1e-6 * np.max(np.abs(want)), err_msg=f"{name} {isa} {key}")

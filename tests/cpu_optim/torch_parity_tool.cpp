@@ -14,7 +14,6 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
-#include <variant>
 #include <vector>
 
 #include "cpu_optim/executor.h"
@@ -30,32 +29,25 @@ using strata::cpu_optim::SgdConfig;
 
 OptimizerConfig config_of(const json& j) {
   const std::string name = j.at("optimizer").get<std::string>();
+  const auto num = [&j](const char* key) { return j.at(key).get<double>(); };
   if (name == "adam" || name == "adamw") {
-    AdamConfig a;
-    a.lr = j.at("lr").get<double>();
-    a.beta1 = j.at("beta1").get<double>();
-    a.beta2 = j.at("beta2").get<double>();
-    a.eps = j.at("eps").get<double>();
-    a.weight_decay = j.at("weight_decay").get<double>();
-    a.decoupled_weight_decay = name == "adamw";
-    return a;
+    return AdamConfig{.lr = num("lr"),
+                      .beta1 = num("beta1"),
+                      .beta2 = num("beta2"),
+                      .eps = num("eps"),
+                      .weight_decay = num("weight_decay"),
+                      .decoupled_weight_decay = name == "adamw"};
   }
   if (name == "adagrad") {
-    AdagradConfig a;
-    a.lr = j.at("lr").get<double>();
-    a.lr_decay = j.at("lr_decay").get<double>();
-    a.eps = j.at("eps").get<double>();
-    a.weight_decay = j.at("weight_decay").get<double>();
-    return a;
+    return AdagradConfig{
+        .lr = num("lr"), .lr_decay = num("lr_decay"), .weight_decay = num("weight_decay"), .eps = num("eps")};
   }
   if (name == "sgd") {
-    SgdConfig s;
-    s.lr = j.at("lr").get<double>();
-    s.momentum = j.at("momentum").get<double>();
-    s.dampening = j.at("dampening").get<double>();
-    s.weight_decay = j.at("weight_decay").get<double>();
-    s.nesterov = j.at("nesterov").get<bool>();
-    return s;
+    return SgdConfig{.lr = num("lr"),
+                     .momentum = num("momentum"),
+                     .dampening = num("dampening"),
+                     .weight_decay = num("weight_decay"),
+                     .nesterov = j.at("nesterov").get<bool>()};
   }
   throw std::runtime_error("unknown optimizer " + name);
 }
@@ -71,6 +63,13 @@ int run(const char* path) {
   const auto initial = problem.at("params").get<std::vector<float>>();
   const auto grads = problem.at("grads").get<std::vector<std::vector<float>>>();
   const int64_t n = static_cast<int64_t>(initial.size());
+  for (size_t t = 0; t < grads.size(); ++t) {
+    if (grads[t].size() != initial.size()) {
+      std::fprintf(stderr, "step %zu: %zu gradients for %lld params\n", t + 1, grads[t].size(),
+                   static_cast<long long>(n));
+      return 2;
+    }
+  }
   auto executor = strata::cpu_optim::Executor::create();
   if (!executor) {
     std::fprintf(stderr, "%s\n", executor.error().to_string().c_str());
@@ -83,18 +82,12 @@ int run(const char* path) {
     span.params = params.data();
     span.n = n;
     span.grad_dtype = strata::DType::kF32;
-    // Adam: m and v; Adagrad: v (its sum); SGD: m (its momentum) when it has one.
-    const bool adam = std::holds_alternative<AdamConfig>(config), adagrad = std::holds_alternative<AdagradConfig>(config);
-    span.state.m = adam || (!adagrad && strata::cpu_optim::state_count(config) > 0) ? m.data() : nullptr;
-    span.state.v = adam || adagrad ? v.data() : nullptr;
+    // Both arrays whatever the optimizer (one it does not use stays 0).
+    span.state.m = m.data();
+    span.state.v = v.data();
     strata::cpu_optim::StepOptions options;
     options.isa = isa;
     for (size_t t = 0; t < grads.size(); ++t) {
-      if (static_cast<int64_t>(grads[t].size()) != n) {
-        std::fprintf(stderr, "step %zu: %zu gradients for %lld params\n", t + 1, grads[t].size(),
-                     static_cast<long long>(n));
-        return 2;
-      }
       span.grad = grads[t].data();
       auto r = strata::cpu_optim::step(config, static_cast<int64_t>(t + 1), span, options, **executor);
       if (!r) {
