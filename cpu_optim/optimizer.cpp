@@ -3,9 +3,12 @@
 
 #include <xsimd/xsimd.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <charconv>
 #include <cmath>
+#include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <string>
 
@@ -188,6 +191,66 @@ void reference_convert(const void* src, DType src_type, void* dst, DType dst_typ
   }
 }
 
+// One buffer a call reads or writes.
+struct Extent {
+  const char* name;
+  const void* p;
+  uint64_t bytes;
+  uint64_t align;  // the size of its elements
+  bool written;
+};
+
+// Each buffer aligned to its elements, and none that the call writes
+// sharing a byte with another it reads or writes: the kernels read and
+// write in batches and passes, so an overlap would not be an error they
+// could see, only wrong numbers. Null or empty buffers are skipped.
+Status check_extents(const char* call, std::initializer_list<Extent> extents) {
+  for (auto a = extents.begin(); a != extents.end(); ++a) {
+    if (a->p == nullptr || a->bytes == 0) continue;
+    const auto a0 = reinterpret_cast<uintptr_t>(a->p);
+    if (a0 % a->align != 0) {
+      return invalid_argument(std::string(call) + ": " + a->name + " is not aligned to its " +
+                              std::to_string(a->align) + "-byte elements");
+    }
+    for (auto b = extents.begin(); b != a; ++b) {
+      if (b->p == nullptr || b->bytes == 0 || !(a->written || b->written)) continue;
+      const auto b0 = reinterpret_cast<uintptr_t>(b->p);
+      if (a0 < b0 + b->bytes && b0 < a0 + a->bytes) {
+        return invalid_argument(std::string(call) + ": " + b->name + " and " + a->name +
+                                " overlap; a buffer the call writes must share no memory with another it reads or "
+                                "writes");
+      }
+    }
+  }
+  return ok_status();
+}
+
+// The buffers of one step: in place, params and the states are read and
+// written; out of place, read, and their _next twins written.
+Status check_span_extents(const ParamSpan& span, bool need_m, bool need_v) {
+  const auto n = static_cast<uint64_t>(span.n);
+  const bool in_place = span.params_next == nullptr;
+  const uint64_t elem = state_elem_bytes(span.state.type);
+  const uint64_t scales = span.state.type == StateType::kQ8 ? 4 * div_ceil(n, kQ8BlockElems) : 0;
+  const uint64_t m_bytes = need_m ? elem * n : 0, v_bytes = need_v ? elem * n : 0;
+  const StateSpans& s = span.state;
+  const StateSpans& x = span.state_next;
+  const uint64_t out = span.weights_out != nullptr ? dtype_bytes(span.out_dtype) : 0;
+  return check_extents("optimizer step",
+                       {{"grad", span.grad, dtype_bytes(span.grad_dtype) * n, dtype_bytes(span.grad_dtype), false},
+                        {"weights_out", span.weights_out, out * n, std::max<uint64_t>(out, 1), true},
+                        {"params", span.params, 4 * n, 4, in_place},
+                        {"m", s.m, m_bytes, elem, in_place},
+                        {"v", s.v, v_bytes, elem, in_place},
+                        {"m_scale", s.m_scale, need_m ? scales : 0, 4, in_place},
+                        {"v_scale", s.v_scale, need_v ? scales : 0, 4, in_place},
+                        {"params_next", span.params_next, 4 * n, 4, true},
+                        {"state_next.m", x.m, in_place ? 0 : m_bytes, elem, true},
+                        {"state_next.v", x.v, in_place ? 0 : v_bytes, elem, true},
+                        {"state_next.m_scale", x.m_scale, in_place || !need_m ? 0 : scales, 4, true},
+                        {"state_next.v_scale", x.v_scale, in_place || !need_v ? 0 : scales, 4, true}});
+}
+
 Status validate_span(const ParamSpan& span, OptKind kind, const Coeffs& c) {
   if (span.n < 0) return invalid_argument("span has negative length " + std::to_string(span.n));
   if (span.n == 0) return ok_status();
@@ -211,7 +274,7 @@ Status validate_span(const ParamSpan& span, OptKind kind, const Coeffs& c) {
   const bool any_next = next.m != nullptr || next.v != nullptr || next.m_scale != nullptr || next.v_scale != nullptr;
   if (span.params_next == nullptr) {
     if (any_next) return invalid_argument("state_next is given without params_next (an update out of place needs both)");
-    return ok_status();
+    return check_span_extents(span, need_m, need_v);
   }
   if (next.type != span.state.type) {
     return invalid_argument(std::string("state_next is ") + std::string(state_type_name(next.type)) + " but state is " +
@@ -222,7 +285,7 @@ Status validate_span(const ParamSpan& span, OptKind kind, const Coeffs& c) {
     return invalid_argument("state_next lacks an array the update writes (m needed: " + std::to_string(need_m) +
                             ", v needed: " + std::to_string(need_v) + ")");
   }
-  return ok_status();
+  return check_span_extents(span, need_m, need_v);
 }
 
 }  // namespace
@@ -298,15 +361,23 @@ uint64_t state_array_bytes(StateType type, int64_t n) {
   return 0;
 }
 
-Status convert(const void* src, DType src_type, void* dst, DType dst_type, int64_t n, Isa isa) {
+namespace {
+Status check_convert(const void* src, DType src_type, void* dst, DType dst_type, int64_t n) {
   if (n < 0 || (n > 0 && (src == nullptr || dst == nullptr))) return invalid_argument("convert: null pointer or n < 0");
+  const uint64_t sb = dtype_bytes(src_type), db = dtype_bytes(dst_type), count = static_cast<uint64_t>(n);
+  return check_extents("convert", {{"src", src, sb * count, sb, false}, {"dst", dst, db * count, db, true}});
+}
+}  // namespace
+
+Status convert(const void* src, DType src_type, void* dst, DType dst_type, int64_t n, Isa isa) {
+  STRATA_RETURN_IF_ERROR(check_convert(src, src_type, dst, dst_type, n));
   STRATA_ASSIGN_OR_RETURN(Isa chosen, resolve_isa(isa));
   on_isa(chosen, detail::ConvertKernel{}, reference_convert, src, src_type, dst, dst_type, n);
   return ok_status();
 }
 
 Status convert(const void* src, DType src_type, void* dst, DType dst_type, int64_t n, Executor& executor, Isa isa) {
-  if (n < 0 || (n > 0 && (src == nullptr || dst == nullptr))) return invalid_argument("convert: null pointer or n < 0");
+  STRATA_RETURN_IF_ERROR(check_convert(src, src_type, dst, dst_type, n));
   STRATA_ASSIGN_OR_RETURN(Isa chosen, resolve_isa(isa));
   const uint64_t sb = dtype_bytes(src_type), db = dtype_bytes(dst_type);
   executor.parallel_for(n, kTileQuantum * 16, [&](int64_t begin, int64_t end) {
@@ -320,6 +391,10 @@ Status q8_encode(const float* src, int64_t n, Q8Array which, void* codes, float*
   if (n < 0 || (n > 0 && (src == nullptr || codes == nullptr || scales == nullptr))) {
     return invalid_argument("q8_encode: null pointer or n < 0");
   }
+  const auto count = static_cast<uint64_t>(n), scale_bytes = 4 * div_ceil(count, kQ8BlockElems);
+  STRATA_RETURN_IF_ERROR(check_extents(
+      "q8_encode",
+      {{"src", src, 4 * count, 4, false}, {"codes", codes, count, 1, true}, {"scales", scales, scale_bytes, 4, true}}));
   STRATA_ASSIGN_OR_RETURN(Isa chosen, resolve_isa(isa));
   on_isa(chosen, detail::Q8EncodeKernel{}, detail::reference_q8_encode, src, n, which == Q8Array::kV, codes, scales);
   return ok_status();
@@ -329,6 +404,10 @@ Status q8_decode(const void* codes, const float* scales, int64_t n, Q8Array whic
   if (n < 0 || (n > 0 && (codes == nullptr || scales == nullptr || dst == nullptr))) {
     return invalid_argument("q8_decode: null pointer or n < 0");
   }
+  const auto count = static_cast<uint64_t>(n), scale_bytes = 4 * div_ceil(count, kQ8BlockElems);
+  STRATA_RETURN_IF_ERROR(check_extents("q8_decode", {{"codes", codes, count, 1, false},
+                                                     {"scales", scales, scale_bytes, 4, false},
+                                                     {"dst", dst, 4 * count, 4, true}}));
   STRATA_ASSIGN_OR_RETURN(Isa chosen, resolve_isa(isa));
   on_isa(chosen, detail::Q8DecodeKernel{}, detail::reference_q8_decode, codes, scales, n, which == Q8Array::kV, dst);
   return ok_status();
@@ -349,6 +428,8 @@ std::vector<double>& partials_buffer(bool for_step, int64_t n) {
 Result<GradStats> grad_stats(const void* grad, DType dtype, int64_t n, float grad_scale, Executor& executor,
                              Isa isa) {
   if (n < 0 || (n > 0 && grad == nullptr)) return invalid_argument("grad_stats: null gradient or negative length");
+  STRATA_RETURN_IF_ERROR(check_extents(
+      "grad_stats", {{"grad", grad, dtype_bytes(dtype) * static_cast<uint64_t>(n), dtype_bytes(dtype), false}}));
   STRATA_ASSIGN_OR_RETURN(Isa chosen, resolve_isa(isa));
   std::vector<double>& partials = partials_buffer(false, n);  // the caller's thread's: the workers fill it
   std::atomic<int64_t> bad{0};

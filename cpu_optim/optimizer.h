@@ -154,8 +154,12 @@ struct StepReport {
 Status validate(const OptimizerConfig& config);
 
 // Updates `span` with optimizer step `t` (t >= 1). InvalidArgument for a
-// bad config (validate), null pointers, t < 1, or a state type the
-// optimizer lacks.
+// bad config (validate), null pointers, t < 1, a state type the optimizer
+// lacks, a buffer not aligned to its elements (params 4 bytes, a bf16
+// gradient 2, ...), or a buffer the step writes (params and the states it
+// uses in place, their _next twins out of place, weights_out) sharing
+// memory with another it reads or writes; nothing is touched then. Buffers
+// it only reads may overlap.
 Result<StepReport> step(const OptimizerConfig& config, int64_t t, const ParamSpan& span, const StepOptions& options,
                         Executor& executor);
 
@@ -167,7 +171,9 @@ Result<GradStats> grad_stats(const void* grad, DType dtype, int64_t n, float gra
                              Isa isa = Isa::kAuto);
 
 // Converts n elements between fp32 / bf16 / fp16 with the vector kernels of
-// `isa` (bit-identical to dtype.h's scalar conversions).
+// `isa` (bit-identical to dtype.h's scalar conversions). src and dst must
+// not overlap (InvalidArgument), and each is aligned to its elements; so
+// for q8_encode / q8_decode and grad_stats below.
 Status convert(const void* src, DType src_type, void* dst, DType dst_type, int64_t n, Isa isa = Isa::kAuto);
 // The same on the executor's threads (bit-identical: each element is converted alone).
 Status convert(const void* src, DType src_type, void* dst, DType dst_type, int64_t n, Executor& executor,

@@ -960,6 +960,101 @@ TEST(Optimizer, BadArgumentsAreInvalidArgument) {
   EXPECT_EQ(Executor::create({1, 4096}).error().code(), StatusCode::kInvalidArgument);
 }
 
+// Buffers that overlap where the call writes, or that are not aligned to
+// their elements, are refused before anything is touched, the message
+// naming them; buffers the call only reads may share memory, and arrays
+// the optimizer does not use are not looked at.
+TEST(Optimizer, OverlappingOrMisalignedBuffersAreRefusedAndNothingIsTouched) {
+  auto ex = make_executor(2);
+  const int64_t n = 4099;
+  Problem p(n, DType::kBF16, true, DType::kBF16, StateType::kF32, 3);
+  p.fill_grad(4);
+  ASSERT_TRUE(step(AdamConfig{}, 1, p.span(), {}, *ex));  // non-zero states to keep
+  const Problem kept = p;
+  auto refused = [&](const ParamSpan& span, const OptimizerConfig& config, const std::string& a, const std::string& b) {
+    Result<StepReport> r = step(config, 2, span, {}, *ex);
+    ASSERT_FALSE(r) << a << " / " << b;
+    EXPECT_EQ(r.error().code(), StatusCode::kInvalidArgument);
+    const std::string msg(r.error().message());
+    EXPECT_NE(msg.find(a), std::string::npos) << msg;
+    EXPECT_NE(msg.find(b), std::string::npos) << msg;
+    EXPECT_EQ(std::memcmp(p.params.data(), kept.params.data(), p.params.size() * 4), 0) << msg;
+    EXPECT_EQ(p.m, kept.m) << msg;
+    EXPECT_EQ(p.v, kept.v) << msg;
+    EXPECT_EQ(p.out, kept.out) << msg;
+    EXPECT_EQ(p.grad, kept.grad) << msg;
+  };
+  const AdamConfig adam;
+  ParamSpan s = p.span();
+  ParamSpan x = s;  // the bf16 weights written over the second half of the fp32 params
+  x.weights_out = s.params + n / 2;
+  refused(x, adam, "weights_out", "params");
+  x = s;  // m running into v by one element
+  x.state.m = static_cast<std::byte*>(s.state.v) - 4 * (n - 1);
+  refused(x, adam, "m", "v");
+  x = s;  // the gradient under the weights being written: refused although both are bf16
+  x.weights_out = const_cast<void*>(s.grad);
+  refused(x, adam, "grad", "weights_out");
+  x = s;  // out of place, the new params one element on from the old
+  x.params_next = s.params + 1;
+  x.state_next = s.state;
+  refused(x, adam, "params", "params_next");
+  x = s;  // a bf16 gradient one byte off its elements
+  x.grad = static_cast<const std::byte*>(s.grad) + 1;
+  x.n = n - 1;
+  refused(x, adam, "grad", "aligned");
+  x = s;
+  x.params = reinterpret_cast<float*>(reinterpret_cast<std::byte*>(s.params) + 2);
+  x.n = n - 1;
+  refused(x, adam, "params", "aligned");
+
+  // Out of place, the old params may be the gradient's memory too (both only
+  // read): accepted, and the same bits as from a separate copy of them.
+  Problem alias(n, DType::kF32, false, DType::kBF16, StateType::kF32, 5);
+  Problem apart = alias;
+  std::memcpy(alias.grad.data(), alias.params.data(), alias.params.size() * 4);
+  std::memcpy(apart.grad.data(), apart.params.data(), apart.params.size() * 4);
+  std::vector<float> next_alias(alias.params.size()), next_apart(apart.params.size());
+  std::vector<std::byte> m_alias(alias.m.size()), v_alias(alias.v.size()), m_apart(apart.m.size()),
+      v_apart(apart.v.size());
+  ParamSpan a = alias.span();
+  a.grad = a.params;
+  a.params_next = next_alias.data() + 1;
+  a.state_next = {StateType::kF32, m_alias.data() + 4, v_alias.data() + 4, nullptr, nullptr};
+  ParamSpan b = apart.span();
+  b.params_next = next_apart.data() + 1;
+  b.state_next = {StateType::kF32, m_apart.data() + 4, v_apart.data() + 4, nullptr, nullptr};
+  ASSERT_TRUE(step(adam, 1, a, {}, *ex));
+  ASSERT_TRUE(step(adam, 1, b, {}, *ex));
+  EXPECT_EQ(next_alias, next_apart);
+  EXPECT_EQ(m_alias, m_apart);
+  EXPECT_EQ(v_alias, v_apart);
+  // SGD without momentum keeps no state: its m, here the params' own
+  // memory, is not looked at.
+  ParamSpan sgd = p.span();
+  sgd.state.m = sgd.params;
+  sgd.state.v = sgd.params;
+  EXPECT_TRUE(step(SgdConfig{}, 1, sgd, {}, *ex));
+
+  // The conversions and the 8-bit format on their own.
+  std::vector<float> f(1000, 1.5f);
+  EXPECT_EQ(convert(f.data(), DType::kF32, f.data() + 100, DType::kBF16, 500).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(convert(f.data(), DType::kF32, f.data(), DType::kF32, 500, *ex).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(convert(reinterpret_cast<std::byte*>(f.data()) + 2, DType::kF32, f.data() + 600, DType::kBF16, 10).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_TRUE(convert(f.data(), DType::kF32, f.data() + 500, DType::kBF16, 500).ok());  // just apart
+  std::vector<uint8_t> codes(600);
+  EXPECT_EQ(q8_encode(f.data(), 512, Q8Array::kM, codes.data(), reinterpret_cast<float*>(codes.data() + 508)).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_TRUE(q8_encode(f.data(), 512, Q8Array::kM, codes.data(), reinterpret_cast<float*>(codes.data() + 512)).ok());
+  EXPECT_EQ(q8_decode(codes.data(), reinterpret_cast<float*>(codes.data() + 512), 512, Q8Array::kM,
+                      reinterpret_cast<float*>(codes.data()))
+                .code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(grad_stats(reinterpret_cast<std::byte*>(f.data()) + 1, DType::kBF16, 10, 1.0f, *ex).error().code(),
+            StatusCode::kInvalidArgument);
+}
+
 // A gradient whose square overflows fp32 (|g| > 1.8e19) but whose
 // (1 - beta2) g g does not: torch.optim.AdamW (1.13) computes
 // addcmul_(g, g, value=1 - beta2) left to right, keeps v finite and takes
