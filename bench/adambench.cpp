@@ -492,7 +492,9 @@ int run(int argc, char** argv) {
   std::string isa_text = "auto";
   std::string pages = "huge";
   app.add_option("--log2-params", log2_params, "parameters = 2^N")->capture_default_str()->check(CLI::Range(10, 32));
-  app.add_option("--threads", thread_counts, "thread counts (default: 1 and all cores)");
+  app.add_option(
+      "--threads", thread_counts,
+      "thread counts (default: 1 and all cores; 0 is all cores, and more than the cores online run on all of them)");
   app.add_option("--modes", mode_names, "offload, fp32, bf16_state, q8_state")->capture_default_str();
   app.add_option("--reps", reps, "timed repetitions (median kept)")->capture_default_str()->check(CLI::Range(1, 100));
   app.add_flag("--skip-naive", skip_naive, "do not time the scalar reference (slow)");
