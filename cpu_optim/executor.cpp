@@ -12,6 +12,8 @@
 #include <cstring>
 #include <string>
 
+#include "common/check.h"
+
 namespace strata::cpu_optim {
 namespace {
 
@@ -69,7 +71,10 @@ Result<std::unique_ptr<Executor>> Executor::create(const ExecutorOptions& option
                               " does not exist (this machine has " + std::to_string(nodes) + ")");
     }
     int node_cpus = hwloc_bitmap_weight(ex->impl_->node->cpuset);
-    if (threads == 0) threads = node_cpus > 0 ? node_cpus : 1;
+    if (node_cpus <= 0) node_cpus = 1;
+    // Bound to the node's cores: more threads than they are would only
+    // take turns on them.
+    threads = threads == 0 ? node_cpus : std::min(threads, node_cpus);
     ex->numa_node_ = options.numa_node;
   }
   if (threads == 0) threads = hardware_threads();
@@ -89,6 +94,7 @@ Result<std::unique_ptr<Executor>> Executor::create(const ExecutorOptions& option
 Executor::~Executor() = default;
 
 void Executor::parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body) {
+  STRATA_CHECK_MSG(grain > 0, "Executor::parallel_for: grain must be > 0, got %lld", static_cast<long long>(grain));
   if (n <= 0) return;
   int64_t chunks = (n + grain - 1) / grain;
   // Inline on the calling thread when that changes nothing; with a NUMA

@@ -13,7 +13,7 @@
 namespace strata::cpu_optim {
 
 struct ExecutorOptions {
-  int threads = 0;      // 0: every core (of the NUMA node when one is given); capped at the cores online
+  int threads = 0;      // 0: every core (of the NUMA node when one is given); capped at those cores
   int numa_node = -1;   // -1: no binding
 };
 
@@ -27,8 +27,8 @@ class Executor {
   int threads() const { return threads_; }
   int numa_node() const { return numa_node_; }
 
-  // Runs body(begin, end) over [0, n) in chunks of exactly `grain` elements
-  // (the last may be shorter), in parallel inside the arena, each chunk
+  // Runs body(begin, end) over [0, n) in chunks of exactly `grain` (> 0)
+  // elements (the last may be shorter), in parallel inside the arena, each chunk
   // taken by the next free thread. Chunk boundaries depend only on n and
   // grain, never on the thread count.
   void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body);

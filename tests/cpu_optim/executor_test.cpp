@@ -9,6 +9,7 @@
 #include <hwloc.h>
 #include <tbb/info.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -42,6 +43,14 @@ TEST(Executor, RunsOnTheCoresAndPlacesPagesOnTheNodeAskedFor) {
   }
   ASSERT_TRUE(ex) << ex.error().to_string();
   EXPECT_EQ((*ex)->numa_node(), 0);
+  // As many threads as asked for, at most the node's cores; 0 is all of them.
+  const int node_cpus = hwloc_bitmap_weight(node->cpuset);
+  EXPECT_EQ((*ex)->threads(), std::min(2, node_cpus));
+  for (int asked_for : {0, 4096}) {
+    Result<std::unique_ptr<Executor>> all = Executor::create({.threads = asked_for, .numa_node = 0});
+    ASSERT_TRUE(all) << all.error().to_string();
+    EXPECT_EQ((*all)->threads(), node_cpus) << "asked for " << asked_for;
+  }
 
   // Every chunk of work runs on a thread bound within the node's cores.
   std::mutex mu;
