@@ -479,7 +479,10 @@ Result<StepReport> step(const OptimizerConfig& config, int64_t t, const ParamSpa
   } else if (options.stats != nullptr) {
     partials = &partials_buffer(true, span.n);
   }
-  int64_t tile = static_cast<int64_t>(round_up(static_cast<uint64_t>(options.tile_elems), kTileQuantum));
+  // A tile longer than the span is the span (no result depends on the
+  // tiling, and round_up of a near-INT64_MAX tile would wrap to 0).
+  const auto tile = static_cast<int64_t>(
+      round_up(static_cast<uint64_t>(std::min(options.tile_elems, span.n)), static_cast<uint64_t>(kTileQuantum)));
   // The whole span as one call; each tile is it moved on to the tile's start.
   TileCall whole;
   whole.kind = kind;
