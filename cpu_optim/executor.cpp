@@ -57,6 +57,10 @@ Result<std::unique_ptr<Executor>> Executor::create(const ExecutorOptions& option
     return invalid_argument("cpu_optim executor: threads must be 0 (all) or 1..4096, got " +
                             std::to_string(options.threads));
   }
+  if (options.numa_node < -1) {
+    return invalid_argument("cpu_optim executor: numa_node must be -1 (no binding) or a node's index, got " +
+                            std::to_string(options.numa_node));
+  }
   std::unique_ptr<Executor> ex(new Executor());
   ex->impl_ = std::make_unique<Impl>();
   int threads = options.threads;

@@ -14,7 +14,7 @@ namespace strata::cpu_optim {
 
 struct ExecutorOptions {
   int threads = 0;      // 0: every core (of the NUMA node when one is given); capped at those cores
-  int numa_node = -1;   // -1: no binding
+  int numa_node = -1;   // -1: no binding (below -1: InvalidArgument)
 };
 
 class Executor {

@@ -152,6 +152,11 @@ TEST(Executor, ANodeThatDoesNotExistIsAClearError) {
   EXPECT_EQ(ex.error().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(ex.error().message().find("NUMA node " + std::to_string(nodes + 7)), std::string::npos)
       << ex.error().to_string();
+  // -1 is no binding; below it is a mistake, not another way to say none.
+  Result<std::unique_ptr<Executor>> negative = Executor::create({.threads = 1, .numa_node = -2});
+  ASSERT_FALSE(negative);
+  EXPECT_EQ(negative.error().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(negative.error().message().find("-2"), std::string::npos) << negative.error().to_string();
 }
 
 TEST(Executor, BindingChangesNoBits) {
