@@ -29,6 +29,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -549,8 +550,13 @@ int run(int argc, char** argv) {
     return static_cast<int>(a.state) < static_cast<int>(b.state);
   });
   nlohmann::json cores = nlohmann::json::object();
-  const std::vector<std::pair<int, double>> speeds =
-      skip_core_check ? std::vector<std::pair<int, double>>{} : core_speeds(probe, adamw, isa);
+  // Each mode's cores too (milliseconds each), for its rows' arithmetic
+  // against their roofline; the probe's are the ones printed here.
+  std::map<const Mode*, std::vector<std::pair<int, double>>> mode_speeds;
+  if (!skip_core_check) {
+    for (const Mode& mode : modes) mode_speeds[&mode] = core_speeds(mode, adamw, isa);
+  }
+  const std::vector<std::pair<int, double>>& speeds = mode_speeds[&probe];
   if (!speeds.empty()) {
     double lo = speeds[0].second, hi = speeds[0].second;
     std::printf("core speeds (%.*s in cache, one pinned thread, params/s):", static_cast<int>(probe.name.size()),
@@ -644,7 +650,7 @@ int run(int argc, char** argv) {
                     static_cast<double>(n) / s, gbps, roof_gbps, gbps / roof_gbps, triad, naive > 0 ? naive / s : 0.0,
                     100 * huge_share);
         const double ceiling_vs_roof =
-            &mode == &probe ? cores_vs_roofline(speeds, ex.threads(), roof_gbps * 1e9 / bytes_per_param) : 0.0;
+            cores_vs_roofline(mode_speeds[&mode], ex.threads(), roof_gbps * 1e9 / bytes_per_param);
         if (ceiling_vs_roof > 0) {
           std::printf("  (its cores in cache, alone: %.2fx the parameters/s this roofline moves%s)\n", ceiling_vs_roof,
                       ceiling_vs_roof < 1.0 ? " — the arithmetic alone cannot keep up with this memory" : "");
