@@ -225,30 +225,36 @@ Status check_extents(const char* call, std::initializer_list<Extent> extents) {
   return ok_status();
 }
 
+// The bytes of an 8-bit state array's block scales (one float per block).
+uint64_t q8_scale_bytes(uint64_t n) {
+  return 4 * div_ceil(n, kQ8BlockElems);
+}
+
 // The buffers of one step: in place, params and the states are read and
-// written; out of place, read, and their _next twins written.
+// written; out of place, read, and their _next twins (null in place)
+// written. Arrays the optimizer does not use count as empty.
 Status check_span_extents(const ParamSpan& span, bool need_m, bool need_v) {
   const auto n = static_cast<uint64_t>(span.n);
   const bool in_place = span.params_next == nullptr;
   const uint64_t elem = state_elem_bytes(span.state.type);
-  const uint64_t scales = span.state.type == StateType::kQ8 ? 4 * div_ceil(n, kQ8BlockElems) : 0;
+  const uint64_t scales = span.state.type == StateType::kQ8 ? q8_scale_bytes(n) : 0;
   const uint64_t m_bytes = need_m ? elem * n : 0, v_bytes = need_v ? elem * n : 0;
+  const uint64_t m_scales = need_m ? scales : 0, v_scales = need_v ? scales : 0;
+  const uint64_t g = dtype_bytes(span.grad_dtype), out = dtype_bytes(span.out_dtype);
   const StateSpans& s = span.state;
   const StateSpans& x = span.state_next;
-  const uint64_t out = span.weights_out != nullptr ? dtype_bytes(span.out_dtype) : 0;
-  return check_extents("optimizer step",
-                       {{"grad", span.grad, dtype_bytes(span.grad_dtype) * n, dtype_bytes(span.grad_dtype), false},
-                        {"weights_out", span.weights_out, out * n, std::max<uint64_t>(out, 1), true},
-                        {"params", span.params, 4 * n, 4, in_place},
-                        {"m", s.m, m_bytes, elem, in_place},
-                        {"v", s.v, v_bytes, elem, in_place},
-                        {"m_scale", s.m_scale, need_m ? scales : 0, 4, in_place},
-                        {"v_scale", s.v_scale, need_v ? scales : 0, 4, in_place},
-                        {"params_next", span.params_next, 4 * n, 4, true},
-                        {"state_next.m", x.m, in_place ? 0 : m_bytes, elem, true},
-                        {"state_next.v", x.v, in_place ? 0 : v_bytes, elem, true},
-                        {"state_next.m_scale", x.m_scale, in_place || !need_m ? 0 : scales, 4, true},
-                        {"state_next.v_scale", x.v_scale, in_place || !need_v ? 0 : scales, 4, true}});
+  return check_extents("optimizer step", {{"grad", span.grad, g * n, g, false},
+                                          {"weights_out", span.weights_out, out * n, out, true},
+                                          {"params", span.params, 4 * n, 4, in_place},
+                                          {"m", s.m, m_bytes, elem, in_place},
+                                          {"v", s.v, v_bytes, elem, in_place},
+                                          {"m_scale", s.m_scale, m_scales, 4, in_place},
+                                          {"v_scale", s.v_scale, v_scales, 4, in_place},
+                                          {"params_next", span.params_next, 4 * n, 4, true},
+                                          {"state_next.m", x.m, m_bytes, elem, true},
+                                          {"state_next.v", x.v, v_bytes, elem, true},
+                                          {"state_next.m_scale", x.m_scale, m_scales, 4, true},
+                                          {"state_next.v_scale", x.v_scale, v_scales, 4, true}});
 }
 
 Status validate_span(const ParamSpan& span, OptKind kind, const Coeffs& c) {
@@ -356,7 +362,8 @@ uint64_t state_array_bytes(StateType type, int64_t n) {
   switch (type) {
     case StateType::kF32: return 4 * count;
     case StateType::kBF16: return 2 * count;
-    case StateType::kQ8: return count + 4 * div_ceil(count, kQ8BlockElems);
+    case StateType::kQ8:
+      return count + q8_scale_bytes(count);
   }
   return 0;
 }
@@ -391,7 +398,7 @@ Status q8_encode(const float* src, int64_t n, Q8Array which, void* codes, float*
   if (n < 0 || (n > 0 && (src == nullptr || codes == nullptr || scales == nullptr))) {
     return invalid_argument("q8_encode: null pointer or n < 0");
   }
-  const auto count = static_cast<uint64_t>(n), scale_bytes = 4 * div_ceil(count, kQ8BlockElems);
+  const auto count = static_cast<uint64_t>(n), scale_bytes = q8_scale_bytes(count);
   STRATA_RETURN_IF_ERROR(check_extents(
       "q8_encode",
       {{"src", src, 4 * count, 4, false}, {"codes", codes, count, 1, true}, {"scales", scales, scale_bytes, 4, true}}));
@@ -404,7 +411,7 @@ Status q8_decode(const void* codes, const float* scales, int64_t n, Q8Array whic
   if (n < 0 || (n > 0 && (codes == nullptr || scales == nullptr || dst == nullptr))) {
     return invalid_argument("q8_decode: null pointer or n < 0");
   }
-  const auto count = static_cast<uint64_t>(n), scale_bytes = 4 * div_ceil(count, kQ8BlockElems);
+  const auto count = static_cast<uint64_t>(n), scale_bytes = q8_scale_bytes(count);
   STRATA_RETURN_IF_ERROR(check_extents("q8_decode", {{"codes", codes, count, 1, false},
                                                      {"scales", scales, scale_bytes, 4, false},
                                                      {"dst", dst, 4 * count, 4, true}}));

@@ -67,7 +67,7 @@ def problem(seed):
 
 @pytest.mark.parametrize("name,opt_class,kwargs,fields", CASES, ids=[c[0] for c in CASES])
 def test_matches_torch_optim(name, opt_class, kwargs, fields, tmp_path):
-    assert TOOL and os.path.exists(TOOL), "STRATA_PARITY_TOOL must name cpu_optim_torch_parity_tool (ctest and scripts/test set it)"
+    assert TOOL and os.path.exists(TOOL), "STRATA_PARITY_TOOL must name cpu_optim_torch_parity_tool (its ctest entry sets it)"
     params, grads = problem(seed=zlib.crc32(name.encode()))
     want_p, want_m, want_v = torch_run(opt_class, kwargs, params, grads)
     path = tmp_path / "problem.json"

@@ -56,7 +56,7 @@ TEST(TrainerConfig, OptionsCarryEveryFieldTheConfigGives) {
   EXPECT_EQ(o->adam.beta1, 0.8);
   EXPECT_EQ(o->adam.beta2, 0.9);
   EXPECT_EQ(o->adam.eps, 1e-6);
-  EXPECT_EQ(o->adam.weight_decay, 0.5f);
+  EXPECT_EQ(o->adam.weight_decay, 0.5);
   EXPECT_FALSE(o->adam.decoupled_weight_decay);  // "adam": L2, coupled
   EXPECT_EQ(o->clip_norm, 2.0f);
   EXPECT_EQ(o->precision, DType::kF16);
