@@ -492,6 +492,7 @@ int run(int argc, char** argv) {
   bool skip_core_check = false;
   std::string isa_text = "auto";
   std::string pages = "huge";
+  double eps = 1e-8;
   app.add_option("--log2-params", log2_params, "parameters = 2^N")->capture_default_str()->check(CLI::Range(10, 32));
   app.add_option(
       "--threads", thread_counts,
@@ -514,8 +515,18 @@ int run(int argc, char** argv) {
                  "(MADV_NOHUGEPAGE)")
       ->capture_default_str()
       ->check(CLI::IsMember({"huge", "4k"}));
+  app.add_option("--eps", eps,
+                 "AdamW's eps (an eps times sqrt(1 - beta2^t) below 2^-49, e.g. 0, takes the exact roots and "
+                 "divisions: slower)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   g_huge_pages = pages == "huge";
+  cpu_optim::AdamConfig asked;
+  asked.eps = eps;
+  if (const Status valid = cpu_optim::validate(asked); !valid.ok()) {
+    std::fprintf(stderr, "strata-adambench: --eps: %s\n", valid.to_string().c_str());
+    return 2;
+  }
   Result<Isa> parsed = cpu_optim::parse_isa(isa_text);
   if (!parsed) {
     std::fprintf(stderr, "strata-adambench: --isa: %s\n", parsed.error().to_string().c_str());
@@ -539,12 +550,14 @@ int run(int argc, char** argv) {
   const int64_t n = int64_t{1} << log2_params;
   std::vector<Isa> isas = cpu_optim::available_isas();
   std::string isa_used(cpu_optim::isa_name(isa == Isa::kAuto ? isas.front() : isa));
-  std::printf("strata-adambench: AdamW on 2^%d = %lld parameters, ISA %s, %d cores, median of %d steps, %s pages\n",
-              log2_params, static_cast<long long>(n), isa_used.c_str(), cpu_optim::hardware_threads(), reps,
-              g_huge_pages ? "2 MiB" : "4 KiB");
+  std::printf(
+      "strata-adambench: AdamW (eps %g) on 2^%d = %lld parameters, ISA %s, %d cores, median of %d steps, %s pages\n",
+      eps, log2_params, static_cast<long long>(n), isa_used.c_str(), cpu_optim::hardware_threads(), reps,
+      g_huge_pages ? "2 MiB" : "4 KiB");
   nlohmann::json rows = nlohmann::json::array();
   cpu_optim::AdamConfig adamw;
   adamw.weight_decay = 0.01f;
+  adamw.eps = eps;
   // The cores' speeds, with the most arithmetic-heavy mode asked for.
   const Mode& probe = *std::max_element(modes.begin(), modes.end(), [](const Mode& a, const Mode& b) {
     return static_cast<int>(a.state) < static_cast<int>(b.state);
@@ -703,7 +716,8 @@ int run(int argc, char** argv) {
     }
     print_vs_offload(rows, first_row);
   }
-  nlohmann::json j = {{"bench", "adam"}, {"params", n}, {"isa", isa_used}, {"system", system_info()}, {"rows", rows}};
+  nlohmann::json j = {{"bench", "adam"},         {"params", n}, {"isa", isa_used},
+                      {"system", system_info()}, {"eps", eps},  {"rows", rows}};
   if (!cores.empty()) {
     j["core_probe_mode"] = std::string(probe.name);
     j["core_params_per_s"] = cores;

@@ -391,6 +391,21 @@ inline CoarseStepConstants coarse_step_constants(const TileCall& call) {
           call.c.step_size != 0.0f ? call.c.eps / call.c.step_size : 0.0f};
 }
 
+// Whether Adam's or Adagrad's eps is too small for the estimates. They take
+// a v below FLT_MIN (0, or subnormal: a row that gets no gradient decays
+// there) as something else — AVX2's root reads it as 0, the coarse factor
+// lifts it to FLT_MIN so that its root estimate stays finite — which moves
+// the denominator sqrt(v) / sqrt(bc2) + eps by up to sqrt(FLT_MIN) /
+// sqrt(bc2) = 2^-63 / sqrt(bc2): under 2^-14 of it (the estimates' own
+// error) where eps sqrt(bc2) >= 2^-49 (1.8e-15; at beta2 = 0.999 any eps
+// from 5.6e-14 up, torch's default 1e-8 included). Below it, and at eps = 0,
+// whose m / 0 a Newton step turns into NaN, the reference's roots and
+// divisions (BatchStep::step_exact).
+inline constexpr float kEstimatedRootsMinEps = 0x1p-49f;
+inline bool exact_roots_for(const Coeffs& c) {
+  return c.eps * c.bias_correction2_sqrt < kEstimatedRootsMinEps;
+}
+
 // One optimizer's update of one batch, in registers: p, m, v in/out, g the
 // unscaled gradient. Constants are broadcast once per tile. Non-finite
 // gradients are detected without a branch per batch: g * 0 is NaN exactly
@@ -398,7 +413,7 @@ inline CoarseStepConstants coarse_step_constants(const TileCall& call) {
 template <class Arch, OptKind K>
 struct BatchStep {
   using B = xsimd::batch<float, Arch>;
-  B gs, zero, lr, wd, decay, b1, b2, omb1, omb2, eps, step_size, inv_bc2_sqrt, momentum, one_minus_dampening;
+  B gs, zero, lr, wd, decay, b1, b2, omb1, omb2, eps, step_size, bc2_sqrt, inv_bc2_sqrt, momentum, one_minus_dampening;
   bool decoupled, nesterov, first_step, has_momentum;
   // Adam over low-precision (bf16, 8-bit) states: the step's factor
   // step_size / (sqrt(v) / sqrt(bc2) + eps) comes from the bare hardware
@@ -409,6 +424,10 @@ struct BatchStep {
   // kernels' vector instructions. k_step = 1 / (sqrt(bc2) step_size) and
   // eps_step = eps / step_size are its constants (step_size folded in).
   bool coarse_roots;
+  // Adam's and Adagrad's eps too small for the estimates (exact_roots_for):
+  // step_exact takes the reference's roots and divisions, and run_tile
+  // sends the whole tile down the staged path.
+  bool exact_roots;
   CoarseStepConstants coarse;  // k_step and eps_step as scalars (the 8-bit loop scales them)
   B k_step, eps_step;
   B check;
@@ -429,6 +448,7 @@ struct BatchStep {
         omb2(call.c.one_minus_beta2),
         eps(call.c.eps),
         step_size(call.c.step_size),
+        bc2_sqrt(call.c.bias_correction2_sqrt),
         inv_bc2_sqrt(1.0f / call.c.bias_correction2_sqrt),
         momentum(call.c.momentum),
         one_minus_dampening(call.c.one_minus_dampening),
@@ -437,6 +457,7 @@ struct BatchStep {
         first_step(call.c.first_step),
         has_momentum(call.c.momentum != 0.0f),
         coarse_roots(call.state_type != StateType::kF32),
+        exact_roots((K == OptKind::kAdam || K == OptKind::kAdagrad) && exact_roots_for(call.c)),
         coarse(coarse_step_constants(call)),
         k_step(coarse.k),
         eps_step(coarse.eps),
@@ -515,7 +536,8 @@ struct BatchStep {
   // times r / step_size), one square root and one reciprocal estimate where
   // sqrt(v) = 1/rsqrt(v) would take a third. v = 0 is lifted to the
   // smallest normal number, so r stays finite and the factor is the
-  // 1 / eps_step it should be; v = inf gives r = 0 and a factor of 0, as
+  // 1 / eps_step it should be (to the estimates' error for the eps taken
+  // here: exact_roots_for); v = inf gives r = 0 and a factor of 0, as
   // the exact formula (a non-finite m then makes the update NaN).
   // kPositive: the caller's v is never 0 (adamw_q8_scaled's), no lift.
   template <bool kPositive = false>
@@ -541,8 +563,35 @@ struct BatchStep {
     if ((i + static_cast<int64_t>(B::size)) % kSub == 0) flush_square(partials, i / kSub);
   }
 
+  // The update with the reference's exact roots and divisions, in its
+  // order (sqrt(v) / sqrt(bc2) + eps; m over it), for an eps too small for
+  // the estimates (exact_roots_for): a zero v gives m / 0 = +-inf and 0 / 0
+  // = NaN at eps = 0, a subnormal one its finite step, as the reference's
+  // do. The divider and the staged path bound it, for a setting that is rare.
+  void step_exact(B& p, B graw, B& m, B& v) {
+    check = fused_fma<Arch>(graw, zero, check);
+    B g = graw * gs;
+    if constexpr (K == OptKind::kAdam) {
+      if (!decoupled) g = fused_fma<Arch>(wd, p, g);
+      m = fused_fma<Arch>(b1, m, omb1 * g);
+      v = fused_fma<Arch>(b2, v, omb2 * g * g);
+      if (decoupled) p = p * decay;
+      p = fused_fnma<Arch>(step_size, m / (xsimd::sqrt(v) / bc2_sqrt + eps), p);
+    } else if constexpr (K == OptKind::kAdagrad) {
+      g = fused_fma<Arch>(wd, p, g);
+      v = fused_fma<Arch>(g, g, v);
+      p = fused_fnma<Arch>(step_size, g / (xsimd::sqrt(v) + eps), p);
+    }
+  }
+
   void operator()(B& p, B graw, B& m, B& v) {
     if (stats) add_square(graw);
+    if constexpr (K == OptKind::kAdam || K == OptKind::kAdagrad) {
+      if (exact_roots) {
+        step_exact(p, graw, m, v);
+        return;
+      }
+    }
     if (decoupled) {
       coarse_roots ? step<true, true>(p, graw, m, v) : step<true, false>(p, graw, m, v);
     } else {
@@ -1080,6 +1129,7 @@ int64_t run_tile(const TileCall& call, bool native_bf16) {
         !q8_scaled_moments(call).usable) {
       fused = 0;
     }
+    if (st.exact_roots) fused = 0;
     dispatch_fused<Arch, K>(call, st, fused, native_bf16);
     // The fused loop flushes whole partials; a short last one with no staged
     // rest to finish it ends here.

@@ -50,20 +50,6 @@ Status check_nonneg(double x, const char* name) {
   return ok_status();
 }
 
-// A denominator's eps: 0 or at least the smallest normal float. Below it
-// the vector kernels' reciprocal estimates cannot represent 1 / eps (AVX2's
-// treats a subnormal as 0; AVX-512's overflows below 2^-128) and where v is
-// 0 the update would come out NaN, silently, where the scalar reference
-// takes a finite step.
-Status check_eps(double x, const char* name) {
-  STRATA_RETURN_IF_ERROR(check_nonneg(x, name));
-  if (x != 0.0 && x < static_cast<double>(std::numeric_limits<float>::min())) {
-    return invalid_argument(std::string(name) + " must be 0 or at least " + shown(std::numeric_limits<float>::min()) +
-                            " (the smallest normal float), got " + shown(x));
-  }
-  return ok_status();
-}
-
 float f32(double x) {
   return static_cast<float>(x);
 }
@@ -78,7 +64,7 @@ Result<std::pair<OptKind, Coeffs>> coefficients(const OptimizerConfig& config, i
     STRATA_RETURN_IF_ERROR(check_nonneg(a->lr, "adam lr"));
     STRATA_RETURN_IF_ERROR(check_unit(a->beta1, "adam beta1"));
     STRATA_RETURN_IF_ERROR(check_unit(a->beta2, "adam beta2"));
-    STRATA_RETURN_IF_ERROR(check_eps(a->eps, "adam eps"));
+    STRATA_RETURN_IF_ERROR(check_nonneg(a->eps, "adam eps"));
     STRATA_RETURN_IF_ERROR(check_nonneg(a->weight_decay, "adam weight_decay"));
     c.lr = f32(a->lr), c.beta1 = f32(a->beta1), c.beta2 = f32(a->beta2), c.eps = f32(a->eps);
     c.weight_decay = f32(a->weight_decay);
@@ -94,7 +80,7 @@ Result<std::pair<OptKind, Coeffs>> coefficients(const OptimizerConfig& config, i
   if (const auto* a = std::get_if<AdagradConfig>(&config)) {
     STRATA_RETURN_IF_ERROR(check_nonneg(a->lr, "adagrad lr"));
     STRATA_RETURN_IF_ERROR(check_nonneg(a->lr_decay, "adagrad lr_decay"));
-    STRATA_RETURN_IF_ERROR(check_eps(a->eps, "adagrad eps"));
+    STRATA_RETURN_IF_ERROR(check_nonneg(a->eps, "adagrad eps"));
     STRATA_RETURN_IF_ERROR(check_nonneg(a->weight_decay, "adagrad weight_decay"));
     c.lr = f32(a->lr), c.eps = f32(a->eps), c.weight_decay = f32(a->weight_decay);
     c.step_size = f32(a->lr / (1.0 + (td - 1.0) * a->lr_decay));

@@ -236,9 +236,10 @@ static_assert(fixup_table(kSqrtFixups) == 0x00110811 && fixup_table(kReciprocalF
 // x for all 2^32 inputs, compared once); its estimate is exact enough for
 // subnormal x too. AVX2: the estimate of a subnormal's root is inf (the
 // instruction treats it as 0), so x < FLT_MIN is taken as 0 — a root of at
-// most 1.1e-19, below the last bit of the denominators it is added to
-// (sqrt(v) / sqrt(bc2) + eps with eps = 1e-8); negative x (never a second
-// moment) gives 0 there too.
+// most 1.1e-19, below the estimates' error of the denominators it is added
+// to (sqrt(v) / sqrt(bc2) + eps) for the eps the optimizers take it with
+// (kernels_impl.h's exact_roots_for); negative x (never a second moment)
+// gives 0 there too.
 template <class Arch>
 xsimd::batch<float, Arch> fast_sqrt(const xsimd::batch<float, Arch>& x) {
   using B = xsimd::batch<float, Arch>;

@@ -497,7 +497,7 @@ TEST(Trainer, RefusesABadClipNorm) {
 TEST(Trainer, RefusesBadAdamHyperParametersAtCreation) {
   TrainerOptions beta = tiny(1), eps = tiny(1), lr = tiny(1);
   beta.adam.beta1 = 1.0f;
-  eps.adam.eps = 1e-40f;  // subnormal
+  eps.adam.eps = -1e-8f;
   lr.adam.lr = std::nanf("");
   for (const auto& [o, what] : {std::pair{beta, "adam beta1"}, std::pair{eps, "adam eps"}, std::pair{lr, "adam lr"}}) {
     Result<std::unique_ptr<Trainer>> tr = Trainer::create(o);
