@@ -421,6 +421,8 @@ std::vector<double>& partials_buffer(bool for_step, int64_t n) {
 Result<GradStats> grad_stats(const void* grad, DType dtype, int64_t n, float grad_scale, Executor& executor,
                              Isa isa) {
   if (n < 0 || (n > 0 && grad == nullptr)) return invalid_argument("grad_stats: null gradient or negative length");
+  if (!std::isfinite(grad_scale))
+    return invalid_argument("grad_stats: grad_scale must be finite, got " + shown(grad_scale));
   STRATA_RETURN_IF_ERROR(check_extents(
       "grad_stats", {{"grad", grad, dtype_bytes(dtype) * static_cast<uint64_t>(n), dtype_bytes(dtype), false}}));
   STRATA_ASSIGN_OR_RETURN(Isa chosen, resolve_isa(isa));
@@ -446,8 +448,12 @@ Status validate(const OptimizerConfig& config) {
 Result<StepReport> step(const OptimizerConfig& config, int64_t t, const ParamSpan& span, const StepOptions& options,
                         Executor& executor) {
   if (t < 1) return invalid_argument("optimizer step count must be >= 1, got " + std::to_string(t));
-  if (!std::isfinite(options.grad_scale)) return invalid_argument("grad_scale must be finite");
-  if (options.tile_elems <= 0) return invalid_argument("tile_elems must be > 0");
+  if (!std::isfinite(options.grad_scale)) {
+    return invalid_argument("optimizer step: grad_scale must be finite, got " + shown(options.grad_scale));
+  }
+  if (options.tile_elems <= 0) {
+    return invalid_argument("optimizer step: tile_elems must be > 0, got " + std::to_string(options.tile_elems));
+  }
   STRATA_ASSIGN_OR_RETURN(auto kc, coefficients(config, t));
   auto [kind, coeffs] = kc;
   STRATA_RETURN_IF_ERROR(validate_span(span, kind, coeffs));

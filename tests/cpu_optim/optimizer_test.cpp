@@ -962,6 +962,25 @@ TEST(Optimizer, BadArgumentsAreInvalidArgument) {
   SgdConfig nesterov;
   nesterov.nesterov = true;
   EXPECT_EQ(step(nesterov, 1, p.span(), {}, *ex).error().code(), StatusCode::kInvalidArgument);
+  // A non-finite gradient scale (a loss scale of 0 inverted, say) would
+  // make every step NaN; a tile of no elements cannot be cut.
+  const std::vector<float> before = p.params;
+  for (float scale : {INFINITY, -INFINITY, std::nanf("")}) {
+    StepOptions o;
+    o.grad_scale = scale;
+    Result<StepReport> r = step(adam, 1, p.span(), o, *ex);
+    ASSERT_FALSE(r) << scale;
+    EXPECT_NE(r.error().message().find("grad_scale"), std::string::npos) << r.error().to_string();
+    Result<GradStats> g = grad_stats(p.span().grad, DType::kF32, p.n, scale, *ex);
+    ASSERT_FALSE(g) << scale;
+    EXPECT_NE(g.error().message().find("grad_scale"), std::string::npos) << g.error().to_string();
+  }
+  for (int64_t tile : {int64_t{0}, int64_t{-4096}}) {
+    StepOptions o;
+    o.tile_elems = tile;
+    EXPECT_EQ(step(adam, 1, p.span(), o, *ex).error().code(), StatusCode::kInvalidArgument) << tile;
+  }
+  EXPECT_EQ(p.params, before);
   EXPECT_EQ(Executor::create({-1, -1}).error().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(Executor::create({1, 4096}).error().code(), StatusCode::kInvalidArgument);
 }
