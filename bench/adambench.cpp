@@ -120,15 +120,14 @@ Aligned alloc_bytes(uint64_t bytes) {
 // kernels write it). The twins leave the optimizer's buffers as they were:
 // an earlier version swapped m with v, and what was timed after it (the
 // scalar reference, --with-stats) worked on negative v and NaN weights.
-// Multiversioned so it runs with the widest vectors the CPU has.
-// With kPrefetch, every input stream is also prefetched 256 parameters
-// ahead, as the bf16-state loop does (cpu_optim/kernels_impl.h; the 8-bit
-// loop prefetches 1024 ahead, the fp32-state loop not at all).
-template <int kGBytes, int kSBytes, bool kOut, bool kPrefetch = false>
-__attribute__((target_clones("avx512f", "avx2", "default"))) uint64_t roofline_loop(std::byte* p, const std::byte* g,
-                                                                                    std::byte* m, std::byte* v,
-                                                                                    std::byte* out, int64_t groups,
-                                                                                    uint64_t key) {
+// Built once per instruction set (Widest) so it runs with the widest
+// vectors the CPU has. With kPrefetch, every input stream is also
+// prefetched 256 parameters ahead, as the bf16-state loop does
+// (cpu_optim/kernels_impl.h; the 8-bit loop prefetches 1024 ahead, the
+// fp32-state loop not at all).
+template <int kGBytes, int kSBytes, bool kOut, bool kPrefetch>
+[[gnu::always_inline]] inline uint64_t roofline_loop_body(std::byte* p, const std::byte* g, std::byte* m, std::byte* v,
+                                                          std::byte* out, int64_t groups, uint64_t key) {
   constexpr int kP = 16 * 4 / 8, kG = 16 * kGBytes / 8, kS = 16 * kSBytes / 8;
   constexpr int64_t kAhead = 256 / 16;  // groups
   uint64_t sink = 0;
@@ -156,6 +155,51 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) uint64_t roofline_l
   }
   if constexpr (kOut) _mm_sfence();
   return sink;
+}
+
+// The twins' loops, each compiled for AVX-512, for AVX2 and for the
+// baseline and picked by the CPU at run time: target_clones would do it,
+// but clang does not take it on function templates. Body: an always-inline
+// template; the call is forwarded with Body's template arguments bound.
+enum class Widest { kAvx512, kAvx2, kBaseline };
+Widest widest_vectors() {
+  static const Widest w = __builtin_cpu_supports("avx512f") ? Widest::kAvx512
+                          : __builtin_cpu_supports("avx2")  ? Widest::kAvx2
+                                                            : Widest::kBaseline;
+  return w;
+}
+template <class Body, class... A>
+[[gnu::target("avx512f")]] auto run_avx512(A... a) {
+  return Body::run(a...);
+}
+template <class Body, class... A>
+[[gnu::target("avx2")]] auto run_avx2(A... a) {
+  return Body::run(a...);
+}
+template <class Body, class... A>
+auto run_widest(A... a) {
+  switch (widest_vectors()) {
+    case Widest::kAvx512:
+      return run_avx512<Body>(a...);
+    case Widest::kAvx2:
+      return run_avx2<Body>(a...);
+    case Widest::kBaseline:
+      break;
+  }
+  return Body::run(a...);
+}
+
+template <int kGBytes, int kSBytes, bool kOut, bool kPrefetch>
+struct LoopBody {
+  [[gnu::always_inline]] static uint64_t run(std::byte* p, const std::byte* g, std::byte* m, std::byte* v,
+                                             std::byte* out, int64_t groups, uint64_t key) {
+    return roofline_loop_body<kGBytes, kSBytes, kOut, kPrefetch>(p, g, m, v, out, groups, key);
+  }
+};
+template <int kGBytes, int kSBytes, bool kOut, bool kPrefetch = false>
+uint64_t roofline_loop(std::byte* p, const std::byte* g, std::byte* m, std::byte* v, std::byte* out, int64_t groups,
+                       uint64_t key) {
+  return run_widest<LoopBody<kGBytes, kSBytes, kOut, kPrefetch>>(p, g, m, v, out, groups, key);
 }
 
 __attribute__((target_clones("avx512f", "avx2", "default"))) void triad_loop(float* a, const float* b, const float* c,
@@ -254,21 +298,26 @@ cpu_optim::ParamSpan span_of(Buffers& b) {
 // the fastest of the twins: this one, and the word loop with and without
 // software prefetch. S is the states' element as an unsigned integer.
 template <class G, class S>
-__attribute__((target_clones("avx512f", "avx2", "default"))) uint32_t roofline_elementwise(uint32_t* p, const G* g,
-                                                                                           S* m, S* v, uint16_t* out,
-                                                                                           int64_t n, uint32_t key) {
-  uint32_t sink = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    p[i] ^= key;
-    m[i] = static_cast<S>(m[i] ^ key);
-    v[i] = static_cast<S>(v[i] ^ key);
-    if (out != nullptr) {
-      out[i] = static_cast<uint16_t>(g[i]);
-    } else {
-      sink ^= std::bit_cast<uint32_t>(static_cast<float>(g[i]));
+struct ElementwiseBody {
+  [[gnu::always_inline]] static uint32_t run(uint32_t* p, const G* g, S* m, S* v, uint16_t* out, int64_t n,
+                                             uint32_t key) {
+    uint32_t sink = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      p[i] ^= key;
+      m[i] = static_cast<S>(m[i] ^ key);
+      v[i] = static_cast<S>(v[i] ^ key);
+      if (out != nullptr) {
+        out[i] = static_cast<uint16_t>(g[i]);
+      } else {
+        sink ^= std::bit_cast<uint32_t>(static_cast<float>(g[i]));
+      }
     }
+    return sink;
   }
-  return sink;
+};
+template <class G, class S>
+uint32_t roofline_elementwise(uint32_t* p, const G* g, S* m, S* v, uint16_t* out, int64_t n, uint32_t key) {
+  return run_widest<ElementwiseBody<G, S>>(p, g, m, v, out, n, key);
 }
 
 // Zero, read at run time: the twins' stores cannot be seen to write back

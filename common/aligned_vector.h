@@ -35,7 +35,9 @@ struct BulkAllocator {
   }
   void deallocate(T* p, std::size_t n) noexcept {
     const std::size_t bytes = n * sizeof(T);
-    ::operator delete (p, bytes, std::align_val_t{bulk_alignment(bytes, 64)});
+    // The unsized form: clang before 19 declares the sized one only with
+    // -fsized-deallocation.
+    ::operator delete (p, std::align_val_t{bulk_alignment(bytes, 64)});
   }
   template <class U>
   void construct(U* p) noexcept(std::is_nothrow_default_constructible_v<U>) {

@@ -1,7 +1,7 @@
 // Validation, per-step coefficients, ISA selection and tiling for cpu_optim.
 #include "cpu_optim/optimizer.h"
 
-#include <xsimd/xsimd.hpp>
+#include <cpuid.h>
 
 #include <algorithm>
 #include <atomic>
@@ -11,6 +11,7 @@
 #include <initializer_list>
 #include <limits>
 #include <string>
+#include <xsimd/xsimd.hpp>
 
 #include "common/units.h"
 #include "cpu_optim/executor.h"
@@ -112,15 +113,34 @@ Result<std::pair<OptKind, Coeffs>> coefficients(const OptimizerConfig& config, i
   return std::make_pair(OptKind::kSgd, c);
 }
 
-bool cpu_has(const char* feature_name) {
-  __builtin_cpu_init();
-  if (std::string(feature_name) == "avx512_bf16") return cpu_has("avx512") && __builtin_cpu_supports("avx512bf16");
-  if (std::string(feature_name) == "avx512") {
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512cd") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+// The CPU's feature bits (CPUID) that the kernels' flags ask for. xsimd's
+// probe (available_architectures), which available_isas also asks, checks
+// that the OS saves the vector registers; it does not name F16C or the
+// AVX-512 BF16 instructions. (Read directly rather than through
+// __builtin_cpu_supports, whose feature names differ between compilers.)
+struct CpuFeatures {
+  bool fma = false, f16c = false, avx2 = false, avx512f = false, avx512dq = false, avx512cd = false, avx512bw = false,
+       avx512vl = false, avx512_bf16 = false;
+};
+CpuFeatures cpu_features() {
+  CpuFeatures f;
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  auto bit = [](unsigned reg, int k) { return ((reg >> k) & 1U) != 0; };
+  if (__get_cpuid_count(1, 0, &a, &b, &c, &d) != 0) {
+    f.fma = bit(c, 12);
+    f.f16c = bit(c, 29);
   }
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  if (__get_cpuid_count(7, 0, &a, &b, &c, &d) != 0) {
+    const unsigned subleaves = a;
+    f.avx2 = bit(b, 5);
+    f.avx512f = bit(b, 16);
+    f.avx512dq = bit(b, 17);
+    f.avx512cd = bit(b, 28);
+    f.avx512bw = bit(b, 30);
+    f.avx512vl = bit(b, 31);
+    if (subleaves >= 1 && __get_cpuid_count(7, 1, &a, &b, &c, &d) != 0) f.avx512_bf16 = bit(a, 5);
+  }
+  return f;
 }
 
 Result<Isa> resolve_isa(Isa requested) {
@@ -321,9 +341,13 @@ Result<Isa> parse_isa(std::string_view name) {
 std::vector<Isa> available_isas() {
   std::vector<Isa> out;
   xsimd::detail::supported_arch have = xsimd::available_architectures();
-  if (have.avx512bw && cpu_has("avx512_bf16")) out.push_back(Isa::kAvx512Bf16);
-  if (have.avx512bw && cpu_has("avx512")) out.push_back(Isa::kAvx512);
-  if (have.fma3_avx2 && cpu_has("avx2")) out.push_back(Isa::kAvx2);
+  const CpuFeatures f = cpu_features();
+  // What kernels_avx512.cpp and kernels_avx2.cpp are built with (cpu_optim/CMakeLists.txt).
+  const bool avx2 = have.fma3_avx2 && f.avx2 && f.fma && f.f16c;
+  const bool avx512 = have.avx512bw && avx2 && f.avx512f && f.avx512bw && f.avx512dq && f.avx512cd && f.avx512vl;
+  if (avx512 && f.avx512_bf16) out.push_back(Isa::kAvx512Bf16);
+  if (avx512) out.push_back(Isa::kAvx512);
+  if (avx2) out.push_back(Isa::kAvx2);
   if (have.sse2) out.push_back(Isa::kSse2);
   out.push_back(Isa::kScalar);
   return out;

@@ -1141,7 +1141,9 @@ TEST(Optimizer, EpsBelowTheSmallestNormalTakesTheReferencesExactSteps) {
   AdagradConfig adagrad;
   const std::vector<std::pair<std::string, OptimizerConfig>> all = {
       {"adam", adam}, {"adamw", adamw}, {"adagrad", adagrad}};
-  for (auto [name, config] : all) {
+  for (const auto& entry : all) {
+    const std::string& name = entry.first;
+    OptimizerConfig config = entry.second;  // a copy: its eps is set below (not a binding: lambdas capture it)
     const bool is_adam = std::holds_alternative<AdamConfig>(config);
     auto set_eps = [&config](float e) {
       if (auto* a = std::get_if<AdamConfig>(&config)) a->eps = e;
