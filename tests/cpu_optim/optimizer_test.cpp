@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cfloat>
 #include <cmath>
@@ -79,6 +80,21 @@ struct Problem {
     } else {
       uint16_t h = grad_dtype == DType::kBF16 ? f32_to_bf16(g) : f32_to_f16(g);
       std::memcpy(at, &h, 2);
+    }
+  }
+
+  // Element i's m and v, stored as fp32 or bf16 states hold them.
+  void set_state(int64_t i, float m_value, float v_value) {
+    const uint64_t sb = state_elem_bytes(state);
+    const float mv[2] = {m_value, v_value};
+    for (int k = 0; k < 2; ++k) {
+      std::byte* at = (k == 0 ? m : v).data() + (skew + i) * sb;
+      if (state == StateType::kF32) {
+        std::memcpy(at, &mv[k], 4);
+      } else {
+        const uint16_t h = f32_to_bf16(mv[k]);
+        std::memcpy(at, &h, 2);
+      }
     }
   }
 
@@ -273,6 +289,22 @@ TEST(Optimizer, EveryIsaMatchesReferenceForEveryOptimizerAndDtype) {
   }
 }
 
+// Second moments where a root's estimate needs care: +-0, subnormal, the
+// smallest and largest normal numbers, +inf.
+constexpr std::array<float, 8> kSecondMomentSpecials = {0.0f, -0.0f, 1e-40f, FLT_MIN, 1.0f, 1e30f, FLT_MAX, INFINITY};
+
+// Low-precision states take the coarse estimates (~1e-4 relative on
+// AVX-512, ~1e-3 on AVX2), and a zero v makes the step large (lr * m /
+// eps): each parameter's step within 2e-3 of the reference's, and finite.
+void expect_coarse_steps_close(const Problem& got, const Problem& ref, const std::vector<float>& initial) {
+  for (int64_t i = 0; i < got.n; ++i) {
+    const double p0 = initial[ref.skew + i];
+    const double want = ref.params[ref.skew + i], have = got.params[got.skew + i];
+    ASSERT_TRUE(std::isfinite(have)) << i;
+    EXPECT_LE(std::fabs(have - want), 2e-3 * std::fabs(want - p0) + 1e-6 * std::fabs(want)) << i;
+  }
+}
+
 // Second moments at the edges of sqrt's domain — +0, -0, subnormal, the
 // smallest and largest normal numbers, +inf — through the roots of Adam
 // and Adagrad over fp32 states (fast_sqrt and fast_reciprocal: AVX-512
@@ -281,8 +313,6 @@ TEST(Optimizer, EveryIsaMatchesReferenceForEveryOptimizerAndDtype) {
 // and states on every instruction set: +-0 a step of lr * m / eps, +inf
 // no step.
 TEST(Optimizer, SecondMomentsAtTheEdgesOfTheRootMatchReference) {
-  const float specials[] = {0.0f, -0.0f, 1e-40f, FLT_MIN, 1.0f, 1e30f, FLT_MAX, INFINITY};
-  constexpr int kSpecials = sizeof(specials) / sizeof(specials[0]);
   auto ex = make_executor(2);
   for (StateType state : {StateType::kF32, StateType::kBF16}) {
     for (const auto& [name, config] : configs()) {
@@ -290,19 +320,9 @@ TEST(Optimizer, SecondMomentsAtTheEdgesOfTheRootMatchReference) {
       if (!adam && !(std::holds_alternative<AdagradConfig>(config) && state == StateType::kF32)) continue;
       for (int64_t n : {int64_t{7}, int64_t{67}}) {
         auto prepare = [&](Problem& p) {
-          const uint64_t sb = state_elem_bytes(state);
           for (int64_t i = 0; i < n; ++i) {
             p.set_grad(i, 0.0f);
-            const float mv[2] = {i % 2 == 0 ? 0.1f : -0.1f, specials[i % kSpecials]};
-            for (int k = 0; k < 2; ++k) {
-              std::byte* at = (k == 0 ? p.m : p.v).data() + (p.skew + i) * sb;
-              if (state == StateType::kF32) {
-                std::memcpy(at, &mv[k], 4);
-              } else {
-                const uint16_t h = f32_to_bf16(mv[k]);
-                std::memcpy(at, &h, 2);
-              }
-            }
+            p.set_state(i, i % 2 == 0 ? 0.1f : -0.1f, kSecondMomentSpecials[i % kSecondMomentSpecials.size()]);
           }
         };
         Problem ref(n, DType::kF32, true, DType::kBF16, state, 7);
@@ -327,15 +347,7 @@ TEST(Optimizer, SecondMomentsAtTheEdgesOfTheRootMatchReference) {
             expect_close(got, ref, config);
             continue;
           }
-          // bf16 states take the coarse estimates (~1e-4 relative on
-          // AVX-512, ~1e-3 on AVX2), and a zero v makes the step large
-          // (lr * m / eps): within 2e-3 of the reference's step.
-          for (int64_t i = 0; i < n; ++i) {
-            const double p0 = initial[ref.skew + i];
-            const double want = ref.params[ref.skew + i], have = got.params[got.skew + i];
-            ASSERT_TRUE(std::isfinite(have)) << i;
-            EXPECT_LE(std::fabs(have - want), 2e-3 * std::fabs(want - p0) + 1e-6 * std::fabs(want)) << i;
-          }
+          expect_coarse_steps_close(got, ref, initial);
         }
       }
     }
@@ -1129,8 +1141,6 @@ TEST(Optimizer, AGradientWhoseSquareOverflowsStepsAsTorchDoes) {
 // states' estimates a step orders of magnitude too small at eps = FLT_MIN
 // or 1e-30 where v was 0, and a subnormal eps was refused.)
 TEST(Optimizer, EpsBelowTheSmallestNormalTakesTheReferencesExactSteps) {
-  const float v_specials[] = {0.0f, -0.0f, 1e-40f, FLT_MIN, 1.0f, 1e30f, FLT_MAX, INFINITY};
-  constexpr int kSpecials = sizeof(v_specials) / sizeof(v_specials[0]);
   auto ex = make_executor(2);
   // No L2 decay: it would add wd p to the tiny gradients, and v would not
   // be 0.
@@ -1159,19 +1169,10 @@ TEST(Optimizer, EpsBelowTheSmallestNormalTakesTheReferencesExactSteps) {
           // Gradients 0, 1e-30 and -2e-30 (squares that underflow), m +-0.1
           // and v the specials; 8-bit states start from zero blocks.
           auto prepare = [&](Problem& p) {
-            const uint64_t sb = state_elem_bytes(state);
             for (int64_t i = 0; i < n; ++i) {
               p.set_grad(i, i % 3 == 0 ? 0.0f : (i % 3 == 1 ? 1e-30f : -2e-30f));
-              if (state == StateType::kQ8) continue;
-              const float mv[2] = {i % 2 == 0 ? 0.1f : -0.1f, v_specials[i % kSpecials]};
-              for (int k = 0; k < 2; ++k) {
-                std::byte* at = (k == 0 ? p.m : p.v).data() + (p.skew + i) * sb;
-                if (state == StateType::kF32) {
-                  std::memcpy(at, &mv[k], 4);
-                } else {
-                  const uint16_t h = f32_to_bf16(mv[k]);
-                  std::memcpy(at, &h, 2);
-                }
+              if (state != StateType::kQ8) {
+                p.set_state(i, i % 2 == 0 ? 0.1f : -0.1f, kSecondMomentSpecials[i % kSecondMomentSpecials.size()]);
               }
             }
           };
@@ -1213,15 +1214,7 @@ TEST(Optimizer, EpsBelowTheSmallestNormalTakesTheReferencesExactSteps) {
               expect_close(got, ref, config, ptol);
               continue;
             }
-            // Low-precision states with eps = 1e-8: the coarse estimates
-            // (~1e-4 relative on AVX-512, ~1e-3 on AVX2) of a step that a
-            // zero v makes large (lr * m / eps): within 2e-3 of it.
-            for (int64_t i = 0; i < n; ++i) {
-              const double p0 = initial[ref.skew + i];
-              const double want = ref.params[ref.skew + i], have = got.params[got.skew + i];
-              ASSERT_TRUE(std::isfinite(have)) << i;
-              EXPECT_LE(std::fabs(have - want), 2e-3 * std::fabs(want - p0) + 1e-6 * std::fabs(want)) << i;
-            }
+            expect_coarse_steps_close(got, ref, initial);  // low-precision states, eps = 1e-8
           }
         }
       }
