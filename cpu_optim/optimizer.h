@@ -53,7 +53,7 @@ struct AdagradConfig {
   double lr = 1e-2;
   double lr_decay = 0.0;
   double weight_decay = 0.0;
-  double eps = 1e-10;  // as Adam's
+  double eps = 1e-10;  // as Adam's (with no bias correction): below 2^-49 (1.8e-15), exact roots and divisions
 };
 
 struct LionConfig {
