@@ -113,14 +113,17 @@ Result<std::pair<OptKind, Coeffs>> coefficients(const OptimizerConfig& config, i
   return std::make_pair(OptKind::kSgd, c);
 }
 
-// The CPU's feature bits (CPUID) that the kernels' flags ask for. xsimd's
-// probe (available_architectures), which available_isas also asks, checks
-// that the OS saves the vector registers; it does not name F16C or the
-// AVX-512 BF16 instructions. (Read directly rather than through
-// __builtin_cpu_supports, whose feature names differ between compilers.)
+// What the CPU and the OS support of what the kernels' flags ask for: the
+// CPUID feature bits, and whether the OS saves the registers they use (the
+// XCR0 bits for the YMM state, and for AVX-512's opmask and ZMM states;
+// without them the instructions fault). Read directly: xsimd's probe
+// (available_architectures) checks no XCR0 and names neither F16C nor
+// AVX-512 BF16, and __builtin_cpu_supports's feature names differ between
+// compilers (clang 14 knows no "f16c").
 struct CpuFeatures {
   bool fma = false, f16c = false, avx2 = false, avx512f = false, avx512dq = false, avx512cd = false, avx512bw = false,
        avx512vl = false, avx512_bf16 = false;
+  bool os_ymm = false, os_zmm = false;
 };
 CpuFeatures cpu_features() {
   CpuFeatures f;
@@ -129,6 +132,12 @@ CpuFeatures cpu_features() {
   if (__get_cpuid_count(1, 0, &a, &b, &c, &d) != 0) {
     f.fma = bit(c, 12);
     f.f16c = bit(c, 29);
+    if (bit(c, 27)) {  // OSXSAVE: XGETBV may be executed
+      unsigned xcr0 = 0, high = 0;
+      __asm__("xgetbv" : "=a"(xcr0), "=d"(high) : "c"(0));
+      f.os_ymm = (xcr0 & 0x6U) == 0x6U;    // SSE and AVX state
+      f.os_zmm = (xcr0 & 0xe6U) == 0xe6U;  // and opmask, ZMM0-15 upper halves, ZMM16-31
+    }
   }
   if (__get_cpuid_count(7, 0, &a, &b, &c, &d) != 0) {
     const unsigned subleaves = a;
@@ -343,8 +352,8 @@ std::vector<Isa> available_isas() {
   xsimd::detail::supported_arch have = xsimd::available_architectures();
   const CpuFeatures f = cpu_features();
   // What kernels_avx512.cpp and kernels_avx2.cpp are built with (cpu_optim/CMakeLists.txt).
-  const bool avx2 = have.fma3_avx2 && f.avx2 && f.fma && f.f16c;
-  const bool avx512 = have.avx512bw && avx2 && f.avx512f && f.avx512bw && f.avx512dq && f.avx512cd && f.avx512vl;
+  const bool avx2 = f.os_ymm && f.avx2 && f.fma && f.f16c;
+  const bool avx512 = f.os_zmm && avx2 && f.avx512f && f.avx512bw && f.avx512dq && f.avx512cd && f.avx512vl;
   if (avx512 && f.avx512_bf16) out.push_back(Isa::kAvx512Bf16);
   if (avx512) out.push_back(Isa::kAvx512);
   if (avx2) out.push_back(Isa::kAvx2);
