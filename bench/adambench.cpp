@@ -111,56 +111,10 @@ Aligned alloc_bytes(uint64_t bytes) {
   return a;
 }
 
-// The no-arithmetic twins of a mode. Words: per group of 16 parameters it reads and
-// writes exactly the mode's bytes — p, m and v read and written back
-// unchanged (xor with `key`, a zero the compiler cannot see, so the stores
-// stay), g read (into the low-precision output, or into a checksum when the
-// mode writes none) — as 8-byte words the compiler turns into full-width
-// vector moves (the output with non-temporal stores, as the optimizer's
-// kernels write it). The twins leave the optimizer's buffers as they were:
-// an earlier version swapped m with v, and what was timed after it (the
-// scalar reference, --with-stats) worked on negative v and NaN weights.
-// Built once per instruction set (Widest) so it runs with the widest
-// vectors the CPU has. With kPrefetch, every input stream is also
-// prefetched 256 parameters ahead, as the bf16-state loop does
-// (cpu_optim/kernels_impl.h; the 8-bit loop prefetches 1024 ahead, the
-// fp32-state loop not at all).
-template <int kGBytes, int kSBytes, bool kOut, bool kPrefetch>
-[[gnu::always_inline]] inline uint64_t roofline_loop_body(std::byte* p, const std::byte* g, std::byte* m, std::byte* v,
-                                                          std::byte* out, int64_t groups, uint64_t key) {
-  constexpr int kP = 16 * 4 / 8, kG = 16 * kGBytes / 8, kS = 16 * kSBytes / 8;
-  constexpr int64_t kAhead = 256 / 16;  // groups
-  uint64_t sink = 0;
-  for (int64_t u = 0; u < groups; ++u) {
-    if constexpr (kPrefetch) {
-      _mm_prefetch(reinterpret_cast<const char*>(p + (u + kAhead) * kP * 8), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(g + (u + kAhead) * kG * 8), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(m + (u + kAhead) * kS * 8), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(v + (u + kAhead) * kS * 8), _MM_HINT_T0);
-    }
-    uint64_t* pw = reinterpret_cast<uint64_t*>(p) + u * kP;
-    const uint64_t* gw = reinterpret_cast<const uint64_t*>(g) + u * kG;
-    uint64_t* mw = reinterpret_cast<uint64_t*>(m) + u * kS;
-    uint64_t* vw = reinterpret_cast<uint64_t*>(v) + u * kS;
-    for (int k = 0; k < kP; ++k) pw[k] ^= key;
-    for (int k = 0; k < kS; ++k) mw[k] ^= key;
-    for (int k = 0; k < kS; ++k) vw[k] ^= key;
-    if constexpr (kOut) {
-      // Non-temporal, as the optimizer writes its low-precision copy.
-      uint64_t* ow = reinterpret_cast<uint64_t*>(out) + u * kG;
-      for (int k = 0; k < kG; ++k) _mm_stream_si64(reinterpret_cast<long long*>(ow + k), static_cast<long long>(gw[k]));
-    } else {
-      for (int k = 0; k < kG; ++k) sink ^= gw[k];
-    }
-  }
-  if constexpr (kOut) _mm_sfence();
-  return sink;
-}
-
 // The twins' loops, each compiled for AVX-512, for AVX2 and for the
 // baseline and picked by the CPU at run time: target_clones would do it,
-// but clang does not take it on function templates. Body: an always-inline
-// template; the call is forwarded with Body's template arguments bound.
+// but clang does not take it on function templates. Body: a class whose
+// static run(), always inlined, is the loop.
 enum class Widest { kAvx512, kAvx2, kBaseline };
 Widest widest_vectors() {
   static const Widest w = __builtin_cpu_supports("avx512f") ? Widest::kAvx512
@@ -189,13 +143,55 @@ auto run_widest(A... a) {
   return Body::run(a...);
 }
 
+// The no-arithmetic twins of a mode. Words: per group of 16 parameters it reads and
+// writes exactly the mode's bytes — p, m and v read and written back
+// unchanged (xor with `key`, a zero the compiler cannot see, so the stores
+// stay), g read (into the low-precision output, or into a checksum when the
+// mode writes none) — as 8-byte words the compiler turns into full-width
+// vector moves (the output with non-temporal stores, as the optimizer's
+// kernels write it). The twins leave the optimizer's buffers as they were:
+// an earlier version swapped m with v, and what was timed after it (the
+// scalar reference, --with-stats) worked on negative v and NaN weights.
+// Built once per instruction set (run_widest) so it runs with the widest
+// vectors the CPU has. With kPrefetch, every input stream is also
+// prefetched 256 parameters ahead, as the bf16-state loop does
+// (cpu_optim/kernels_impl.h; the 8-bit loop prefetches 1024 ahead, the
+// fp32-state loop not at all).
 template <int kGBytes, int kSBytes, bool kOut, bool kPrefetch>
 struct LoopBody {
   [[gnu::always_inline]] static uint64_t run(std::byte* p, const std::byte* g, std::byte* m, std::byte* v,
                                              std::byte* out, int64_t groups, uint64_t key) {
-    return roofline_loop_body<kGBytes, kSBytes, kOut, kPrefetch>(p, g, m, v, out, groups, key);
+    constexpr int kP = 16 * 4 / 8, kG = 16 * kGBytes / 8, kS = 16 * kSBytes / 8;
+    constexpr int64_t kAhead = 256 / 16;  // groups
+    uint64_t sink = 0;
+    for (int64_t u = 0; u < groups; ++u) {
+      if constexpr (kPrefetch) {
+        _mm_prefetch(reinterpret_cast<const char*>(p + (u + kAhead) * kP * 8), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(g + (u + kAhead) * kG * 8), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(m + (u + kAhead) * kS * 8), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(v + (u + kAhead) * kS * 8), _MM_HINT_T0);
+      }
+      uint64_t* pw = reinterpret_cast<uint64_t*>(p) + u * kP;
+      const uint64_t* gw = reinterpret_cast<const uint64_t*>(g) + u * kG;
+      uint64_t* mw = reinterpret_cast<uint64_t*>(m) + u * kS;
+      uint64_t* vw = reinterpret_cast<uint64_t*>(v) + u * kS;
+      for (int k = 0; k < kP; ++k) pw[k] ^= key;
+      for (int k = 0; k < kS; ++k) mw[k] ^= key;
+      for (int k = 0; k < kS; ++k) vw[k] ^= key;
+      if constexpr (kOut) {
+        // Non-temporal, as the optimizer writes its low-precision copy.
+        uint64_t* ow = reinterpret_cast<uint64_t*>(out) + u * kG;
+        for (int k = 0; k < kG; ++k)
+          _mm_stream_si64(reinterpret_cast<long long*>(ow + k), static_cast<long long>(gw[k]));
+      } else {
+        for (int k = 0; k < kG; ++k) sink ^= gw[k];
+      }
+    }
+    if constexpr (kOut) _mm_sfence();
+    return sink;
   }
 };
+
 template <int kGBytes, int kSBytes, bool kOut, bool kPrefetch = false>
 uint64_t roofline_loop(std::byte* p, const std::byte* g, std::byte* m, std::byte* v, std::byte* out, int64_t groups,
                        uint64_t key) {
