@@ -112,16 +112,10 @@ Aligned alloc_bytes(uint64_t bytes) {
 }
 
 // The twins' loops, each compiled for AVX-512, for AVX2 and for the
-// baseline and picked by the CPU at run time: target_clones would do it,
-// but clang does not take it on function templates. Body: a class whose
-// static run(), always inlined, is the loop.
-enum class Widest { kAvx512, kAvx2, kBaseline };
-Widest widest_vectors() {
-  static const Widest w = __builtin_cpu_supports("avx512f") ? Widest::kAvx512
-                          : __builtin_cpu_supports("avx2")  ? Widest::kAvx2
-                                                            : Widest::kBaseline;
-  return w;
-}
+// baseline and picked by the CPU at run time (widest_vectors, as the line
+// twin is): target_clones would do it, but clang does not take it on
+// function templates. Body: a class whose static run(), always inlined, is
+// the loop.
 template <class Body, class... A>
 [[gnu::target("avx512f")]] auto run_avx512(A... a) {
   return Body::run(a...);
@@ -566,9 +560,10 @@ int run(int argc, char** argv) {
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   g_huge_pages = pages == "huge";
-  cpu_optim::AdamConfig asked;
-  asked.eps = eps;
-  if (const Status valid = cpu_optim::validate(asked); !valid.ok()) {
+  cpu_optim::AdamConfig adamw;
+  adamw.weight_decay = 0.01f;
+  adamw.eps = eps;
+  if (const Status valid = cpu_optim::validate(adamw); !valid.ok()) {
     std::fprintf(stderr, "strata-adambench: --eps: %s\n", valid.to_string().c_str());
     return 2;
   }
@@ -600,9 +595,6 @@ int run(int argc, char** argv) {
       eps, log2_params, static_cast<long long>(n), isa_used.c_str(), cpu_optim::hardware_threads(), reps,
       g_huge_pages ? "2 MiB" : "4 KiB");
   nlohmann::json rows = nlohmann::json::array();
-  cpu_optim::AdamConfig adamw;
-  adamw.weight_decay = 0.01f;
-  adamw.eps = eps;
   // The cores' speeds, with the most arithmetic-heavy mode asked for.
   const Mode& probe = *std::max_element(modes.begin(), modes.end(), [](const Mode& a, const Mode& b) {
     return static_cast<int>(a.state) < static_cast<int>(b.state);

@@ -26,10 +26,27 @@ using TwinFn = uint64_t (*)(std::byte* p, const std::byte* g, std::byte* m, std:
 // with or without the 2-byte output; nullptr for another combination.
 TwinFn roofline_lines_avx512(int g_bytes, int s_bytes, bool out);
 TwinFn roofline_lines_avx2(int g_bytes, int s_bytes, bool out);
-// The widest of those this CPU runs (nullptr without AVX2).
+
+// The widest vectors this CPU runs, for the twins built once per
+// instruction set (these, and strata-adambench's run_widest).
+enum class Widest { kAvx512, kAvx2, kBaseline };
+inline Widest widest_vectors() {
+  static const Widest w = __builtin_cpu_supports("avx512f") ? Widest::kAvx512
+                          : __builtin_cpu_supports("avx2")  ? Widest::kAvx2
+                                                            : Widest::kBaseline;
+  return w;
+}
+
+// The widest of the line twins this CPU runs (nullptr without AVX2).
 inline TwinFn roofline_lines(int g_bytes, int s_bytes, bool out) {
-  if (__builtin_cpu_supports("avx512f")) return roofline_lines_avx512(g_bytes, s_bytes, out);
-  if (__builtin_cpu_supports("avx2")) return roofline_lines_avx2(g_bytes, s_bytes, out);
+  switch (widest_vectors()) {
+    case Widest::kAvx512:
+      return roofline_lines_avx512(g_bytes, s_bytes, out);
+    case Widest::kAvx2:
+      return roofline_lines_avx2(g_bytes, s_bytes, out);
+    case Widest::kBaseline:
+      break;
+  }
   return nullptr;
 }
 

@@ -400,11 +400,22 @@ inline CoarseStepConstants coarse_step_constants(const TileCall& call) {
 // error) where eps sqrt(bc2) >= 2^-49 (1.8e-15; at beta2 = 0.999 any eps
 // from 5.6e-14 up, torch's default 1e-8 included). Below it, and at eps = 0,
 // whose m / 0 a Newton step turns into NaN, the reference's roots and
-// divisions (BatchStep::step_exact).
+// divisions (Roots::kExact).
 inline constexpr float kEstimatedRootsMinEps = 0x1p-49f;
 inline bool exact_roots_for(const Coeffs& c) {
   return c.eps * c.bias_correction2_sqrt < kEstimatedRootsMinEps;
 }
+
+// How Adam's and Adagrad's step takes its root and reciprocal:
+// - kNewton: the hardware estimates refined by a Newton step (fp32 states);
+// - kCoarse: Adam's bare estimates (low-precision states; BatchStep::roots);
+// - kExact: the reference's exact roots and divisions, in its order
+//   (sqrt(v) / sqrt(bc2) + eps; m over it), for an eps too small for the
+//   estimates (exact_roots_for): a zero v gives m / 0 = +-inf and 0 / 0 =
+//   NaN at eps = 0, a subnormal one its finite step, as the reference's do.
+//   The divider bounds it, and run_tile sends such a tile down the staged
+//   path, for a setting that is rare.
+enum class Roots : uint8_t { kNewton, kCoarse, kExact };
 
 // One optimizer's update of one batch, in registers: p, m, v in/out, g the
 // unscaled gradient. Constants are broadcast once per tile. Non-finite
@@ -423,11 +434,8 @@ struct BatchStep {
   // Newton steps and their zero / infinity fix-ups cost a quarter of these
   // kernels' vector instructions. k_step = 1 / (sqrt(bc2) step_size) and
   // eps_step = eps / step_size are its constants (step_size folded in).
-  bool coarse_roots;
-  // Adam's and Adagrad's eps too small for the estimates (exact_roots_for):
-  // step_exact takes the reference's roots and divisions, and run_tile
-  // sends the whole tile down the staged path.
-  bool exact_roots;
+  // An eps too small for the estimates overrides both (Roots::kExact).
+  Roots roots;
   CoarseStepConstants coarse;  // k_step and eps_step as scalars (the 8-bit loop scales them)
   B k_step, eps_step;
   B check;
@@ -456,8 +464,9 @@ struct BatchStep {
         nesterov(call.c.nesterov),
         first_step(call.c.first_step),
         has_momentum(call.c.momentum != 0.0f),
-        coarse_roots(call.state_type != StateType::kF32),
-        exact_roots((K == OptKind::kAdam || K == OptKind::kAdagrad) && exact_roots_for(call.c)),
+        roots((K == OptKind::kAdam || K == OptKind::kAdagrad) && exact_roots_for(call.c) ? Roots::kExact
+              : call.state_type != StateType::kF32                                       ? Roots::kCoarse
+                                                                                         : Roots::kNewton),
         coarse(coarse_step_constants(call)),
         k_step(coarse.k),
         eps_step(coarse.eps),
@@ -465,13 +474,14 @@ struct BatchStep {
         stats(call.partials != nullptr),
         sq(0.0f) {}
 
-  // The update with Adam's two choices fixed at compile time (the fused
-  // loops are instantiated per choice: a branch per batch costs issue slots
-  // the vector instructions need); operator() picks them at run time.
+  // The update with Adam's two choices (the decay, the roots) fixed at
+  // compile time (the fused loops are instantiated per choice: a branch per
+  // batch costs issue slots the vector instructions need); operator()
+  // picks them at run time.
   // kCheck = false leaves the inf/nan check to the caller (run_fused, which
   // takes it from the class test of a streamed bf16 copy:
   // store_bf16_pair_checked).
-  template <bool kDecoupled, bool kCoarse, bool kCheck = true>
+  template <bool kDecoupled, Roots kRoots, bool kCheck = true>
   void step(B& p, B graw, B& m, B& v) {
     if constexpr (kCheck) check = fused_fma<Arch>(graw, zero, check);
     B g = graw * gs;
@@ -480,9 +490,11 @@ struct BatchStep {
       m = fused_fma<Arch>(b1, m, omb1 * g);
       v = fused_fma<Arch>(b2, v, omb2 * g * g);
       if constexpr (kDecoupled) p = p * decay;
-      if constexpr (kCoarse && has_lane_moves<Arch>()) {
+      if constexpr (kRoots == Roots::kExact) {
+        p = fused_fnma<Arch>(step_size, m / (xsimd::sqrt(v) / bc2_sqrt + eps), p);
+      } else if constexpr (kRoots == Roots::kCoarse && has_lane_moves<Arch>()) {
         p = fused_fnma<Arch>(m, coarse_step_factor(v, k_step, eps_step), p);
-      } else if constexpr (kCoarse) {
+      } else if constexpr (kRoots == Roots::kCoarse) {
         const B denom = fused_fma<Arch>(coarse_sqrt<Arch>(v), inv_bc2_sqrt, eps);
         p = fused_fnma<Arch>(step_size, m * coarse_reciprocal<Arch>(denom), p);
       } else {
@@ -492,7 +504,11 @@ struct BatchStep {
     } else if constexpr (K == OptKind::kAdagrad) {
       g = fused_fma<Arch>(wd, p, g);
       v = fused_fma<Arch>(g, g, v);
-      p = fused_fnma<Arch>(step_size, g * fast_reciprocal<Arch>(fast_sqrt<Arch>(v) + eps), p);
+      if constexpr (kRoots == Roots::kExact) {
+        p = fused_fnma<Arch>(step_size, g / (xsimd::sqrt(v) + eps), p);
+      } else {
+        p = fused_fnma<Arch>(step_size, g * fast_reciprocal<Arch>(fast_sqrt<Arch>(v) + eps), p);
+      }
     } else if constexpr (K == OptKind::kLion) {
       B u = fused_fma<Arch>(b1, m, omb1 * g);
       B sign = xsimd::select(u > zero, B(1.0f), xsimd::select(u < zero, B(-1.0f), zero));
@@ -563,39 +579,19 @@ struct BatchStep {
     if ((i + static_cast<int64_t>(B::size)) % kSub == 0) flush_square(partials, i / kSub);
   }
 
-  // The update with the reference's exact roots and divisions, in its
-  // order (sqrt(v) / sqrt(bc2) + eps; m over it), for an eps too small for
-  // the estimates (exact_roots_for): a zero v gives m / 0 = +-inf and 0 / 0
-  // = NaN at eps = 0, a subnormal one its finite step, as the reference's
-  // do. The divider and the staged path bound it, for a setting that is rare.
-  void step_exact(B& p, B graw, B& m, B& v) {
-    check = fused_fma<Arch>(graw, zero, check);
-    B g = graw * gs;
-    if constexpr (K == OptKind::kAdam) {
-      if (!decoupled) g = fused_fma<Arch>(wd, p, g);
-      m = fused_fma<Arch>(b1, m, omb1 * g);
-      v = fused_fma<Arch>(b2, v, omb2 * g * g);
-      if (decoupled) p = p * decay;
-      p = fused_fnma<Arch>(step_size, m / (xsimd::sqrt(v) / bc2_sqrt + eps), p);
-    } else if constexpr (K == OptKind::kAdagrad) {
-      g = fused_fma<Arch>(wd, p, g);
-      v = fused_fma<Arch>(g, g, v);
-      p = fused_fnma<Arch>(step_size, g / (xsimd::sqrt(v) + eps), p);
-    }
-  }
-
   void operator()(B& p, B graw, B& m, B& v) {
     if (stats) add_square(graw);
-    if constexpr (K == OptKind::kAdam || K == OptKind::kAdagrad) {
-      if (exact_roots) {
-        step_exact(p, graw, m, v);
-        return;
-      }
-    }
-    if (decoupled) {
-      coarse_roots ? step<true, true>(p, graw, m, v) : step<true, false>(p, graw, m, v);
-    } else {
-      coarse_roots ? step<false, true>(p, graw, m, v) : step<false, false>(p, graw, m, v);
+    decoupled ? step_with_roots<true>(p, graw, m, v) : step_with_roots<false>(p, graw, m, v);
+  }
+  template <bool kDecoupled>
+  void step_with_roots(B& p, B graw, B& m, B& v) {
+    switch (roots) {
+      case Roots::kNewton:
+        return step<kDecoupled, Roots::kNewton>(p, graw, m, v);
+      case Roots::kCoarse:
+        return step<kDecoupled, Roots::kCoarse>(p, graw, m, v);
+      case Roots::kExact:
+        return step<kDecoupled, Roots::kExact>(p, graw, m, v);
     }
   }
 
@@ -879,7 +875,7 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
       v = kHasV ? load_as_f32<Arch>(mem_v, kState, i) : B(0.0f);
       graw = load_as_f32<Arch>(grad, G, i);
       if constexpr (F.stats) st.add_square_at(graw, partials, i);
-      st.template step<F.decoupled, S != StateType::kF32, kCheck>(p, graw, m, v);
+      st.template step<F.decoupled, S != StateType::kF32 ? Roots::kCoarse : Roots::kNewton, kCheck>(p, graw, m, v);
       p.store_unaligned(params_next + i);
     };
     int64_t i = 0;
@@ -1009,7 +1005,7 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
         } else {
           m = q8_decode_m_batch<Arch>(qm + i, m_dec);
           v = q8_decode_v_batch<Arch>(qv + i, v_dec);
-          st.template step<F.decoupled, true, !kPairOut>(p, graw, m, v);
+          st.template step<F.decoupled, Roots::kCoarse, !kPairOut>(p, graw, m, v);
         }
         p.store_unaligned(params_next + i);
         const B am = xsimd::abs(m);
@@ -1129,7 +1125,7 @@ int64_t run_tile(const TileCall& call, bool native_bf16) {
         !q8_scaled_moments(call).usable) {
       fused = 0;
     }
-    if (st.exact_roots) fused = 0;
+    if (st.roots == Roots::kExact) fused = 0;
     dispatch_fused<Arch, K>(call, st, fused, native_bf16);
     // The fused loop flushes whole partials; a short last one with no staged
     // rest to finish it ends here.

@@ -2,6 +2,7 @@
 #include "cpu_optim/optimizer.h"
 
 #include <cpuid.h>
+#include <xsimd/xsimd.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -11,7 +12,6 @@
 #include <initializer_list>
 #include <limits>
 #include <string>
-#include <xsimd/xsimd.hpp>
 
 #include "common/units.h"
 #include "cpu_optim/executor.h"
@@ -119,7 +119,7 @@ Result<std::pair<OptKind, Coeffs>> coefficients(const OptimizerConfig& config, i
 // without them the instructions fault). Read directly: xsimd's probe
 // (available_architectures) checks no XCR0 and names neither F16C nor
 // AVX-512 BF16, and __builtin_cpu_supports's feature names differ between
-// compilers (clang 14 knows no "f16c").
+// compilers (clang 14 knows no "f16c"). SSE2 is part of x86-64 itself.
 struct CpuFeatures {
   bool fma = false, f16c = false, avx2 = false, avx512f = false, avx512dq = false, avx512cd = false, avx512bw = false,
        avx512vl = false, avx512_bf16 = false;
@@ -349,7 +349,6 @@ Result<Isa> parse_isa(std::string_view name) {
 
 std::vector<Isa> available_isas() {
   std::vector<Isa> out;
-  xsimd::detail::supported_arch have = xsimd::available_architectures();
   const CpuFeatures f = cpu_features();
   // What kernels_avx512.cpp and kernels_avx2.cpp are built with (cpu_optim/CMakeLists.txt).
   const bool avx2 = f.os_ymm && f.avx2 && f.fma && f.f16c;
@@ -357,7 +356,7 @@ std::vector<Isa> available_isas() {
   if (avx512 && f.avx512_bf16) out.push_back(Isa::kAvx512Bf16);
   if (avx512) out.push_back(Isa::kAvx512);
   if (avx2) out.push_back(Isa::kAvx2);
-  if (have.sse2) out.push_back(Isa::kSse2);
+  out.push_back(Isa::kSse2);
   out.push_back(Isa::kScalar);
   return out;
 }

@@ -305,6 +305,16 @@ void expect_coarse_steps_close(const Problem& got, const Problem& ref, const std
   }
 }
 
+// Steps p once (t = 3) with `isa`: the step must succeed and find its
+// gradients finite.
+void step_once(const OptimizerConfig& config, Isa isa, Problem& p, Executor& ex) {
+  StepOptions options;
+  options.isa = isa;
+  Result<StepReport> r = step(config, 3, p.span(), options, ex);
+  ASSERT_TRUE(r) << r.error().to_string();
+  EXPECT_EQ(r->nonfinite, 0);
+}
+
 // Second moments at the edges of sqrt's domain — +0, -0, subnormal, the
 // smallest and largest normal numbers, +inf — through the roots of Adam
 // and Adagrad over fp32 states (fast_sqrt and fast_reciprocal: AVX-512
@@ -325,29 +335,22 @@ TEST(Optimizer, SecondMomentsAtTheEdgesOfTheRootMatchReference) {
             p.set_state(i, i % 2 == 0 ? 0.1f : -0.1f, kSecondMomentSpecials[i % kSecondMomentSpecials.size()]);
           }
         };
-        Problem ref(n, DType::kF32, true, DType::kBF16, state, 7);
-        prepare(ref);
-        const std::vector<float> initial = ref.params;
-        StepOptions options;
-        options.isa = Isa::kScalar;
-        Result<StepReport> r = step(config, 3, ref.span(), options, *ex);
-        ASSERT_TRUE(r) << r.error().to_string();
+        Problem start(n, DType::kF32, true, DType::kBF16, state, 7);
+        prepare(start);
+        Problem ref = start;
+        ASSERT_NO_FATAL_FAILURE(step_once(config, Isa::kScalar, ref, *ex));
         for (int64_t i = 0; i < n; ++i) ASSERT_TRUE(std::isfinite(ref.params[ref.skew + i])) << name << " " << i;
         for (Isa isa : available_isas()) {
           if (isa == Isa::kScalar) continue;
           SCOPED_TRACE(name + (state == StateType::kF32 ? " fp32" : " bf16") + " states, n " + std::to_string(n) +
                        " isa " + std::string(isa_name(isa)));
-          Problem got(n, DType::kF32, true, DType::kBF16, state, 7);
-          prepare(got);
-          options.isa = isa;
-          r = step(config, 3, got.span(), options, *ex);
-          ASSERT_TRUE(r) << r.error().to_string();
-          EXPECT_EQ(r->nonfinite, 0);
+          Problem got = start;
+          ASSERT_NO_FATAL_FAILURE(step_once(config, isa, got, *ex));
           if (state == StateType::kF32) {
             expect_close(got, ref, config);
             continue;
           }
-          expect_coarse_steps_close(got, ref, initial);
+          expect_coarse_steps_close(got, ref, start.params);
         }
       }
     }
@@ -1180,13 +1183,10 @@ TEST(Optimizer, EpsBelowTheSmallestNormalTakesTheReferencesExactSteps) {
           std::snprintf(eps_text, sizeof eps_text, "%g", static_cast<double>(eps));
           const std::string where =
               name + " eps " + eps_text + " " + std::string(state_type_name(state)) + " states, n " + std::to_string(n);
-          Problem ref(n, DType::kF32, true, DType::kBF16, state, 5);
-          prepare(ref);
-          const std::vector<float> initial = ref.params;
-          StepOptions options;
-          options.isa = Isa::kScalar;
-          Result<StepReport> r = step(config, 3, ref.span(), options, *ex);
-          ASSERT_TRUE(r) << r.error().to_string();
+          Problem start(n, DType::kF32, true, DType::kBF16, state, 5);
+          prepare(start);
+          Problem ref = start;
+          ASSERT_NO_FATAL_FAILURE(step_once(config, Isa::kScalar, ref, *ex));
           int64_t infinite = 0;
           for (int64_t i = 0; i < n; ++i) infinite += std::isinf(ref.params[ref.skew + i]) ? 1 : 0;
           // The case is there: eps 0 divides by a zero v (fp32 and bf16
@@ -1200,12 +1200,8 @@ TEST(Optimizer, EpsBelowTheSmallestNormalTakesTheReferencesExactSteps) {
           for (Isa isa : available_isas()) {
             if (isa == Isa::kScalar) continue;
             SCOPED_TRACE(where + " isa " + std::string(isa_name(isa)));
-            Problem got(n, DType::kF32, true, DType::kBF16, state, 5);
-            prepare(got);
-            options.isa = isa;
-            r = step(config, 3, got.span(), options, *ex);
-            ASSERT_TRUE(r) << r.error().to_string();
-            EXPECT_EQ(r->nonfinite, 0);
+            Problem got = start;
+            ASSERT_NO_FATAL_FAILURE(step_once(config, isa, got, *ex));
             if (exact || state == StateType::kF32) {
               // 8-bit states: where lr m / eps makes the steps millions, an
               // fp32 ulp of them is above the states' absolute bound.
@@ -1214,7 +1210,7 @@ TEST(Optimizer, EpsBelowTheSmallestNormalTakesTheReferencesExactSteps) {
               expect_close(got, ref, config, ptol);
               continue;
             }
-            expect_coarse_steps_close(got, ref, initial);  // low-precision states, eps = 1e-8
+            expect_coarse_steps_close(got, ref, start.params);  // low-precision states, eps = 1e-8
           }
         }
       }
