@@ -21,12 +21,23 @@ struct Sizes {
   uint64_t checkpoints = 0;   // bytes of all block-input checkpoints of one micro-batch
 };
 
-Sizes sizes_of(const TrainSetup& s) {
+// Every chunk's element count in model order (embedding, blocks, final),
+// as gpu::model_layout pads them, without building the tensors' names: the
+// planner estimates thousands of placements per answer.
+std::vector<int64_t> chunk_elems_of(const gpu::GptConfig& model) {
+  const gpu::EndOffsets ends = gpu::end_offsets(model);
+  std::vector<int64_t> elems(static_cast<size_t>(model.layers) + 2, ends.block_numel);
+  elems.front() = gpu::embedding_layout(model).numel;
+  elems.back() = ends.final_numel;
+  return elems;
+}
+
+Sizes sizes_of(const TrainSetup& s, const std::vector<int64_t>& chunk_elems) {
   Sizes z;
   z.params = gpu::parameter_count(s.model);
-  for (const gpu::ChunkLayout& chunk : gpu::model_layout(s.model)) {
-    z.padded += static_cast<uint64_t>(chunk.numel);
-    z.max_chunk = std::max<uint64_t>(z.max_chunk, static_cast<uint64_t>(chunk.numel));
+  for (int64_t n : chunk_elems) {
+    z.padded += static_cast<uint64_t>(n);
+    z.max_chunk = std::max<uint64_t>(z.max_chunk, static_cast<uint64_t>(n));
   }
   z.c = dtype_bytes(s.compute);
   z.tokens = s.micro_batch * s.seq;
@@ -88,7 +99,8 @@ std::string placement_text(const Placement& pl) {
 }
 
 Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
-  const Sizes z = sizes_of(s);
+  const std::vector<int64_t> layout = chunk_elems_of(s.model);
+  const Sizes z = sizes_of(s, layout);
   const double state_bytes = 4.0 + s.state_bytes_per_param;  // fp32 master + m, v
   const auto state_total = static_cast<uint64_t>(static_cast<double>(z.padded) * state_bytes);
   const double A = static_cast<double>(s.grad_accum);
@@ -114,9 +126,8 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   // gradient (used at both ends of the step) and the chunk buffers are sized
   // by the largest other chunk. This is what engine/streamed_model.cpp
   // allocates; a test holds the two within 5%.
-  const std::vector<gpu::ChunkLayout> layout = gpu::model_layout(s.model);
   uint64_t block_chunk = 0;
-  for (size_t i = 1; i < layout.size(); ++i) block_chunk = std::max<uint64_t>(block_chunk, static_cast<uint64_t>(layout[i].numel));
+  for (size_t i = 1; i < layout.size(); ++i) block_chunk = std::max<uint64_t>(block_chunk, static_cast<uint64_t>(layout[i]));
   // Both are the streamed model: depth + 1 weight slots of the largest
   // non-embedding chunk (resident: depth L, a slot for each of the L + 1
   // non-embedding chunks), two gradient slots, and the embedding and its
@@ -124,7 +135,7 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   // count as the weights, streamed as buffers.
   const bool resident = pl.weights == Tier::kDevice;
   const uint64_t slots = static_cast<uint64_t>(resident ? s.model.layers : pl.prefetch_depth) + 1;
-  const uint64_t emb_bytes = static_cast<uint64_t>(layout[0].numel) * z.c;
+  const uint64_t emb_bytes = static_cast<uint64_t>(layout[0]) * z.c;
   const uint64_t slot_bytes = slots * block_chunk * z.c, grad_slot_bytes = 2 * block_chunk * z.c;
   if (resident) {
     p.device.model_states += slot_bytes + emb_bytes;
@@ -189,15 +200,28 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   // their blob.
   if (pl.weights != Tier::kNvme) p.host.model_states += (s.delayed_update ? 2 : 1) * z.padded * w;
   // Every NVMe blob (one per piece of a chunk) takes whole 4 KiB blocks.
-  std::vector<int64_t> chunk_elems;
-  for (const gpu::ChunkLayout& chunk : layout) chunk_elems.push_back(chunk.numel);
-  const uint64_t max_piece = static_cast<uint64_t>(max_state_piece(chunk_elems, s.state_piece_elems));
+  const std::vector<int64_t>& chunk_elems = layout;
+  // The blocks are all one size: each distinct size's pieces once, times
+  // its chunks.
+  std::vector<std::pair<int64_t, uint64_t>> sizes;  // (elements, chunks of that size)
+  for (int64_t n : chunk_elems) {
+    if (!sizes.empty() && sizes.back().first == n) {
+      ++sizes.back().second;
+    } else {
+      sizes.push_back({n, 1});
+    }
+  }
+  int64_t max_piece_elems = 0;
+  for (const auto& [n, count] : sizes) max_piece_elems = std::max(max_piece_elems, state_piece_sizes(n, s.state_piece_elems)[0]);
+  const auto max_piece = static_cast<uint64_t>(max_piece_elems);
   auto blobs = [&](double bytes_per_param) {
     uint64_t total = 0;
-    for (int64_t n : chunk_elems) {
+    for (const auto& [n, count] : sizes) {
+      uint64_t one = 0;
       for (int64_t piece : state_piece_sizes(n, s.state_piece_elems)) {
-        total += padded(static_cast<uint64_t>(static_cast<double>(piece) * bytes_per_param));
+        one += padded(static_cast<uint64_t>(static_cast<double>(piece) * bytes_per_param));
       }
+      total += one * count;
     }
     return total;
   };
@@ -240,15 +264,15 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   double h2d = P * c;
   if (pl.weights != Tier::kDevice) {
     const int64_t L = s.model.layers;
-    double held = static_cast<double>(layout.back().numel);
+    double held = static_cast<double>(layout.back());
     for (int64_t k = 0; k < std::min<int64_t>(pl.prefetch_depth, L); ++k) {
-      held += static_cast<double>(layout[static_cast<size_t>(L - k)].numel);
+      held += static_cast<double>(layout[static_cast<size_t>(L - k)]);
     }
-    const double first = 2 * P - static_cast<double>(layout[0].numel) - held;
-    double left = static_cast<double>(layout[0].numel);
+    const double first = 2 * P - static_cast<double>(layout[0]) - held;
+    double left = static_cast<double>(layout[0]);
     const int64_t kept = std::min<int64_t>(pl.prefetch_depth + 1, L + 1);
-    for (int64_t l = 1; l <= std::min(kept, L); ++l) left += static_cast<double>(layout[static_cast<size_t>(l)].numel);
-    if (kept == L + 1) left += static_cast<double>(layout.back().numel);
+    for (int64_t l = 1; l <= std::min(kept, L); ++l) left += static_cast<double>(layout[static_cast<size_t>(l)]);
+    if (kept == L + 1) left += static_cast<double>(layout.back());
     h2d = (first + (passes - 1) * std::max(first - left, 0.0)) * c;
   }
   double d2h = P * c * A;
@@ -292,8 +316,8 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   // back to) unless a second copy of the states is kept, so the whole
   // optimizer pass follows backward. The next forward then begins by copying
   // the new weights of those same chunks up.
-  const double last = static_cast<double>(layout[0].numel) +
-                      (s.model.layers > 0 ? static_cast<double>(layout[1].numel) : 0.0);
+  const double last = static_cast<double>(layout[0]) +
+                      (s.model.layers > 0 ? static_cast<double>(layout[1]) : 0.0);
   const bool speculates = pl.states == Tier::kNvme || pl.speculate_in_ram;
   p.tail_seconds = (speculates ? last : P) / bw.cpu_optimizer_params_per_s;
   if (pl.states == Tier::kNvme) {
@@ -304,9 +328,9 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
                            (grads_nvme ? static_cast<double>(opt_grad_bytes) : 0.0);
     const double update = p.tail_seconds;
     const double write = last * (state_bytes + weights) / (bw.nvme_write_gbps * 1e9);
-    double unit = static_cast<double>(state_piece_sizes(layout[0].numel, s.state_piece_elems)[0]);
+    double unit = static_cast<double>(state_piece_sizes(layout[0], s.state_piece_elems)[0]);
     if (s.model.layers > 0) {
-      unit = std::max(unit, static_cast<double>(state_piece_sizes(layout[1].numel, s.state_piece_elems)[0]));
+      unit = std::max(unit, static_cast<double>(state_piece_sizes(layout[1], s.state_piece_elems)[0]));
     }
     p.tail_seconds = std::max(update, write) + std::min(update, write) * unit / last;  // unit <= last
   }
@@ -373,22 +397,27 @@ std::vector<Placement> candidates(const Budgets& b, const Constraints& fixed) {
   return out;
 }
 
-// Searches the placements for `setup`; false when none fits.
-bool best_plan(const TrainSetup& s, const Budgets& b, const Bandwidths& bw, const Constraints& fixed, Plan* best,
-               Plan* closest) {
-  bool found = false, have_closest = false;
-  double closest_over = std::numeric_limits<double>::infinity();
-  // The vertical order's group sizes (micro-batches per pass): the
-  // divisors of grad_accum above 1, or only the one asked for (then the
-  // only order), with the checkpoints on any tier.
+// The vertical order's group sizes (micro-batches per pass) worth
+// planning: the one asked for (then the only order), or the divisors of
+// grad_accum above 1 (found in pairs up to the square root: grad_accum may
+// be 2^20).
+std::vector<int64_t> vertical_groups(const TrainSetup& s) {
+  if (s.micro_batches_per_pass > 1) return {s.micro_batches_per_pass};
   std::vector<int64_t> groups;
-  if (s.micro_batches_per_pass > 1) {
-    groups.push_back(s.micro_batches_per_pass);
-  } else {
-    for (int64_t v = 2; v <= s.grad_accum; ++v) {
-      if (s.grad_accum % v == 0) groups.push_back(v);
-    }
+  for (int64_t v = 1; v * v <= s.grad_accum; ++v) {
+    if (s.grad_accum % v != 0) continue;
+    if (v > 1) groups.push_back(v);
+    if (s.grad_accum / v != v) groups.push_back(s.grad_accum / v);
   }
+  std::sort(groups.begin(), groups.end());
+  return groups;
+}
+
+// Every placement the trainer runs for `s`, with its group size: the
+// candidates in one micro-batch at a time (unless a group is asked for) and
+// in each of `groups`.
+std::vector<Placement> runnable(const TrainSetup& s, const Budgets& b, const Constraints& fixed,
+                                const std::vector<int64_t>& groups) {
   std::vector<Placement> all;
   auto runs = [&](const Placement& pl) {
     return pl.gradients != Tier::kNvme || gradients_run_on_nvme(s, pl.states, pl.micro_batches_per_pass);
@@ -400,7 +429,15 @@ bool best_plan(const TrainSetup& s, const Budgets& b, const Bandwidths& bw, cons
       if (runs(pl)) all.push_back(pl);
     }
   }
-  for (const Placement& pl : all) {
+  return all;
+}
+
+// Searches the placements for `setup`; false when none fits.
+bool best_plan(const TrainSetup& s, const Budgets& b, const Bandwidths& bw, const Constraints& fixed, Plan* best,
+               Plan* closest) {
+  bool found = false, have_closest = false;
+  double closest_over = std::numeric_limits<double>::infinity();
+  for (const Placement& pl : runnable(s, b, fixed, vertical_groups(s))) {
     Plan p = estimate(s, pl, bw);
     if (fits(p, b)) {
       // Strictly faster wins; the enumeration order prefers faster tiers,
@@ -418,6 +455,19 @@ bool best_plan(const TrainSetup& s, const Budgets& b, const Bandwidths& bw, cons
   return found;
 }
 
+// Whether any placement of `s` fits, stopping at the first that does. A
+// larger group holds more on every tier (its micro-batches' inputs side
+// by side), so of the groups only the smallest can fit where another does,
+// and all of them, which alone lets the gradients wait on NVMe.
+bool any_fits(const TrainSetup& s, const Budgets& b, const Bandwidths& bw, const Constraints& fixed) {
+  std::vector<int64_t> groups = vertical_groups(s);
+  if (groups.size() > 2) groups = {groups.front(), groups.back()};
+  for (const Placement& pl : runnable(s, b, fixed, groups)) {
+    if (fits(estimate(s, pl, bw), b)) return true;
+  }
+  return false;
+}
+
 std::string shortfalls(const Plan& p, const Budgets& b) {
   std::string out;
   auto add = [&](const char* name, uint64_t need, uint64_t have) {
@@ -431,19 +481,37 @@ std::string shortfalls(const Plan& p, const Budgets& b) {
   return out;
 }
 
+// Whether some placement of `s` at this micro-batch and Adam state size fits.
+bool fits_with(const TrainSetup& s, const Budgets& b, const Bandwidths& bw, const Constraints& fixed,
+               int64_t micro_batch, double state_bytes) {
+  TrainSetup t = s;
+  t.micro_batch = micro_batch;
+  t.state_bytes_per_param = state_bytes;
+  return any_fits(t, b, bw, fixed);
+}
+
+// The largest micro-batch below `below` that fits with `state_bytes` Adam
+// states, or 0 when not even 1 does. Every tier's bytes grow with the
+// micro-batch (activations, workspace, checkpoints), so what fits is a
+// prefix 1..m and bisection finds m in log2(below) searches: the planner
+// answers a micro-batch of 2^20 as fast as one of 8.
+int64_t largest_fitting_micro_batch(const TrainSetup& s, const Budgets& b, const Bandwidths& bw,
+                                    const Constraints& fixed, int64_t below, double state_bytes) {
+  if (below <= 1 || !fits_with(s, b, bw, fixed, 1, state_bytes)) return 0;
+  int64_t lo = 1, hi = below;  // lo fits; hi does not (or is the bound)
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    (fits_with(s, b, bw, fixed, mid, state_bytes) ? lo : hi) = mid;
+  }
+  return lo;
+}
+
 // The nearest setup that fits when `s` does not, in order of the least
 // change to the run: a smaller micro-batch; smaller Adam states (bf16, then
 // 8-bit) at this micro-batch; then both. Empty when none does.
 std::string nearest_fitting(const TrainSetup& s, const Budgets& b, const Bandwidths& bw, const Constraints& fixed) {
-  auto fits_with = [&](int64_t micro_batch, double state_bytes) {
-    TrainSetup t = s;
-    t.micro_batch = micro_batch;
-    t.state_bytes_per_param = state_bytes;
-    Plan p;
-    return best_plan(t, b, bw, fixed, &p, nullptr);
-  };
-  for (int64_t mb = s.micro_batch - 1; mb >= 1; --mb) {
-    if (fits_with(mb, s.state_bytes_per_param)) return "micro-batch " + std::to_string(mb) + " would fit";
+  if (const int64_t mb = largest_fitting_micro_batch(s, b, bw, fixed, s.micro_batch, s.state_bytes_per_param)) {
+    return "micro-batch " + std::to_string(mb) + " would fit";
   }
   std::vector<cpu_optim::StateType> smaller;  // than the states asked for
   for (cpu_optim::StateType t : {cpu_optim::StateType::kBF16, cpu_optim::StateType::kQ8}) {
@@ -453,13 +521,13 @@ std::string nearest_fitting(const TrainSetup& s, const Budgets& b, const Bandwid
     return "Adam states in " + std::string(cpu_optim::state_type_name(t)) + " (config \"states\")";
   };
   for (cpu_optim::StateType t : smaller) {
-    if (fits_with(s.micro_batch, cpu_optim::adam_state_bytes_per_param(t))) return states_text(t) + " would fit";
+    const double bytes = cpu_optim::adam_state_bytes_per_param(t);
+    if (fits_with(s, b, bw, fixed, s.micro_batch, bytes)) return states_text(t) + " would fit";
   }
   for (cpu_optim::StateType t : smaller) {
-    for (int64_t mb = s.micro_batch - 1; mb >= 1; --mb) {
-      if (fits_with(mb, cpu_optim::adam_state_bytes_per_param(t))) {
-        return "micro-batch " + std::to_string(mb) + " with " + states_text(t) + " would fit";
-      }
+    const double bytes = cpu_optim::adam_state_bytes_per_param(t);
+    if (const int64_t mb = largest_fitting_micro_batch(s, b, bw, fixed, s.micro_batch, bytes)) {
+      return "micro-batch " + std::to_string(mb) + " with " + states_text(t) + " would fit";
     }
   }
   return "";

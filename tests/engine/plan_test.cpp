@@ -296,6 +296,32 @@ TEST(Plan, NothingFitsNamesTheShortBudgetAndASmallerMicroBatch) {
   EXPECT_EQ(make_plan(bad, {kGiB, kGiB, 0}, Bandwidths{}).error().code(), StatusCode::kInvalidArgument);
 }
 
+// Issue 31: the nearest micro-batch is found by bisection, not by trying
+// every one below the asked-for size (a micro-batch of 2^20 took minutes).
+// The one named is the largest that fits: it plans, and one more does not.
+// Grad_accum 2^20 (many group sizes) answers too.
+TEST(Plan, TheNearestMicroBatchIsTheLargestThatFitsFromAnySize) {
+  const Budgets budgets{8 * kGiB, 16 * kGiB, 0};
+  int64_t named = 0;
+  for (int64_t asked : {int64_t{4096}, int64_t{1} << 20}) {
+    Result<Plan> p = make_plan(gpt2("medium", asked), budgets, Bandwidths{});
+    ASSERT_FALSE(p);
+    const std::string m(p.error().message());
+    const size_t at = m.find("; micro-batch ");
+    ASSERT_NE(at, std::string::npos) << m;
+    const int64_t mb = std::stoll(m.substr(at + 14));
+    if (named != 0) {
+      EXPECT_EQ(mb, named) << "the same budgets fit the same micro-batch whatever was asked";
+    }
+    named = mb;
+    EXPECT_TRUE(make_plan(gpt2("medium", mb), budgets, Bandwidths{})) << "named micro-batch " << mb;
+    EXPECT_FALSE(make_plan(gpt2("medium", mb + 1), budgets, Bandwidths{})) << "micro-batch " << mb + 1;
+  }
+  TrainSetup accum = gpt2("medium", 1);
+  accum.grad_accum = int64_t{1} << 20;
+  EXPECT_TRUE(make_plan(accum, budgets, Bandwidths{})) << "micro-batch 1 accumulated 2^20 times fits";
+}
+
 // When no micro-batch fits, smaller Adam states are named — each
 // suggestion checked to fit, and the same setup with one step less
 // (fp32 states at micro-batch 1, or bf16 where q8 is named) checked not to.
