@@ -31,6 +31,8 @@ class Reader {
   // writes "auto" into DeepSpeed configs and fills it in before DeepSpeed
   // reads them, so a config taken from there has them; the default stands,
   // and a warning names the key.
+  // A key whose allowed values include "auto" (io.backend) takes it as a
+  // value: has_value() sees it.
   bool has(const std::string& key) {
     if (!obj_.contains(key)) return false;
     const json& v = obj_.at(key);
@@ -91,7 +93,8 @@ class Reader {
   }
 
   Status get_choice(const std::string& key, std::string* out, const std::vector<std::string>& allowed) {
-    if (!has(key)) return ok_status();
+    const bool auto_is_a_value = std::find(allowed.begin(), allowed.end(), "auto") != allowed.end();
+    if (auto_is_a_value ? !obj_.contains(key) : !has(key)) return ok_status();
     const json& v = raw(key);
     std::string text = v.is_string() ? v.get<std::string>() : "";
     for (const std::string& a : allowed) {
@@ -105,15 +108,18 @@ class Reader {
     return bad(key, "one of " + list, v);
   }
 
-  // "24GiB", "512MiB", or a number of bytes.
-  Status get_bytes(const std::string& key, uint64_t* out) {
+  // "24GiB", "512MiB", or a number of bytes, at least `min_bytes`.
+  Status get_bytes(const std::string& key, uint64_t* out, uint64_t min_bytes = 0) {
     if (!has(key)) return ok_status();
     const json& v = raw(key);
     uint64_t bytes = 0;
-    if (v.is_number_unsigned()) {
+    if (v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0)) {
       bytes = v.get<uint64_t>();
     } else if (!v.is_string() || !parse_bytes(v.get<std::string>(), &bytes)) {
       return bad(key, "a byte count such as \"24GiB\", \"512MiB\" or 1073741824", v);
+    }
+    if (bytes < min_bytes) {
+      return bad(key, "a byte count of at least " + std::to_string(min_bytes) + " (leave the key out for its default)", v);
     }
     *out = bytes;
     return ok_status();
@@ -460,9 +466,11 @@ Status read_native(Reader& top, EngineConfig& c) {
   }
   if (top.has("budgets")) {
     STRATA_ASSIGN_OR_RETURN(Reader b, top.object("budgets"));
-    STRATA_RETURN_IF_ERROR(b.get_bytes("device", &c.budgets.device_bytes));
-    STRATA_RETURN_IF_ERROR(b.get_bytes("host", &c.budgets.host_bytes));
-    STRATA_RETURN_IF_ERROR(b.get_bytes("nvme", &c.budgets.nvme_bytes));
+    // 0 would read as "not given" downstream and be replaced by a default:
+    // refused, so a budget of nothing is never silently a budget of a GiB.
+    STRATA_RETURN_IF_ERROR(b.get_bytes("device", &c.budgets.device_bytes, 1));
+    STRATA_RETURN_IF_ERROR(b.get_bytes("host", &c.budgets.host_bytes, 1));
+    STRATA_RETURN_IF_ERROR(b.get_bytes("nvme", &c.budgets.nvme_bytes, 1));
     b.finish();
   }
   if (top.has("nvme_paths")) {

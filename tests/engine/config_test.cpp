@@ -284,6 +284,39 @@ TEST(Config, AutoValuesKeepTheDefaultsAndAreNamed) {
   EXPECT_NE(bad.error().message().find("gradient_clipping"), std::string::npos) << bad.error().to_string();
 }
 
+// Issue 31: "auto" is one of io.backend's own values, not a placeholder:
+// taken as given, with no warning about Hugging Face.
+TEST(Config, AutoIsAValueWhereTheKeyAllowsIt) {
+  std::vector<std::string> warnings;
+  Result<EngineConfig> c = parse_config(json{{"io", {{"backend", "auto"}}}}, &warnings);
+  ASSERT_TRUE(c) << c.error().to_string();
+  EXPECT_EQ(c->io.backend, "auto");
+  EXPECT_TRUE(warnings.empty()) << warnings.front();
+  Result<EngineConfig> posix = parse_config(json{{"io", {{"backend", "posix"}}}}, &warnings);
+  ASSERT_TRUE(posix);
+  EXPECT_EQ(posix->io.backend, "posix");
+}
+
+// Issue 31: a budget of 0 was read as "not given" and replaced by a default
+// (a 1 GiB device, half the RAM, the disk's free space): refused, naming
+// the key.
+TEST(Config, ABudgetOfZeroIsRefusedNotDefaulted) {
+  for (const char* key : {"device", "host", "nvme"}) {
+    for (const json& zero : {json(0), json("0"), json("0GiB")}) {
+      json j = {{"budgets", {{key, zero}}}};
+      Result<EngineConfig> c = parse_config(j, nullptr);
+      ASSERT_FALSE(c) << key << " = " << zero.dump();
+      EXPECT_EQ(c.error().code(), StatusCode::kInvalidArgument);
+      const std::string m(c.error().message());
+      EXPECT_NE(m.find(std::string("budgets.") + key), std::string::npos) << m;
+      EXPECT_NE(m.find("at least 1"), std::string::npos) << m;
+    }
+  }
+  Result<EngineConfig> one = parse_config(json{{"budgets", {{"device", 1}}}}, nullptr);
+  ASSERT_TRUE(one) << one.error().to_string();
+  EXPECT_EQ(one->budgets.device_bytes, 1u);
+}
+
 // DeepSpeed's batch rule on one GPU: given two of train_batch_size, the
 // micro-batch and the accumulation steps, the third follows.
 TEST(Config, DeepSpeedDerivesTheThirdBatchSize) {
