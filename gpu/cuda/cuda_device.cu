@@ -15,7 +15,17 @@ Result<std::unique_ptr<CudaDevice>> CudaDevice::create(const CudaDeviceOptions& 
     return invalid_argument("CUDA device: event_ring and max_streams must be >= 1");
   }
   int count = 0;
-  STRATA_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&count));
+  // No GPU or no driver is a capability this machine lacks, not a failure
+  // of strata: Unimplemented, as the C API promises, with the driver's word.
+  if (const cudaError_t err = cudaGetDeviceCount(&count); err != cudaSuccess) {
+    if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver || err == cudaErrorNotSupported ||
+        err == cudaErrorDevicesUnavailable) {
+      return unimplemented(std::string("CUDA device: no usable GPU here (") + cudaGetErrorName(err) + ": " +
+                           cudaGetErrorString(err) + "); run on the host backend (device \"host\")");
+    }
+    return cuda_status(err, "cudaGetDeviceCount(&count)");
+  }
+  if (count == 0) return unimplemented("CUDA device: no GPU here; run on the host backend (device \"host\")");
   if (options.device < 0 || options.device >= count) {
     return invalid_argument("CUDA device " + std::to_string(options.device) + " does not exist (" +
                             std::to_string(count) + " present)");

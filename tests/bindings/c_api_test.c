@@ -130,6 +130,17 @@ int main(void) {
   CHECK(strata_trainer_create("{}", "tpu", &bad) == STRATA_INVALID_ARGUMENT, "unknown device");
   CHECK(strstr(strata_last_error(), "host, cuda") != NULL, "message");
   CHECK(strata_trainer_create(NULL, NULL, &bad) == STRATA_INVALID_ARGUMENT, "NULL config");
+  /* "cuda" where there is no GPU (or no CUDA in the build): UNIMPLEMENTED,
+   * as the header promises, not INTERNAL with the driver's raw words. */
+  {
+    char config[2048];
+    snprintf(config, sizeof config, kConfig, "");
+    strata_trainer* gpu = NULL;
+    const strata_status s = strata_trainer_create(config, "cuda", &gpu);
+    CHECK(s == STRATA_OK || s == STRATA_UNIMPLEMENTED, "cuda: %s", strata_status_name(s));
+    CHECK(s == STRATA_OK || strstr(strata_last_error(), "host") != NULL, "the message names the way out");
+    strata_trainer_destroy(gpu);
+  }
   strata_trainer_destroy(NULL);
 
   /* Bad data: refused, nothing changed. */
