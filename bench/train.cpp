@@ -102,7 +102,10 @@ struct Flags {
 // The flags, in --help's order: the run, then the placement.
 void add_run_flags(CLI::App& app, Flags& f) {
   app.add_option("--config", f.config_path, "JSON config (strata or DeepSpeed keys); default: an embedded small GPT");
-  app.add_option("--steps", f.steps, "optimizer steps (default: the config's)");
+  // -1 (unset) is the flag's default only: a negative count given is an
+  // error, never the config's count.
+  app.add_option("--steps", f.steps, "optimizer steps, 0 or more (default: the config's)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   app.add_option("--nvme", f.nvme, "keep the optimizer states on NVMe in this directory");
   app.add_option("--checkpoint", f.checkpoint, "checkpoint directory");
   app.add_option("--save-every", f.save_every, "also checkpoint every N steps")
