@@ -197,7 +197,7 @@ TEST(TrainerGradients, OnNvmeTheHostHoldsARingAndNvmeTakesTwoBytesAParameter) {
   Result<std::unique_ptr<Trainer>> over = Trainer::create(host);
   ASSERT_FALSE(over);
   EXPECT_EQ(over.error().code(), StatusCode::kResourceExhausted);
-  EXPECT_NE(over.error().to_string().find("host budget"), std::string::npos) << over.error().to_string();
+  EXPECT_NE(over.error().to_string().find("budgets.host"), std::string::npos) << over.error().to_string();
   nvme.nvme_paths = {dir.sub("budget")};
   const RunLog trained = run_log(nvme, 30);
   ASSERT_EQ(trained.losses.size(), 30u);
