@@ -7,12 +7,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
+#include <optional>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <tuple>
 #include <utility>
+#include <xxhash.h>
 
 namespace strata::engine {
 namespace {
@@ -27,13 +30,63 @@ std::string_view st_dtype(TensorType t) {
   return "?";
 }
 
-Result<TensorType> dtype_from(const std::string& s) {
+std::optional<TensorType> dtype_from(const nlohmann::json& v) {
+  const std::string s = v.is_string() ? v.get<std::string>() : "";
   if (s == "F32") return TensorType::kF32;
   if (s == "BF16") return TensorType::kBF16;
   if (s == "F16") return TensorType::kF16;
   if (s == "U8") return TensorType::kU8;
-  return invalid_argument("safetensors dtype " + s + " is not supported (F32, BF16, F16, U8)");
+  return std::nullopt;
 }
+
+// The header's JSON text, padded with spaces so the data starts 8-byte
+// aligned, as the format recommends.
+std::string header_text(const std::vector<TensorInfo>& tensors, const std::map<std::string, std::string>& metadata) {
+  nlohmann::json header = nlohmann::json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  uint64_t offset = 0;
+  for (const TensorInfo& t : tensors) {
+    header[t.name] = {{"dtype", st_dtype(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.bytes()}}};
+    offset += t.bytes();
+  }
+  std::string text = header.dump();
+  text.append((8 - (text.size() % 8)) % 8, ' ');
+  return text;
+}
+
+std::array<unsigned char, 8> little_endian(uint64_t v) {
+  std::array<unsigned char, 8> le{};
+  for (int i = 0; i < 8; ++i) le[static_cast<size_t>(i)] = static_cast<unsigned char>(v >> (8 * i));
+  return le;
+}
+
+uint64_t header_digest_of(const std::string& text) {
+  const std::array<unsigned char, 8> le = little_endian(text.size());
+  XXH3_state_t* st = XXH3_createState();
+  STRATA_CHECK(st != nullptr);
+  XXH3_64bits_reset(st);
+  XXH3_64bits_update(st, le.data(), le.size());
+  XXH3_64bits_update(st, text.data(), text.size());
+  const uint64_t d = XXH3_64bits_digest(st);
+  XXH3_freeState(st);
+  return d;
+}
+
+// 16 hex digits back to a value; false for anything else.
+bool parse_hex64(const std::string& text, uint64_t* out) {
+  if (text.size() != 16) return false;
+  uint64_t v = 0;
+  for (char ch : text) {
+    const int d = ch >= '0' && ch <= '9' ? ch - '0' : (ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1);
+    if (d < 0) return false;
+    v = v << 4 | static_cast<uint64_t>(d);
+  }
+  *out = v;
+  return true;
+}
+
+// Pieces of this many bytes: what verify() and the read-back hash stream.
+constexpr uint64_t kVerifyPieceBytes = uint64_t{8} << 20;
 
 Status write_all(int fd, const void* data, uint64_t bytes, const std::string& path) {
   const auto* p = static_cast<const char*>(data);
@@ -120,21 +173,45 @@ uint64_t TensorInfo::bytes() const {
   return n;
 }
 
+struct SafetensorsWriter::Hashing {
+  struct Tensor {
+    XXH3_state_t* state = nullptr;
+    uint64_t hashed = 0;    // bytes hashed, from the tensor's start
+    bool in_order = true;   // every write began where the hashed bytes end
+  };
+  std::vector<Tensor> tensors;
+  ~Hashing() {
+    for (Tensor& t : tensors) XXH3_freeState(t.state);
+  }
+};
+
+SafetensorsWriter::SafetensorsWriter() = default;
+SafetensorsWriter::SafetensorsWriter(SafetensorsWriter&&) noexcept = default;
+SafetensorsWriter& SafetensorsWriter::operator=(SafetensorsWriter&&) noexcept = default;
+SafetensorsWriter::~SafetensorsWriter() = default;
+
 Result<SafetensorsWriter> SafetensorsWriter::create(const std::string& path, std::vector<TensorInfo> tensors,
                                                     const std::map<std::string, std::string>& metadata) {
-  nlohmann::json header = nlohmann::json::object();
-  if (!metadata.empty()) header["__metadata__"] = metadata;
-  uint64_t offset = 0;
+  std::map<std::string, std::string> meta = metadata;
+  std::set<std::string> names;
   std::vector<uint64_t> begin;
+  uint64_t offset = 0;
   for (const TensorInfo& t : tensors) {
-    if (header.contains(t.name)) return invalid_argument("safetensors " + path + ": tensor " + t.name + " twice");
+    if (!names.insert(t.name).second || t.name == "__metadata__") {
+      return invalid_argument("safetensors " + path + ": tensor name " + t.name + " twice or reserved");
+    }
     begin.push_back(offset);
-    header[t.name] = {{"dtype", st_dtype(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.bytes()}}};
     offset += t.bytes();
+    meta[std::string(kChecksumKeyPrefix) + t.name] = hex64(0);  // filled in by finish()
   }
-  std::string text = header.dump();
-  text.append((8 - (text.size() % 8)) % 8, ' ');  // keep the data 8-byte aligned, as the format recommends
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  for (const auto& [key, value] : metadata) {
+    if (key.rfind(kChecksumKeyPrefix, 0) == 0) {
+      return invalid_argument("safetensors " + path + ": metadata key " + key + " is strata's own");
+    }
+  }
+  const std::string text = header_text(tensors, meta);
+  // Read and write: finish() reads back a tensor written out of order to hash it.
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return errno_status(errno, "create " + path);
   SafetensorsWriter w;
   w.fd_ = UniqueFd(fd);
@@ -143,10 +220,16 @@ Result<SafetensorsWriter> SafetensorsWriter::create(const std::string& path, std
   w.begin_ = std::move(begin);
   w.written_.assign(w.tensors_.size(), 0);
   w.data_start_ = 8 + text.size();
-  uint64_t length = text.size();
-  unsigned char le[8];
-  for (int i = 0; i < 8; ++i) le[i] = static_cast<unsigned char>(length >> (8 * i));
-  STRATA_RETURN_IF_ERROR(write_all(fd, le, 8, path));
+  w.metadata_ = std::move(meta);
+  w.hashing_ = std::make_unique<Hashing>();
+  w.hashing_->tensors.resize(w.tensors_.size());
+  for (Hashing::Tensor& t : w.hashing_->tensors) {
+    t.state = XXH3_createState();
+    if (t.state == nullptr) return resource_exhausted("safetensors " + path + ": no memory for the checksums");
+    XXH3_64bits_reset(t.state);
+  }
+  const std::array<unsigned char, 8> le = little_endian(text.size());
+  STRATA_RETURN_IF_ERROR(write_all(fd, le.data(), 8, path));
   STRATA_RETURN_IF_ERROR(write_all(fd, text.data(), text.size(), path));
   const int direct = ::open(path.c_str(), O_WRONLY | O_DIRECT | O_CLOEXEC);
   if (direct >= 0) {
@@ -183,6 +266,30 @@ Status SafetensorsWriter::write_at(size_t index, uint64_t offset, std::span<cons
   }
   STRATA_RETURN_IF_ERROR(write_bytes(data_start_ + begin_[index] + offset, data));
   written_[index] += data.size();
+  Hashing::Tensor& h = hashing_->tensors[index];
+  if (h.in_order && offset == h.hashed) {
+    XXH3_64bits_update(h.state, data.data(), data.size());
+    h.hashed += data.size();
+  } else {
+    h.in_order = false;  // finish() reads it back
+  }
+  return ok_status();
+}
+
+Status SafetensorsWriter::hash_back(size_t index) {
+  Hashing::Tensor& h = hashing_->tensors[index];
+  XXH3_64bits_reset(h.state);
+  std::vector<std::byte> piece(static_cast<size_t>(std::min(kVerifyPieceBytes, tensors_[index].bytes())));
+  for (uint64_t done = 0; done < tensors_[index].bytes();) {
+    const uint64_t n = std::min<uint64_t>(piece.size(), tensors_[index].bytes() - done);
+    const uint64_t at = data_start_ + begin_[index] + done;
+    const ssize_t got = ::pread(fd_.get(), piece.data(), n, static_cast<off_t>(at));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) return errno_status(errno, "read back " + path_ + " for its checksums");
+    if (got == 0) return data_loss("safetensors " + path_ + ": reading back " + tensors_[index].name + ": file ends");
+    XXH3_64bits_update(h.state, piece.data(), static_cast<size_t>(got));
+    done += static_cast<uint64_t>(got);
+  }
   return ok_status();
 }
 
@@ -227,9 +334,50 @@ Status SafetensorsWriter::finish() {
       return failed_precondition("safetensors " + path_ + ": tensor " + tensors_[i].name + " was not written in full");
     }
   }
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    if (!hashing_->tensors[i].in_order) STRATA_RETURN_IF_ERROR(hash_back(i));
+    metadata_[std::string(kChecksumKeyPrefix) + tensors_[i].name] = hex64(XXH3_64bits_digest(hashing_->tensors[i].state));
+  }
+  // The same keys and value widths as the placeholders: the same length.
+  const std::string text = header_text(tensors_, metadata_);
+  STRATA_CHECK_MSG(8 + text.size() == data_start_, "safetensors header changed length: %zu", text.size());
+  STRATA_RETURN_IF_ERROR(pwrite_all(fd_.get(), text.data(), text.size(), 8, path_));
+  header_digest_ = header_digest_of(text);
+  file_bytes_ = data_start_ + (tensors_.empty() ? 0 : begin_.back() + tensors_.back().bytes());
   if (::fsync(fd_.get()) != 0) return errno_status(errno, "fsync " + path_);
   return fd_.close();
 }
+
+namespace {
+
+// One header entry into `t` and its data offsets; false when malformed.
+bool parse_entry(const nlohmann::json& v, TensorInfo* t, uint64_t* begin, uint64_t* end) {
+  if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets")) return false;
+  const std::optional<TensorType> dtype = dtype_from(v.at("dtype"));
+  if (!dtype) return false;
+  t->dtype = *dtype;
+  const nlohmann::json& shape = v.at("shape");
+  const nlohmann::json& off = v.at("data_offsets");
+  if (!shape.is_array() || !off.is_array() || off.size() != 2) return false;
+  // The product in 128 bits: a shape whose bytes overflow is corrupt.
+  unsigned __int128 bytes = tensor_type_bytes(t->dtype);
+  for (const nlohmann::json& d : shape) {
+    if (!d.is_number_unsigned() && !(d.is_number_integer() && d.get<int64_t>() >= 0)) return false;
+    const auto dim = d.get<uint64_t>();
+    if (dim > (uint64_t{1} << 62)) return false;
+    bytes *= dim;
+    if (bytes > (static_cast<unsigned __int128>(1) << 62)) return false;
+    t->shape.push_back(static_cast<int64_t>(dim));
+  }
+  for (const nlohmann::json& o : off) {
+    if (!o.is_number_unsigned() && !(o.is_number_integer() && o.get<int64_t>() >= 0)) return false;
+  }
+  *begin = off[0].get<uint64_t>();
+  *end = off[1].get<uint64_t>();
+  return *end >= *begin && *end - *begin == static_cast<uint64_t>(bytes);
+}
+
+}  // namespace
 
 Result<SafetensorsReader> SafetensorsReader::open(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -244,34 +392,90 @@ Result<SafetensorsReader> SafetensorsReader::open(const std::string& path) {
   for (int i = 0; i < 8; ++i) length |= static_cast<uint64_t>(le[i]) << (8 * i);
   struct stat st {};
   if (::fstat(fd, &st) != 0) return errno_status(errno, "stat " + path);
-  if (length > static_cast<uint64_t>(st.st_size) - 8 || length > (100u << 20)) {
+  r.file_bytes_ = static_cast<uint64_t>(st.st_size);
+  if (length > r.file_bytes_ - 8 || length > (100u << 20)) {
     return data_loss("safetensors " + path + ": header length " + std::to_string(length) + " is corrupt");
   }
   std::string text(length, '\0');
   if (::pread(fd, text.data(), length, 8) != static_cast<ssize_t>(length)) {
     return data_loss("safetensors " + path + ": short header");
   }
-  nlohmann::json header = nlohmann::json::parse(text, nullptr, false);
+  r.header_digest_ = header_digest_of(text);
+  const nlohmann::json header = nlohmann::json::parse(text, nullptr, false);
   if (header.is_discarded() || !header.is_object()) return data_loss("safetensors " + path + ": header is not JSON");
   r.data_start_ = 8 + length;
-  const uint64_t data_bytes = static_cast<uint64_t>(st.st_size) - r.data_start_;
+  const uint64_t data_bytes = r.file_bytes_ - r.data_start_;
+  std::map<std::string, uint64_t> sums;
   for (const auto& [name, v] : header.items()) {
     if (name == "__metadata__") {
-      for (const auto& [k, val] : v.items()) r.metadata_[k] = val.get<std::string>();
+      if (!v.is_object()) return data_loss("safetensors " + path + ": __metadata__ is not an object");
+      for (const auto& [k, val] : v.items()) {
+        if (!val.is_string()) return data_loss("safetensors " + path + ": metadata " + k + " is not a string");
+        if (k.rfind(kChecksumKeyPrefix, 0) != 0) {
+          r.metadata_[k] = val.get<std::string>();
+        } else if (!parse_hex64(val.get<std::string>(), &sums[k.substr(kChecksumKeyPrefix.size())])) {
+          return data_loss("safetensors " + path + ": checksum " + k + " is not 16 hex digits");
+        }
+      }
       continue;
     }
     TensorInfo t;
     t.name = name;
-    STRATA_ASSIGN_OR_RETURN(t.dtype, dtype_from(v.value("dtype", "")));
-    t.shape = v.value("shape", std::vector<int64_t>{});
-    std::vector<uint64_t> off = v.value("data_offsets", std::vector<uint64_t>{});
-    if (off.size() != 2 || off[1] < off[0] || off[1] - off[0] != t.bytes() || off[1] > data_bytes) {
-      return data_loss("safetensors " + path + ": tensor " + name + " has inconsistent offsets or is truncated");
+    uint64_t begin = 0, end = 0;
+    if (!parse_entry(v, &t, &begin, &end)) {
+      return data_loss("safetensors " + path + ": tensor " + name + ": entry " + v.dump() +
+                       " is not a dtype (F32, BF16, F16, U8), shape and data_offsets that agree");
     }
-    r.begin_.push_back(off[0]);
+    if (end > data_bytes) return data_loss("safetensors " + path + ": tensor " + name + " is truncated");
+    r.begin_.push_back(begin);
     r.tensors_.push_back(std::move(t));
   }
+  if (!sums.empty()) {
+    // Checksums for every tensor or for none: a file strata wrote has them all.
+    for (const TensorInfo& t : r.tensors_) {
+      const auto it = sums.find(t.name);
+      if (it == sums.end()) return data_loss("safetensors " + path + ": tensor " + t.name + " has no checksum");
+      r.checksums_.push_back(it->second);
+      sums.erase(it);
+    }
+    if (!sums.empty()) {
+      return data_loss("safetensors " + path + ": a checksum for " + sums.begin()->first + ", which is not a tensor");
+    }
+  }
   return r;
+}
+
+const TensorInfo* SafetensorsReader::find(const std::string& name) const {
+  for (const TensorInfo& t : tensors_) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+Status SafetensorsReader::verify(const Visitor& visit) const {
+  std::vector<std::byte> piece;
+  XXH3_state_t* st = XXH3_createState();
+  if (st == nullptr) return resource_exhausted("safetensors " + path_ + ": no memory to verify it");
+  std::unique_ptr<XXH3_state_t, XXH_errorcode (*)(XXH3_state_t*)> owner(st, XXH3_freeState);
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    const TensorInfo& t = tensors_[i];
+    XXH3_64bits_reset(st);
+    for (uint64_t done = 0; done < t.bytes();) {
+      const uint64_t n = std::min(kVerifyPieceBytes, t.bytes() - done);
+      piece.resize(static_cast<size_t>(n));
+      STRATA_RETURN_IF_ERROR(read_bytes(data_start_ + begin_[i] + done, piece, t.name));
+      XXH3_64bits_update(st, piece.data(), piece.size());
+      if (visit) STRATA_RETURN_IF_ERROR(visit(t, done, piece));
+      done += n;
+    }
+    if (!checksums_.empty() && XXH3_64bits_digest(st) != checksums_[i]) {
+      const uint64_t at = data_start_ + begin_[i];
+      return data_loss("safetensors " + path_ + ": tensor " + t.name + " (file bytes " + std::to_string(at) + ".." +
+                       std::to_string(at + t.bytes()) +
+                       ") does not match its checksum: the file is damaged; nothing of it was used");
+    }
+  }
+  return ok_status();
 }
 
 Status SafetensorsReader::read(const std::string& name, std::span<std::byte> out, uint64_t offset) const {
@@ -488,6 +692,86 @@ Result<CheckpointDir::Entry> CheckpointDir::latest() const {
 Result<int64_t> CheckpointDir::latest_step() const {
   STRATA_ASSIGN_OR_RETURN(Entry e, latest());
   return e.step;
+}
+
+Status check_finite(const std::string& path, const TensorInfo& t, uint64_t offset, std::span<const std::byte> bytes) {
+  // Exponent bits all ones: inf or NaN, in each format's layout.
+  auto first_bad = [&]() -> int64_t {
+    switch (t.dtype) {
+      case TensorType::kF32:
+        for (size_t k = 0; k + 4 <= bytes.size(); k += 4) {
+          uint32_t x;
+          std::memcpy(&x, bytes.data() + k, 4);
+          if ((x & 0x7F800000u) == 0x7F800000u) return static_cast<int64_t>(k / 4);
+        }
+        return -1;
+      case TensorType::kBF16:
+      case TensorType::kF16: {
+        const uint16_t mask = t.dtype == TensorType::kBF16 ? 0x7F80 : 0x7C00;
+        for (size_t k = 0; k + 2 <= bytes.size(); k += 2) {
+          uint16_t x;
+          std::memcpy(&x, bytes.data() + k, 2);
+          if ((x & mask) == mask) return static_cast<int64_t>(k / 2);
+        }
+        return -1;
+      }
+      case TensorType::kU8: return -1;
+    }
+    return -1;
+  };
+  const int64_t bad = first_bad();
+  if (bad < 0) return ok_status();
+  const int64_t element = static_cast<int64_t>(offset / tensor_type_bytes(t.dtype)) + bad;
+  return data_loss("safetensors " + path + ": tensor " + t.name + " holds a NaN or infinity at element " +
+                   std::to_string(element) + "; refusing to load it");
+}
+
+std::string hex64(uint64_t value) {
+  char text[17];
+  std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(value));
+  return text;
+}
+
+std::string seal_record(const nlohmann::json& record) {
+  nlohmann::json sealed = record;
+  sealed.erase("checksum");
+  const std::string compact = sealed.dump();
+  sealed["checksum"] = hex64(XXH3_64bits(compact.data(), compact.size()));
+  return sealed.dump(2) + "\n";
+}
+
+Result<nlohmann::json> open_record(const std::string& path, const std::set<std::string>& legacy_keys, bool* legacy) {
+  *legacy = false;
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) {
+    if (errno == ENOENT) return data_loss(path + " is missing: the checkpoint is incomplete");
+    return errno_status(errno, "open " + path);
+  }
+  std::string text;
+  char buf[4096];
+  for (;;) {
+    const ssize_t n = ::read(fd.get(), buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return errno_status(errno, "read " + path);
+    if (n == 0) break;
+    text.append(buf, static_cast<size_t>(n));
+    if (text.size() > (16u << 20)) return data_loss(path + " is larger than any record strata writes");
+  }
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return data_loss(path + " is not valid JSON");
+  if (!j.contains("checksum")) {
+    for (const auto& [key, value] : j.items()) {
+      if (legacy_keys.count(key) == 0) return data_loss(path + ": no checksum, and a key " + key + " none was written with");
+    }
+    *legacy = true;
+    return j;
+  }
+  if (seal_record(j) != text) {
+    return data_loss(path + " does not match its checksum (or is not as strata writes it): the file was edited or "
+                            "is damaged");
+  }
+  j.erase("checksum");
+  return j;
 }
 
 }  // namespace strata::engine

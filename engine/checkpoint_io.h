@@ -9,12 +9,25 @@
 //                          (written to latest.tmp, fsynced, renamed).
 // A process killed at any point leaves `latest` naming a complete checkpoint.
 //   <root>/.lock           the writer's lock (flock), one writer at a time.
+//
+// What outlives the process is verified before it is used: every tensor of a
+// safetensors file strata writes carries an xxh3-64 of its bytes in the
+// header's metadata (computed as the data streams out), and the reader's
+// verify() streams each tensor back against it; a record (trainer.json) is
+// sealed by a checksum of its canonical text (seal_record / open_record) and
+// names each data file's size and header digest, so one flipped byte
+// anywhere — data, header or record — is refused as DataLoss by name.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <memory>
+#include <nlohmann/json_fwd.hpp>
+#include <set>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/dtype.h"
@@ -48,25 +61,44 @@ struct TensorInfo {
 // is not copied into the page cache nor throttled behind its writeback.
 // Where the filesystem refuses O_DIRECT (tmpfs), everything goes through
 // the page cache. Each block is written by one of the two paths only.
+// Each tensor's xxh3-64 goes into the metadata as
+// "strata.xxh3.<name>": 16 hex digits, written as zeros with the header and
+// filled in by finish() (the header keeps its length). A tensor written in
+// order (each write where the last ended) is hashed as it goes; one written
+// out of order is read back once by finish().
+inline constexpr std::string_view kChecksumKeyPrefix = "strata.xxh3.";
+
 class SafetensorsWriter {
  public:
   static Result<SafetensorsWriter> create(const std::string& path, std::vector<TensorInfo> tensors,
                                           const std::map<std::string, std::string>& metadata = {});
-  SafetensorsWriter(SafetensorsWriter&&) noexcept = default;
-  SafetensorsWriter& operator=(SafetensorsWriter&&) noexcept = default;
+  SafetensorsWriter(SafetensorsWriter&&) noexcept;
+  SafetensorsWriter& operator=(SafetensorsWriter&&) noexcept;
+  ~SafetensorsWriter();
 
   // Appends bytes of the current tensor (moving on to the next when it is full).
   Status append(std::span<const std::byte> data);
   // Writes bytes of tensor `index` from byte `offset` of it.
   Status write_at(size_t index, uint64_t offset, std::span<const std::byte> data);
-  // Checks every tensor was written in full, fsyncs and closes.
+  // Checks every tensor was written in full, writes their checksums into
+  // the header, fsyncs and closes.
   Status finish();
   // Bytes written with O_DIRECT so far.
   uint64_t direct_bytes() const { return direct_bytes_; }
+  // After finish(): the xxh3-64 of the file's header (its 8-byte length and
+  // JSON, checksums included) and the file's size, for a record to bind.
+  uint64_t header_digest() const { return header_digest_; }
+  uint64_t file_bytes() const { return file_bytes_; }
 
  private:
-  SafetensorsWriter() = default;
+  struct Hashing;  // one xxh3 stream per tensor
+  SafetensorsWriter();
   Status write_bytes(uint64_t at, std::span<const std::byte> data);
+  Status hash_back(size_t index);  // a tensor written out of order, read back
+  std::unique_ptr<Hashing> hashing_;
+  std::map<std::string, std::string> metadata_;
+  uint64_t header_digest_ = 0;
+  uint64_t file_bytes_ = 0;
   std::string path_;
   UniqueFd fd_;
   UniqueFd direct_fd_;  // the same file with O_DIRECT; invalid where refused
@@ -81,9 +113,27 @@ class SafetensorsWriter {
 
 class SafetensorsReader {
  public:
+  // Reads and checks the header: every entry well-formed (a supported
+  // dtype, non-negative dimensions, offsets inside the file that match the
+  // shape), and checksums for every tensor or for none. DataLoss naming
+  // the file (and the tensor) otherwise.
   static Result<SafetensorsReader> open(const std::string& path);
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
+  // The metadata but the checksums.
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // The tensor called `name`, or null.
+  const TensorInfo* find(const std::string& name) const;
+  // Whether the file carries a checksum per tensor (written by strata).
+  bool has_checksums() const { return !checksums_.empty(); }
+  // The xxh3-64 of the header as read, and the file's size.
+  uint64_t header_digest() const { return header_digest_; }
+  uint64_t file_bytes() const { return file_bytes_; }
+  // Streams every tensor's bytes once, in pieces, to `visit` (tensor,
+  // byte offset in it, bytes) and against its checksum: DataLoss naming
+  // the file, the tensor and its byte range in the file on a mismatch; the
+  // first error of `visit` is returned as it is.
+  using Visitor = std::function<Status(const TensorInfo&, uint64_t, std::span<const std::byte>)>;
+  Status verify(const Visitor& visit) const;
   // Reads `name`'s bytes (or a part of them from `offset`) into `out`: as
   // the writer writes, the whole 4 KiB blocks of a big read with O_DIRECT
   // (through a bounce buffer: one reader is one thread's), the rest
@@ -102,8 +152,31 @@ class SafetensorsReader {
   uint64_t data_start_ = 0;
   std::vector<TensorInfo> tensors_;
   std::vector<uint64_t> begin_;
+  std::vector<uint64_t> checksums_;  // per tensor; empty when the file has none
   std::map<std::string, std::string> metadata_;
+  uint64_t header_digest_ = 0;
+  uint64_t file_bytes_ = 0;
 };
+
+// DataLoss naming `path` and the tensor when any element of this piece of
+// a floating-point tensor (F32, BF16, F16; `offset` bytes into it) is NaN
+// or infinite; OK for U8.
+Status check_finite(const std::string& path, const TensorInfo& tensor, uint64_t offset,
+                    std::span<const std::byte> bytes);
+
+// A record file's text: `record` with a "checksum" key added (the xxh3-64
+// of the record's compact JSON, 16 hex digits), pretty-printed. JSON
+// objects print their keys sorted, so the text is canonical.
+std::string seal_record(const nlohmann::json& record);
+// Reads a record sealed by seal_record: the record without its checksum.
+// DataLoss naming the file when it is missing (the checkpoint is
+// incomplete), is not JSON, or is not exactly the sealed text of what it
+// holds (a byte edited anywhere). A record with no checksum whose keys are
+// all among `legacy_keys` (written before records were sealed) is returned
+// with *legacy set; any other key beside them is DataLoss.
+Result<nlohmann::json> open_record(const std::string& path, const std::set<std::string>& legacy_keys, bool* legacy);
+// 16 lowercase hex digits.
+std::string hex64(uint64_t value);
 
 // The directory protocol above. A checkpoint of a step that already has one
 // goes to a fresh name (step-<N>.r<k>), so the directory `latest` names is

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <nlohmann/json_fwd.hpp>
 #include <optional>
@@ -32,6 +33,7 @@
 namespace strata::engine {
 
 class CheckpointDir;
+class SafetensorsReader;
 
 struct TrainerOptions {
   gpu::GptConfig model;
@@ -300,9 +302,14 @@ class Trainer {
   struct CheckpointMeta {
     int64_t step = 0, updates = 0;
     LossScaler::State loss_scale;
+    std::map<std::string, std::pair<uint64_t, std::string>> files;  // name -> (bytes, header digest)
   };
-  Result<CheckpointMeta> checkpoint_meta(const std::string& path) const;
+  // `legacy`: the record has no seal (written before checkpoints had checksums).
+  Result<CheckpointMeta> checkpoint_meta(const std::string& path, bool* legacy) const;
   Result<CheckpointMeta> checked_meta(const std::string& path, const nlohmann::json& meta) const;
+  // load()'s checks of the whole checkpoint before it replaces anything.
+  Status verify_checkpoint(const std::string& path, const CheckpointMeta& meta, bool legacy,
+                           const SafetensorsReader& model, const SafetensorsReader& opt) const;
   // The optimizer writes the weights in RAM in place (not on NVMe, not
   // beside them for the delayed update).
   bool weights_in_place() const { return !weights_.empty() && weights_next_.empty(); }

@@ -198,6 +198,51 @@ TEST(Safetensors, WrongAmountsAndTruncationAreErrors) {
   EXPECT_EQ(SafetensorsReader::open(dir.path() + "/missing").error().code(), StatusCode::kNotFound);
 }
 
+// Issue 31: one damaged header byte in a dtype gave "safetensors dtype  is
+// not supported" naming no file. Now: DataLoss naming the file, the tensor,
+// what the entry says and what is allowed. A tensor's bytes that no longer
+// match its checksum are named with their range; a reader of an intact file
+// verifies it.
+TEST(Safetensors, ADamagedEntryOrTensorNamesTheFileAndTheTensor) {
+  strata::testing::TempDir dir;
+  const std::string path = dir.path() + "/d.safetensors";
+  ASSERT_TRUE(write_model(path, {{"w", TensorType::kF32, {100}}, {"b", TensorType::kF32, {7}}}, 64).ok());
+  Result<SafetensorsReader> intact = SafetensorsReader::open(path);
+  ASSERT_TRUE(intact) << intact.error().to_string();
+  EXPECT_TRUE(intact->has_checksums());
+  EXPECT_TRUE(intact->verify(nullptr).ok());
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  auto damaged = [&](size_t at, char to) {
+    std::string copy = bytes;
+    copy[at] = to;
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out << copy;
+  };
+  const size_t dtype = bytes.find("\"F32\"", bytes.find("\"w\""));
+  ASSERT_NE(dtype, std::string::npos);
+  damaged(dtype + 2, 'X');  // "FX2"
+  Result<SafetensorsReader> r = SafetensorsReader::open(path);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code(), StatusCode::kDataLoss);
+  const std::string m(r.error().message());
+  EXPECT_NE(m.find("safetensors " + path + ": tensor w: entry"), std::string::npos) << m;
+  EXPECT_NE(m.find("F32, BF16, F16, U8"), std::string::npos) << m;
+  // A data byte of tensor b: its checksum, its byte range.
+  damaged(bytes.size() - 3, static_cast<char>(bytes[bytes.size() - 3] ^ 0x10));
+  Result<SafetensorsReader> data = SafetensorsReader::open(path);
+  ASSERT_TRUE(data) << "the header is intact";
+  const Status v = data->verify(nullptr);
+  EXPECT_EQ(v.code(), StatusCode::kDataLoss);
+  EXPECT_NE(v.message().find("tensor b (file bytes " + std::to_string(bytes.size() - 28) + ".." +
+                             std::to_string(bytes.size()) + ") does not match its checksum"),
+            std::string::npos)
+      << v.to_string();
+}
+
 TEST(CheckpointDir, CommitIsAtomicAndAKilledWriterLeavesThePreviousOne) {
   strata::testing::TempDir dir;
   CheckpointDir ckpt(dir.path() + "/ckpt");

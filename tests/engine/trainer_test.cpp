@@ -23,6 +23,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <iterator>
 #include <map>
 #include <random>
@@ -729,6 +730,11 @@ TEST(Trainer, ReportsProgressChunkByChunkWhileItInitialisesSavesAndLoads) {
     std::vector<std::tuple<std::string, int64_t, int64_t>> want;
     for (int64_t c = 1; c <= chunks; ++c) want.emplace_back("initialising", c, chunks);
     for (int64_t c = 1; c <= 2 * chunks; ++c) want.emplace_back("saving", c, 2 * chunks);
+    // The load first verifies every tensor of both files (the weights', and
+    // each chunk's master, m and v), then loads chunk by chunk.
+    int64_t tensors = 3 * chunks;
+    for (const gpu::ChunkLayout& chunk : gpu::model_layout(o.model)) tensors += static_cast<int64_t>(chunk.tensors.size());
+    for (int64_t t = 1; t <= tensors; ++t) want.emplace_back("verifying", t, tensors);
     for (int64_t c = 1; c <= 2 * chunks; ++c) want.emplace_back("loading", c, 2 * chunks);
     EXPECT_EQ(calls, want);
   }
@@ -965,7 +971,9 @@ TEST(Trainer, TheInitialWeightsAreGpt2s) {
 
 // A checkpoint whose trainer.json was edited by hand (a value of the wrong
 // type, a key gone, not JSON) is refused with the file named — not an
-// exception out of the trainer — and the trainer goes on as it was.
+// exception out of the trainer — and the trainer goes on as it was. A
+// sealed record refuses any edit as DataLoss; an unsealed (legacy) one is
+// checked key by key.
 TEST(Trainer, ADamagedCheckpointDescriptionIsRefusedNotThrown) {
   uint64_t seed = strata::testing::test_seed(167);
   strata::testing::TempDir dir;
@@ -987,12 +995,20 @@ TEST(Trainer, ADamagedCheckpointDescriptionIsRefusedNotThrown) {
     std::string name, text;
     StatusCode code;
   };
-  std::string wrong_type = original, no_model = original;
+  nlohmann::json unsealed = nlohmann::json::parse(original);
+  for (const char* key : {"checksum", "format", "files"}) unsealed.erase(key);
+  const std::string legacy = unsealed.dump(2);
+  std::string wrong_type = original, no_model = original, legacy_wrong_type = legacy, legacy_no_model = legacy;
   const std::string accum = "\"grad_accum\": 1", model = "\"model\"";
   wrong_type.replace(wrong_type.find(accum), accum.size(), "\"grad_accum\": \"one\"");
   no_model.replace(no_model.find(model), model.size(), "\"modell\"");
+  legacy_wrong_type.replace(legacy_wrong_type.find(accum), accum.size(), "\"grad_accum\": \"one\"");
+  unsealed.erase("model");
+  legacy_no_model = unsealed.dump(2);
   const std::vector<Case> cases = {{"wrong type", wrong_type, StatusCode::kDataLoss},
-                                   {"no model", no_model, StatusCode::kFailedPrecondition},
+                                   {"no model", no_model, StatusCode::kDataLoss},
+                                   {"legacy, wrong type", legacy_wrong_type, StatusCode::kDataLoss},
+                                   {"legacy, no model", legacy_no_model, StatusCode::kFailedPrecondition},
                                    {"not JSON", "{\"step\": ", StatusCode::kDataLoss}};
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);

@@ -1,0 +1,325 @@
+// Trainer's checkpoints: save streams the model's weights (GPT-2 names) and
+// every chunk's optimizer state from their tiers into two safetensors files
+// and a sealed trainer.json, by the CheckpointDir protocol; load verifies
+// the whole checkpoint — the record's seal, each file's size and header,
+// each tensor's type, shape, checksum and finiteness — before it replaces
+// anything, so a refused checkpoint leaves the trainer as it was.
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "common/log.h"
+#include "engine/checkpoint_io.h"
+#include "engine/trainer.h"
+
+namespace strata::engine {
+namespace {
+
+constexpr int kCheckpointFormat = 2;  // 1: no checksums (no "format" key)
+const char* const kModelFile = "model.safetensors";
+const char* const kOptimizerFile = "optimizer.safetensors";
+const char* const kRecordFile = "trainer.json";
+
+// The keys a record had before records were sealed (format 1).
+const std::set<std::string>& legacy_record_keys() {
+  static const std::set<std::string> keys = {"step",  "updates",   "seed",        "data_position", "grad_accum",
+                                             "model", "precision", "adam_states", "loss_scale"};
+  return keys;
+}
+
+// The tensors of a chunk's optimizer state in a checkpoint, in the order of
+// OptimizerStage::StateSlice's parts, as stored: master, m, v (and the
+// 8-bit states' scales).
+std::vector<TensorInfo> state_tensors(size_t chunk, int64_t n, cpu_optim::StateType states) {
+  const StateLayout l = StateLayout::of(n, states);
+  const TensorType mv = states == cpu_optim::StateType::kF32    ? TensorType::kF32
+                        : states == cpu_optim::StateType::kBF16 ? TensorType::kBF16
+                                                                : TensorType::kU8;
+  const std::string c = "chunk-" + std::to_string(chunk) + ".";
+  std::vector<TensorInfo> parts = {{c + "master", TensorType::kF32, {n}}, {c + "m", mv, {n}}, {c + "v", mv, {n}}};
+  if (l.scales > 0) {
+    parts.push_back({c + "m_scale", TensorType::kF32, {l.scales}});
+    parts.push_back({c + "v_scale", TensorType::kF32, {l.scales}});
+  }
+  return parts;
+}
+
+// The parts of a chunk's tensors (`slots`) within elements [offset, offset
+// + n) of the chunk: at(k, byte offset in tensor k, byte offset in the
+// range, bytes) for each tensor the range overlaps (2-byte elements).
+Status for_each_tensor_part(const std::vector<gpu::TensorSlot>& slots, int64_t offset, int64_t n,
+                            const std::function<Status(size_t, uint64_t, size_t, size_t)>& at) {
+  for (size_t k = 0; k < slots.size(); ++k) {
+    const int64_t lo = std::max(offset, slots[k].offset), hi = std::min(offset + n, slots[k].offset + slots[k].numel());
+    if (lo >= hi) continue;
+    STRATA_RETURN_IF_ERROR(at(k, 2 * static_cast<uint64_t>(lo - slots[k].offset), 2 * static_cast<size_t>(lo - offset),
+                              2 * static_cast<size_t>(hi - lo)));
+  }
+  return ok_status();
+}
+
+nlohmann::json model_json(const gpu::GptConfig& c) {
+  return {{"layers", c.layers}, {"hidden", c.hidden}, {"heads", c.heads}, {"vocab", c.vocab}, {"max_seq", c.max_seq}};
+}
+
+}  // namespace
+
+Status Trainer::save(const std::string& root) {
+  CheckpointDir dir(root);
+  return save(dir);
+}
+
+Status Trainer::save(CheckpointDir& dir) {
+  Status saved = write_checkpoint(dir);
+  if (!saved.ok()) dir.abandon();  // the caller's dir lives on: nothing half-written stays
+  return saved;
+}
+
+Status Trainer::write_checkpoint(CheckpointDir& dir) {
+  STRATA_RETURN_IF_ERROR(flush());  // a delayed update in flight lands first
+  if (!broken_.empty()) return failed_precondition("trainer: " + broken_ + "; nothing consistent to save");
+  STRATA_RETURN_IF_ERROR(restore_weights());
+  STRATA_ASSIGN_OR_RETURN(std::string tmp, dir.begin(t_));
+  // Model weights, bf16, GPT-2 names.
+  std::vector<TensorInfo> tensors;
+  for (const auto& chunk : layout_) {
+    for (const auto& t : chunk.tensors) tensors.push_back({t.name, tensor_type(options_.precision), t.shape});
+  }
+  STRATA_ASSIGN_OR_RETURN(SafetensorsWriter model,
+                          SafetensorsWriter::create(tmp + "/" + kModelFile, tensors, {{"format", "pt"}}));
+  size_t first = 0;  // chunk c's first tensor
+  for (size_t c = 0; c < layout_.size(); ++c) {
+    const std::vector<gpu::TensorSlot>& slots = layout_[c].tensors;
+    if (weights_.empty()) {
+      // Streamed straight from their NVMe blobs, a piece at a time, each
+      // tensor's part of the piece into its place.
+      auto place = [&](int64_t offset, std::span<std::byte> bytes) {
+        return for_each_tensor_part(slots, offset, static_cast<int64_t>(bytes.size() / 2),
+                                    [&](size_t k, uint64_t in_tensor, size_t in_piece, size_t len) {
+                                      return model.write_at(first + k, in_tensor, bytes.subspan(in_piece, len));
+                                    });
+      };
+      STRATA_RETURN_IF_ERROR(stage_->visit_weights(c, place));
+    } else {
+      const uint16_t* w = weights_[c].data();
+      for (size_t k = 0; k < slots.size(); ++k) {
+        STRATA_RETURN_IF_ERROR(model.write_at(
+            first + k, 0, std::as_bytes(std::span(w + slots[k].offset, static_cast<size_t>(slots[k].numel())))));
+      }
+    }
+    first += slots.size();
+    report("saving", static_cast<int64_t>(c + 1), 2 * static_cast<int64_t>(layout_.size()));
+  }
+  STRATA_RETURN_IF_ERROR(model.finish());
+  // Optimizer state, streamed piece by piece from its tier into place (no
+  // chunk-sized buffer): the master weights, m and v in their stored type
+  // (8-bit states: the codes and their per-block scales).
+  std::vector<TensorInfo> states;
+  std::vector<size_t> first_tensor;
+  for (size_t c = 0; c < layout_.size(); ++c) {
+    first_tensor.push_back(states.size());
+    for (TensorInfo& t : state_tensors(c, layout_[c].numel, options_.adam_states)) states.push_back(std::move(t));
+  }
+  STRATA_ASSIGN_OR_RETURN(SafetensorsWriter opt, SafetensorsWriter::create(tmp + "/" + kOptimizerFile, states));
+  for (size_t c = 0; c < layout_.size(); ++c) {
+    STRATA_RETURN_IF_ERROR(stage_->visit_state(c, [&](int part, uint64_t offset, std::span<std::byte> bytes) {
+      return opt.write_at(first_tensor[c] + static_cast<size_t>(part), offset, bytes);
+    }));
+    report("saving", static_cast<int64_t>(layout_.size() + c + 1), 2 * static_cast<int64_t>(layout_.size()));
+  }
+  STRATA_RETURN_IF_ERROR(opt.finish());
+  // The record binds the data files: their sizes and header digests (the
+  // headers hold every tensor's checksum), sealed by its own checksum.
+  auto file_entry = [](const SafetensorsWriter& w) {
+    return nlohmann::json{{"bytes", w.file_bytes()}, {"header_xxh3", hex64(w.header_digest())}};
+  };
+  nlohmann::json meta = {{"format", kCheckpointFormat},
+                         {"files", {{kModelFile, file_entry(model)}, {kOptimizerFile, file_entry(opt)}}},
+                         {"step", t_},
+                         {"updates", updates_},
+                         {"seed", options_.seed},
+                         {"data_position", t_ * options_.grad_accum},
+                         {"grad_accum", options_.grad_accum},
+                         {"model", model_json(options_.model)},
+                         {"precision", dtype_name(options_.precision)},
+                         {"adam_states", cpu_optim::state_type_name(options_.adam_states)}};
+  if (options_.precision == DType::kF16) {
+    const LossScaler::State ls = scaler_.state();
+    meta["loss_scale"] = {{"scale", ls.scale}, {"good_steps", ls.good_steps}, {"hysteresis_left", ls.hysteresis_left}};
+  }
+  {
+    std::ofstream out(tmp + "/" + kRecordFile);
+    out << seal_record(meta);
+    if (!out) return resource_exhausted("checkpoint: writing " + tmp + "/" + kRecordFile + " failed");
+  }
+  return dir.commit(t_);
+}
+
+Result<Trainer::CheckpointMeta> Trainer::checkpoint_meta(const std::string& path, bool* legacy) const {
+  STRATA_ASSIGN_OR_RETURN(const nlohmann::json meta, open_record(path + "/" + kRecordFile, legacy_record_keys(), legacy));
+  // A value of the wrong type (a hand-edited legacy file) throws in
+  // nlohmann's accessors: an error, not an exception out of the trainer.
+  try {
+    return checked_meta(path, meta);
+  } catch (const nlohmann::json::exception& e) {
+    return data_loss(path + "/" + kRecordFile + ": " + e.what());
+  }
+}
+
+Result<Trainer::CheckpointMeta> Trainer::checked_meta(const std::string& path, const nlohmann::json& meta) const {
+  CheckpointMeta m;
+  const nlohmann::json model = meta.contains("model") ? meta.at("model") : nlohmann::json();
+  if (model != model_json(options_.model)) {
+    return failed_precondition("checkpoint " + path + " is for model " + model.dump() + ", not " +
+                               model_json(options_.model).dump());
+  }
+  const int64_t accum = meta.value("grad_accum", int64_t{1});
+  if (accum != options_.grad_accum) {
+    return failed_precondition("checkpoint " + path + " was written with grad_accum " + std::to_string(accum) +
+                               ", this run uses " + std::to_string(options_.grad_accum) +
+                               " (the data position counts micro-batches of that size)");
+  }
+  const std::string precision = meta.value("precision", std::string("bf16"));
+  if (precision != dtype_name(options_.precision)) {
+    return failed_precondition("checkpoint " + path + " holds " + precision + " weights, this run uses " +
+                               std::string(dtype_name(options_.precision)));
+  }
+  const std::string adam_states = meta.value("adam_states", std::string("fp32"));
+  if (adam_states != cpu_optim::state_type_name(options_.adam_states)) {
+    return failed_precondition("checkpoint " + path + " holds " + adam_states + " Adam states, this run keeps " +
+                               std::string(cpu_optim::state_type_name(options_.adam_states)));
+  }
+  if (options_.precision == DType::kF16) {
+    if (!meta.contains("loss_scale")) return data_loss(path + "/trainer.json: an fp16 checkpoint without loss_scale");
+    m.loss_scale.scale = meta["loss_scale"].value("scale", 0.0);
+    m.loss_scale.good_steps = meta["loss_scale"].value("good_steps", int64_t{-1});
+    m.loss_scale.hysteresis_left = meta["loss_scale"].value("hysteresis_left", 0);
+    LossScaler probe = scaler_;
+    STRATA_RETURN_IF_ERROR(probe.restore(m.loss_scale).with_context("checkpoint " + path));
+  }
+  if (!meta.contains("step") || !meta["step"].is_number_integer() || meta["step"].get<int64_t>() < 0) {
+    return data_loss(path + "/trainer.json: no step count");
+  }
+  m.step = meta["step"].get<int64_t>();
+  if (meta.contains("files")) {
+    for (const auto& [name, f] : meta.at("files").items()) {
+      m.files[name] = {f.at("bytes").get<uint64_t>(), f.at("header_xxh3").get<std::string>()};
+    }
+  }
+  // Written before skipped steps were counted apart: every step an update.
+  m.updates = meta.value("updates", m.step);
+  if (m.updates < 0 || m.updates > m.step) {
+    return data_loss(path + "/trainer.json: updates " + std::to_string(m.updates) + " outside 0.." +
+                     std::to_string(m.step));
+  }
+  return m;
+}
+
+Status Trainer::load(const std::string& root) {
+  update_failed_ = false;  // what the load replaces
+  STRATA_RETURN_IF_ERROR(flush());
+  CheckpointDir dir(root);
+  STRATA_ASSIGN_OR_RETURN(CheckpointDir::Entry latest, dir.latest());
+  const std::string& path = latest.path;
+  bool legacy = false;
+  STRATA_ASSIGN_OR_RETURN(const CheckpointMeta meta, checkpoint_meta(path, &legacy));
+  if (meta.step != latest.step) {
+    return data_loss(path + "/" + kRecordFile + " claims step " + std::to_string(meta.step) + ", its directory is step " +
+                     std::to_string(latest.step));
+  }
+  STRATA_ASSIGN_OR_RETURN(SafetensorsReader model, SafetensorsReader::open(path + "/" + kModelFile));
+  STRATA_ASSIGN_OR_RETURN(SafetensorsReader opt, SafetensorsReader::open(path + "/" + kOptimizerFile));
+  // Everything is checked before anything is loaded: a refused checkpoint
+  // leaves the trainer as it was.
+  STRATA_RETURN_IF_ERROR(verify_checkpoint(path, meta, legacy, model, opt));
+  // From here a failure (an I/O error) leaves the weights and states part-loaded.
+  broken_ = "loading checkpoint " + path + " failed part way";
+  for (size_t c = 0; c < layout_.size(); ++c) {
+    const std::vector<gpu::TensorSlot>& slots = layout_[c].tensors;
+    if (weights_.empty()) {  // into their NVMe blobs, a piece at a time
+      auto fill = [&](int64_t offset, std::span<std::byte> bytes) {
+        return for_each_tensor_part(slots, offset, static_cast<int64_t>(bytes.size() / 2),
+                                    [&](size_t k, uint64_t in_tensor, size_t in_piece, size_t len) {
+                                      return model.read(slots[k].name, bytes.subspan(in_piece, len), in_tensor);
+                                    });
+      };
+      STRATA_RETURN_IF_ERROR(stage_->replace_weights(c, fill));
+    } else {
+      // In place: the buffer is pinned. A failed read leaves the trainer's
+      // weights part-loaded; the caller gets the error.
+      for (const gpu::TensorSlot& t : slots) {
+        STRATA_RETURN_IF_ERROR(model.read(t.name, std::as_writable_bytes(std::span(
+                                                      weights_[c].data() + t.offset, static_cast<size_t>(t.numel())))));
+      }
+    }
+    report("loading", static_cast<int64_t>(c + 1), 2 * static_cast<int64_t>(layout_.size()));
+  }
+  for (size_t c = 0; c < layout_.size(); ++c) {
+    const std::vector<TensorInfo> parts = state_tensors(c, layout_[c].numel, options_.adam_states);
+    STRATA_RETURN_IF_ERROR(stage_->replace_state(c, [&](int part, uint64_t offset, std::span<std::byte> bytes) {
+      return opt.read(parts[static_cast<size_t>(part)].name, bytes, offset);
+    }));
+    report("loading", static_cast<int64_t>(layout_.size() + c + 1), 2 * static_cast<int64_t>(layout_.size()));
+  }
+  t_ = meta.step;
+  updates_ = meta.updates;
+  broken_.clear();  // every chunk's weights and state came from the checkpoint
+  stale_.assign(stale_.size(), false);
+  if (options_.precision == DType::kF16) STRATA_RETURN_IF_ERROR(scaler_.restore(meta.loss_scale));
+  return ok_status();
+}
+
+
+Status Trainer::verify_checkpoint(const std::string& path, const CheckpointMeta& meta, bool legacy,
+                                  const SafetensorsReader& model, const SafetensorsReader& opt) const {
+  // Each file is the one the record names, by size and header digest.
+  for (const SafetensorsReader* r : {&model, &opt}) {
+    const std::string name = r == &model ? kModelFile : kOptimizerFile;
+    if (legacy) continue;
+    const auto it = meta.files.find(name);
+    if (it == meta.files.end()) return data_loss(path + "/" + kRecordFile + " names no " + name);
+    if (r->file_bytes() != it->second.first || hex64(r->header_digest()) != it->second.second ||
+        !r->has_checksums()) {
+      return data_loss("checkpoint " + path + ": " + name + " is not the file " + kRecordFile +
+                       " describes (its size or header differs): damaged or replaced; nothing was loaded");
+    }
+  }
+  if (legacy) {
+    log_warning("checkpoint " + path + " was written by a strata without checksums: its contents cannot be "
+                "verified (only their types, shapes and finiteness are checked); save it again to seal it");
+  }
+  // Every tensor this trainer reads is there in its type and shape.
+  auto expect = [&](const SafetensorsReader& r, const std::string& file, const TensorInfo& want) -> Status {
+    const TensorInfo* got = r.find(want.name);
+    if (got == nullptr || got->dtype != want.dtype || got->shape != want.shape) {
+      return data_loss("checkpoint " + path + ": " + file + " has no tensor " + want.name + " of this run's type "
+                       "and shape; nothing was loaded");
+    }
+    return ok_status();
+  };
+  for (const gpu::ChunkLayout& chunk : layout_) {
+    for (const gpu::TensorSlot& t : chunk.tensors) {
+      STRATA_RETURN_IF_ERROR(expect(model, kModelFile, {t.name, tensor_type(options_.precision), t.shape}));
+    }
+  }
+  for (size_t c = 0; c < layout_.size(); ++c) {
+    for (const TensorInfo& t : state_tensors(c, layout_[c].numel, options_.adam_states)) {
+      STRATA_RETURN_IF_ERROR(expect(opt, kOptimizerFile, t));
+    }
+  }
+  // Then every byte against its checksum, and every weight and state
+  // finite, streamed once before the load reads them again.
+  int64_t done = 0;
+  const auto total = static_cast<int64_t>(model.tensors().size() + opt.tensors().size());
+  for (const SafetensorsReader* r : {&model, &opt}) {
+    const std::string file = path + "/" + (r == &model ? kModelFile : kOptimizerFile);
+    auto visit = [&](const TensorInfo& t, uint64_t offset, std::span<const std::byte> bytes) {
+      Status finite = check_finite(file, t, offset, bytes);
+      if (finite.ok() && offset + bytes.size() == t.bytes()) report("verifying", ++done, total);
+      return finite;
+    };
+    STRATA_RETURN_IF_ERROR(r->verify(visit));
+  }
+  return ok_status();
+}
+
+}  // namespace strata::engine
