@@ -430,6 +430,23 @@ Result<SafetensorsReader> SafetensorsReader::open(const std::string& path) {
     r.begin_.push_back(begin);
     r.tensors_.push_back(std::move(t));
   }
+  // As the format has them: the tensors' bytes back to back from the data's
+  // start, without gaps or overlaps, ending where the file ends.
+  std::vector<size_t> order(r.tensors_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return r.begin_[a] < r.begin_[b]; });
+  uint64_t next = 0;
+  for (size_t i : order) {
+    if (r.begin_[i] != next) {
+      return data_loss("safetensors " + path + ": tensor " + r.tensors_[i].name + " starts at data byte " +
+                       std::to_string(r.begin_[i]) + ", not " + std::to_string(next) + " (a gap or an overlap)");
+    }
+    next += r.tensors_[i].bytes();
+  }
+  if (next != data_bytes) {
+    return data_loss("safetensors " + path + ": " + std::to_string(data_bytes - next) +
+                     " bytes after the last tensor's (the file is damaged or was appended to)");
+  }
   if (!sums.empty()) {
     // Checksums for every tensor or for none: a file strata wrote has them all.
     for (const TensorInfo& t : r.tensors_) {
