@@ -5,6 +5,23 @@ if(STRATA_SANITIZE)
   add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
   add_link_options(-fsanitize=address,undefined)
 endif()
+# The fuzz targets: every object with libFuzzer's coverage hooks and ASan +
+# UBSan; the targets themselves link libFuzzer's main (tests/fuzz).
+if(STRATA_FUZZ)
+  if(NOT CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+    message(FATAL_ERROR "STRATA_FUZZ needs clang (libFuzzer): cmake --preset fuzz")
+  endif()
+  add_compile_options(-fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer
+                      -fno-sanitize-recover=undefined)
+  add_link_options(-fsanitize=address,undefined)
+endif()
+if(STRATA_TSAN)
+  if(STRATA_SANITIZE OR STRATA_FUZZ)
+    message(FATAL_ERROR "STRATA_TSAN does not combine with AddressSanitizer (STRATA_SANITIZE, STRATA_FUZZ)")
+  endif()
+  add_compile_options(-fsanitize=thread -fno-omit-frame-pointer)
+  add_link_options(-fsanitize=thread)
+endif()
 
 # -Wno-restrict: GCC 12 reports false positives inside libstdc++'s
 # std::string operator+ at -O2/-O3 (GCC bug 105329); clang has no such flag.
