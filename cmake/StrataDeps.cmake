@@ -34,8 +34,6 @@ if(NOT STRATA_ALL_DEPS)
   find_package(benchmark QUIET)
   return()
 endif()
-find_package(fmt REQUIRED)
-find_package(spdlog REQUIRED)
 # The Python module is built for Debian's interpreter (python3-torch and
 # python3-numpy live there), never for another python3 first on PATH.
 if(NOT DEFINED Python_EXECUTABLE AND EXISTS /usr/bin/python3)
