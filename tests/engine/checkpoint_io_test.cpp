@@ -254,7 +254,12 @@ TEST(CheckpointDir, CommitIsAtomicAndAKilledWriterLeavesThePreviousOne) {
   ASSERT_TRUE(ckpt.commit(10).ok());
   ASSERT_EQ(*ckpt.latest_step(), 10);
 
-  // A child starts checkpoint 20, writes slowly, and is killed mid-write.
+  // A child starts checkpoint 20, writes part of it, says so through a
+  // pipe and waits on another that is never written: it is killed
+  // mid-write, whatever the machine's speed (no sleep to outlast).
+  int written[2], never[2];
+  ASSERT_EQ(::pipe(written), 0);
+  ASSERT_EQ(::pipe(never), 0);
   pid_t child = ::fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
@@ -264,13 +269,21 @@ TEST(CheckpointDir, CommitIsAtomicAndAKilledWriterLeavesThePreviousOne) {
     Result<SafetensorsWriter> w = SafetensorsWriter::create(*t20 + "/model.safetensors", big);
     if (!w) ::_exit(3);
     std::vector<std::byte> piece(1 << 16);
-    for (;;) {
-      (void)w->append(piece);
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    for (int k = 0; k < 16; ++k) {
+      if (!w->append(piece).ok()) ::_exit(4);
     }
+    const char part = 'p';
+    if (::write(written[1], &part, 1) != 1) ::_exit(5);
+    char c;
+    while (::read(never[0], &c, 1) != 0) {
+    }
+    ::_exit(6);  // not reached: killed first
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  char part = 0;
+  ASSERT_EQ(::read(written[0], &part, 1), 1) << "the child failed before writing part of checkpoint 20";
+  ASSERT_EQ(part, 'p');
   ASSERT_EQ(::kill(child, SIGKILL), 0);
+  for (int fd : {written[0], written[1], never[0], never[1]}) ::close(fd);
   int status = 0;
   ASSERT_EQ(::waitpid(child, &status, 0), child);
   ASSERT_TRUE(WIFSIGNALED(status));
