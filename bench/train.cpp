@@ -1,4 +1,5 @@
-// strata-train: trains a GPT on the host backend from a config (an embedded
+// strata-train: trains a GPT on the host backend (or a CUDA GPU with
+// --device cuda) from a config (an embedded
 // default when none is given) on the deterministic synthetic stream or a
 // token file (--data), printing the planner's view of the run, then one
 // progress line per step, and a JSON summary last. Optimizer states in RAM, or on NVMe with --nvme DIR;

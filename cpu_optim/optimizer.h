@@ -14,8 +14,10 @@
 //
 // Execution: the span is cut into tiles run by oneTBB in the Executor's arena;
 // each tile is processed in L1-sized sub-tiles by the vector kernel of the
-// best instruction set the CPU supports among those compiled in (runtime
-// dispatch through xsimd::dispatch), or the one forced in StepOptions.
+// best instruction set the CPU supports among those compiled in (chosen at
+// run time by `available_isas` in optimizer.cpp, which reads CPUID and
+// XCR0 itself; each kernel file is built for one xsimd architecture), or
+// the one forced in StepOptions.
 // Results are bit-identical for every thread count and tile size.
 #pragma once
 

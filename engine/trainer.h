@@ -1,4 +1,5 @@
-// Trainer: the GPT training loop on the host backend, end to end — forward
+// Trainer: the GPT training loop on a compute device — the host backend
+// (the CPU, optionally capped like a GPU) or a CUDA GPU — end to end: forward
 // and backward of the whole model in the working weights' type (bf16 or
 // fp16: the device's weights, activations and gradients),
 // the optimizer stage (master weights and Adam states in host memory or on
