@@ -23,8 +23,10 @@ using nlohmann::json;
 // reported as unknown. Errors name the full dotted key.
 class Reader {
  public:
-  Reader(const json& obj, std::string path, std::vector<std::string>* warnings)
-      : obj_(obj), path_(std::move(path)), warnings_(warnings) {}
+  // `asked` (optional) collects the path of every key the parser asks
+  // about, present or not: the keys docs/CONFIG.md must document.
+  Reader(const json& obj, std::string path, std::vector<std::string>* warnings, std::set<std::string>* asked)
+      : obj_(obj), path_(std::move(path)), warnings_(warnings), asked_(asked) {}
 
   std::string key_path(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
   // A key whose value is "auto" counts as absent: Hugging Face's Trainer
@@ -34,6 +36,7 @@ class Reader {
   // A key whose allowed values include "auto" (io.backend) takes it as a
   // value: has_value() sees it.
   bool has(const std::string& key) {
+    if (asked_ != nullptr) asked_->insert(key_path(key));
     if (!obj_.contains(key)) return false;
     const json& v = obj_.at(key);
     if (v.is_string() && v.get<std::string>() == "auto") {
@@ -94,6 +97,7 @@ class Reader {
 
   Status get_choice(const std::string& key, std::string* out, const std::vector<std::string>& allowed) {
     const bool auto_is_a_value = std::find(allowed.begin(), allowed.end(), "auto") != allowed.end();
+    if (asked_ != nullptr) asked_->insert(key_path(key));
     if (auto_is_a_value ? !obj_.contains(key) : !has(key)) return ok_status();
     const json& v = raw(key);
     std::string text = v.is_string() ? v.get<std::string>() : "";
@@ -128,7 +132,7 @@ class Reader {
   Result<Reader> object(const std::string& key) {
     const json& v = raw(key);
     if (!v.is_object()) return bad(key, "an object", v);
-    return Reader(v, key_path(key), warnings_);
+    return Reader(v, key_path(key), warnings_, asked_);
   }
 
   // A warning about the object as a whole.
@@ -160,6 +164,7 @@ class Reader {
   const json& obj_;
   std::string path_;
   std::vector<std::string>* warnings_;
+  std::set<std::string>* asked_;
   std::set<std::string> used_;
 };
 
@@ -532,13 +537,13 @@ Status read_native(Reader& top, EngineConfig& c) {
 }  // namespace
 
 Result<EngineConfig> parse_config(const nlohmann::json& j, std::vector<std::string>* warnings,
-                                  const std::vector<std::string>& nvme_paths) {
+                                  const std::vector<std::string>& nvme_paths, std::set<std::string>* keys_asked) {
   std::vector<std::string> local;
   if (warnings == nullptr) warnings = &local;
   if (!j.is_object()) return invalid_argument("config: expected a JSON object at the top level");
   EngineConfig c;
   c.setup.model = gpu::gpt2_config("small");
-  Reader top(j, "", warnings);
+  Reader top(j, "", warnings, keys_asked);
   STRATA_RETURN_IF_ERROR(read_native(top, c));
   STRATA_RETURN_IF_ERROR(read_deepspeed(top, c));
   STRATA_RETURN_IF_ERROR(read_optimizer(top, c));

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <nlohmann/json_fwd.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -82,8 +83,12 @@ Result<uint64_t> nvme_free_bytes(const std::vector<std::string>& dirs);
 // unknown keys are appended to `warnings`. `nvme_paths`: the NVMe
 // directories when the config names none (a command line's --nvme DIR), so
 // that its NVMe budget and placement keys have somewhere to go.
+// `keys_asked` (optional) receives the dotted path of every key the parser
+// looked for in the objects it read, present or not: docs/CONFIG.md lists
+// exactly these (a test holds the two together).
 Result<EngineConfig> parse_config(const nlohmann::json& json, std::vector<std::string>* warnings,
-                                  const std::vector<std::string>& nvme_paths = {});
+                                  const std::vector<std::string>& nvme_paths = {},
+                                  std::set<std::string>* keys_asked = nullptr);
 // Reads and parses a file; errors name the file.
 Result<EngineConfig> load_config(const std::string& path, std::vector<std::string>* warnings,
                                  const std::vector<std::string>& nvme_paths = {});

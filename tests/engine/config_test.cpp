@@ -4,6 +4,7 @@
 #include <sys/statvfs.h>
 
 #include <fstream>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "common/units.h"
@@ -449,6 +450,46 @@ TEST(Config, SchedulesNativeAndDeepSpeeds) {
   EXPECT_NE(m.find("must end (step 5) after the warmup"), std::string::npos) << m;
   m = error_of({{"schedule", json::object()}, {"scheduler", {{"type", "WarmupLR"}}}});
   EXPECT_NE(m.find("keep one"), std::string::npos) << m;
+}
+
+}  // namespace
+}  // namespace strata::engine
+
+namespace strata::engine {
+namespace {
+
+// Issue 32: docs/CONFIG.md documents exactly the keys the parser reads. The
+// configs below enter every object and branch of the parser (each object
+// present, empty), and the union of the keys it looked for must equal the
+// keys in the reference's tables (`| `key` | ...` rows).
+TEST(Config, TheReferenceDocumentsExactlyTheKeysTheParserReads) {
+  const std::vector<json> walks = {
+      json::parse(R"({"model": {}, "batch": {}, "budgets": {}, "placement": {}, "io": {}, "schedule": {},
+                      "optimizer": {"type": "Adam", "params": {}}})"),
+      json::parse(R"({"fp16": {}, "bf16": {}, "aio": {}, "zero_optimization": {"offload_optimizer": {},
+                      "offload_param": {}}, "scheduler": {"type": "WarmupDecayLR", "params": {}}, "steps": 5000})"),
+      json::parse(R"({"scheduler": {"type": "WarmupCosineLR", "params": {}}, "steps": 5000})"),
+      json::parse(R"({"optimizer": {}})"),
+  };
+  std::set<std::string> asked;
+  for (const json& j : walks) {
+    Result<EngineConfig> c = parse_config(j, nullptr, {}, &asked);
+    EXPECT_TRUE(c) << j.dump() << ": " << c.error().to_string();
+  }
+  std::ifstream doc(std::string(STRATA_SOURCE_DIR) + "/docs/CONFIG.md");
+  ASSERT_TRUE(doc) << "docs/CONFIG.md";
+  std::set<std::string> documented;
+  for (std::string line; std::getline(doc, line);) {
+    if (line.rfind("| `", 0) != 0) continue;
+    const size_t end = line.find('`', 3);
+    if (end != std::string::npos) documented.insert(line.substr(3, end - 3));
+  }
+  for (const std::string& k : asked) {
+    EXPECT_TRUE(documented.count(k)) << "config key " << k << " is read by the parser but not in docs/CONFIG.md";
+  }
+  for (const std::string& k : documented) {
+    EXPECT_TRUE(asked.count(k)) << "docs/CONFIG.md documents " << k << ", which the parser does not read";
+  }
 }
 
 }  // namespace
