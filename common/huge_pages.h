@@ -2,7 +2,7 @@
 // NVMe pieces — unless cudaHostAlloc made them —, weights and gradients). A
 // memory-bound loop over several streams of 4 KiB pages spends part of its
 // time in page walks; the CPU optimizer runs 10-17% faster from memory over
-// 2 MiB pages (docs/CPU_OPTIM.md, "Seventh revision: 2 MiB pages"). Buffers
+// 2 MiB pages (bench/results/cpu_optim_revisions.md, "Seventh revision: 2 MiB pages"). Buffers
 // of at least kHugePageBytes are placed on 2 MiB boundaries and advised
 // MADV_HUGEPAGE before their first touch. It is a hint: where THP is off
 // ("never") the kernel keeps 4 KiB pages, and STRATA_HUGE_PAGES=0 in the

@@ -111,7 +111,7 @@ void Executor::parallel_for(int64_t n, int64_t grain, const std::function<void(i
   // One task per chunk, taken by whichever thread is free (work stealing),
   // not a fixed share per thread: a core that runs slower — a neighbour on
   // a shared host, the trainer's own threads — then does fewer chunks
-  // instead of holding up the rest (docs/CPU_OPTIM.md, "Ninth revision").
+  // instead of holding up the rest (bench/results/cpu_optim_revisions.md, "Ninth revision").
   // Which thread runs a chunk changes no result.
   impl_->arena->execute([&] {
     tbb::parallel_for(

@@ -700,7 +700,7 @@ enum class OutKind : uint8_t { kNone, kBF16, kF16 };
 // 8-bit loop once per line; the fp32-state loop not at all (run_fused).
 // 256 ahead: with fp32 states left to the hardware prefetcher, the
 // bf16-state loop ran at 0.99-1.12 of its roofline at two threads where it
-// ran at 0.86-0.99 with 512 (eight alternating pairs; docs/CPU_OPTIM.md,
+// ran at 0.86-0.99 with 512 (eight alternating pairs; bench/results/cpu_optim_revisions.md,
 // "Eleventh revision").
 inline constexpr int64_t kPrefetchElems = 256;
 template <int64_t Bytes, int64_t kAhead = kPrefetchElems>
@@ -815,7 +815,7 @@ inline Q8ScaledMoments q8_scaled_moments(const TileCall& call) {
 
 // The q8 loop's prefetch distance (its parameters per batch take longer):
 // 1024 ahead ran 3-10% faster from memory than 2048 or 512 on a host with
-// 60-70 GB/s of triad (docs/CPU_OPTIM.md, "Eighth revision"), and no slower
+// 60-70 GB/s of triad (bench/results/cpu_optim_revisions.md, "Eighth revision"), and no slower
 // than 2048 on the earlier, slower one.
 inline constexpr int64_t kQ8PrefetchElems = 1024;
 
@@ -858,7 +858,7 @@ void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) 
     // by itself, and software prefetches into L1 only to take miss slots
     // from its loads: without them the fp32 mode went from 0.69-0.96 of
     // its roofline to 0.99-1.08, offload from 0.84-1.00 to 0.94-1.05
-    // (docs/CPU_OPTIM.md, "Tenth revision"), while bf16 states lose
+    // (bench/results/cpu_optim_revisions.md, "Tenth revision"), while bf16 states lose
     // without it.
     constexpr bool kPrefetch = kState != DType::kF32;
     // One batch at i: loaded, updated, the new fp32 weights stored.
