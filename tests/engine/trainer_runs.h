@@ -5,6 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <string>
 #include <memory>
 #include <vector>
 
@@ -56,6 +61,21 @@ inline RunLog run_log(const TrainerOptions& o, int steps) {
   if (tr) r.rollbacks = (*tr)->rollbacks();
   if (tr) r.updates = (*tr)->updates_done();
   return r;
+}
+
+// The losses of a run of `steps` steps.
+inline std::vector<float> run(const TrainerOptions& o, int steps) { return run_log(o, steps).losses; }
+
+// Every file under `root` (relative path -> bytes).
+inline std::map<std::string, std::string> files_under(const std::string& root) {
+  std::map<std::string, std::string> files;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(root)) {
+    if (!e.is_regular_file()) continue;
+    std::ifstream in(e.path(), std::ios::binary);
+    files[std::filesystem::relative(e.path(), root).string()] =
+        std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  return files;
 }
 
 }  // namespace strata::engine::testing
