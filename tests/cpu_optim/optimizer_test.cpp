@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "cpu_optim/executor.h"
-#include "tests/cpu_optim/tolerance.h"
+#include "tests/tolerance.h"
 #include "tests/test_util.h"
 
 namespace strata::cpu_optim {

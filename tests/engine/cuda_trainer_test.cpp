@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "engine/trainer.h"
+#include "tests/tolerance.h"
 
 namespace strata::engine {
 namespace {
@@ -58,7 +59,7 @@ TEST(CudaTrainer, LossesTrackTheHostBackend) {
     EXPECT_EQ(host.size(), static_cast<size_t>(steps)) << what;
     EXPECT_EQ(gpu.size(), static_cast<size_t>(steps)) << what;
     for (size_t i = 0; i < std::min(host.size(), gpu.size()); ++i) {
-      EXPECT_NEAR(gpu[i], host[i], 1e-2 * std::fabs(host[i])) << what << " step " << i + 1;
+      EXPECT_NEAR(gpu[i], host[i], strata::testing::kLowPrecisionModelRel * std::fabs(host[i])) << what << " step " << i + 1;
     }
     return gpu;
   };

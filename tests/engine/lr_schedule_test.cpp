@@ -2,6 +2,7 @@
 // (warmup start and end, decay middle and end), both warmups, every decay,
 // and the refusals.
 #include "engine/lr_schedule.h"
+#include "tests/tolerance.h"
 
 #include <gtest/gtest.h>
 
@@ -46,9 +47,9 @@ TEST(LrSchedule, DecaysFallFromThePeakToTheEndAtTheirLastStep) {
     s.decay = d;
     ASSERT_TRUE(validate(s).ok());
     EXPECT_DOUBLE_EQ(lr_at(s, 1.0, 3), 1.0);    // i = 2 = W: the peak
-    EXPECT_NEAR(lr_at(s, 1.0, 7), 0.55, 1e-12);  // i = 6, half way: the middle, for both shapes
-    EXPECT_NEAR(lr_at(s, 1.0, 11), 0.1, 1e-12);  // i = 10 = T
-    EXPECT_NEAR(lr_at(s, 1.0, 500), 0.1, 1e-12);  // and after it
+    EXPECT_NEAR(lr_at(s, 1.0, 7), 0.55, strata::testing::kDoubleRoundoff);  // i = 6, half way: the middle, for both shapes
+    EXPECT_NEAR(lr_at(s, 1.0, 11), 0.1, strata::testing::kDoubleRoundoff);  // i = 10 = T
+    EXPECT_NEAR(lr_at(s, 1.0, 500), 0.1, strata::testing::kDoubleRoundoff);  // and after it
     double last = 2;
     for (int64_t step = 3; step <= 12; ++step) {
       EXPECT_LE(lr_at(s, 1.0, step), last) << step;
@@ -56,9 +57,9 @@ TEST(LrSchedule, DecaysFallFromThePeakToTheEndAtTheirLastStep) {
     }
   }
   s.decay = LrSchedule::Decay::kLinear;
-  EXPECT_NEAR(lr_at(s, 1.0, 5), 0.1 + 0.9 * 6.0 / 8.0, 1e-12);  // i = 4: (T - i) / (T - W)
+  EXPECT_NEAR(lr_at(s, 1.0, 5), 0.1 + 0.9 * 6.0 / 8.0, strata::testing::kDoubleRoundoff);  // i = 4: (T - i) / (T - W)
   s.decay = LrSchedule::Decay::kCosine;
-  EXPECT_NEAR(lr_at(s, 1.0, 5), 0.1 + 0.9 * (1 + std::cos(std::numbers::pi * 2.0 / 8.0)) / 2, 1e-12);
+  EXPECT_NEAR(lr_at(s, 1.0, 5), 0.1 + 0.9 * (1 + std::cos(std::numbers::pi * 2.0 / 8.0)) / 2, strata::testing::kDoubleRoundoff);
 }
 
 TEST(LrSchedule, RefusesWhatHasNoMeaning) {

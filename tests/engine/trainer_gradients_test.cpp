@@ -15,6 +15,7 @@
 #include "engine/trainer.h"
 #include "tests/engine/trainer_runs.h"
 #include "tests/test_util.h"
+#include "tests/tolerance.h"
 
 namespace strata::engine {
 namespace {
@@ -236,7 +237,8 @@ TEST(TrainerGradients, ThePlannedHostBytesFollowTheRingSize) {
       Result<std::unique_ptr<Trainer>> tr = Trainer::create(o);
       ASSERT_TRUE(tr) << tr.error().to_string();
       ASSERT_TRUE((*tr)->step());
-      EXPECT_NEAR(static_cast<double>(plan.host.total()) / static_cast<double>((*tr)->host_bytes()), 1.0, 0.01)
+      EXPECT_NEAR(static_cast<double>(plan.host.total()) / static_cast<double>((*tr)->host_bytes()), 1.0,
+                  strata::testing::kPlannedHostBytesRel)
           << "a ring of " << ring << ", grad_accum " << accum;
     }
   }

@@ -35,6 +35,7 @@
 #include "engine/checkpoint_io.h"
 #include "tests/engine/trainer_runs.h"
 #include "tests/test_util.h"
+#include "tests/tolerance.h"
 
 #ifdef STRATA_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -167,7 +168,7 @@ TEST(Trainer, PlannedBytesPerTierMatchWhatTheRunUsed) {
               if (measured[k] == 0 && planned[k] == 0) continue;
               const double ratio = measured[k] > 0 ? planned[k] / measured[k] : 0.0;
               worst = std::max(worst, std::abs(ratio - 1.0));
-              EXPECT_NEAR(ratio, 1.0, 0.05) << what << ": " << tiers[k] << " planned " << planned[k] << ", measured "
+              EXPECT_NEAR(ratio, 1.0, strata::testing::kPlannedBytesRel) << what << ": " << tiers[k] << " planned " << planned[k] << ", measured "
                                             << measured[k];
             }
             if (depth == 1 && acts != Tier::kHost) {
@@ -201,12 +202,12 @@ TEST(Trainer, PlannedBytesPerTierMatchWhatTheRunUsed) {
       ASSERT_TRUE((*tr)->step());
       const double ratio = static_cast<double>(plan.host.total()) / static_cast<double>((*tr)->host_bytes());
       worst = std::max(worst, std::abs(ratio - 1.0));
-      EXPECT_NEAR(ratio, 1.0, 0.05) << "delayed update, grad_accum " << accum << ", weights on " << tier_name(weights);
+      EXPECT_NEAR(ratio, 1.0, strata::testing::kPlannedBytesRel) << "delayed update, grad_accum " << accum << ", weights on " << tier_name(weights);
       if (weights == Tier::kNvme) {
         const double nvme = static_cast<double>(plan.nvme.total()) /
                             static_cast<double>((*tr)->swap_store()->stats().peak_used_bytes);
         worst = std::max(worst, std::abs(nvme - 1.0));
-        EXPECT_NEAR(nvme, 1.0, 0.05) << "delayed update, grad_accum " << accum << ", nvme";
+        EXPECT_NEAR(nvme, 1.0, strata::testing::kPlannedBytesRel) << "delayed update, grad_accum " << accum << ", nvme";
       }
       ++n;
     }
@@ -250,7 +251,7 @@ TEST(Trainer, PlannedBytesPerTierMatchWhatTheRunUsed) {
             if (measured[k] == 0 && planned[k] == 0) continue;
             const double ratio = measured[k] > 0 ? planned[k] / measured[k] : 0.0;
             worst = std::max(worst, std::abs(ratio - 1.0));
-            EXPECT_NEAR(ratio, 1.0, 0.05) << "vertical, grad_accum " << accum << ", depth " << depth << ", states on "
+            EXPECT_NEAR(ratio, 1.0, strata::testing::kPlannedBytesRel) << "vertical, grad_accum " << accum << ", depth " << depth << ", states on "
                                           << tier_name(states) << ", checkpoints on " << tier_name(acts)
                                           << ", gradients on " << tier_name(grads) << ": tier " << k << " planned "
                                           << planned[k] << ", measured " << measured[k];
@@ -278,7 +279,7 @@ TEST(Trainer, PlannedBytesPerTierMatchWhatTheRunUsed) {
     for (int k = 0; k < 2; ++k) {
       const double ratio = planned[k] / measured[k];
       worst = std::max(worst, std::abs(ratio - 1.0));
-      EXPECT_NEAR(ratio, 1.0, 0.05) << "resident, states on " << tier_name(states) << ": "
+      EXPECT_NEAR(ratio, 1.0, strata::testing::kPlannedBytesRel) << "resident, states on " << tier_name(states) << ": "
                                     << (k == 0 ? "device" : "host") << " planned " << planned[k] << ", measured "
                                     << measured[k];
     }

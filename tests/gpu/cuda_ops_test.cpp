@@ -22,6 +22,7 @@
 #include "tests/gpu/model_step.h"
 #include "tests/gpu/random_model.h"
 #include "tests/test_util.h"
+#include "tests/tolerance.h"
 
 namespace strata::gpu::cuda {
 namespace {
@@ -418,7 +419,7 @@ class CudaModelOpsTest : public CudaOps, public ::testing::WithParamInterface<DT
 
 TEST_P(CudaModelOpsTest, AStepMatchesTheHostModel) {
   const DType dt = GetParam();
-  const double tol = dt == DType::kF32 ? 1e-5 : 1e-2;
+  const double tol = dt == DType::kF32 ? strata::testing::kF32ModelRel : strata::testing::kLowPrecisionModelRel;
   GptConfig c;
   c.layers = 2, c.hidden = 64, c.heads = 2, c.vocab = 300, c.max_seq = 40;
   const int64_t B = 2, Tn = 40, N = B * Tn;

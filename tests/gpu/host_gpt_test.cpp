@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "tests/test_util.h"
+#include "tests/tolerance.h"
 
 namespace strata::gpu::host {
 namespace {
@@ -104,7 +105,7 @@ TEST(HostGpt, Fp32MatchesDoubleReference) {
   HostGpt<float> m32(c, B, T);
   double l64 = m64.forward(view(p64), kTokens.data(), kTargets.data());
   double l32 = m32.forward(view(p32), kTokens.data(), kTargets.data());
-  EXPECT_NEAR(l32, l64, 1e-5 * l64);
+  EXPECT_NEAR(l32, l64, strata::testing::kF32ModelRel * l64);
   m64.backward(view(p64), view(g64));
   m32.backward(view(p32), view(g32));
   double diff = 0, norm = 0;

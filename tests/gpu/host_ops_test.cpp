@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "tests/test_util.h"
+#include "tests/tolerance.h"
 
 namespace strata::gpu::host {
 namespace {
@@ -119,7 +120,7 @@ TEST(HostOps, MatmulBackward) {
     for (int64_t o = 0; o < OC; ++o) {
       double s = bias[o];
       for (int64_t i = 0; i < IC; ++i) s += x[n * IC + i] * w[i * OC + o];
-      ASSERT_NEAR(out[n * OC + o], s, 1e-12);
+      ASSERT_NEAR(out[n * OC + o], s, strata::testing::kDoubleRoundoff);
     }
   }
   Vec dx(N * IC, 0.0), dw(IC * OC, 0.0), db(OC, 0.0);
@@ -148,7 +149,7 @@ TEST(HostOps, AttentionForwardIsCausalAndBackwardMatches) {
       }
       sum += a;
     }
-    ASSERT_NEAR(sum, 1.0, 1e-12);
+    ASSERT_NEAR(sum, 1.0, strata::testing::kDoubleRoundoff);
   }
   Vec dqkv(qkv.size(), 0.0);
   attention_backward(dqkv.data(), R.data(), qkv.data(), att.data(), B, T, C, NH);
@@ -171,7 +172,7 @@ TEST(HostOps, FlashAttentionMatchesTheUnfusedOneAcrossRowBlocks) {
     return dot(out, R);
   };
   f();
-  for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], ref[i], 1e-12) << i;
+  for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], ref[i], strata::testing::kDoubleRoundoff) << i;
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t h = 0; h < NH; ++h) {
       for (int64_t t = 0; t < T; ++t) {

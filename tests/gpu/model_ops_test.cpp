@@ -17,6 +17,7 @@
 #include "tests/gpu/model_step.h"
 #include "tests/gpu/random_model.h"
 #include "tests/test_util.h"
+#include "tests/tolerance.h"
 
 namespace strata::gpu {
 namespace {
@@ -133,9 +134,9 @@ TEST_P(HostModelOpsLowPrecision, AStepTracksTheFp32Model) {
   std::vector<std::vector<uint8_t>> g;
   Result<float> loss = testing::run_model_step(*dev, **ops, s, **ws, *m, wp, tokens, targets, 0.5f, &g);
   ASSERT_TRUE(loss) << loss.error().to_string();
-  EXPECT_NEAR(*loss, ref_loss, 1e-2 * ref_loss);
+  EXPECT_NEAR(*loss, ref_loss, strata::testing::kLowPrecisionModelRel * ref_loss);
   for (size_t i = 0; i < g.size(); ++i) {
-    EXPECT_LT(testing::relative_error(testing::values_of(g[i], dt), g_ref[i]), 1e-2) << "chunk " << i;
+    EXPECT_LT(testing::relative_error(testing::values_of(g[i], dt), g_ref[i]), strata::testing::kLowPrecisionModelRel) << "chunk " << i;
   }
 }
 

@@ -1,4 +1,7 @@
-// Per-dtype tolerances for comparing cpu_optim's vector kernels with the
+// Every tolerance of the tests' numeric comparisons, each with why it is
+// what it is (STYLE.md §7): none is written inline in a test.
+//
+// cpu_optim: per-dtype tolerances for comparing the vector kernels with the
 // scalar reference: |x - ref| <= atol + rtol * |ref| per element. The vector
 // code fuses multiply-adds and orders operations differently, so fp32 values
 // differ by a few ulps per step; a low-precision output or state can then
@@ -43,3 +46,27 @@ inline Tolerance for_dtype(DType t) {
 }
 
 }  // namespace strata::cpu_optim::testing
+
+namespace strata::testing {
+
+// A value computed in double against the same formula evaluated another
+// way in double (a plain loop, a closed form): rounding alone, a few ulps
+// of an O(1) result.
+inline constexpr double kDoubleRoundoff = 1e-12;
+// The host GPT's loss in fp32 against the same model in double: fp32
+// rounding accumulated over reductions of a few thousand terms.
+inline constexpr double kF32ModelRel = 1e-5;
+// A model step that stores weights, activations and gradients in bf16 or
+// fp16 against fp32: one 8-bit (bf16) significand's ulps, accumulated over
+// a block. Also a CUDA step against the host backend's.
+inline constexpr double kLowPrecisionModelRel = 1e-2;
+// The planner's bytes of a tier against what the run allocated: the
+// formulas leave out allocator rounding and a few small buffers.
+inline constexpr double kPlannedBytesRel = 0.05;
+// The host tier, counted buffer by buffer: tighter.
+inline constexpr double kPlannedHostBytesRel = 0.01;
+// The planner's host->device bytes per step against the counted copies
+// (the tokens and targets it leaves out are added by the test).
+inline constexpr double kPlannedLinkBytesRel = 0.03;
+
+}  // namespace strata::testing
