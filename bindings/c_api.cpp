@@ -80,7 +80,8 @@ Result<Prepared> prepare(const char* config_json, const char* device) {
   }
   p.budgets = engine::budgets_or_defaults(cfg.budgets);
   STRATA_ASSIGN_OR_RETURN(p.plan,
-                          engine::apply_planned_placement(&p.options, p.budgets, cfg.constraints, cfg.nvme_paths));
+                          engine::apply_planned_placement(&p.options, p.budgets, cfg.constraints, cfg.nvme_paths,
+                                                          &p.warnings));
   return p;
 }
 

@@ -1,5 +1,6 @@
 #include "engine/trainer_config.h"
 
+#include "common/log.h"
 #include "common/units.h"
 #include "io/device_factory.h"
 
@@ -62,7 +63,8 @@ Budgets budgets_or_defaults(Budgets b, bool* defaulted) {
 }
 
 Result<Plan> apply_planned_placement(TrainerOptions* o, Budgets budgets, const Constraints& fixed,
-                                     const std::vector<std::string>& nvme_paths) {
+                                     const std::vector<std::string>& nvme_paths, std::vector<std::string>* warnings) {
+  const bool speculation_asked = o->speculate_in_ram;
   if (nvme_paths.empty()) {
     budgets.nvme_bytes = 0;
   } else if (budgets.nvme_bytes == 0) {
@@ -76,6 +78,18 @@ Result<Plan> apply_planned_placement(TrainerOptions* o, Budgets budgets, const C
   o->activation_checkpoints = pl.checkpoints;
   o->prefetch_depth = o->stream_weights ? pl.prefetch_depth : 1;
   o->speculate_in_ram = pl.speculate_in_ram;
+  if (speculation_asked && !pl.speculate_in_ram) {
+    // Asked for and not planned: said, never dropped silently.
+    const std::string why =
+        pl.states == Tier::kNvme
+            ? "the planner keeps the optimizer states on NVMe, where speculative updates keep their old "
+              "generation anyway"
+            : "the planner found no faster placement within the budgets with a second copy of the states in RAM "
+              "(12 bytes per parameter more on the host)";
+    const std::string text = "config key speculate_in_ram: true is not honoured: " + why;
+    log_warning(text);
+    if (warnings != nullptr) warnings->push_back(text);
+  }
   o->gradients = pl.gradients;
   o->vertical_accumulation = pl.micro_batches_per_pass > 1;
   o->vertical_group = pl.micro_batches_per_pass > 1 ? pl.micro_batches_per_pass : 0;

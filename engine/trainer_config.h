@@ -38,8 +38,11 @@ void apply_budgets(TrainerOptions* options, const Budgets& budgets);
 // speculation in RAM, the vertical order of accumulation, and the NVMe paths (kept only where the plan puts
 // something on NVMe). NVMe is a tier only when `nvme_paths` is not empty;
 // with no NVMe budget it is their free space (nvme_free_bytes). Returns the
-// plan, or the planner's error naming what does not fit.
+// plan, or the planner's error naming what does not fit. A choice in
+// `options` the plan overrides (speculate_in_ram asked for and not
+// planned) is a warning on stderr and in `warnings` (optional).
 Result<Plan> apply_planned_placement(TrainerOptions* options, Budgets budgets, const Constraints& fixed,
-                                     const std::vector<std::string>& nvme_paths);
+                                     const std::vector<std::string>& nvme_paths,
+                                     std::vector<std::string>* warnings = nullptr);
 
 }  // namespace strata::engine

@@ -283,5 +283,48 @@ TEST(TrainerConfig, RandomlyMutatedConfigsAreRunOrRefusedWithAReason) {
   EXPECT_GT(refused, 100);
 }
 
+// Issue 29: "speculate_in_ram": true was overridden by the planner without
+// a word. Planned, it is kept; where the plan drops it (states on NVMe, or
+// no room for the second copy) a warning names the key and why.
+TEST(TrainerConfig, ASpeculationThePlanDropsIsAWarningNotSilence) {
+  strata::testing::TempDir dir;
+  const EngineConfig c =
+      parse({{"model", {{"layers", 8}, {"hidden", 256}, {"heads", 4}, {"vocab", 256}, {"max_seq", 64}}},
+             {"batch", {{"micro_batch", 4}, {"seq", 64}}},
+             {"speculate_in_ram", true}});
+  Result<TrainerOptions> base = trainer_options(c);
+  ASSERT_TRUE(base);
+  ASSERT_TRUE(base->speculate_in_ram);
+  // Room for one copy of the states in RAM and not two.
+  TrainerOptions o = *base;
+  const Plan one = estimate(training_setup(o), {Tier::kDevice, Tier::kHost, Tier::kDevice, 1}, Bandwidths{});
+  std::vector<std::string> warnings;
+  Result<Plan> p = apply_planned_placement(&o, Budgets{4ull << 30, one.host.total(), 0}, {}, {}, &warnings);
+  ASSERT_TRUE(p) << p.error().to_string();
+  EXPECT_FALSE(o.speculate_in_ram);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("config key speculate_in_ram: true is not honoured"), std::string::npos) << warnings[0];
+  // States on NVMe (fixed there): said too, with that reason.
+  o = *base;
+  warnings.clear();
+  Constraints fixed;
+  fixed.states = Tier::kNvme;
+  p = apply_planned_placement(&o, Budgets{4ull << 30, 4ull << 30, 0}, fixed, {dir.path()}, &warnings);
+  ASSERT_TRUE(p) << p.error().to_string();
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("on NVMe"), std::string::npos) << warnings[0];
+  // Room for both and faster: kept, nothing said.
+  o = *base;
+  warnings.clear();
+  p = apply_planned_placement(&o, Budgets{4ull << 30, 4ull << 30, 0}, {}, {}, &warnings);
+  ASSERT_TRUE(p) << p.error().to_string();
+  if (p->placement.speculate_in_ram) {
+    EXPECT_TRUE(o.speculate_in_ram);
+    EXPECT_TRUE(warnings.empty()) << warnings.front();
+  } else {
+    EXPECT_EQ(warnings.size(), 1u) << "dropped, so said";
+  }
+}
+
 }  // namespace
 }  // namespace strata::engine
