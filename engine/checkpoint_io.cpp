@@ -750,6 +750,9 @@ std::string hex64(uint64_t value) {
 }
 
 std::string seal_record(const nlohmann::json& record) {
+  // Only an object has room for a seal; anything else is written as it is,
+  // and open_record refuses it (a record is an object).
+  if (!record.is_object()) return record.dump(2) + "\n";
   nlohmann::json sealed = record;
   sealed.erase("checksum");
   const std::string compact = sealed.dump();

@@ -166,7 +166,8 @@ Status check_finite(const std::string& path, const TensorInfo& tensor, uint64_t 
 
 // A record file's text: `record` with a "checksum" key added (the xxh3-64
 // of the record's compact JSON, 16 hex digits), pretty-printed. JSON
-// objects print their keys sorted, so the text is canonical.
+// objects print their keys sorted, so the text is canonical. A record that
+// is not an object is printed unsealed (open_record refuses it).
 std::string seal_record(const nlohmann::json& record);
 // Reads a record sealed by seal_record: the record without its checksum.
 // DataLoss naming the file when it is missing (the checkpoint is

@@ -451,3 +451,37 @@ TEST(CheckpointDir, PruneKeepsTheNewestAndTheLatest) {
 
 }  // namespace
 }  // namespace strata::engine
+
+namespace strata::engine {
+namespace {
+
+// Found by fuzz_checkpoint (corpus regression-seal-a-number): sealing a
+// record that is not an object threw out of nlohmann's erase(). It is now
+// printed unsealed, and open_record refuses it as not a record.
+TEST(Records, ARecordThatIsNotAnObjectIsRefusedNotThrown) {
+  strata::testing::TempDir dir;
+  for (const nlohmann::json& j : {nlohmann::json(0), nlohmann::json::array({1, 2}), nlohmann::json("text")}) {
+    const std::string text = seal_record(j);
+    const std::string path = dir.path() + "/trainer.json";
+    std::ofstream(path) << text;
+    bool legacy = false;
+    Result<nlohmann::json> r = open_record(path, {}, &legacy);
+    ASSERT_FALSE(r) << j.dump();
+    EXPECT_EQ(r.error().code(), StatusCode::kDataLoss);
+  }
+  // An object round-trips, and one edited byte is refused.
+  const std::string path = dir.path() + "/r.json";
+  std::string text = seal_record(nlohmann::json{{"step", 4}});
+  std::ofstream(path) << text;
+  bool legacy = true;
+  Result<nlohmann::json> r = open_record(path, {}, &legacy);
+  ASSERT_TRUE(r) << r.error().to_string();
+  EXPECT_FALSE(legacy);
+  EXPECT_EQ((*r)["step"], 4);
+  text[text.find('4')] = '5';
+  std::ofstream(path, std::ios::trunc) << text;
+  EXPECT_EQ(open_record(path, {}, &legacy).error().code(), StatusCode::kDataLoss);
+}
+
+}  // namespace
+}  // namespace strata::engine
