@@ -25,6 +25,9 @@ using strata::Status;
 using strata::StatusCode;
 namespace engine = strata::engine;
 
+static_assert(STRATA_BUILD_VERSION_MAJOR == STRATA_VERSION_MAJOR && STRATA_BUILD_VERSION_MINOR == STRATA_VERSION_MINOR &&
+                  STRATA_BUILD_VERSION_PATCH == STRATA_VERSION_PATCH,
+              "strata.h's STRATA_VERSION_* differ from CMakeLists.txt's project(VERSION)");
 static_assert(static_cast<int>(StatusCode::kOk) == STRATA_OK);
 static_assert(static_cast<int>(StatusCode::kInvalidArgument) == STRATA_INVALID_ARGUMENT);
 static_assert(static_cast<int>(StatusCode::kNotFound) == STRATA_NOT_FOUND);
@@ -97,6 +100,13 @@ extern "C" {
 
 int strata_api_version(void) {
   return STRATA_API_VERSION;
+}
+
+void strata_get_version(int* major, int* minor, int* patch) {
+  // The build's project version (CMake), which a test holds equal to the header's.
+  if (major != nullptr) *major = STRATA_BUILD_VERSION_MAJOR;
+  if (minor != nullptr) *minor = STRATA_BUILD_VERSION_MINOR;
+  if (patch != nullptr) *patch = STRATA_BUILD_VERSION_PATCH;
 }
 
 const char* strata_last_error(void) {

@@ -112,6 +112,14 @@ static int same_losses_placed(const char* root, const char* name, const char* pl
 
 int main(void) {
   CHECK(strata_api_version() == STRATA_API_VERSION, "api version %d", strata_api_version());
+  {
+    int major = -1, minor = -1, patch = -1;
+    strata_get_version(&major, &minor, &patch);
+    CHECK(major == STRATA_VERSION_MAJOR && minor == STRATA_VERSION_MINOR && patch == STRATA_VERSION_PATCH,
+          "library version %d.%d.%d, header %d.%d.%d", major, minor, patch, STRATA_VERSION_MAJOR,
+          STRATA_VERSION_MINOR, STRATA_VERSION_PATCH);
+    strata_get_version(NULL, NULL, NULL); /* each output optional */
+  }
   const char* tmp = getenv("TMPDIR");
   char root[512];
   snprintf(root, sizeof root, "%s/strata-c-api-XXXXXX", tmp != NULL && *tmp != '\0' ? tmp : "/tmp");

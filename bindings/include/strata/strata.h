@@ -31,6 +31,12 @@ extern "C" {
 
 /* The version of this header; strata_api_version() is the library's. */
 #define STRATA_API_VERSION 1
+/* strata's release this header belongs to: within one major version the
+ * library only adds functions (libstrata.so's symbols carry a version
+ * node, STRATA_0). strata_get_version() says which library is loaded. */
+#define STRATA_VERSION_MAJOR 0
+#define STRATA_VERSION_MINOR 1
+#define STRATA_VERSION_PATCH 0
 
 typedef enum strata_status {
   STRATA_OK = 0,
@@ -57,6 +63,11 @@ typedef struct strata_shape {
 } strata_shape;
 
 STRATA_API int strata_api_version(void);
+/* The loaded library's release into *major, *minor, *patch (each optional,
+ * NULL to skip). Never fails; any thread; does not block. A program built
+ * against this header can check the library it runs with:
+ * major == STRATA_VERSION_MAJOR and minor >= STRATA_VERSION_MINOR. */
+STRATA_API void strata_get_version(int* major, int* minor, int* patch);
 /* The message of this thread's last failure ("" if none). */
 STRATA_API const char* strata_last_error(void);
 /* "OK", "INVALID_ARGUMENT", ... */
