@@ -3,49 +3,23 @@
 // opt-in delayed update (deterministic, documented inexact).
 #include "engine/trainer.h"
 
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <linux/capability.h>
-#include <linux/magic.h>
-#include <sys/mman.h>
-#include <sys/resource.h>
-#include <sys/statvfs.h>
-#include <sys/syscall.h>
-#include <sys/vfs.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <functional>
-#include <nlohmann/json.hpp>
-#include <iterator>
-#include <map>
-#include <random>
-#include <span>
-#include <thread>
-#include <tuple>
+#include <memory>
+#include <string>
 #include <vector>
 
-#include "common/unique_fd.h"
-#include "engine/checkpoint_io.h"
 #include "tests/engine/trainer_runs.h"
 #include "tests/test_util.h"
-
-#ifdef STRATA_HAVE_CUDA
-#include <cuda_runtime.h>
-#endif
 
 namespace strata::engine {
 namespace {
 
 using testing::RunLog;
 using testing::run_log;
-using testing::files_under;
 using testing::run;
 using testing::tiny;
 
