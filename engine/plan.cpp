@@ -6,8 +6,7 @@
 
 #include "common/units.h"
 #include "cpu_optim/dtype.h"
-#include "gpu/host/gpt.h"
-#include "gpu/host/host_device.h"
+#include "gpu/device_factory.h"
 
 namespace strata::engine {
 namespace {
@@ -150,19 +149,14 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   // the head's rows and statistics (io buffers); beside it the step's dx
   // and dx_in, the loss, and the tokens and targets (int32). The host
   // backend says what its workspace takes (fp32 whatever the storage type).
-  const auto block_acts =
-      static_cast<uint64_t>(gpu::host::BlockActivations<float>::elements(s.model, s.micro_batch, s.seq));
   // (dx, dx_in, the loss, tokens and targets: per micro-batch of a pass.)
   const uint64_t per_micro_batch = 2 * N * C * z.c + (1 + 2 * N) * 4;
-  if (s.host_backend) {
-    const uint64_t workspace =
-        gpu::HostDevice::model_ops_workspace_bytes(s.model, s.compute, s.micro_batch, s.seq);
-    p.device.activations += block_acts * 4;
-    p.device.io_buffers += workspace - block_acts * 4 + V * per_micro_batch;
-  } else {
-    p.device.activations += block_acts * z.c;
-    p.device.io_buffers += (4 * N * C + 3 * N + 1) * z.c + 2 * N * 4 + (V - 1) * per_micro_batch;
-  }
+  const gpu::WorkspaceBytes ws = gpu::model_ops_workspace(s.host_backend ? gpu::Backend::kHost : gpu::Backend::kCuda,
+                                                          s.model, s.compute, s.micro_batch, s.seq);
+  p.device.activations += ws.activations;
+  // The host backend keeps every micro-batch's dx, loss and tokens; CUDA
+  // one of them in its workspace.
+  p.device.io_buffers += ws.total - ws.activations + (s.host_backend ? V : V - 1) * per_micro_batch;
   // A pass's block input l is its V micro-batches' inputs side by side: one
   // copy, one NVMe blob (StreamedModel).
   const uint64_t ckpt_group_bytes = V * N * C * z.c;

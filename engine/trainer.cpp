@@ -10,12 +10,9 @@
 
 #include "common/units.h"
 #include "engine/checkpoint_io.h"
+#include "engine/device_pinned_memory.h"
+#include "gpu/device_factory.h"
 #include "gpu/device_info.h"
-#include "gpu/host/ops.h"
-#ifdef STRATA_HAVE_CUDA
-#include "engine/cuda_host_memory.h"
-#include "gpu/cuda/cuda_device.h"
-#endif
 
 namespace strata::engine {
 namespace {
@@ -195,10 +192,8 @@ Status check_options(const TrainerOptions& o) {
   if (o.compute_threads < 0 || o.compute_threads > 4096) {
     return invalid_argument("trainer: compute_threads must be 0..4096, got " + std::to_string(o.compute_threads));
   }
-  if (o.backend == TrainerOptions::Backend::kCuda) {
-#ifndef STRATA_HAVE_CUDA
+  if (o.backend == TrainerOptions::Backend::kCuda && !gpu::backend_built(gpu::Backend::kCuda)) {
     return unimplemented("trainer: this build has no CUDA (the cuda backend needs nvcc at build time)");
-#endif
   }
   return ok_status();
 }
@@ -283,14 +278,11 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
   STRATA_RETURN_IF_ERROR(check_options(o));
   STRATA_RETURN_IF_ERROR(check_resources(o));
   STRATA_RETURN_IF_ERROR(check_budgets(o));
-  if (o.compute_threads > 0) gpu::host::set_compute_threads(o.compute_threads);
   std::unique_ptr<Trainer> tr(new Trainer());
-#ifdef STRATA_HAVE_CUDA
   if (o.backend == TrainerOptions::Backend::kCuda && o.pin_memory) {
-    tr->allocator_ = std::make_unique<CudaPinnedAllocator>();
-  }
-#endif
-  if (!tr->allocator_) {
+    // Page-locked by the device's driver, so its copies run asynchronously.
+    tr->allocator_ = std::make_unique<DevicePinnedMemory>(gpu::Backend::kCuda);
+  } else {
     tr->allocator_ = std::make_unique<PinnedHostMemory>(o.pin_memory && o.backend == TrainerOptions::Backend::kHost);
   }
   tr->options_ = o;
@@ -393,34 +385,24 @@ Status Trainer::build_model() {
   // resident embedding (L + 1 slots: depth L), each copied up once a step
   // and kept for backward.
   const int depth = o.stream_weights ? o.prefetch_depth : static_cast<int>(o.model.layers);
-  gpu::HostDevice* host_device = nullptr;
-  if (o.backend == TrainerOptions::Backend::kCuda) {
-#ifdef STRATA_HAVE_CUDA
-    gpu::cuda::CudaDeviceOptions d;
-    d.capacity_bytes = o.device_bytes;
-    STRATA_ASSIGN_OR_RETURN(device_, gpu::cuda::CudaDevice::create(d));
-#endif
-  } else {
-    gpu::HostDeviceOptions d;
-    d.capacity_bytes = o.device_bytes > 0 ? o.device_bytes : gpu::HostDeviceOptions::kNoCap;
-    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<gpu::HostDevice> hd, gpu::HostDevice::create(d));
-    host_device = hd.get();
-    device_ = std::move(hd);
+  gpu::DeviceSpec spec;
+  spec.backend = o.backend == TrainerOptions::Backend::kCuda ? gpu::Backend::kCuda : gpu::Backend::kHost;
+  spec.capacity_bytes = o.device_bytes;
+  spec.compute_threads = o.compute_threads;
+  if (Trace* trace = o.trace; trace != nullptr && trace->enabled()) {
+    spec.copy_observer = [trace](bool to_device, uint64_t bytes, Trace::Clock::time_point start,
+                                 Trace::Clock::time_point end) {
+      trace->span("copy stream", to_device ? "host->device" : "device->host", trace->us(start), trace->us(end), "copy",
+                  bytes);
+    };
   }
+  STRATA_ASSIGN_OR_RETURN(device_, gpu::make_device(spec));
   STRATA_ASSIGN_OR_RETURN(
       streamed_,
       StreamedModel::create(o.model, o.batch, o.seq, *device_, depth, o.activation_checkpoints, swap_.get(),
                             allocator_.get(), o.precision, o.states, static_cast<int>(micro_batches_per_pass(o))));
   streamed_->set_trace(o.trace);
   stage_->set_store(&streamed_->store());  // the states' moves, in the store's record
-  if (host_device != nullptr && o.trace != nullptr && o.trace->enabled()) {
-    Trace* trace = o.trace;
-    host_device->set_copy_observer([trace](bool to_device, uint64_t bytes, Trace::Clock::time_point start,
-                                           Trace::Clock::time_point end) {
-      trace->span("copy stream", to_device ? "host->device" : "device->host", trace->us(start), trace->us(end), "copy",
-                  bytes);
-    });
-  }
   if (!ring_.empty()) {
     // A chunk's gradient goes into its ring buffer once the stage is done
     // with the chunk that used it last (ring_.size() landings before).

@@ -28,7 +28,8 @@
 #include "engine/optimizer_stage.h"
 #include "engine/streamed_model.h"
 #include "engine/trace.h"
-#include "gpu/host/host_device.h"
+#include "gpu/device.h"
+#include "gpu/gpt_config.h"
 #include "io/swap_store.h"
 
 namespace strata::engine {
