@@ -3,6 +3,7 @@
 // tokens, checkpoints, a description, and the plan alone. Every entry point
 // turns a Status or an exception into a strata_status and this thread's
 // last error; nothing throws across the C boundary.
+#include <atomic>
 #include <cstring>
 #include <memory>
 #include <new>
@@ -94,7 +95,21 @@ struct strata_trainer {
   Prepared prepared;
   std::unique_ptr<engine::Trainer> trainer;
   std::string description;  // strata_trainer_describe's last answer
+  std::atomic<bool> aborted{false};  // strata_trainer_abort: later calls are Cancelled
 };
+
+namespace {
+
+// NULL or aborted: the error a call on `t` returns instead of acting.
+Status usable(const strata_trainer* t, const char* call) {
+  if (t == nullptr) return strata::invalid_argument(std::string(call) + ": trainer is NULL");
+  if (t->aborted.load(std::memory_order_acquire)) {
+    return Status(StatusCode::kCancelled, std::string(call) + ": the trainer was aborted (strata_trainer_abort)");
+  }
+  return strata::ok_status();
+}
+
+}  // namespace
 
 extern "C" {
 
@@ -155,6 +170,21 @@ void strata_trainer_destroy(strata_trainer* trainer) {
   delete trainer;
 }
 
+strata_status strata_trainer_finalize(strata_trainer* trainer) {
+  return guarded([&]() -> Status {
+    STRATA_RETURN_IF_ERROR(usable(trainer, "strata_trainer_finalize"));
+    return trainer->trainer->finalize();
+  });
+}
+
+strata_status strata_trainer_abort(strata_trainer* trainer) {
+  return guarded([&]() -> Status {
+    if (trainer == nullptr) return strata::invalid_argument("strata_trainer_abort: trainer is NULL");
+    trainer->aborted.store(true, std::memory_order_release);
+    return strata::ok_status();
+  });
+}
+
 strata_status strata_trainer_shape(const strata_trainer* trainer, strata_shape* shape) {
   return guarded([&]() -> Status {
     if (trainer == nullptr || shape == nullptr) return strata::invalid_argument("strata_trainer_shape: NULL argument");
@@ -167,7 +197,7 @@ strata_status strata_trainer_shape(const strata_trainer* trainer, strata_shape* 
 strata_status strata_trainer_step(strata_trainer* trainer, const int32_t* tokens, const int32_t* targets, size_t count,
                                   float* loss) {
   return guarded([&]() -> Status {
-    if (trainer == nullptr) return strata::invalid_argument("strata_trainer_step: trainer is NULL");
+    STRATA_RETURN_IF_ERROR(usable(trainer, "strata_trainer_step"));
     Result<float> l = 0.0f;
     if (tokens == nullptr && targets == nullptr && count == 0) {
       l = trainer->trainer->step();
@@ -190,14 +220,16 @@ int64_t strata_trainer_steps_done(const strata_trainer* trainer) {
 
 strata_status strata_trainer_save(strata_trainer* trainer, const char* dir) {
   return guarded([&]() -> Status {
-    if (trainer == nullptr || dir == nullptr) return strata::invalid_argument("strata_trainer_save: NULL argument");
+    STRATA_RETURN_IF_ERROR(usable(trainer, "strata_trainer_save"));
+    if (dir == nullptr) return strata::invalid_argument("strata_trainer_save: dir is NULL");
     return trainer->trainer->save(dir);
   });
 }
 
 strata_status strata_trainer_load(strata_trainer* trainer, const char* dir) {
   return guarded([&]() -> Status {
-    if (trainer == nullptr || dir == nullptr) return strata::invalid_argument("strata_trainer_load: NULL argument");
+    STRATA_RETURN_IF_ERROR(usable(trainer, "strata_trainer_load"));
+    if (dir == nullptr) return strata::invalid_argument("strata_trainer_load: dir is NULL");
     return trainer->trainer->load(dir);
   });
 }

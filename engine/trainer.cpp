@@ -599,6 +599,11 @@ Status Trainer::restore_weights() {
   return ok_status();
 }
 
+Status Trainer::finalize() {
+  STRATA_RETURN_IF_ERROR(flush().with_context("trainer: finalize: the delayed update in flight"));
+  return device_->async_error().with_context("trainer: finalize: the device's background work");
+}
+
 Status Trainer::flush() {
   restart_failed_update();
   if (!pending_) return ok_status();

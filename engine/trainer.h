@@ -259,6 +259,10 @@ class Trainer {
   // The device the model computes on (capped when streaming).
   const gpu::Device* device() const { return device_.get(); }
 
+  // Lands the work in flight — a delayed update, the device's background
+  // tasks — and reports the first failure among it (what a destructor
+  // cannot). The trainer stays usable.
+  Status finalize();
   // Writes <root>/step-<t> (model.safetensors with GPT-2 names in bf16,
   // optimizer.safetensors with every chunk's fp32 master/m/v, trainer.json)
   // by the CheckpointDir protocol.

@@ -199,6 +199,19 @@ int main(void) {
   /* The synthetic stream too. */
   float synthetic = 0;
   CHECK(strata_trainer_step(b, NULL, NULL, 0, &synthetic) == STRATA_OK && isfinite(synthetic), "synthetic step");
+  /* Finalize lands the work in flight and reports it; abort makes every
+   * later call CANCELLED, changing nothing, until destroy. */
+  CHECK(strata_trainer_finalize(b) == STRATA_OK, "finalize");
+  CHECK(strata_trainer_finalize(NULL) == STRATA_INVALID_ARGUMENT, "finalize NULL");
+  CHECK(strata_trainer_abort(NULL) == STRATA_INVALID_ARGUMENT, "abort NULL");
+  const int64_t before_abort = strata_trainer_steps_done(b);
+  CHECK(strata_trainer_abort(b) == STRATA_OK, "abort");
+  CHECK(strata_trainer_step(b, NULL, NULL, 0, &synthetic) == STRATA_CANCELLED, "a step after abort");
+  CHECK(strstr(strata_last_error(), "aborted") != NULL, "the message says why");
+  CHECK(strata_trainer_save(b, ckpt) == STRATA_CANCELLED, "a save after abort");
+  CHECK(strata_trainer_load(b, ckpt) == STRATA_CANCELLED, "a load after abort");
+  CHECK(strata_trainer_finalize(b) == STRATA_CANCELLED, "finalize after abort");
+  CHECK(strata_trainer_steps_done(b) == before_abort, "nothing ran after abort");
   strata_trainer_destroy(b);
 
   /* strata_trainer_resume: created from the checkpoint, the same bits. */

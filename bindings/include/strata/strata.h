@@ -83,8 +83,21 @@ STRATA_API const char* strata_status_name(strata_status status);
  * Unknown config keys are not errors; strata_trainer_describe lists them.
  */
 STRATA_API strata_status strata_trainer_create(const char* config_json, const char* device, strata_trainer** out);
-/* Ends a trainer (NULL: nothing); waits for whatever it has in flight. */
+/* Ends a trainer (NULL: nothing); waits for whatever it has in flight.
+ * A failure of that work is lost: call strata_trainer_finalize first to
+ * hear of it. */
 STRATA_API void strata_trainer_destroy(strata_trainer* trainer);
+/* Lands the work a trainer has in flight (the update of the last step with
+ * the delayed update, the device's background tasks) and returns the
+ * first failure among it. Blocks until that work is done. The trainer
+ * stays usable. STRATA_CANCELLED after strata_trainer_abort. */
+STRATA_API strata_status strata_trainer_finalize(strata_trainer* trainer);
+/* Marks the trainer aborted: from then on every call on it but
+ * strata_trainer_destroy, strata_trainer_shape, strata_trainer_steps_done
+ * and strata_trainer_describe returns STRATA_CANCELLED and does nothing. A
+ * call in progress on another thread finishes first. Any thread; does
+ * not block. Use it to stop a trainer that another thread drives. */
+STRATA_API strata_status strata_trainer_abort(strata_trainer* trainer);
 
 STRATA_API strata_status strata_trainer_shape(const strata_trainer* trainer, strata_shape* shape);
 
