@@ -177,6 +177,13 @@ strata_status strata_trainer_finalize(strata_trainer* trainer) {
   });
 }
 
+strata_status strata_trainer_async_error(strata_trainer* trainer) {
+  return guarded([&]() -> Status {
+    if (trainer == nullptr) return strata::invalid_argument("strata_trainer_async_error: trainer is NULL");
+    return trainer->trainer->async_error();
+  });
+}
+
 strata_status strata_trainer_abort(strata_trainer* trainer) {
   return guarded([&]() -> Status {
     if (trainer == nullptr) return strata::invalid_argument("strata_trainer_abort: trainer is NULL");

@@ -660,6 +660,12 @@ Result<OverlapOutcome> OptimizerStage::finish() {
   return outcome_;
 }
 
+Status OptimizerStage::async_error() {
+  std::lock_guard lock(mu_);
+  if (job_done_ && !worker_status_.ok()) return worker_status_;
+  return ok_status();
+}
+
 void OptimizerStage::cancel() {
   if (!in_step_) return;
   {

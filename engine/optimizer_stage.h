@@ -204,6 +204,10 @@ class OptimizerStage {
   Status begin(OverlapStep step);
   void land(size_t chunk, std::function<Status()> ready = {});
   Result<OverlapOutcome> finish();
+  // Without waiting: the step in flight's error if its worker has already
+  // ended with one, else OK (running, done well, or no step). finish()
+  // still returns it. Any thread.
+  Status async_error();
   // Abandons the step in flight (the caller's backward failed): the stage's
   // thread stops at the next chunk that has not landed; no chunk changes.
   void cancel();

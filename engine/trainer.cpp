@@ -604,6 +604,14 @@ Status Trainer::finalize() {
   return device_->async_error().with_context("trainer: finalize: the device's background work");
 }
 
+Status Trainer::async_error() {
+  if (update_failed_.load()) {
+    return unavailable("trainer: the last delayed update failed; the next step or finalize begins it again");
+  }
+  if (pending_.load()) return stage_->async_error().with_context("trainer: the delayed update in flight");
+  return ok_status();
+}
+
 Status Trainer::flush() {
   restart_failed_update();
   if (!pending_) return ok_status();

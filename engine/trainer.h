@@ -9,6 +9,7 @@
 // so a run is reproducible from its seed and its loss can fall.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -263,6 +264,10 @@ class Trainer {
   // tasks — and reports the first failure among it (what a destructor
   // cannot). The trainer stays usable.
   Status finalize();
+  // Without waiting: the failure of background work not yet reported —
+  // the delayed update in flight, or the last one, which failed and is
+  // begun again by the next step — else OK. Any thread.
+  Status async_error();
   // Writes <root>/step-<t> (model.safetensors with GPT-2 names in bf16,
   // optimizer.safetensors with every chunk's fp32 master/m/v, trainer.json)
   // by the CheckpointDir protocol.
@@ -365,13 +370,15 @@ class Trainer {
   // gradients do not go to the stage directly), beside the rest of backward.
   std::unique_ptr<SerialQueue> accumulator_;
   std::vector<gpu::HostPin> pins_;             // the vectors the streamed model copies from and to, pinned
-  bool pending_ = false;                       // delayed update: a stage step in flight
+  // Delayed update: a stage step in flight (atomic: async_error() reads it
+  // from any thread).
+  std::atomic<bool> pending_{false};
   // Delayed update: the step begun last, and whether it failed — then it
   // is begun again, from the same gradients, which nothing overwrites until
   // it lands, before anything waits for it (restart_failed_update), so
   // that a failure changes no numbers.
   OverlapStep in_flight_;
-  bool update_failed_ = false;
+  std::atomic<bool> update_failed_{false};
   // Chunks whose weights in RAM a failed or skipped step had updated in
   // place and restore_weights() has not yet put back (it failed, say, with
   // the NVMe it reads): step() and save() put them back first.

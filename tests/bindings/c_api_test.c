@@ -201,6 +201,8 @@ int main(void) {
   CHECK(strata_trainer_step(b, NULL, NULL, 0, &synthetic) == STRATA_OK && isfinite(synthetic), "synthetic step");
   /* Finalize lands the work in flight and reports it; abort makes every
    * later call CANCELLED, changing nothing, until destroy. */
+  CHECK(strata_trainer_async_error(b) == STRATA_OK, "no background failure");
+  CHECK(strata_trainer_async_error(NULL) == STRATA_INVALID_ARGUMENT, "async error NULL");
   CHECK(strata_trainer_finalize(b) == STRATA_OK, "finalize");
   CHECK(strata_trainer_finalize(NULL) == STRATA_INVALID_ARGUMENT, "finalize NULL");
   CHECK(strata_trainer_abort(NULL) == STRATA_INVALID_ARGUMENT, "abort NULL");

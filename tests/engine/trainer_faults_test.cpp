@@ -520,12 +520,20 @@ TEST(Trainer, AFailedDelayedStepOrUpdateIsRetriedWithTheSameNumbers) {
           EXPECT_EQ(tr->steps_done(), i);
           const bool stage = loss.error().message().find("optimizer state") != std::string::npos;
           (stage ? stage_failures : pass_failures) += 1;
+          // The failed update is background work not yet redone: the
+          // asynchronous-error query says so without waiting.
+          if (stage) {
+            EXPECT_EQ(tr->async_error().code(), StatusCode::kUnavailable);
+          }
           loss = tr->step();
         }
         ASSERT_TRUE(loss) << loss.error().to_string();
         losses.push_back(*loss);
       }
       EXPECT_EQ(losses, ref) << io::io_op_name(op) << "s fail after " << good << " good ones";
+      // The last update lands with finalize; nothing is left to report.
+      EXPECT_TRUE(tr->finalize().ok());
+      EXPECT_TRUE(tr->async_error().ok()) << tr->async_error().to_string();
     }
   }
   std::printf("%d failed updates begun again, %d failed forward/backward passes\n", stage_failures, pass_failures);

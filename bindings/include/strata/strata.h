@@ -93,11 +93,17 @@ STRATA_API void strata_trainer_destroy(strata_trainer* trainer);
  * stays usable. STRATA_CANCELLED after strata_trainer_abort. */
 STRATA_API strata_status strata_trainer_finalize(strata_trainer* trainer);
 /* Marks the trainer aborted: from then on every call on it but
- * strata_trainer_destroy, strata_trainer_shape, strata_trainer_steps_done
- * and strata_trainer_describe returns STRATA_CANCELLED and does nothing. A
+ * strata_trainer_destroy, strata_trainer_shape, strata_trainer_steps_done,
+ * strata_trainer_describe and strata_trainer_async_error returns
+ * STRATA_CANCELLED and does nothing. A
  * call in progress on another thread finishes first. Any thread; does
  * not block. Use it to stop a trainer that another thread drives. */
 STRATA_API strata_status strata_trainer_abort(strata_trainer* trainer);
+/* Without waiting: the failure of the trainer's background work not yet
+ * reported (the delayed update in flight, or the last one, which failed
+ * and is begun again by the next step or finalize); STRATA_OK when there
+ * is none. Any thread; does not block; changes nothing. */
+STRATA_API strata_status strata_trainer_async_error(strata_trainer* trainer);
 
 STRATA_API strata_status strata_trainer_shape(const strata_trainer* trainer, strata_shape* shape);
 
