@@ -430,36 +430,41 @@ Result<SafetensorsReader> SafetensorsReader::open(const std::string& path) {
     r.begin_.push_back(begin);
     r.tensors_.push_back(std::move(t));
   }
+  STRATA_RETURN_IF_ERROR(r.check_layout(data_bytes, std::move(sums)));
+  return r;
+}
+
+Status SafetensorsReader::check_layout(uint64_t data_bytes, std::map<std::string, uint64_t> sums) {
   // As the format has them: the tensors' bytes back to back from the data's
   // start, without gaps or overlaps, ending where the file ends.
-  std::vector<size_t> order(r.tensors_.size());
+  std::vector<size_t> order(tensors_.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return r.begin_[a] < r.begin_[b]; });
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return begin_[a] < begin_[b]; });
   uint64_t next = 0;
   for (size_t i : order) {
-    if (r.begin_[i] != next) {
-      return data_loss("safetensors " + path + ": tensor " + r.tensors_[i].name + " starts at data byte " +
-                       std::to_string(r.begin_[i]) + ", not " + std::to_string(next) + " (a gap or an overlap)");
+    if (begin_[i] != next) {
+      return data_loss("safetensors " + path_ + ": tensor " + tensors_[i].name + " starts at data byte " +
+                       std::to_string(begin_[i]) + ", not " + std::to_string(next) + " (a gap or an overlap)");
     }
-    next += r.tensors_[i].bytes();
+    next += tensors_[i].bytes();
   }
   if (next != data_bytes) {
-    return data_loss("safetensors " + path + ": " + std::to_string(data_bytes - next) +
+    return data_loss("safetensors " + path_ + ": " + std::to_string(data_bytes - next) +
                      " bytes after the last tensor's (the file is damaged or was appended to)");
   }
   if (!sums.empty()) {
     // Checksums for every tensor or for none: a file strata wrote has them all.
-    for (const TensorInfo& t : r.tensors_) {
+    for (const TensorInfo& t : tensors_) {
       const auto it = sums.find(t.name);
-      if (it == sums.end()) return data_loss("safetensors " + path + ": tensor " + t.name + " has no checksum");
-      r.checksums_.push_back(it->second);
+      if (it == sums.end()) return data_loss("safetensors " + path_ + ": tensor " + t.name + " has no checksum");
+      checksums_.push_back(it->second);
       sums.erase(it);
     }
     if (!sums.empty()) {
-      return data_loss("safetensors " + path + ": a checksum for " + sums.begin()->first + ", which is not a tensor");
+      return data_loss("safetensors " + path_ + ": a checksum for " + sums.begin()->first + ", which is not a tensor");
     }
   }
-  return r;
+  return ok_status();
 }
 
 const TensorInfo* SafetensorsReader::find(const std::string& name) const {

@@ -144,6 +144,9 @@ class SafetensorsReader {
 
  private:
   Status read_bytes(uint64_t at, std::span<std::byte> out, const std::string& name) const;
+  // open()'s checks of the tensors' places (back to back, to the file's
+  // end) and of `sums` (tensor -> checksum: for all of them or none).
+  Status check_layout(uint64_t data_bytes, std::map<std::string, uint64_t> sums);
   std::string path_;
   UniqueFd fd_;
   mutable UniqueFd direct_fd_;  // the same file with O_DIRECT; invalid where refused

@@ -37,6 +37,7 @@ namespace strata::engine {
 
 class CheckpointDir;
 class SafetensorsReader;
+class SafetensorsWriter;
 
 struct TrainerOptions {
   gpu::GptConfig model;
@@ -281,6 +282,8 @@ class Trainer {
  private:
   Trainer() = default;
   Status write_checkpoint(CheckpointDir& dir);
+  // write_checkpoint's trainer.json into the checkpoint's .tmp directory.
+  Status write_record(const std::string& tmp, const SafetensorsWriter& model, const SafetensorsWriter& opt) const;
   void make_batch(int64_t index, std::vector<int32_t>* tokens, std::vector<int32_t>* targets) const;
   // step()'s body: on the caller's micro-batches, or (null) the synthetic stream's.
   Result<float> run_step(const int32_t* tokens, const int32_t* targets);

@@ -127,8 +127,14 @@ Status Trainer::write_checkpoint(CheckpointDir& dir) {
     report("saving", static_cast<int64_t>(layout_.size() + c + 1), 2 * static_cast<int64_t>(layout_.size()));
   }
   STRATA_RETURN_IF_ERROR(opt.finish());
-  // The record binds the data files: their sizes and header digests (the
-  // headers hold every tensor's checksum), sealed by its own checksum.
+  STRATA_RETURN_IF_ERROR(write_record(tmp, model, opt));
+  return dir.commit(t_);
+}
+
+// The record binds the data files: their sizes and header digests (the
+// headers hold every tensor's checksum), sealed by its own checksum.
+Status Trainer::write_record(const std::string& tmp, const SafetensorsWriter& model,
+                             const SafetensorsWriter& opt) const {
   auto file_entry = [](const SafetensorsWriter& w) {
     return nlohmann::json{{"bytes", w.file_bytes()}, {"header_xxh3", hex64(w.header_digest())}};
   };
@@ -151,7 +157,7 @@ Status Trainer::write_checkpoint(CheckpointDir& dir) {
     out << seal_record(meta);
     if (!out) return resource_exhausted("checkpoint: writing " + tmp + "/" + kRecordFile + " failed");
   }
-  return dir.commit(t_);
+  return ok_status();
 }
 
 Result<Trainer::CheckpointMeta> Trainer::checkpoint_meta(const std::string& path, bool* legacy) const {
