@@ -193,7 +193,9 @@ Status check_options(const TrainerOptions& o) {
     return invalid_argument("trainer: compute_threads must be 0..4096, got " + std::to_string(o.compute_threads));
   }
   if (o.backend == TrainerOptions::Backend::kCuda && !gpu::backend_built(gpu::Backend::kCuda)) {
-    return unimplemented("trainer: this build has no CUDA (the cuda backend needs nvcc at build time)");
+    return unimplemented(
+        "trainer: this build has no CUDA (the cuda backend needs nvcc at build time); run on the host backend "
+        "(device \"host\")");
   }
   return ok_status();
 }

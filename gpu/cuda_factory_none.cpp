@@ -7,7 +7,9 @@ namespace strata::gpu {
 
 namespace {
 Status no_cuda() {
-  return unimplemented("this build has no CUDA (the cuda backend needs nvcc at build time: STRATA_CUDA=ON)");
+  return unimplemented(
+      "this build has no CUDA (the cuda backend needs nvcc at build time: STRATA_CUDA=ON); run on the host backend "
+      "(device \"host\")");
 }
 }  // namespace
 
