@@ -60,16 +60,12 @@ std::array<unsigned char, 8> little_endian(uint64_t v) {
   return le;
 }
 
+// The xxh3-64 of the header as it lies in the file: its length, then its text.
 uint64_t header_digest_of(const std::string& text) {
   const std::array<unsigned char, 8> le = little_endian(text.size());
-  XXH3_state_t* st = XXH3_createState();
-  STRATA_CHECK(st != nullptr);
-  XXH3_64bits_reset(st);
-  XXH3_64bits_update(st, le.data(), le.size());
-  XXH3_64bits_update(st, text.data(), text.size());
-  const uint64_t d = XXH3_64bits_digest(st);
-  XXH3_freeState(st);
-  return d;
+  std::string bytes(reinterpret_cast<const char*>(le.data()), le.size());
+  bytes += text;
+  return XXH3_64bits(bytes.data(), bytes.size());
 }
 
 // 16 hex digits back to a value; false for anything else.
@@ -427,6 +423,7 @@ Result<SafetensorsReader> SafetensorsReader::open(const std::string& path) {
                        " is not a dtype (F32, BF16, F16, U8), shape and data_offsets that agree");
     }
     if (end > data_bytes) return data_loss("safetensors " + path + ": tensor " + name + " is truncated");
+    r.index_[t.name] = r.tensors_.size();
     r.begin_.push_back(begin);
     r.tensors_.push_back(std::move(t));
   }
@@ -468,10 +465,8 @@ Status SafetensorsReader::check_layout(uint64_t data_bytes, std::map<std::string
 }
 
 const TensorInfo* SafetensorsReader::find(const std::string& name) const {
-  for (const TensorInfo& t : tensors_) {
-    if (t.name == name) return &t;
-  }
-  return nullptr;
+  const auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &tensors_[it->second];
 }
 
 Status SafetensorsReader::verify(const Visitor& visit) const {
@@ -501,14 +496,13 @@ Status SafetensorsReader::verify(const Visitor& visit) const {
 }
 
 Status SafetensorsReader::read(const std::string& name, std::span<std::byte> out, uint64_t offset) const {
-  for (size_t i = 0; i < tensors_.size(); ++i) {
-    if (tensors_[i].name != name) continue;
-    if (offset + out.size() > tensors_[i].bytes()) {
-      return invalid_argument("safetensors " + path_ + ": reading past the end of " + name);
-    }
-    return read_bytes(data_start_ + begin_[i] + offset, out, name);
+  const auto it = index_.find(name);
+  if (it == index_.end()) return not_found("safetensors " + path_ + ": no tensor " + name);
+  const size_t i = it->second;
+  if (offset + out.size() > tensors_[i].bytes()) {
+    return invalid_argument("safetensors " + path_ + ": reading past the end of " + name);
   }
-  return not_found("safetensors " + path_ + ": no tensor " + name);
+  return read_bytes(data_start_ + begin_[i] + offset, out, name);
 }
 
 Status SafetensorsReader::read_bytes(uint64_t at, std::span<std::byte> out, const std::string& name) const {

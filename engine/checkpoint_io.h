@@ -28,6 +28,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "common/dtype.h"
@@ -156,6 +157,7 @@ class SafetensorsReader {
   std::vector<TensorInfo> tensors_;
   std::vector<uint64_t> begin_;
   std::vector<uint64_t> checksums_;  // per tensor; empty when the file has none
+  std::unordered_map<std::string, size_t> index_;  // tensor name -> its position in tensors_
   std::map<std::string, std::string> metadata_;
   uint64_t header_digest_ = 0;
   uint64_t file_bytes_ = 0;

@@ -279,8 +279,8 @@ Status Trainer::verify_checkpoint(const std::string& path, const CheckpointMeta&
                                   const SafetensorsReader& model, const SafetensorsReader& opt) const {
   // Each file is the one the record names, by size and header digest.
   for (const SafetensorsReader* r : {&model, &opt}) {
+    if (legacy) break;  // an unsealed record names no files
     const std::string name = r == &model ? kModelFile : kOptimizerFile;
-    if (legacy) continue;
     const auto it = meta.files.find(name);
     if (it == meta.files.end()) return data_loss(path + "/" + kRecordFile + " names no " + name);
     if (r->file_bytes() != it->second.first || hex64(r->header_digest()) != it->second.second ||
