@@ -147,8 +147,8 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   const auto N = static_cast<uint64_t>(z.tokens);
   // The model ops' workspace: one block's working set (activations) and
   // the head's rows and statistics (io buffers); beside it the step's dx
-  // and dx_in, the loss, and the tokens and targets (int32). The host
-  // backend says what its workspace takes (fp32 whatever the storage type).
+  // and dx_in, the loss, and the tokens and targets (int32). Each backend
+  // says what its workspace takes (gpu/device_factory.h).
   // (dx, dx_in, the loss, tokens and targets: per micro-batch of a pass.)
   const uint64_t per_micro_batch = 2 * N * C * z.c + (1 + 2 * N) * 4;
   const gpu::WorkspaceBytes ws = gpu::model_ops_workspace(s.host_backend ? gpu::Backend::kHost : gpu::Backend::kCuda,
@@ -194,20 +194,19 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   // their blob.
   if (pl.weights != Tier::kNvme) p.host.model_states += (s.delayed_update ? 2 : 1) * z.padded * w;
   // Every NVMe blob (one per piece of a chunk) takes whole 4 KiB blocks.
-  const std::vector<int64_t>& chunk_elems = layout;
   // The blocks are all one size: each distinct size's pieces once, times
   // its chunks.
   std::vector<std::pair<int64_t, uint64_t>> sizes;  // (elements, chunks of that size)
-  for (int64_t n : chunk_elems) {
+  std::vector<int64_t> distinct;
+  for (int64_t n : layout) {
     if (!sizes.empty() && sizes.back().first == n) {
       ++sizes.back().second;
     } else {
       sizes.push_back({n, 1});
+      distinct.push_back(n);
     }
   }
-  int64_t max_piece_elems = 0;
-  for (const auto& [n, count] : sizes) max_piece_elems = std::max(max_piece_elems, state_piece_sizes(n, s.state_piece_elems)[0]);
-  const auto max_piece = static_cast<uint64_t>(max_piece_elems);
+  const auto max_piece = static_cast<uint64_t>(max_state_piece(distinct, s.state_piece_elems));
   auto blobs = [&](double bytes_per_param) {
     uint64_t total = 0;
     for (const auto& [n, count] : sizes) {
