@@ -53,7 +53,10 @@ Status WaitMeter::wait(gpu::Device& device, gpu::Event event, const char* what) 
 Result<std::unique_ptr<ChunkStore>> ChunkStore::create(std::vector<gpu::ChunkLayout> layout, gpu::Device& device,
                                                        gpu::Stream copy, WaitMeter* meter,
                                                        ChunkStoreOptions options) {
-  if (layout.size() < 2) return invalid_argument("chunk store: needs the resident chunk and at least one more");
+  if (layout.size() < (options.resident_first ? 2u : 1u)) {
+    return invalid_argument(options.resident_first ? "chunk store: needs the resident chunk and at least one more"
+                                                   : "chunk store: needs at least one chunk");
+  }
   if (options.micro_batches < 1) return invalid_argument("chunk store: micro_batches must be >= 1");
   if (options.prefetch_depth < 1 || options.prefetch_depth > 1024) {
     return invalid_argument("prefetch depth must be 1..1024");
@@ -70,10 +73,11 @@ Result<std::unique_ptr<ChunkStore>> ChunkStore::create(std::vector<gpu::ChunkLay
   s->depth_ = options.prefetch_depth;
   s->es_ = dtype_bytes(options.dtype);
   s->states_home_ = options.states;
+  s->resident_first_ = options.resident_first;
   if (options.host_memory != nullptr) s->allocator_ = options.host_memory;
   const size_t n = s->layout_.size();
   int64_t max_chunk = 0;
-  for (size_t i = 1; i < n; ++i) max_chunk = std::max(max_chunk, s->layout_[i].numel);
+  for (size_t i = s->first_slotted(); i < n; ++i) max_chunk = std::max(max_chunk, s->layout_[i].numel);
   const uint64_t slot_bytes = static_cast<uint64_t>(max_chunk) * s->es_;
   for (int k = 0; k <= s->depth_; ++k) {
     STRATA_ASSIGN_OR_RETURN(gpu::DeviceMemory slot, device.allocate(slot_bytes, "weight chunk buffer"));
@@ -83,12 +87,15 @@ Result<std::unique_ptr<ChunkStore>> ChunkStore::create(std::vector<gpu::ChunkLay
     STRATA_ASSIGN_OR_RETURN(gpu::DeviceMemory slot, device.allocate(slot_bytes, "gradient chunk buffer"));
     s->grad_slots_.push_back(std::move(slot));
   }
-  STRATA_ASSIGN_OR_RETURN(s->resident_, device.allocate(s->bytes_of(0), "embedding weights"));
   s->micro_batches_ = options.micro_batches;
-  STRATA_ASSIGN_OR_RETURN(
-      s->resident_grad_,
-      device.allocate(s->bytes_of(0) * static_cast<uint64_t>(options.micro_batches), "embedding gradients"));
+  if (s->resident_first_) {
+    STRATA_ASSIGN_OR_RETURN(s->resident_, device.allocate(s->bytes_of(0), "embedding weights"));
+    STRATA_ASSIGN_OR_RETURN(
+        s->resident_grad_,
+        device.allocate(s->bytes_of(0) * static_cast<uint64_t>(options.micro_batches), "embedding gradients"));
+  }
   s->grad_slot_done_.assign(2, gpu::Event{});
+  s->grad_slot_held_.assign(2, std::nullopt);
   s->grad_slot_of_.assign(n, std::nullopt);
   s->grad_copied_.assign(n, gpu::Event{});
   s->slot_chunk_.assign(s->slots_.size(), std::nullopt);
@@ -280,6 +287,7 @@ Status ChunkStore::begin_step(const std::vector<const void*>& host_weights, bool
   }
   pos_slot_.clear();
   grad_slot_done_.assign(grad_slot_done_.size(), gpu::Event{});
+  grad_slot_held_.assign(grad_slot_held_.size(), std::nullopt);
   grad_slot_of_.assign(layout_.size(), std::nullopt);
   next_grad_slot_ = 0;
   {
@@ -290,7 +298,7 @@ Status ChunkStore::begin_step(const std::vector<const void*>& host_weights, bool
       grad_copied_[c] = gpu::Event{};
     }
     if (same_weights) {
-      state_[0][static_cast<size_t>(View::kWeights)] = Residency::kOnDevice;
+      if (resident_first_) state_[0][static_cast<size_t>(View::kWeights)] = Residency::kOnDevice;
       for (const std::optional<size_t>& c : slot_chunk_) {
         if (c) state_[*c][static_cast<size_t>(View::kWeights)] = Residency::kOnDevice;
       }
@@ -298,7 +306,7 @@ Status ChunkStore::begin_step(const std::vector<const void*>& host_weights, bool
   }
   schedule_.begin_step();
   cur_pos_ = kNoPosition;
-  if (same_weights) return issue_ahead(0);  // chunk 0 is on the device already
+  if (same_weights || !resident_first_) return issue_ahead(0);  // chunk 0 is on the device already, or slotted
   // Chunk 0 stays resident for the step.
   const void* src = host_weights_[0];
   if (nvme_) {
@@ -319,6 +327,7 @@ Status ChunkStore::begin_step(const std::vector<const void*>& host_weights, bool
 }
 
 Result<const void*> ChunkStore::resident_weights() {
+  if (!resident_first_) return failed_precondition("chunk store: no chunk is resident (acquire chunk 0)");
   STRATA_RETURN_IF_ERROR(meter_->wait(*dev_, resident_ready_, "embedding"));
   set_state(0, View::kWeights, Residency::kOnDevice);
   return static_cast<const void*>(resident_.data());
@@ -402,9 +411,10 @@ void ChunkStore::drop_use(size_t pos) {
 }
 
 Result<ChunkStore::Use> ChunkStore::acquire(size_t chunk) {
-  if (chunk == 0 || chunk >= layout_.size()) {
-    return invalid_argument("chunk store: acquire takes chunks 1.." + std::to_string(layout_.size() - 1) +
-                            " (chunk 0 is resident), not " + std::to_string(chunk));
+  if (chunk < first_slotted() || chunk >= layout_.size()) {
+    return invalid_argument("chunk store: acquire takes chunks " + std::to_string(first_slotted()) + ".." +
+                            std::to_string(layout_.size() - 1) + (resident_first_ ? " (chunk 0 is resident)" : "") +
+                            ", not " + std::to_string(chunk));
   }
   const AccessSchedule::Use use = schedule_.use(chunk);
   cur_pos_ = use.position;
@@ -432,6 +442,7 @@ Result<ChunkStore::Use> ChunkStore::acquire(size_t chunk) {
 void ChunkStore::release(const Use& use) { drop_use(use.position); }
 
 Result<void*> ChunkStore::embedding_gradient(int micro_batch) {
+  if (!resident_first_) return static_cast<void*>(nullptr);  // chunk 0 takes a slot like the rest
   if (micro_batch < 0 || micro_batch >= micro_batches_) {
     return invalid_argument("chunk store: no micro-batch " + std::to_string(micro_batch));
   }
@@ -441,8 +452,14 @@ Result<void*> ChunkStore::embedding_gradient(int micro_batch) {
 Result<void*> ChunkStore::gradient_buffer(size_t chunk, int micro_batch) {
   if (chunk >= layout_.size()) return invalid_argument("chunk store: no chunk " + std::to_string(chunk));
   STRATA_ASSIGN_OR_RETURN(void* buffer, embedding_gradient(micro_batch));
-  if (chunk != 0) {
-    const size_t g = next_grad_slot_++ % grad_slots_.size();
+  if (chunk >= first_slotted()) {
+    const size_t g = next_grad_slot_ % grad_slots_.size();
+    if (const std::optional<size_t> held = grad_slot_held_[g]) {
+      return resource_exhausted("chunk store: both gradient buffers are taken; send chunk " + std::to_string(*held) +
+                                "'s gradient before asking for chunk " + std::to_string(chunk) + "'s buffer");
+    }
+    ++next_grad_slot_;
+    grad_slot_held_[g] = chunk;
     if (grad_slot_done_[g].id >= 0) STRATA_RETURN_IF_ERROR(meter_->wait(*dev_, grad_slot_done_[g], "gradient buffer"));
     grad_slot_done_[g] = gpu::Event{};
     grad_slot_of_[chunk] = g;
@@ -458,10 +475,13 @@ Status ChunkStore::send_gradient(size_t chunk, void* host_dst, int micro_batch) 
   if (residency(chunk, View::kGradient) != Residency::kDirty) {
     return failed_precondition("chunk store: chunk " + std::to_string(chunk) + "'s gradient was not computed");
   }
-  if (chunk != 0) src = grad_slots_[*grad_slot_of_[chunk]].data();
+  if (chunk >= first_slotted()) src = grad_slots_[*grad_slot_of_[chunk]].data();
   STRATA_RETURN_IF_ERROR(dev_->copy_to_host(copy_, host_dst, src, bytes_of(chunk)));
   STRATA_ASSIGN_OR_RETURN(gpu::Event copied, dev_->record(copy_));
-  if (chunk != 0) grad_slot_done_[*grad_slot_of_[chunk]] = copied;
+  if (chunk >= first_slotted()) {
+    grad_slot_done_[*grad_slot_of_[chunk]] = copied;
+    grad_slot_held_[*grad_slot_of_[chunk]].reset();
+  }
   d2h_bytes_ += bytes_of(chunk);
   std::lock_guard<std::mutex> lock(mu_);
   grad_copied_[chunk] = copied;

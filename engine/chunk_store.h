@@ -12,9 +12,10 @@
 // (acquire, await_gradient), which then records the new state.
 //
 // The device side holds `prefetch_depth + 1` weight slots, two gradient
-// slots and, resident for the whole step, chunk 0 (the embeddings, used at
-// both ends of the step) with its gradient — every byte from the device's
-// budget. acquire() takes a reference on the slot holding a chunk's next use
+// slots and, resident for the whole step unless told otherwise
+// (ChunkStoreOptions::resident_first), chunk 0 (the GPT's embeddings, used
+// at both ends of the step) with its gradient — every byte from the
+// device's budget. acquire() takes a reference on the slot holding a chunk's next use
 // and issues the copies of the uses up to depth ahead in the order the first
 // step recorded (AccessSchedule), each of which takes a reference too;
 // release() drops it, and a slot nobody references is reused at once for
@@ -85,6 +86,11 @@ struct ChunkStoreOptions {
   // backward, at the end of the step): chunk 0 has a gradient buffer per
   // micro-batch.
   int micro_batches = 1;
+  // Chunk 0 resident on the device for the whole step with its own
+  // gradient buffers (the GPT's embeddings, used at both ends of the step).
+  // false: every chunk, chunk 0 too, goes through the weight and gradient
+  // slots (a model of the caller's, through a Session).
+  bool resident_first = true;
 };
 
 class ChunkStore {
@@ -128,7 +134,7 @@ class ChunkStore {
   void settle();
 
   // Chunk 0's weights on the device once its copy is done (resident for the
-  // step; needs no acquire).
+  // step; needs no acquire). FailedPrecondition without resident_first.
   Result<const void*> resident_weights();
 
   // A reference on `chunk`'s weights on the device, for its next use: the
@@ -149,7 +155,9 @@ class ChunkStore {
   // view is copying.
   // await_gradient() (any thread): waits for that copy; the view is on host.
   // `micro_batch` picks chunk 0's buffer (ChunkStoreOptions::micro_batches);
-  // the other chunks' slots serve any micro-batch.
+  // the other chunks' slots serve any micro-batch. The slots are handed out
+  // in turn: asking for one whose gradient was not sent yet is
+  // ResourceExhausted, naming that chunk, with nothing changed.
   Result<void*> gradient_buffer(size_t chunk, int micro_batch = 0);
   Status send_gradient(size_t chunk, void* host_dst, int micro_batch = 0);
   Status await_gradient(size_t chunk);
@@ -230,9 +238,12 @@ class ChunkStore {
   bool passes_complete_ = false;                // the last pass ended (end_step): its slots hold what they say
   gpu::DeviceMemory resident_, resident_grad_;  // chunk 0's weights and gradient (one per micro-batch)
   int micro_batches_ = 1;
+  bool resident_first_ = true;  // ChunkStoreOptions::resident_first
+  size_t first_slotted() const { return resident_first_ ? 1 : 0; }  // the first chunk the slots serve
   gpu::Event resident_ready_;
   std::vector<gpu::DeviceMemory> grad_slots_;   // two gradient buffers
   std::vector<gpu::Event> grad_slot_done_;      // the last copy out of each
+  std::vector<std::optional<size_t>> grad_slot_held_;  // the chunk whose gradient a slot holds, not yet sent
   size_t next_grad_slot_ = 0;
   std::vector<std::optional<size_t>> grad_slot_of_;  // chunk -> its gradient's slot this step (chunk 0: none, its own buffer)
   std::vector<gpu::Event> grad_copied_;              // chunk -> its gradient's copy; guarded by mu_
