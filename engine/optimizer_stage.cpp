@@ -427,6 +427,19 @@ Status OptimizerStage::read_master(size_t c, float* dst) {
       kMasterOnly);
 }
 
+Status OptimizerStage::weights_from_master(size_t c, void* dst, DType dtype) {
+  auto* out = static_cast<std::byte*>(dst);
+  const uint64_t es = dtype_bytes(dtype);
+  return visit_state(
+      c,
+      [&](int, uint64_t offset, std::span<std::byte> bytes) {
+        // The master weights (the only part visited): fp32, from element offset / 4.
+        return cpu_optim::convert(bytes.data(), DType::kF32, out + offset / 4 * es, dtype,
+                                  static_cast<int64_t>(bytes.size() / 4));
+      },
+      kMasterOnly);
+}
+
 Status OptimizerStage::visit_state(size_t c, const StateSlice& slice, int parts) {
   STRATA_CHECK(c < elems_.size());
   auto wanted_of = [&](size_t u) {

@@ -221,6 +221,10 @@ class OptimizerStage {
 
   // Copies chunk c's master weights into `dst` (n floats), for checks.
   Status read_master(size_t chunk, float* dst);
+  // Chunk c's working weights made again from its master weights into
+  // `dst` (n elements of `dtype`, bf16 or fp16): what a step that failed or
+  // was skipped after updating them in place puts back.
+  Status weights_from_master(size_t chunk, void* dst, DType dtype);
   // Chunk c's whole state blob (state_bytes(n, state_type()) bytes, laid
   // out as StateLayout says) out of / into the stage, for checkpoints and
   // resume. Through the staging arena on NVMe.

@@ -586,14 +586,7 @@ Status Trainer::restore_written_weights() {
 Status Trainer::restore_weights() {
   for (size_t c = 0; c < stale_.size(); ++c) {
     if (!stale_[c]) continue;
-    uint16_t* w = weights_[c].data();
-    const DType precision = options_.precision;
-    auto to_weights = [&](int, uint64_t offset, std::span<std::byte> bytes) -> Status {
-      // The master weights (the only part visited): fp32, from element offset / 4.
-      return cpu_optim::convert(bytes.data(), DType::kF32, w + offset / 4, precision,
-                                static_cast<int64_t>(bytes.size() / 4));
-    };
-    STRATA_RETURN_IF_ERROR(stage_->visit_state(c, to_weights, OptimizerStage::kMasterOnly)
+    STRATA_RETURN_IF_ERROR(stage_->weights_from_master(c, weights_[c].data(), options_.precision)
                                .with_context("putting back the weights of chunk " + std::to_string(c) +
                                              " after a failed or skipped step"));
     stale_[c] = false;
