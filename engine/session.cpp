@@ -1,0 +1,516 @@
+#include "engine/session.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "common/dtype.h"
+#include "common/units.h"
+#include "engine/device_pinned_memory.h"
+#include "engine/lr_schedule.h"
+
+namespace strata::engine {
+namespace {
+
+Status check_options(const SessionOptions& o) {
+  STRATA_RETURN_IF_ERROR(cpu_optim::validate(o.adam).with_context("session"));
+  if (o.precision != DType::kBF16 && o.precision != DType::kF16) {
+    return invalid_argument("session: the working weights (precision) are bf16 or fp16");
+  }
+  if (o.states != Tier::kHost && o.states != Tier::kNvme) {
+    return invalid_argument("session: the optimizer states live on the host or on NVMe");
+  }
+  if (o.weights != Tier::kHost && o.weights != Tier::kNvme) {
+    return invalid_argument("session: the working weights live on the host or on NVMe between uses");
+  }
+  if (o.weights == Tier::kNvme && o.states != Tier::kNvme) {
+    return invalid_argument("session: weights on NVMe need the optimizer states on NVMe");
+  }
+  if (o.states == Tier::kNvme && o.nvme_paths.empty()) {
+    return invalid_argument("session: optimizer states on NVMe need nvme_paths");
+  }
+  if (o.prefetch_depth < 1 || o.prefetch_depth > 1024) {
+    return invalid_argument("session: prefetch_depth must be 1..1024, got " + std::to_string(o.prefetch_depth));
+  }
+  if (!(o.clip_norm >= 0) || !std::isfinite(o.clip_norm)) {
+    return invalid_argument("session: clip_norm must be finite and >= 0 (0 = off), got " +
+                            std::to_string(o.clip_norm));
+  }
+  if (o.staging_buffers < 3 || o.staging_buffers > 64) {
+    return invalid_argument("session: staging_buffers must be 3..64, got " + std::to_string(o.staging_buffers));
+  }
+  if (o.compute_threads < 0 || o.compute_threads > 4096) {
+    return invalid_argument("session: compute_threads must be 0..4096, got " + std::to_string(o.compute_threads));
+  }
+  STRATA_RETURN_IF_ERROR(check_state_piece_elems(o.state_piece_elems).with_context("session"));
+  if (!gpu::backend_built(o.backend)) {
+    return unimplemented("session: this build has no CUDA (the cuda backend needs nvcc at build time); run on the "
+                         "host backend (device \"host\")");
+  }
+  return ok_status();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Session>> Session::create(SessionOptions o) {
+  STRATA_RETURN_IF_ERROR(check_options(o));
+  std::unique_ptr<Session> s(new Session());
+  cpu_optim::ExecutorOptions eo;
+  // On the host backend with its compute capped, the optimizer takes the
+  // other cores, as beside a GPU.
+  if (o.backend == gpu::Backend::kHost && o.compute_threads > 0) {
+    eo.threads = std::max(1, cpu_optim::hardware_threads() - o.compute_threads);
+  }
+  STRATA_ASSIGN_OR_RETURN(s->executor_, cpu_optim::Executor::create(eo));
+  if (o.backend == gpu::Backend::kCuda && o.pin_memory) {
+    s->allocator_ = std::make_unique<DevicePinnedMemory>(gpu::Backend::kCuda);
+  } else {
+    s->allocator_ = std::make_unique<io::AlignedAllocator>(o.pin_memory && o.backend == gpu::Backend::kHost);
+  }
+  gpu::DeviceSpec spec;
+  spec.backend = o.backend;
+  spec.capacity_bytes = o.device_bytes;
+  spec.compute_threads = o.compute_threads;
+  STRATA_ASSIGN_OR_RETURN(s->device_, gpu::make_device(spec));
+  STRATA_ASSIGN_OR_RETURN(s->copy_, s->device_->create_stream("session copies"));
+  s->meter_.set_trace(o.trace);
+  if (o.precision == DType::kF16) {
+    STRATA_ASSIGN_OR_RETURN(s->scaler_, LossScaler::create(o.loss_scale));
+  }
+  s->lr_ = o.adam.lr;
+  s->options_ = std::move(o);
+  return s;
+}
+
+Session::~Session() {
+  if (stage_) stage_->cancel();  // its thread reports to the store
+  pins_.clear();
+  store_.reset();  // its device memory goes back before the device
+  device_.reset();
+  stage_.reset();  // before the staging arena and the swap store it uses
+  staging_.reset();
+  swap_.reset();
+}
+
+Status Session::usable(const char* call) const {
+  if (aborted_.load()) return cancelled(std::string("session: ") + call + ": the session was aborted");
+  return ok_status();
+}
+
+Status Session::check_chunk(const char* call, size_t chunk) const {
+  STRATA_RETURN_IF_ERROR(usable(call));
+  if (!in_step_) return failed_precondition(std::string("session: ") + call + " outside a step (begin_step first)");
+  if (chunk >= specs_.size()) {
+    return invalid_argument(std::string("session: ") + call + ": no chunk " + std::to_string(chunk) + " (" +
+                            std::to_string(specs_.size()) + " registered)");
+  }
+  return ok_status();
+}
+
+Result<size_t> Session::add_chunk(std::string name, int64_t elems, ChunkInit init) {
+  STRATA_RETURN_IF_ERROR(usable("add_chunk"));
+  if (started()) return failed_precondition("session: add_chunk after start: chunk \"" + name + "\" comes too late");
+  if (name.empty()) return invalid_argument("session: add_chunk: a chunk needs a name");
+  if (elems < 1 || elems > (int64_t{1} << 40)) {
+    return invalid_argument("session: add_chunk \"" + name + "\": elems must be 1..2^40, got " +
+                            std::to_string(elems));
+  }
+  for (const Spec& s : specs_) {
+    if (s.name == name) return invalid_argument("session: add_chunk: a chunk is already named \"" + name + "\"");
+  }
+  specs_.push_back({std::move(name), elems, std::move(init)});
+  return specs_.size() - 1;
+}
+
+// One store for every NVMe byte, and the optimizer's staging arena.
+Status Session::open_nvme() {
+  const SessionOptions& o = options_;
+  if (o.states != Tier::kNvme) return ok_status();
+  io::SwapStoreOptions so;
+  so.directories = o.nvme_paths;
+  so.device.backend = o.io_backend;
+  so.device.queue_depth = o.io_queue_depth;
+  so.stripe_unit_bytes = o.io_stripe_unit_bytes;
+  so.direct = o.io_direct;
+  if (o.nvme_budget_bytes > 0) so.budget_bytes = o.nvme_budget_bytes;
+  so.faults = o.faults;
+  STRATA_ASSIGN_OR_RETURN(swap_, io::SwapStore::open(so));
+  std::vector<int64_t> elems;
+  for (const Spec& s : specs_) elems.push_back(s.elems);
+  const uint64_t bytes = OptimizerStage::staging_bytes(*swap_, max_state_piece(elems, o.state_piece_elems),
+                                                       o.adam_states, o.weights == Tier::kNvme, 0);
+  STRATA_ASSIGN_OR_RETURN(staging_, PinnedArena::create("optimizer staging", bytes,
+                                                        static_cast<uint32_t>(o.staging_buffers), *allocator_,
+                                                        executor_.get()));
+  return ok_status();
+}
+
+Status Session::start() {
+  STRATA_RETURN_IF_ERROR(usable("start"));
+  if (started()) return ok_status();
+  if (specs_.empty()) return failed_precondition("session: start with no chunk registered (add_chunk first)");
+  const SessionOptions& o = options_;
+  // The host memory the placement takes, held to its budget before any of it is allocated.
+  const uint64_t need = host_bytes_needed();
+  if (o.host_budget_bytes > 0 && need > o.host_budget_bytes) {
+    return resource_exhausted("session: refused before allocating: its host memory, " + format_bytes(need) +
+                              " (weights, gradients, states, staging), exceeds the host budget of " +
+                              format_bytes(o.host_budget_bytes) + "; raise it, or put the states and weights on NVMe");
+  }
+  std::vector<int64_t> elems;
+  std::vector<gpu::ChunkLayout> layout;
+  for (const Spec& s : specs_) {
+    elems.push_back(s.elems);
+    gpu::ChunkLayout l;
+    l.numel = l.param_count = s.elems;
+    layout.push_back(std::move(l));
+  }
+  Status built = build(std::move(layout), elems);
+  if (!built.ok()) {
+    // Nothing of a failed start stays: a later start() begins afresh.
+    pins_.clear();
+    weights_.clear();
+    grads_.clear();
+    stage_.reset();
+    staging_.reset();
+    swap_.reset();
+    return built;
+  }
+  const size_t n = specs_.size();
+  uses_.assign(n, std::nullopt);
+  grad_held_.assign(n, nullptr);
+  submitted_.assign(n, false);
+  stale_.assign(n, false);
+  // Until a step has shown the order, guess backward's: the last registered first.
+  for (size_t c = n; c-- > 0;) landing_order_.push_back(c);
+  return ok_status();
+}
+
+// start()'s allocations, in order: NVMe, the optimizer stage, the chunk
+// store's device slots, each chunk's host buffers and initial state.
+Status Session::build(std::vector<gpu::ChunkLayout> layout, const std::vector<int64_t>& elems) {
+  const SessionOptions& o = options_;
+  STRATA_RETURN_IF_ERROR(open_nvme());
+  STRATA_ASSIGN_OR_RETURN(stage_, OptimizerStage::create(elems, o.states, swap_.get(), staging_.get(), *executor_,
+                                                         o.trace, o.adam_states,
+                                                         o.states == Tier::kNvme ? o.state_piece_elems : 0));
+  if (o.weights == Tier::kNvme) STRATA_RETURN_IF_ERROR(stage_->home_weights_on_nvme(o.precision));
+  ChunkStoreOptions so;
+  so.prefetch_depth = o.prefetch_depth;
+  so.dtype = o.precision;
+  so.states = o.states;
+  so.host_memory = allocator_.get();
+  so.resident_first = false;
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<ChunkStore> store,
+                          ChunkStore::create(std::move(layout), *device_, copy_, &meter_, so));
+  if (o.weights == Tier::kNvme) {
+    OptimizerStage* stage = stage_.get();
+    STRATA_RETURN_IF_ERROR(store->set_nvme_weights({swap_.get(), [stage](size_t c) { return stage->weights_blobs(c); }}));
+  }
+  stage_->set_store(store.get());
+  Status placed = place_chunks();
+  if (!placed.ok()) {
+    stage_->set_store(nullptr);
+    return placed;
+  }
+  store_ = std::move(store);
+  return ok_status();
+}
+
+uint64_t Session::host_bytes_needed() const {
+  const SessionOptions& o = options_;
+  const uint64_t es = dtype_bytes(o.precision);
+  uint64_t bytes = 0;
+  std::vector<int64_t> elems;
+  for (const Spec& s : specs_) {
+    const auto n = static_cast<uint64_t>(s.elems);
+    bytes += es * n;                                        // the gradient's host buffer
+    if (o.weights == Tier::kHost) bytes += es * n;          // the working weights
+    if (o.states == Tier::kHost) bytes += OptimizerStage::state_bytes(s.elems, o.adam_states);
+    elems.push_back(s.elems);
+  }
+  if (o.states == Tier::kNvme) {
+    // The staging buffers (padded to 4096, the alignment's floor), and the weights' when on NVMe.
+    const int64_t piece = max_state_piece(elems, o.state_piece_elems);
+    const uint64_t state = OptimizerStage::state_bytes(piece, o.adam_states) + 4096;
+    const uint64_t weights = o.weights == Tier::kNvme ? es * static_cast<uint64_t>(piece) + 4096 : 0;
+    bytes += static_cast<uint64_t>(o.staging_buffers) * (state + weights);
+    if (o.weights == Tier::kNvme) {
+      const int64_t largest = *std::max_element(elems.begin(), elems.end());
+      bytes += static_cast<uint64_t>(o.prefetch_depth + 3) * (es * static_cast<uint64_t>(largest) + 4096);
+    }
+  }
+  return bytes;
+}
+
+// Each chunk's initial master weights (and states), its working weights
+// on the host, its gradient buffer; what the device copies from and to, pinned.
+Status Session::place_chunks() {
+  const SessionOptions& o = options_;
+  int64_t largest = 0;
+  for (const Spec& s : specs_) largest = std::max(largest, s.elems);
+  AlignedVector<float> master(static_cast<size_t>(largest));
+  auto make_chunk = [&](size_t c) -> Result<const float*> {
+    const auto n = static_cast<size_t>(specs_[c].elems);
+    std::span<float> dst(master.data(), n);
+    if (specs_[c].init) {
+      STRATA_RETURN_IF_ERROR(specs_[c].init(dst).with_context("session: the initial values of chunk \"" +
+                                                              specs_[c].name + "\""));
+    } else {
+      std::fill(dst.begin(), dst.end(), 0.0f);
+    }
+    if (o.weights == Tier::kHost) {
+      weights_.emplace_back(n);
+      STRATA_RETURN_IF_ERROR(cpu_optim::convert(master.data(), DType::kF32, weights_.back().data(), o.precision,
+                                                specs_[c].elems, *executor_));
+    }
+    grads_.emplace_back(n);
+    executor_->zero(grads_.back().data(), n * 2);
+    return static_cast<const float*>(master.data());
+  };
+  STRATA_RETURN_IF_ERROR(stage_->initialize_all(make_chunk));
+  for (auto* set : {&weights_, &grads_}) {
+    for (AlignedVector<uint16_t>& v : *set) {
+      STRATA_ASSIGN_OR_RETURN(gpu::HostPin pin, gpu::HostPin::make(*device_, v.data(), v.size() * 2));
+      pins_.push_back(std::move(pin));
+    }
+  }
+  return ok_status();
+}
+
+Status Session::set_lr(double lr) {
+  STRATA_RETURN_IF_ERROR(usable("set_lr"));
+  if (!(lr >= 0) || !std::isfinite(lr)) return invalid_argument("session: set_lr: the rate must be finite and >= 0");
+  lr_ = lr;
+  return ok_status();
+}
+
+OverlapStep Session::make_step(float grad_scale) {
+  OverlapStep ov;
+  cpu_optim::AdamConfig adam = options_.adam;
+  adam.lr = lr_;
+  ov.config = adam;
+  ov.t = updates_ + 1;  // a skipped step is no update: Adam's t stays
+  for (size_t c = 0; c < specs_.size(); ++c) {
+    ov.grads.push_back({grads_[c].data(), options_.precision});
+    ov.out.push_back(weights_.empty() ? nullptr : weights_[c].data());  // null: the stage writes them to NVMe
+  }
+  ov.out_dtype = options_.precision;
+  ov.order = landing_order_;
+  ov.grad_scale = grad_scale / static_cast<float>(loss_scale());
+  ov.clip_norm = options_.clip_norm;
+  // Guess that this step neither clips nor skips when the last one did neither.
+  ov.speculate = options_.speculate && !last_clipped_ && !last_skipped_;
+  return ov;
+}
+
+Status Session::begin_step(float grad_scale) {
+  STRATA_RETURN_IF_ERROR(usable("begin_step"));
+  if (in_step_) return failed_precondition("session: begin_step: a step is open (end_step or cancel_step first)");
+  if (!(grad_scale > 0) || !std::isfinite(grad_scale)) {
+    return invalid_argument("session: begin_step: grad_scale must be finite and > 0, got " +
+                            std::to_string(grad_scale));
+  }
+  STRATA_RETURN_IF_ERROR(start());
+  STRATA_RETURN_IF_ERROR(restore_stale());  // what a failed step could not put back then
+  std::vector<const void*> host;
+  for (size_t c = 0; c < specs_.size(); ++c) host.push_back(weights_.empty() ? nullptr : weights_[c].data());
+  STRATA_RETURN_IF_ERROR(store_->begin_step(host));
+  Status begun = stage_->begin(make_step(grad_scale));
+  if (!begun.ok()) {
+    store_->settle();
+    return begun;
+  }
+  uses_.assign(specs_.size(), std::nullopt);
+  grad_held_.assign(specs_.size(), nullptr);
+  submitted_.assign(specs_.size(), false);
+  landed_now_.clear();
+  in_step_ = true;
+  return ok_status();
+}
+
+Result<const void*> Session::acquire(size_t chunk) {
+  STRATA_RETURN_IF_ERROR(check_chunk("acquire", chunk));
+  const std::string& name = specs_[chunk].name;
+  if (submitted_[chunk]) {
+    return failed_precondition("session: acquire \"" + name +
+                               "\": its gradient was submitted this step, so its weights are being updated");
+  }
+  if (uses_[chunk]) return failed_precondition("session: acquire \"" + name + "\": already acquired; release it first");
+  const auto held = static_cast<int>(std::count_if(uses_.begin(), uses_.end(), [](const auto& u) { return u.has_value(); }));
+  if (held > options_.prefetch_depth) {
+    return resource_exhausted("session: acquire \"" + name + "\": all " + std::to_string(held) +
+                              " weight slots are held (prefetch_depth + 1); release a chunk first");
+  }
+  STRATA_ASSIGN_OR_RETURN(ChunkStore::Use use, store_->acquire(chunk));
+  uses_[chunk] = use;
+  return use.data;
+}
+
+Status Session::release(size_t chunk) {
+  STRATA_RETURN_IF_ERROR(check_chunk("release", chunk));
+  if (!uses_[chunk]) {
+    return failed_precondition("session: release \"" + specs_[chunk].name + "\": it is not acquired");
+  }
+  store_->release(*uses_[chunk]);
+  uses_[chunk].reset();
+  return ok_status();
+}
+
+Result<void*> Session::gradient_buffer(size_t chunk) {
+  STRATA_RETURN_IF_ERROR(check_chunk("gradient_buffer", chunk));
+  if (submitted_[chunk]) {
+    return failed_precondition("session: gradient_buffer \"" + specs_[chunk].name +
+                               "\": its gradient was submitted this step");
+  }
+  if (grad_held_[chunk] != nullptr) return grad_held_[chunk];  // asked again: the same buffer
+  STRATA_ASSIGN_OR_RETURN(void* buffer, store_->gradient_buffer(chunk));
+  grad_held_[chunk] = buffer;
+  return buffer;
+}
+
+Status Session::submit_gradient(size_t chunk) {
+  STRATA_RETURN_IF_ERROR(check_chunk("submit_gradient", chunk));
+  const std::string& name = specs_[chunk].name;
+  if (submitted_[chunk]) return failed_precondition("session: submit_gradient \"" + name + "\": submitted twice");
+  if (grad_held_[chunk] == nullptr) {
+    return failed_precondition("session: submit_gradient \"" + name +
+                               "\": no gradient computed (gradient_buffer first)");
+  }
+  STRATA_RETURN_IF_ERROR(store_->send_gradient(chunk, grads_[chunk].data()));
+  ChunkStore* store = store_.get();
+  stage_->land(chunk, [store, chunk] { return store->await_gradient(chunk); });
+  grad_held_[chunk] = nullptr;
+  submitted_[chunk] = true;
+  landed_now_.push_back(chunk);
+  return ok_status();
+}
+
+Result<StepVerdict> Session::end_step() {
+  STRATA_RETURN_IF_ERROR(usable("end_step"));
+  if (!in_step_) return failed_precondition("session: end_step outside a step (begin_step first)");
+  std::string missing, held;
+  for (size_t c = 0; c < specs_.size(); ++c) {
+    if (!submitted_[c]) missing += (missing.empty() ? "\"" : ", \"") + specs_[c].name + "\"";
+    if (uses_[c]) held += (held.empty() ? "\"" : ", \"") + specs_[c].name + "\"";
+  }
+  if (!missing.empty()) {
+    return failed_precondition("session: end_step: no gradient submitted for " + missing + "; the step stays open");
+  }
+  if (!held.empty()) return failed_precondition("session: end_step: still acquired: " + held + "; release them first");
+  Result<OverlapOutcome> outcome = stage_->finish();
+  store_->end_step();
+  close_step();
+  if (!outcome) {
+    restore_written_weights().ignore();  // what cannot be put back now stays marked for the next step
+    return std::move(outcome).error();
+  }
+  // A skipped step's chunks that a speculative update wrote in place get their old weights back.
+  if (outcome->skipped) STRATA_RETURN_IF_ERROR(restore_written_weights());
+  landing_order_ = landed_now_;
+  last_clipped_ = outcome->clipped;
+  last_skipped_ = outcome->skipped;
+  if (options_.precision == DType::kF16) scaler_.update(outcome->skipped);
+  if (!outcome->skipped) ++updates_;
+  ++steps_;
+  StepVerdict v;
+  v.step = steps_;
+  v.grad_norm = outcome->grad_norm;
+  v.clipped = outcome->clipped;
+  v.skipped = outcome->skipped;
+  v.rolled_back = outcome->rolled_back;
+  v.lr = lr_;
+  v.loss_scale = loss_scale();
+  return v;
+}
+
+void Session::close_step() {
+  in_step_ = false;
+  uses_.assign(specs_.size(), std::nullopt);
+  grad_held_.assign(specs_.size(), nullptr);
+}
+
+Status Session::cancel_step() {
+  if (!in_step_) return ok_status();
+  stage_->cancel();
+  store_->settle();
+  close_step();
+  return restore_written_weights();
+}
+
+Status Session::restore_written_weights() {
+  if (weights_.empty()) return ok_status();  // on NVMe: the old generation was never switched from
+  const std::vector<bool>& written = stage_->chunks_written();
+  for (size_t c = 0; c < written.size() && c < stale_.size(); ++c) stale_[c] = stale_[c] || written[c];
+  return restore_stale();
+}
+
+Status Session::restore_stale() {
+  for (size_t c = 0; c < stale_.size(); ++c) {
+    if (!stale_[c]) continue;
+    STRATA_RETURN_IF_ERROR(stage_->weights_from_master(c, weights_[c].data(), options_.precision)
+                               .with_context("session: putting back the weights of chunk \"" + specs_[c].name +
+                                             "\" after a failed or skipped step"));
+    stale_[c] = false;
+  }
+  return ok_status();
+}
+
+Result<gpu::DeviceMemory> Session::allocate_device(uint64_t bytes, std::string_view what) {
+  STRATA_RETURN_IF_ERROR(usable("allocate_device"));
+  if (bytes == 0) return invalid_argument("session: allocate_device of 0 bytes (" + std::string(what) + ")");
+  return device_->allocate(bytes, what);
+}
+
+Status Session::read_master(size_t chunk, std::span<float> dst) {
+  STRATA_RETURN_IF_ERROR(usable("read_master"));
+  if (!started()) return failed_precondition("session: read_master before start");
+  if (in_step_) return failed_precondition("session: read_master during a step");
+  if (chunk >= specs_.size()) return invalid_argument("session: read_master: no chunk " + std::to_string(chunk));
+  if (dst.size() != static_cast<size_t>(specs_[chunk].elems)) {
+    return invalid_argument("session: read_master \"" + specs_[chunk].name + "\": " +
+                            std::to_string(specs_[chunk].elems) + " elements, the buffer holds " +
+                            std::to_string(dst.size()));
+  }
+  return stage_->read_master(chunk, dst.data());
+}
+
+SessionCounters Session::counters() const {
+  SessionCounters k;
+  if (store_) {
+    k.h2d_bytes = store_->bytes_to_device();
+    k.d2h_bytes = store_->bytes_to_host();
+  }
+  if (swap_) {
+    for (const io::DirectoryStats& d : swap_->stats().directories) {
+      k.nvme_read_bytes += d.bytes_read;
+      k.nvme_written_bytes += d.bytes_written;
+    }
+  }
+  k.device_peak_bytes = device_->peak_bytes();
+  return k;
+}
+
+uint64_t Session::host_bytes() const {
+  uint64_t b = 0;
+  for (const auto& v : weights_) b += v.capacity() * 2;
+  for (const auto& v : grads_) b += v.capacity() * 2;
+  if (stage_) b += stage_->host_bytes();
+  if (staging_) b += staging_->total_bytes();
+  if (store_) b += store_->host_bytes();
+  return b;
+}
+
+Status Session::async_error() {
+  if (aborted_.load()) return cancelled("session: the session was aborted");
+  if (in_step_) return stage_->async_error().with_context("session: the optimizer stage");
+  return ok_status();
+}
+
+Status Session::finalize() {
+  STRATA_RETURN_IF_ERROR(usable("finalize"));
+  if (in_step_) return failed_precondition("session: finalize during a step (end_step or cancel_step first)");
+  return device_->async_error().with_context("session: finalize: the device's background work");
+}
+
+}  // namespace strata::engine

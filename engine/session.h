@@ -1,0 +1,235 @@
+// Session: the model-agnostic way into the engine. A model of the caller's
+// registers its chunks (a name, an element count, initial fp32 values) and
+// then drives every step itself; the session owns every byte of model
+// state and decides where it lives:
+//   - working weights (bf16 or fp16) between uses on the host or on NVMe,
+//     brought to the device into `prefetch_depth + 1` weight slots in the
+//     order the first step recorded (ChunkStore: prefetch, Belady reuse);
+//   - gradients computed into one of two device gradient slots and copied
+//     back into a host buffer per chunk;
+//   - fp32 master weights and Adam states on the host or on NVMe, updated
+//     by the optimizer stage as each chunk's gradient lands (OptimizerStage:
+//     exact speculation with rollback on NVMe, global-norm clipping, fp16
+//     inf/nan skips).
+// A step is: begin_step; for each use of a chunk acquire (its weights on
+// the device once it returns) and release; per chunk once, gradient_buffer
+// then submit_gradient; end_step, which returns the verdict. The same
+// calls, seed and data give the same bits on every placement: where a view
+// lives never changes what it is (tests hold the session to that).
+//
+// Misuse — an unknown chunk, a gradient submitted twice, a step ended with
+// gradients missing, acquiring a chunk whose gradient was submitted (its
+// weights are being updated), calls outside a step or after abort() — is an
+// error that changes nothing: the step stays open where it was.
+// One thread drives a session; abort() and async_error() may come from any.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/aligned_vector.h"
+#include "cpu_optim/executor.h"
+#include "cpu_optim/optimizer.h"
+#include "engine/chunk_store.h"
+#include "engine/loss_scaler.h"
+#include "engine/optimizer_stage.h"
+#include "engine/pinned_arena.h"
+#include "engine/plan.h"
+#include "gpu/device.h"
+#include "gpu/device_factory.h"
+#include "io/swap_store.h"
+
+namespace strata::engine {
+
+struct SessionOptions {
+  gpu::Backend backend = gpu::Backend::kHost;
+  // The device's budget: every slot the session allocates and every
+  // allocate_device() of the model comes out of it. 0: the host backend
+  // uncapped; a GPU's free memory.
+  uint64_t device_bytes = 0;
+  int compute_threads = 0;  // the host backend's compute cores (0: all)
+  // The working weights' and gradients' type: bf16, or fp16 with dynamic
+  // loss scaling (loss_scale).
+  DType precision = DType::kBF16;
+  LossScaleOptions loss_scale;
+  cpu_optim::AdamConfig adam;  // adam.lr: the rate until set_lr
+  cpu_optim::StateType adam_states = cpu_optim::StateType::kF32;
+  Tier states = Tier::kHost;   // master weights and Adam states: kHost or kNvme
+  Tier weights = Tier::kHost;  // working weights between uses: kHost, or kNvme (needs the states there)
+  int prefetch_depth = 1;      // uses fetched ahead; depth + 1 weight slots on the device
+  float clip_norm = 0;         // global-norm clipping; 0: off
+  // States on NVMe: update each chunk as its gradient lands, guessing no
+  // clip and no skip, and redo from the old states when wrong (exact).
+  bool speculate = true;
+  uint64_t host_budget_bytes = 0;  // 0: not held
+  uint64_t nvme_budget_bytes = 0;  // 0: not held
+  std::vector<std::string> nvme_paths;
+  io::Backend io_backend = io::Backend::kAuto;
+  uint32_t io_queue_depth = 32;
+  uint64_t io_stripe_unit_bytes = 1ull << 20;
+  io::DirectMode io_direct = io::DirectMode::kRequire;
+  std::optional<io::FaultConfig> faults;  // tests
+  int staging_buffers = kStateStagingBuffers;
+  int64_t state_piece_elems = TrainSetup{}.state_piece_elems;
+  bool pin_memory = true;  // lock the host staging buffers (mlock; cudaHostAlloc on a GPU)
+  Trace* trace = nullptr;  // not owned
+};
+
+// Fills a chunk's initial fp32 master weights: `dst` holds the chunk's
+// elements (called once, from start(), on the calling thread).
+using ChunkInit = std::function<Status(std::span<float> dst)>;
+
+// What end_step() decided.
+struct StepVerdict {
+  int64_t step = 0;          // steps ended so far, this one included
+  double grad_norm = 0;      // of the scaled gradients, before clipping
+  bool clipped = false;
+  bool skipped = false;      // an inf/nan gradient: nothing was updated
+  bool rolled_back = false;  // speculative updates were undone (and redone unless skipped)
+  double lr = 0;             // the rate of this step's update
+  double loss_scale = 1;     // fp16: the scale the next step's loss takes
+};
+
+struct SessionCounters {
+  uint64_t h2d_bytes = 0, d2h_bytes = 0;
+  uint64_t nvme_read_bytes = 0, nvme_written_bytes = 0;
+  uint64_t device_peak_bytes = 0;  // the device's high-water mark since create
+};
+
+class Session {
+ public:
+  static Result<std::unique_ptr<Session>> create(SessionOptions options);
+  ~Session();
+
+  // Registers a chunk (before start()); returns its index, 0, 1, ... in
+  // registration order. `init` may be empty: zeros. InvalidArgument for an
+  // empty or duplicate name or elems < 1; FailedPrecondition after start.
+  Result<size_t> add_chunk(std::string name, int64_t elems, ChunkInit init);
+  // Places every chunk: host buffers, NVMe blobs, device slots; calls each
+  // chunk's init. Refuses (ResourceExhausted naming the budget) a session
+  // whose host memory exceeds host_budget_bytes. The first begin_step()
+  // calls it when the caller did not.
+  Status start();
+  bool started() const { return store_ != nullptr; }
+
+  size_t chunks() const { return specs_.size(); }
+  const std::string& chunk_name(size_t chunk) const { return specs_.at(chunk).name; }
+  int64_t chunk_elems(size_t chunk) const { return specs_.at(chunk).elems; }
+  DType precision() const { return options_.precision; }
+  const SessionOptions& options() const { return options_; }
+
+  // The learning rate of the next steps' updates.
+  Status set_lr(double lr);
+  // fp16: multiply the loss by this before backward (the gradients are
+  // divided by it before the update); 1 for bf16.
+  double loss_scale() const { return options_.precision == DType::kF16 ? scaler_.scale() : 1.0; }
+
+  // Opens a step. `grad_scale` multiplies every submitted gradient before
+  // the update (1 / micro-batches, say), besides the fp16 loss scale.
+  Status begin_step(float grad_scale = 1.0f);
+  bool in_step() const { return in_step_; }
+  // The chunk's working weights on the device (chunk_elems of precision())
+  // once it returns, until release(chunk). A chunk may be acquired again
+  // in the same step (recompute) until its gradient is submitted.
+  Result<const void*> acquire(size_t chunk);
+  Status release(size_t chunk);
+  // Where to compute the chunk's gradient on the device (chunk_elems of
+  // precision(); its contents are undefined). Two slots are handed out in
+  // turn: submit one before asking for the one after the next.
+  Result<void*> gradient_buffer(size_t chunk);
+  // The gradient in the chunk's buffer is final: copied to the host and
+  // handed to the optimizer, which may update the chunk at once.
+  Status submit_gradient(size_t chunk);
+  // Ends the step once every chunk's gradient was submitted
+  // (FailedPrecondition naming the missing ones otherwise, the step open):
+  // waits for the optimizer and returns its verdict. On a failure of the
+  // update (I/O, say) the step is over, nothing of it was applied, and the
+  // weights are as before it.
+  Result<StepVerdict> end_step();
+  // Abandons the open step (the model's own compute failed): nothing of it
+  // is applied. OK when no step is open.
+  Status cancel_step();
+
+  // Memory on the device, from the same budget (the model's activations).
+  Result<gpu::DeviceMemory> allocate_device(uint64_t bytes, std::string_view what);
+  gpu::Device& device() { return *device_; }
+
+  // A chunk's fp32 master weights (chunk_elems floats), outside a step.
+  Status read_master(size_t chunk, std::span<float> dst);
+  // Where a chunk's view is now, and its home.
+  Residency residency(size_t chunk, View view) const { return store_->residency(chunk, view); }
+  Tier home(size_t chunk, View view) const { return store_->home(chunk, view); }
+
+  int64_t steps_done() const { return steps_; }
+  // What moved so far on each link.
+  SessionCounters counters() const;
+  // Host memory the session holds: weights, gradients, states, staging.
+  uint64_t host_bytes() const;
+
+  // From any thread: later calls return Cancelled and change nothing; the
+  // open step is abandoned when the session is destroyed.
+  void abort() { aborted_.store(true); }
+  // Without waiting: a failure of background work not yet reported.
+  Status async_error();
+  // Lands the work in flight and reports its first failure.
+  Status finalize();
+
+ private:
+  Session() = default;
+  struct Spec {
+    std::string name;
+    int64_t elems = 0;
+    ChunkInit init;
+  };
+  Status usable(const char* call) const;
+  Status check_chunk(const char* call, size_t chunk) const;
+  Status open_nvme();
+  // What start() will hold in host memory, from the chunk sizes alone.
+  uint64_t host_bytes_needed() const;
+  Status build(std::vector<gpu::ChunkLayout> layout, const std::vector<int64_t>& elems);
+  Status place_chunks();
+  OverlapStep make_step(float grad_scale);
+  // Chunks the stage updated in place are put back from their master
+  // weights (a failed, cancelled or skipped step); what cannot be now
+  // stays stale and restore_stale() puts it back before the next step.
+  Status restore_written_weights();
+  Status restore_stale();
+  void close_step();
+
+  SessionOptions options_;
+  std::vector<Spec> specs_;
+  std::unique_ptr<cpu_optim::Executor> executor_;
+  std::unique_ptr<io::BufferAllocator> allocator_;
+  std::unique_ptr<io::SwapStore> swap_;
+  std::unique_ptr<PinnedArena> staging_;
+  std::unique_ptr<OptimizerStage> stage_;
+  std::unique_ptr<gpu::Device> device_;
+  gpu::Stream copy_{};
+  WaitMeter meter_;
+  std::unique_ptr<ChunkStore> store_;
+  std::vector<AlignedVector<uint16_t>> weights_;  // empty with the weights on NVMe
+  std::vector<AlignedVector<uint16_t>> grads_;
+  std::vector<gpu::HostPin> pins_;
+  LossScaler scaler_;
+  double lr_ = 0;
+
+  // The open step.
+  std::atomic<bool> in_step_{false};  // read by async_error() from any thread
+  std::vector<std::optional<ChunkStore::Use>> uses_;  // per chunk: the use acquired and not released
+  std::vector<void*> grad_held_;  // per chunk: its gradient buffer on the device, handed out, not submitted
+  std::vector<bool> submitted_;
+  std::vector<bool> stale_;  // per chunk: weights in RAM a failed step left updated
+  std::vector<size_t> landing_order_;  // the order the last step submitted its gradients
+  std::vector<size_t> landed_now_;     // this step's, so far
+  bool last_clipped_ = false, last_skipped_ = false;
+  int64_t steps_ = 0, updates_ = 0;
+  std::atomic<bool> aborted_{false};
+};
+
+}  // namespace strata::engine

@@ -1,0 +1,411 @@
+// Session: a model of the test's own (an MLP, forward and backward written
+// here on the host backend) drives the engine through the session calls.
+// The same calls give the same bits in every placement — everything
+// resident, or weights and states on NVMe through a device a tenth of the
+// model states — and every misuse is an error that changes nothing.
+#include "engine/session.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+#include "tests/test_util.h"
+
+namespace strata::engine {
+namespace {
+
+using strata::testing::TempDir;
+
+// y = W_L(... tanh(W_1 x + b_1) ...): L square layers of width D, each one
+// chunk [W (D x D, row-major out x in) | b (D)], the last one linear; the
+// loss is the mean squared error against targets made by a fixed teacher.
+struct Mlp {
+  int64_t D = 32, L = 4, B = 16;
+  int64_t chunk_elems() const { return D * D + D; }
+};
+
+// The initial weights of layer l: uniform in +-1/sqrt(D) from its own seed.
+Status init_layer(const Mlp& m, int64_t l, std::span<float> dst) {
+  std::mt19937 gen(static_cast<uint32_t>(1000 + l));
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(m.D));
+  for (int64_t i = 0; i < m.D * m.D; ++i) dst[static_cast<size_t>(i)] = u(gen) * scale;
+  for (int64_t i = m.D * m.D; i < m.chunk_elems(); ++i) dst[static_cast<size_t>(i)] = 0.0f;
+  return ok_status();
+}
+
+// A batch: inputs in [-1, 1] and targets a smooth function of them, from
+// a cycle of four batches (so that the loss over a cycle can fall).
+void batch(const Mlp& m, int64_t step, std::vector<float>* x, std::vector<float>* y) {
+  std::mt19937 gen(static_cast<uint32_t>(7 + step % 4));
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  x->resize(static_cast<size_t>(m.B * m.D));
+  y->resize(x->size());
+  for (auto& v : *x) v = u(gen);
+  for (int64_t b = 0; b < m.B; ++b) {
+    const float* xb = x->data() + b * m.D;
+    for (int64_t j = 0; j < m.D; ++j) (*y)[static_cast<size_t>(b * m.D + j)] = std::sin(xb[j % 3] + 0.5f * xb[(j + 1) % m.D]);
+  }
+}
+
+float w_at(const uint16_t* w, DType t, int64_t i) { return t == DType::kBF16 ? bf16_to_f32(w[i]) : f16_to_f32(w[i]); }
+uint16_t to_w(float f, DType t) { return t == DType::kBF16 ? f32_to_bf16(f) : f32_to_f16(f); }
+
+// One step through the session; returns the loss (unscaled) and the verdict.
+Result<float> train_step(Session& s, const Mlp& m, int64_t step, StepVerdict* verdict = nullptr) {
+  const DType t = s.precision();
+  std::vector<float> x, y;
+  batch(m, step, &x, &y);
+  const size_t act = static_cast<size_t>(m.B * m.D);
+  // Activations: the layer inputs h[0..L] (h[0] = x), in the device's memory.
+  STRATA_ASSIGN_OR_RETURN(gpu::DeviceMemory acts, s.allocate_device((m.L + 1) * act * 4, "activations"));
+  float* h = acts.as<float>();
+  std::memcpy(h, x.data(), act * 4);
+  STRATA_RETURN_IF_ERROR(s.begin_step());
+  for (int64_t l = 0; l < m.L; ++l) {
+    STRATA_ASSIGN_OR_RETURN(const void* wp, s.acquire(static_cast<size_t>(l)));
+    const auto* w = static_cast<const uint16_t*>(wp);
+    const float* in = h + l * act;
+    float* out = h + (l + 1) * act;
+    for (int64_t b = 0; b < m.B; ++b) {
+      for (int64_t o = 0; o < m.D; ++o) {
+        float z = w_at(w, t, m.D * m.D + o);
+        for (int64_t i = 0; i < m.D; ++i) z += w_at(w, t, o * m.D + i) * in[b * m.D + i];
+        out[b * m.D + o] = l + 1 < m.L ? std::tanh(z) : z;
+      }
+    }
+    STRATA_RETURN_IF_ERROR(s.release(static_cast<size_t>(l)));
+  }
+  const float* pred = h + m.L * act;
+  double loss = 0;
+  std::vector<float> dh(act), dprev(act);
+  const auto scale = static_cast<float>(s.loss_scale());
+  for (size_t i = 0; i < act; ++i) {
+    const float d = pred[i] - y[i];
+    loss += static_cast<double>(d) * d;
+    dh[i] = 2.0f * d / static_cast<float>(act) * scale;  // d(loss * scale)/d(pred)
+  }
+  for (int64_t l = m.L - 1; l >= 0; --l) {
+    const auto c = static_cast<size_t>(l);
+    STRATA_ASSIGN_OR_RETURN(const void* wp, s.acquire(c));
+    const auto* w = static_cast<const uint16_t*>(wp);
+    STRATA_ASSIGN_OR_RETURN(void* gp, s.gradient_buffer(c));
+    auto* g = static_cast<uint16_t*>(gp);
+    const float* in = h + l * act;
+    const float* out = h + (l + 1) * act;
+    // Through tanh (all but the last layer): dz = dh * (1 - out^2).
+    if (l + 1 < m.L) {
+      for (size_t i = 0; i < act; ++i) dh[i] *= 1.0f - out[i] * out[i];
+    }
+    std::vector<float> gw(static_cast<size_t>(m.chunk_elems()), 0.0f);
+    std::fill(dprev.begin(), dprev.end(), 0.0f);
+    for (int64_t b = 0; b < m.B; ++b) {
+      for (int64_t o = 0; o < m.D; ++o) {
+        const float dz = dh[static_cast<size_t>(b * m.D + o)];
+        gw[static_cast<size_t>(m.D * m.D + o)] += dz;
+        for (int64_t i = 0; i < m.D; ++i) {
+          gw[static_cast<size_t>(o * m.D + i)] += dz * in[b * m.D + i];
+          dprev[static_cast<size_t>(b * m.D + i)] += dz * w_at(w, t, o * m.D + i);
+        }
+      }
+    }
+    for (size_t i = 0; i < gw.size(); ++i) g[i] = to_w(gw[i], t);
+    STRATA_RETURN_IF_ERROR(s.release(c));
+    STRATA_RETURN_IF_ERROR(s.submit_gradient(c));
+    dh.swap(dprev);
+  }
+  STRATA_ASSIGN_OR_RETURN(StepVerdict v, s.end_step());
+  if (verdict != nullptr) *verdict = v;
+  return static_cast<float>(loss / static_cast<double>(act));
+}
+
+Result<std::unique_ptr<Session>> make_session(const Mlp& m, SessionOptions o) {
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Session> s, Session::create(std::move(o)));
+  for (int64_t l = 0; l < m.L; ++l) {
+    STRATA_RETURN_IF_ERROR(
+        s->add_chunk("layer" + std::to_string(l), m.chunk_elems(), [&m, l](std::span<float> d) {
+          return init_layer(m, l, d);
+        }).status());
+  }
+  return s;
+}
+
+SessionOptions base_options() {
+  SessionOptions o;
+  o.adam.lr = 3e-3;
+  o.adam.weight_decay = 0.01;
+  o.adam.decoupled_weight_decay = true;
+  o.pin_memory = false;
+  return o;
+}
+
+std::vector<float> run(const Mlp& m, SessionOptions o, int steps, std::vector<StepVerdict>* verdicts = nullptr) {
+  Result<std::unique_ptr<Session>> s = make_session(m, std::move(o));
+  EXPECT_TRUE(s.has_value()) << s.status().to_string();
+  if (!s.has_value()) return {};
+  std::vector<float> losses;
+  for (int k = 0; k < steps; ++k) {
+    StepVerdict v;
+    Result<float> loss = train_step(**s, m, k, &v);
+    EXPECT_TRUE(loss.has_value()) << "step " << k << ": " << loss.status().to_string();
+    if (!loss.has_value()) break;
+    losses.push_back(*loss);
+    if (verdicts != nullptr) verdicts->push_back(v);
+  }
+  return losses;
+}
+
+// The model states of the MLP: 16 bytes per parameter with fp32 Adam (2 B
+// weights, 2 B gradient, 12 B master, m, v).
+uint64_t model_state_bytes(const Mlp& m) { return static_cast<uint64_t>(m.L * m.chunk_elems()) * 16; }
+
+TEST(Session, TheSameBitsResidentAndOnNvmeThroughATenthOfTheModelStates) {
+  const Mlp m{64, 8, 8};
+  const std::vector<float> resident = run(m, base_options(), 30);
+  ASSERT_EQ(resident.size(), 30u);
+  const float first = resident[0] + resident[1] + resident[2] + resident[3];
+  const float last = resident[26] + resident[27] + resident[28] + resident[29];
+  EXPECT_LT(last, 0.5f * first) << "the loss over a cycle of the four batches should fall";
+  TempDir dir;
+  SessionOptions o = base_options();
+  o.states = Tier::kNvme;
+  o.weights = Tier::kNvme;
+  o.nvme_paths = {dir.path()};
+  o.device_bytes = model_state_bytes(m) / 10;
+  o.prefetch_depth = 1;
+  Result<std::unique_ptr<Session>> s = make_session(m, o);
+  ASSERT_TRUE(s.has_value()) << s.status().to_string();
+  std::vector<float> nvme;
+  for (int k = 0; k < 30; ++k) {
+    Result<float> loss = train_step(**s, m, k);
+    ASSERT_TRUE(loss.has_value()) << loss.status().to_string();
+    nvme.push_back(*loss);
+  }
+  for (size_t k = 0; k < resident.size(); ++k) {
+    EXPECT_EQ(std::bit_cast<uint32_t>(resident[k]), std::bit_cast<uint32_t>(nvme[k]))
+        << "step " << k << ": " << resident[k] << " vs " << nvme[k];
+  }
+  // Everything lived where it was told to, and the device held at most its tenth.
+  EXPECT_EQ((*s)->home(0, View::kWeights), Tier::kNvme);
+  EXPECT_EQ((*s)->home(0, View::kMaster), Tier::kNvme);
+  const SessionCounters k = (*s)->counters();
+  EXPECT_LE(k.device_peak_bytes, model_state_bytes(m) / 10);
+  EXPECT_GT(k.nvme_read_bytes, 0u);
+  EXPECT_GT(k.nvme_written_bytes, 0u);
+  EXPECT_GT(k.h2d_bytes, 0u);
+}
+
+TEST(Session, ClippingAndItsRollbackGiveTheSameBitsOnEveryTier) {
+  const Mlp m{32, 4, 16};
+  SessionOptions o = base_options();
+  o.clip_norm = 0.05f;  // fires on the first steps, not on all: speculation guesses wrong and right
+  std::vector<StepVerdict> host_v, nvme_v;
+  const std::vector<float> host = run(m, o, 12, &host_v);
+  TempDir dir;
+  o.states = Tier::kNvme;
+  o.nvme_paths = {dir.path()};
+  const std::vector<float> nvme = run(m, o, 12, &nvme_v);
+  ASSERT_EQ(host.size(), nvme.size());
+  int clipped = 0, rolled = 0;
+  for (size_t k = 0; k < host.size(); ++k) {
+    EXPECT_EQ(std::bit_cast<uint32_t>(host[k]), std::bit_cast<uint32_t>(nvme[k])) << "step " << k;
+    EXPECT_EQ(host_v[k].clipped, nvme_v[k].clipped) << "step " << k;
+    EXPECT_EQ(host_v[k].grad_norm, nvme_v[k].grad_norm) << "step " << k;
+    clipped += host_v[k].clipped ? 1 : 0;
+    rolled += nvme_v[k].rolled_back ? 1 : 0;
+  }
+  EXPECT_GT(clipped, 0) << "the test should clip some steps";
+  EXPECT_GT(rolled, 0) << "the NVMe run should have rolled a speculative step back";
+}
+
+TEST(Session, Fp16SkipsAnOverflowAndKeepsTheWeights) {
+  const Mlp m{16, 2, 4};
+  SessionOptions o = base_options();
+  o.precision = DType::kF16;
+  o.loss_scale.initial_power = 30;  // 2^30: the first gradients overflow fp16
+  o.loss_scale.hysteresis = 1;      // and the first overflow halves the scale
+  Result<std::unique_ptr<Session>> s = make_session(m, o);
+  ASSERT_TRUE(s.has_value()) << s.status().to_string();
+  std::vector<float> before(static_cast<size_t>(m.chunk_elems()));
+  ASSERT_TRUE((*s)->start().ok());
+  ASSERT_TRUE((*s)->read_master(0, before).ok());
+  StepVerdict v;
+  ASSERT_TRUE(train_step(**s, m, 0, &v).has_value());
+  EXPECT_TRUE(v.skipped);
+  EXPECT_LT(v.loss_scale, std::ldexp(1.0, 30));
+  std::vector<float> after(before.size());
+  ASSERT_TRUE((*s)->read_master(0, after).ok());
+  EXPECT_EQ(0, std::memcmp(before.data(), after.data(), before.size() * 4));
+}
+
+class SessionMisuse : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    Result<std::unique_ptr<Session>> s = make_session(m_, base_options());
+    ASSERT_TRUE(s.has_value()) << s.status().to_string();
+    s_ = std::move(*s);
+    ASSERT_TRUE(s_->start().ok());
+    master0_.resize(static_cast<size_t>(m_.chunk_elems()));
+    ASSERT_TRUE(s_->read_master(0, master0_).ok());
+  }
+  // Nothing changed: a whole step still runs and updates chunk 0.
+  void expect_a_step_still_runs() {
+    if (s_->in_step()) {
+      ASSERT_TRUE(s_->cancel_step().ok());
+    }
+    std::vector<float> now(master0_.size());
+    ASSERT_TRUE(s_->read_master(0, now).ok());
+    EXPECT_EQ(0, std::memcmp(now.data(), master0_.data(), now.size() * 4)) << "a refused call changed the weights";
+    Result<float> loss = train_step(*s_, m_, 0);
+    ASSERT_TRUE(loss.has_value()) << loss.status().to_string();
+    EXPECT_EQ(s_->steps_done(), 1);
+  }
+  Mlp m_{16, 3, 4};
+  std::unique_ptr<Session> s_;
+  std::vector<float> master0_;
+};
+
+TEST_F(SessionMisuse, AnUnknownChunkIsInvalidArgument) {
+  ASSERT_TRUE(s_->begin_step().ok());
+  EXPECT_EQ(s_->acquire(3).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s_->gradient_buffer(99).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s_->submit_gradient(3).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s_->release(7).code(), StatusCode::kInvalidArgument);
+  expect_a_step_still_runs();
+}
+
+TEST_F(SessionMisuse, CallsOutsideAStepAreFailedPrecondition) {
+  EXPECT_EQ(s_->acquire(0).status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s_->submit_gradient(0).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s_->end_step().status().code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(s_->begin_step().ok());
+  EXPECT_EQ(s_->begin_step().code(), StatusCode::kFailedPrecondition);
+  expect_a_step_still_runs();
+}
+
+TEST_F(SessionMisuse, AGradientSubmittedTwiceIsRefused) {
+  ASSERT_TRUE(s_->begin_step().ok());
+  ASSERT_TRUE(s_->gradient_buffer(2).has_value());
+  ASSERT_TRUE(s_->submit_gradient(2).ok());
+  const Status again = s_->submit_gradient(2);
+  EXPECT_EQ(again.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(again.message().find("submitted twice"), std::string::npos) << again.to_string();
+  // Its weights are being updated: acquiring them again is refused too.
+  EXPECT_EQ(s_->acquire(2).status().code(), StatusCode::kFailedPrecondition);
+  expect_a_step_still_runs();
+}
+
+TEST_F(SessionMisuse, ASubmitWithoutAGradientIsRefused) {
+  ASSERT_TRUE(s_->begin_step().ok());
+  EXPECT_EQ(s_->submit_gradient(1).code(), StatusCode::kFailedPrecondition);
+  expect_a_step_still_runs();
+}
+
+TEST_F(SessionMisuse, EndingAStepWithGradientsMissingNamesThemAndKeepsItOpen) {
+  ASSERT_TRUE(s_->begin_step().ok());
+  ASSERT_TRUE(s_->gradient_buffer(2).has_value());
+  ASSERT_TRUE(s_->submit_gradient(2).ok());
+  const Result<StepVerdict> v = s_->end_step();
+  ASSERT_EQ(v.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(v.status().message().find("\"layer0\", \"layer1\""), std::string::npos) << v.status().to_string();
+  EXPECT_TRUE(s_->in_step());
+  // The rest submitted, the step ends.
+  for (size_t c : {1u, 0u}) {
+    ASSERT_TRUE(s_->gradient_buffer(c).has_value());
+    ASSERT_TRUE(s_->submit_gradient(c).ok());
+  }
+  EXPECT_TRUE(s_->end_step().has_value());
+  EXPECT_EQ(s_->steps_done(), 1);
+}
+
+TEST_F(SessionMisuse, AcquiringTwiceOrReleasingWhatIsNotHeldIsRefused) {
+  ASSERT_TRUE(s_->begin_step().ok());
+  ASSERT_TRUE(s_->acquire(0).has_value());
+  EXPECT_EQ(s_->acquire(0).status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s_->release(1).code(), StatusCode::kFailedPrecondition);
+  // Holding more chunks than the slots: refused before anything moves.
+  ASSERT_TRUE(s_->acquire(1).has_value());
+  EXPECT_EQ(s_->acquire(2).status().code(), StatusCode::kResourceExhausted);
+  ASSERT_TRUE(s_->release(0).ok());
+  ASSERT_TRUE(s_->release(1).ok());
+  expect_a_step_still_runs();
+}
+
+TEST_F(SessionMisuse, AThirdGradientBufferBeforeASubmitIsRefused) {
+  ASSERT_TRUE(s_->begin_step().ok());
+  ASSERT_TRUE(s_->gradient_buffer(2).has_value());
+  ASSERT_TRUE(s_->gradient_buffer(1).has_value());
+  const Result<void*> third = s_->gradient_buffer(0);
+  EXPECT_EQ(third.status().code(), StatusCode::kResourceExhausted) << third.status().to_string();
+  expect_a_step_still_runs();
+}
+
+TEST_F(SessionMisuse, ChunksComeBeforeStartWithGoodNamesAndSizes) {
+  Result<std::unique_ptr<Session>> s = Session::create(base_options());
+  ASSERT_TRUE(s.has_value());
+  EXPECT_EQ((*s)->add_chunk("", 4, {}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ((*s)->add_chunk("a", 0, {}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ((*s)->add_chunk("a", -3, {}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ((*s)->start().code(), StatusCode::kFailedPrecondition);  // nothing registered
+  ASSERT_TRUE((*s)->add_chunk("a", 4, {}).has_value());
+  EXPECT_EQ((*s)->add_chunk("a", 4, {}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ((*s)->chunks(), 1u);
+  EXPECT_EQ(s_->add_chunk("late", 4, {}).status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s_->chunks(), 3u);
+}
+
+TEST_F(SessionMisuse, AfterAbortEveryCallIsCancelled) {
+  ASSERT_TRUE(s_->begin_step().ok());
+  s_->abort();
+  EXPECT_EQ(s_->acquire(0).status().code(), StatusCode::kCancelled);
+  EXPECT_EQ(s_->submit_gradient(0).code(), StatusCode::kCancelled);
+  EXPECT_EQ(s_->end_step().status().code(), StatusCode::kCancelled);
+  EXPECT_EQ(s_->begin_step().code(), StatusCode::kCancelled);
+  EXPECT_EQ(s_->async_error().code(), StatusCode::kCancelled);
+}
+
+TEST(Session, BadOptionsAreRefusedNamingTheOption) {
+  SessionOptions o = base_options();
+  o.states = Tier::kNvme;  // no nvme_paths
+  EXPECT_NE(Session::create(o).status().message().find("nvme_paths"), std::string::npos);
+  o = base_options();
+  o.weights = Tier::kNvme;  // states in RAM
+  EXPECT_EQ(Session::create(o).status().code(), StatusCode::kInvalidArgument);
+  o = base_options();
+  o.precision = DType::kF32;
+  EXPECT_NE(Session::create(o).status().message().find("precision"), std::string::npos);
+  o = base_options();
+  o.clip_norm = -1;
+  EXPECT_NE(Session::create(o).status().message().find("clip_norm"), std::string::npos);
+}
+
+TEST(Session, ADeviceBudgetTooSmallForTheSlotsNamesTheBudget) {
+  const Mlp m{64, 4, 4};
+  SessionOptions o = base_options();
+  o.device_bytes = 4096;  // not one chunk's weights
+  Result<std::unique_ptr<Session>> s = make_session(m, o);
+  ASSERT_TRUE(s.has_value());
+  const Status started = (*s)->start();
+  EXPECT_EQ(started.code(), StatusCode::kResourceExhausted) << started.to_string();
+  EXPECT_FALSE((*s)->started());
+}
+
+TEST(Session, AHostBudgetBelowTheNeedIsRefusedBeforeAllocating) {
+  const Mlp m{64, 4, 4};
+  SessionOptions o = base_options();
+  o.host_budget_bytes = 1024;
+  Result<std::unique_ptr<Session>> s = make_session(m, o);
+  ASSERT_TRUE(s.has_value());
+  const Status started = (*s)->start();
+  EXPECT_EQ(started.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(started.message().find("host budget"), std::string::npos) << started.to_string();
+  EXPECT_EQ((*s)->host_bytes(), 0u);
+}
+
+}  // namespace
+}  // namespace strata::engine
