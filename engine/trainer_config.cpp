@@ -6,6 +6,38 @@
 
 namespace strata::engine {
 
+namespace {
+
+// The config's Adam (or AdamW), loss scaling and O_DIRECT mode, as the
+// trainer and a session both take them.
+cpu_optim::AdamConfig adam_of(const EngineConfig& cfg) {
+  cpu_optim::AdamConfig a;
+  a.lr = cfg.optimizer.lr;
+  a.beta1 = cfg.optimizer.beta1;
+  a.beta2 = cfg.optimizer.beta2;
+  a.eps = cfg.optimizer.eps;
+  a.weight_decay = cfg.optimizer.weight_decay;
+  a.decoupled_weight_decay = cfg.optimizer.type == "adamw";
+  return a;
+}
+
+LossScaleOptions loss_scale_of(const EngineConfig& cfg) {
+  LossScaleOptions l;
+  l.initial_power = cfg.loss_scaling.initial_scale_power;
+  l.window = cfg.loss_scaling.window;
+  l.hysteresis = cfg.loss_scaling.hysteresis;
+  l.min_scale = cfg.loss_scaling.min_scale;
+  return l;
+}
+
+io::DirectMode direct_mode(const EngineConfig& cfg) {
+  return cfg.io.direct == "off"      ? io::DirectMode::kOff
+         : cfg.io.direct == "prefer" ? io::DirectMode::kPrefer
+                                     : io::DirectMode::kRequire;
+}
+
+}  // namespace
+
 Result<TrainerOptions> trainer_options(const EngineConfig& cfg) {
   if (cfg.optimizer.type != "adam" && cfg.optimizer.type != "adamw") {
     return invalid_argument("config key optimizer.type: the trainer runs adam or adamw, the config asks for " +
@@ -22,20 +54,12 @@ Result<TrainerOptions> trainer_options(const EngineConfig& cfg) {
   o.grad_accum = cfg.setup.grad_accum;
   o.vertical_accumulation = cfg.vertical_accumulation;
   o.seed = cfg.seed;
-  o.adam.lr = cfg.optimizer.lr;
-  o.adam.beta1 = cfg.optimizer.beta1;
-  o.adam.beta2 = cfg.optimizer.beta2;
-  o.adam.eps = cfg.optimizer.eps;
-  o.adam.weight_decay = cfg.optimizer.weight_decay;
-  o.adam.decoupled_weight_decay = cfg.optimizer.type == "adamw";
+  o.adam = adam_of(cfg);
   o.lr_schedule = cfg.lr_schedule;
   o.clip_norm = static_cast<float>(cfg.gradient_clipping);
   o.delayed_update = cfg.delayed_update;
   o.precision = cfg.setup.compute;
-  o.loss_scale.initial_power = cfg.loss_scaling.initial_scale_power;
-  o.loss_scale.window = cfg.loss_scaling.window;
-  o.loss_scale.hysteresis = cfg.loss_scaling.hysteresis;
-  o.loss_scale.min_scale = cfg.loss_scaling.min_scale;
+  o.loss_scale = loss_scale_of(cfg);
   if (cfg.constraints.states == Tier::kNvme) o.states = Tier::kNvme;
   if (cfg.constraints.gradients == Tier::kNvme) o.gradients = Tier::kNvme;
   o.nvme_paths = cfg.nvme_paths;  // for whatever the run puts on NVMe (states, weights, block inputs)
@@ -48,9 +72,47 @@ Result<TrainerOptions> trainer_options(const EngineConfig& cfg) {
   STRATA_ASSIGN_OR_RETURN(o.io_backend, io::parse_backend(cfg.io.backend));
   o.io_queue_depth = cfg.io.queue_depth;
   o.io_stripe_unit_bytes = cfg.io.block_bytes;
-  o.io_direct = cfg.io.direct == "off"      ? io::DirectMode::kOff
-                : cfg.io.direct == "prefer" ? io::DirectMode::kPrefer
-                                            : io::DirectMode::kRequire;
+  o.io_direct = direct_mode(cfg);
+  return o;
+}
+
+Result<SessionOptions> session_options(const EngineConfig& cfg) {
+  if (cfg.optimizer.type != "adam" && cfg.optimizer.type != "adamw") {
+    return invalid_argument("config key optimizer.type: a session runs adam or adamw, the config asks for " +
+                            cfg.optimizer.type);
+  }
+  if (cfg.setup.compute == DType::kF32) {
+    return invalid_argument("config key precision: a session's working weights are bf16 or fp16, not fp32");
+  }
+  if (cfg.constraints.checkpoints && *cfg.constraints.checkpoints != Tier::kDevice) {
+    return invalid_argument("config key placement.checkpoints: a session keeps no activation checkpoints of its own");
+  }
+  STRATA_RETURN_IF_ERROR(check_state_piece_elems(cfg.setup.state_piece_elems).with_context("config sub_group_size"));
+  SessionOptions o;
+  o.adam = adam_of(cfg);
+  o.clip_norm = static_cast<float>(cfg.gradient_clipping);
+  o.precision = cfg.setup.compute;
+  o.loss_scale = loss_scale_of(cfg);
+  o.adam_states = cfg.adam_states;
+  o.weights = cfg.constraints.weights == Tier::kNvme ? Tier::kNvme : Tier::kHost;
+  o.states = cfg.constraints.states == Tier::kNvme || o.weights == Tier::kNvme ? Tier::kNvme : Tier::kHost;
+  if (o.states == Tier::kNvme && cfg.constraints.states && *cfg.constraints.states != Tier::kNvme) {
+    return invalid_argument("config: the weights on NVMe need the optimizer states there too, the config puts them on " +
+                            std::string(tier_name(*cfg.constraints.states)));
+  }
+  if (o.states == Tier::kNvme && cfg.nvme_paths.empty()) {
+    return invalid_argument("config key nvme_paths: the optimizer states on NVMe need a directory");
+  }
+  o.nvme_paths = cfg.nvme_paths;
+  o.device_bytes = cfg.budgets.device_bytes;
+  o.host_budget_bytes = cfg.budgets.host_bytes;
+  o.nvme_budget_bytes = cfg.nvme_budget_given ? cfg.budgets.nvme_bytes : 0;
+  o.state_piece_elems = cfg.setup.state_piece_elems;
+  o.pin_memory = cfg.pin_memory;
+  STRATA_ASSIGN_OR_RETURN(o.io_backend, io::parse_backend(cfg.io.backend));
+  o.io_queue_depth = cfg.io.queue_depth;
+  o.io_stripe_unit_bytes = cfg.io.block_bytes;
+  o.io_direct = direct_mode(cfg);
   return o;
 }
 
