@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "bindings/c_status.h"
 #include "bindings/include/strata/strata.h"
 #include "common/status.h"
 #include "engine/config.h"
@@ -19,11 +20,22 @@
 #include "engine/trainer.h"
 #include "engine/trainer_config.h"
 
+namespace strata::bindings {
+
+std::string& last_error() {
+  thread_local std::string message;
+  return message;
+}
+
+}  // namespace strata::bindings
+
 namespace {
 
 using strata::Result;
 using strata::Status;
 using strata::StatusCode;
+using strata::bindings::guarded;
+using strata::bindings::report;
 namespace engine = strata::engine;
 
 static_assert(STRATA_BUILD_VERSION_MAJOR == STRATA_VERSION_MAJOR && STRATA_BUILD_VERSION_MINOR == STRATA_VERSION_MINOR &&
@@ -39,25 +51,6 @@ static_assert(static_cast<int>(StatusCode::kDataLoss) == STRATA_DATA_LOSS);
 static_assert(static_cast<int>(StatusCode::kCancelled) == STRATA_CANCELLED);
 static_assert(static_cast<int>(StatusCode::kUnimplemented) == STRATA_UNIMPLEMENTED);
 static_assert(static_cast<int>(StatusCode::kInternal) == STRATA_INTERNAL);
-
-thread_local std::string g_last_error;
-
-strata_status report(const Status& s) {
-  g_last_error = s.ok() ? std::string() : s.to_string();
-  return static_cast<strata_status>(static_cast<int>(s.code()));
-}
-
-// Runs `body` (returning a Status), turning exceptions into errors.
-template <class Body>
-strata_status guarded(Body&& body) {
-  try {
-    return report(body());
-  } catch (const std::bad_alloc&) {
-    return report(strata::resource_exhausted("strata: out of memory"));
-  } catch (const std::exception& e) {
-    return report(strata::internal_error(std::string("strata: ") + e.what()));
-  }
-}
 
 // A config's text and a device name, as a trainer's options with the
 // planner's placement applied.
@@ -125,7 +118,7 @@ void strata_get_version(int* major, int* minor, int* patch) {
 }
 
 const char* strata_last_error(void) {
-  return g_last_error.c_str();
+  return strata::bindings::last_error().c_str();
 }
 
 const char* strata_status_name(strata_status status) {

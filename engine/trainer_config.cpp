@@ -87,6 +87,9 @@ Result<SessionOptions> session_options(const EngineConfig& cfg) {
   if (cfg.constraints.checkpoints && *cfg.constraints.checkpoints != Tier::kDevice) {
     return invalid_argument("config key placement.checkpoints: a session keeps no activation checkpoints of its own");
   }
+  if (cfg.constraints.gradients == Tier::kNvme) {
+    return invalid_argument("config key placement.gradients: a session keeps the gradients in RAM (host)");
+  }
   STRATA_RETURN_IF_ERROR(check_state_piece_elems(cfg.setup.state_piece_elems).with_context("config sub_group_size"));
   SessionOptions o;
   o.adam = adam_of(cfg);

@@ -3,7 +3,8 @@
  * configs and bad data are refused with the reason and change nothing; the
  * trainer learns the caller's data; the states on NVMe give the same losses
  * as in RAM; a checkpoint written at step 5 and loaded into a new trainer
- * continues bit for bit; the description and the plan alone are there.
+ * continues bit for bit; the description and the plan alone are there;
+ * the session calls refuse bad configs and misuse, changing nothing.
  * Prints one line per failed check and a summary; exits 1 on any failure.
  */
 #define _XOPEN_SOURCE 700
@@ -108,6 +109,64 @@ static int same_losses_placed(const char* root, const char* name, const char* pl
   }
   strata_trainer_destroy(t);
   return 1;
+}
+
+/* The session calls from C: bad configs and misuse are refused with the
+ * reason and change nothing; a two-chunk model steps once. */
+static void session_misuse(void) {
+  strata_session* s = (strata_session*)1;
+  CHECK(strata_session_create("{\"precision\": \"fp32\"}", NULL, &s) == STRATA_INVALID_ARGUMENT && s == NULL,
+        "fp32 working weights");
+  CHECK(strstr(strata_last_error(), "precision") != NULL, "names the key");
+  CHECK(strata_session_create("{\"placement\": {\"states\": \"nvme\"}}", NULL, &s) == STRATA_INVALID_ARGUMENT,
+        "states on NVMe without nvme_paths");
+  CHECK(strata_session_create("{}", "tpu", &s) == STRATA_INVALID_ARGUMENT, "an unknown device");
+  CHECK(strata_session_create("{nope", NULL, &s) == STRATA_INVALID_ARGUMENT, "malformed JSON");
+  CHECK(strata_session_create("{}", NULL, &s) == STRATA_OK && s != NULL, "create");
+  if (s == NULL) return;
+  const float init[3] = {0.5f, -0.25f, 1.0f};
+  int64_t a = -1, b = -1;
+  CHECK(strata_session_add_chunk(s, NULL, 3, init, &a) == STRATA_INVALID_ARGUMENT, "a NULL name");
+  CHECK(strata_session_add_chunk(s, "a", 0, init, &a) == STRATA_INVALID_ARGUMENT, "count 0");
+  CHECK(strata_session_add_chunk(s, "a", 3, init, &a) == STRATA_OK && a == 0, "chunk a");
+  CHECK(strata_session_add_chunk(s, "a", 3, init, &b) == STRATA_INVALID_ARGUMENT, "a repeated name");
+  CHECK(strata_session_add_chunk(s, "b", 5, NULL, &b) == STRATA_OK && b == 1, "chunk b");
+  CHECK(strata_session_begin_step(s, 0.0f) == STRATA_INVALID_ARGUMENT, "grad_scale 0");
+  const void* w = NULL;
+  void* g = NULL;
+  CHECK(strata_session_acquire(s, 0, NULL, &w) == STRATA_FAILED_PRECONDITION, "acquire outside a step");
+  CHECK(strata_session_begin_step(s, 1.0f) == STRATA_OK, "begin");
+  CHECK(strata_session_add_chunk(s, "c", 3, NULL, NULL) == STRATA_FAILED_PRECONDITION, "a chunk after start");
+  CHECK(strata_session_acquire(s, 2, NULL, &w) == STRATA_INVALID_ARGUMENT, "an unknown chunk");
+  CHECK(strata_session_acquire(s, -1, NULL, &w) == STRATA_INVALID_ARGUMENT, "a negative chunk");
+  CHECK(strata_session_acquire(s, 0, (void*)1, &w) == STRATA_UNIMPLEMENTED, "a stream");
+  CHECK(strata_session_acquire(s, 0, NULL, &w) == STRATA_OK && w != NULL, "acquire");
+  CHECK(w != NULL && ((const uint16_t*)w)[0] == 0x3F00, "a's first weight is bf16 0.5");
+  CHECK(strata_session_release(s, 0) == STRATA_OK, "release");
+  CHECK(strata_session_submit_gradient(s, 1, NULL) == STRATA_FAILED_PRECONDITION, "a submit with no gradient");
+  CHECK(strata_session_gradient_buffer(s, 1, &g) == STRATA_OK && g != NULL, "b's gradient buffer");
+  if (g != NULL) memset(g, 0, 10);
+  CHECK(strata_session_submit_gradient(s, 1, NULL) == STRATA_OK, "submit b");
+  CHECK(strata_session_submit_gradient(s, 1, NULL) == STRATA_FAILED_PRECONDITION, "b twice");
+  CHECK(strata_session_acquire(s, 1, NULL, &w) == STRATA_FAILED_PRECONDITION, "b after its submit");
+  strata_step_verdict v;
+  CHECK(strata_session_end_step(s, &v) == STRATA_FAILED_PRECONDITION, "a gradient missing");
+  CHECK(strstr(strata_last_error(), "\"a\"") != NULL, "names the chunk: %s", strata_last_error());
+  CHECK(strata_session_gradient_buffer(s, 0, &g) == STRATA_OK, "a's gradient buffer");
+  if (g != NULL) memset(g, 0, 6);
+  CHECK(strata_session_submit_gradient(s, 0, NULL) == STRATA_OK, "submit a");
+  CHECK(strata_session_end_step(s, &v) == STRATA_OK && v.step == 1 && v.skipped == 0, "end");
+  CHECK(strata_session_steps_done(s) == 1, "one step");
+  float master[3] = {0};
+  CHECK(strata_session_read_master(s, 0, master, 2) == STRATA_INVALID_ARGUMENT, "a short buffer");
+  CHECK(strata_session_read_master(s, 0, master, 3) == STRATA_OK && master[0] == 0.5f, "a's master: %g", master[0]);
+  const char* d = strata_session_describe(s);
+  CHECK(d != NULL && strstr(d, "\"steps_done\":1") != NULL, "describe: %s", d ? d : "(null)");
+  CHECK(strata_session_abort(s) == STRATA_OK, "abort");
+  CHECK(strata_session_begin_step(s, 1.0f) == STRATA_CANCELLED, "a step after abort");
+  CHECK(strata_session_async_error(s) == STRATA_CANCELLED, "async error after abort");
+  strata_session_destroy(s);
+  strata_session_destroy(NULL);
 }
 
 int main(void) {
@@ -257,6 +316,8 @@ int main(void) {
             STRATA_RESOURCE_EXHAUSTED,
         "a config that fits nowhere");
   CHECK(strstr(strata_last_error(), "fits") != NULL, "message");
+
+  session_misuse();
 
   nftw(root, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
   printf("c api test: %d checks, %d failed\n", g_checks, g_failed);

@@ -154,6 +154,144 @@ STRATA_API const char* strata_trainer_describe(strata_trainer* trainer);
 STRATA_API strata_status strata_plan(const char* config_json, const char* device, char* text, size_t capacity,
                                      size_t* length, int* fits);
 
+
+/*
+ * The session: a model of the caller's own, trained by strata.
+ *
+ * The model registers its parameters as chunks (a name, an element count,
+ * initial fp32 values) and runs its own forward and backward on the
+ * device; strata owns every byte of model state — working weights (bf16 or
+ * fp16), gradients, fp32 master weights and Adam states — keeps each where
+ * the config puts it (device slots, host RAM, NVMe) and updates each chunk
+ * on the CPU as soon as its gradient is submitted. A step:
+ *
+ *   strata_session_begin_step(s, 1.0f);
+ *   for each use of chunk c (forward, then backward in reverse):
+ *     strata_session_acquire(s, c, NULL, &w);   // w: c's weights on the device
+ *     ... compute with w ...
+ *     strata_session_release(s, c);
+ *   per chunk once, in backward:
+ *     strata_session_gradient_buffer(s, c, &g); // compute c's gradient into g
+ *     strata_session_submit_gradient(s, c, NULL);
+ *   strata_session_end_step(s, &verdict);       // the update is done
+ *
+ * The same calls, seed and data give the same bits on every placement. On
+ * the host backend ("host") the device's memory is ordinary memory the
+ * caller's C code reads and writes directly; its budget is the config's
+ * budgets.device. The config is the one strata_trainer_create takes; a
+ * session reads its optimizer (adam or adamw), gradient_clipping,
+ * precision (bf16 or fp16, with fp16's dynamic loss scaling), states type,
+ * budgets, nvme_paths, io and pin_memory keys, and puts the optimizer
+ * states on NVMe when offload_optimizer (placement.states) says nvme and
+ * the weights when offload_param (placement.weights) does.
+ *
+ * Misuse — an unknown chunk, a gradient submitted twice, a step ended with
+ * gradients missing, acquiring a chunk whose gradient was submitted, any
+ * call outside a step that needs one — returns an error and changes
+ * nothing: the step stays open where it was. A session is driven by one
+ * thread; strata_session_abort and strata_session_async_error may be
+ * called from any.
+ */
+typedef struct strata_session strata_session;
+
+/* What strata_session_end_step decided. */
+typedef struct strata_step_verdict {
+  int64_t step;        /* steps ended so far, this one included */
+  double grad_norm;    /* global norm of the scaled gradients, before clipping */
+  int clipped;         /* 1: every gradient was scaled by clip / grad_norm */
+  int skipped;         /* 1: an inf/nan gradient; nothing was updated */
+  int rolled_back;     /* 1: speculative updates were undone (and redone unless skipped) */
+  double lr;           /* the learning rate of this step's update */
+  double loss_scale;   /* fp16: the scale the next step's loss takes (1 for bf16) */
+} strata_step_verdict;
+
+/* Fills `count` floats at `dst` with chunk `chunk`'s initial values;
+ * returns 0, or non-zero to fail strata_session_start. */
+typedef int (*strata_chunk_init_fn)(void* user, int64_t chunk, float* dst, int64_t count);
+
+/* Creates a session from `config_json` on `device` ("host" or NULL: the
+ * host backend; "cuda": the first GPU). Blocks while the device opens.
+ * *out is NULL on an error. */
+STRATA_API strata_status strata_session_create(const char* config_json, const char* device, strata_session** out);
+/* Ends a session (NULL: nothing), abandoning an open step; waits for its
+ * background work. */
+STRATA_API void strata_session_destroy(strata_session* session);
+/* Registers a chunk of `count` parameters before strata_session_start;
+ * its index (0, 1, ... in registration order) goes to *chunk (optional).
+ * `initial`: `count` floats copied now, or NULL for zeros.
+ * INVALID_ARGUMENT for a NULL, empty or repeated name or count < 1;
+ * FAILED_PRECONDITION after start. */
+STRATA_API strata_status strata_session_add_chunk(strata_session* session, const char* name, int64_t count,
+                                                  const float* initial, int64_t* chunk);
+/* The same with the values made by `init(user, chunk, dst, count)`, called
+ * once during strata_session_start (no copy of a big model is kept). */
+STRATA_API strata_status strata_session_add_chunk_fn(strata_session* session, const char* name, int64_t count,
+                                                     strata_chunk_init_fn init, void* user, int64_t* chunk);
+/* Places every chunk (host buffers, NVMe files, device slots) and writes
+ * its initial state; blocks until done. RESOURCE_EXHAUSTED naming the
+ * budget when the placement does not fit. The first begin_step calls it
+ * when the caller did not. */
+STRATA_API strata_status strata_session_start(strata_session* session);
+/* The learning rate of the next steps' updates (finite, >= 0). */
+STRATA_API strata_status strata_session_set_lr(strata_session* session, double lr);
+/* fp16: multiply the loss by this before backward; 1 for bf16. */
+STRATA_API double strata_session_loss_scale(const strata_session* session);
+/* Element size of the working weights and gradients: 2 (bf16 or fp16), and
+ * their type into *is_fp16 (optional): 1 for fp16, 0 for bf16. */
+STRATA_API strata_status strata_session_precision(const strata_session* session, int* is_fp16);
+/* Opens a step; every submitted gradient is multiplied by `grad_scale`
+ * (finite, > 0; e.g. 1 / micro-batches) besides the fp16 loss scale. */
+STRATA_API strata_status strata_session_begin_step(strata_session* session, float grad_scale);
+/* Chunk `chunk`'s working weights on the device into *weights, valid until
+ * strata_session_release. Blocks until they are there (prefetched in the
+ * order the first step recorded). `stream`: NULL (a CUDA stream is not
+ * taken yet: UNIMPLEMENTED). RESOURCE_EXHAUSTED when every weight slot is
+ * held. */
+STRATA_API strata_status strata_session_acquire(strata_session* session, int64_t chunk, void* stream,
+                                                const void** weights);
+STRATA_API strata_status strata_session_release(strata_session* session, int64_t chunk);
+/* Where to compute chunk `chunk`'s gradient on the device (count elements
+ * of the working type; contents undefined). Two buffers are handed out in
+ * turn: submit one before asking for the one after the next
+ * (RESOURCE_EXHAUSTED). Asked again before the submit: the same buffer. */
+STRATA_API strata_status strata_session_gradient_buffer(strata_session* session, int64_t chunk, void** gradient);
+/* The chunk's gradient is final (the caller's compute into it has
+ * finished): it is copied to the host and handed to the optimizer.
+ * `stream`: NULL (UNIMPLEMENTED otherwise). Does not wait for the update. */
+STRATA_API strata_status strata_session_submit_gradient(strata_session* session, int64_t chunk, void* stream);
+/* Ends the step once every chunk's gradient was submitted: waits for the
+ * optimizer and writes the verdict to *verdict (optional). On an I/O
+ * failure of the update the step is over and nothing of it applied. */
+STRATA_API strata_status strata_session_end_step(strata_session* session, strata_step_verdict* verdict);
+/* Abandons the open step (the model's compute failed); nothing of it is
+ * applied. STRATA_OK when no step is open. */
+STRATA_API strata_status strata_session_cancel_step(strata_session* session);
+/* `bytes` of device memory from the same budget (the model's activations)
+ * into *memory; give it back with strata_session_device_free. */
+STRATA_API strata_status strata_session_device_alloc(strata_session* session, size_t bytes, void** memory);
+STRATA_API strata_status strata_session_device_free(strata_session* session, void* memory);
+/* Chunk `chunk`'s fp32 master weights into `dst` (`count` floats, the
+ * chunk's size); outside a step. */
+STRATA_API strata_status strata_session_read_master(strata_session* session, int64_t chunk, float* dst,
+                                                    int64_t count);
+/* Steps ended so far. */
+STRATA_API int64_t strata_session_steps_done(const strata_session* session);
+/* A JSON object: "chunks" (name, count), "placement" (where weights and
+ * states live), "budgets", "steps_done", "counters" (h2d_bytes, d2h_bytes,
+ * nvme_read_bytes, nvme_written_bytes, device_peak_bytes, host_bytes),
+ * "warnings" (the config's unknown keys). Valid until the next call with
+ * this session; NULL only when `session` is. */
+STRATA_API const char* strata_session_describe(strata_session* session);
+/* Lands the session's work in flight and returns its first failure;
+ * FAILED_PRECONDITION during a step. */
+STRATA_API strata_status strata_session_finalize(strata_session* session);
+/* From any thread: every later call but destroy, describe, steps_done and
+ * async_error returns STRATA_CANCELLED and does nothing. Does not block. */
+STRATA_API strata_status strata_session_abort(strata_session* session);
+/* Without waiting: a failure of background work not yet reported
+ * (STRATA_CANCELLED after abort). Any thread. */
+STRATA_API strata_status strata_session_async_error(strata_session* session);
+
 #ifdef __cplusplus
 }
 #endif

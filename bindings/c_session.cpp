@@ -1,0 +1,314 @@
+// The C API's session calls (strata.h, "The session") over engine::Session:
+// a config's text to session options (engine/trainer_config.h), chunks
+// registered from C arrays or callbacks, the step's calls one for one, and
+// the model's device memory from the session's budget. Every entry point
+// turns a Status or an exception into a strata_status and this thread's
+// last error; nothing throws across the C boundary.
+#include <cstring>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "bindings/c_status.h"
+#include "bindings/include/strata/strata.h"
+#include "engine/config.h"
+#include "engine/session.h"
+#include "engine/trainer_config.h"
+
+struct strata_session {
+  std::unique_ptr<strata::engine::Session> session;
+  std::vector<std::string> warnings;  // the config's unknown keys
+  std::map<void*, strata::gpu::DeviceMemory> device_memory;  // strata_session_device_alloc's, by address
+  std::string description;  // strata_session_describe's last answer
+};
+
+namespace {
+
+using strata::Result;
+using strata::Status;
+using strata::bindings::guarded;
+using strata::bindings::report;
+namespace engine = strata::engine;
+
+Status usable(const strata_session* s, const char* call) {
+  if (s == nullptr) return strata::invalid_argument(std::string(call) + ": session is NULL");
+  return strata::ok_status();
+}
+
+// A chunk index from C, checked against the session.
+Result<size_t> chunk_of(const strata_session* s, const char* call, int64_t chunk) {
+  if (chunk < 0 || static_cast<uint64_t>(chunk) >= s->session->chunks()) {
+    return strata::invalid_argument(std::string(call) + ": no chunk " + std::to_string(chunk) + " (" +
+                                    std::to_string(s->session->chunks()) + " registered)");
+  }
+  return static_cast<size_t>(chunk);
+}
+
+// The stream arguments: a CUDA stream is not taken yet.
+Status no_stream(const char* call, const void* stream) {
+  if (stream == nullptr) return strata::ok_status();
+  return strata::unimplemented(std::string(call) +
+                               ": a stream is not taken yet; pass NULL (acquire returns once the weights are on the "
+                               "device; synchronise your stream before submitting a gradient)");
+}
+
+Result<strata::gpu::Backend> backend_of(const char* device) {
+  const std::string dev = device == nullptr ? "host" : device;
+  if (dev == "host") return strata::gpu::Backend::kHost;
+  if (dev == "cuda") return strata::gpu::Backend::kCuda;
+  return strata::invalid_argument("strata_session_create: device \"" + dev + "\" is not one of host, cuda");
+}
+
+Status add_chunk(strata_session* s, const char* call, const char* name, int64_t count, engine::ChunkInit init,
+                 int64_t* chunk) {
+  STRATA_RETURN_IF_ERROR(usable(s, call));
+  if (name == nullptr) return strata::invalid_argument(std::string(call) + ": name is NULL");
+  STRATA_ASSIGN_OR_RETURN(size_t c, s->session->add_chunk(name, count, std::move(init)));
+  if (chunk != nullptr) *chunk = static_cast<int64_t>(c);
+  return strata::ok_status();
+}
+
+}  // namespace
+
+extern "C" {
+
+strata_status strata_session_create(const char* config_json, const char* device, strata_session** out) {
+  return guarded([&]() -> Status {
+    if (out == nullptr) return strata::invalid_argument("strata_session_create: out is NULL");
+    *out = nullptr;
+    if (config_json == nullptr) return strata::invalid_argument("strata_session_create: config_json is NULL");
+    const nlohmann::json j =
+        nlohmann::json::parse(config_json, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
+    if (j.is_discarded()) return strata::invalid_argument("strata_session_create: the config is not valid JSON");
+    auto s = std::make_unique<strata_session>();
+    STRATA_ASSIGN_OR_RETURN(engine::EngineConfig cfg, engine::parse_config(j, &s->warnings));
+    STRATA_ASSIGN_OR_RETURN(engine::SessionOptions o, engine::session_options(cfg));
+    STRATA_ASSIGN_OR_RETURN(o.backend, backend_of(device));
+    STRATA_ASSIGN_OR_RETURN(s->session, engine::Session::create(std::move(o)));
+    *out = s.release();
+    return strata::ok_status();
+  });
+}
+
+void strata_session_destroy(strata_session* session) {
+  if (session == nullptr) return;
+  session->device_memory.clear();  // back to the device before it goes
+  delete session;
+}
+
+strata_status strata_session_add_chunk(strata_session* session, const char* name, int64_t count,
+                                       const float* initial, int64_t* chunk) {
+  return guarded([&]() -> Status {
+    engine::ChunkInit init;
+    if (initial != nullptr && count > 0) {
+      // Copied now: the caller's array may go once this returns.
+      auto values = std::make_shared<std::vector<float>>(initial, initial + count);
+      init = [values](std::span<float> dst) {
+        std::memcpy(dst.data(), values->data(), dst.size() * sizeof(float));
+        return strata::ok_status();
+      };
+    }
+    return add_chunk(session, "strata_session_add_chunk", name, count, std::move(init), chunk);
+  });
+}
+
+strata_status strata_session_add_chunk_fn(strata_session* session, const char* name, int64_t count,
+                                          strata_chunk_init_fn init, void* user, int64_t* chunk) {
+  return guarded([&]() -> Status {
+    if (init == nullptr) return strata::invalid_argument("strata_session_add_chunk_fn: init is NULL");
+    const auto index = static_cast<int64_t>(session == nullptr ? 0 : session->session->chunks());
+    engine::ChunkInit fn = [init, user, index](std::span<float> dst) -> Status {
+      const int rc = init(user, index, dst.data(), static_cast<int64_t>(dst.size()));
+      if (rc != 0) return strata::invalid_argument("the init callback returned " + std::to_string(rc));
+      return strata::ok_status();
+    };
+    return add_chunk(session, "strata_session_add_chunk_fn", name, count, std::move(fn), chunk);
+  });
+}
+
+strata_status strata_session_start(strata_session* session) {
+  return guarded([&]() -> Status {
+    STRATA_RETURN_IF_ERROR(usable(session, "strata_session_start"));
+    return session->session->start();
+  });
+}
+
+strata_status strata_session_set_lr(strata_session* session, double lr) {
+  return guarded([&]() -> Status {
+    STRATA_RETURN_IF_ERROR(usable(session, "strata_session_set_lr"));
+    return session->session->set_lr(lr);
+  });
+}
+
+double strata_session_loss_scale(const strata_session* session) {
+  return session == nullptr ? 1.0 : session->session->loss_scale();
+}
+
+strata_status strata_session_precision(const strata_session* session, int* is_fp16) {
+  return guarded([&]() -> Status {
+    STRATA_RETURN_IF_ERROR(usable(session, "strata_session_precision"));
+    if (is_fp16 != nullptr) *is_fp16 = session->session->precision() == strata::DType::kF16 ? 1 : 0;
+    return strata::ok_status();
+  });
+}
+
+strata_status strata_session_begin_step(strata_session* session, float grad_scale) {
+  return guarded([&]() -> Status {
+    STRATA_RETURN_IF_ERROR(usable(session, "strata_session_begin_step"));
+    return session->session->begin_step(grad_scale);
+  });
+}
+
+strata_status strata_session_acquire(strata_session* session, int64_t chunk, void* stream, const void** weights) {
+  return guarded([&]() -> Status {
+    STRATA_RETURN_IF_ERROR(usable(session, "strata_session_acquire"));
+    if (weights == nullptr) return strata::invalid_argument("strata_session_acquire: weights is NULL");
+    STRATA_RETURN_IF_ERROR(no_stream("strata_session_acquire", stream));
+    STRATA_ASSIGN_OR_RETURN(size_t c, chunk_of(session, "strata_session_acquire", chunk));
+    STRATA_ASSIGN_OR_RETURN(*weights, session->session->acquire(c));
+    return strata::ok_status();
+  });
+}
+
+strata_status strata_session_release(strata_session* session, int64_t chunk) {
+  return guarded([&]() -> Status {
+    STRATA_RETURN_IF_ERROR(usable(session, "strata_session_release"));
+    STRATA_ASSIGN_OR_RETURN(size_t c, chunk_of(session, "strata_session_release", chunk));
+    return session->session->release(c);
+  });
+}
+
+strata_status strata_session_gradient_buffer(strata_session* session, int64_t chunk, void** gradient) {
+  return guarded([&]() -> Status {
+    STRATA_RETURN_IF_ERROR(usable(session, "strata_session_gradient_buffer"));
+    if (gradient == nullptr) return strata::invalid_argument("strata_session_gradient_buffer: gradient is NULL");
+    STRATA_ASSIGN_OR_RETURN(size_t c, chunk_of(session, "strata_session_gradient_buffer", chunk));
+    STRATA_ASSIGN_OR_RETURN(*gradient, session->session->gradient_buffer(c));
+    return strata::ok_status();
+  });
+}
+
+strata_status strata_session_submit_gradient(strata_session* session, int64_t chunk, void* stream) {
+  return guarded([&]() -> Status {
+    STRATA_RETURN_IF_ERROR(usable(session, "strata_session_submit_gradient"));
+    STRATA_RETURN_IF_ERROR(no_stream("strata_session_submit_gradient", stream));
+    STRATA_ASSIGN_OR_RETURN(size_t c, chunk_of(session, "strata_session_submit_gradient", chunk));
+    return session->session->submit_gradient(c);
+  });
+}
+
+strata_status strata_session_end_step(strata_session* session, strata_step_verdict* verdict) {
+  return guarded([&]() -> Status {
+    STRATA_RETURN_IF_ERROR(usable(session, "strata_session_end_step"));
+    STRATA_ASSIGN_OR_RETURN(engine::StepVerdict v, session->session->end_step());
+    if (verdict != nullptr) {
+      *verdict = {v.step, v.grad_norm, v.clipped ? 1 : 0, v.skipped ? 1 : 0, v.rolled_back ? 1 : 0, v.lr,
+                  v.loss_scale};
+    }
+    return strata::ok_status();
+  });
+}
+
+strata_status strata_session_cancel_step(strata_session* session) {
+  return guarded([&]() -> Status {
+    STRATA_RETURN_IF_ERROR(usable(session, "strata_session_cancel_step"));
+    return session->session->cancel_step();
+  });
+}
+
+strata_status strata_session_device_alloc(strata_session* session, size_t bytes, void** memory) {
+  return guarded([&]() -> Status {
+    STRATA_RETURN_IF_ERROR(usable(session, "strata_session_device_alloc"));
+    if (memory == nullptr) return strata::invalid_argument("strata_session_device_alloc: memory is NULL");
+    *memory = nullptr;
+    STRATA_ASSIGN_OR_RETURN(strata::gpu::DeviceMemory m,
+                            session->session->allocate_device(bytes, "strata_session_device_alloc"));
+    void* p = m.data();
+    session->device_memory.emplace(p, std::move(m));
+    *memory = p;
+    return strata::ok_status();
+  });
+}
+
+strata_status strata_session_device_free(strata_session* session, void* memory) {
+  return guarded([&]() -> Status {
+    STRATA_RETURN_IF_ERROR(usable(session, "strata_session_device_free"));
+    if (memory == nullptr) return strata::ok_status();
+    if (session->device_memory.erase(memory) == 0) {
+      return strata::invalid_argument("strata_session_device_free: not memory of strata_session_device_alloc");
+    }
+    return strata::ok_status();
+  });
+}
+
+strata_status strata_session_read_master(strata_session* session, int64_t chunk, float* dst, int64_t count) {
+  return guarded([&]() -> Status {
+    STRATA_RETURN_IF_ERROR(usable(session, "strata_session_read_master"));
+    if (dst == nullptr || count < 0) return strata::invalid_argument("strata_session_read_master: dst is NULL");
+    STRATA_ASSIGN_OR_RETURN(size_t c, chunk_of(session, "strata_session_read_master", chunk));
+    return session->session->read_master(c, std::span<float>(dst, static_cast<size_t>(count)));
+  });
+}
+
+int64_t strata_session_steps_done(const strata_session* session) {
+  return session == nullptr ? 0 : session->session->steps_done();
+}
+
+const char* strata_session_describe(strata_session* session) {
+  if (session == nullptr) return nullptr;
+  try {
+    const engine::Session& s = *session->session;
+    const engine::SessionOptions& o = s.options();
+    nlohmann::json chunks = nlohmann::json::array();
+    for (size_t c = 0; c < s.chunks(); ++c) chunks.push_back({{"name", s.chunk_name(c)}, {"count", s.chunk_elems(c)}});
+    const engine::SessionCounters k = s.counters();
+    session->description =
+        nlohmann::json{{"chunks", chunks},
+                       {"placement",
+                        {{"weights", engine::tier_name(o.weights)},
+                         {"states", engine::tier_name(o.states)},
+                         {"prefetch_depth", o.prefetch_depth}}},
+                       {"budgets",
+                        {{"device", o.device_bytes}, {"host", o.host_budget_bytes}, {"nvme", o.nvme_budget_bytes}}},
+                       {"steps_done", s.steps_done()},
+                       {"counters",
+                        {{"h2d_bytes", k.h2d_bytes},
+                         {"d2h_bytes", k.d2h_bytes},
+                         {"nvme_read_bytes", k.nvme_read_bytes},
+                         {"nvme_written_bytes", k.nvme_written_bytes},
+                         {"device_peak_bytes", k.device_peak_bytes},
+                         {"host_bytes", s.host_bytes()}}},
+                       {"warnings", session->warnings}}
+            .dump();
+  } catch (const std::exception& e) {
+    report(strata::internal_error(std::string("strata_session_describe: ") + e.what()));
+    session->description = "{}";
+  }
+  return session->description.c_str();
+}
+
+strata_status strata_session_finalize(strata_session* session) {
+  return guarded([&]() -> Status {
+    STRATA_RETURN_IF_ERROR(usable(session, "strata_session_finalize"));
+    return session->session->finalize();
+  });
+}
+
+strata_status strata_session_abort(strata_session* session) {
+  return guarded([&]() -> Status {
+    STRATA_RETURN_IF_ERROR(usable(session, "strata_session_abort"));
+    session->session->abort();
+    return strata::ok_status();
+  });
+}
+
+strata_status strata_session_async_error(strata_session* session) {
+  return guarded([&]() -> Status {
+    STRATA_RETURN_IF_ERROR(usable(session, "strata_session_async_error"));
+    return session->session->async_error();
+  });
+}
+
+}  // extern "C"
