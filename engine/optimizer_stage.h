@@ -225,6 +225,13 @@ class OptimizerStage {
   // `dst` (n elements of `dtype`, bf16 or fp16): what a step that failed or
   // was skipped after updating them in place puts back.
   Status weights_from_master(size_t chunk, void* dst, DType dtype);
+  // Working weights in RAM that a failed or skipped step updated in place:
+  // with `mark_written`, the chunks the last step wrote (chunks_written)
+  // are marked in `stale` first; then each marked chunk's weights[c] is
+  // remade from its master weights and its mark cleared. The first failure
+  // ends it, the chunks not yet put back still marked.
+  Status restore_stale_weights(std::vector<bool>* stale, const std::vector<void*>& weights, DType dtype,
+                               bool mark_written);
   // Chunk c's whole state blob (state_bytes(n, state_type()) bytes, laid
   // out as StateLayout says) out of / into the stage, for checkpoints and
   // resume. Through the staging arena on NVMe.

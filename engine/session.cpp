@@ -438,22 +438,13 @@ Status Session::cancel_step() {
   return restore_written_weights();
 }
 
-Status Session::restore_written_weights() {
-  if (weights_.empty()) return ok_status();  // on NVMe: the old generation was never switched from
-  const std::vector<bool>& written = stage_->chunks_written();
-  for (size_t c = 0; c < written.size() && c < stale_.size(); ++c) stale_[c] = stale_[c] || written[c];
-  return restore_stale();
-}
+Status Session::restore_written_weights() { return restore_stale(/*mark_written=*/true); }
 
-Status Session::restore_stale() {
-  for (size_t c = 0; c < stale_.size(); ++c) {
-    if (!stale_[c]) continue;
-    STRATA_RETURN_IF_ERROR(stage_->weights_from_master(c, weights_[c].data(), options_.precision)
-                               .with_context("session: putting back the weights of chunk \"" + specs_[c].name +
-                                             "\" after a failed or skipped step"));
-    stale_[c] = false;
-  }
-  return ok_status();
+Status Session::restore_stale(bool mark_written) {
+  if (weights_.empty()) return ok_status();  // on NVMe: the old generation was never switched from
+  std::vector<void*> weights;
+  for (AlignedVector<uint16_t>& w : weights_) weights.push_back(w.data());
+  return stage_->restore_stale_weights(&stale_, weights, options_.precision, mark_written).with_context("session");
 }
 
 Result<gpu::DeviceMemory> Session::allocate_device(uint64_t bytes, std::string_view what) {

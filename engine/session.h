@@ -199,7 +199,7 @@ class Session {
   // weights (a failed, cancelled or skipped step); what cannot be now
   // stays stale and restore_stale() puts it back before the next step.
   Status restore_written_weights();
-  Status restore_stale();
+  Status restore_stale(bool mark_written = false);
   void close_step();
 
   SessionOptions options_;

@@ -577,21 +577,12 @@ Status Trainer::absorb(Result<OverlapOutcome> outcome) {
   return ok_status();
 }
 
-Status Trainer::restore_written_weights() {
-  const std::vector<bool>& written = stage_->chunks_written();
-  for (size_t c = 0; c < written.size() && c < stale_.size(); ++c) stale_[c] = stale_[c] || written[c];
-  return restore_weights();
-}
+Status Trainer::restore_written_weights() { return restore_weights(/*mark_written=*/true); }
 
-Status Trainer::restore_weights() {
-  for (size_t c = 0; c < stale_.size(); ++c) {
-    if (!stale_[c]) continue;
-    STRATA_RETURN_IF_ERROR(stage_->weights_from_master(c, weights_[c].data(), options_.precision)
-                               .with_context("putting back the weights of chunk " + std::to_string(c) +
-                                             " after a failed or skipped step"));
-    stale_[c] = false;
-  }
-  return ok_status();
+Status Trainer::restore_weights(bool mark_written) {
+  std::vector<void*> weights;
+  for (AlignedVector<uint16_t>& w : weights_) weights.push_back(w.data());
+  return stage_->restore_stale_weights(&stale_, weights, options_.precision, mark_written);
 }
 
 Status Trainer::finalize() {

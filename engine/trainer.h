@@ -304,7 +304,7 @@ class Trainer {
   // them back from the master weights it left as they were (a failed or
   // skipped step); restore_weights() alone retries what is still stale.
   Status restore_written_weights();
-  Status restore_weights();
+  Status restore_weights(bool mark_written = false);
   // create()'s parts, in its order (options_ set).
   Status open_nvme(int64_t max_piece);
   Status build_model();
