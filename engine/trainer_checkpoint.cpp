@@ -9,6 +9,7 @@
 
 #include "common/log.h"
 #include "engine/checkpoint_io.h"
+#include "engine/checkpoint_parts.h"
 #include "engine/trainer.h"
 
 namespace strata::engine {
@@ -24,23 +25,6 @@ const std::set<std::string>& legacy_record_keys() {
   static const std::set<std::string> keys = {"step",  "updates",   "seed",        "data_position", "grad_accum",
                                              "model", "precision", "adam_states", "loss_scale"};
   return keys;
-}
-
-// The tensors of a chunk's optimizer state in a checkpoint, in the order of
-// OptimizerStage::StateSlice's parts, as stored: master, m, v (and the
-// 8-bit states' scales).
-std::vector<TensorInfo> state_tensors(size_t chunk, int64_t n, cpu_optim::StateType states) {
-  const StateLayout l = StateLayout::of(n, states);
-  const TensorType mv = states == cpu_optim::StateType::kF32    ? TensorType::kF32
-                        : states == cpu_optim::StateType::kBF16 ? TensorType::kBF16
-                                                                : TensorType::kU8;
-  const std::string c = "chunk-" + std::to_string(chunk) + ".";
-  std::vector<TensorInfo> parts = {{c + "master", TensorType::kF32, {n}}, {c + "m", mv, {n}}, {c + "v", mv, {n}}};
-  if (l.scales > 0) {
-    parts.push_back({c + "m_scale", TensorType::kF32, {l.scales}});
-    parts.push_back({c + "v_scale", TensorType::kF32, {l.scales}});
-  }
-  return parts;
 }
 
 // The parts of a chunk's tensors (`slots`) within elements [offset, offset
@@ -117,7 +101,7 @@ Status Trainer::write_checkpoint(CheckpointDir& dir) {
   std::vector<size_t> first_tensor;
   for (size_t c = 0; c < layout_.size(); ++c) {
     first_tensor.push_back(states.size());
-    for (TensorInfo& t : state_tensors(c, layout_[c].numel, options_.adam_states)) states.push_back(std::move(t));
+    for (TensorInfo& t : state_tensors(chunk_prefix(c), layout_[c].numel, options_.adam_states)) states.push_back(std::move(t));
   }
   STRATA_ASSIGN_OR_RETURN(SafetensorsWriter opt, SafetensorsWriter::create(tmp + "/" + kOptimizerFile, states));
   for (size_t c = 0; c < layout_.size(); ++c) {
@@ -135,11 +119,8 @@ Status Trainer::write_checkpoint(CheckpointDir& dir) {
 // headers hold every tensor's checksum), sealed by its own checksum.
 Status Trainer::write_record(const std::string& tmp, const SafetensorsWriter& model,
                              const SafetensorsWriter& opt) const {
-  auto file_entry = [](const SafetensorsWriter& w) {
-    return nlohmann::json{{"bytes", w.file_bytes()}, {"header_xxh3", hex64(w.header_digest())}};
-  };
   nlohmann::json meta = {{"format", kCheckpointFormat},
-                         {"files", {{kModelFile, file_entry(model)}, {kOptimizerFile, file_entry(opt)}}},
+                         {"files", {{kModelFile, record_file_entry(model)}, {kOptimizerFile, record_file_entry(opt)}}},
                          {"step", t_},
                          {"updates", updates_},
                          {"seed", options_.seed},
@@ -260,7 +241,7 @@ Status Trainer::load(const std::string& root) {
     report("loading", static_cast<int64_t>(c + 1), 2 * static_cast<int64_t>(layout_.size()));
   }
   for (size_t c = 0; c < layout_.size(); ++c) {
-    const std::vector<TensorInfo> parts = state_tensors(c, layout_[c].numel, options_.adam_states);
+    const std::vector<TensorInfo> parts = state_tensors(chunk_prefix(c), layout_[c].numel, options_.adam_states);
     STRATA_RETURN_IF_ERROR(stage_->replace_state(c, [&](int part, uint64_t offset, std::span<std::byte> bytes) {
       return opt.read(parts[static_cast<size_t>(part)].name, bytes, offset);
     }));
@@ -282,34 +263,24 @@ Status Trainer::verify_checkpoint(const std::string& path, const CheckpointMeta&
     if (legacy) break;  // an unsealed record names no files
     const std::string name = r == &model ? kModelFile : kOptimizerFile;
     const auto it = meta.files.find(name);
-    if (it == meta.files.end()) return data_loss(path + "/" + kRecordFile + " names no " + name);
-    if (r->file_bytes() != it->second.first || hex64(r->header_digest()) != it->second.second ||
-        !r->has_checksums()) {
-      return data_loss("checkpoint " + path + ": " + name + " is not the file " + kRecordFile +
-                       " describes (its size or header differs): damaged or replaced; nothing was loaded");
-    }
+    const nlohmann::json entry = it == meta.files.end() ? nlohmann::json()
+                                                        : nlohmann::json{{"bytes", it->second.first},
+                                                                         {"header_xxh3", it->second.second}};
+    STRATA_RETURN_IF_ERROR(check_record_file(path, kRecordFile, name, it == meta.files.end() ? nullptr : &entry, *r));
   }
   if (legacy) {
     log_warning("checkpoint " + path + " was written by a strata without checksums: its contents cannot be "
                 "verified (only their types, shapes and finiteness are checked); save it again to seal it");
   }
   // Every tensor this trainer reads is there in its type and shape.
-  auto expect = [&](const SafetensorsReader& r, const std::string& file, const TensorInfo& want) -> Status {
-    const TensorInfo* got = r.find(want.name);
-    if (got == nullptr || got->dtype != want.dtype || got->shape != want.shape) {
-      return data_loss("checkpoint " + path + ": " + file + " has no tensor " + want.name + " of this run's type "
-                       "and shape; nothing was loaded");
-    }
-    return ok_status();
-  };
   for (const gpu::ChunkLayout& chunk : layout_) {
     for (const gpu::TensorSlot& t : chunk.tensors) {
-      STRATA_RETURN_IF_ERROR(expect(model, kModelFile, {t.name, tensor_type(options_.precision), t.shape}));
+      STRATA_RETURN_IF_ERROR(check_tensor(path, kModelFile, model, {t.name, tensor_type(options_.precision), t.shape}));
     }
   }
   for (size_t c = 0; c < layout_.size(); ++c) {
-    for (const TensorInfo& t : state_tensors(c, layout_[c].numel, options_.adam_states)) {
-      STRATA_RETURN_IF_ERROR(expect(opt, kOptimizerFile, t));
+    for (const TensorInfo& t : state_tensors(chunk_prefix(c), layout_[c].numel, options_.adam_states)) {
+      STRATA_RETURN_IF_ERROR(check_tensor(path, kOptimizerFile, opt, t));
     }
   }
   // Then every byte against its checksum, and every weight and state
@@ -318,12 +289,7 @@ Status Trainer::verify_checkpoint(const std::string& path, const CheckpointMeta&
   const auto total = static_cast<int64_t>(model.tensors().size() + opt.tensors().size());
   for (const SafetensorsReader* r : {&model, &opt}) {
     const std::string file = path + "/" + (r == &model ? kModelFile : kOptimizerFile);
-    auto visit = [&](const TensorInfo& t, uint64_t offset, std::span<const std::byte> bytes) {
-      Status finite = check_finite(file, t, offset, bytes);
-      if (finite.ok() && offset + bytes.size() == t.bytes()) report("verifying", ++done, total);
-      return finite;
-    };
-    STRATA_RETURN_IF_ERROR(r->verify(visit));
+    STRATA_RETURN_IF_ERROR(verify_tensors(file, *r, [&] { report("verifying", ++done, total); }));
   }
   return ok_status();
 }
