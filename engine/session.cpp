@@ -312,6 +312,7 @@ Status Session::begin_step(float grad_scale) {
                             std::to_string(grad_scale));
   }
   STRATA_RETURN_IF_ERROR(start());
+  if (!broken_.empty()) return failed_precondition("session: " + broken_ + "; load a checkpoint to continue");
   STRATA_RETURN_IF_ERROR(restore_stale());  // what a failed step could not put back then
   std::vector<const void*> host;
   for (size_t c = 0; c < specs_.size(); ++c) host.push_back(weights_.empty() ? nullptr : weights_[c].data());

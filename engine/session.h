@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <span>
 #include <string>
@@ -36,6 +37,7 @@
 #include "common/aligned_vector.h"
 #include "cpu_optim/executor.h"
 #include "cpu_optim/optimizer.h"
+#include "engine/checkpoint_io.h"
 #include "engine/chunk_store.h"
 #include "engine/loss_scaler.h"
 #include "engine/optimizer_stage.h"
@@ -166,6 +168,21 @@ class Session {
   Residency residency(size_t chunk, View view) const { return store_->residency(chunk, view); }
   Tier home(size_t chunk, View view) const { return store_->home(chunk, view); }
 
+  // Checkpoints, outside a step: save writes <root>/step-<n> (by the
+  // CheckpointDir protocol: written aside, fsynced, renamed, `latest`
+  // moved) — model.safetensors with each chunk's working weights under its
+  // name, optimizer.safetensors with its master weights and Adam states
+  // (<name>.master, .m, .v), session.json sealed with the step counts, the
+  // loss scale, the learning rate and what each file must be. Streamed from
+  // their tier, NVMe included. load restores the latest under root into a
+  // session with the same chunks (names and sizes), precision and state
+  // type, after verifying all of it (the seal, each file, every tensor's
+  // type, shape, checksum and finiteness): a refused checkpoint
+  // (DataLoss or FailedPrecondition, naming the file and what differs)
+  // changes nothing. The run then continues bit for bit.
+  Status save(const std::string& root);
+  Status load(const std::string& root);
+
   int64_t steps_done() const { return steps_; }
   // What moved so far on each link.
   SessionCounters counters() const;
@@ -201,6 +218,9 @@ class Session {
   Status restore_written_weights();
   Status restore_stale(bool mark_written = false);
   void close_step();
+  Status write_checkpoint(const std::string& tmp);
+  Result<nlohmann::json> checked_record(const std::string& path) const;
+  Status read_checkpoint(const std::string& path, const SafetensorsReader& model, const SafetensorsReader& opt);
 
   SessionOptions options_;
   std::vector<Spec> specs_;
@@ -225,6 +245,9 @@ class Session {
   std::vector<void*> grad_held_;  // per chunk: its gradient buffer on the device, handed out, not submitted
   std::vector<bool> submitted_;
   std::vector<bool> stale_;  // per chunk: weights in RAM a failed step left updated
+  // A load that failed part way (an I/O error after verifying): steps and
+  // saves are refused until a load succeeds. The reason, or empty.
+  std::string broken_;
   std::vector<size_t> landing_order_;  // the order the last step submitted its gradients
   std::vector<size_t> landed_now_;     // this step's, so far
   bool last_clipped_ = false, last_skipped_ = false;

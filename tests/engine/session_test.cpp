@@ -9,6 +9,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -405,6 +407,112 @@ TEST(Session, AHostBudgetBelowTheNeedIsRefusedBeforeAllocating) {
   EXPECT_EQ(started.code(), StatusCode::kResourceExhausted);
   EXPECT_NE(started.message().find("host budget"), std::string::npos) << started.to_string();
   EXPECT_EQ((*s)->host_bytes(), 0u);
+}
+
+}  // namespace
+}  // namespace strata::engine
+
+namespace strata::engine {
+namespace {
+
+// Steps [from, to) of the MLP on `s`, their losses.
+std::vector<float> steps(Session& s, const Mlp& m, int from, int to) {
+  std::vector<float> losses;
+  for (int k = from; k < to; ++k) {
+    Result<float> loss = train_step(s, m, k);
+    EXPECT_TRUE(loss.has_value()) << "step " << k << ": " << loss.status().to_string();
+    if (!loss) break;
+    losses.push_back(*loss);
+  }
+  return losses;
+}
+
+void expect_same_bits(const std::vector<float>& a, const std::vector<float>& b, size_t offset) {
+  ASSERT_LE(offset + b.size(), a.size());
+  for (size_t k = 0; k < b.size(); ++k) {
+    EXPECT_EQ(std::bit_cast<uint32_t>(a[offset + k]), std::bit_cast<uint32_t>(b[k]))
+        << "step " << offset + k << ": " << a[offset + k] << " vs " << b[k];
+  }
+}
+
+TEST(SessionCheckpoint, ASavedRunContinuesBitForBitOnAnyPlacement) {
+  const Mlp m{32, 4, 8};
+  TempDir nvme, ckpt;
+  SessionOptions on_nvme = base_options();
+  on_nvme.states = Tier::kNvme;
+  on_nvme.weights = Tier::kNvme;
+  on_nvme.nvme_paths = {nvme.path()};
+  on_nvme.device_bytes = model_state_bytes(m) / 4;
+  Result<std::unique_ptr<Session>> a = make_session(m, on_nvme);
+  ASSERT_TRUE(a.has_value()) << a.status().to_string();
+  std::vector<float> whole = steps(**a, m, 0, 4);
+  ASSERT_TRUE((*a)->save(ckpt.path()).ok());
+  for (float l : steps(**a, m, 4, 10)) whole.push_back(l);
+  ASSERT_EQ(whole.size(), 10u);
+  // Into a session on NVMe as the saved one, and into one all in RAM.
+  for (const SessionOptions& o : {on_nvme, base_options()}) {
+    Result<std::unique_ptr<Session>> b = make_session(m, o);
+    ASSERT_TRUE(b.has_value());
+    const Status loaded = (*b)->load(ckpt.path());
+    ASSERT_TRUE(loaded.ok()) << loaded.to_string();
+    EXPECT_EQ((*b)->steps_done(), 4);
+    expect_same_bits(whole, steps(**b, m, 4, 10), 4);
+  }
+}
+
+TEST(SessionCheckpoint, ARefusedCheckpointChangesNothing) {
+  const Mlp m{16, 3, 4};
+  TempDir ckpt;
+  Result<std::unique_ptr<Session>> a = make_session(m, base_options());
+  ASSERT_TRUE(a.has_value());
+  steps(**a, m, 0, 2);
+  ASSERT_TRUE((*a)->save(ckpt.path()).ok());
+  // Another model's chunks.
+  const Mlp other{16, 2, 4};
+  Result<std::unique_ptr<Session>> b = make_session(other, base_options());
+  ASSERT_TRUE(b.has_value());
+  const Status wrong = (*b)->load(ckpt.path());
+  EXPECT_EQ(wrong.code(), StatusCode::kFailedPrecondition) << wrong.to_string();
+  EXPECT_NE(wrong.message().find("chunks"), std::string::npos) << wrong.to_string();
+  EXPECT_EQ((*b)->steps_done(), 0);
+  // One flipped bit in the optimizer's file: refused by name, nothing loaded.
+  Result<CheckpointDir::Entry> latest = CheckpointDir(ckpt.path()).latest();
+  ASSERT_TRUE(latest.has_value());
+  const std::string file = latest->path + "/optimizer.safetensors";
+  std::vector<char> bytes;
+  {
+    std::ifstream in(file, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  ASSERT_GT(bytes.size(), 100u);
+  bytes[bytes.size() - 7] ^= 0x10;
+  {
+    std::ofstream out(file, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  }
+  Result<std::unique_ptr<Session>> c = make_session(m, base_options());
+  ASSERT_TRUE(c.has_value());
+  ASSERT_TRUE((*c)->start().ok());
+  std::vector<float> before(static_cast<size_t>(m.chunk_elems())), after(before.size());
+  ASSERT_TRUE((*c)->read_master(2, before).ok());
+  const Status damaged = (*c)->load(ckpt.path());
+  EXPECT_EQ(damaged.code(), StatusCode::kDataLoss) << damaged.to_string();
+  EXPECT_NE(damaged.message().find("optimizer.safetensors"), std::string::npos) << damaged.to_string();
+  EXPECT_EQ((*c)->steps_done(), 0);
+  ASSERT_TRUE((*c)->read_master(2, after).ok());
+  EXPECT_EQ(0, std::memcmp(before.data(), after.data(), before.size() * 4));
+  // And the session still trains.
+  EXPECT_EQ(steps(**c, m, 0, 1).size(), 1u);
+}
+
+TEST(SessionCheckpoint, SavingDuringAStepIsRefused) {
+  const Mlp m{16, 2, 4};
+  TempDir ckpt;
+  Result<std::unique_ptr<Session>> s = make_session(m, base_options());
+  ASSERT_TRUE(s.has_value());
+  ASSERT_TRUE((*s)->begin_step().ok());
+  EXPECT_EQ((*s)->save(ckpt.path()).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*s)->load(ckpt.path()).code(), StatusCode::kFailedPrecondition);
 }
 
 }  // namespace

@@ -1,0 +1,208 @@
+// Session's checkpoints (session.h, save / load): each chunk's working
+// weights and optimizer state streamed from its tier into two safetensors
+// files under the chunk's own name, and a sealed session.json binding them,
+// by the CheckpointDir protocol; a load verifies everything before it
+// replaces anything (checkpoint_parts.h), so a refused checkpoint leaves
+// the session as it was.
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "common/dtype.h"
+#include "engine/checkpoint_parts.h"
+#include "engine/session.h"
+
+namespace strata::engine {
+namespace {
+
+constexpr int kSessionFormat = 1;
+const char* const kModelFile = "model.safetensors";
+const char* const kOptimizerFile = "optimizer.safetensors";
+const char* const kRecordFile = "session.json";
+
+}  // namespace
+
+Status Session::save(const std::string& root) {
+  STRATA_RETURN_IF_ERROR(usable("save"));
+  if (!started()) return failed_precondition("session: save before start: nothing is placed yet");
+  if (in_step_) return failed_precondition("session: save during a step (end_step or cancel_step first)");
+  if (!broken_.empty()) return failed_precondition("session: " + broken_ + "; nothing consistent to save");
+  STRATA_RETURN_IF_ERROR(restore_stale());  // what a failed step left updated goes back first
+  CheckpointDir dir(root);
+  STRATA_RETURN_IF_ERROR(dir.lock());
+  STRATA_ASSIGN_OR_RETURN(std::string tmp, dir.begin(steps_));
+  Status written = write_checkpoint(tmp);
+  if (!written.ok()) {
+    dir.abandon();  // nothing half-written stays
+    return written;
+  }
+  return dir.commit(steps_);
+}
+
+Status Session::write_checkpoint(const std::string& tmp) {
+  std::vector<TensorInfo> weights, states;
+  std::vector<size_t> first_state;
+  for (const Spec& s : specs_) {
+    weights.push_back({s.name, tensor_type(options_.precision), {s.elems}});
+    first_state.push_back(states.size());
+    for (TensorInfo& t : state_tensors(s.name + ".", s.elems, options_.adam_states)) states.push_back(std::move(t));
+  }
+  STRATA_ASSIGN_OR_RETURN(SafetensorsWriter model,
+                          SafetensorsWriter::create(tmp + "/" + kModelFile, weights, {{"format", "pt"}}));
+  const uint64_t es = dtype_bytes(options_.precision);
+  for (size_t c = 0; c < specs_.size(); ++c) {
+    if (weights_.empty()) {  // from their NVMe blobs, a piece at a time
+      STRATA_RETURN_IF_ERROR(stage_->visit_weights(c, [&](int64_t offset, std::span<std::byte> bytes) {
+        return model.write_at(c, static_cast<uint64_t>(offset) * es, bytes);
+      }));
+    } else {
+      STRATA_RETURN_IF_ERROR(model.write_at(c, 0, std::as_bytes(std::span(weights_[c].data(), weights_[c].size()))));
+    }
+  }
+  STRATA_RETURN_IF_ERROR(model.finish());
+  STRATA_ASSIGN_OR_RETURN(SafetensorsWriter opt, SafetensorsWriter::create(tmp + "/" + kOptimizerFile, states));
+  for (size_t c = 0; c < specs_.size(); ++c) {
+    STRATA_RETURN_IF_ERROR(stage_->visit_state(c, [&](int part, uint64_t offset, std::span<std::byte> bytes) {
+      return opt.write_at(first_state[c] + static_cast<size_t>(part), offset, bytes);
+    }));
+  }
+  STRATA_RETURN_IF_ERROR(opt.finish());
+  nlohmann::json chunks = nlohmann::json::array();
+  for (const Spec& s : specs_) chunks.push_back({{"name", s.name}, {"elems", s.elems}});
+  nlohmann::json record = {
+      {"format", kSessionFormat},
+      {"files", {{kModelFile, record_file_entry(model)}, {kOptimizerFile, record_file_entry(opt)}}},
+      {"step", steps_},
+      {"updates", updates_},
+      {"lr", lr_},
+      {"last_clipped", last_clipped_},
+      {"last_skipped", last_skipped_},
+      {"landing_order", landing_order_},
+      {"chunks", chunks},
+      {"precision", dtype_name(options_.precision)},
+      {"adam_states", cpu_optim::state_type_name(options_.adam_states)}};
+  if (options_.precision == DType::kF16) {
+    const LossScaler::State ls = scaler_.state();
+    record["loss_scale"] = {{"scale", ls.scale}, {"good_steps", ls.good_steps}, {"hysteresis_left", ls.hysteresis_left}};
+  }
+  std::ofstream out(tmp + "/" + kRecordFile);
+  out << seal_record(record);
+  out.close();
+  if (!out) return resource_exhausted("session: writing " + tmp + "/" + kRecordFile + " failed");
+  return ok_status();
+}
+
+// The record of checkpoint `path`, checked against this session: the same
+// chunks, precision and state type, and counts that make sense.
+Result<nlohmann::json> Session::checked_record(const std::string& path) const {
+  bool legacy = false;
+  STRATA_ASSIGN_OR_RETURN(nlohmann::json r, open_record(path + "/" + kRecordFile, {}, &legacy));
+  const std::string where = "checkpoint " + path;
+  nlohmann::json chunks = nlohmann::json::array();
+  for (const Spec& s : specs_) chunks.push_back({{"name", s.name}, {"elems", s.elems}});
+  if (r.value("chunks", nlohmann::json()) != chunks) {
+    return failed_precondition(where + " holds the chunks " + r.value("chunks", nlohmann::json()).dump() +
+                               ", this session registered " + chunks.dump());
+  }
+  if (r.value("precision", std::string()) != dtype_name(options_.precision)) {
+    return failed_precondition(where + " holds " + r.value("precision", std::string("?")) + " weights, this session " +
+                               std::string(dtype_name(options_.precision)));
+  }
+  if (r.value("adam_states", std::string()) != cpu_optim::state_type_name(options_.adam_states)) {
+    return failed_precondition(where + " holds " + r.value("adam_states", std::string("?")) +
+                               " Adam states, this session keeps " +
+                               std::string(cpu_optim::state_type_name(options_.adam_states)));
+  }
+  const int64_t step = r.value("step", int64_t{-1}), updates = r.value("updates", int64_t{-1});
+  const nlohmann::json order = r.value("landing_order", nlohmann::json());
+  if (step < 0 || updates < 0 || updates > step || !order.is_array() || order.size() != specs_.size()) {
+    return data_loss(path + "/" + kRecordFile + ": step, updates or landing order out of range");
+  }
+  for (const nlohmann::json& c : order) {
+    if (!c.is_number_unsigned() || c.get<uint64_t>() >= specs_.size()) {
+      return data_loss(path + "/" + kRecordFile + ": a landing order entry outside the chunks");
+    }
+  }
+  if (options_.precision == DType::kF16) {
+    LossScaler probe = scaler_;
+    const nlohmann::json ls = r.value("loss_scale", nlohmann::json::object());
+    STRATA_RETURN_IF_ERROR(probe.restore({ls.value("scale", 0.0), ls.value("good_steps", int64_t{-1}),
+                                          ls.value("hysteresis_left", 0)})
+                               .with_context(where));
+  }
+  return r;
+}
+
+Status Session::load(const std::string& root) {
+  STRATA_RETURN_IF_ERROR(usable("load"));
+  if (in_step_) return failed_precondition("session: load during a step (end_step or cancel_step first)");
+  STRATA_RETURN_IF_ERROR(start());
+  CheckpointDir dir(root);
+  STRATA_ASSIGN_OR_RETURN(CheckpointDir::Entry latest, dir.latest());
+  const std::string& path = latest.path;
+  nlohmann::json record;
+  try {  // a value of the wrong type throws in nlohmann's accessors: an error, not an exception
+    STRATA_ASSIGN_OR_RETURN(record, checked_record(path));
+  } catch (const nlohmann::json::exception& e) {
+    return data_loss(path + "/" + kRecordFile + ": " + e.what());
+  }
+  if (record["step"].get<int64_t>() != latest.step) {
+    return data_loss(path + "/" + kRecordFile + " claims step " + record["step"].dump() + ", its directory is step " +
+                     std::to_string(latest.step));
+  }
+  STRATA_ASSIGN_OR_RETURN(SafetensorsReader model, SafetensorsReader::open(path + "/" + kModelFile));
+  STRATA_ASSIGN_OR_RETURN(SafetensorsReader opt, SafetensorsReader::open(path + "/" + kOptimizerFile));
+  const nlohmann::json files = record.value("files", nlohmann::json::object());
+  for (const auto& [name, r] : {std::pair<std::string, const SafetensorsReader*>{kModelFile, &model},
+                                {kOptimizerFile, &opt}}) {
+    const nlohmann::json* entry = files.contains(name) ? &files.at(name) : nullptr;
+    STRATA_RETURN_IF_ERROR(check_record_file(path, kRecordFile, name, entry, *r));
+  }
+  for (const Spec& s : specs_) {
+    STRATA_RETURN_IF_ERROR(check_tensor(path, kModelFile, model, {s.name, tensor_type(options_.precision), {s.elems}}));
+    for (const TensorInfo& t : state_tensors(s.name + ".", s.elems, options_.adam_states)) {
+      STRATA_RETURN_IF_ERROR(check_tensor(path, kOptimizerFile, opt, t));
+    }
+  }
+  STRATA_RETURN_IF_ERROR(verify_tensors(path + "/" + kModelFile, model, {}));
+  STRATA_RETURN_IF_ERROR(verify_tensors(path + "/" + kOptimizerFile, opt, {}));
+  // Verified whole: from here only an I/O error can stop it, leaving the
+  // weights and states part-loaded.
+  broken_ = "loading checkpoint " + path + " failed part way";
+  STRATA_RETURN_IF_ERROR(read_checkpoint(path, model, opt));
+  broken_.clear();
+  steps_ = record["step"].get<int64_t>();
+  updates_ = record["updates"].get<int64_t>();
+  lr_ = record.value("lr", lr_);
+  last_clipped_ = record.value("last_clipped", false);
+  last_skipped_ = record.value("last_skipped", false);
+  landing_order_ = record["landing_order"].get<std::vector<size_t>>();
+  stale_.assign(specs_.size(), false);
+  if (options_.precision == DType::kF16) {
+    const nlohmann::json& ls = record["loss_scale"];
+    STRATA_RETURN_IF_ERROR(scaler_.restore({ls.value("scale", 0.0), ls.value("good_steps", int64_t{-1}),
+                                            ls.value("hysteresis_left", 0)}));
+  }
+  return ok_status();
+}
+
+Status Session::read_checkpoint(const std::string& path, const SafetensorsReader& model,
+                                const SafetensorsReader& opt) {
+  const uint64_t es = dtype_bytes(options_.precision);
+  for (size_t c = 0; c < specs_.size(); ++c) {
+    const std::string& name = specs_[c].name;
+    if (weights_.empty()) {  // into their NVMe blobs, a piece at a time
+      STRATA_RETURN_IF_ERROR(stage_->replace_weights(c, [&](int64_t offset, std::span<std::byte> bytes) {
+        return model.read(name, bytes, static_cast<uint64_t>(offset) * es);
+      }));
+    } else {
+      STRATA_RETURN_IF_ERROR(model.read(name, std::as_writable_bytes(std::span(weights_[c].data(), weights_[c].size()))));
+    }
+    const std::vector<TensorInfo> parts = state_tensors(name + ".", specs_[c].elems, options_.adam_states);
+    STRATA_RETURN_IF_ERROR(stage_->replace_state(c, [&](int part, uint64_t offset, std::span<std::byte> bytes) {
+      return opt.read(parts[static_cast<size_t>(part)].name, bytes, offset);
+    }).with_context("session: loading " + path));
+  }
+  return ok_status();
+}
+
+}  // namespace strata::engine
