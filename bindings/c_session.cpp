@@ -256,6 +256,22 @@ int64_t strata_session_steps_done(const strata_session* session) {
   return session == nullptr ? 0 : session->session->steps_done();
 }
 
+strata_status strata_session_save(strata_session* session, const char* dir) {
+  return guarded([&]() -> Status {
+    STRATA_RETURN_IF_ERROR(usable(session, "strata_session_save"));
+    if (dir == nullptr) return strata::invalid_argument("strata_session_save: dir is NULL");
+    return session->session->save(dir);
+  });
+}
+
+strata_status strata_session_load(strata_session* session, const char* dir) {
+  return guarded([&]() -> Status {
+    STRATA_RETURN_IF_ERROR(usable(session, "strata_session_load"));
+    if (dir == nullptr) return strata::invalid_argument("strata_session_load: dir is NULL");
+    return session->session->load(dir);
+  });
+}
+
 const char* strata_session_describe(strata_session* session) {
   if (session == nullptr) return nullptr;
   try {

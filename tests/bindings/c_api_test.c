@@ -113,7 +113,7 @@ static int same_losses_placed(const char* root, const char* name, const char* pl
 
 /* The session calls from C: bad configs and misuse are refused with the
  * reason and change nothing; a two-chunk model steps once. */
-static void session_misuse(void) {
+static void session_misuse(const char* root) {
   strata_session* s = (strata_session*)1;
   CHECK(strata_session_create("{\"precision\": \"fp32\"}", NULL, &s) == STRATA_INVALID_ARGUMENT && s == NULL,
         "fp32 working weights");
@@ -160,6 +160,27 @@ static void session_misuse(void) {
   float master[3] = {0};
   CHECK(strata_session_read_master(s, 0, master, 2) == STRATA_INVALID_ARGUMENT, "a short buffer");
   CHECK(strata_session_read_master(s, 0, master, 3) == STRATA_OK && master[0] == 0.5f, "a's master: %g", master[0]);
+  CHECK(strata_session_save(s, NULL) == STRATA_INVALID_ARGUMENT, "save to NULL");
+  CHECK(strata_session_save(s, root) == STRATA_OK, "save");
+  strata_session* t = NULL;
+  CHECK(strata_session_create("{}", NULL, &t) == STRATA_OK, "a second session");
+  if (t != NULL) {
+    CHECK(strata_session_add_chunk(t, "a", 3, NULL, NULL) == STRATA_OK, "its chunk a");
+    CHECK(strata_session_load(t, root) == STRATA_FAILED_PRECONDITION, "a checkpoint of other chunks");
+    CHECK(strata_session_steps_done(t) == 0, "nothing loaded");
+    strata_session_destroy(t);
+  }
+  t = NULL;
+  CHECK(strata_session_create("{}", NULL, &t) == STRATA_OK, "a third session");
+  if (t != NULL) {
+    CHECK(strata_session_add_chunk(t, "a", 3, NULL, NULL) == STRATA_OK && strata_session_add_chunk(t, "b", 5, NULL, NULL) == STRATA_OK,
+          "the same chunks");
+    CHECK(strata_session_load(t, root) == STRATA_OK && strata_session_steps_done(t) == 1, "load");
+    float loaded[3] = {0};
+    CHECK(strata_session_read_master(t, 0, loaded, 3) == STRATA_OK && memcmp(loaded, master, sizeof master) == 0,
+          "the loaded master weights");
+    strata_session_destroy(t);
+  }
   const char* d = strata_session_describe(s);
   CHECK(d != NULL && strstr(d, "\"steps_done\":1") != NULL, "describe: %s", d ? d : "(null)");
   CHECK(strata_session_abort(s) == STRATA_OK, "abort");
@@ -317,7 +338,9 @@ int main(void) {
         "a config that fits nowhere");
   CHECK(strstr(strata_last_error(), "fits") != NULL, "message");
 
-  session_misuse();
+  char session_root[600];
+  snprintf(session_root, sizeof session_root, "%s/session", root);
+  session_misuse(session_root);
 
   nftw(root, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
   printf("c api test: %d checks, %d failed\n", g_checks, g_failed);

@@ -276,6 +276,17 @@ STRATA_API strata_status strata_session_read_master(strata_session* session, int
                                                     int64_t count);
 /* Steps ended so far. */
 STRATA_API int64_t strata_session_steps_done(const strata_session* session);
+/* Outside a step: writes <dir>/step-<n> atomically (model.safetensors with
+ * each chunk's working weights under its name, optimizer.safetensors with
+ * its master weights and Adam states, a sealed session.json). Blocks until
+ * it is on disk. */
+STRATA_API strata_status strata_session_save(strata_session* session, const char* dir);
+/* Outside a step: restores the latest checkpoint under `dir` into a session
+ * with the same chunks (names, counts), precision and state type, after
+ * verifying all of it; starts the session first if needed. A refused
+ * checkpoint (STRATA_DATA_LOSS, STRATA_FAILED_PRECONDITION, naming the file
+ * and what differs) changes nothing. The run continues bit for bit. */
+STRATA_API strata_status strata_session_load(strata_session* session, const char* dir);
 /* A JSON object: "chunks" (name, count), "placement" (where weights and
  * states live), "budgets", "steps_done", "counters" (h2d_bytes, d2h_bytes,
  * nvme_read_bytes, nvme_written_bytes, device_peak_bytes, host_bytes),
