@@ -27,6 +27,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <nlohmann/json_fwd.hpp>
 #include <optional>
@@ -65,6 +66,9 @@ struct SessionOptions {
   Tier states = Tier::kHost;   // master weights and Adam states: kHost or kNvme
   Tier weights = Tier::kHost;  // working weights between uses: kHost, or kNvme (needs the states there)
   int prefetch_depth = 1;      // uses fetched ahead; depth + 1 weight slots on the device
+  // Where save_activation() puts the model's activation checkpoints: kHost
+  // (host RAM) or kNvme (needs nvme_paths).
+  Tier activations = Tier::kHost;
   float clip_norm = 0;         // global-norm clipping; 0: off
   // States on NVMe: update each chunk as its gradient lands, guessing no
   // clip and no skip, and redo from the old states when wrong (exact).
@@ -158,6 +162,18 @@ class Session {
   // is applied. OK when no step is open.
   Status cancel_step();
 
+  // Activation checkpoints of the model (layer inputs kept for backward,
+  // say) off the device: save_activation copies `bytes` from `device_src`
+  // out to the tier options.activations names, under `key` (the model's
+  // name for it, e.g. a layer index; saving a key again replaces it), and
+  // returns once the device buffer may be reused; load_activation copies
+  // them back into `device_dst` (the same `bytes`) and returns once they
+  // are there. Host RAM is held to host_budget_bytes, NVMe to its budget.
+  // After start(); kept until drop_activations().
+  Status save_activation(uint64_t key, const void* device_src, uint64_t bytes);
+  Status load_activation(uint64_t key, void* device_dst, uint64_t bytes);
+  void drop_activations();
+
   // Memory on the device, from the same budget (the model's activations).
   Result<gpu::DeviceMemory> allocate_device(uint64_t bytes, std::string_view what);
   gpu::Device& device() { return *device_; }
@@ -236,6 +252,18 @@ class Session {
   std::vector<AlignedVector<uint16_t>> weights_;  // empty with the weights on NVMe
   std::vector<AlignedVector<uint16_t>> grads_;
   std::vector<gpu::HostPin> pins_;
+  // Activation checkpoints by key: host bytes (pinned), or a blob on NVMe
+  // reached through one staging buffer.
+  struct Activation {
+    uint64_t bytes = 0;
+    AlignedVector<std::byte> host;  // kHost
+    gpu::HostPin pin;
+  };
+  std::map<uint64_t, Activation> activations_;
+  io::Buffer activation_staging_;  // kNvme: the largest activation's bytes, padded
+  gpu::HostPin activation_staging_pin_;
+  Status stage_activation(uint64_t bytes);
+  std::string activation_blob(uint64_t key) const { return "activation-" + std::to_string(key); }
   LossScaler scaler_;
   double lr_ = 0;
 

@@ -59,21 +59,29 @@ float w_at(const uint16_t* w, DType t, int64_t i) { return t == DType::kBF16 ? b
 uint16_t to_w(float f, DType t) { return t == DType::kBF16 ? f32_to_bf16(f) : f32_to_f16(f); }
 
 // One step through the session; returns the loss (unscaled) and the verdict.
-Result<float> train_step(Session& s, const Mlp& m, int64_t step, StepVerdict* verdict = nullptr) {
+// `offload`: the layer inputs go out of the device as activation
+// checkpoints (save_activation) and come back in backward, so the device
+// holds two of them instead of L + 1.
+Result<float> train_step(Session& s, const Mlp& m, int64_t step, StepVerdict* verdict = nullptr,
+                         bool offload = false) {
   const DType t = s.precision();
   std::vector<float> x, y;
   batch(m, step, &x, &y);
   const size_t act = static_cast<size_t>(m.B * m.D);
-  // Activations: the layer inputs h[0..L] (h[0] = x), in the device's memory.
-  STRATA_ASSIGN_OR_RETURN(gpu::DeviceMemory acts, s.allocate_device((m.L + 1) * act * 4, "activations"));
+  // Activations: the layer inputs h[0..L] (h[0] = x), in the device's
+  // memory; offloaded, layer l's input and output in two buffers.
+  const int64_t held = offload ? 2 : m.L + 1;
+  STRATA_ASSIGN_OR_RETURN(gpu::DeviceMemory acts, s.allocate_device(held * act * 4, "activations"));
   float* h = acts.as<float>();
+  auto at = [&](int64_t l) { return h + (offload ? l % 2 : l) * act; };
   std::memcpy(h, x.data(), act * 4);
   STRATA_RETURN_IF_ERROR(s.begin_step());
   for (int64_t l = 0; l < m.L; ++l) {
     STRATA_ASSIGN_OR_RETURN(const void* wp, s.acquire(static_cast<size_t>(l)));
     const auto* w = static_cast<const uint16_t*>(wp);
-    const float* in = h + l * act;
-    float* out = h + (l + 1) * act;
+    const float* in = at(l);
+    float* out = at(l + 1);
+    if (offload) STRATA_RETURN_IF_ERROR(s.save_activation(static_cast<uint64_t>(l), in, act * 4));
     for (int64_t b = 0; b < m.B; ++b) {
       for (int64_t o = 0; o < m.D; ++o) {
         float z = w_at(w, t, m.D * m.D + o);
@@ -83,7 +91,7 @@ Result<float> train_step(Session& s, const Mlp& m, int64_t step, StepVerdict* ve
     }
     STRATA_RETURN_IF_ERROR(s.release(static_cast<size_t>(l)));
   }
-  const float* pred = h + m.L * act;
+  const float* pred = at(m.L);
   double loss = 0;
   std::vector<float> dh(act), dprev(act);
   const auto scale = static_cast<float>(s.loss_scale());
@@ -98,8 +106,11 @@ Result<float> train_step(Session& s, const Mlp& m, int64_t step, StepVerdict* ve
     const auto* w = static_cast<const uint16_t*>(wp);
     STRATA_ASSIGN_OR_RETURN(void* gp, s.gradient_buffer(c));
     auto* g = static_cast<uint16_t*>(gp);
-    const float* in = h + l * act;
-    const float* out = h + (l + 1) * act;
+    // Offloaded: layer l + 1's input (this layer's output) is in the other
+    // buffer already; its own input comes back into this one.
+    if (offload) STRATA_RETURN_IF_ERROR(s.load_activation(static_cast<uint64_t>(l), at(l), act * 4));
+    const float* in = at(l);
+    const float* out = at(l + 1);
     // Through tanh (all but the last layer): dz = dh * (1 - out^2).
     if (l + 1 < m.L) {
       for (size_t i = 0; i < act; ++i) dh[i] *= 1.0f - out[i] * out[i];
@@ -166,6 +177,8 @@ std::vector<float> run(const Mlp& m, SessionOptions o, int steps, std::vector<St
 // weights, 2 B gradient, 12 B master, m, v).
 uint64_t model_state_bytes(const Mlp& m) { return static_cast<uint64_t>(m.L * m.chunk_elems()) * 16; }
 
+// Weights, optimizer states and activation checkpoints on NVMe, through a
+// device a tenth of the model states: the same losses as all in RAM.
 TEST(Session, TheSameBitsResidentAndOnNvmeThroughATenthOfTheModelStates) {
   const Mlp m{64, 8, 8};
   const std::vector<float> resident = run(m, base_options(), 30);
@@ -177,6 +190,7 @@ TEST(Session, TheSameBitsResidentAndOnNvmeThroughATenthOfTheModelStates) {
   SessionOptions o = base_options();
   o.states = Tier::kNvme;
   o.weights = Tier::kNvme;
+  o.activations = Tier::kNvme;
   o.nvme_paths = {dir.path()};
   o.device_bytes = model_state_bytes(m) / 10;
   o.prefetch_depth = 1;
@@ -184,7 +198,7 @@ TEST(Session, TheSameBitsResidentAndOnNvmeThroughATenthOfTheModelStates) {
   ASSERT_TRUE(s.has_value()) << s.status().to_string();
   std::vector<float> nvme;
   for (int k = 0; k < 30; ++k) {
-    Result<float> loss = train_step(**s, m, k);
+    Result<float> loss = train_step(**s, m, k, nullptr, /*offload=*/true);
     ASSERT_TRUE(loss.has_value()) << loss.status().to_string();
     nvme.push_back(*loss);
   }
@@ -200,6 +214,30 @@ TEST(Session, TheSameBitsResidentAndOnNvmeThroughATenthOfTheModelStates) {
   EXPECT_GT(k.nvme_read_bytes, 0u);
   EXPECT_GT(k.nvme_written_bytes, 0u);
   EXPECT_GT(k.h2d_bytes, 0u);
+}
+
+TEST(Session, ActivationCheckpointsOnTheHostOrNvmeGiveTheSameBits) {
+  const Mlp m{32, 6, 8};
+  const std::vector<float> kept = run(m, base_options(), 6);
+  ASSERT_EQ(kept.size(), 6u);
+  TempDir dir;
+  for (Tier tier : {Tier::kHost, Tier::kNvme}) {
+    SessionOptions o = base_options();
+    o.activations = tier;
+    o.nvme_paths = {dir.path()};
+    Result<std::unique_ptr<Session>> s = make_session(m, o);
+    ASSERT_TRUE(s.has_value()) << s.status().to_string();
+    for (int k = 0; k < 6; ++k) {
+      Result<float> loss = train_step(**s, m, k, nullptr, /*offload=*/true);
+      ASSERT_TRUE(loss.has_value()) << tier_name(tier) << ": " << loss.status().to_string();
+      EXPECT_EQ(std::bit_cast<uint32_t>(*loss), std::bit_cast<uint32_t>(kept[static_cast<size_t>(k)]))
+          << tier_name(tier) << ", step " << k;
+    }
+    // Misuse: an unknown key, a wrong size.
+    std::vector<float> buf(static_cast<size_t>(m.B * m.D));
+    EXPECT_EQ((*s)->load_activation(99, buf.data(), buf.size() * 4).code(), StatusCode::kNotFound);
+    EXPECT_EQ((*s)->load_activation(0, buf.data(), 8).code(), StatusCode::kInvalidArgument);
+  }
 }
 
 TEST(Session, ClippingAndItsRollbackGiveTheSameBitsOnEveryTier) {
