@@ -218,6 +218,21 @@ strata_status strata_session_cancel_step(strata_session* session) {
   });
 }
 
+strata_status strata_session_save_activation(strata_session* session, uint64_t key, const void* device_src,
+                                             size_t bytes) {
+  return guarded([&]() -> Status {
+    STRATA_RETURN_IF_ERROR(usable(session, "strata_session_save_activation"));
+    return session->session->save_activation(key, device_src, bytes);
+  });
+}
+
+strata_status strata_session_load_activation(strata_session* session, uint64_t key, void* device_dst, size_t bytes) {
+  return guarded([&]() -> Status {
+    STRATA_RETURN_IF_ERROR(usable(session, "strata_session_load_activation"));
+    return session->session->load_activation(key, device_dst, bytes);
+  });
+}
+
 strata_status strata_session_device_alloc(strata_session* session, size_t bytes, void** memory) {
   return guarded([&]() -> Status {
     STRATA_RETURN_IF_ERROR(usable(session, "strata_session_device_alloc"));
@@ -285,6 +300,7 @@ const char* strata_session_describe(strata_session* session) {
                        {"placement",
                         {{"weights", engine::tier_name(o.weights)},
                          {"states", engine::tier_name(o.states)},
+                         {"activations", engine::tier_name(o.activations)},
                          {"prefetch_depth", o.prefetch_depth}}},
                        {"budgets",
                         {{"device", o.device_bytes}, {"host", o.host_budget_bytes}, {"nvme", o.nvme_budget_bytes}}},

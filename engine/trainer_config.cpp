@@ -84,9 +84,6 @@ Result<SessionOptions> session_options(const EngineConfig& cfg) {
   if (cfg.setup.compute == DType::kF32) {
     return invalid_argument("config key precision: a session's working weights are bf16 or fp16, not fp32");
   }
-  if (cfg.constraints.checkpoints && *cfg.constraints.checkpoints != Tier::kDevice) {
-    return invalid_argument("config key placement.checkpoints: a session keeps no activation checkpoints of its own");
-  }
   if (cfg.constraints.gradients == Tier::kNvme) {
     return invalid_argument("config key placement.gradients: a session keeps the gradients in RAM (host)");
   }
@@ -105,6 +102,11 @@ Result<SessionOptions> session_options(const EngineConfig& cfg) {
   }
   if (o.states == Tier::kNvme && cfg.nvme_paths.empty()) {
     return invalid_argument("config key nvme_paths: the optimizer states on NVMe need a directory");
+  }
+  // Activation checkpoints the model hands the session: host RAM, or NVMe.
+  o.activations = cfg.constraints.checkpoints == Tier::kNvme ? Tier::kNvme : Tier::kHost;
+  if (o.activations == Tier::kNvme && cfg.nvme_paths.empty()) {
+    return invalid_argument("config key nvme_paths: activation checkpoints on NVMe need a directory");
   }
   o.nvme_paths = cfg.nvme_paths;
   o.device_bytes = cfg.budgets.device_bytes;

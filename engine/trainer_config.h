@@ -29,7 +29,9 @@ Result<TrainerOptions> trainer_options(const EngineConfig& config);
 // the NVMe paths and I/O keys, pinning. Placement is the config's fixed
 // one: the states on NVMe when offload_optimizer (or placement.states)
 // says nvme, the weights too when offload_param (placement.weights) does
-// (then the states go there as well); otherwise in RAM. The planner's
+// (then the states go there as well); otherwise in RAM; the activation
+// checkpoints it is handed on NVMe when placement.checkpoints says nvme,
+// otherwise in RAM. The planner's
 // choice is the built-in GPT's. InvalidArgument naming the key for what a
 // session cannot run.
 Result<SessionOptions> session_options(const EngineConfig& config);

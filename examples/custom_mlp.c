@@ -7,11 +7,14 @@
  * program computes on the host backend, whose "device" memory is ordinary
  * memory held to a budget.
  *
- * It trains the same model twice from the same seed:
+ * The device holds two layers' weights, two gradients and two activation
+ * rows; each layer's input goes to strata as an activation checkpoint in
+ * forward and comes back in backward. It trains the same model twice from
+ * the same seed:
  *   1. everything in RAM, the device uncapped;
- *   2. weights and optimizer states on NVMe (the directory given, default
- *      /tmp/strata-custom-mlp), the device held to a tenth of the model
- *      states (16 bytes per parameter);
+ *   2. weights, optimizer states and activation checkpoints on NVMe (the
+ *      directory given, default /tmp/strata-custom-mlp), the device held
+ *      to a tenth of the model states (16 bytes per parameter);
  * prints both loss sequences and exits 0 only when they are equal bit for
  * bit and the loss fell. The device budget is held by strata: anything
  * beyond it (its slots, the activations allocated here) fails the run;
@@ -80,22 +83,26 @@ static void make_batch(int k, float* x, float* y) {
     }                                                                                       \
   } while (0)
 
-/* The model's working memory on the device: layer inputs h[0..L], and two
- * scratch rows for the gradient flowing back. */
+/* The model's working memory on the device: two activation rows (layer l's
+ * input is row l % 2, its output row (l + 1) % 2; the inputs go to strata
+ * between forward and backward), and two rows for the gradient flowing back. */
 typedef struct {
   float* h;
   float* dh;
   float* dprev;
 } Activations;
 
+static float* row(Activations* a, int l) { return a->h + (l % 2) * kBatch * kWidth; }
+static const size_t kRowBytes = sizeof(float) * kBatch * kWidth;
+
 static int forward(strata_session* s, Activations* a) {
-  const int act = kBatch * kWidth;
   for (int l = 0; l < kLayers; ++l) {
     const void* wp;
     TRY(strata_session_acquire(s, l, NULL, &wp));
     const uint16_t* w = wp;
-    const float* in = a->h + l * act;
-    float* out = a->h + (l + 1) * act;
+    const float* in = row(a, l);
+    float* out = row(a, l + 1);
+    TRY(strata_session_save_activation(s, (uint64_t)l, in, kRowBytes)); /* back in backward */
     for (int b = 0; b < kBatch; ++b) {
       for (int o = 0; o < kWidth; ++o) {
         float z = from_bf16(w[kWidth * kWidth + o]);
@@ -118,8 +125,11 @@ static int backward_layer(strata_session* s, Activations* a, int l) {
   TRY(strata_session_gradient_buffer(s, l, &gp));
   const uint16_t* w = wp;
   uint16_t* g = gp;
-  const float* in = a->h + l * act;
-  const float* out = a->h + (l + 1) * act;
+  /* This layer's output is the next one's input, still in its row; its own
+   * input comes back from strata. */
+  TRY(strata_session_load_activation(s, (uint64_t)l, row(a, l), kRowBytes));
+  const float* in = row(a, l);
+  const float* out = row(a, l + 1);
   if (l + 1 < kLayers) {
     /* out = in + tanh(z): the residual passes dh on as it is, tanh scales it. */
     memcpy(a->dprev, a->dh, sizeof(float) * (size_t)act);
@@ -156,10 +166,10 @@ static int backward_layer(strata_session* s, Activations* a, int l) {
 static int step(strata_session* s, Activations* a, int k, float* loss) {
   const int act = kBatch * kWidth;
   float y[kBatch * kWidth];
-  make_batch(k, a->h, y);
+  make_batch(k, row(a, 0), y);
   TRY(strata_session_begin_step(s, 1.0f));
   if (forward(s, a) != 0) return -1;
-  const float* pred = a->h + kLayers * act;
+  const float* pred = row(a, kLayers);
   double sum = 0;
   for (int i = 0; i < act; ++i) {
     const float d = pred[i] - y[i];
@@ -187,10 +197,9 @@ static int train(const char* config, float* losses) {
     if (strata_session_add_chunk_fn(s, name, kChunk, init_layer, NULL, NULL) != STRATA_OK) rc = -1;
   }
   Activations a = {0};
-  const size_t act = (size_t)kBatch * kWidth * sizeof(float);
   void *h = NULL, *dh = NULL, *dprev = NULL;
-  if (rc == 0 && (strata_session_start(s) != STRATA_OK || strata_session_device_alloc(s, act * (kLayers + 1), &h) ||
-                  strata_session_device_alloc(s, act, &dh) || strata_session_device_alloc(s, act, &dprev))) {
+  if (rc == 0 && (strata_session_start(s) != STRATA_OK || strata_session_device_alloc(s, 2 * kRowBytes, &h) ||
+                  strata_session_device_alloc(s, kRowBytes, &dh) || strata_session_device_alloc(s, kRowBytes, &dprev))) {
     rc = -1;
   }
   if (rc != 0) fprintf(stderr, "custom_mlp: setting up: %s\n", strata_last_error());
@@ -213,7 +222,8 @@ int main(int argc, char** argv) {
            " \"pin_memory\": false}");
   snprintf(nvme, sizeof nvme,
            "{\"precision\": \"bf16\", \"optimizer\": {\"type\": \"adamw\", \"lr\": 0.003, \"weight_decay\": 0.01},"
-           " \"pin_memory\": false, \"nvme_paths\": [\"%s\"], \"placement\": {\"weights\": \"nvme\", \"states\": \"nvme\"},"
+           " \"pin_memory\": false, \"nvme_paths\": [\"%s\"],"
+           " \"placement\": {\"weights\": \"nvme\", \"states\": \"nvme\", \"checkpoints\": \"nvme\"},"
            " \"budgets\": {\"device\": %llu}}",
            dir, (unsigned long long)budget);
   float a[kSteps], b[kSteps];
@@ -221,7 +231,8 @@ int main(int argc, char** argv) {
          (long long)(kLayers * kChunk), (unsigned long long)states);
   printf("run 1: everything in RAM\n");
   if (train(resident, a) != 0) return 1;
-  printf("run 2: weights and optimizer states on NVMe in %s, device budget %llu bytes (1/10 of the model states)\n",
+  printf("run 2: weights, optimizer states and activation checkpoints on NVMe in %s, device budget %llu bytes "
+         "(1/10 of the model states)\n",
          dir, (unsigned long long)budget);
   if (train(nvme, b) != 0) return 1;
   int same = 1;

@@ -266,6 +266,17 @@ STRATA_API strata_status strata_session_end_step(strata_session* session, strata
 /* Abandons the open step (the model's compute failed); nothing of it is
  * applied. STRATA_OK when no step is open. */
 STRATA_API strata_status strata_session_cancel_step(strata_session* session);
+/* Activation checkpoints off the device: save copies `bytes` from
+ * `device_src` to host RAM (or NVMe when the config's placement.checkpoints
+ * says nvme) under `key` (the caller's name for it, a layer index say;
+ * saving a key again replaces it) and returns once the device buffer may be
+ * reused; load copies them back into `device_dst` (the same `bytes`) and
+ * returns once they are there. STRATA_NOT_FOUND for a key never saved,
+ * STRATA_RESOURCE_EXHAUSTED past the host budget. Both block. */
+STRATA_API strata_status strata_session_save_activation(strata_session* session, uint64_t key,
+                                                        const void* device_src, size_t bytes);
+STRATA_API strata_status strata_session_load_activation(strata_session* session, uint64_t key, void* device_dst,
+                                                        size_t bytes);
 /* `bytes` of device memory from the same budget (the model's activations)
  * into *memory; give it back with strata_session_device_free. */
 STRATA_API strata_status strata_session_device_alloc(strata_session* session, size_t bytes, void** memory);
