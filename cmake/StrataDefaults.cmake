@@ -42,10 +42,23 @@ else()
 endif()
 
 # strata_library(name SOURCES ... LINKS ...): one layer = one target.
+# Headers are included from the repository root ("engine/session.h"), but a
+# layer's include path holds only its own directory and, through its
+# links, those of the layers below it: each gets a directory of its own in
+# the build tree holding one link, <layer> -> the source directory. So an
+# include that crosses the layering fails to compile, not only to link.
+function(strata_layer_includes target)
+  file(RELATIVE_PATH layer ${PROJECT_SOURCE_DIR} ${CMAKE_CURRENT_SOURCE_DIR})
+  set(shim ${PROJECT_BINARY_DIR}/layers/${layer})
+  file(MAKE_DIRECTORY ${shim})
+  file(CREATE_LINK ${CMAKE_CURRENT_SOURCE_DIR} ${shim}/${layer} SYMBOLIC)
+  target_include_directories(${target} PUBLIC $<BUILD_INTERFACE:${shim}>)
+endfunction()
+
 function(strata_library name)
   cmake_parse_arguments(ARG "" "" "SOURCES;PUBLIC_LINKS;PRIVATE_LINKS" ${ARGN})
   add_library(${name} STATIC ${ARG_SOURCES})
-  target_include_directories(${name} PUBLIC ${PROJECT_SOURCE_DIR})
+  strata_layer_includes(${name})
   target_link_libraries(${name} PUBLIC ${ARG_PUBLIC_LINKS} PRIVATE ${ARG_PRIVATE_LINKS})
   strata_target_defaults(${name})
 endfunction()
