@@ -1,4 +1,5 @@
-// strata-train: trains a GPT on the host backend (or a CUDA GPU with
+// `strata train` (and `strata plan`, and the strata-train program): trains
+// a GPT on the host backend (or a CUDA GPU with
 // --device cuda) from a config (an embedded
 // default when none is given) on the deterministic synthetic stream or a
 // token file (--data), printing the planner's view of the run, then one
@@ -31,9 +32,13 @@
 #include "engine/token_data.h"
 #include "engine/trainer.h"
 #include "engine/trainer_config.h"
+#include "tools/train_command.h"
 
-namespace strata::bench {
+namespace strata::tools {
 namespace {
+
+using bench::exit_on_error;
+using bench::system_info;
 
 // The signal that asked the run to stop (0: none). The handler only stores
 // it and restores the default action, so a second signal ends the process.
@@ -91,6 +96,7 @@ const char* kDefaultConfig = R"({
 
 // The command line.
 struct Flags {
+  std::string prog = "strata-train";  // the program's name in messages
   std::string config_path, nvme, checkpoint, adam_states, trace_path;
   std::string data_path, data_type = "uint16";
   std::string activations = "device", weights_on = "host", device = "host", gradients_on;
@@ -207,14 +213,14 @@ void apply_flags(const Flags& f, engine::EngineConfig& cfg, Run& r) {
     o.nvme_paths = {f.nvme};
     if (!cfg.nvme_budget_given) {  // the budget is --nvme's free space, not the config's directories'
       Result<uint64_t> free = engine::nvme_free_bytes(o.nvme_paths);
-      exit_on_error(free.status().with_context("--nvme"), "strata-train");
+      exit_on_error(free.status().with_context("--nvme"), f.prog);
       cfg.budgets.nvme_bytes = *free;
     }
   }
   if (f.sub_group >= 0) {
     o.state_piece_elems = f.sub_group;
     exit_on_error(engine::check_state_piece_elems(o.state_piece_elems).with_context("--sub-group-size"),
-                  "strata-train");
+                  f.prog);
   }
   o.speculate_in_ram = (f.speculate_in_ram || cfg.speculate_in_ram) && o.states == engine::Tier::kHost;
   if ((f.speculate_in_ram || cfg.speculate_in_ram) && !o.speculate_in_ram) {
@@ -239,8 +245,9 @@ void apply_flags(const Flags& f, engine::EngineConfig& cfg, Run& r) {
 std::optional<int> auto_place(Flags& f, const engine::EngineConfig& cfg, Run& r) {
   if (f.stream || f.speculate_in_ram || f.weights_on != "host" || f.activations != "device" || f.prefetch != 1) {
     std::fprintf(stderr,
-                 "strata-train: --auto-placement chooses the placement itself; drop --stream-weights, "
-                 "--weights-on, --activations-on, --prefetch and --speculate-in-ram\n");
+                 "%s: --auto-placement chooses the placement itself; drop --stream-weights, "
+                 "--weights-on, --activations-on, --prefetch and --speculate-in-ram\n",
+                 f.prog.c_str());
     return 2;
   }
   std::vector<std::string> paths = f.nvme.empty() ? cfg.nvme_paths : std::vector<std::string>{f.nvme};
@@ -249,11 +256,11 @@ std::optional<int> auto_place(Flags& f, const engine::EngineConfig& cfg, Run& r)
   if (!f.gradients_on.empty()) fixed.gradients = gradients_flag(f);
   Result<engine::Plan> chosen = engine::apply_planned_placement(&r.o, r.budgets, fixed, paths);
   if (!chosen && paths.empty()) {
-    std::fprintf(stderr, "strata-train: --auto-placement: %s (no NVMe tier: --nvme DIR gives the planner one)\n",
-                 chosen.error().to_string().c_str());
+    std::fprintf(stderr, "%s: --auto-placement: %s (no NVMe tier: --nvme DIR gives the planner one)\n",
+                 f.prog.c_str(), chosen.error().to_string().c_str());
     return 1;
   }
-  exit_on_error(chosen.status().with_context("--auto-placement"), "strata-train");
+  exit_on_error(chosen.status().with_context("--auto-placement"), f.prog);
   f.stream = r.o.stream_weights;
   f.weights_on = r.o.weights == engine::Tier::kNvme ? "nvme" : "host";
   f.activations = std::string(engine::tier_name(r.o.activation_checkpoints));
@@ -286,23 +293,24 @@ std::optional<int> place(const CLI::App& app, Flags& f, const engine::EngineConf
                              : f.activations == "nvme" ? engine::Tier::kNvme
                                                        : engine::Tier::kDevice;
   if (o.activation_checkpoints != engine::Tier::kDevice && !f.stream) {
-    std::fprintf(stderr, "strata-train: --activations-on %s needs --stream-weights\n", f.activations.c_str());
+    std::fprintf(stderr, "%s: --activations-on %s needs --stream-weights\n", f.prog.c_str(), f.activations.c_str());
     return 2;
   }
   if (f.weights_on == "nvme" || cfg.constraints.weights == engine::Tier::kNvme) {
     if (!f.stream || o.states != engine::Tier::kNvme) {
-      std::fprintf(stderr, "strata-train: weights on NVMe need --stream-weights and the optimizer states on NVMe (--nvme DIR)\n");
+      std::fprintf(stderr, "%s: weights on NVMe need --stream-weights and the optimizer states on NVMe (--nvme DIR)\n",
+                   f.prog.c_str());
       return 2;
     }
     o.weights = engine::Tier::kNvme;
   }
   if (!f.auto_placement && !f.gradients_on.empty()) o.gradients = gradients_flag(f);
   if (o.gradients == engine::Tier::kNvme && o.states != engine::Tier::kNvme) {
-    std::fprintf(stderr, "strata-train: gradients on NVMe need the optimizer states on NVMe (--nvme DIR)\n");
+    std::fprintf(stderr, "%s: gradients on NVMe need the optimizer states on NVMe (--nvme DIR)\n", f.prog.c_str());
     return 2;
   }
   if (o.activation_checkpoints == engine::Tier::kNvme && o.nvme_paths.empty()) {
-    std::fprintf(stderr, "strata-train: --activations-on nvme needs --nvme DIR\n");
+    std::fprintf(stderr, "%s: --activations-on nvme needs --nvme DIR\n", f.prog.c_str());
     return 2;
   }
   engine::apply_budgets(&o, r.budgets);  // held at run time: device, host, NVMe
@@ -342,15 +350,15 @@ bool print_plan(const Flags& f, const Run& r) {
 // Outputs written after the run: a wrong path fails now, not after it; the
 // token file is opened before the model is built.
 std::optional<engine::TokenFile> check_inputs_and_outputs(const Flags& f, const engine::TrainerOptions& o) {
-  if (!f.checkpoint.empty()) exit_on_error(engine::CheckpointDir(f.checkpoint).check_writable(), "strata-train");
+  if (!f.checkpoint.empty()) exit_on_error(engine::CheckpointDir(f.checkpoint).check_writable(), f.prog);
   if (!f.trace_path.empty()) {
     exit_on_error(
         check_directory_writable(std::filesystem::path(f.trace_path).parent_path().string()).with_context("--trace"),
-        "strata-train");
+        f.prog);
   }
   if (f.data_path.empty()) return std::nullopt;
   Result<engine::TokenFile> data = engine::TokenFile::open(f.data_path, *engine::parse_token_width(f.data_type), o.seq);
-  exit_on_error(data.status().with_context("--data"), "strata-train");
+  exit_on_error(data.status().with_context("--data"), f.prog);
   std::printf("data: %s, %lld tokens (%s)\n", f.data_path.c_str(), static_cast<long long>(data->tokens()),
               f.data_type.c_str());
   return std::move(data).value();
@@ -359,9 +367,9 @@ std::optional<engine::TokenFile> check_inputs_and_outputs(const Flags& f, const 
 // A checkpoint of the trainer's step, then the older ones pruned to
 // --keep-checkpoints.
 void save_checkpoint(engine::Trainer& tr, engine::CheckpointDir& checkpoints, const Flags& f) {
-  exit_on_error(tr.save(checkpoints), "strata-train");
+  exit_on_error(tr.save(checkpoints), f.prog);
   Result<int> pruned = checkpoints.prune(static_cast<int>(f.keep_checkpoints));
-  exit_on_error(pruned.status().with_context("--keep-checkpoints"), "strata-train");
+  exit_on_error(pruned.status().with_context("--keep-checkpoints"), f.prog);
 }
 
 // What the steps did, for the summary.
@@ -446,7 +454,7 @@ int64_t run_steps(engine::Trainer& tr, engine::CheckpointDir* checkpoints, const
   for (int64_t i = start; i < r.steps && g_stop_signal == 0; ++i) {
     auto t0 = std::chrono::steady_clock::now();
     Result<float> loss = data ? step_on(*data, i) : tr.step();
-    exit_on_error(loss.status(), "strata-train");
+    exit_on_error(loss.status(), f.prog);
     if (i == start) t.first = *loss;
     print_step(tr, o, i, r.steps - i - 1, *loss,
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), t);
@@ -491,7 +499,7 @@ int train(const Flags& f, Run& r) {
   std::optional<engine::CheckpointDir> checkpoints;
   if (!f.checkpoint.empty()) {
     checkpoints.emplace(f.checkpoint);
-    exit_on_error(checkpoints->lock(), "strata-train");
+    exit_on_error(checkpoints->lock(), f.prog);
   }
   engine::Trace trace(!f.trace_path.empty());
   if (trace.enabled()) r.o.trace = &trace;
@@ -499,10 +507,10 @@ int train(const Flags& f, Run& r) {
   r.o.progress = std::ref(progress);
   r.o.initial_state = !f.resume;  // a resume's weights and states come from the checkpoint
   Result<std::unique_ptr<engine::Trainer>> created = engine::Trainer::create(r.o);
-  exit_on_error(created.status(), "strata-train");
+  exit_on_error(created.status(), f.prog);
   engine::Trainer& tr = **created;
   if (f.resume) {
-    exit_on_error(tr.load(f.checkpoint), "strata-train");
+    exit_on_error(tr.load(f.checkpoint), f.prog);
     std::printf("resumed from %s at step %lld\n", f.checkpoint.c_str(), static_cast<long long>(tr.steps_done()));
     if (tr.steps_done() >= r.steps) {
       std::printf("nothing to run: the checkpoint is at step %lld, --steps asks for %lld\n",
@@ -525,23 +533,27 @@ int train(const Flags& f, Run& r) {
     std::printf("checkpoint: %s\n", checkpoints->latest()->path.c_str());
   }
   if (trace.enabled()) {
-    exit_on_error(trace.write(f.trace_path), "strata-train");
+    exit_on_error(trace.write(f.trace_path), f.prog);
     std::printf("trace: %s (%zu events)\n", f.trace_path.c_str(), trace.size());
   }
   print_summary(tr, f, r, tr.steps_done() - start, totals);
   return stop_signal != 0 ? 128 + stop_signal : 0;  // as a shell reports a process the signal ended
 }
 
-int run(int argc, char** argv) {
-  CLI::App app{
-      "strata-train: train a GPT (synthetic data, or a token file with --data) on the host backend or a CUDA GPU, "
-      "with optimizer states in RAM or on NVMe"};
+}  // namespace
+
+int train_main(int argc, char** argv, const std::string& prog, bool plan_only) {
+  CLI::App app{prog + ": train a GPT (synthetic data, or a token file with --data) on the host backend or a CUDA "
+               "GPU, with optimizer states in RAM or on NVMe"};
+  app.name(prog);
   Flags f;
+  f.prog = prog;
   add_run_flags(app, f);
   add_placement_flags(app, f);
   CLI11_PARSE(app, argc, argv);
+  f.plan_only = f.plan_only || plan_only;
   if (f.resume && f.checkpoint.empty()) {
-    std::fprintf(stderr, "strata-train: --resume needs --checkpoint DIR\n");
+    std::fprintf(stderr, "%s: --resume needs --checkpoint DIR\n", f.prog.c_str());
     return 2;
   }
   std::vector<std::string> warnings;
@@ -550,17 +562,17 @@ int run(int argc, char** argv) {
   Result<engine::EngineConfig> cfg =
       f.config_path.empty() ? engine::parse_config(nlohmann::json::parse(kDefaultConfig), &warnings, nvme_dirs)
                             : engine::load_config(f.config_path, &warnings, nvme_dirs);
-  exit_on_error(cfg.status(), "strata-train");
-  for (const std::string& w : warnings) std::fprintf(stderr, "strata-train: warning: %s\n", w.c_str());
+  exit_on_error(cfg.status(), f.prog);
+  for (const std::string& w : warnings) std::fprintf(stderr, "%s: warning: %s\n", f.prog.c_str(), w.c_str());
   Run r;
   r.steps = f.steps < 0 ? cfg->steps : f.steps;
   Result<engine::TrainerOptions> from_config = engine::trainer_options(*cfg);
-  exit_on_error(from_config.status(), "strata-train");
+  exit_on_error(from_config.status(), f.prog);
   r.o = std::move(from_config).value();
   if (cfg->lr_decay_ends_with_run) {
     r.o.lr_schedule.decay_end_step = r.steps;
     exit_on_error(engine::validate(r.o.lr_schedule).with_context("scheduler (its decay ends at --steps)"),
-                  "strata-train");
+                  f.prog);
   }
   apply_flags(f, *cfg, r);
   if (std::optional<int> rc = place(app, f, *cfg, r)) return *rc;
@@ -572,7 +584,4 @@ int run(int argc, char** argv) {
   return train(f, r);
 }
 
-}  // namespace
-}  // namespace strata::bench
-
-int main(int argc, char** argv) { return strata::bench::run(argc, argv); }
+}  // namespace strata::tools

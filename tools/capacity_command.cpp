@@ -1,0 +1,416 @@
+// `strata capacity`: for the device given (the host backend capped at
+// --device-budget, or a CUDA GPU) and the host and NVMe budgets, the largest
+// GPT of a growing family (layers and hidden together, heads of 64) that
+// trains in each offload mode: found by the planner, then trained for a few
+// steps on the synthetic stream, with its measured step time and peak bytes
+// per tier printed beside the planner's prediction. --plan-only stops after
+// planning, for hardware one does not have.
+//
+// The modes: 1 everything on the device (the host backend's optimizer runs
+// on the CPU, so the states are counted against the device budget instead:
+// the device's memory holds what a GPU's would), 2 master weights and Adam
+// states on the host, 3 the weights streamed from the host too, 4 the states
+// on NVMe, 5 weights, states, gradients and activation checkpoints on NVMe.
+#include "tools/capacity_command.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "bench/bench_util.h"
+#include "common/units.h"
+#include "engine/config.h"
+#include "engine/plan.h"
+#include "engine/trainer.h"
+#include "engine/trainer_config.h"
+
+namespace strata::tools {
+namespace {
+
+using engine::Tier;
+
+struct Mode {
+  int id;
+  const char* key;
+  const char* title;
+  engine::Constraints fixed;
+  bool states_on_device;  // mode 1: the states are counted on the device
+  bool needs_nvme;
+};
+
+std::vector<Mode> modes() {
+  auto fixed = [](Tier w, Tier s, std::optional<Tier> ck = std::nullopt, std::optional<Tier> g = std::nullopt) {
+    engine::Constraints c;
+    c.weights = w;
+    c.states = s;
+    c.checkpoints = ck;
+    c.gradients = g;
+    return c;
+  };
+  return {
+      {1, "no_offload", "no offload (everything on the device)", fixed(Tier::kDevice, Tier::kHost), true, false},
+      {2, "states_on_host", "master weights and Adam states on the host", fixed(Tier::kDevice, Tier::kHost), false,
+       false},
+      {3, "weights_from_host", "weights streamed from the host too", fixed(Tier::kHost, Tier::kHost), false, false},
+      {4, "states_on_nvme", "Adam states on NVMe", fixed(Tier::kHost, Tier::kNvme), false, true},
+      {5, "all_on_nvme", "weights, states, gradients, checkpoints on NVMe",
+       fixed(Tier::kNvme, Tier::kNvme, Tier::kNvme, Tier::kNvme), false, true},
+  };
+}
+
+// The family, smallest first: GPT-2 and GPT-3 shapes and smaller ones in
+// their proportions (layers and hidden grow together; heads of 64).
+struct Shape {
+  int64_t layers, hidden;
+};
+const Shape kFamily[] = {{2, 64},    {2, 128},   {4, 128},   {4, 192},   {6, 256},   {8, 256},   {8, 384},
+                         {8, 512},   {12, 512},  {12, 640},  {12, 768},  {16, 768},  {16, 1024}, {24, 1024},
+                         {24, 1280}, {36, 1280}, {36, 1600}, {48, 1600}, {32, 2560}, {32, 3072}, {32, 4096},
+                         {40, 4096}, {40, 5120}, {48, 6144}, {64, 8192}, {80, 8192}, {96, 12288}};
+
+struct Flags {
+  std::string device = "host";
+  std::string device_budget = "32MiB", host_budget = "2GiB", nvme_dir, nvme_budget;
+  int64_t seq = 64, micro_batch = 4, steps = 6, vocab = 256;
+  double lr = 1e-3;
+  std::vector<int> modes = {1, 2, 3, 4, 5};
+  bool plan_only = false;
+  std::string json_path, csv_path;
+};
+
+// One mode's answer: the shape the planner found, its plan, and what the
+// training measured.
+struct Row {
+  const Mode* mode = nullptr;
+  std::optional<Shape> shape;
+  engine::Plan plan;
+  uint64_t predicted_device = 0;  // mode 1: with the states
+  bool trained = false, ran = false;
+  int64_t steps = 0;
+  double step_s = 0, tokens_per_s = 0, tflops = 0;
+  float first_loss = 0, last_loss = 0;
+  uint64_t peak_device = 0, peak_host = 0, peak_nvme = 0;
+  std::string note;
+};
+
+gpu::GptConfig model_of(const Shape& s, const Flags& f) {
+  gpu::GptConfig m;
+  m.layers = s.layers;
+  m.hidden = s.hidden;
+  m.heads = std::max<int64_t>(1, s.hidden / 64);
+  m.vocab = f.vocab;
+  m.max_seq = f.seq;
+  return m;
+}
+
+// The trainer's options for a shape: the config's defaults, this run's
+// batch, AdamW at a rate small models learn quickly with.
+Result<engine::TrainerOptions> options_of(const Shape& s, const Flags& f, const engine::Budgets& b) {
+  const gpu::GptConfig m = model_of(s, f);
+  nlohmann::json j = {{"model",
+                       {{"layers", m.layers},
+                        {"hidden", m.hidden},
+                        {"heads", m.heads},
+                        {"vocab", m.vocab},
+                        {"max_seq", m.max_seq}}},
+                      {"batch", {{"micro_batch", f.micro_batch}, {"seq", f.seq}}},
+                      {"optimizer", {{"type", "adamw"}, {"lr", f.lr}, {"weight_decay", 0.01}}},
+                      {"budgets", {{"device", b.device_bytes}, {"host", b.host_bytes}}},
+                      {"pin_memory", false},
+                      {"seed", 1}};
+  if (!f.nvme_dir.empty()) j["nvme_paths"] = {f.nvme_dir};
+  std::vector<std::string> warnings;
+  STRATA_ASSIGN_OR_RETURN(engine::EngineConfig cfg, engine::parse_config(j, &warnings));
+  STRATA_ASSIGN_OR_RETURN(engine::TrainerOptions o, engine::trainer_options(cfg));
+  o.backend = f.device == "cuda" ? engine::TrainerOptions::Backend::kCuda : engine::TrainerOptions::Backend::kHost;
+  return o;
+}
+
+// The planner's answer for one shape in one mode, when it fits.
+std::optional<Row> plan_shape(const Mode& mode, const Shape& s, const Flags& f, const engine::Budgets& b) {
+  Result<engine::TrainerOptions> o = options_of(s, f, b);
+  if (!o) return std::nullopt;
+  Result<engine::Plan> plan = engine::make_plan(engine::training_setup(*o), b, engine::Bandwidths{}, mode.fixed);
+  if (!plan) return std::nullopt;
+  Row r;
+  r.mode = &mode;
+  r.shape = s;
+  r.plan = *plan;
+  r.predicted_device = plan->device.total() + (mode.states_on_device ? plan->host.model_states : 0);
+  if (mode.states_on_device && r.predicted_device > b.device_bytes) return std::nullopt;
+  return r;
+}
+
+// The largest shape of the family that the planner fits in this mode.
+Row largest(const Mode& mode, const Flags& f, const engine::Budgets& b) {
+  Row best;
+  best.mode = &mode;
+  if (mode.needs_nvme && b.nvme_bytes == 0) {
+    best.note = "no NVMe tier (--nvme DIR)";
+    return best;
+  }
+  for (const Shape& s : kFamily) {
+    std::optional<Row> r = plan_shape(mode, s, f, b);
+    if (!r) break;  // bytes grow along the family: nothing larger fits
+    best = *r;
+  }
+  if (!best.shape) best.note = "nothing of the family fits";
+  return best;
+}
+
+// Trains a row's shape for f.steps steps in its mode; fills what it measured.
+Status train_row(Row& r, const Flags& f, const engine::Budgets& b) {
+  STRATA_ASSIGN_OR_RETURN(engine::TrainerOptions o, options_of(*r.shape, f, b));
+  engine::Budgets run = b;
+  if (r.mode->states_on_device) run.device_bytes = b.device_bytes - r.plan.host.model_states;
+  const std::vector<std::string> paths = f.nvme_dir.empty() ? std::vector<std::string>{} : std::vector{f.nvme_dir};
+  STRATA_RETURN_IF_ERROR(engine::apply_planned_placement(&o, run, r.mode->fixed, paths).status());
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<engine::Trainer> tr, engine::Trainer::create(o));
+  const double tokens = static_cast<double>(o.batch * o.seq);
+  const double flops = gpu::training_flops_per_token(o.model, o.seq, /*recompute=*/false) * tokens;
+  double timed = 0;
+  for (int64_t k = 0; k < f.steps; ++k) {
+    const auto t0 = std::chrono::steady_clock::now();
+    STRATA_ASSIGN_OR_RETURN(float loss, tr->step());
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (k == 0) r.first_loss = loss;
+    r.last_loss = loss;
+    if (k > 0 || f.steps == 1) timed += s;  // the first step records the access order
+    std::printf("  step %lld of %lld: loss %.4f, %.2f s\n", static_cast<long long>(k + 1),
+                static_cast<long long>(f.steps), loss, s);
+    std::fflush(stdout);
+  }
+  r.ran = true;
+  r.steps = f.steps;
+  const double n = static_cast<double>(f.steps > 1 ? f.steps - 1 : 1);
+  r.step_s = timed / n;
+  r.tokens_per_s = tokens / r.step_s;
+  r.tflops = flops / r.step_s / 1e12;
+  r.trained = f.steps > 1 && r.last_loss < r.first_loss;
+  r.peak_device = tr->device()->peak_bytes() + (r.mode->states_on_device ? r.plan.host.model_states : 0);
+  r.peak_host = tr->host_bytes();
+  r.peak_nvme = tr->swap_store() != nullptr ? tr->swap_store()->stats().peak_used_bytes : 0;
+  return ok_status();
+}
+
+std::string shape_text(const Row& r) {
+  if (!r.shape) return "-";
+  return std::to_string(r.shape->layers) + " x " + std::to_string(r.shape->hidden);
+}
+
+std::string params_text(int64_t n) {
+  char buf[32];
+  if (n >= 1000000000) {
+    std::snprintf(buf, sizeof buf, "%.2fB", static_cast<double>(n) / 1e9);
+  } else if (n >= 1000000) {
+    std::snprintf(buf, sizeof buf, "%.1fM", static_cast<double>(n) / 1e6);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.0fK", static_cast<double>(n) / 1e3);
+  }
+  return buf;
+}
+
+// "measured (predicted, +e%)" for one tier.
+std::string bytes_vs(uint64_t measured, uint64_t predicted, bool ran) {
+  if (!ran) return format_bytes(predicted) + " (planned)";
+  const double e = predicted > 0 ? 100.0 * (static_cast<double>(predicted) - static_cast<double>(measured)) /
+                                       static_cast<double>(std::max<uint64_t>(measured, 1))
+                                 : 0.0;
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "%s (%s, %+.1f%%)", format_bytes(measured).c_str(), format_bytes(predicted).c_str(), e);
+  return buf;
+}
+
+void print_table(const std::vector<Row>& rows, int64_t baseline_params) {
+  std::printf("\n%-4s %-46s %9s %11s %8s %12s %10s %9s  %s\n", "mode", "", "params", "layers x C", "x mode 1",
+              "step s (plan)", "tokens/s", "TFLOP/s", "loss first -> last");
+  for (const Row& r : rows) {
+    if (!r.shape) {
+      std::printf("%-4d %-46s %9s  %s\n", r.mode->id, r.mode->title, "-", r.note.c_str());
+      continue;
+    }
+    const int64_t p = r.plan.parameters;
+    char ratio[16] = "-", step[40], loss[48] = "-";
+    if (baseline_params > 0) std::snprintf(ratio, sizeof ratio, "%.1fx", static_cast<double>(p) / baseline_params);
+    std::snprintf(step, sizeof step, "%.3f (%.3f)", r.ran ? r.step_s : 0.0, r.plan.step_seconds);
+    if (r.ran) {
+      std::snprintf(loss, sizeof loss, "%.3f -> %.3f %s", r.first_loss, r.last_loss,
+                    r.trained ? "trained" : "NOT trained");
+    }
+    std::printf("%-4d %-46s %9s %11s %8s %12s %10.0f %9.4f  %s\n", r.mode->id, r.mode->title, params_text(p).c_str(),
+                shape_text(r).c_str(), ratio, r.ran ? step : ("- (" + std::to_string(r.plan.step_seconds) + ")").c_str(),
+                r.tokens_per_s, r.tflops, loss);
+  }
+  std::printf("\npeak bytes, measured (planned, planner's error):\n");
+  std::printf("%-4s %-34s %-34s %-34s\n", "mode", "device", "host", "nvme");
+  for (const Row& r : rows) {
+    if (!r.shape) continue;
+    std::printf("%-4d %-34s %-34s %-34s\n", r.mode->id, bytes_vs(r.peak_device, r.predicted_device, r.ran).c_str(),
+                bytes_vs(r.peak_host, r.plan.host.total(), r.ran).c_str(),
+                bytes_vs(r.peak_nvme, r.plan.nvme.total(), r.ran).c_str());
+  }
+  std::fflush(stdout);
+}
+
+nlohmann::json row_json(const Row& r) {
+  nlohmann::json j = {{"mode", r.mode->key}, {"mode_id", r.mode->id}, {"title", r.mode->title}};
+  if (!r.shape) {
+    j["params"] = 0;
+    j["trained"] = false;
+    j["note"] = r.note;
+    return j;
+  }
+  j.update({{"params", r.plan.parameters},
+            {"layers", r.shape->layers},
+            {"hidden", r.shape->hidden},
+            {"trained", r.trained},
+            {"steps", r.steps},
+            {"step_s", r.step_s},
+            {"predicted_step_s", r.plan.step_seconds},
+            {"tokens_per_s", r.tokens_per_s},
+            {"model_tflops", r.tflops},
+            {"placement", r.plan.why},
+            {"peak_bytes", {{"device", r.peak_device}, {"host", r.peak_host}, {"nvme", r.peak_nvme}}},
+            {"predicted_peak_bytes",
+             {{"device", r.predicted_device}, {"host", r.plan.host.total()}, {"nvme", r.plan.nvme.total()}}},
+            {"first_loss", r.first_loss},
+            {"last_loss", r.last_loss}});
+  if (!r.note.empty()) j["note"] = r.note;
+  return j;
+}
+
+Status write_outputs(const Flags& f, const std::vector<Row>& rows, const engine::Budgets& b) {
+  nlohmann::json all = {{"rows", nlohmann::json::array()},
+                        {"machine", bench::system_info()},
+                        {"budgets", {{"device", b.device_bytes}, {"host", b.host_bytes}, {"nvme", b.nvme_bytes}}},
+                        {"device", f.device},
+                        {"seq", f.seq},
+                        {"micro_batch", f.micro_batch},
+                        {"plan_only", f.plan_only}};
+  for (const Row& r : rows) all["rows"].push_back(row_json(r));
+  if (!f.json_path.empty()) {
+    std::ofstream out(f.json_path);
+    out << all.dump(2) << "\n";
+    if (!out) return unavailable("--json " + f.json_path + ": could not write it");
+    std::printf("json: %s\n", f.json_path.c_str());
+  }
+  if (!f.csv_path.empty()) {
+    std::ofstream out(f.csv_path);
+    out << "mode,params,layers,hidden,trained,step_s,predicted_step_s,tokens_per_s,model_tflops,peak_device,"
+           "peak_host,peak_nvme,predicted_device,predicted_host,predicted_nvme,first_loss,last_loss\n";
+    for (const nlohmann::json& r : all["rows"]) {
+      if (r["params"] == 0) continue;
+      out << r["mode"].get<std::string>() << ',' << r["params"] << ',' << r["layers"] << ',' << r["hidden"] << ','
+          << (r["trained"].get<bool>() ? "true" : "false") << ',' << r["step_s"] << ',' << r["predicted_step_s"]
+          << ',' << r["tokens_per_s"] << ',' << r["model_tflops"] << ',' << r["peak_bytes"]["device"] << ','
+          << r["peak_bytes"]["host"] << ',' << r["peak_bytes"]["nvme"] << ',' << r["predicted_peak_bytes"]["device"]
+          << ',' << r["predicted_peak_bytes"]["host"] << ',' << r["predicted_peak_bytes"]["nvme"] << ','
+          << r["first_loss"] << ',' << r["last_loss"] << '\n';
+    }
+    if (!out) return unavailable("--csv " + f.csv_path + ": could not write it");
+    std::printf("csv: %s\n", f.csv_path.c_str());
+  }
+  return ok_status();
+}
+
+// The budgets from the flags: bytes with units, NVMe's from --nvme's free
+// space unless given.
+Result<engine::Budgets> budgets_of(const Flags& f) {
+  engine::Budgets b;
+  auto bytes = [](const std::string& text, const char* flag, uint64_t* out) -> Status {
+    if (!parse_bytes(text, out) || *out == 0) {
+      return invalid_argument(std::string(flag) + ": \"" + text + "\" is not a size (e.g. 64MiB, 2GiB, 1000000)");
+    }
+    return ok_status();
+  };
+  STRATA_RETURN_IF_ERROR(bytes(f.device_budget, "--device-budget", &b.device_bytes));
+  STRATA_RETURN_IF_ERROR(bytes(f.host_budget, "--host-budget", &b.host_bytes));
+  if (!f.nvme_dir.empty()) {
+    STRATA_RETURN_IF_ERROR(check_directory_writable(f.nvme_dir).with_context("--nvme"));
+    if (f.nvme_budget.empty()) {
+      STRATA_ASSIGN_OR_RETURN(b.nvme_bytes, engine::nvme_free_bytes({f.nvme_dir}));
+    } else {
+      STRATA_RETURN_IF_ERROR(bytes(f.nvme_budget, "--nvme-budget", &b.nvme_bytes));
+    }
+  } else if (!f.nvme_budget.empty()) {
+    return invalid_argument("--nvme-budget needs --nvme DIR");
+  }
+  return b;
+}
+
+int run_capacity(const Flags& f) {
+  Result<engine::Budgets> budgets = budgets_of(f);
+  bench::exit_on_error(budgets.status(), "strata capacity");
+  const engine::Budgets& b = *budgets;
+  std::printf("strata capacity: device %s (%s), host %s, nvme %s; seq %lld, micro-batch %lld, vocab %lld\n",
+              f.device.c_str(), format_bytes(b.device_bytes).c_str(), format_bytes(b.host_bytes).c_str(),
+              b.nvme_bytes > 0 ? format_bytes(b.nvme_bytes).c_str() : "none", static_cast<long long>(f.seq),
+              static_cast<long long>(f.micro_batch), static_cast<long long>(f.vocab));
+  const std::vector<Mode> all = modes();
+  std::vector<Row> rows;
+  for (int id : f.modes) {
+    const Mode& m = all.at(static_cast<size_t>(id - 1));
+    Row r = largest(m, f, b);
+    std::printf("mode %d (%s): %s\n", m.id, m.title,
+                r.shape ? (params_text(r.plan.parameters) + " parameters, " + shape_text(r) + ", " + r.plan.why).c_str()
+                        : r.note.c_str());
+    rows.push_back(r);
+  }
+  std::fflush(stdout);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < rows.size() && !f.plan_only; ++i) {
+    Row& r = rows[i];
+    if (!r.shape) continue;
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("training mode %d: %s parameters (%s) for %lld steps [%zu of %zu, %.0f s so far]\n", r.mode->id,
+                params_text(r.plan.parameters).c_str(), shape_text(r).c_str(), static_cast<long long>(f.steps), i + 1,
+                rows.size(), elapsed);
+    std::fflush(stdout);
+    Status s = train_row(r, f, b);
+    if (!s.ok()) {
+      r.note = s.to_string();
+      std::printf("  not trained: %s\n", r.note.c_str());
+    }
+  }
+  const int64_t baseline = !rows.empty() && rows[0].mode->id == 1 && rows[0].shape ? rows[0].plan.parameters : 0;
+  print_table(rows, baseline);
+  bench::exit_on_error(write_outputs(f, rows, b), "strata capacity");
+  for (const Row& r : rows) {
+    if (r.shape && !f.plan_only && !r.trained) return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_capacity_command(CLI::App& app) {
+  auto f = std::make_shared<Flags>();
+  CLI::App* c = app.add_subcommand(
+      "capacity", "the largest GPT that trains on this machine in each offload mode: planned, then trained a few steps");
+  c->add_option("--device", f->device, "host (the CPU, capped at --device-budget) or cuda (the first GPU)")
+      ->check(CLI::IsMember({"host", "cuda"}));
+  c->add_option("--device-budget", f->device_budget, "the device's memory (default 32MiB)");
+  c->add_option("--host-budget", f->host_budget, "host RAM for model states and buffers (default 2GiB)");
+  c->add_option("--nvme", f->nvme_dir, "an NVMe directory: modes 4 and 5 (not tmpfs)");
+  c->add_option("--nvme-budget", f->nvme_budget, "NVMe space (default: the directory's free space)");
+  c->add_option("--seq", f->seq, "sequence length (default 64)")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  c->add_option("--micro-batch", f->micro_batch, "sequences per step (default 4)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  c->add_option("--vocab", f->vocab, "vocabulary (default 256: bytes)")->check(CLI::Range(int64_t{2}, int64_t{1} << 20));
+  c->add_option("--steps", f->steps, "optimizer steps per trained row (default 6; the first is not timed)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1000}));
+  c->add_option("--modes", f->modes, "the modes to answer (default 1 2 3 4 5)")->check(CLI::Range(1, 5))->delimiter(',');
+  c->add_option("--lr", f->lr, "AdamW's learning rate for the trained rows (default 1e-3)")
+      ->check(CLI::Range(1e-8, 1.0));
+  c->add_flag("--plan-only", f->plan_only, "the planner's answer alone: nothing is trained");
+  c->add_option("--json", f->json_path, "write the rows and the machine as JSON");
+  c->add_option("--csv", f->csv_path, "write the rows as CSV");
+  c->callback([f] { std::exit(run_capacity(*f)); });
+}
+
+}  // namespace strata::tools

@@ -1,0 +1,4 @@
+// strata-train: `strata train` under its earlier name, the same flags.
+#include "tools/train_command.h"
+
+int main(int argc, char** argv) { return strata::tools::train_main(argc, argv, "strata-train"); }
