@@ -186,10 +186,7 @@ Status Session::start() {
     return built;
   }
   const size_t n = specs_.size();
-  uses_.assign(n, std::nullopt);
-  grad_held_.assign(n, nullptr);
-  submitted_.assign(n, false);
-  stale_.assign(n, false);
+  stale_.assign(n, false);  // the per-step records (uses_, ...) are set by begin_step
   // Until a step has shown the order, guess backward's: the last registered first.
   for (size_t c = n; c-- > 0;) landing_order_.push_back(c);
   return ok_status();
@@ -410,7 +407,7 @@ Result<StepVerdict> Session::end_step() {
   if (!held.empty()) return failed_precondition("session: end_step: still acquired: " + held + "; release them first");
   Result<OverlapOutcome> outcome = stage_->finish();
   store_->end_step();
-  close_step();
+  in_step_ = false;
   if (!outcome) {
     restore_written_weights().ignore();  // what cannot be put back now stays marked for the next step
     return std::move(outcome).error();
@@ -434,17 +431,11 @@ Result<StepVerdict> Session::end_step() {
   return v;
 }
 
-void Session::close_step() {
-  in_step_ = false;
-  uses_.assign(specs_.size(), std::nullopt);
-  grad_held_.assign(specs_.size(), nullptr);
-}
-
 Status Session::cancel_step() {
   if (!in_step_) return ok_status();
   stage_->cancel();
   store_->settle();
-  close_step();
+  in_step_ = false;
   return restore_written_weights();
 }
 

@@ -233,7 +233,6 @@ class Session {
   // stays stale and restore_stale() puts it back before the next step.
   Status restore_written_weights();
   Status restore_stale(bool mark_written = false);
-  void close_step();
   Status write_checkpoint(const std::string& tmp);
   Result<nlohmann::json> checked_record(const std::string& path) const;
   Status read_checkpoint(const std::string& path, const SafetensorsReader& model, const SafetensorsReader& opt);
@@ -267,7 +266,8 @@ class Session {
   LossScaler scaler_;
   double lr_ = 0;
 
-  // The open step.
+  // The open step: the per-chunk records below are set by begin_step and
+  // read only while in_step_.
   std::atomic<bool> in_step_{false};  // read by async_error() from any thread
   std::vector<std::optional<ChunkStore::Use>> uses_;  // per chunk: the use acquired and not released
   std::vector<void*> grad_held_;  // per chunk: its gradient buffer on the device, handed out, not submitted
