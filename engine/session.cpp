@@ -187,6 +187,9 @@ Status Session::start() {
   }
   const size_t n = specs_.size();
   stale_.assign(n, false);  // the per-step records (uses_, ...) are set by begin_step
+  // Placed: what each init holds (a C caller's copied values) is used up. A
+  // failed start keeps them for the next.
+  for (Spec& spec : specs_) spec.init = nullptr;
   // Until a step has shown the order, guess backward's: the last registered first.
   for (size_t c = n; c-- > 0;) landing_order_.push_back(c);
   return ok_status();
