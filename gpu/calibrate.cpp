@@ -1,0 +1,100 @@
+#include "gpu/calibrate.h"
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "gpu/model_ops.h"
+
+namespace strata::gpu {
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+Result<double> measure_block_flops(Device& device, const GptConfig& config, DType dtype, int64_t batch, int64_t seq,
+                                   double min_seconds) {
+  if (batch < 1 || seq < 1 || seq > config.max_seq) {
+    return invalid_argument("measure_block_flops: needs batch >= 1 and 1 <= seq <= max_seq");
+  }
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<ModelOps> ops, device.model_ops(config, dtype));
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<ModelOps::Workspace> ws, ops->workspace(batch, seq));
+  const EndOffsets ends = end_offsets(config);
+  const uint64_t elem = dtype_bytes(dtype);
+  const uint64_t chunk = static_cast<uint64_t>(ends.block_numel) * elem;
+  const uint64_t act = static_cast<uint64_t>(batch * seq * config.hidden) * elem;
+  STRATA_ASSIGN_OR_RETURN(DeviceMemory params, device.allocate(chunk, "calibration block"));
+  STRATA_ASSIGN_OR_RETURN(DeviceMemory dparams, device.allocate(chunk, "calibration gradient"));
+  STRATA_ASSIGN_OR_RETURN(DeviceMemory x, device.allocate(4 * act, "calibration activations"));
+  STRATA_ASSIGN_OR_RETURN(Stream s, device.create_stream("calibration"));
+  // Small weights and inputs: finite values, so no path of the ops (a
+  // non-finite check, a denormal) runs slower than in training.
+  std::vector<uint8_t> host(std::max(chunk, act));
+  auto fill = [&](uint64_t bytes) {
+    for (uint64_t i = 0; i + 1 < bytes; i += 2) {
+      const float v = 0.02f * static_cast<float>(static_cast<int>((i / 2) % 97) - 48) / 48.0f;
+      uint32_t bits;
+      std::memcpy(&bits, &v, 4);
+      if (dtype == DType::kF32) {
+        if (i % 4 == 0 && i + 3 < bytes) std::memcpy(&host[i], &v, 4);
+      } else {
+        const auto half = static_cast<uint16_t>(dtype == DType::kBF16 ? bits >> 16 : 0x2000 + (i % 97));
+        std::memcpy(&host[i], &half, 2);
+      }
+    }
+  };
+  fill(chunk);
+  STRATA_RETURN_IF_ERROR(device.copy_to_device(s, params.data(), host.data(), chunk));
+  fill(act);
+  auto* xs = static_cast<uint8_t*>(x.data());
+  STRATA_RETURN_IF_ERROR(device.copy_to_device(s, xs, host.data(), act));
+  STRATA_RETURN_IF_ERROR(device.copy_to_device(s, xs + 2 * act, host.data(), act));  // dx_out
+  STRATA_RETURN_IF_ERROR(device.synchronize(s));
+  // One training pass of a block as the streamed model runs it: forward,
+  // then forward again (the recompute) and backward.
+  auto pass = [&]() -> Status {
+    STRATA_RETURN_IF_ERROR(ops->block_forward(s, *ws, params.data(), xs, xs + act));
+    STRATA_RETURN_IF_ERROR(ops->block_forward(s, *ws, params.data(), xs, xs + act));
+    STRATA_RETURN_IF_ERROR(ops->block_backward(s, *ws, params.data(), dparams.data(), xs, xs + 2 * act, xs + 3 * act));
+    return device.synchronize(s);
+  };
+  STRATA_RETURN_IF_ERROR(pass());  // warm-up: first touches, library start-up
+  int64_t passes = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  double elapsed = 0;
+  do {
+    STRATA_RETURN_IF_ERROR(pass());
+    ++passes;
+    elapsed = seconds_since(t0);
+  } while (elapsed < min_seconds);
+  GptConfig one = config;
+  one.layers = 1;
+  one.vocab = 0;  // the block's FLOPs alone
+  const double flops = training_flops_per_token(one, seq, /*recompute=*/true) * static_cast<double>(batch * seq);
+  return flops * static_cast<double>(passes) / elapsed;
+}
+
+Result<double> measure_copy_rate(Device& device, uint64_t bytes, double min_seconds) {
+  if (bytes == 0) return invalid_argument("measure_copy_rate: bytes must be > 0");
+  STRATA_ASSIGN_OR_RETURN(DeviceMemory dst, device.allocate(bytes, "calibration copy"));
+  STRATA_ASSIGN_OR_RETURN(Stream s, device.create_stream("calibration copies"));
+  std::vector<uint8_t> host(bytes, 1);
+  STRATA_RETURN_IF_ERROR(device.copy_to_device(s, dst.data(), host.data(), bytes));  // warm-up
+  STRATA_RETURN_IF_ERROR(device.synchronize(s));
+  int64_t copies = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  double elapsed = 0;
+  do {
+    STRATA_RETURN_IF_ERROR(device.copy_to_device(s, dst.data(), host.data(), bytes));
+    STRATA_RETURN_IF_ERROR(device.synchronize(s));
+    ++copies;
+    elapsed = seconds_since(t0);
+  } while (elapsed < min_seconds);
+  return static_cast<double>(bytes) * static_cast<double>(copies) / elapsed;
+}
+
+}  // namespace strata::gpu
