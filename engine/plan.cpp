@@ -113,6 +113,7 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   Plan p;
   p.setup = s;
   p.placement = pl;
+  p.bandwidths = bw;
   p.parameters = z.params;
 
   // Device: weights (resident, or prefetch buffers), gradient staging, the
@@ -328,6 +329,20 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
     p.tail_seconds = std::max(update, write) + std::min(update, write) * unit / last;  // unit <= last
   }
   p.head_seconds = last * c / (bw.h2d_gbps * 1e9);
+  if (bw.shares_host_cores) {
+    // Compute, copies and the optimizer run one after another on the same
+    // cores; NVMe transfers overlap all of them but the last chunks' writes.
+    double cores = 0;
+    for (const LinkTime& l : p.links) {
+      if (l.link.rfind("nvme", 0) != 0) cores += l.seconds;
+      else p.overlapped_seconds = std::max(p.overlapped_seconds, l.seconds);
+    }
+    p.head_seconds = 0;
+    p.tail_seconds = std::max(0.0, p.tail_seconds - (speculates ? last : P) / bw.cpu_optimizer_params_per_s);
+    p.overlapped_seconds = std::max(p.overlapped_seconds, cores);
+    p.step_seconds = p.overlapped_seconds + p.tail_seconds;
+    return p;
+  }
   for (const LinkTime& l : p.links) {
     if (l.link == "cpu optimizer" && !speculates) continue;  // all of it in the tail
     p.overlapped_seconds = std::max(p.overlapped_seconds, l.seconds);
@@ -378,7 +393,7 @@ std::vector<Placement> candidates(const Budgets& b, const Constraints& fixed) {
             out.push_back(pl);
             // States in RAM may keep a second copy, so chunks update as their
             // gradients land instead of after backward (more host memory).
-            if (st == Tier::kHost) {
+            if (st == Tier::kHost && fixed.allow_speculate_in_ram) {
               pl.speculate_in_ram = true;
               out.push_back(pl);
             }
@@ -606,11 +621,19 @@ std::string format_plan(const Plan& p, const Budgets& b) {
     std::snprintf(line, sizeof(line), "  %-14s %14s %10.4f\n", l.link.c_str(), amount.c_str(), l.seconds);
     out += line;
   }
-  std::snprintf(line, sizeof(line),
-                "  predicted step: %.4f s (the slowest overlapped link %.4f s, + %.4f s before the first block can "
-                "compute, + %.4f s after the last gradient lands)\n",
-                p.step_seconds, p.overlapped_seconds, p.head_seconds, p.tail_seconds);
+  if (p.bandwidths.shares_host_cores) {
+    std::snprintf(line, sizeof(line),
+                  "  predicted step: %.4f s (compute, copies and optimizer in turn on the host's cores, or NVMe if "
+                  "slower: %.4f s, + %.4f s of NVMe writes after the last gradient lands)\n",
+                  p.step_seconds, p.overlapped_seconds, p.tail_seconds);
+  } else {
+    std::snprintf(line, sizeof(line),
+                  "  predicted step: %.4f s (the slowest overlapped link %.4f s, + %.4f s before the first block can "
+                  "compute, + %.4f s after the last gradient lands)\n",
+                  p.step_seconds, p.overlapped_seconds, p.head_seconds, p.tail_seconds);
+  }
   out += line;
+  out += "  rates: " + p.bandwidths.source + "\n";
   return out;
 }
 

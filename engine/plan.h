@@ -111,6 +111,13 @@ struct Bandwidths {
   double nvme_write_gbps = 2;
   double cpu_optimizer_params_per_s = 1.5e9;
   double device_tflops = 100;  // sustained, for the training FLOPs with recompute
+  // The device is the host's own cores (the host backend): its compute, its
+  // copies (memcpy) and the CPU optimizer take turns on the same cores, so
+  // their times add up; only NVMe transfers overlap them.
+  bool shares_host_cores = false;
+  // Where the figures come from ("defaults", "measured on ..."), for plans
+  // and reports.
+  std::string source = "defaults (a PCIe 4 GPU server)";
 };
 
 struct TierBytes {
@@ -163,6 +170,7 @@ struct Plan {
   double tail_seconds = 0;        // after the last gradient lands
   int64_t parameters = 0;
   std::string why;               // one line on the choice
+  Bandwidths bandwidths;         // the rates the times were divided by
 };
 
 // Tiers the user fixed (a DeepSpeed config's offload_param / offload_optimizer
@@ -172,6 +180,9 @@ struct Constraints {
   std::optional<Tier> states;
   std::optional<Tier> checkpoints;
   std::optional<Tier> gradients;
+  // false: never a second copy of the states in RAM (Placement::
+  // speculate_in_ram) — a run whose optimizer memory is counted elsewhere.
+  bool allow_speculate_in_ram = true;
 };
 
 // The bytes and link times of one placement, whether or not it fits.

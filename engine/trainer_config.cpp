@@ -130,14 +130,15 @@ Budgets budgets_or_defaults(Budgets b, bool* defaulted) {
 }
 
 Result<Plan> apply_planned_placement(TrainerOptions* o, Budgets budgets, const Constraints& fixed,
-                                     const std::vector<std::string>& nvme_paths, std::vector<std::string>* warnings) {
+                                     const std::vector<std::string>& nvme_paths, std::vector<std::string>* warnings,
+                                     const Bandwidths& rates) {
   const bool speculation_asked = o->speculate_in_ram;
   if (nvme_paths.empty()) {
     budgets.nvme_bytes = 0;
   } else if (budgets.nvme_bytes == 0) {
     STRATA_ASSIGN_OR_RETURN(budgets.nvme_bytes, nvme_free_bytes(nvme_paths));
   }
-  STRATA_ASSIGN_OR_RETURN(Plan plan, make_plan(training_setup(*o), budgets, Bandwidths{}, fixed));
+  STRATA_ASSIGN_OR_RETURN(Plan plan, make_plan(training_setup(*o), budgets, rates, fixed));
   const Placement& pl = plan.placement;
   o->stream_weights = pl.weights != Tier::kDevice;
   o->weights = pl.weights == Tier::kNvme ? Tier::kNvme : Tier::kHost;

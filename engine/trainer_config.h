@@ -54,9 +54,10 @@ void apply_budgets(TrainerOptions* options, const Budgets& budgets);
 // with no NVMe budget it is their free space (nvme_free_bytes). Returns the
 // plan, or the planner's error naming what does not fit. A choice in
 // `options` the plan overrides (speculate_in_ram asked for and not
-// planned) is a warning on stderr and in `warnings` (optional).
+// planned) is a warning on stderr and in `warnings` (optional). `rates`:
+// the links' speeds the plan is timed by (engine/calibrate.h measures them).
 Result<Plan> apply_planned_placement(TrainerOptions* options, Budgets budgets, const Constraints& fixed,
                                      const std::vector<std::string>& nvme_paths,
-                                     std::vector<std::string>* warnings = nullptr);
+                                     std::vector<std::string>* warnings = nullptr, const Bandwidths& rates = {});
 
 }  // namespace strata::engine
