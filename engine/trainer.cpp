@@ -585,6 +585,15 @@ Status Trainer::restore_weights(bool mark_written) {
   return stage_->restore_stale_weights(&stale_, weights, options_.precision, mark_written);
 }
 
+Status Trainer::read_master(size_t chunk, float* dst) {
+  if (chunk >= layout_.size()) {
+    return invalid_argument("trainer: read_master: chunk " + std::to_string(chunk) + " of " +
+                            std::to_string(layout_.size()));
+  }
+  STRATA_RETURN_IF_ERROR(flush().with_context("trainer: read_master: the delayed update in flight"));
+  return stage_->read_master(chunk, dst);
+}
+
 Status Trainer::finalize() {
   STRATA_RETURN_IF_ERROR(flush().with_context("trainer: finalize: the delayed update in flight"));
   return device_->async_error().with_context("trainer: finalize: the device's background work");

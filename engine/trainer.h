@@ -258,6 +258,9 @@ class Trainer {
   // Host memory the trainer holds, summed from its buffers and arenas:
   // gradients, weights, host states, checkpoints, staging.
   uint64_t host_bytes() const;
+  // Chunk c's fp32 master weights (model_layout order) into dst: what an
+  // evaluation on the CPU reads. Waits for an update in flight.
+  Status read_master(size_t chunk, float* dst);
   // The device the model computes on (capped when streaming).
   const gpu::Device* device() const { return device_.get(); }
 

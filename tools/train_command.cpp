@@ -32,6 +32,7 @@
 #include "engine/token_data.h"
 #include "engine/trainer.h"
 #include "engine/trainer_config.h"
+#include "tools/arithmetic_data.h"
 #include "tools/train_command.h"
 
 namespace strata::tools {
@@ -99,6 +100,8 @@ struct Flags {
   std::string prog = "strata-train";  // the program's name in messages
   std::string config_path, nvme, checkpoint, adam_states, trace_path;
   std::string data_path, data_type = "uint16";
+  int arithmetic_digits = 3;
+  int64_t eval_examples = 200;
   std::string activations = "device", weights_on = "host", device = "host", gradients_on;
   int64_t steps = -1, save_every = 0, sub_group = -1, keep_checkpoints = 0;
   int prefetch = 1;
@@ -164,7 +167,14 @@ void add_placement_flags(CLI::App& app, Flags& f) {
                  "requests");
   app.add_option("--data", f.data_path,
                  "train on this token file (a flat array of little-endian tokens, as nanoGPT's train.bin) instead "
-                 "of the synthetic stream; read in order and wrapped, so --resume goes on where the run stopped");
+                 "of the synthetic stream; read in order and wrapped, so --resume goes on where the run stopped. "
+                 "\"arithmetic\": the built-in corpus of additions (\"123+456=0579\\n\" as bytes), with the "
+                 "held-out exact-match accuracy printed at the end (a file of that name: ./arithmetic)");
+  app.add_option("--arithmetic-digits", f.arithmetic_digits, "digits of each operand of --data arithmetic (default 3)")
+      ->check(CLI::Range(1, 6));
+  app.add_option("--eval-examples", f.eval_examples,
+                 "held-out examples --data arithmetic is scored on at the end (default 200; 0: none)")
+      ->check(CLI::Range(int64_t{0}, int64_t{100000}));
   app.add_option("--data-type", f.data_type,
                  "the token file's integers: uint16 (default), uint32, or uint8 (raw bytes: a byte-level model of any "
                  "file, for a vocabulary of 256)")
@@ -347,21 +357,48 @@ bool print_plan(const Flags& f, const Run& r) {
   return fits;
 }
 
+// Where the steps' tokens come from: a token file, the built-in
+// arithmetic corpus, or (neither) the trainer's synthetic stream.
+struct Data {
+  std::optional<engine::TokenFile> file;
+  std::optional<ArithmeticData> arithmetic;
+  bool any() const { return file.has_value() || arithmetic.has_value(); }
+  Status micro_batch(int64_t index, const engine::TrainerOptions& o, std::span<int32_t> tokens,
+                     std::span<int32_t> targets) const {
+    if (file) return file->micro_batch(index, o.batch, o.model.vocab, tokens, targets);
+    arithmetic->micro_batch(index, o.batch, o.seq, tokens, targets);
+    return ok_status();
+  }
+};
+
 // Outputs written after the run: a wrong path fails now, not after it; the
 // token file is opened before the model is built.
-std::optional<engine::TokenFile> check_inputs_and_outputs(const Flags& f, const engine::TrainerOptions& o) {
+Data check_inputs_and_outputs(const Flags& f, const engine::TrainerOptions& o) {
   if (!f.checkpoint.empty()) exit_on_error(engine::CheckpointDir(f.checkpoint).check_writable(), f.prog);
   if (!f.trace_path.empty()) {
     exit_on_error(
         check_directory_writable(std::filesystem::path(f.trace_path).parent_path().string()).with_context("--trace"),
         f.prog);
   }
-  if (f.data_path.empty()) return std::nullopt;
+  Data d;
+  if (f.data_path.empty()) return d;
+  if (f.data_path == "arithmetic") {
+    Result<ArithmeticData> a = ArithmeticData::create(f.arithmetic_digits, o.seed, o.model.vocab);
+    exit_on_error(a.status().with_context("--data arithmetic"), f.prog);
+    d.arithmetic.emplace(*a);
+    std::printf("data: the built-in arithmetic corpus, %d-digit additions (%lld bytes each, e.g. %s), 1 pair in %d "
+                "held out\n",
+                f.arithmetic_digits, static_cast<long long>(a->example_bytes()),
+                a->train_example(0).substr(0, static_cast<size_t>(a->example_bytes() - 1)).c_str(),
+                ArithmeticData::kHeldOutBuckets);
+    return d;
+  }
   Result<engine::TokenFile> data = engine::TokenFile::open(f.data_path, *engine::parse_token_width(f.data_type), o.seq);
   exit_on_error(data.status().with_context("--data"), f.prog);
   std::printf("data: %s, %lld tokens (%s)\n", f.data_path.c_str(), static_cast<long long>(data->tokens()),
               f.data_type.c_str());
-  return std::move(data).value();
+  d.file.emplace(std::move(data).value());
+  return d;
 }
 
 // A checkpoint of the trainer's step, then the older ones pruned to
@@ -378,6 +415,7 @@ struct Totals {
   float first = 0, last = 0;
   double seconds = 0, idle_sum = 0;
   uint64_t nvme_bytes = 0, ssd_written = 0;
+  double held_out_accuracy = -1;  // --data arithmetic: measured at the end
 };
 
 // "45s", "3m20s", "2h05m".
@@ -433,17 +471,17 @@ void print_step(const engine::Trainer& tr, const engine::TrainerOptions& o, int6
 // checkpointing every save_every into `checkpoints` (null: no
 // --checkpoint); the step of the last checkpoint written.
 int64_t run_steps(engine::Trainer& tr, engine::CheckpointDir* checkpoints, const Flags& f, const Run& r,
-                  const std::optional<engine::TokenFile>& data, Totals& t) {
+                  const Data& data, Totals& t) {
   const engine::TrainerOptions& o = r.o;
   // Step i's micro-batches: grad_accum x batch x seq, micro-batch index
   // i x grad_accum + k (the checkpoint's data position).
   std::vector<int32_t> tokens(static_cast<size_t>(o.grad_accum * o.batch * o.seq)), targets(tokens.size());
-  auto step_on = [&](const engine::TokenFile& file, int64_t i) -> Result<float> {
+  auto step_on = [&](const Data& d, int64_t i) -> Result<float> {
     const size_t mb = static_cast<size_t>(o.batch * o.seq);
     for (int64_t k = 0; k < o.grad_accum; ++k) {
       const size_t at = static_cast<size_t>(k) * mb;
-      STRATA_RETURN_IF_ERROR(file.micro_batch(i * o.grad_accum + k, o.batch, o.model.vocab,
-                                              std::span(tokens).subspan(at, mb), std::span(targets).subspan(at, mb)));
+      STRATA_RETURN_IF_ERROR(d.micro_batch(i * o.grad_accum + k, o, std::span(tokens).subspan(at, mb),
+                                           std::span(targets).subspan(at, mb)));
     }
     return tr.step(tokens, targets);
   };
@@ -453,7 +491,7 @@ int64_t run_steps(engine::Trainer& tr, engine::CheckpointDir* checkpoints, const
   std::signal(SIGTERM, request_stop);
   for (int64_t i = start; i < r.steps && g_stop_signal == 0; ++i) {
     auto t0 = std::chrono::steady_clock::now();
-    Result<float> loss = data ? step_on(*data, i) : tr.step();
+    Result<float> loss = data.any() ? step_on(data, i) : tr.step();
     exit_on_error(loss.status(), f.prog);
     if (i == start) t.first = *loss;
     print_step(tr, o, i, r.steps - i - 1, *loss,
@@ -487,13 +525,14 @@ void print_summary(const engine::Trainer& tr, const Flags& f, const Run& r, int6
                       {"device", f.device},
                       {"system", system_info()}};
   if (tr.device() != nullptr) j["device_peak_bytes"] = tr.device()->peak_bytes();
+  if (t.held_out_accuracy >= 0) j["held_out_accuracy"] = t.held_out_accuracy;
   std::printf("%s\n", j.dump().c_str());
 }
 
 // Builds the trainer (resumed when asked), runs the steps, writes the last
 // checkpoint and the trace, prints the summary. The exit status.
 int train(const Flags& f, Run& r) {
-  std::optional<engine::TokenFile> data = check_inputs_and_outputs(f, r.o);
+  Data data = check_inputs_and_outputs(f, r.o);
   // The checkpoint root's writer lock, held for the whole run: a second run
   // on the same --checkpoint is refused before it builds anything.
   std::optional<engine::CheckpointDir> checkpoints;
@@ -535,6 +574,13 @@ int train(const Flags& f, Run& r) {
   if (trace.enabled()) {
     exit_on_error(trace.write(f.trace_path), f.prog);
     std::printf("trace: %s (%zu events)\n", f.trace_path.c_str(), trace.size());
+  }
+  if (data.arithmetic && f.eval_examples > 0) {
+    Result<double> acc = held_out_accuracy(tr, r.o.model, *data.arithmetic, f.eval_examples);
+    exit_on_error(acc.status(), f.prog);
+    totals.held_out_accuracy = *acc;
+    std::printf("held-out exact match: %.1f%% of %lld additions never trained on (chance: 1 in 10^%d)\n",
+                100.0 * *acc, static_cast<long long>(f.eval_examples), f.arithmetic_digits + 1);
   }
   print_summary(tr, f, r, tr.steps_done() - start, totals);
   return stop_signal != 0 ? 128 + stop_signal : 0;  // as a shell reports a process the signal ended

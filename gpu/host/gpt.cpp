@@ -128,6 +128,24 @@ void HostGpt<T>::backward(const ModelParams<T>& params, const ModelParams<T>& gr
   embedding_backward(dwte, grads.chunks[0] + emb.tensors[1].offset, dx.data(), tokens_.data(), B_, T_, C);
 }
 
+template <class T>
+void HostGpt<T>::predict(const ModelParams<T>& params, int32_t* out) const {
+  const GptConfig& c = config_;
+  const int64_t N = B_ * T_, C = c.hidden, V = c.vocab;
+  const T* wte = params.chunks[0] + embedding_layout(c).tensors[0].offset;
+  for (int64_t n = 0; n < N; ++n) {
+    const T* x = lnf_.data() + n * C;
+    int32_t best = 0;
+    T best_logit = T(0);
+    for (int64_t v = 0; v < V; ++v) {
+      T logit = T(0);
+      for (int64_t k = 0; k < C; ++k) logit += x[k] * wte[v * C + k];
+      if (v == 0 || logit > best_logit) best = static_cast<int32_t>(v), best_logit = logit;
+    }
+    out[n] = best;
+  }
+}
+
 template struct BlockActivations<float>;
 template struct BlockActivations<double>;
 template void block_forward<float>(const GptConfig&, const float*, const float*, float*, BlockActivations<float>&,

@@ -63,6 +63,10 @@ class HostGpt {
   // grads += d(mean loss)/d(params), after forward() with the same inputs.
   // `dloss` scales the loss's gradient (fp16 loss scaling).
   void backward(const ModelParams<T>& params, const ModelParams<T>& grads, T dloss = T(1));
+  // After forward(): each position's most likely next token (the argmax of
+  // its logits, the lowest index on a tie) into out[B*T] — greedy
+  // decoding's choice given the true prefix.
+  void predict(const ModelParams<T>& params, int32_t* out) const;
 
  private:
   GptConfig config_;
