@@ -1,5 +1,6 @@
 #include "gpu/calibrate.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -27,7 +28,16 @@ Result<double> measure_block_flops(Device& device, const GptConfig& config, DTyp
   const uint64_t elem = dtype_bytes(dtype);
   const uint64_t chunk = static_cast<uint64_t>(ends.block_numel) * elem;
   const uint64_t act = static_cast<uint64_t>(batch * seq * config.hidden) * elem;
-  STRATA_ASSIGN_OR_RETURN(DeviceMemory params, device.allocate(chunk, "calibration block"));
+  // Training cycles through every block's weights, so a wide model's
+  // blocks come from memory, not the caches: the passes cycle through
+  // copies of the block totalling at least kCycleBytes (at most 8 copies).
+  constexpr uint64_t kCycleBytes = uint64_t{768} << 20;
+  const uint64_t copies = std::clamp<uint64_t>((kCycleBytes + chunk - 1) / chunk, 1, 8);
+  std::vector<DeviceMemory> blocks;
+  for (uint64_t i = 0; i < copies; ++i) {
+    STRATA_ASSIGN_OR_RETURN(DeviceMemory b, device.allocate(chunk, "calibration block"));
+    blocks.push_back(std::move(b));
+  }
   STRATA_ASSIGN_OR_RETURN(DeviceMemory dparams, device.allocate(chunk, "calibration gradient"));
   STRATA_ASSIGN_OR_RETURN(DeviceMemory x, device.allocate(4 * act, "calibration activations"));
   STRATA_ASSIGN_OR_RETURN(Stream s, device.create_stream("calibration"));
@@ -48,7 +58,7 @@ Result<double> measure_block_flops(Device& device, const GptConfig& config, DTyp
     }
   };
   fill(chunk);
-  STRATA_RETURN_IF_ERROR(device.copy_to_device(s, params.data(), host.data(), chunk));
+  for (const DeviceMemory& b : blocks) STRATA_RETURN_IF_ERROR(device.copy_to_device(s, b.data(), host.data(), chunk));
   fill(act);
   auto* xs = static_cast<uint8_t*>(x.data());
   STRATA_RETURN_IF_ERROR(device.copy_to_device(s, xs, host.data(), act));
@@ -56,10 +66,13 @@ Result<double> measure_block_flops(Device& device, const GptConfig& config, DTyp
   STRATA_RETURN_IF_ERROR(device.synchronize(s));
   // One training pass of a block as the streamed model runs it: forward,
   // then forward again (the recompute) and backward.
+  size_t next = 0;
   auto pass = [&]() -> Status {
-    STRATA_RETURN_IF_ERROR(ops->block_forward(s, *ws, params.data(), xs, xs + act));
-    STRATA_RETURN_IF_ERROR(ops->block_forward(s, *ws, params.data(), xs, xs + act));
-    STRATA_RETURN_IF_ERROR(ops->block_backward(s, *ws, params.data(), dparams.data(), xs, xs + 2 * act, xs + 3 * act));
+    const void* params = blocks[next].data();
+    next = (next + 1) % blocks.size();
+    STRATA_RETURN_IF_ERROR(ops->block_forward(s, *ws, params, xs, xs + act));
+    STRATA_RETURN_IF_ERROR(ops->block_forward(s, *ws, params, xs, xs + act));
+    STRATA_RETURN_IF_ERROR(ops->block_backward(s, *ws, params, dparams.data(), xs, xs + 2 * act, xs + 3 * act));
     return device.synchronize(s);
   };
   STRATA_RETURN_IF_ERROR(pass());  // warm-up: first touches, library start-up
@@ -70,7 +83,7 @@ Result<double> measure_block_flops(Device& device, const GptConfig& config, DTyp
     STRATA_RETURN_IF_ERROR(pass());
     ++passes;
     elapsed = seconds_since(t0);
-  } while (elapsed < min_seconds);
+  } while (elapsed < min_seconds || passes < static_cast<int64_t>(blocks.size()));
   GptConfig one = config;
   one.layers = 1;
   one.vocab = 0;  // the block's FLOPs alone

@@ -18,9 +18,11 @@ namespace strata::gpu {
 // The model FLOPs per second (gpt_config.h's count, attention included,
 // LayerNorm/GELU/softmax not: their time is in the rate) that `device`
 // sustains on one block of `config` in `dtype` over batch x seq tokens,
-// timed over repetitions until min_seconds have passed (after a warm-up).
-// Takes workspace and one block's weights and gradients from the device:
-// ResourceExhausted when its budget cannot hold them.
+// timed over repetitions until min_seconds have passed (after a warm-up),
+// cycling through copies of the block's weights (768 MiB of them, at most
+// 8) as training cycles through its blocks: a wide block is read from
+// memory, not the caches. Takes workspace, those copies and a gradient
+// from the device: ResourceExhausted when its budget cannot hold them.
 Result<double> measure_block_flops(Device& device, const GptConfig& config, DType dtype, int64_t batch, int64_t seq,
                                    double min_seconds);
 
