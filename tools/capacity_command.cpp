@@ -12,20 +12,25 @@
 // states on the host, 3 the weights streamed from the host too, 4 the states
 // on NVMe, 5 weights, states, gradients and activation checkpoints on NVMe.
 #include "tools/capacity_command.h"
+#include "tools/arithmetic_data.h"
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <unistd.h>
 #include <vector>
 
 #include "bench/bench_util.h"
 #include "common/units.h"
+#include "engine/calibrate.h"
 #include "engine/config.h"
 #include "engine/plan.h"
+#include "gpu/device_factory.h"
 #include "engine/trainer.h"
 #include "engine/trainer_config.h"
 
@@ -52,8 +57,11 @@ std::vector<Mode> modes() {
     c.gradients = g;
     return c;
   };
+  // Mode 1's states stand for a GPU-resident optimizer's: one copy.
+  engine::Constraints resident = fixed(Tier::kDevice, Tier::kHost, Tier::kDevice);
+  resident.allow_speculate_in_ram = false;
   return {
-      {1, "no_offload", "no offload (everything on the device)", fixed(Tier::kDevice, Tier::kHost), true, false},
+      {1, "no_offload", "no offload (everything on the device)", resident, true, false},
       {2, "states_on_host", "master weights and Adam states on the host", fixed(Tier::kDevice, Tier::kHost), false,
        false},
       {3, "weights_from_host", "weights streamed from the host too", fixed(Tier::kHost, Tier::kHost), false, false},
@@ -63,24 +71,30 @@ std::vector<Mode> modes() {
   };
 }
 
-// The family, smallest first: GPT-2 and GPT-3 shapes and smaller ones in
-// their proportions (layers and hidden grow together; heads of 64).
+// The family, smallest first by parameters: GPT-2's (12x768, 24x1024,
+// 36x1280, 48x1600) and GPT-3's (... 24x1536, 24x2048, 32x2560, 32x4096,
+// 40x5120, 96x12288) shapes, and smaller ones in their proportions (layers
+// and hidden grow together; heads of 64). What a device must hold grows
+// with the width, not with the parameters, so every shape is tried.
 struct Shape {
   int64_t layers, hidden;
 };
 const Shape kFamily[] = {{2, 64},    {2, 128},   {4, 128},   {4, 192},   {6, 256},   {8, 256},   {8, 384},
                          {8, 512},   {12, 512},  {12, 640},  {12, 768},  {16, 768},  {16, 1024}, {24, 1024},
-                         {24, 1280}, {36, 1280}, {36, 1600}, {48, 1600}, {32, 2560}, {32, 3072}, {32, 4096},
-                         {40, 4096}, {40, 5120}, {48, 6144}, {64, 8192}, {80, 8192}, {96, 12288}};
+                         {24, 1280}, {24, 1536}, {36, 1280}, {36, 1600}, {24, 2048}, {48, 1600}, {32, 2560},
+                         {32, 3072}, {32, 4096}, {40, 4096}, {40, 5120}, {48, 6144}, {64, 8192}, {80, 8192},
+                         {96, 12288}};
 
 struct Flags {
   std::string device = "host";
-  std::string device_budget = "32MiB", host_budget = "2GiB", nvme_dir, nvme_budget;
-  int64_t seq = 64, micro_batch = 4, steps = 6, vocab = 256;
-  double lr = 1e-3;
+  // Empty: 512 MiB on the host backend, the GPU's free memory on CUDA; half
+  // the RAM; the NVMe directory's free space.
+  std::string device_budget, host_budget, nvme_dir, nvme_budget;
+  int64_t seq = 64, micro_batch = 2, steps = 3, vocab = 256;
+  double lr = 0;  // 0: lr_for(parameters)
   std::vector<int> modes = {1, 2, 3, 4, 5};
   bool plan_only = false;
-  std::string json_path, csv_path;
+  std::string json_path, csv_path, plot_path;
 };
 
 // One mode's answer: the shape the planner found, its plan, and what the
@@ -98,6 +112,30 @@ struct Row {
   std::string note;
 };
 
+// The planner's rates for a shape: measured on the device (a block of the
+// shape's width through the backend's own ops, its copies, the CPU
+// optimizer), or the defaults when the device is not here (--plan-only
+// for a GPU one does not have).
+engine::Bandwidths rates_for(const engine::TrainSetup& setup, const Flags& f) {
+  gpu::DeviceSpec spec;
+  spec.backend = f.device == "cuda" ? gpu::Backend::kCuda : gpu::Backend::kHost;
+  Result<std::unique_ptr<gpu::Device>> dev = gpu::make_device(spec);
+  engine::Bandwidths bw;
+  if (!dev) {
+    bw.source = "defaults: " + std::string(dev.status().message());
+    return bw;
+  }
+  engine::CalibrateOptions co;
+  co.host_backend = spec.backend == gpu::Backend::kHost;
+  if (!f.nvme_dir.empty()) co.nvme_paths = {f.nvme_dir};
+  Result<engine::Bandwidths> measured = engine::measure_bandwidths(**dev, setup, co);
+  if (!measured) {
+    bw.source = "defaults: " + std::string(measured.status().message());
+    return bw;
+  }
+  return *measured;
+}
+
 gpu::GptConfig model_of(const Shape& s, const Flags& f) {
   gpu::GptConfig m;
   m.layers = s.layers;
@@ -107,6 +145,13 @@ gpu::GptConfig model_of(const Shape& s, const Flags& f) {
   m.max_seq = f.seq;
   return m;
 }
+
+// A learning rate for a few steps without warm-up: 1e-3 up to 10M
+// parameters, then 1e-3 x 10M / n (1.4e-5 at 700M). Adam's first updates
+// move every parameter by about the rate, so their effect on the loss
+// grows with the parameter count: GPT-3's rates by size (2.5e-4 at 760M),
+// meant after a warm-up, overshoot from the second step on a 700M model.
+double lr_for(int64_t n) { return 1e-3 * std::min(1.0, 1e7 / static_cast<double>(n)); }
 
 // The trainer's options for a shape: the config's defaults, this run's
 // batch, AdamW at a rate small models learn quickly with.
@@ -119,7 +164,10 @@ Result<engine::TrainerOptions> options_of(const Shape& s, const Flags& f, const 
                         {"vocab", m.vocab},
                         {"max_seq", m.max_seq}}},
                       {"batch", {{"micro_batch", f.micro_batch}, {"seq", f.seq}}},
-                      {"optimizer", {{"type", "adamw"}, {"lr", f.lr}, {"weight_decay", 0.01}}},
+                      {"optimizer",
+                       {{"type", "adamw"},
+                        {"lr", f.lr > 0 ? f.lr : lr_for(gpu::parameter_count(m))},
+                        {"weight_decay", 0.01}}},
                       {"budgets", {{"device", b.device_bytes}, {"host", b.host_bytes}}},
                       {"pin_memory", false},
                       {"seed", 1}};
@@ -132,10 +180,11 @@ Result<engine::TrainerOptions> options_of(const Shape& s, const Flags& f, const 
 }
 
 // The planner's answer for one shape in one mode, when it fits.
-std::optional<Row> plan_shape(const Mode& mode, const Shape& s, const Flags& f, const engine::Budgets& b) {
+std::optional<Row> plan_shape(const Mode& mode, const Shape& s, const Flags& f, const engine::Budgets& b,
+                              const engine::Bandwidths& bw = {}) {
   Result<engine::TrainerOptions> o = options_of(s, f, b);
   if (!o) return std::nullopt;
-  Result<engine::Plan> plan = engine::make_plan(engine::training_setup(*o), b, engine::Bandwidths{}, mode.fixed);
+  Result<engine::Plan> plan = engine::make_plan(engine::training_setup(*o), b, bw, mode.fixed);
   if (!plan) return std::nullopt;
   Row r;
   r.mode = &mode;
@@ -155,11 +204,19 @@ Row largest(const Mode& mode, const Flags& f, const engine::Budgets& b) {
     return best;
   }
   for (const Shape& s : kFamily) {
-    std::optional<Row> r = plan_shape(mode, s, f, b);
-    if (!r) break;  // bytes grow along the family: nothing larger fits
-    best = *r;
+    if (std::optional<Row> r = plan_shape(mode, s, f, b)) best = *r;
   }
-  if (!best.shape) best.note = "nothing of the family fits";
+  if (!best.shape) {
+    best.note = "nothing of the family fits";
+    return best;
+  }
+  // Bytes chose the shape; the measured rates time it (and may pick a
+  // faster placement among those that fit).
+  Result<engine::TrainerOptions> o = options_of(*best.shape, f, b);
+  if (o) {
+    const engine::Bandwidths bw = rates_for(engine::training_setup(*o), f);
+    if (std::optional<Row> timed = plan_shape(mode, *best.shape, f, b, bw)) best = *timed;
+  }
   return best;
 }
 
@@ -169,14 +226,21 @@ Status train_row(Row& r, const Flags& f, const engine::Budgets& b) {
   engine::Budgets run = b;
   if (r.mode->states_on_device) run.device_bytes = b.device_bytes - r.plan.host.model_states;
   const std::vector<std::string> paths = f.nvme_dir.empty() ? std::vector<std::string>{} : std::vector{f.nvme_dir};
-  STRATA_RETURN_IF_ERROR(engine::apply_planned_placement(&o, run, r.mode->fixed, paths).status());
+  STRATA_RETURN_IF_ERROR(
+      engine::apply_planned_placement(&o, run, r.mode->fixed, paths, nullptr, r.plan.bandwidths).status());
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<engine::Trainer> tr, engine::Trainer::create(o));
   const double tokens = static_cast<double>(o.batch * o.seq);
   const double flops = gpu::training_flops_per_token(o.model, o.seq, /*recompute=*/false) * tokens;
+  // The built-in arithmetic corpus: a stream whose loss a model lowers
+  // from its first updates (13 of 256 bytes ever occur), so a few steps
+  // show learning at any size.
+  STRATA_ASSIGN_OR_RETURN(ArithmeticData data, ArithmeticData::create(3, o.seed, o.model.vocab));
+  std::vector<int32_t> batch_tokens(static_cast<size_t>(o.batch * o.seq)), batch_targets(batch_tokens.size());
   double timed = 0;
   for (int64_t k = 0; k < f.steps; ++k) {
+    data.micro_batch(k, o.batch, o.seq, batch_tokens, batch_targets);
     const auto t0 = std::chrono::steady_clock::now();
-    STRATA_ASSIGN_OR_RETURN(float loss, tr->step());
+    STRATA_ASSIGN_OR_RETURN(float loss, tr->step(batch_tokens, batch_targets));
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (k == 0) r.first_loss = loss;
     r.last_loss = loss;
@@ -227,8 +291,8 @@ std::string bytes_vs(uint64_t measured, uint64_t predicted, bool ran) {
 }
 
 void print_table(const std::vector<Row>& rows, int64_t baseline_params) {
-  std::printf("\n%-4s %-46s %9s %11s %8s %12s %10s %9s  %s\n", "mode", "", "params", "layers x C", "x mode 1",
-              "step s (plan)", "tokens/s", "TFLOP/s", "loss first -> last");
+  std::printf("\n%-4s %-46s %9s %11s %8s %22s %10s %9s  %s\n", "mode", "", "params", "layers x C", "x mode 1",
+              "step s (plan, error)", "tokens/s", "TFLOP/s", "loss first -> last");
   for (const Row& r : rows) {
     if (!r.shape) {
       std::printf("%-4d %-46s %9s  %s\n", r.mode->id, r.mode->title, "-", r.note.c_str());
@@ -237,12 +301,13 @@ void print_table(const std::vector<Row>& rows, int64_t baseline_params) {
     const int64_t p = r.plan.parameters;
     char ratio[16] = "-", step[40], loss[48] = "-";
     if (baseline_params > 0) std::snprintf(ratio, sizeof ratio, "%.1fx", static_cast<double>(p) / baseline_params);
-    std::snprintf(step, sizeof step, "%.3f (%.3f)", r.ran ? r.step_s : 0.0, r.plan.step_seconds);
+    std::snprintf(step, sizeof step, "%.3f (%.3f, %+.0f%%)", r.step_s, r.plan.step_seconds,
+                  r.step_s > 0 ? 100.0 * (r.plan.step_seconds - r.step_s) / r.step_s : 0.0);
     if (r.ran) {
       std::snprintf(loss, sizeof loss, "%.3f -> %.3f %s", r.first_loss, r.last_loss,
                     r.trained ? "trained" : "NOT trained");
     }
-    std::printf("%-4d %-46s %9s %11s %8s %12s %10.0f %9.4f  %s\n", r.mode->id, r.mode->title, params_text(p).c_str(),
+    std::printf("%-4d %-46s %9s %11s %8s %22s %10.0f %9.4f  %s\n", r.mode->id, r.mode->title, params_text(p).c_str(),
                 shape_text(r).c_str(), ratio, r.ran ? step : ("- (" + std::to_string(r.plan.step_seconds) + ")").c_str(),
                 r.tokens_per_s, r.tflops, loss);
   }
@@ -284,6 +349,29 @@ nlohmann::json row_json(const Row& r) {
   return j;
 }
 
+// Draws the rows with tools/capacity_plot.py (Debian's python3-matplotlib),
+// from a copy of the JSON beside the PNG.
+Status plot(const nlohmann::json& all, const std::string& png) {
+  const std::string json = png + ".json.tmp";
+  {
+    std::ofstream out(json);
+    out << all.dump() << "\n";
+    if (!out) return unavailable("--plot " + png + ": could not write " + json);
+  }
+  // Debian's interpreter, which python3-matplotlib installs into, before
+  // whatever python3 comes first on PATH.
+  const char* python = ::access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3";
+  const std::string command =
+      std::string(python) + " '" STRATA_CAPACITY_PLOT_SCRIPT "' '" + json + "' '" + png + "'";
+  const int rc = std::system(command.c_str());
+  std::remove(json.c_str());
+  if (rc != 0) {
+    return unavailable("--plot " + png + ": " STRATA_CAPACITY_PLOT_SCRIPT
+                       " failed (python3 and python3-matplotlib are needed: scripts/setup installs them)");
+  }
+  return ok_status();
+}
+
 Status write_outputs(const Flags& f, const std::vector<Row>& rows, const engine::Budgets& b) {
   nlohmann::json all = {{"rows", nlohmann::json::array()},
                         {"machine", bench::system_info()},
@@ -299,6 +387,7 @@ Status write_outputs(const Flags& f, const std::vector<Row>& rows, const engine:
     if (!out) return unavailable("--json " + f.json_path + ": could not write it");
     std::printf("json: %s\n", f.json_path.c_str());
   }
+  if (!f.plot_path.empty()) STRATA_RETURN_IF_ERROR(plot(all, f.plot_path));
   if (!f.csv_path.empty()) {
     std::ofstream out(f.csv_path);
     out << "mode,params,layers,hidden,trained,step_s,predicted_step_s,tokens_per_s,model_tflops,peak_device,"
@@ -328,8 +417,23 @@ Result<engine::Budgets> budgets_of(const Flags& f) {
     }
     return ok_status();
   };
-  STRATA_RETURN_IF_ERROR(bytes(f.device_budget, "--device-budget", &b.device_bytes));
-  STRATA_RETURN_IF_ERROR(bytes(f.host_budget, "--host-budget", &b.host_bytes));
+  if (!f.device_budget.empty()) {
+    STRATA_RETURN_IF_ERROR(bytes(f.device_budget, "--device-budget", &b.device_bytes));
+  } else if (f.device == "cuda" && !f.plan_only) {
+    gpu::DeviceSpec spec;
+    spec.backend = gpu::Backend::kCuda;
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<gpu::Device> dev, gpu::make_device(spec));
+    b.device_bytes = dev->capacity_bytes();
+  } else if (f.device == "cuda") {
+    return invalid_argument("--plan-only --device cuda needs --device-budget (the GPU's memory)");
+  } else {
+    b.device_bytes = uint64_t{512} << 20;
+  }
+  if (!f.host_budget.empty()) {
+    STRATA_RETURN_IF_ERROR(bytes(f.host_budget, "--host-budget", &b.host_bytes));
+  } else {
+    b.host_bytes = physical_memory_bytes() / 2;
+  }
   if (!f.nvme_dir.empty()) {
     STRATA_RETURN_IF_ERROR(check_directory_writable(f.nvme_dir).with_context("--nvme"));
     if (f.nvme_budget.empty()) {
@@ -359,6 +463,7 @@ int run_capacity(const Flags& f) {
     std::printf("mode %d (%s): %s\n", m.id, m.title,
                 r.shape ? (params_text(r.plan.parameters) + " parameters, " + shape_text(r) + ", " + r.plan.why).c_str()
                         : r.note.c_str());
+    if (r.shape) std::printf("  rates: %s\n", r.plan.bandwidths.source.c_str());
     rows.push_back(r);
   }
   std::fflush(stdout);
@@ -394,22 +499,24 @@ void add_capacity_command(CLI::App& app) {
       "capacity", "the largest GPT that trains on this machine in each offload mode: planned, then trained a few steps");
   c->add_option("--device", f->device, "host (the CPU, capped at --device-budget) or cuda (the first GPU)")
       ->check(CLI::IsMember({"host", "cuda"}));
-  c->add_option("--device-budget", f->device_budget, "the device's memory (default 32MiB)");
-  c->add_option("--host-budget", f->host_budget, "host RAM for model states and buffers (default 2GiB)");
+  c->add_option("--device-budget", f->device_budget, "the device's memory (default: 512MiB on host, the GPU's free memory on cuda)");
+  c->add_option("--host-budget", f->host_budget, "host RAM for model states and buffers (default: half the RAM)");
   c->add_option("--nvme", f->nvme_dir, "an NVMe directory: modes 4 and 5 (not tmpfs)");
   c->add_option("--nvme-budget", f->nvme_budget, "NVMe space (default: the directory's free space)");
   c->add_option("--seq", f->seq, "sequence length (default 64)")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  c->add_option("--micro-batch", f->micro_batch, "sequences per step (default 4)")
+  c->add_option("--micro-batch", f->micro_batch, "sequences per step (default 2)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   c->add_option("--vocab", f->vocab, "vocabulary (default 256: bytes)")->check(CLI::Range(int64_t{2}, int64_t{1} << 20));
-  c->add_option("--steps", f->steps, "optimizer steps per trained row (default 6; the first is not timed)")
+  c->add_option("--steps", f->steps, "optimizer steps per trained row (default 3; the first is not timed)")
       ->check(CLI::Range(int64_t{1}, int64_t{1000}));
   c->add_option("--modes", f->modes, "the modes to answer (default 1 2 3 4 5)")->check(CLI::Range(1, 5))->delimiter(',');
-  c->add_option("--lr", f->lr, "AdamW's learning rate for the trained rows (default 1e-3)")
+  c->add_option("--lr", f->lr, "AdamW's learning rate for the trained rows (default: 1e-3 x min(1, 10M / parameters))")
       ->check(CLI::Range(1e-8, 1.0));
   c->add_flag("--plan-only", f->plan_only, "the planner's answer alone: nothing is trained");
   c->add_option("--json", f->json_path, "write the rows and the machine as JSON");
   c->add_option("--csv", f->csv_path, "write the rows as CSV");
+  c->add_option("--plot", f->plot_path,
+                "draw the largest trainable model per mode and its tokens/s into this PNG (python3-matplotlib)");
   c->callback([f] { std::exit(run_capacity(*f)); });
 }
 
