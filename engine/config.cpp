@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "common/units.h"
+#include "io/file.h"
 
 namespace strata::engine {
 namespace {
@@ -559,6 +560,12 @@ Result<EngineConfig> parse_config(const nlohmann::json& j, std::vector<std::stri
   if ((nvme_used || c.budgets.nvme_bytes > 0) && c.nvme_paths.empty()) {
     return invalid_argument(
         "config: an NVMe budget or placement needs nvme_paths (or a DeepSpeed nvme_path, or strata-train --nvme DIR)");
+  }
+  const io::DirectMode direct = c.io.direct == "off"      ? io::DirectMode::kOff
+                                : c.io.direct == "prefer" ? io::DirectMode::kPrefer
+                                                          : io::DirectMode::kRequire;
+  for (const std::string& dir : c.nvme_paths) {
+    STRATA_RETURN_IF_ERROR(io::check_directory(dir, direct).with_context("config nvme_paths"));
   }
   c.nvme_budget_given = c.budgets.nvme_bytes > 0;
   if (!c.nvme_budget_given && !c.nvme_paths.empty()) {

@@ -10,6 +10,7 @@
 #include <cerrno>
 
 #include "common/log.h"
+#include "common/unique_fd.h"
 #include "common/units.h"
 
 namespace strata::io {
@@ -74,6 +75,16 @@ Result<File> File::open(const std::string& path, const FileOptions& options) {
                           " is not a power of two");
   }
   return file;
+}
+
+Status check_directory(const std::string& dir, DirectMode direct) {
+  STRATA_RETURN_IF_ERROR(check_directory_writable(dir));
+  if (direct != DirectMode::kRequire) return ok_status();
+  std::string probe = dir + "/.strata-probe-direct." + std::to_string(::getpid());
+  Result<File> f = File::open(probe, FileOptions{.create = true, .writable = true, .direct = direct});
+  Status closed = f ? f->close() : std::move(f).error();
+  ::unlink(probe.c_str());
+  return closed;
 }
 
 Status File::allocate(uint64_t offset_bytes, uint64_t length_bytes) {

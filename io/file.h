@@ -61,4 +61,11 @@ class File {
 // filesystem does not report one.
 uint64_t query_dio_alignment(int fd);
 
+// Whether `dir` can hold swap files opened with `direct`: files can be
+// created there (check_directory_writable: a missing path, a read-only mount
+// or no permission keeps its errno), and under kRequire a probe file opens
+// with O_DIRECT — a filesystem without it (tmpfs) is refused with
+// File::open's message. The probe files are removed. Each error names `dir`.
+Status check_directory(const std::string& dir, DirectMode direct);
+
 }  // namespace strata::io

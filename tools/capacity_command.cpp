@@ -33,6 +33,7 @@
 #include "gpu/device_factory.h"
 #include "engine/trainer.h"
 #include "engine/trainer_config.h"
+#include "io/file.h"
 
 namespace strata::tools {
 namespace {
@@ -435,7 +436,7 @@ Result<engine::Budgets> budgets_of(const Flags& f) {
     b.host_bytes = physical_memory_bytes() / 2;
   }
   if (!f.nvme_dir.empty()) {
-    STRATA_RETURN_IF_ERROR(check_directory_writable(f.nvme_dir).with_context("--nvme"));
+    STRATA_RETURN_IF_ERROR(io::check_directory(f.nvme_dir, io::DirectMode::kRequire).with_context("--nvme"));
     if (f.nvme_budget.empty()) {
       STRATA_ASSIGN_OR_RETURN(b.nvme_bytes, engine::nvme_free_bytes({f.nvme_dir}));
     } else {

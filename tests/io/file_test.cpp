@@ -1,6 +1,7 @@
 #include "io/file.h"
 
 #include <gtest/gtest.h>
+#include <filesystem>
 #include <sys/stat.h>
 #include <sys/vfs.h>
 #include <linux/magic.h>
@@ -52,6 +53,29 @@ TEST(File, ReadOnlyDirectoryIsFailedPrecondition) {
   Result<File> f = File::open(dir.path() + "/a.bin", FileOptions{});
   ASSERT_FALSE(f);
   EXPECT_EQ(f.error().code(), StatusCode::kFailedPrecondition);
+}
+
+// check_directory: what a config's NVMe directory must be, asked before any
+// work; the probe files it makes are gone after.
+TEST(File, CheckDirectoryNamesWhatIsWrong) {
+  strata::testing::TempDir dir;
+  EXPECT_TRUE(check_directory(dir.path(), DirectMode::kRequire).ok());
+  Status missing = check_directory(dir.path() + "/missing", DirectMode::kRequire);
+  EXPECT_EQ(missing.code(), StatusCode::kNotFound);
+  EXPECT_NE(missing.message().find(dir.path() + "/missing"), std::string::npos) << missing.to_string();
+  ASSERT_TRUE(File::open(dir.path() + "/plain", FileOptions{}));
+  EXPECT_FALSE(check_directory(dir.path() + "/plain", DirectMode::kRequire).ok());
+  int entries = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path())) entries += e.is_regular_file() ? 1 : 0;
+  EXPECT_EQ(entries, 1);  // "plain" only: no probe file left
+  struct statfs fs {};
+  if (::statfs("/dev/shm", &fs) == 0 && fs.f_type == TMPFS_MAGIC) {
+    strata::testing::TempDir shm("/dev/shm");
+    Status tmpfs = check_directory(shm.path(), DirectMode::kRequire);
+    EXPECT_EQ(tmpfs.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(tmpfs.message().find("O_DIRECT"), std::string::npos) << tmpfs.to_string();
+    EXPECT_TRUE(check_directory(shm.path(), DirectMode::kPrefer).ok());
+  }
 }
 
 }  // namespace
