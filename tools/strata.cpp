@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "tools/capacity_command.h"
+#include "tools/cli_errors.h"
 #include "tools/train_command.h"
 
 namespace {
@@ -50,8 +51,14 @@ int main(int argc, char** argv) {
     return strata::tools::train_main(argc - 1, argv + 1, prog, sub == "plan");
   }
   if (sub == "bench") return run_bench(argc, argv);
+  if (!sub.empty() && sub[0] != '-' && sub != "capacity") {
+    std::fprintf(stderr, "strata: unknown subcommand \"%s\": one of train, plan, capacity, bench (strata --help)\n",
+                 sub.c_str());
+    return 2;
+  }
   CLI::App app{"strata: train models larger than the device's memory, streaming them among device, host and NVMe"};
   app.require_subcommand(1);
+  strata::tools::one_line_errors(app, "strata");
   app.add_subcommand("train", "train a GPT from a config and flags (strata train --help)");
   app.add_subcommand("plan", "the planner's placement and per-tier estimate for a config, without running");
   app.add_subcommand("bench", "a benchmark: strata bench io|adam|step|plan|stage [its flags]");

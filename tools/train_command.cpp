@@ -34,6 +34,7 @@
 #include "engine/trainer_config.h"
 #include "tools/arithmetic_data.h"
 #include "tools/train_command.h"
+#include "tools/cli_errors.h"
 
 namespace strata::tools {
 namespace {
@@ -596,6 +597,7 @@ int train_main(int argc, char** argv, const std::string& prog, bool plan_only) {
   f.prog = prog;
   add_run_flags(app, f);
   add_placement_flags(app, f);
+  one_line_errors(app, prog);
   CLI11_PARSE(app, argc, argv);
   f.plan_only = f.plan_only || plan_only;
   if (f.resume && f.checkpoint.empty()) {
