@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -91,7 +92,7 @@ struct Flags {
   // Empty: 512 MiB on the host backend, the GPU's free memory on CUDA; half
   // the RAM; the NVMe directory's free space.
   std::string device_budget, host_budget, nvme_dir, nvme_budget;
-  int64_t seq = 64, micro_batch = 2, steps = 3, vocab = 256;
+  int64_t seq = 0, micro_batch = 0, steps = 3, vocab = 256;  // seq, micro_batch: 0 is the device's default
   double lr = 0;  // 0: lr_for(parameters)
   std::vector<int> modes = {1, 2, 3, 4, 5};
   bool plan_only = false;
@@ -196,8 +197,12 @@ std::optional<Row> plan_shape(const Mode& mode, const Shape& s, const Flags& f, 
   return r;
 }
 
+// Measured rates by block width: modes whose largest shapes share a width
+// (4 and 5, often) are calibrated once.
+using RateCache = std::map<int64_t, engine::Bandwidths>;
+
 // The largest shape of the family that the planner fits in this mode.
-Row largest(const Mode& mode, const Flags& f, const engine::Budgets& b) {
+Row largest(const Mode& mode, const Flags& f, const engine::Budgets& b, RateCache& rates) {
   Row best;
   best.mode = &mode;
   if (mode.needs_nvme && b.nvme_bytes == 0) {
@@ -215,8 +220,11 @@ Row largest(const Mode& mode, const Flags& f, const engine::Budgets& b) {
   // faster placement among those that fit).
   Result<engine::TrainerOptions> o = options_of(*best.shape, f, b);
   if (o) {
-    const engine::Bandwidths bw = rates_for(engine::training_setup(*o), f);
-    if (std::optional<Row> timed = plan_shape(mode, *best.shape, f, b, bw)) best = *timed;
+    auto known = rates.find(best.shape->hidden);
+    if (known == rates.end()) {
+      known = rates.emplace(best.shape->hidden, rates_for(engine::training_setup(*o), f)).first;
+    }
+    if (std::optional<Row> timed = plan_shape(mode, *best.shape, f, b, known->second)) best = *timed;
   }
   return best;
 }
@@ -448,7 +456,12 @@ Result<engine::Budgets> budgets_of(const Flags& f) {
   return b;
 }
 
-int run_capacity(const Flags& f) {
+int run_capacity(Flags f) {
+  // The batch's defaults: on the host backend, where compute is a CPU's
+  // and every row must train within minutes, one sequence of 64 tokens; on
+  // a GPU, four of 1024, as GPT benchmarks use.
+  if (f.seq == 0) f.seq = f.device == "cuda" ? 1024 : 64;
+  if (f.micro_batch == 0) f.micro_batch = f.device == "cuda" ? 4 : 1;
   Result<engine::Budgets> budgets = budgets_of(f);
   bench::exit_on_error(budgets.status(), "strata capacity");
   const engine::Budgets& b = *budgets;
@@ -458,9 +471,10 @@ int run_capacity(const Flags& f) {
               static_cast<long long>(f.micro_batch), static_cast<long long>(f.vocab));
   const std::vector<Mode> all = modes();
   std::vector<Row> rows;
+  RateCache rates;
   for (int id : f.modes) {
     const Mode& m = all.at(static_cast<size_t>(id - 1));
-    Row r = largest(m, f, b);
+    Row r = largest(m, f, b, rates);
     std::printf("mode %d (%s): %s\n", m.id, m.title,
                 r.shape ? (params_text(r.plan.parameters) + " parameters, " + shape_text(r) + ", " + r.plan.why).c_str()
                         : r.note.c_str());
@@ -504,8 +518,8 @@ void add_capacity_command(CLI::App& app) {
   c->add_option("--host-budget", f->host_budget, "host RAM for model states and buffers (default: half the RAM)");
   c->add_option("--nvme", f->nvme_dir, "an NVMe directory: modes 4 and 5 (not tmpfs)");
   c->add_option("--nvme-budget", f->nvme_budget, "NVMe space (default: the directory's free space)");
-  c->add_option("--seq", f->seq, "sequence length (default 64)")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  c->add_option("--micro-batch", f->micro_batch, "sequences per step (default 2)")
+  c->add_option("--seq", f->seq, "sequence length (default 64 on host, 1024 on cuda)")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  c->add_option("--micro-batch", f->micro_batch, "sequences per step (default 1 on host, 4 on cuda)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   c->add_option("--vocab", f->vocab, "vocabulary (default 256: bytes)")->check(CLI::Range(int64_t{2}, int64_t{1} << 20));
   c->add_option("--steps", f->steps, "optimizer steps per trained row (default 3; the first is not timed)")
