@@ -1,0 +1,33 @@
+"""strata: out-of-core training — CPU optimizers on tensors, a drop-in torch
+optimizer and the strata engine, from Python.
+
+    import strata.optim      # one optimizer step in place on NumPy arrays / torch tensors
+    import strata.torch      # CPUAdam, CPUAdamW: torch.optim.Optimizer drop-ins
+
+The native module (_strata) is built by strata's CMake build; docs/PYTHON.md
+says where it lands and how to import it.
+"""
+from . import _strata
+
+__version__ = _strata.__version__
+
+__all__ = ["__version__", "optim", "set_num_threads", "get_num_threads"]
+
+
+def set_num_threads(threads):
+    """Threads the CPU optimizers run on (0: every core). Returns None."""
+    _strata.set_num_threads(int(threads))
+
+
+def get_num_threads():
+    """Threads the CPU optimizers run on."""
+    return _strata.get_num_threads()
+
+
+def __getattr__(name):
+    # strata.optim and strata.torch load on first use, so that importing
+    # strata never needs torch.
+    if name in ("optim", "torch"):
+        import importlib
+        return importlib.import_module("." + name, __name__)
+    raise AttributeError(f"module 'strata' has no attribute {name!r}")
