@@ -109,6 +109,7 @@ struct Row {
   bool trained = false, ran = false;
   int64_t steps = 0;
   double step_s = 0, tokens_per_s = 0, tflops = 0;
+  double predicted_tokens_per_s = 0, predicted_tflops = 0;  // at the planner's step time
   float first_loss = 0, last_loss = 0;
   uint64_t peak_device = 0, peak_host = 0, peak_nvme = 0;
   std::string note;
@@ -193,6 +194,12 @@ std::optional<Row> plan_shape(const Mode& mode, const Shape& s, const Flags& f, 
   r.shape = s;
   r.plan = *plan;
   r.predicted_device = plan->device.total() + (mode.states_on_device ? plan->host.model_states : 0);
+  if (plan->step_seconds > 0) {
+    const double tokens = static_cast<double>(f.micro_batch * f.seq);
+    r.predicted_tokens_per_s = tokens / plan->step_seconds;
+    r.predicted_tflops =
+        gpu::training_flops_per_token(model_of(s, f), f.seq, /*recompute=*/false) * tokens / plan->step_seconds / 1e12;
+  }
   if (mode.states_on_device && r.predicted_device > b.device_bytes) return std::nullopt;
   return r;
 }
@@ -316,9 +323,17 @@ void print_table(const std::vector<Row>& rows, int64_t baseline_params) {
       std::snprintf(loss, sizeof loss, "%.3f -> %.3f %s", r.first_loss, r.last_loss,
                     r.trained ? "trained" : "NOT trained");
     }
-    std::printf("%-4d %-46s %9s %11s %8s %22s %10.0f %9.4f  %s\n", r.mode->id, r.mode->title, params_text(p).c_str(),
-                shape_text(r).c_str(), ratio, r.ran ? step : ("- (" + std::to_string(r.plan.step_seconds) + ")").c_str(),
-                r.tokens_per_s, r.tflops, loss);
+    if (r.ran) {
+      std::printf("%-4d %-46s %9s %11s %8s %22s %10.0f %9.4f  %s\n", r.mode->id, r.mode->title,
+                  params_text(p).c_str(), shape_text(r).c_str(), ratio, step, r.tokens_per_s, r.tflops, loss);
+    } else {  // the planner's figures, in parentheses
+      char planned[3][32];
+      std::snprintf(planned[0], sizeof planned[0], "- (%.3f)", r.plan.step_seconds);
+      std::snprintf(planned[1], sizeof planned[1], "(%.0f)", r.predicted_tokens_per_s);
+      std::snprintf(planned[2], sizeof planned[2], "(%.4f)", r.predicted_tflops);
+      std::printf("%-4d %-46s %9s %11s %8s %22s %10s %9s  %s\n", r.mode->id, r.mode->title, params_text(p).c_str(),
+                  shape_text(r).c_str(), ratio, planned[0], planned[1], planned[2], loss);
+    }
   }
   std::printf("\npeak bytes, measured (planned, planner's error):\n");
   std::printf("%-4s %-34s %-34s %-34s\n", "mode", "device", "host", "nvme");
@@ -346,6 +361,8 @@ nlohmann::json row_json(const Row& r) {
             {"steps", r.steps},
             {"step_s", r.step_s},
             {"predicted_step_s", r.plan.step_seconds},
+            {"predicted_tokens_per_s", r.predicted_tokens_per_s},
+            {"predicted_model_tflops", r.predicted_tflops},
             {"tokens_per_s", r.tokens_per_s},
             {"model_tflops", r.tflops},
             {"placement", r.plan.why},
