@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 
+#include "bindings/python/aio.h"
 #include "cpu_optim/executor.h"
 #include "cpu_optim/optimizer.h"
 
@@ -243,4 +244,5 @@ PYBIND11_MODULE(_strata, m) {
   m.def("get_num_threads", [] { return threads().count(); });
   m.def("isa", [] { return std::string(isa_name(available_isas().front())); });
   m.attr("Q8_BLOCK") = kQ8BlockElems;
+  strata::python::add_aio(m);
 }
