@@ -15,6 +15,7 @@
 #include <string>
 
 #include "bindings/python/aio.h"
+#include "bindings/python/trainer.h"
 #include "cpu_optim/executor.h"
 #include "cpu_optim/optimizer.h"
 
@@ -245,4 +246,5 @@ PYBIND11_MODULE(_strata, m) {
   m.def("isa", [] { return std::string(isa_name(available_isas().front())); });
   m.attr("Q8_BLOCK") = kQ8BlockElems;
   strata::python::add_aio(m);
+  strata::python::add_trainer(m);
 }
