@@ -4,6 +4,7 @@ optimizer and the strata engine, from Python.
     import strata.optim      # one optimizer step in place on NumPy arrays / torch tensors
     import strata.torch      # CPUAdam, CPUAdamW: torch.optim.Optimizer drop-ins
     import strata.aio        # asynchronous tensor reads and writes to NVMe files
+    import strata.safetensors  # a checkpoint's weights for Hugging Face / torch
     strata.Trainer, strata.plan   # the built-in GPT trainer and the planner
 
 The native module (_strata) is built by strata's CMake build; docs/PYTHON.md
@@ -14,7 +15,7 @@ from ._trainer import Trainer, plan
 
 __version__ = _strata.__version__
 
-__all__ = ["__version__", "Trainer", "plan", "optim", "aio", "set_num_threads", "get_num_threads",
+__all__ = ["__version__", "Trainer", "plan", "optim", "aio", "safetensors", "set_num_threads", "get_num_threads",
            "library_version"]
 
 
@@ -36,7 +37,7 @@ def get_num_threads():
 def __getattr__(name):
     # strata.optim and strata.torch load on first use, so that importing
     # strata never needs torch.
-    if name in ("optim", "torch", "aio"):
+    if name in ("optim", "torch", "aio", "safetensors"):
         import importlib
         return importlib.import_module("." + name, __name__)
     raise AttributeError(f"module 'strata' has no attribute {name!r}")
