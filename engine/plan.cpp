@@ -329,22 +329,30 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
     p.tail_seconds = std::max(update, write) + std::min(update, write) * unit / last;  // unit <= last
   }
   p.head_seconds = last * c / (bw.h2d_gbps * 1e9);
+  // Reads and writes go to the same drives and share their bandwidth (each
+  // rate was measured alone): together they take the sum of their times.
+  double nvme_seconds = 0;
+  for (const LinkTime& l : p.links) {
+    if (l.link.rfind("nvme", 0) == 0) nvme_seconds += l.seconds;
+  }
   if (bw.shares_host_cores) {
     // Compute, copies and the optimizer run one after another on the same
     // cores; NVMe transfers overlap all of them but the last chunks' writes.
     double cores = 0;
     for (const LinkTime& l : p.links) {
       if (l.link.rfind("nvme", 0) != 0) cores += l.seconds;
-      else p.overlapped_seconds = std::max(p.overlapped_seconds, l.seconds);
     }
+    p.overlapped_seconds = nvme_seconds;
     p.head_seconds = 0;
     p.tail_seconds = std::max(0.0, p.tail_seconds - (speculates ? last : P) / bw.cpu_optimizer_params_per_s);
     p.overlapped_seconds = std::max(p.overlapped_seconds, cores);
     p.step_seconds = p.overlapped_seconds + p.tail_seconds;
     return p;
   }
+  p.overlapped_seconds = nvme_seconds;
   for (const LinkTime& l : p.links) {
     if (l.link == "cpu optimizer" && !speculates) continue;  // all of it in the tail
+    if (l.link.rfind("nvme", 0) == 0) continue;                // counted together above
     p.overlapped_seconds = std::max(p.overlapped_seconds, l.seconds);
   }
   p.step_seconds = p.overlapped_seconds + p.head_seconds + p.tail_seconds;
@@ -541,10 +549,20 @@ std::string nearest_fitting(const TrainSetup& s, const Budgets& b, const Bandwid
   return "";
 }
 
-const LinkTime& slowest_link(const Plan& p) {
-  const LinkTime* slow = &p.links.front();
-  for (const LinkTime& l : p.links) slow = l.seconds > slow->seconds ? &l : slow;
-  return *slow;
+// The link that bounds the step; NVMe's reads and writes count as one
+// (they share the drives).
+std::string slowest_link(const Plan& p) {
+  std::string name = "compute";
+  double slowest = -1, nvme = 0;
+  for (const LinkTime& l : p.links) {
+    if (l.link.rfind("nvme", 0) == 0) {
+      nvme += l.seconds;
+    } else if (l.seconds > slowest) {
+      slowest = l.seconds;
+      name = l.link;
+    }
+  }
+  return nvme > slowest ? "nvme reads + writes" : name;
 }
 
 }  // namespace
@@ -568,7 +586,7 @@ Result<Plan> make_plan(const TrainSetup& s, const Budgets& b, const Bandwidths& 
     best.why = placement_text(best.placement) +
                (best.device_chunk_buffers > 0 ? ", prefetch depth " + std::to_string(best.placement.prefetch_depth)
                                               : std::string()) +
-               ": the fastest placement that fits (slowest link: " + slowest_link(best).link + ")";
+               ": the fastest placement that fits (slowest link: " + slowest_link(best) + ")";
     return best;
   }
   std::string message = "no placement of " + std::to_string(gpu::parameter_count(s.model)) +
@@ -624,12 +642,12 @@ std::string format_plan(const Plan& p, const Budgets& b) {
   if (p.bandwidths.shares_host_cores) {
     std::snprintf(line, sizeof(line),
                   "  predicted step: %.4f s (compute, copies and optimizer in turn on the host's cores, or NVMe if "
-                  "slower: %.4f s, + %.4f s of NVMe writes after the last gradient lands)\n",
+                  "slower (reads and writes together): %.4f s, + %.4f s of NVMe writes after the last gradient lands)\n",
                   p.step_seconds, p.overlapped_seconds, p.tail_seconds);
   } else {
     std::snprintf(line, sizeof(line),
-                  "  predicted step: %.4f s (the slowest overlapped link %.4f s, + %.4f s before the first block can "
-                  "compute, + %.4f s after the last gradient lands)\n",
+                  "  predicted step: %.4f s (the slowest overlapped link, NVMe reads and writes together, %.4f s, + %.4f s "
+                  "before the first block can compute, + %.4f s after the last gradient lands)\n",
                   p.step_seconds, p.overlapped_seconds, p.head_seconds, p.tail_seconds);
   }
   out += line;
