@@ -306,6 +306,23 @@ std::string bytes_vs(uint64_t measured, uint64_t predicted, bool ran) {
   return buf;
 }
 
+// The planner's seconds per link for one step, and how they add up to its
+// step time: what a row's step time is made of.
+std::string links_text(const engine::Plan& plan) {
+  std::string text = "plan per step:";
+  char buf[64];
+  const char* sep = " ";
+  for (const engine::LinkTime& l : plan.links) {
+    if (l.seconds <= 0) continue;
+    std::snprintf(buf, sizeof buf, "%s%s %.2f s", sep, l.link.c_str(), l.seconds);
+    text += buf;
+    sep = ", ";
+  }
+  std::snprintf(buf, sizeof buf, " -> step %.2f s (%s)", plan.step_seconds,
+                plan.bandwidths.shares_host_cores ? "all but NVMe on the same cores" : "links overlapped");
+  return text + buf;
+}
+
 void print_table(const std::vector<Row>& rows, int64_t baseline_params) {
   std::printf("\n%-4s %-46s %9s %11s %8s %22s %10s %9s  %s\n", "mode", "", "params", "layers x C", "x mode 1",
               "step s (plan, error)", "tokens/s", "TFLOP/s", "loss first -> last");
@@ -495,7 +512,10 @@ int run_capacity(Flags f) {
     std::printf("mode %d (%s): %s\n", m.id, m.title,
                 r.shape ? (params_text(r.plan.parameters) + " parameters, " + shape_text(r) + ", " + r.plan.why).c_str()
                         : r.note.c_str());
-    if (r.shape) std::printf("  rates: %s\n", r.plan.bandwidths.source.c_str());
+    if (r.shape) {
+      std::printf("  rates: %s\n", r.plan.bandwidths.source.c_str());
+      std::printf("  %s\n", links_text(r.plan).c_str());
+    }
     rows.push_back(r);
   }
   std::fflush(stdout);
