@@ -247,3 +247,20 @@ def test_gpu_tensors_are_refused_before_anything_runs():
         pass
     with pytest.raises(TypeError, match="expected a numpy.ndarray"):
         so.sgd_step(FakeCuda(), FakeCuda(), step=1, lr=0.1)
+
+
+@pytest.mark.parametrize("gdtype", [np.float16, "bfloat16"])
+def test_half_gradients_equal_their_fp32_values(gdtype):
+    p, grads = problem(8, steps=3)
+    a, b = p.copy(), p.copy()
+    ma, va, mb, vb = (np.zeros(N, np.float32) for _ in range(4))
+    for k, g in enumerate(grads, start=1):
+        if gdtype == "bfloat16":
+            half = torch.from_numpy(g).to(torch.bfloat16)
+            full = half.float().numpy()
+        else:
+            half = g.astype(np.float16)
+            full = half.astype(np.float32)
+        so.adamw_step(a, half, ma, va, step=k, lr=1e-2)
+        so.adamw_step(b, full, mb, vb, step=k, lr=1e-2)
+    assert np.array_equal(a, b) and np.array_equal(ma, mb) and np.array_equal(va, vb)
