@@ -37,7 +37,7 @@ namespace {
 // Raises the Python exception for a failed Status: FileNotFoundError,
 // PermissionError, ValueError, or OSError, with the C++ message.
 [[noreturn]] void raise_status(const Status& s, const std::string& path = "") {
-  const std::string m(s.message());
+  const std::string m = std::string(status_code_name(s.code())) + ": " + std::string(s.message());
   switch (s.code()) {
     case StatusCode::kNotFound:
       PyErr_SetObject(PyExc_FileNotFoundError, py::make_tuple(ENOENT, m, path).ptr());

@@ -229,3 +229,28 @@ def test_bad_arguments_raise():
         opt.step()
     assert torch.equal(p, before)
     assert "step" not in opt.state[p] or int(opt.state[p]["step"]) == 0
+
+
+def test_deepspeeds_option_names():
+    torch.manual_seed(2)
+    init = torch.randn(300)
+    grads = [torch.randn(300) for _ in range(5)]
+
+    def run(opt_cls, **kw):
+        p = torch.nn.Parameter(init.clone())
+        o = opt_cls([p], lr=1e-2, weight_decay=0.1, **kw)
+        for g in grads:
+            p.grad = g.clone()
+            o.step()
+        return p.detach(), o
+
+    # adamw_mode=True on CPUAdam is CPUAdamW, False on CPUAdamW is CPUAdam.
+    assert torch.equal(run(CPUAdam, adamw_mode=True)[0], run(CPUAdamW)[0])
+    assert torch.equal(run(CPUAdamW, adamw_mode=False)[0], run(CPUAdam)[0])
+    assert not torch.equal(run(CPUAdam)[0], run(CPUAdamW)[0])
+    p, o = run(CPUAdamW, fp32_optimizer_states=False)
+    assert o.state[o.param_groups[0]["params"][0]]["exp_avg"].dtype == torch.bfloat16
+    p, o = run(CPUAdamW, fp32_optimizer_states=False, state_dtype="q8")
+    assert o.state[o.param_groups[0]["params"][0]]["exp_avg"].dtype == torch.int8
+    with pytest.raises(ValueError, match="bias_correction"):
+        CPUAdamW([torch.nn.Parameter(init.clone())], bias_correction=False)

@@ -10,6 +10,11 @@ their gradients float32, bfloat16 or float16. Options beyond torch's:
 
     state_dtype   "fp32" (default), "bf16" or "q8" (8-bit blockwise states,
                   with exp_avg_scale and exp_avg_sq_scale in the state)
+    fp32_optimizer_states, adamw_mode, bias_correction
+                  DeepSpeedCPUAdam's: fp32_optimizer_states=False is
+                  state_dtype="bf16"; adamw_mode=True makes CPUAdam
+                  decouple weight decay (AdamW), False makes CPUAdamW
+                  add it to the gradient (Adam); bias_correction must be True
     weights_out   a dict param -> bfloat16/float16 tensor of its size that
                   each step also writes the new weights to (the copy a GPU
                   model computes with), in the same pass
@@ -32,7 +37,17 @@ class _CPUAdamBase(torch.optim.Optimizer):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False, *,
                  maximize=False, foreach=None, capturable=False, differentiable=False, fused=None,
-                 state_dtype="fp32", weights_out=None):
+                 state_dtype=None, weights_out=None, fp32_optimizer_states=True, bias_correction=True,
+                 adamw_mode=None):
+        # DeepSpeedCPUAdam's options: fp32_optimizer_states=False keeps the
+        # moments in bf16 (state_dtype, when given, decides); adamw_mode
+        # picks AdamW's decoupled weight decay (default: the class's).
+        if state_dtype is None:
+            state_dtype = "fp32" if fp32_optimizer_states else "bf16"
+        if not bias_correction:
+            raise ValueError("bias_correction=False is not supported by strata's CPU Adam")
+        if adamw_mode is not None:
+            self._decoupled = bool(adamw_mode)
         if not 0.0 <= lr:
             raise ValueError(f"Invalid learning rate: {lr}")
         if not 0.0 <= eps:
