@@ -51,26 +51,29 @@ def _betas(betas):
     return float(b1), float(b2)
 
 
+def _adam(kind, params, grads, exp_avg, exp_avg_sq, step, lr, betas, eps, weight_decay, grad_scale, weights_out,
+          exp_avg_scale, exp_avg_sq_scale, skip_nonfinite):
+    b1, b2 = _betas(betas)
+    hyper = dict(lr=float(lr), beta1=b1, beta2=b2, eps=float(eps), weight_decay=float(weight_decay))
+    return _run(kind, hyper, step, grad_scale, skip_nonfinite, params=params, grads=grads, exp_avg=exp_avg,
+                exp_avg_sq=exp_avg_sq, exp_avg_scale=exp_avg_scale, exp_avg_sq_scale=exp_avg_sq_scale,
+                weights_out=weights_out)
+
+
 def adam_step(params, grads, exp_avg, exp_avg_sq, *, step, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
               weight_decay=0.0, grad_scale=1.0, weights_out=None, exp_avg_scale=None, exp_avg_sq_scale=None,
               skip_nonfinite=True):
     """torch.optim.Adam's step (weight decay as L2, added to the gradient)."""
-    b1, b2 = _betas(betas)
-    hyper = dict(lr=float(lr), beta1=b1, beta2=b2, eps=float(eps), weight_decay=float(weight_decay))
-    return _run("adam", hyper, step, grad_scale, skip_nonfinite, params=params, grads=grads, exp_avg=exp_avg,
-                exp_avg_sq=exp_avg_sq, exp_avg_scale=exp_avg_scale, exp_avg_sq_scale=exp_avg_sq_scale,
-                weights_out=weights_out)
+    return _adam("adam", params, grads, exp_avg, exp_avg_sq, step, lr, betas, eps, weight_decay, grad_scale,
+                 weights_out, exp_avg_scale, exp_avg_sq_scale, skip_nonfinite)
 
 
 def adamw_step(params, grads, exp_avg, exp_avg_sq, *, step, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
                weight_decay=1e-2, grad_scale=1.0, weights_out=None, exp_avg_scale=None, exp_avg_sq_scale=None,
                skip_nonfinite=True):
     """torch.optim.AdamW's step (decoupled weight decay)."""
-    b1, b2 = _betas(betas)
-    hyper = dict(lr=float(lr), beta1=b1, beta2=b2, eps=float(eps), weight_decay=float(weight_decay))
-    return _run("adamw", hyper, step, grad_scale, skip_nonfinite, params=params, grads=grads, exp_avg=exp_avg,
-                exp_avg_sq=exp_avg_sq, exp_avg_scale=exp_avg_scale, exp_avg_sq_scale=exp_avg_sq_scale,
-                weights_out=weights_out)
+    return _adam("adamw", params, grads, exp_avg, exp_avg_sq, step, lr, betas, eps, weight_decay, grad_scale,
+                 weights_out, exp_avg_scale, exp_avg_sq_scale, skip_nonfinite)
 
 
 def adagrad_step(params, grads, sum, *, step, lr=1e-2, lr_decay=0.0, weight_decay=0.0, eps=1e-10,  # noqa: A002
