@@ -506,8 +506,12 @@ int run_capacity(Flags f) {
   const std::vector<Mode> all = modes();
   std::vector<Row> rows;
   RateCache rates;
-  for (int id : f.modes) {
-    const Mode& m = all.at(static_cast<size_t>(id - 1));
+  const auto t0 = std::chrono::steady_clock::now();
+  // Each mode is planned, then trained at once: its rates are measured in
+  // the state its training runs in (after the previous row's), not
+  // before every row's training.
+  for (size_t i = 0; i < f.modes.size(); ++i) {
+    const Mode& m = all.at(static_cast<size_t>(f.modes[i] - 1));
     Row r = largest(m, f, b, rates);
     std::printf("mode %d (%s): %s\n", m.id, m.title,
                 r.shape ? (params_text(r.plan.parameters) + " parameters, " + shape_text(r) + ", " + r.plan.why).c_str()
@@ -516,23 +520,20 @@ int run_capacity(Flags f) {
       std::printf("  rates: %s\n", r.plan.bandwidths.source.c_str());
       std::printf("  %s\n", links_text(r.plan).c_str());
     }
-    rows.push_back(r);
-  }
-  std::fflush(stdout);
-  const auto t0 = std::chrono::steady_clock::now();
-  for (size_t i = 0; i < rows.size() && !f.plan_only; ++i) {
-    Row& r = rows[i];
-    if (!r.shape) continue;
-    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::printf("training mode %d: %s parameters (%s) for %lld steps [%zu of %zu, %.0f s so far]\n", r.mode->id,
-                params_text(r.plan.parameters).c_str(), shape_text(r).c_str(), static_cast<long long>(f.steps), i + 1,
-                rows.size(), elapsed);
-    std::fflush(stdout);
-    Status s = train_row(r, f, b);
-    if (!s.ok()) {
-      r.note = s.to_string();
-      std::printf("  not trained: %s\n", r.note.c_str());
+    if (r.shape && !f.plan_only) {
+      const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::printf("training mode %d: %s parameters (%s) for %lld steps [%zu of %zu, %.0f s so far]\n", r.mode->id,
+                  params_text(r.plan.parameters).c_str(), shape_text(r).c_str(), static_cast<long long>(f.steps), i + 1,
+                  f.modes.size(), elapsed);
+      std::fflush(stdout);
+      Status s = train_row(r, f, b);
+      if (!s.ok()) {
+        r.note = s.to_string();
+        std::printf("  not trained: %s\n", r.note.c_str());
+      }
     }
+    std::fflush(stdout);
+    rows.push_back(r);
   }
   const int64_t baseline = !rows.empty() && rows[0].mode->id == 1 && rows[0].shape ? rows[0].plan.parameters : 0;
   print_table(rows, baseline);
