@@ -161,253 +161,299 @@ Status StreamedModel::forward_backward_pass(const std::vector<const void*>& weig
   return s;
 }
 
+// Off the device, block input l lives in device buffer l % K while in use
+// (K = kCheckpointBuffers); the last K stay there from forward to backward.
+// Micro-batch m's block input l.
+uint8_t* StreamedModel::block_input(int64_t m, int64_t l) const {
+  const bool off_device = checkpoint_tier_ != Tier::kDevice;
+  const int64_t slot = off_device ? l % kCheckpointBuffers : l;
+  return checkpoints_.as<uint8_t>() + static_cast<uint64_t>(slot * micro_batches_ + m) * block_input_bytes();
+}
+
+uint64_t StreamedModel::block_input_bytes() const { return static_cast<uint64_t>(B_ * T_ * config_.hidden) * es_; }
+
+// Block input l of the pass: the micro-batches' inputs side by side, moved
+// to and from the host or NVMe as one.
+uint64_t StreamedModel::input_group_bytes() const {
+  return static_cast<uint64_t>(micro_batches_) * block_input_bytes();
+}
+
+bool StreamedModel::moves_input(int64_t l) const {
+  return checkpoint_tier_ != Tier::kDevice && l >= 0 && l <= config_.layers - kCheckpointBuffers;
+}
+
+// Before block input l is written into its device buffer, the buffer's
+// previous copy (out to the host, or in from it) must have finished.
+Status StreamedModel::claim_input(int64_t l) {
+  gpu::Event& e = ckpt_done_[l % kCheckpointBuffers];
+  if (checkpoint_tier_ != Tier::kDevice && e.id >= 0) STRATA_RETURN_IF_ERROR(wait_for(e, "checkpoint buffer"));
+  return ok_status();
+}
+
+// Frees NVMe staging buffer l % 2: its last copy, and the write it fed.
+Status StreamedModel::drain_staging(int64_t l) {
+  // The copy stream issues the write: its event first, then the ticket.
+  if (stage_done_[l % 2].id >= 0) STRATA_RETURN_IF_ERROR(wait_for(stage_done_[l % 2], "checkpoint staging"));
+  std::optional<io::Ticket>& pending = stage_write_[l % 2];
+  if (!pending) return ok_status();
+  Status w = swap_->wait(*pending);
+  pending.reset();
+  return w;
+}
+
+// Sends block input l to the host (the last K stay on the device for backward).
+Status StreamedModel::offload_input(int64_t l) {
+  if (!moves_input(l)) return ok_status();
+  const uint64_t bytes = input_group_bytes();
+  const int64_t k = l % kCheckpointBuffers;
+  if (checkpoint_tier_ == Tier::kNvme) {
+    // Device -> staging buffer on the copy stream, then, on that stream
+    // too, the staging buffer's write to NVMe is issued: the compute never
+    // waits for the copy. The buffer is reused only after that write ends
+    // (drain_staging, after the stream's event says the write was issued).
+    STRATA_RETURN_IF_ERROR(drain_staging(l));
+    PinnedArena::Lease& buf = stage_buf_[static_cast<size_t>(l % 2)];
+    STRATA_RETURN_IF_ERROR(dev_->copy_to_host(copy_, buf.data(), block_input(0, l), bytes));
+    std::optional<io::Ticket>* pending = &stage_write_[l % 2];
+    io::SwapStore* swap = swap_;
+    const std::string* name = &checkpoint_blobs_[static_cast<size_t>(l)];
+    STRATA_RETURN_IF_ERROR(dev_->enqueue(copy_, [swap, pending, name, io = buf.buffer(), bytes]() -> Status {
+      Result<io::Ticket> t = swap->write(*name, io, bytes);
+      if (!t) return std::move(t).error().with_context("writing an activation checkpoint");
+      *pending = *t;
+      return ok_status();
+    }));
+    STRATA_ASSIGN_OR_RETURN(ckpt_done_[k], dev_->record(copy_));
+    stage_done_[l % 2] = ckpt_done_[k];
+  } else {
+    uint8_t* dst = host_checkpoints_.data() + static_cast<uint64_t>(l) * bytes;
+    STRATA_RETURN_IF_ERROR(dev_->copy_to_host(copy_, dst, block_input(0, l), bytes));
+    STRATA_ASSIGN_OR_RETURN(ckpt_done_[k], dev_->record(copy_));
+  }
+  d2h_bytes_ += bytes;
+  return ok_status();
+}
+
+// Brings block input l back into its device buffer: fetch_input(l) at the
+// top of backward's block l + K, which leaves the copy two blocks' compute
+// to finish in. On NVMe, input l's read is issued one block earlier still
+// (start_input_read) into a staging buffer.
+Status StreamedModel::start_input_read(int64_t l) {
+  if (checkpoint_tier_ != Tier::kNvme || !moves_input(l)) return ok_status();
+  STRATA_RETURN_IF_ERROR(drain_staging(l));
+  STRATA_ASSIGN_OR_RETURN(stage_read_[l % 2], swap_->read(checkpoint_blobs_[static_cast<size_t>(l)],
+                                                          stage_buf_[static_cast<size_t>(l % 2)].buffer()));
+  return ok_status();
+}
+
+Status StreamedModel::fetch_input(int64_t l) {
+  if (!moves_input(l)) return ok_status();
+  const uint64_t bytes = input_group_bytes();
+  const bool nvme = checkpoint_tier_ == Tier::kNvme;
+  const uint8_t* src = host_checkpoints_.data() + (nvme ? 0 : static_cast<uint64_t>(l) * bytes);
+  if (nvme) {
+    const double t0 = WaitMeter::now_s();
+    Status rs = swap_->wait(*stage_read_[l % 2]);
+    stage_read_[l % 2].reset();
+    meter_.note(t0, "checkpoint from nvme");
+    STRATA_RETURN_IF_ERROR(rs);
+    src = reinterpret_cast<const uint8_t*>(stage_buf_[static_cast<size_t>(l % 2)].data());
+  }
+  STRATA_RETURN_IF_ERROR(claim_input(l));  // block l + K's input, used by the block before, is done with
+  STRATA_RETURN_IF_ERROR(dev_->copy_to_device(copy_, block_input(0, l), src, bytes));
+  const int64_t k = l % kCheckpointBuffers;
+  STRATA_ASSIGN_OR_RETURN(ckpt_done_[k], dev_->record(copy_));
+  if (nvme) stage_done_[l % 2] = ckpt_done_[k];
+  h2d_bytes_ += bytes;
+  return ok_status();
+}
+
+// The chunk's gradient, zeroed then computed by `compute` into a gradient
+// slot, sent to its host buffer (micro-batch by micro-batch into the same
+// host buffer: the caller is done with the previous one before the next
+// copy is issued).
+Status StreamedModel::send_gradient(Pass& p, size_t chunk, int64_t m,
+                                    const std::function<Status(void* slot)>& compute) {
+  STRATA_ASSIGN_OR_RETURN(void* slot, store_->gradient_buffer(chunk));
+  const uint64_t bytes = static_cast<uint64_t>(layout_[chunk].numel) * es_;
+  auto zeroed_then_computed = [&]() -> Status {
+    STRATA_RETURN_IF_ERROR(ops_->zero(compute_, slot, bytes));
+    return compute(slot);
+  };
+  STRATA_RETURN_IF_ERROR(run(zeroed_then_computed));
+  if (m > 0 && *p.before_resend) STRATA_RETURN_IF_ERROR((*p.before_resend)());
+  if (gate_) STRATA_RETURN_IF_ERROR(gate_(chunk));
+  STRATA_RETURN_IF_ERROR(store_->send_gradient(chunk, (*p.grads)[chunk]));
+  if (*p.landed) (*p.landed)(chunk, m);
+  return ok_status();
+}
+
 Status StreamedModel::run_step(const std::vector<const void*>& weights, const int32_t* tokens, const int32_t* targets,
                                const std::vector<void*>& grads, const MicroBatchLanded& landed,
                                const std::function<Status()>& before_resend, float dloss, float* losses,
                                bool same_weights) {
-  const int64_t mbs = micro_batches_;
-  const gpu::GptConfig& c = config_;
-  const int64_t L = c.layers, N = B_ * T_, C = c.hidden;
+  const int64_t mbs = micro_batches_, N = B_ * T_;
   meter_.reset();
   // Chunk 0's copy (none for the same weights again), and the first uses once recorded.
   STRATA_RETURN_IF_ERROR(store_->begin_step(weights, same_weights));
-  const uint64_t es = es_;
-  uint8_t* ckpt = checkpoints_.as<uint8_t>();
-  const bool host_ckpt = checkpoint_tier_ != Tier::kDevice;  // off the device: host or NVMe
-  const bool nvme_ckpt = checkpoint_tier_ == Tier::kNvme;
-  auto blob = [this](int64_t l) -> const std::string& { return checkpoint_blobs_[static_cast<size_t>(l)]; };
-  // Off the device, block input l lives in device buffer l % K while in use;
-  // the last K stay there from forward to backward.
-  constexpr int64_t K = kCheckpointBuffers;
-  const uint64_t x_bytes = static_cast<uint64_t>(N * C) * es;
-  // Block input l of the pass: the mbs micro-batches' inputs side by side
-  // (group_bytes), moved to and from the host or NVMe as one.
-  const uint64_t group_bytes = static_cast<uint64_t>(mbs) * x_bytes;
-  // Micro-batch m's block input l.
-  auto x_mb = [&](int64_t m, int64_t l) {
-    return ckpt + static_cast<uint64_t>((host_ckpt ? l % K : l) * mbs + m) * x_bytes;
-  };
-  auto x_of = [&](int64_t l) { return x_mb(0, l); };
   for (gpu::Event& e : ckpt_done_) e = gpu::Event{};
   for (gpu::Event& e : stage_done_) e = gpu::Event{};
-  // Before block input l is written into its device buffer, the buffer's
-  // previous copy (out to the host, or in from it) must have finished.
-  auto claim = [&](int64_t l) -> Status {
-    gpu::Event& e = ckpt_done_[l % K];
-    if (host_ckpt && e.id >= 0) STRATA_RETURN_IF_ERROR(wait_for(e, "checkpoint buffer"));
-    return ok_status();
-  };
-  // Frees NVMe staging buffer l % 2: its last copy, and the write it fed.
-  auto drain_staging = [&](int64_t l) -> Status {
-    // The copy stream issues the write: its event first, then the ticket.
-    if (stage_done_[l % 2].id >= 0) STRATA_RETURN_IF_ERROR(wait_for(stage_done_[l % 2], "checkpoint staging"));
-    std::optional<io::Ticket>& pending = stage_write_[l % 2];
-    if (!pending) return ok_status();
-    Status w = swap_->wait(*pending);
-    pending.reset();
-    return w;
-  };
-  // Sends block input l to the host (the last K stay on the device for backward).
-  auto offload = [&](int64_t l) -> Status {
-    if (!host_ckpt || l > L - K) return ok_status();
-    if (nvme_ckpt) {
-      // Device -> staging buffer on the copy stream, then, on that stream
-      // too, the staging buffer's write to NVMe is issued: the compute never
-      // waits for the copy. The buffer is reused only after that write ends
-      // (drain_staging, after the stream's event says the write was issued).
-      STRATA_RETURN_IF_ERROR(drain_staging(l));
-      PinnedArena::Lease& buf = stage_buf_[static_cast<size_t>(l % 2)];
-      STRATA_RETURN_IF_ERROR(dev_->copy_to_host(copy_, buf.data(), x_of(l), group_bytes));
-      std::optional<io::Ticket>* pending = &stage_write_[l % 2];
-      io::SwapStore* swap = swap_;
-      const std::string* name = &blob(l);
-      STRATA_RETURN_IF_ERROR(dev_->enqueue(copy_, [swap, pending, name, io = buf.buffer(), group_bytes]() -> Status {
-        Result<io::Ticket> t = swap->write(*name, io, group_bytes);
-        if (!t) return std::move(t).error().with_context("writing an activation checkpoint");
-        *pending = *t;
-        return ok_status();
-      }));
-      STRATA_ASSIGN_OR_RETURN(ckpt_done_[l % K], dev_->record(copy_));
-      stage_done_[l % 2] = ckpt_done_[l % K];
-    } else {
-      uint8_t* dst = host_checkpoints_.data() + static_cast<uint64_t>(l) * group_bytes;
-      STRATA_RETURN_IF_ERROR(dev_->copy_to_host(copy_, dst, x_of(l), group_bytes));
-      STRATA_ASSIGN_OR_RETURN(ckpt_done_[l % K], dev_->record(copy_));
-    }
-    d2h_bytes_ += group_bytes;
-    return ok_status();
-  };
-  // Brings block input l back into its device buffer: fetch(l) at the top
-  // of backward's block l + K, which leaves the copy two blocks' compute to
-  // finish in. On NVMe, input l's read is issued one block earlier still
-  // (fetch_start) into a staging buffer.
-  auto fetch_start = [&](int64_t l) -> Status {
-    if (!nvme_ckpt || l < 0 || l > L - K) return ok_status();
-    STRATA_RETURN_IF_ERROR(drain_staging(l));
-    STRATA_ASSIGN_OR_RETURN(stage_read_[l % 2], swap_->read(blob(l), stage_buf_[static_cast<size_t>(l % 2)].buffer()));
-    return ok_status();
-  };
-  auto fetch = [&](int64_t l) -> Status {
-    if (!host_ckpt || l < 0 || l > L - K) return ok_status();
-    const uint8_t* src = host_checkpoints_.data() + (nvme_ckpt ? 0 : static_cast<uint64_t>(l) * group_bytes);
-    if (nvme_ckpt) {
-      const double t0 = WaitMeter::now_s();
-      Status rs = swap_->wait(*stage_read_[l % 2]);
-      stage_read_[l % 2].reset();
-      meter_.note(t0, "checkpoint from nvme");
-      STRATA_RETURN_IF_ERROR(rs);
-      src = reinterpret_cast<const uint8_t*>(stage_buf_[static_cast<size_t>(l % 2)].data());
-    }
-    STRATA_RETURN_IF_ERROR(claim(l));  // block l + K's input, used by the block before, is done with
-    STRATA_RETURN_IF_ERROR(dev_->copy_to_device(copy_, x_of(l), src, group_bytes));
-    STRATA_ASSIGN_OR_RETURN(ckpt_done_[l % K], dev_->record(copy_));
-    if (nvme_ckpt) stage_done_[l % 2] = ckpt_done_[l % K];
-    h2d_bytes_ += group_bytes;
-    return ok_status();
-  };
   // Per micro-batch: dx and dx_in, swapped block by block; the losses,
   // tokens and targets after all of them.
-  std::vector<uint8_t*> dx(static_cast<size_t>(mbs)), dx_in(static_cast<size_t>(mbs));
+  Pass p{&grads, &landed, &before_resend, dloss};
+  const uint64_t x_bytes = block_input_bytes();
   for (int64_t m = 0; m < mbs; ++m) {
-    dx[static_cast<size_t>(m)] = step_mem_.as<uint8_t>() + static_cast<uint64_t>(2 * m) * x_bytes;
-    dx_in[static_cast<size_t>(m)] = dx[static_cast<size_t>(m)] + x_bytes;
+    p.dx.push_back(step_mem_.as<uint8_t>() + static_cast<uint64_t>(2 * m) * x_bytes);
+    p.dx_in.push_back(p.dx.back() + x_bytes);
   }
-  float* loss_dev =
-      reinterpret_cast<float*>(step_mem_.as<uint8_t>() + static_cast<uint64_t>(2 * micro_batches_) * x_bytes);
-  int32_t* tokens_dev = reinterpret_cast<int32_t*>(loss_dev + micro_batches_);
-  int32_t* targets_dev = tokens_dev + micro_batches_ * N;
+  p.loss = reinterpret_cast<float*>(step_mem_.as<uint8_t>() + static_cast<uint64_t>(2 * mbs) * x_bytes);
+  p.tokens = reinterpret_cast<int32_t*>(p.loss + mbs);
+  p.targets = p.tokens + mbs * N;
+  const uint64_t token_bytes = static_cast<uint64_t>(mbs * N) * 4;
+  STRATA_RETURN_IF_ERROR(dev_->copy_to_device(compute_, p.tokens, tokens, token_bytes));
+  STRATA_RETURN_IF_ERROR(dev_->copy_to_device(compute_, p.targets, targets, token_bytes));
+  // The embedding chunk is used at both ends: it stays resident for the step.
+  STRATA_ASSIGN_OR_RETURN(p.emb, store_->resident_weights());
+  STRATA_RETURN_IF_ERROR(forward_blocks(p));
+  STRATA_RETURN_IF_ERROR(head_backward(p));
+  for (int64_t l = config_.layers; l >= 1; --l) STRATA_RETURN_IF_ERROR(backward_block(p, l));
+  STRATA_RETURN_IF_ERROR(embedding_backward(p));
+  STRATA_RETURN_IF_ERROR(dev_->copy_to_host(compute_, losses, p.loss, static_cast<uint64_t>(mbs) * 4));
+  STRATA_RETURN_IF_ERROR(dev_->synchronize(compute_));
+  STRATA_RETURN_IF_ERROR(dev_->synchronize(copy_));
+  STRATA_RETURN_IF_ERROR(dev_->async_error());
+  store_->end_step();  // a complete step's uses: what later steps prefetch by
+  return ok_status();
+}
+
+// The embedding, then every block, keeping only each block's input; with
+// one micro-batch the head's forward too.
+Status StreamedModel::forward_blocks(Pass& p) {
+  const int64_t mbs = micro_batches_, N = B_ * T_, L = config_.layers;
   gpu::ModelOps& ops = *ops_;
   gpu::ModelOps::Workspace& ws = *workspace_;
-  const uint64_t token_bytes = static_cast<uint64_t>(mbs * N) * 4;
-
-  STRATA_RETURN_IF_ERROR(dev_->copy_to_device(compute_, tokens_dev, tokens, token_bytes));
-  STRATA_RETURN_IF_ERROR(dev_->copy_to_device(compute_, targets_dev, targets, token_bytes));
-  // The embedding chunk is used at both ends: it stays resident for the step.
-  STRATA_ASSIGN_OR_RETURN(const void* emb, store_->resident_weights());
   auto embed = [&]() -> Status {
     for (int64_t m = 0; m < mbs; ++m) {
-      STRATA_RETURN_IF_ERROR(ops.embedding_forward(compute_, ws, emb, tokens_dev + m * N, x_mb(m, 0)));
+      STRATA_RETURN_IF_ERROR(ops.embedding_forward(compute_, ws, p.emb, p.tokens + m * N, block_input(m, 0)));
     }
     return ok_status();
   };
   STRATA_RETURN_IF_ERROR(run(embed));
-  STRATA_RETURN_IF_ERROR(offload(0));
-
-  // Forward: keep only each block's input.
+  STRATA_RETURN_IF_ERROR(offload_input(0));
   for (int64_t l = 1; l <= L; ++l) {
     STRATA_ASSIGN_OR_RETURN(const ChunkStore::Use w, store_->acquire(static_cast<size_t>(l)));
-    STRATA_RETURN_IF_ERROR(claim(l));
+    STRATA_RETURN_IF_ERROR(claim_input(l));
     const double start = meter_.trace() ? meter_.trace()->now_us() : 0;
     auto forward = [&]() -> Status {
       for (int64_t m = 0; m < mbs; ++m) {
-        STRATA_RETURN_IF_ERROR(ops.block_forward(compute_, ws, w.data, x_mb(m, l - 1), x_mb(m, l)));
+        STRATA_RETURN_IF_ERROR(ops.block_forward(compute_, ws, w.data, block_input(m, l - 1), block_input(m, l)));
       }
       return ok_status();
     };
     STRATA_RETURN_IF_ERROR(run(forward));
     if (Trace* t = meter_.trace()) t->span("compute", "forward block " + std::to_string(l), start, t->now_us(), "compute");
     store_->release(w);
-    STRATA_RETURN_IF_ERROR(offload(l));
+    STRATA_RETURN_IF_ERROR(offload_input(l));
   }
   // The head's forward leaves what its backward reads in the workspace: one
   // micro-batch runs it here; several run each micro-batch's forward right
-  // before its backward (below).
-  const size_t final_chunk = static_cast<size_t>(L + 1);
+  // before its backward (head_backward).
   if (mbs == 1) {
-    STRATA_ASSIGN_OR_RETURN(const ChunkStore::Use w, store_->acquire(final_chunk));
+    STRATA_ASSIGN_OR_RETURN(const ChunkStore::Use w, store_->acquire(static_cast<size_t>(L + 1)));
     STRATA_RETURN_IF_ERROR(
-        run([&] { return ops.head_forward(compute_, ws, w.data, emb, x_of(L), targets_dev, loss_dev); }));
+        run([&] { return ops.head_forward(compute_, ws, w.data, p.emb, block_input(0, L), p.targets, p.loss); }));
     store_->release(w);
   }
+  return ok_status();
+}
 
-  // Backward. Each chunk's gradient goes to the host as soon as it is
-  // complete (micro-batch by micro-batch, into the same host buffer: the
-  // caller is done with the previous one before the next copy is issued).
-  auto send_grad = [&](size_t chunk, int64_t m, auto&& compute) -> Status {
-    STRATA_ASSIGN_OR_RETURN(void* slot, store_->gradient_buffer(chunk));
-    const uint64_t bytes = static_cast<uint64_t>(layout_[chunk].numel) * es;
-    auto zeroed_then_computed = [&]() -> Status {
-      STRATA_RETURN_IF_ERROR(ops.zero(compute_, slot, bytes));
-      return compute(slot);
-    };
-    STRATA_RETURN_IF_ERROR(run(zeroed_then_computed));
-    if (m > 0 && before_resend) STRATA_RETURN_IF_ERROR(before_resend());
-    if (gate_) STRATA_RETURN_IF_ERROR(gate_(chunk));
-    STRATA_RETURN_IF_ERROR(store_->send_gradient(chunk, grads[chunk]));
-    if (landed) landed(chunk, m);
-    return ok_status();
-  };
-  // The embeddings' gradient (tied: the head adds to it) is complete only
-  // after the embedding's backward: one buffer per micro-batch.
-  std::vector<void*> emb_grad(static_cast<size_t>(mbs));
+// The head's backward, micro-batch by micro-batch. The embeddings' gradient
+// (tied: the head adds to it) is complete only after the embedding's
+// backward: one buffer per micro-batch, taken here.
+Status StreamedModel::head_backward(Pass& p) {
+  const int64_t mbs = micro_batches_, N = B_ * T_, L = config_.layers;
+  const uint64_t x_bytes = block_input_bytes();
+  gpu::ModelOps& ops = *ops_;
+  gpu::ModelOps::Workspace& ws = *workspace_;
   for (int64_t m = 0; m < mbs; ++m) {
-    STRATA_ASSIGN_OR_RETURN(emb_grad[static_cast<size_t>(m)], store_->gradient_buffer(0, static_cast<int>(m)));
+    STRATA_ASSIGN_OR_RETURN(void* g, store_->gradient_buffer(0, static_cast<int>(m)));
+    p.emb_grad.push_back(g);
   }
-  STRATA_RETURN_IF_ERROR(fetch_start(L - K));
-  {
-    STRATA_ASSIGN_OR_RETURN(const ChunkStore::Use w, store_->acquire(final_chunk));
-    for (int64_t m = 0; m < mbs; ++m) {
-      const size_t u = static_cast<size_t>(m);
-      if (mbs > 1) {
-        STRATA_RETURN_IF_ERROR(run([&] {
-          return ops.head_forward(compute_, ws, w.data, emb, x_mb(m, L), targets_dev + m * N, loss_dev + m);
-        }));
-      }
-      auto head_backward = [&](void* dp) -> Status {
-        STRATA_RETURN_IF_ERROR(ops.zero(compute_, emb_grad[u], static_cast<uint64_t>(layout_[0].numel) * es));
-        STRATA_RETURN_IF_ERROR(ops.zero(compute_, dx[u], 2 * x_bytes));  // dx, dx_in
-        return ops.head_backward(compute_, ws, w.data, dp, emb, emb_grad[u], x_mb(m, L), targets_dev + m * N, dloss,
-                                 dx[u]);
-      };
-      STRATA_RETURN_IF_ERROR(send_grad(final_chunk, m, head_backward));
-    }
-    store_->release(w);
-  }
-  for (int64_t l = L; l >= 1; --l) {
-    STRATA_RETURN_IF_ERROR(fetch(l - K));
-    STRATA_RETURN_IF_ERROR(fetch_start(l - K - 1));
-    STRATA_ASSIGN_OR_RETURN(const ChunkStore::Use w, store_->acquire(static_cast<size_t>(l)));
-    if (host_ckpt && ckpt_done_[(l - 1) % K].id >= 0) {
-      STRATA_RETURN_IF_ERROR(wait_for(ckpt_done_[(l - 1) % K], "checkpoint"));
-    }
-    const double start = meter_.trace() ? meter_.trace()->now_us() : 0;
-    for (int64_t m = 0; m < mbs; ++m) {
-      const size_t u = static_cast<size_t>(m);
-      // Recompute the block's forward from its checkpoint (output discarded into dx_in).
-      auto recompute = [&]() -> Status {
-        STRATA_RETURN_IF_ERROR(ops.block_forward(compute_, ws, w.data, x_mb(m, l - 1), dx_in[u]));
-        return ops.zero(compute_, dx_in[u], x_bytes);
-      };
-      STRATA_RETURN_IF_ERROR(run(recompute));
-      STRATA_RETURN_IF_ERROR(send_grad(static_cast<size_t>(l), m, [&](void* dp) {
-        return ops.block_backward(compute_, ws, w.data, dp, x_mb(m, l - 1), dx[u], dx_in[u]);
-      }));
-      std::swap(dx[u], dx_in[u]);
-    }
-    if (Trace* t = meter_.trace()) {
-      t->span("compute", "recompute+backward block " + std::to_string(l), start, t->now_us(), "compute");
-    }
-    store_->release(w);
-  }
+  STRATA_RETURN_IF_ERROR(start_input_read(L - kCheckpointBuffers));
+  const size_t final_chunk = static_cast<size_t>(L + 1);
+  STRATA_ASSIGN_OR_RETURN(const ChunkStore::Use w, store_->acquire(final_chunk));
   for (int64_t m = 0; m < mbs; ++m) {
     const size_t u = static_cast<size_t>(m);
-    STRATA_RETURN_IF_ERROR(
-        run([&] { return ops.embedding_backward(compute_, ws, emb_grad[u], tokens_dev + m * N, dx[u]); }));
+    if (mbs > 1) {
+      STRATA_RETURN_IF_ERROR(run([&] {
+        return ops.head_forward(compute_, ws, w.data, p.emb, block_input(m, L), p.targets + m * N, p.loss + m);
+      }));
+    }
+    auto backward = [&](void* dp) -> Status {
+      STRATA_RETURN_IF_ERROR(ops.zero(compute_, p.emb_grad[u], static_cast<uint64_t>(layout_[0].numel) * es_));
+      STRATA_RETURN_IF_ERROR(ops.zero(compute_, p.dx[u], 2 * x_bytes));  // dx, dx_in
+      return ops.head_backward(compute_, ws, w.data, dp, p.emb, p.emb_grad[u], block_input(m, L), p.targets + m * N,
+                               p.dloss, p.dx[u]);
+    };
+    STRATA_RETURN_IF_ERROR(send_gradient(p, final_chunk, m, backward));
+  }
+  store_->release(w);
+  return ok_status();
+}
+
+// Block l's backward: its input back from the host or NVMe (and the next
+// ones' started), its forward recomputed from it, its gradient sent.
+Status StreamedModel::backward_block(Pass& p, int64_t l) {
+  constexpr int64_t K = kCheckpointBuffers;
+  const uint64_t x_bytes = block_input_bytes();
+  STRATA_RETURN_IF_ERROR(fetch_input(l - K));
+  STRATA_RETURN_IF_ERROR(start_input_read(l - K - 1));
+  STRATA_ASSIGN_OR_RETURN(const ChunkStore::Use w, store_->acquire(static_cast<size_t>(l)));
+  if (checkpoint_tier_ != Tier::kDevice && ckpt_done_[(l - 1) % K].id >= 0) {
+    STRATA_RETURN_IF_ERROR(wait_for(ckpt_done_[(l - 1) % K], "checkpoint"));
+  }
+  gpu::ModelOps& ops = *ops_;
+  gpu::ModelOps::Workspace& ws = *workspace_;
+  const double start = meter_.trace() ? meter_.trace()->now_us() : 0;
+  for (int64_t m = 0; m < micro_batches_; ++m) {
+    const size_t u = static_cast<size_t>(m);
+    // Recompute the block's forward from its checkpoint (output discarded into dx_in).
+    auto recompute = [&]() -> Status {
+      STRATA_RETURN_IF_ERROR(ops.block_forward(compute_, ws, w.data, block_input(m, l - 1), p.dx_in[u]));
+      return ops.zero(compute_, p.dx_in[u], x_bytes);
+    };
+    STRATA_RETURN_IF_ERROR(run(recompute));
+    STRATA_RETURN_IF_ERROR(send_gradient(p, static_cast<size_t>(l), m, [&](void* dp) {
+      return ops.block_backward(compute_, ws, w.data, dp, block_input(m, l - 1), p.dx[u], p.dx_in[u]);
+    }));
+    std::swap(p.dx[u], p.dx_in[u]);
+  }
+  if (Trace* t = meter_.trace()) {
+    t->span("compute", "recompute+backward block " + std::to_string(l), start, t->now_us(), "compute");
+  }
+  store_->release(w);
+  return ok_status();
+}
+
+// The embedding's backward completes chunk 0's gradient, micro-batch by
+// micro-batch, each sent from the buffer head_backward took for it.
+Status StreamedModel::embedding_backward(Pass& p) {
+  const int64_t N = B_ * T_;
+  for (int64_t m = 0; m < micro_batches_; ++m) {
+    const size_t u = static_cast<size_t>(m);
+    STRATA_RETURN_IF_ERROR(run([&] {
+      return ops_->embedding_backward(compute_, *workspace_, p.emb_grad[u], p.tokens + m * N, p.dx[u]);
+    }));
     if (m > 0) {
-      if (before_resend) STRATA_RETURN_IF_ERROR(before_resend());
+      if (*p.before_resend) STRATA_RETURN_IF_ERROR((*p.before_resend)());
       // Marks chunk 0's gradient computed again (its buffer for m was
       // taken at the top of backward; the view tracks the last send).
       STRATA_RETURN_IF_ERROR(store_->gradient_buffer(0, static_cast<int>(m)).status());
     }
     if (gate_) STRATA_RETURN_IF_ERROR(gate_(0));
-    STRATA_RETURN_IF_ERROR(store_->send_gradient(0, grads[0], static_cast<int>(m)));
-    if (landed) landed(0, m);
+    STRATA_RETURN_IF_ERROR(store_->send_gradient(0, (*p.grads)[0], static_cast<int>(m)));
+    if (*p.landed) (*p.landed)(0, m);
   }
-  STRATA_RETURN_IF_ERROR(dev_->copy_to_host(compute_, losses, loss_dev, static_cast<uint64_t>(mbs) * 4));
-  STRATA_RETURN_IF_ERROR(dev_->synchronize(compute_));
-  STRATA_RETURN_IF_ERROR(dev_->synchronize(copy_));
-  STRATA_RETURN_IF_ERROR(dev_->async_error());
-  store_->end_step();  // a complete step's uses: what later steps prefetch by
   return ok_status();
 }
 

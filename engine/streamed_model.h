@@ -133,6 +133,36 @@ class StreamedModel {
   Status run_step(const std::vector<const void*>& weights, const int32_t* tokens, const int32_t* targets,
                   const std::vector<void*>& grads, const MicroBatchLanded& landed,
                   const std::function<Status()>& before_resend, float dloss, float* losses, bool same_weights);
+  // run_step's parts, in its order, and what they share: the caller's
+  // buffers and hooks, and the step's device buffers.
+  struct Pass {
+    const std::vector<void*>* grads;
+    const MicroBatchLanded* landed;
+    const std::function<Status()>* before_resend;
+    float dloss;
+    std::vector<uint8_t*> dx, dx_in;  // per micro-batch: the gradient flowing down, swapped block by block
+    std::vector<void*> emb_grad;      // per micro-batch: the tied embeddings' gradient
+    float* loss = nullptr;            // per micro-batch
+    int32_t* tokens = nullptr;
+    int32_t* targets = nullptr;
+    const void* emb = nullptr;  // the embeddings' weights, resident for the step
+  };
+  Status forward_blocks(Pass& p);
+  Status head_backward(Pass& p);
+  Status backward_block(Pass& p, int64_t l);
+  Status embedding_backward(Pass& p);
+  Status send_gradient(Pass& p, size_t chunk, int64_t m, const std::function<Status(void* slot)>& compute);
+  // The block inputs (activation checkpoints) and their moves off the
+  // device and back.
+  uint8_t* block_input(int64_t m, int64_t l) const;
+  uint64_t block_input_bytes() const;
+  uint64_t input_group_bytes() const;
+  bool moves_input(int64_t l) const;
+  Status claim_input(int64_t l);
+  Status drain_staging(int64_t l);
+  Status offload_input(int64_t l);
+  Status start_input_read(int64_t l);
+  Status fetch_input(int64_t l);
   // Waits for everything a step put in flight and clears leftover errors.
   void settle();
   Status wait_for(gpu::Event e, const char* what) { return meter_.wait(*dev_, e, what); }
