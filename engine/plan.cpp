@@ -97,37 +97,47 @@ std::string placement_text(const Placement& pl) {
          (pl.gradients == Tier::kNvme ? ", gradients on nvme" : "");
 }
 
-Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
-  const std::vector<int64_t> layout = chunk_elems_of(s.model);
-  const Sizes z = sizes_of(s, layout);
-  const double state_bytes = 4.0 + s.state_bytes_per_param;  // fp32 master + m, v
-  const auto state_total = static_cast<uint64_t>(static_cast<double>(z.padded) * state_bytes);
-  const double A = static_cast<double>(s.grad_accum);
+namespace {
+
+// estimate()'s inputs, derived once, for its parts below.
+struct Counting {
+  const TrainSetup& s;
+  const Placement& pl;
+  std::vector<int64_t> layout;  // chunk_elems_of(s.model)
+  Sizes z;
+  double state_bytes = 0;  // per parameter: the fp32 master weights, m and v
   // Micro-batches per pass of the streamed model: a group of them (all, or
   // a divisor of grad_accum) in the vertical order — their block inputs,
   // block gradients and embedding gradients on the device at once — else one.
-  const uint64_t V =
-      static_cast<uint64_t>(std::max<int64_t>(std::max(pl.micro_batches_per_pass, s.micro_batches_per_pass), 1));
-  const double passes = A / static_cast<double>(V);
-  const uint64_t C = static_cast<uint64_t>(s.model.hidden);
-  Plan p;
-  p.setup = s;
-  p.placement = pl;
-  p.bandwidths = bw;
-  p.parameters = z.params;
+  uint64_t V = 1;
+  double passes = 1;            // per step: grad_accum / V
+  uint64_t w = 2;               // bytes of a working weight
+  bool grads_nvme = false;
+  uint64_t opt_grad_bytes = 2;  // what the optimizer reads per parameter of gradient (on NVMe, or in a delayed update's second set)
+  // A pass's block input l is its V micro-batches' inputs side by side: one
+  // copy, one NVMe blob (StreamedModel).
+  uint64_t ckpt_group_bytes = 0;
+};
 
-  // Device: weights (resident, or prefetch buffers), gradient staging, the
-  // working set of one block (forward-saved tensors and backward scratch:
-  // the model ops' workspace, gpu::host::BlockActivations on the host
-  // backend), the final LayerNorm and loss rows, and the
-  // block-input checkpoints (kCheckpointBuffers in-flight buffers when they
-  // live elsewhere).
-  // When weights stream, the embedding chunk stays resident with its
-  // gradient (used at both ends of the step) and the chunk buffers are sized
-  // by the largest other chunk. This is what engine/streamed_model.cpp
-  // allocates; a test holds the two within 5%.
+uint64_t padded(uint64_t bytes) { return round_up(bytes, uint64_t{4096}); }  // NVMe blocks and pinned buffers
+
+// Device: weights (resident, or prefetch buffers), gradient staging, the
+// working set of one block (forward-saved tensors and backward scratch:
+// the model ops' workspace, gpu::host::BlockActivations on the host
+// backend), the final LayerNorm and loss rows, and the block-input
+// checkpoints (kCheckpointBuffers in-flight buffers when they live
+// elsewhere). When weights stream, the embedding chunk stays resident with
+// its gradient (used at both ends of the step) and the chunk buffers are
+// sized by the largest other chunk. This is what engine/streamed_model.cpp
+// allocates; a test holds the two within 5%.
+void count_device(const Counting& k, Plan& p) {
+  const TrainSetup& s = k.s;
+  const Placement& pl = k.pl;
+  const Sizes& z = k.z;
   uint64_t block_chunk = 0;
-  for (size_t i = 1; i < layout.size(); ++i) block_chunk = std::max<uint64_t>(block_chunk, static_cast<uint64_t>(layout[i]));
+  for (size_t i = 1; i < k.layout.size(); ++i) {
+    block_chunk = std::max<uint64_t>(block_chunk, static_cast<uint64_t>(k.layout[i]));
+  }
   // Both are the streamed model: depth + 1 weight slots of the largest
   // non-embedding chunk (resident: depth L, a slot for each of the L + 1
   // non-embedding chunks), two gradient slots, and the embedding and its
@@ -135,140 +145,144 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   // count as the weights, streamed as buffers.
   const bool resident = pl.weights == Tier::kDevice;
   const uint64_t slots = static_cast<uint64_t>(resident ? s.model.layers : pl.prefetch_depth) + 1;
-  const uint64_t emb_bytes = static_cast<uint64_t>(layout[0]) * z.c;
+  const uint64_t emb_bytes = static_cast<uint64_t>(k.layout[0]) * z.c;
   const uint64_t slot_bytes = slots * block_chunk * z.c, grad_slot_bytes = 2 * block_chunk * z.c;
   if (resident) {
     p.device.model_states += slot_bytes + emb_bytes;
-    p.device.buffers += grad_slot_bytes + V * emb_bytes;
+    p.device.buffers += grad_slot_bytes + k.V * emb_bytes;
   } else {
     p.device_chunk_buffers = static_cast<int>(slots);
     p.device.buffers += slot_bytes + grad_slot_bytes;
-    p.device.model_states += (1 + V) * emb_bytes;
+    p.device.model_states += (1 + k.V) * emb_bytes;
   }
   const auto N = static_cast<uint64_t>(z.tokens);
+  const auto C = static_cast<uint64_t>(s.model.hidden);
   // The model ops' workspace: one block's working set (activations) and
   // the head's rows and statistics (io buffers); beside it the step's dx
-  // and dx_in, the loss, and the tokens and targets (int32). Each backend
-  // says what its workspace takes (gpu/device_factory.h).
-  // (dx, dx_in, the loss, tokens and targets: per micro-batch of a pass.)
+  // and dx_in, the loss, and the tokens and targets (int32), per
+  // micro-batch of a pass. Each backend says what its workspace takes
+  // (gpu/device_factory.h).
   const uint64_t per_micro_batch = 2 * N * C * z.c + (1 + 2 * N) * 4;
   const gpu::WorkspaceBytes ws = gpu::model_ops_workspace(s.host_backend ? gpu::Backend::kHost : gpu::Backend::kCuda,
                                                           s.model, s.compute, s.micro_batch, s.seq);
   p.device.activations += ws.activations;
   // The host backend keeps every micro-batch's dx, loss and tokens; CUDA
   // one of them in its workspace.
-  p.device.io_buffers += ws.total - ws.activations + (s.host_backend ? V : V - 1) * per_micro_batch;
-  // A pass's block input l is its V micro-batches' inputs side by side: one
-  // copy, one NVMe blob (StreamedModel).
-  const uint64_t ckpt_group_bytes = V * N * C * z.c;
+  p.device.io_buffers += ws.total - ws.activations + (s.host_backend ? k.V : k.V - 1) * per_micro_batch;
   if (pl.checkpoints == Tier::kNvme) {
     // The last kCheckpointBuffers block inputs never leave the device buffers.
     p.nvme.activations += static_cast<uint64_t>(std::max<int64_t>(s.model.layers + 1 - kCheckpointBuffers, 0)) *
-                          round_up(ckpt_group_bytes, uint64_t{4096});
+                          padded(k.ckpt_group_bytes);
   } else {
-    tier(p, pl.checkpoints).activations += z.checkpoints * V;
+    tier(p, pl.checkpoints).activations += z.checkpoints * k.V;
   }
-  if (pl.checkpoints != Tier::kDevice) p.device.activations += kCheckpointBuffers * ckpt_group_bytes;
+  if (pl.checkpoints != Tier::kDevice) p.device.activations += kCheckpointBuffers * k.ckpt_group_bytes;
+}
 
-  // Host: gradients land in host memory in the compute type (their fp32
-  // sum too when accumulating over micro-batches; a delayed update keeps a
-  // second set of whichever of the two the optimizer reads). Weights on the host: the
-  // ones the device computes with and the buffer the optimizer writes the
-  // next ones into. On NVMe, states and weights
-  // have two generations (an update is written beside the old state and
-  // switched to at the step's verdict). This is what engine/trainer.cpp and
-  // engine/streamed_model.cpp allocate; a test holds the two within 5%.
-  const uint64_t w = dtype_bytes(s.working);
-  auto padded = [](uint64_t bytes) { return round_up(bytes, uint64_t{4096}); };  // NVMe blocks and pinned buffers
-  const bool grads_nvme = pl.gradients == Tier::kNvme;
-  // What the optimizer reads per parameter of gradient (on NVMe, or in a
-  // delayed update's second set).
-  const uint64_t opt_grad_bytes = dtype_bytes(optimizer_gradient_type(s));
-  if (!grads_nvme) {
+// The bytes of one NVMe blob per piece of every chunk at `bytes_per_param`:
+// each takes whole 4 KiB blocks. Chunks come in runs of one size: each
+// size's pieces are counted once, times its chunks.
+uint64_t blob_bytes(const Counting& k, double bytes_per_param) {
+  uint64_t total = 0;
+  for (size_t i = 0; i < k.layout.size();) {
+    const int64_t n = k.layout[i];
+    uint64_t count = 0;
+    for (; i < k.layout.size() && k.layout[i] == n; ++i) ++count;
+    uint64_t one = 0;
+    for (int64_t piece : state_piece_sizes(n, k.s.state_piece_elems)) {
+      one += padded(static_cast<uint64_t>(static_cast<double>(piece) * bytes_per_param));
+    }
+    total += one * count;
+  }
+  return total;
+}
+
+// Host and NVMe: gradients land in host memory in the compute type (their
+// fp32 sum too when accumulating over micro-batches; a delayed update keeps
+// a second set of whichever of the two the optimizer reads). Weights on the
+// host: the ones the device computes with and the buffer the optimizer
+// writes the next ones into. On NVMe, states and weights have two
+// generations (an update is written beside the old state and switched to at
+// the step's verdict). This is what engine/trainer.cpp and
+// engine/streamed_model.cpp allocate; a test holds the two within 5%.
+void count_host_and_nvme(const Counting& k, Plan& p) {
+  const TrainSetup& s = k.s;
+  const Placement& pl = k.pl;
+  const Sizes& z = k.z;
+  if (!k.grads_nvme) {
     p.host.model_states += z.padded * z.c;
     if (s.grad_accum > 1) p.host.model_states += z.padded * 4;
   }
-  if (s.delayed_update) p.host.model_states += z.padded * opt_grad_bytes;
+  if (s.delayed_update) p.host.model_states += z.padded * k.opt_grad_bytes;
   // The CPU optimizer writes the working weights in host memory, in place
   // (the delayed update: beside the ones the next step computes with), from
   // where they go up each step (resident too); with the weights on NVMe, to
   // their blob.
-  if (pl.weights != Tier::kNvme) p.host.model_states += (s.delayed_update ? 2 : 1) * z.padded * w;
-  // Every NVMe blob (one per piece of a chunk) takes whole 4 KiB blocks.
-  // The blocks are all one size: each distinct size's pieces once, times
-  // its chunks.
-  std::vector<std::pair<int64_t, uint64_t>> sizes;  // (elements, chunks of that size)
-  std::vector<int64_t> distinct;
-  for (int64_t n : layout) {
-    if (!sizes.empty() && sizes.back().first == n) {
-      ++sizes.back().second;
-    } else {
-      sizes.push_back({n, 1});
-      distinct.push_back(n);
-    }
-  }
-  const auto max_piece = static_cast<uint64_t>(max_state_piece(distinct, s.state_piece_elems));
-  auto blobs = [&](double bytes_per_param) {
-    uint64_t total = 0;
-    for (const auto& [n, count] : sizes) {
-      uint64_t one = 0;
-      for (int64_t piece : state_piece_sizes(n, s.state_piece_elems)) {
-        one += padded(static_cast<uint64_t>(static_cast<double>(piece) * bytes_per_param));
-      }
-      total += one * count;
-    }
-    return total;
-  };
+  if (pl.weights != Tier::kNvme) p.host.model_states += (s.delayed_update ? 2 : 1) * z.padded * k.w;
   if (pl.weights == Tier::kNvme) {
-    p.nvme.model_states += 2 * blobs(static_cast<double>(w));
+    p.nvme.model_states += 2 * blob_bytes(k, static_cast<double>(k.w));
     // depth + 3 aligned read buffers (any chunk), which the copies to the device read.
-    p.host.io_buffers += static_cast<uint64_t>(pl.prefetch_depth + 3) * padded(z.max_chunk * w);
+    p.host.io_buffers += static_cast<uint64_t>(pl.prefetch_depth + 3) * padded(z.max_chunk * k.w);
   }
-  if (grads_nvme) {
+  if (k.grads_nvme) {
     // The ring of chunk buffers on the host (and of their sums), a scratch
     // blob per piece.
     const auto ring = static_cast<uint64_t>(s.gradient_buffers);
     p.host.io_buffers += ring * padded(z.max_chunk * z.c);
     if (s.grad_accum > 1) p.host.io_buffers += ring * padded(z.max_chunk * 4);
-    p.nvme.model_states += blobs(static_cast<double>(opt_grad_bytes));
+    p.nvme.model_states += blob_bytes(k, static_cast<double>(k.opt_grad_bytes));
   }
   if (pl.states == Tier::kNvme) {
-    p.nvme.model_states += 2 * blobs(state_bytes);
-    const uint64_t per_buffer = padded(static_cast<uint64_t>(static_cast<double>(max_piece) * state_bytes)) +
-                                (pl.weights == Tier::kNvme ? padded(max_piece * w) : 0) +
-                                (grads_nvme ? padded(max_piece * opt_grad_bytes) : 0);
+    p.nvme.model_states += 2 * blob_bytes(k, k.state_bytes);
+    // The pieces are cut per distinct chunk size (max_state_piece).
+    std::vector<int64_t> distinct = k.layout;
+    distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+    const auto max_piece = static_cast<uint64_t>(max_state_piece(distinct, s.state_piece_elems));
+    const uint64_t per_buffer = padded(static_cast<uint64_t>(static_cast<double>(max_piece) * k.state_bytes)) +
+                                (pl.weights == Tier::kNvme ? padded(max_piece * k.w) : 0) +
+                                (k.grads_nvme ? padded(max_piece * k.opt_grad_bytes) : 0);
     p.host.io_buffers += kStateStagingBuffers * per_buffer;
   } else {
+    const auto state_total = static_cast<uint64_t>(static_cast<double>(z.padded) * k.state_bytes);
     tier(p, pl.states).model_states += state_total;
     if (pl.speculate_in_ram) tier(p, pl.states).model_states += state_total;  // the second copy
   }
-  if (pl.checkpoints == Tier::kNvme) p.host.io_buffers += 2 * padded(ckpt_group_bytes);
+  if (pl.checkpoints == Tier::kNvme) p.host.io_buffers += 2 * padded(k.ckpt_group_bytes);
+}
 
-  // Links, per optimizer step.
-  const double P = static_cast<double>(z.params), c = static_cast<double>(z.c);
-  const double ckpt = static_cast<double>(z.checkpoints);
-  // Per pass of the streamed model (each micro-batch, or once per step in
-  // the vertical order). Resident: every chunk goes up once a step (later
-  // micro-batches find them on the device). Streamed: the embedding once,
-  // every other chunk twice, less those still in a weight slot when
-  // backward turns around (the final chunk and the last `depth` blocks of
-  // forward: StreamedModel keeps the chunks used again soonest); a later
-  // pass of the same step also finds the embedding and what backward left
-  // in the slots (the last depth + 1 chunks it used: blocks 1, 2, ...).
-  double h2d = P * c;
-  if (pl.weights != Tier::kDevice) {
-    const int64_t L = s.model.layers;
-    double held = static_cast<double>(layout.back());
-    for (int64_t k = 0; k < std::min<int64_t>(pl.prefetch_depth, L); ++k) {
-      held += static_cast<double>(layout[static_cast<size_t>(L - k)]);
-    }
-    const double first = 2 * P - static_cast<double>(layout[0]) - held;
-    double left = static_cast<double>(layout[0]);
-    const int64_t kept = std::min<int64_t>(pl.prefetch_depth + 1, L + 1);
-    for (int64_t l = 1; l <= std::min(kept, L); ++l) left += static_cast<double>(layout[static_cast<size_t>(l)]);
-    if (kept == L + 1) left += static_cast<double>(layout.back());
-    h2d = (first + (passes - 1) * std::max(first - left, 0.0)) * c;
+// Bytes to the device per step. Per pass of the streamed model (each
+// micro-batch, or once per step in the vertical order). Resident: every
+// chunk goes up once a step (later micro-batches find them on the device).
+// Streamed: the embedding once, every other chunk twice, less those still
+// in a weight slot when backward turns around (the final chunk and the last
+// `depth` blocks of forward: StreamedModel keeps the chunks used again
+// soonest); a later pass of the same step also finds the embedding and what
+// backward left in the slots (the last depth + 1 chunks it used: blocks 1,
+// 2, ...).
+double weight_bytes_up(const Counting& k) {
+  const double P = static_cast<double>(k.z.params), c = static_cast<double>(k.z.c);
+  if (k.pl.weights == Tier::kDevice) return P * c;
+  const std::vector<int64_t>& layout = k.layout;
+  const int64_t L = k.s.model.layers;
+  double held = static_cast<double>(layout.back());
+  for (int64_t i = 0; i < std::min<int64_t>(k.pl.prefetch_depth, L); ++i) {
+    held += static_cast<double>(layout[static_cast<size_t>(L - i)]);
   }
+  const double first = 2 * P - static_cast<double>(layout[0]) - held;
+  double left = static_cast<double>(layout[0]);
+  const int64_t kept = std::min<int64_t>(k.pl.prefetch_depth + 1, L + 1);
+  for (int64_t l = 1; l <= std::min(kept, L); ++l) left += static_cast<double>(layout[static_cast<size_t>(l)]);
+  if (kept == L + 1) left += static_cast<double>(layout.back());
+  return (first + (k.passes - 1) * std::max(first - left, 0.0)) * c;
+}
+
+// Every link's bytes (or FLOPs) per optimizer step and their time alone.
+void count_links(const Counting& k, const Bandwidths& bw, Plan& p) {
+  const TrainSetup& s = k.s;
+  const Placement& pl = k.pl;
+  const double P = static_cast<double>(k.z.params), c = static_cast<double>(k.z.c);
+  const double ckpt = static_cast<double>(k.z.checkpoints), A = static_cast<double>(s.grad_accum);
+  double h2d = weight_bytes_up(k);
   double d2h = P * c * A;
   if (pl.checkpoints != Tier::kDevice) {
     h2d += ckpt * A;
@@ -276,12 +290,12 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   }
   double nvme_read = 0, nvme_write = 0;
   if (pl.states == Tier::kNvme) {
-    nvme_read += P * state_bytes;
-    nvme_write += P * state_bytes;
+    nvme_read += P * k.state_bytes;
+    nvme_write += P * k.state_bytes;
   }
   if (pl.weights == Tier::kNvme) {
-    const double wb = static_cast<double>(dtype_bytes(s.working));
-    nvme_read += 2 * P * wb * passes;  // forward and backward each read every chunk, every pass
+    const double wb = static_cast<double>(k.w);
+    nvme_read += 2 * P * wb * k.passes;  // forward and backward each read every chunk, every pass
     nvme_write += P * wb;
   }
   if (pl.checkpoints == Tier::kNvme) {
@@ -291,41 +305,45 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   // Gradients on NVMe are written as they land; a step whose speculative
   // update holds (the one predicted here) does not read them back — one
   // that clips, or follows one that clipped or skipped, reads them too.
-  if (grads_nvme) nvme_write += P * static_cast<double>(opt_grad_bytes);
-  const double flops = gpu::training_flops_per_token(s.model, s.seq, /*recompute=*/true) *
-                       static_cast<double>(z.tokens) * A;
+  if (k.grads_nvme) nvme_write += P * static_cast<double>(k.opt_grad_bytes);
+  const double flops =
+      gpu::training_flops_per_token(s.model, s.seq, /*recompute=*/true) * static_cast<double>(k.z.tokens) * A;
   p.links = {
       {"compute", flops, flops / (bw.device_tflops * 1e12)},
       {"host->device", h2d, h2d / (bw.h2d_gbps * 1e9)},
       {"device->host", d2h, d2h / (bw.d2h_gbps * 1e9)},
-      {"cpu optimizer", P * (8 + state_bytes + c), P / bw.cpu_optimizer_params_per_s},
+      {"cpu optimizer", P * (8 + k.state_bytes + c), P / bw.cpu_optimizer_params_per_s},
       {"nvme read", nvme_read, nvme_read / (bw.nvme_read_gbps * 1e9)},
       {"nvme write", nvme_write, nvme_write / (bw.nvme_write_gbps * 1e9)},
   };
-  // What an exact step cannot overlap. The chunks whose gradients land
-  // last (the first block's, then the embeddings') are updated after
-  // backward ends, and on NVMe their new states (and weights) are written
-  // back before the verdict; with states in RAM every update waits for the
-  // verdict (the global gradient norm: RAM holds no old generation to roll
-  // back to) unless a second copy of the states is kept, so the whole
-  // optimizer pass follows backward. The next forward then begins by copying
-  // the new weights of those same chunks up.
-  const double last = static_cast<double>(layout[0]) +
-                      (s.model.layers > 0 ? static_cast<double>(layout[1]) : 0.0);
+}
+
+// The step time from the links: what overlaps, and what an exact step
+// cannot overlap. The chunks whose gradients land last (the first block's,
+// then the embeddings') are updated after backward ends, and on NVMe their
+// new states (and weights) are written back before the verdict; with states
+// in RAM every update waits for the verdict (the global gradient norm: RAM
+// holds no old generation to roll back to) unless a second copy of the
+// states is kept, so the whole optimizer pass follows backward. The next
+// forward then begins by copying the new weights of those same chunks up.
+void time_step(const Counting& k, const Bandwidths& bw, Plan& p) {
+  const Placement& pl = k.pl;
+  const std::vector<int64_t>& layout = k.layout;
+  const double P = static_cast<double>(k.z.params), c = static_cast<double>(k.z.c);
+  const int64_t piece_elems = k.s.state_piece_elems;
+  const double last = static_cast<double>(layout[0]) + (k.s.model.layers > 0 ? static_cast<double>(layout[1]) : 0.0);
   const bool speculates = pl.states == Tier::kNvme || pl.speculate_in_ram;
   p.tail_seconds = (speculates ? last : P) / bw.cpu_optimizer_params_per_s;
   if (pl.states == Tier::kNvme) {
     // Their pieces' updates and writes overlap one another but the last
     // piece's: the slower of the two over `last`, plus the faster over one piece.
     // Working weights and gradients too, when homed there.
-    const double weights = (pl.weights == Tier::kNvme ? static_cast<double>(w) : 0.0) +
-                           (grads_nvme ? static_cast<double>(opt_grad_bytes) : 0.0);
+    const double weights = (pl.weights == Tier::kNvme ? static_cast<double>(k.w) : 0.0) +
+                           (k.grads_nvme ? static_cast<double>(k.opt_grad_bytes) : 0.0);
     const double update = p.tail_seconds;
-    const double write = last * (state_bytes + weights) / (bw.nvme_write_gbps * 1e9);
-    double unit = static_cast<double>(state_piece_sizes(layout[0], s.state_piece_elems)[0]);
-    if (s.model.layers > 0) {
-      unit = std::max(unit, static_cast<double>(state_piece_sizes(layout[1], s.state_piece_elems)[0]));
-    }
+    const double write = last * (k.state_bytes + weights) / (bw.nvme_write_gbps * 1e9);
+    double unit = static_cast<double>(state_piece_sizes(layout[0], piece_elems)[0]);
+    if (k.s.model.layers > 0) unit = std::max(unit, static_cast<double>(state_piece_sizes(layout[1], piece_elems)[0]));
     p.tail_seconds = std::max(update, write) + std::min(update, write) * unit / last;  // unit <= last
   }
   p.head_seconds = last * c / (bw.h2d_gbps * 1e9);
@@ -335,6 +353,7 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   for (const LinkTime& l : p.links) {
     if (l.link.rfind("nvme", 0) == 0) nvme_seconds += l.seconds;
   }
+  p.overlapped_seconds = nvme_seconds;
   if (bw.shares_host_cores) {
     // Compute, copies and the optimizer run one after another on the same
     // cores; NVMe transfers overlap all of them but the last chunks' writes.
@@ -342,20 +361,41 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
     for (const LinkTime& l : p.links) {
       if (l.link.rfind("nvme", 0) != 0) cores += l.seconds;
     }
-    p.overlapped_seconds = nvme_seconds;
     p.head_seconds = 0;
     p.tail_seconds = std::max(0.0, p.tail_seconds - (speculates ? last : P) / bw.cpu_optimizer_params_per_s);
     p.overlapped_seconds = std::max(p.overlapped_seconds, cores);
     p.step_seconds = p.overlapped_seconds + p.tail_seconds;
-    return p;
+    return;
   }
-  p.overlapped_seconds = nvme_seconds;
   for (const LinkTime& l : p.links) {
     if (l.link == "cpu optimizer" && !speculates) continue;  // all of it in the tail
     if (l.link.rfind("nvme", 0) == 0) continue;                // counted together above
     p.overlapped_seconds = std::max(p.overlapped_seconds, l.seconds);
   }
   p.step_seconds = p.overlapped_seconds + p.head_seconds + p.tail_seconds;
+}
+
+}  // namespace
+
+Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
+  Counting k{s, pl, chunk_elems_of(s.model), {}};
+  k.z = sizes_of(s, k.layout);
+  k.state_bytes = 4.0 + s.state_bytes_per_param;
+  k.V = static_cast<uint64_t>(std::max<int64_t>(std::max(pl.micro_batches_per_pass, s.micro_batches_per_pass), 1));
+  k.passes = static_cast<double>(s.grad_accum) / static_cast<double>(k.V);
+  k.w = dtype_bytes(s.working);
+  k.grads_nvme = pl.gradients == Tier::kNvme;
+  k.opt_grad_bytes = dtype_bytes(optimizer_gradient_type(s));
+  k.ckpt_group_bytes = k.V * static_cast<uint64_t>(k.z.tokens) * static_cast<uint64_t>(s.model.hidden) * k.z.c;
+  Plan p;
+  p.setup = s;
+  p.placement = pl;
+  p.bandwidths = bw;
+  p.parameters = k.z.params;
+  count_device(k, p);
+  count_host_and_nvme(k, p);
+  count_links(k, bw, p);
+  time_step(k, bw, p);
   return p;
 }
 
