@@ -617,6 +617,23 @@ Result<double> Trainer::passes(const int32_t* data_tokens, const int32_t* data_t
   return total;
 }
 
+void Trainer::swap_gradient_sets() {
+  if (options_.grad_accum == 1) {
+    std::swap(grads_, grads_alt_);
+  } else {
+    std::swap(acc_, acc_alt_);
+  }
+}
+
+void Trainer::publish(StepCounters counters, uint64_t nvme_read0, uint64_t nvme_written0) {
+  nvme_totals(&counters.nvme_read_bytes, &counters.nvme_written_bytes);
+  counters.nvme_read_bytes -= nvme_read0;
+  counters.nvme_written_bytes -= nvme_written0;
+  counters.device_idle_fraction =
+      last_times_.forward_backward > 0 ? counters.device_wait_s / last_times_.forward_backward : 0.0;
+  last_counters_ = counters;
+}
+
 Result<float> Trainer::run_step(const int32_t* data_tokens, const int32_t* data_targets) {
   if (!broken_.empty()) return failed_precondition("trainer: " + broken_ + "; load a checkpoint to continue");
   STRATA_RETURN_IF_ERROR(restore_weights());  // what a failed step left stale
@@ -637,13 +654,6 @@ Result<float> Trainer::run_step(const int32_t* data_tokens, const int32_t* data_
   // Delayed update: the previous step's stage may still be reading the
   // other set of the buffers it takes its gradients from.
   // A failed one is begun again first, to run beside this step as it would have.
-  auto swap_gradient_sets = [&] {
-    if (A == 1) {
-      std::swap(grads_, grads_alt_);
-    } else {
-      std::swap(acc_, acc_alt_);
-    }
-  };
   if (delayed) {
     restart_failed_update();
     swap_gradient_sets();
@@ -695,12 +705,7 @@ Result<float> Trainer::run_step(const int32_t* data_tokens, const int32_t* data_
   }
   ++t_;
   last_times_.optimizer = seconds_since(t0);
-  nvme_totals(&counters.nvme_read_bytes, &counters.nvme_written_bytes);
-  counters.nvme_read_bytes -= nvme_read0;
-  counters.nvme_written_bytes -= nvme_written0;
-  counters.device_idle_fraction =
-      last_times_.forward_backward > 0 ? counters.device_wait_s / last_times_.forward_backward : 0.0;
-  last_counters_ = counters;
+  publish(counters, nvme_read0, nvme_written0);
   phase(delayed ? "optimizer stage (previous step's)" : "optimizer stage and weights");
   return loss;
 }

@@ -302,6 +302,11 @@ class Trainer {
   // it had failed) and takes it.
   Status flush();
   void restart_failed_update();
+  // Delayed update: the gradient buffers the next step writes trade places
+  // with those the update in flight reads (grads_ or acc_ with their _alt_).
+  void swap_gradient_sets();
+  // The step's counters, its NVMe bytes since the totals given, made last_counters().
+  void publish(StepCounters counters, uint64_t nvme_read0, uint64_t nvme_written0);
   void begin_delayed(OverlapStep step);
   // Marks the chunks the stage's last step wrote in place stale and puts
   // them back from the master weights it left as they were (a failed or
