@@ -819,6 +819,11 @@ inline Q8ScaledMoments q8_scaled_moments(const TileCall& call) {
 // than 2048 on the earlier, slower one.
 inline constexpr int64_t kQ8PrefetchElems = 1024;
 
+// One tile of the fused update over its n elements, the two state layouts
+// (fp32/bf16 streams, 8-bit blocks) as two branches of one body. Long by
+// design: the hot loops keep every pointer and constant in locals of one
+// frame (see below) so that the compiler holds them in registers; split
+// into calls, each would reload them through memory per batch.
 template <class Arch, OptKind K, DType G, StateType S, OutKind O, FusedFlags F>
 void run_fused(const TileCall& call, BatchStep<Arch, K>& step_state, int64_t n) {
   using B = xsimd::batch<float, Arch>;
