@@ -436,6 +436,12 @@ Result<StepVerdict> Session::end_step() {
 
 Status Session::cancel_step() {
   if (!in_step_) return ok_status();
+  // Every gradient in, the update is under way: in RAM it writes the states
+  // in place, with nothing to go back to.
+  if (std::all_of(submitted_.begin(), submitted_.end(), [](bool b) { return b; })) {
+    return failed_precondition("session: cancel_step: every gradient was submitted and the update is under way; "
+                               "end_step takes it");
+  }
   stage_->cancel();
   store_->settle();
   in_step_ = false;

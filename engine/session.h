@@ -159,7 +159,8 @@ class Session {
   // weights are as before it.
   Result<StepVerdict> end_step();
   // Abandons the open step (the model's own compute failed): nothing of it
-  // is applied. OK when no step is open.
+  // is applied. OK when no step is open; FailedPrecondition once every
+  // chunk's gradient was submitted (the update is under way: end_step).
   Status cancel_step();
 
   // Activation checkpoints of the model (layer inputs kept for backward,

@@ -340,6 +340,22 @@ TEST_F(SessionMisuse, AGradientSubmittedTwiceIsRefused) {
   expect_a_step_still_runs();
 }
 
+// Once every gradient is in, the update runs (in RAM, in place): the step
+// can no longer be cancelled, only ended, and the refusal changes nothing.
+TEST_F(SessionMisuse, CancellingAfterEveryGradientIsRefused) {
+  ASSERT_TRUE(s_->begin_step().ok());
+  for (size_t c = static_cast<size_t>(m_.L); c-- > 0;) {
+    ASSERT_TRUE(s_->gradient_buffer(c).has_value());
+    ASSERT_TRUE(s_->submit_gradient(c).ok());
+  }
+  const Status cancel = s_->cancel_step();
+  EXPECT_EQ(cancel.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(cancel.message().find("end_step"), std::string::npos) << cancel.to_string();
+  EXPECT_TRUE(s_->in_step());
+  ASSERT_TRUE(s_->end_step().has_value());
+  EXPECT_EQ(s_->steps_done(), 1);
+}
+
 TEST_F(SessionMisuse, ASubmitWithoutAGradientIsRefused) {
   ASSERT_TRUE(s_->begin_step().ok());
   EXPECT_EQ(s_->submit_gradient(1).code(), StatusCode::kFailedPrecondition);

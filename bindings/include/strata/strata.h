@@ -264,7 +264,8 @@ STRATA_API strata_status strata_session_submit_gradient(strata_session* session,
  * failure of the update the step is over and nothing of it applied. */
 STRATA_API strata_status strata_session_end_step(strata_session* session, strata_step_verdict* verdict);
 /* Abandons the open step (the model's compute failed); nothing of it is
- * applied. STRATA_OK when no step is open. */
+ * applied. STRATA_OK when no step is open; FAILED_PRECONDITION once every
+ * chunk's gradient was submitted (the update is under way: end the step). */
 STRATA_API strata_status strata_session_cancel_step(strata_session* session);
 /* Activation checkpoints off the device: save copies `bytes` from
  * `device_src` to host RAM (or NVMe when the config's placement.checkpoints
