@@ -7,6 +7,7 @@
 #include "common/dtype.h"
 #include "common/units.h"
 #include "engine/device_pinned_memory.h"
+#include "engine/gradient_sum.h"
 #include "engine/lr_schedule.h"
 
 namespace strata::engine {
@@ -41,6 +42,10 @@ Status check_options(const SessionOptions& o) {
   if (!(o.clip_norm >= 0) || !std::isfinite(o.clip_norm)) {
     return invalid_argument("session: clip_norm must be finite and >= 0 (0 = off), got " +
                             std::to_string(o.clip_norm));
+  }
+  if (o.grad_accum < 1 || o.grad_accum > 4096) {
+    return invalid_argument("session: grad_accum (micro-batches per step) must be 1..4096, got " +
+                            std::to_string(o.grad_accum));
   }
   if (o.staging_buffers < 3 || o.staging_buffers > 64) {
     return invalid_argument("session: staging_buffers must be 3..64, got " + std::to_string(o.staging_buffers));
@@ -90,6 +95,7 @@ Result<std::unique_ptr<Session>> Session::create(SessionOptions o) {
 
 Session::~Session() {
   if (stage_) stage_->cancel();  // its thread reports to the store
+  accumulator_.reset();          // so does this one
   activations_.clear();
   activation_staging_pin_ = gpu::HostPin();
   pins_.clear();
@@ -180,6 +186,7 @@ Status Session::start() {
     pins_.clear();
     weights_.clear();
     grads_.clear();
+    sums_.clear();
     stage_.reset();
     staging_.reset();
     swap_.reset();
@@ -234,6 +241,7 @@ uint64_t Session::host_bytes_needed() const {
   for (const Spec& s : specs_) {
     const auto n = static_cast<uint64_t>(s.elems);
     bytes += es * n;                                        // the gradient's host buffer
+    if (o.grad_accum > 1) bytes += 4 * n;                   // its fp32 sum
     if (o.weights == Tier::kHost) bytes += es * n;          // the working weights
     if (o.states == Tier::kHost) bytes += OptimizerStage::state_bytes(s.elems, o.adam_states);
     elems.push_back(s.elems);
@@ -275,6 +283,7 @@ Status Session::place_chunks() {
     }
     grads_.emplace_back(n);
     executor_->zero(grads_.back().data(), n * 2);
+    if (o.grad_accum > 1) sums_.emplace_back(n);
     return static_cast<const float*>(master.data());
   };
   STRATA_RETURN_IF_ERROR(stage_->initialize_all(make_chunk));
@@ -301,7 +310,9 @@ OverlapStep Session::make_step(float grad_scale) {
   ov.config = adam;
   ov.t = updates_ + 1;  // a skipped step is no update: Adam's t stays
   for (size_t c = 0; c < specs_.size(); ++c) {
-    ov.grads.push_back({grads_[c].data(), options_.precision});
+    // Accumulating: the stage reads the fp32 sum, which it completes itself.
+    ov.grads.push_back(sums_.empty() ? ChunkGrad{grads_[c].data(), options_.precision}
+                                     : ChunkGrad{sums_[c].data(), DType::kF32});
     ov.out.push_back(weights_.empty() ? nullptr : weights_[c].data());  // null: the stage writes them to NVMe
   }
   ov.out_dtype = options_.precision;
@@ -334,6 +345,7 @@ Status Session::begin_step(float grad_scale) {
   uses_.assign(specs_.size(), std::nullopt);
   grad_held_.assign(specs_.size(), nullptr);
   submitted_.assign(specs_.size(), false);
+  submits_.assign(specs_.size(), 0);
   landed_now_.clear();
   in_step_ = true;
   return ok_status();
@@ -382,18 +394,61 @@ Result<void*> Session::gradient_buffer(size_t chunk) {
 Status Session::submit_gradient(size_t chunk) {
   STRATA_RETURN_IF_ERROR(check_chunk("submit_gradient", chunk));
   const std::string& name = specs_[chunk].name;
-  if (submitted_[chunk]) return failed_precondition("session: submit_gradient \"" + name + "\": submitted twice");
+  const int A = options_.grad_accum;
+  if (submitted_[chunk]) {
+    return failed_precondition("session: submit_gradient \"" + name + "\": submitted " +
+                               (A == 1 ? std::string("twice") : "more than grad_accum = " + std::to_string(A) +
+                                                                    " times in a step"));
+  }
   if (grad_held_[chunk] == nullptr) {
     return failed_precondition("session: submit_gradient \"" + name +
                                "\": no gradient computed (gradient_buffer first)");
   }
+  const int k = submits_[chunk];  // this micro-batch
+  // The host buffer takes this gradient only once the last one's sum is made.
+  if (k > 0) STRATA_RETURN_IF_ERROR(accumulator_->drain().with_context("session: adding up the gradients"));
   STRATA_RETURN_IF_ERROR(store_->send_gradient(chunk, grads_[chunk].data()));
   ChunkStore* store = store_.get();
-  stage_->land(chunk, [store, chunk] { return store->await_gradient(chunk); });
   grad_held_[chunk] = nullptr;
+  ++submits_[chunk];
+  if (k + 1 < A) {
+    add_later(chunk, /*first=*/k == 0);
+    return ok_status();
+  }
+  if (A == 1) {
+    stage_->land(chunk, [store, chunk] { return store->await_gradient(chunk); });
+  } else {
+    float* sum = sums_[chunk].data();
+    const uint16_t* g = grads_[chunk].data();
+    const auto n = static_cast<size_t>(specs_[chunk].elems);
+    const DType dtype = options_.precision;
+    cpu_optim::Executor* ex = executor_.get();
+    stage_->land(chunk, [store, chunk, sum, g, n, dtype, ex]() -> Status {
+      STRATA_RETURN_IF_ERROR(store->await_gradient(chunk));
+      add_gradient(sum, g, dtype, n, /*first=*/false, *ex);
+      return ok_status();
+    });
+  }
   submitted_[chunk] = true;
   landed_now_.push_back(chunk);
   return ok_status();
+}
+
+// An earlier micro-batch's gradient of the chunk, once on the host, added
+// into its fp32 sum (or starting it) on the accumulator's thread.
+void Session::add_later(size_t chunk, bool first) {
+  if (!accumulator_) accumulator_ = std::make_unique<SerialQueue>("strata:accum");
+  ChunkStore* store = store_.get();
+  float* sum = sums_[chunk].data();
+  const uint16_t* g = grads_[chunk].data();
+  const auto n = static_cast<size_t>(specs_[chunk].elems);
+  const DType dtype = options_.precision;
+  cpu_optim::Executor* ex = executor_.get();
+  accumulator_->submit([store, chunk, sum, g, n, dtype, first, ex]() -> Status {
+    STRATA_RETURN_IF_ERROR(store->await_gradient(chunk));
+    add_gradient(sum, g, dtype, n, first, *ex);
+    return ok_status();
+  });
 }
 
 Result<StepVerdict> Session::end_step() {
@@ -401,7 +456,12 @@ Result<StepVerdict> Session::end_step() {
   if (!in_step_) return failed_precondition("session: end_step outside a step (begin_step first)");
   std::string missing, held;
   for (size_t c = 0; c < specs_.size(); ++c) {
-    if (!submitted_[c]) missing += (missing.empty() ? "\"" : ", \"") + specs_[c].name + "\"";
+    if (!submitted_[c]) {
+      missing += (missing.empty() ? "\"" : ", \"") + specs_[c].name + "\"";
+      if (options_.grad_accum > 1) {
+        missing += " (" + std::to_string(submits_[c]) + " of " + std::to_string(options_.grad_accum) + " micro-batches)";
+      }
+    }
     if (uses_[c]) held += (held.empty() ? "\"" : ", \"") + specs_[c].name + "\"";
   }
   if (!missing.empty()) {
@@ -442,6 +502,7 @@ Status Session::cancel_step() {
     return failed_precondition("session: cancel_step: every gradient was submitted and the update is under way; "
                                "end_step takes it");
   }
+  if (accumulator_) accumulator_->drain().ignore();  // the sums are dropped with the step
   stage_->cancel();
   store_->settle();
   in_step_ = false;
@@ -569,6 +630,7 @@ uint64_t Session::host_bytes() const {
   uint64_t b = 0;
   for (const auto& v : weights_) b += v.capacity() * 2;
   for (const auto& v : grads_) b += v.capacity() * 2;
+  for (const auto& v : sums_) b += v.capacity() * 4;
   if (stage_) b += stage_->host_bytes();
   if (staging_) b += staging_->total_bytes();
   if (store_) b += store_->host_bytes();

@@ -6,14 +6,18 @@
 //     brought to the device into `prefetch_depth + 1` weight slots in the
 //     order the first step recorded (ChunkStore: prefetch, Belady reuse);
 //   - gradients computed into one of two device gradient slots and copied
-//     back into a host buffer per chunk;
+//     back into a host buffer per chunk; with grad_accum micro-batches a
+//     step, each chunk's gradient comes grad_accum times and the session
+//     sums them in fp32, in the order they came, beside the model's
+//     compute (the optimizer reads the sum);
 //   - fp32 master weights and Adam states on the host or on NVMe, updated
 //     by the optimizer stage as each chunk's gradient lands (OptimizerStage:
 //     exact speculation with rollback on NVMe, global-norm clipping, fp16
 //     inf/nan skips).
 // A step is: begin_step; for each use of a chunk acquire (its weights on
-// the device once it returns) and release; per chunk once, gradient_buffer
-// then submit_gradient; end_step, which returns the verdict. The same
+// the device once it returns) and release; per chunk once per
+// micro-batch, gradient_buffer then submit_gradient; end_step, which
+// returns the verdict. The same
 // calls, seed and data give the same bits on every placement: where a view
 // lives never changes what it is (tests hold the session to that).
 //
@@ -36,6 +40,7 @@
 #include <vector>
 
 #include "common/aligned_vector.h"
+#include "common/serial_queue.h"
 #include "cpu_optim/executor.h"
 #include "cpu_optim/optimizer.h"
 #include "engine/checkpoint_io.h"
@@ -70,6 +75,11 @@ struct SessionOptions {
   // (host RAM) or kNvme (needs nvme_paths).
   Tier activations = Tier::kHost;
   float clip_norm = 0;         // global-norm clipping; 0: off
+  // Micro-batches per step (1..4096): each chunk's gradient is submitted
+  // this many times a step; the session adds them up in fp32 (4 bytes per
+  // parameter of host memory when > 1) and the optimizer takes the sum
+  // times begin_step's grad_scale (1 / grad_accum for the mean).
+  int grad_accum = 1;
   // States on NVMe: update each chunk as its gradient lands, guessing no
   // clip and no skip, and redo from the old states when wrong (exact).
   bool speculate = true;
@@ -149,9 +159,14 @@ class Session {
   // precision(); its contents are undefined). Two slots are handed out in
   // turn: submit one before asking for the one after the next.
   Result<void*> gradient_buffer(size_t chunk);
-  // The gradient in the chunk's buffer is final: copied to the host and
-  // handed to the optimizer, which may update the chunk at once.
+  // The gradient in the chunk's buffer is final: copied to the host and,
+  // on the step's last micro-batch, handed to the optimizer, which may
+  // update the chunk at once (an earlier micro-batch's is added into the
+  // chunk's fp32 sum beside the model's compute; the chunk may then be
+  // acquired and computed again).
   Status submit_gradient(size_t chunk);
+  // Micro-batches of the open step whose gradient of `chunk` was submitted.
+  int submitted(size_t chunk) const { return in_step_ && chunk < submits_.size() ? submits_[chunk] : 0; }
   // Ends the step once every chunk's gradient was submitted
   // (FailedPrecondition naming the missing ones otherwise, the step open):
   // waits for the optimizer and returns its verdict. On a failure of the
@@ -229,6 +244,7 @@ class Session {
   Status build(std::vector<gpu::ChunkLayout> layout, const std::vector<int64_t>& elems);
   Status place_chunks();
   OverlapStep make_step(float grad_scale);
+  void add_later(size_t chunk, bool first);
   // Chunks the stage updated in place are put back from their master
   // weights (a failed, cancelled or skipped step); what cannot be now
   // stays stale and restore_stale() puts it back before the next step.
@@ -251,6 +267,11 @@ class Session {
   std::unique_ptr<ChunkStore> store_;
   std::vector<AlignedVector<uint16_t>> weights_;  // empty with the weights on NVMe
   std::vector<AlignedVector<uint16_t>> grads_;
+  // grad_accum > 1: each chunk's fp32 sum of the step's micro-batches, made
+  // on the accumulator's thread as their gradients land (the last one's is
+  // added by the optimizer stage as it takes the chunk).
+  std::vector<AlignedVector<float>> sums_;
+  std::unique_ptr<SerialQueue> accumulator_;
   std::vector<gpu::HostPin> pins_;
   // Activation checkpoints by key: host bytes (pinned), or a blob on NVMe
   // reached through one staging buffer.
@@ -272,7 +293,8 @@ class Session {
   std::atomic<bool> in_step_{false};  // read by async_error() from any thread
   std::vector<std::optional<ChunkStore::Use>> uses_;  // per chunk: the use acquired and not released
   std::vector<void*> grad_held_;  // per chunk: its gradient buffer on the device, handed out, not submitted
-  std::vector<bool> submitted_;
+  std::vector<bool> submitted_;  // per chunk: its last micro-batch's gradient was submitted
+  std::vector<int> submits_;     // per chunk: its gradients submitted this step
   std::vector<bool> stale_;  // per chunk: weights in RAM a failed step left updated
   // A load that failed part way (an I/O error after verifying): steps and
   // saves are refused until a load succeeds. The reason, or empty.

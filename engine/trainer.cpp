@@ -10,6 +10,7 @@
 #include "common/units.h"
 #include "engine/checkpoint_io.h"
 #include "engine/device_pinned_memory.h"
+#include "engine/gradient_sum.h"
 #include "engine/trainer_checks.h"
 #include "gpu/device_factory.h"
 
@@ -350,18 +351,6 @@ void Trainer::make_batch(int64_t index, std::vector<int32_t>* tokens, std::vecto
 }
 
 namespace {
-// acc (fp32) = or += the bf16 / fp16 gradient g, element by element on the
-// executor's threads (the same bits at any thread count: each element is
-// one widening and at most one addition).
-void accumulate(float* acc, const uint16_t* g, DType dtype, size_t n, bool first, cpu_optim::Executor& ex) {
-  ex.parallel_for(static_cast<int64_t>(n), int64_t{1} << 16, [=](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const float x = dtype == DType::kBF16 ? bf16_to_f32(g[i]) : f16_to_f32(g[i]);
-      acc[i] = first ? x : acc[i] + x;
-    }
-  });
-}
-
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -520,7 +509,7 @@ void Trainer::hand_over(size_t c, bool add_last, std::function<Status()> ready) 
   cpu_optim::Executor* ex = executor_.get();
   stage_->land(c, [acc, g, dtype, n, ex, ready = std::move(ready)]() -> Status {
     if (ready) STRATA_RETURN_IF_ERROR(ready());
-    accumulate(acc, g, dtype, n, /*first=*/false, *ex);
+    add_gradient(acc, g, dtype, n, /*first=*/false, *ex);
     return ok_status();
   });
 }
@@ -536,7 +525,7 @@ void Trainer::sum_later(size_t c, bool first) {
   cpu_optim::Executor* ex = executor_.get();
   accumulator_->submit([model, c, acc, g, n, dtype, first, ex]() -> Status {
     STRATA_RETURN_IF_ERROR(model->await_gradient(c));
-    accumulate(acc, g, dtype, n, first, *ex);
+    add_gradient(acc, g, dtype, n, first, *ex);
     return ok_status();
   });
 }

@@ -111,6 +111,51 @@ static int same_losses_placed(const char* root, const char* name, const char* pl
   return 1;
 }
 
+/* gradient_accumulation_steps through the C API: each chunk's gradient is
+ * submitted once per micro-batch, a step short of them is refused naming
+ * the count, and the update takes the fp32 sum: with lr 1, eps 1 and a
+ * scale of 1/2 a gradient of 1.0 then 2^-9 updates the master weight to
+ * -(g / (|g| + 1)) with g their mean, which a sum rounded to bf16 misses. */
+static void session_accumulation(void) {
+  strata_session* s = NULL;
+  CHECK(strata_session_create("{\"gradient_accumulation_steps\": 0}", NULL, &s) == STRATA_INVALID_ARGUMENT,
+        "zero micro-batches");
+  CHECK(strstr(strata_last_error(), "gradient_accumulation_steps") != NULL, "names the key: %s", strata_last_error());
+  CHECK(strata_session_create("{\"gradient_accumulation_steps\": 2, \"optimizer\": {\"type\": \"adam\", "
+                              "\"params\": {\"lr\": 1.0, \"eps\": 1.0}}}",
+                              NULL, &s) == STRATA_OK,
+        "create: %s", strata_last_error());
+  if (s == NULL) return;
+  CHECK(strata_session_add_chunk(s, "w", 1, NULL, NULL) == STRATA_OK, "chunk w");
+  CHECK(strata_session_begin_step(s, 0.5f) == STRATA_OK, "begin");
+  const uint16_t grads[2] = {0x3F80 /* 1.0 */, 0x3B00 /* 2^-9 */};
+  for (int k = 0; k < 2; ++k) {
+    const void* w = NULL;
+    void* g = NULL;
+    CHECK(strata_session_acquire(s, 0, NULL, &w) == STRATA_OK, "acquire for micro-batch %d", k);
+    CHECK(strata_session_release(s, 0) == STRATA_OK, "release");
+    CHECK(strata_session_gradient_buffer(s, 0, &g) == STRATA_OK && g != NULL, "gradient buffer %d", k);
+    if (g != NULL) memcpy(g, &grads[k], 2);
+    CHECK(strata_session_submit_gradient(s, 0, NULL) == STRATA_OK, "submit micro-batch %d", k);
+    if (k == 0) {
+      strata_step_verdict early;
+      CHECK(strata_session_end_step(s, &early) == STRATA_FAILED_PRECONDITION, "a micro-batch missing");
+      CHECK(strstr(strata_last_error(), "1 of 2 micro-batches") != NULL, "counts them: %s", strata_last_error());
+    }
+  }
+  CHECK(strata_session_submit_gradient(s, 0, NULL) == STRATA_FAILED_PRECONDITION, "a third submit");
+  strata_step_verdict v;
+  CHECK(strata_session_end_step(s, &v) == STRATA_OK, "end: %s", strata_last_error());
+  float master = 0;
+  CHECK(strata_session_read_master(s, 0, &master, 1) == STRATA_OK, "read");
+  /* Adam's first step with its bias corrected moves by lr * g / (|g| + eps). */
+  const float g = 0.5f * (1.0f + 0x1p-9f); /* the mean of the fp32 sum */
+  const float want = -g / (g + 1.0f), rounded = -0.5f / 1.5f;
+  CHECK(fabsf(master - want) < 1e-6f, "master %.9g, want %.9g (the fp32 sum)", master, want);
+  CHECK(fabsf(master - rounded) > 1e-4f, "%.9g is the update of the sum rounded to bf16", master);
+  strata_session_destroy(s);
+}
+
 /* The session calls from C: bad configs and misuse are refused with the
  * reason and change nothing; a two-chunk model steps once. */
 static void session_misuse(const char* root) {
@@ -341,6 +386,7 @@ int main(void) {
   char session_root[600];
   snprintf(session_root, sizeof session_root, "%s/session", root);
   session_misuse(session_root);
+  session_accumulation();
 
   nftw(root, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
   printf("c api test: %d checks, %d failed\n", g_checks, g_failed);

@@ -58,15 +58,15 @@ void batch(const Mlp& m, int64_t step, std::vector<float>* x, std::vector<float>
 float w_at(const uint16_t* w, DType t, int64_t i) { return t == DType::kBF16 ? bf16_to_f32(w[i]) : f16_to_f32(w[i]); }
 uint16_t to_w(float f, DType t) { return t == DType::kBF16 ? f32_to_bf16(f) : f32_to_f16(f); }
 
-// One step through the session; returns the loss (unscaled) and the verdict.
+// Forward and backward of batch `index` in the open step, each chunk's
+// gradient submitted once; returns the loss (unscaled).
 // `offload`: the layer inputs go out of the device as activation
 // checkpoints (save_activation) and come back in backward, so the device
 // holds two of them instead of L + 1.
-Result<float> train_step(Session& s, const Mlp& m, int64_t step, StepVerdict* verdict = nullptr,
-                         bool offload = false) {
+Result<float> micro_batch(Session& s, const Mlp& m, int64_t index, bool offload) {
   const DType t = s.precision();
   std::vector<float> x, y;
-  batch(m, step, &x, &y);
+  batch(m, index, &x, &y);
   const size_t act = static_cast<size_t>(m.B * m.D);
   // Activations: the layer inputs h[0..L] (h[0] = x), in the device's
   // memory; offloaded, layer l's input and output in two buffers.
@@ -75,7 +75,6 @@ Result<float> train_step(Session& s, const Mlp& m, int64_t step, StepVerdict* ve
   float* h = acts.as<float>();
   auto at = [&](int64_t l) { return h + (offload ? l % 2 : l) * act; };
   std::memcpy(h, x.data(), act * 4);
-  STRATA_RETURN_IF_ERROR(s.begin_step());
   for (int64_t l = 0; l < m.L; ++l) {
     STRATA_ASSIGN_OR_RETURN(const void* wp, s.acquire(static_cast<size_t>(l)));
     const auto* w = static_cast<const uint16_t*>(wp);
@@ -132,9 +131,31 @@ Result<float> train_step(Session& s, const Mlp& m, int64_t step, StepVerdict* ve
     STRATA_RETURN_IF_ERROR(s.submit_gradient(c));
     dh.swap(dprev);
   }
+  return static_cast<float>(loss / static_cast<double>(act));
+}
+
+// One step through the session; returns the loss (unscaled) and the verdict.
+Result<float> train_step(Session& s, const Mlp& m, int64_t step, StepVerdict* verdict = nullptr,
+                         bool offload = false) {
+  STRATA_RETURN_IF_ERROR(s.begin_step());
+  STRATA_ASSIGN_OR_RETURN(const float loss, micro_batch(s, m, step, offload));
   STRATA_ASSIGN_OR_RETURN(StepVerdict v, s.end_step());
   if (verdict != nullptr) *verdict = v;
-  return static_cast<float>(loss / static_cast<double>(act));
+  return loss;
+}
+
+// One step of the session's grad_accum micro-batches (batches step * A ..
+// step * A + A - 1) at the mean of their gradients; returns the mean loss.
+Result<float> accumulated_step(Session& s, const Mlp& m, int64_t step, bool offload = false) {
+  const int A = s.options().grad_accum;
+  STRATA_RETURN_IF_ERROR(s.begin_step(1.0f / static_cast<float>(A)));
+  double loss = 0;
+  for (int k = 0; k < A; ++k) {
+    STRATA_ASSIGN_OR_RETURN(const float l, micro_batch(s, m, step * A + k, offload));
+    loss += l;
+  }
+  STRATA_RETURN_IF_ERROR(s.end_step().status());
+  return static_cast<float>(loss / A);
 }
 
 Result<std::unique_ptr<Session>> make_session(const Mlp& m, SessionOptions o) {
@@ -263,6 +284,108 @@ TEST(Session, ClippingAndItsRollbackGiveTheSameBitsOnEveryTier) {
   EXPECT_GT(rolled, 0) << "the NVMe run should have rolled a speculative step back";
 }
 
+// Three micro-batches a step, their gradients added up by the session: the
+// same bits resident and with weights, states and activation checkpoints
+// on NVMe through a device a tenth of the model states; the loss falls.
+TEST(Session, AccumulatedMicroBatchesGiveTheSameBitsOnEveryPlacement) {
+  const Mlp m{64, 8, 8};
+  constexpr int kSteps = 12;
+  SessionOptions o = base_options();
+  o.grad_accum = 3;
+  std::vector<float> resident;
+  {
+    Result<std::unique_ptr<Session>> s = make_session(m, o);
+    ASSERT_TRUE(s.has_value()) << s.status().to_string();
+    for (int k = 0; k < kSteps; ++k) {
+      Result<float> loss = accumulated_step(**s, m, k);
+      ASSERT_TRUE(loss.has_value()) << "step " << k << ": " << loss.status().to_string();
+      resident.push_back(*loss);
+    }
+  }
+  const float first = resident[0] + resident[1] + resident[2] + resident[3];
+  const float last = resident[8] + resident[9] + resident[10] + resident[11];
+  EXPECT_LT(last, 0.8f * first) << "the loss should fall";
+  TempDir dir;
+  o.states = Tier::kNvme;
+  o.weights = Tier::kNvme;
+  o.activations = Tier::kNvme;
+  o.nvme_paths = {dir.path()};
+  o.device_bytes = model_state_bytes(m) / 10;
+  Result<std::unique_ptr<Session>> s = make_session(m, o);
+  ASSERT_TRUE(s.has_value()) << s.status().to_string();
+  for (int k = 0; k < kSteps; ++k) {
+    Result<float> loss = accumulated_step(**s, m, k, /*offload=*/true);
+    ASSERT_TRUE(loss.has_value()) << "step " << k << ": " << loss.status().to_string();
+    EXPECT_EQ(std::bit_cast<uint32_t>(*loss), std::bit_cast<uint32_t>(resident[static_cast<size_t>(k)]))
+        << "step " << k << ": " << *loss << " on NVMe vs " << resident[static_cast<size_t>(k)] << " resident";
+  }
+  EXPECT_LE((*s)->counters().device_peak_bytes, model_state_bytes(m) / 10);
+}
+
+// The micro-batches' gradients are added in fp32, not in the working type:
+// one Adam step on a chunk against cpu_optim's step on the fp32 sum. The
+// second gradient is below the first's bf16 spacing, so a sum rounded to
+// bf16 would update differently (checked: the test can fail).
+TEST(Session, AccumulationAddsTheMicroBatchesInFp32) {
+  constexpr int64_t n = 256;
+  SessionOptions o = base_options();
+  o.adam.lr = 1.0;
+  o.adam.eps = 1.0;  // the update then depends on the gradient's size, not just its sign
+  o.adam.weight_decay = 0;
+  o.grad_accum = 2;
+  Result<std::unique_ptr<Session>> made = Session::create(o);
+  ASSERT_TRUE(made.has_value()) << made.status().to_string();
+  Session& s = **made;
+  ASSERT_TRUE(s.add_chunk("w", n, {}).has_value());
+  std::vector<uint16_t> g0(n), g1(n);
+  std::vector<float> sum(n), rounded(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const auto u = static_cast<size_t>(i);
+    g0[u] = f32_to_bf16(1.0f + static_cast<float>(i) / 64.0f);
+    g1[u] = f32_to_bf16(std::ldexp(1.0f, -9) * static_cast<float>(1 + i % 3));
+    sum[u] = bf16_to_f32(g0[u]) + bf16_to_f32(g1[u]);
+    rounded[u] = bf16_to_f32(f32_to_bf16(sum[u]));
+  }
+  ASSERT_TRUE(s.begin_step(0.5f).ok());
+  for (const std::vector<uint16_t>* g : {&g0, &g1}) {
+    ASSERT_TRUE(s.acquire(0).has_value());
+    ASSERT_TRUE(s.release(0).ok());
+    Result<void*> buf = s.gradient_buffer(0);
+    ASSERT_TRUE(buf.has_value()) << buf.status().to_string();
+    std::memcpy(*buf, g->data(), n * 2);
+    ASSERT_TRUE(s.submit_gradient(0).ok());
+  }
+  Result<StepVerdict> v = s.end_step();
+  ASSERT_TRUE(v.has_value()) << v.status().to_string();
+  std::vector<float> got(n);
+  ASSERT_TRUE(s.read_master(0, got).ok());
+  auto reference = [&](const std::vector<float>& grad) {
+    std::vector<float> p(n, 0.0f), mm(n, 0.0f), vv(n, 0.0f);
+    cpu_optim::ParamSpan span;
+    span.params = p.data();
+    span.n = n;
+    span.grad = grad.data();
+    span.grad_dtype = DType::kF32;
+    span.state.m = mm.data();
+    span.state.v = vv.data();
+    cpu_optim::StepOptions so;
+    so.grad_scale = 0.5f;
+    Result<std::unique_ptr<cpu_optim::Executor>> ex = cpu_optim::Executor::create({});
+    EXPECT_TRUE(ex.has_value());
+    EXPECT_TRUE(cpu_optim::step(o.adam, 1, span, so, **ex).has_value());
+    return p;
+  };
+  const std::vector<float> want = reference(sum), wrong = reference(rounded);
+  int differs = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const auto u = static_cast<size_t>(i);
+    ASSERT_EQ(std::bit_cast<uint32_t>(got[u]), std::bit_cast<uint32_t>(want[u]))
+        << "element " << i << ": " << got[u] << " vs " << want[u];
+    differs += std::bit_cast<uint32_t>(want[u]) != std::bit_cast<uint32_t>(wrong[u]);
+  }
+  EXPECT_GT(differs, n / 2) << "the bf16-rounded sum should update differently";
+}
+
 TEST(Session, Fp16SkipsAnOverflowAndKeepsTheWeights) {
   const Mlp m{16, 2, 4};
   SessionOptions o = base_options();
@@ -338,6 +461,75 @@ TEST_F(SessionMisuse, AGradientSubmittedTwiceIsRefused) {
   // Its weights are being updated: acquiring them again is refused too.
   EXPECT_EQ(s_->acquire(2).status().code(), StatusCode::kFailedPrecondition);
   expect_a_step_still_runs();
+}
+
+// With micro-batches: a chunk is acquired and computed again after an
+// earlier micro-batch's submit, but not after its last; a step ended early
+// says how many micro-batches each chunk is missing; a submit past
+// grad_accum is refused. None of it changes anything.
+TEST(SessionMisuseAccumulating, MicroBatchesAreCountedPerChunk) {
+  const Mlp m{16, 3, 4};
+  SessionOptions o = base_options();
+  o.grad_accum = 2;
+  Result<std::unique_ptr<Session>> made = make_session(m, o);
+  ASSERT_TRUE(made.has_value()) << made.status().to_string();
+  Session& s = **made;
+  ASSERT_TRUE(s.start().ok());
+  std::vector<float> master0(static_cast<size_t>(m.chunk_elems()));
+  ASSERT_TRUE(s.read_master(0, master0).ok());
+  ASSERT_TRUE(s.begin_step(0.5f).ok());
+  ASSERT_TRUE(micro_batch(s, m, 0, false).has_value());
+  EXPECT_EQ(s.submitted(1), 1);
+  const Status early = s.end_step().status();
+  EXPECT_EQ(early.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(early.message().find("\"layer1\" (1 of 2 micro-batches)"), std::string::npos) << early.to_string();
+  ASSERT_TRUE(micro_batch(s, m, 1, false).has_value());  // chunks acquired and computed again
+  EXPECT_EQ(s.submitted(1), 2);
+  EXPECT_EQ(s.acquire(1).status().code(), StatusCode::kFailedPrecondition);  // its update may run
+  EXPECT_EQ(s.gradient_buffer(1).status().code(), StatusCode::kFailedPrecondition);
+  const Status third = s.submit_gradient(1);
+  EXPECT_EQ(third.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(third.message().find("more than grad_accum = 2"), std::string::npos) << third.to_string();
+  // Every gradient in: the update is under way, so the step cannot be cancelled.
+  EXPECT_EQ(s.cancel_step().code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(s.end_step().has_value());
+  // The refused calls changed nothing: the same master weights as a clean step.
+  Result<std::unique_ptr<Session>> clean = make_session(m, o);
+  ASSERT_TRUE(clean.has_value()) << clean.status().to_string();
+  ASSERT_TRUE(accumulated_step(**clean, m, 0).has_value());
+  std::vector<float> now(master0.size()), want(master0.size());
+  ASSERT_TRUE(s.read_master(0, now).ok());
+  ASSERT_TRUE((*clean)->read_master(0, want).ok());
+  EXPECT_EQ(0, std::memcmp(now.data(), want.data(), now.size() * 4));
+  EXPECT_NE(0, std::memcmp(now.data(), master0.data(), now.size() * 4)) << "a whole step should update";
+}
+
+// A step part way (some micro-batches in) is cancelled with nothing applied.
+TEST(SessionMisuseAccumulating, ACancelledStepPartWayChangesNothing) {
+  const Mlp m{16, 3, 4};
+  SessionOptions o = base_options();
+  o.grad_accum = 3;
+  Result<std::unique_ptr<Session>> made = make_session(m, o);
+  ASSERT_TRUE(made.has_value()) << made.status().to_string();
+  Session& s = **made;
+  ASSERT_TRUE(s.start().ok());
+  std::vector<float> master0(static_cast<size_t>(m.chunk_elems())), now(master0.size());
+  ASSERT_TRUE(s.read_master(0, master0).ok());
+  ASSERT_TRUE(s.begin_step(1.0f / 3).ok());
+  ASSERT_TRUE(micro_batch(s, m, 0, false).has_value());
+  ASSERT_TRUE(micro_batch(s, m, 1, false).has_value());
+  ASSERT_TRUE(s.cancel_step().ok());
+  ASSERT_TRUE(s.read_master(0, now).ok());
+  EXPECT_EQ(0, std::memcmp(now.data(), master0.data(), now.size() * 4)) << "a cancelled step changed the weights";
+  // And the next step starts its sums afresh: the bits of a clean session's first step.
+  ASSERT_TRUE(accumulated_step(s, m, 0).has_value());
+  Result<std::unique_ptr<Session>> clean = make_session(m, o);
+  ASSERT_TRUE(clean.has_value()) << clean.status().to_string();
+  ASSERT_TRUE(accumulated_step(**clean, m, 0).has_value());
+  std::vector<float> want(master0.size());
+  ASSERT_TRUE(s.read_master(0, now).ok());
+  ASSERT_TRUE((*clean)->read_master(0, want).ok());
+  EXPECT_EQ(0, std::memcmp(now.data(), want.data(), now.size() * 4));
 }
 
 // Once every gradient is in, the update runs (in RAM, in place): the step
@@ -438,6 +630,11 @@ TEST(Session, BadOptionsAreRefusedNamingTheOption) {
   o = base_options();
   o.clip_norm = -1;
   EXPECT_NE(Session::create(o).status().message().find("clip_norm"), std::string::npos);
+  for (int bad : {0, -3, 5000}) {
+    o = base_options();
+    o.grad_accum = bad;
+    EXPECT_NE(Session::create(o).status().message().find("grad_accum"), std::string::npos) << bad;
+  }
 }
 
 TEST(Session, ADeviceBudgetTooSmallForTheSlotsNamesTheBudget) {

@@ -179,7 +179,9 @@ STRATA_API strata_status strata_plan(const char* config_json, const char* device
  * the host backend ("host") the device's memory is ordinary memory the
  * caller's C code reads and writes directly; its budget is the config's
  * budgets.device. The config is the one strata_trainer_create takes; a
- * session reads its optimizer (adam or adamw), gradient_clipping,
+ * session reads its optimizer (adam or adamw), gradient_accumulation_steps
+ * (micro-batches a step: each chunk's gradient is submitted that many times
+ * a step and strata adds them up in fp32 before the update), gradient_clipping,
  * precision (bf16 or fp16, with fp16's dynamic loss scaling), states type,
  * budgets, nvme_paths, io and pin_memory keys, and puts the optimizer
  * states on NVMe when offload_optimizer (placement.states) says nvme and
@@ -256,8 +258,12 @@ STRATA_API strata_status strata_session_release(strata_session* session, int64_t
  * (RESOURCE_EXHAUSTED). Asked again before the submit: the same buffer. */
 STRATA_API strata_status strata_session_gradient_buffer(strata_session* session, int64_t chunk, void** gradient);
 /* The chunk's gradient is final (the caller's compute into it has
- * finished): it is copied to the host and handed to the optimizer.
- * `stream`: NULL (UNIMPLEMENTED otherwise). Does not wait for the update. */
+ * finished): it is copied to the host and, on the step's last micro-batch
+ * (gradient_accumulation_steps), handed to the optimizer; an earlier
+ * micro-batch's is added into the chunk's fp32 sum, and the chunk may be
+ * acquired and computed again. FAILED_PRECONDITION past the step's
+ * micro-batches. `stream`: NULL (UNIMPLEMENTED otherwise). Does not wait
+ * for the update. */
 STRATA_API strata_status strata_session_submit_gradient(strata_session* session, int64_t chunk, void* stream);
 /* Ends the step once every chunk's gradient was submitted: waits for the
  * optimizer and writes the verdict to *verdict (optional). On an I/O

@@ -1,0 +1,14 @@
+#include "engine/gradient_sum.h"
+
+namespace strata::engine {
+
+void add_gradient(float* acc, const uint16_t* g, DType dtype, size_t n, bool first, cpu_optim::Executor& ex) {
+  ex.parallel_for(static_cast<int64_t>(n), int64_t{1} << 16, [=](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float x = dtype == DType::kBF16 ? bf16_to_f32(g[i]) : f16_to_f32(g[i]);
+      acc[i] = first ? x : acc[i] + x;
+    }
+  });
+}
+
+}  // namespace strata::engine

@@ -1,0 +1,20 @@
+// The fp32 sum of a chunk's micro-batch gradients (gradient accumulation),
+// shared by the trainer and the session: both add the same way, so a
+// model gets the same bits through either.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/dtype.h"
+#include "cpu_optim/executor.h"
+
+namespace strata::engine {
+
+// acc (fp32) = g (`first`) or acc + g, element by element, for the bf16 or
+// fp16 gradient g of n elements, on the executor's threads (the same bits
+// at any thread count: each element is one widening and at most one
+// addition).
+void add_gradient(float* acc, const uint16_t* g, DType dtype, size_t n, bool first, cpu_optim::Executor& ex);
+
+}  // namespace strata::engine
