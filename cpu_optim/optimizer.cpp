@@ -9,6 +9,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <initializer_list>
 #include <limits>
 #include <string>
@@ -276,9 +277,6 @@ Status validate_span(const ParamSpan& span, OptKind kind, const Coeffs& c) {
   if (span.n < 0) return invalid_argument("span has negative length " + std::to_string(span.n));
   if (span.n == 0) return ok_status();
   if (span.params == nullptr || span.grad == nullptr) return invalid_argument("span params/grad pointer is null");
-  if (span.weights_out != nullptr && span.out_dtype == DType::kF32) {
-    return invalid_argument("weights_out must be bf16 or fp16 (the fp32 weights are `params` itself)");
-  }
   bool need_m = detail::uses_m(kind, c), need_v = detail::uses_v(kind);
   if ((need_m && span.state.m == nullptr) || (need_v && span.state.v == nullptr)) {
     return invalid_argument("optimizer state pointer is null (m needed: " + std::to_string(need_m) +
@@ -522,7 +520,10 @@ Result<StepReport> step(const OptimizerConfig& config, int64_t t, const ParamSpa
   whole.params = span.params;
   whole.grad = span.grad;
   whole.grad_dtype = span.grad_dtype;
-  whole.out = span.weights_out;
+  // An fp32 copy is the new params themselves: the kernels write none, and
+  // each tile copies its params once updated (below), while in cache.
+  const bool copy_out = span.weights_out != nullptr && span.out_dtype == DType::kF32;
+  whole.out = copy_out ? nullptr : span.weights_out;
   whole.out_dtype = span.out_dtype;
   whole.state_type = span.state.type;
   whole.m = span.state.m, whole.v = span.state.v;
@@ -541,6 +542,9 @@ Result<StepReport> step(const OptimizerConfig& config, int64_t t, const ParamSpa
     if (partials != nullptr) call.partials = partials->data() + begin / kGradStatsPartialElems;
     int64_t k = run_tile(isa, call);
     if (k != 0) bad.fetch_add(k, std::memory_order_relaxed);
+    if (copy_out) {
+      std::memcpy(static_cast<float*>(span.weights_out) + begin, call.params_next, static_cast<size_t>(call.n) * 4);
+    }
   });
   report.nonfinite = bad.load();
   if (partials != nullptr) {

@@ -98,7 +98,7 @@ struct ParamSpan {
   const void* grad = nullptr;      // n elements of grad_dtype
   DType grad_dtype = DType::kF32;
   void* weights_out = nullptr;     // optional: n elements of out_dtype, written from the new params
-  DType out_dtype = DType::kBF16;  // kBF16 or kF16
+  DType out_dtype = DType::kBF16;  // kBF16, kF16, or kF32 (a copy of the new params)
   StateSpans state;
   // Optional, both or neither: the update out of place. The new params and
   // states are written here (same type and length as `params` / `state`),
