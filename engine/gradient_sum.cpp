@@ -11,4 +11,13 @@ void add_gradient(float* acc, const uint16_t* g, DType dtype, size_t n, bool fir
   });
 }
 
+std::function<Status()> add_gradient_when(std::function<Status()> ready, float* acc, const uint16_t* g, DType dtype,
+                                          size_t n, bool first, cpu_optim::Executor& ex) {
+  return [ready = std::move(ready), acc, g, dtype, n, first, ex = &ex]() -> Status {
+    if (ready) STRATA_RETURN_IF_ERROR(ready());
+    add_gradient(acc, g, dtype, n, first, *ex);
+    return ok_status();
+  };
+}
+
 }  // namespace strata::engine

@@ -5,8 +5,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 #include "common/dtype.h"
+#include "common/status.h"
 #include "cpu_optim/executor.h"
 
 namespace strata::engine {
@@ -16,5 +18,11 @@ namespace strata::engine {
 // at any thread count: each element is one widening and at most one
 // addition).
 void add_gradient(float* acc, const uint16_t* g, DType dtype, size_t n, bool first, cpu_optim::Executor& ex);
+
+// A task that waits for `ready` (the gradient's copy to the host; empty:
+// none) and then runs add_gradient: what the accumulator's thread, or the
+// optimizer stage taking a chunk's last micro-batch, runs as it lands.
+std::function<Status()> add_gradient_when(std::function<Status()> ready, float* acc, const uint16_t* g, DType dtype,
+                                          size_t n, bool first, cpu_optim::Executor& ex);
 
 }  // namespace strata::engine

@@ -412,43 +412,23 @@ Status Session::submit_gradient(size_t chunk) {
   grad_held_[chunk] = nullptr;
   ++submits_[chunk];
   if (k + 1 < A) {
-    add_later(chunk, /*first=*/k == 0);
+    if (!accumulator_) accumulator_ = std::make_unique<SerialQueue>("strata:accum");
+    accumulator_->submit(adding([store, chunk] { return store->await_gradient(chunk); }, chunk, /*first=*/k == 0));
     return ok_status();
   }
-  if (A == 1) {
-    stage_->land(chunk, [store, chunk] { return store->await_gradient(chunk); });
-  } else {
-    float* sum = sums_[chunk].data();
-    const uint16_t* g = grads_[chunk].data();
-    const auto n = static_cast<size_t>(specs_[chunk].elems);
-    const DType dtype = options_.precision;
-    cpu_optim::Executor* ex = executor_.get();
-    stage_->land(chunk, [store, chunk, sum, g, n, dtype, ex]() -> Status {
-      STRATA_RETURN_IF_ERROR(store->await_gradient(chunk));
-      add_gradient(sum, g, dtype, n, /*first=*/false, *ex);
-      return ok_status();
-    });
-  }
+  std::function<Status()> landed = [store, chunk] { return store->await_gradient(chunk); };
+  stage_->land(chunk, A == 1 ? std::move(landed) : adding(std::move(landed), chunk, /*first=*/false));
   submitted_[chunk] = true;
   landed_now_.push_back(chunk);
   return ok_status();
 }
 
-// An earlier micro-batch's gradient of the chunk, once on the host, added
-// into its fp32 sum (or starting it) on the accumulator's thread.
-void Session::add_later(size_t chunk, bool first) {
-  if (!accumulator_) accumulator_ = std::make_unique<SerialQueue>("strata:accum");
-  ChunkStore* store = store_.get();
-  float* sum = sums_[chunk].data();
-  const uint16_t* g = grads_[chunk].data();
-  const auto n = static_cast<size_t>(specs_[chunk].elems);
-  const DType dtype = options_.precision;
-  cpu_optim::Executor* ex = executor_.get();
-  accumulator_->submit([store, chunk, sum, g, n, dtype, first, ex]() -> Status {
-    STRATA_RETURN_IF_ERROR(store->await_gradient(chunk));
-    add_gradient(sum, g, dtype, n, first, *ex);
-    return ok_status();
-  });
+// The chunk's gradient, once `landed` says it is on the host, added into
+// its fp32 sum (or starting it): on the accumulator's thread for an earlier
+// micro-batch, on the optimizer stage's for the last.
+std::function<Status()> Session::adding(std::function<Status()> landed, size_t chunk, bool first) {
+  return add_gradient_when(std::move(landed), sums_[chunk].data(), grads_[chunk].data(), options_.precision,
+                           static_cast<size_t>(specs_[chunk].elems), first, *executor_);
 }
 
 Result<StepVerdict> Session::end_step() {

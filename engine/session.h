@@ -244,7 +244,7 @@ class Session {
   Status build(std::vector<gpu::ChunkLayout> layout, const std::vector<int64_t>& elems);
   Status place_chunks();
   OverlapStep make_step(float grad_scale);
-  void add_later(size_t chunk, bool first);
+  std::function<Status()> adding(std::function<Status()> landed, size_t chunk, bool first);
   // Chunks the stage updated in place are put back from their master
   // weights (a failed, cancelled or skipped step); what cannot be now
   // stays stale and restore_stale() puts it back before the next step.

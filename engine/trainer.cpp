@@ -502,32 +502,17 @@ OverlapStep Trainer::make_overlap_step(float dloss) {
 // run).
 void Trainer::hand_over(size_t c, bool add_last, std::function<Status()> ready) {
   if (!add_last) return stage_->land(c, std::move(ready));
-  float* acc = sum_buffer(c);
-  const uint16_t* g = grad_buffer(c);
-  const auto n = static_cast<size_t>(layout_[c].numel);
-  const DType dtype = options_.precision;
-  cpu_optim::Executor* ex = executor_.get();
-  stage_->land(c, [acc, g, dtype, n, ex, ready = std::move(ready)]() -> Status {
-    if (ready) STRATA_RETURN_IF_ERROR(ready());
-    add_gradient(acc, g, dtype, n, /*first=*/false, *ex);
-    return ok_status();
-  });
+  stage_->land(c, add_gradient_when(std::move(ready), sum_buffer(c), grad_buffer(c), options_.precision,
+                                    static_cast<size_t>(layout_[c].numel), /*first=*/false, *executor_));
 }
 
 // Chunk c's gradient, once landed, added into its fp32 sum (or starting it:
 // `first`) on the accumulator's thread beside the rest of backward.
 void Trainer::sum_later(size_t c, bool first) {
   StreamedModel* model = streamed_.get();
-  float* acc = sum_buffer(c);
-  const uint16_t* g = grad_buffer(c);
-  const auto n = static_cast<size_t>(layout_[c].numel);
-  const DType dtype = options_.precision;
-  cpu_optim::Executor* ex = executor_.get();
-  accumulator_->submit([model, c, acc, g, n, dtype, first, ex]() -> Status {
-    STRATA_RETURN_IF_ERROR(model->await_gradient(c));
-    add_gradient(acc, g, dtype, n, first, *ex);
-    return ok_status();
-  });
+  accumulator_->submit(add_gradient_when([model, c] { return model->await_gradient(c); }, sum_buffer(c),
+                                         grad_buffer(c), options_.precision, static_cast<size_t>(layout_[c].numel),
+                                         first, *executor_));
 }
 
 // The NVMe bytes read and written so far, every directory.
