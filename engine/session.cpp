@@ -15,14 +15,17 @@ namespace {
 
 Status check_options(const SessionOptions& o) {
   STRATA_RETURN_IF_ERROR(cpu_optim::validate(o.adam).with_context("session"));
-  if (o.precision != DType::kBF16 && o.precision != DType::kF16) {
-    return invalid_argument("session: the working weights (precision) are bf16 or fp16");
+  if (o.precision != DType::kBF16 && o.precision != DType::kF16 && o.precision != DType::kF32) {
+    return invalid_argument("session: the working weights (precision) are bf16, fp16 or fp32");
   }
   if (o.states != Tier::kHost && o.states != Tier::kNvme) {
     return invalid_argument("session: the optimizer states live on the host or on NVMe");
   }
   if (o.weights != Tier::kHost && o.weights != Tier::kNvme) {
     return invalid_argument("session: the working weights live on the host or on NVMe between uses");
+  }
+  if (o.weights == Tier::kNvme && o.precision == DType::kF32) {
+    return invalid_argument("session: fp32 working weights stay in RAM between uses (weights on NVMe are bf16 or fp16)");
   }
   if (o.weights == Tier::kNvme && o.states != Tier::kNvme) {
     return invalid_argument("session: weights on NVMe need the optimizer states on NVMe");
@@ -276,20 +279,21 @@ Status Session::place_chunks() {
     } else {
       std::fill(dst.begin(), dst.end(), 0.0f);
     }
+    const size_t bytes = n * dtype_bytes(o.precision);
     if (o.weights == Tier::kHost) {
-      weights_.emplace_back(n);
+      weights_.emplace_back(bytes);
       STRATA_RETURN_IF_ERROR(cpu_optim::convert(master.data(), DType::kF32, weights_.back().data(), o.precision,
                                                 specs_[c].elems, *executor_));
     }
-    grads_.emplace_back(n);
-    executor_->zero(grads_.back().data(), n * 2);
+    grads_.emplace_back(bytes);
+    executor_->zero(grads_.back().data(), bytes);
     if (o.grad_accum > 1) sums_.emplace_back(n);
     return static_cast<const float*>(master.data());
   };
   STRATA_RETURN_IF_ERROR(stage_->initialize_all(make_chunk));
   for (auto* set : {&weights_, &grads_}) {
-    for (AlignedVector<uint16_t>& v : *set) {
-      STRATA_ASSIGN_OR_RETURN(gpu::HostPin pin, gpu::HostPin::make(*device_, v.data(), v.size() * 2));
+    for (AlignedVector<std::byte>& v : *set) {
+      STRATA_ASSIGN_OR_RETURN(gpu::HostPin pin, gpu::HostPin::make(*device_, v.data(), v.size()));
       pins_.push_back(std::move(pin));
     }
   }
@@ -494,7 +498,7 @@ Status Session::restore_written_weights() { return restore_stale(/*mark_written=
 Status Session::restore_stale(bool mark_written) {
   if (weights_.empty()) return ok_status();  // on NVMe: the old generation was never switched from
   std::vector<void*> weights;
-  for (AlignedVector<uint16_t>& w : weights_) weights.push_back(w.data());
+  for (AlignedVector<std::byte>& w : weights_) weights.push_back(w.data());
   return stage_->restore_stale_weights(&stale_, weights, options_.precision, mark_written).with_context("session");
 }
 
@@ -608,8 +612,8 @@ SessionCounters Session::counters() const {
 
 uint64_t Session::host_bytes() const {
   uint64_t b = 0;
-  for (const auto& v : weights_) b += v.capacity() * 2;
-  for (const auto& v : grads_) b += v.capacity() * 2;
+  for (const auto& v : weights_) b += v.capacity();
+  for (const auto& v : grads_) b += v.capacity();
   for (const auto& v : sums_) b += v.capacity() * 4;
   if (stage_) b += stage_->host_bytes();
   if (staging_) b += staging_->total_bytes();

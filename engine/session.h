@@ -2,7 +2,8 @@
 // registers its chunks (a name, an element count, initial fp32 values) and
 // then drives every step itself; the session owns every byte of model
 // state and decides where it lives:
-//   - working weights (bf16 or fp16) between uses on the host or on NVMe,
+//   - working weights (bf16, fp16 or fp32) between uses on the host or
+//     (bf16, fp16) on NVMe,
 //     brought to the device into `prefetch_depth + 1` weight slots in the
 //     order the first step recorded (ChunkStore: prefetch, Belady reuse);
 //   - gradients computed into one of two device gradient slots and copied
@@ -62,8 +63,9 @@ struct SessionOptions {
   // uncapped; a GPU's free memory.
   uint64_t device_bytes = 0;
   int compute_threads = 0;  // the host backend's compute cores (0: all)
-  // The working weights' and gradients' type: bf16, or fp16 with dynamic
-  // loss scaling (loss_scale).
+  // The working weights' and gradients' type: bf16, fp16 with dynamic loss
+  // scaling (loss_scale), or fp32 (the master weights' copy: small models,
+  // parity with an fp32 reference; in RAM between uses).
   DType precision = DType::kBF16;
   LossScaleOptions loss_scale;
   cpu_optim::AdamConfig adam;  // adam.lr: the rate until set_lr
@@ -265,8 +267,9 @@ class Session {
   gpu::Stream copy_{};
   WaitMeter meter_;
   std::unique_ptr<ChunkStore> store_;
-  std::vector<AlignedVector<uint16_t>> weights_;  // empty with the weights on NVMe
-  std::vector<AlignedVector<uint16_t>> grads_;
+  // Each chunk's bytes in the working type (precision).
+  std::vector<AlignedVector<std::byte>> weights_;  // empty with the weights on NVMe
+  std::vector<AlignedVector<std::byte>> grads_;
   // grad_accum > 1: each chunk's fp32 sum of the step's micro-batches, made
   // on the accumulator's thread as their gradients land (the last one's is
   // added by the optimizer stage as it takes the chunk).

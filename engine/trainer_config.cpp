@@ -81,9 +81,6 @@ Result<SessionOptions> session_options(const EngineConfig& cfg) {
     return invalid_argument("config key optimizer.type: a session runs adam or adamw, the config asks for " +
                             cfg.optimizer.type);
   }
-  if (cfg.setup.compute == DType::kF32) {
-    return invalid_argument("config key precision: a session's working weights are bf16 or fp16, not fp32");
-  }
   if (cfg.constraints.gradients == Tier::kNvme) {
     return invalid_argument("config key placement.gradients: a session keeps the gradients in RAM (host)");
   }

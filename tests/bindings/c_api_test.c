@@ -160,9 +160,22 @@ static void session_accumulation(void) {
  * reason and change nothing; a two-chunk model steps once. */
 static void session_misuse(const char* root) {
   strata_session* s = (strata_session*)1;
-  CHECK(strata_session_create("{\"precision\": \"fp32\"}", NULL, &s) == STRATA_INVALID_ARGUMENT && s == NULL,
-        "fp32 working weights");
+  CHECK(strata_session_create("{\"precision\": \"fp8\"}", NULL, &s) == STRATA_INVALID_ARGUMENT && s == NULL,
+        "fp8 working weights");
   CHECK(strstr(strata_last_error(), "precision") != NULL, "names the key");
+  /* fp32 working weights: what the device computes with is the initial values' own bits. */
+  CHECK(strata_session_create("{\"precision\": \"fp32\"}", NULL, &s) == STRATA_OK, "fp32: %s", strata_last_error());
+  if (s != NULL) {
+    const float values[3] = {0.1f, -2.5f, 3.0e-20f};
+    const void* w = NULL;
+    CHECK(strata_session_add_chunk(s, "f", 3, values, NULL) == STRATA_OK, "an fp32 chunk");
+    CHECK(strata_session_begin_step(s, 1.0f) == STRATA_OK, "begin (fp32)");
+    CHECK(strata_session_acquire(s, 0, NULL, &w) == STRATA_OK && w != NULL && memcmp(w, values, sizeof values) == 0,
+          "the fp32 weights are the values given");
+    CHECK(strata_session_release(s, 0) == STRATA_OK && strata_session_cancel_step(s) == STRATA_OK, "cancel (fp32)");
+    strata_session_destroy(s);
+    s = NULL;
+  }
   CHECK(strata_session_create("{\"placement\": {\"states\": \"nvme\"}}", NULL, &s) == STRATA_INVALID_ARGUMENT,
         "states on NVMe without nvme_paths");
   CHECK(strata_session_create("{}", "tpu", &s) == STRATA_INVALID_ARGUMENT, "an unknown device");

@@ -55,8 +55,19 @@ void batch(const Mlp& m, int64_t step, std::vector<float>* x, std::vector<float>
   }
 }
 
-float w_at(const uint16_t* w, DType t, int64_t i) { return t == DType::kBF16 ? bf16_to_f32(w[i]) : f16_to_f32(w[i]); }
-uint16_t to_w(float f, DType t) { return t == DType::kBF16 ? f32_to_bf16(f) : f32_to_f16(f); }
+// Element i of working weights (or a gradient) in the session's type.
+float w_at(const void* w, DType t, int64_t i) {
+  if (t == DType::kF32) return static_cast<const float*>(w)[i];
+  const uint16_t h = static_cast<const uint16_t*>(w)[i];
+  return t == DType::kBF16 ? bf16_to_f32(h) : f16_to_f32(h);
+}
+void put_w(void* w, DType t, size_t i, float f) {
+  if (t == DType::kF32) {
+    static_cast<float*>(w)[i] = f;
+  } else {
+    static_cast<uint16_t*>(w)[i] = t == DType::kBF16 ? f32_to_bf16(f) : f32_to_f16(f);
+  }
+}
 
 // Forward and backward of batch `index` in the open step, each chunk's
 // gradient submitted once; returns the loss (unscaled).
@@ -77,7 +88,7 @@ Result<float> micro_batch(Session& s, const Mlp& m, int64_t index, bool offload)
   std::memcpy(h, x.data(), act * 4);
   for (int64_t l = 0; l < m.L; ++l) {
     STRATA_ASSIGN_OR_RETURN(const void* wp, s.acquire(static_cast<size_t>(l)));
-    const auto* w = static_cast<const uint16_t*>(wp);
+    const void* w = wp;
     const float* in = at(l);
     float* out = at(l + 1);
     if (offload) STRATA_RETURN_IF_ERROR(s.save_activation(static_cast<uint64_t>(l), in, act * 4));
@@ -102,9 +113,8 @@ Result<float> micro_batch(Session& s, const Mlp& m, int64_t index, bool offload)
   for (int64_t l = m.L - 1; l >= 0; --l) {
     const auto c = static_cast<size_t>(l);
     STRATA_ASSIGN_OR_RETURN(const void* wp, s.acquire(c));
-    const auto* w = static_cast<const uint16_t*>(wp);
-    STRATA_ASSIGN_OR_RETURN(void* gp, s.gradient_buffer(c));
-    auto* g = static_cast<uint16_t*>(gp);
+    const void* w = wp;
+    STRATA_ASSIGN_OR_RETURN(void* g, s.gradient_buffer(c));
     // Offloaded: layer l + 1's input (this layer's output) is in the other
     // buffer already; its own input comes back into this one.
     if (offload) STRATA_RETURN_IF_ERROR(s.load_activation(static_cast<uint64_t>(l), at(l), act * 4));
@@ -126,7 +136,7 @@ Result<float> micro_batch(Session& s, const Mlp& m, int64_t index, bool offload)
         }
       }
     }
-    for (size_t i = 0; i < gw.size(); ++i) g[i] = to_w(gw[i], t);
+    for (size_t i = 0; i < gw.size(); ++i) put_w(g, t, i, gw[i]);
     STRATA_RETURN_IF_ERROR(s.release(c));
     STRATA_RETURN_IF_ERROR(s.submit_gradient(c));
     dh.swap(dprev);
@@ -386,6 +396,52 @@ TEST(Session, AccumulationAddsTheMicroBatchesInFp32) {
   EXPECT_GT(differs, n / 2) << "the bf16-rounded sum should update differently";
 }
 
+// fp32 working weights: the device computes with the master weights' own
+// bits and the loss falls; the states and activation checkpoints on NVMe
+// through a device a tenth of the model states (20 bytes a parameter: 4
+// working, 4 gradient, 12 master and Adam) give the same bits as all in RAM.
+TEST(Session, Fp32WorkingWeightsAreTheMasterWeightsOnEveryPlacement) {
+  SessionOptions o = base_options();
+  o.precision = DType::kF32;
+  {
+    const Mlp m{64, 8, 8};
+    const std::vector<float> losses = run(m, o, 30);
+    ASSERT_EQ(losses.size(), 30u);
+    EXPECT_LT(losses[26] + losses[27] + losses[28] + losses[29], 0.5f * (losses[0] + losses[1] + losses[2] + losses[3]))
+        << "the loss over a cycle of the four batches should fall";
+    Result<std::unique_ptr<Session>> s = make_session(m, o);
+    ASSERT_TRUE(s.has_value()) << s.status().to_string();
+    for (int k = 0; k < 3; ++k) ASSERT_TRUE(train_step(**s, m, k).has_value());
+    std::vector<float> master(static_cast<size_t>(m.chunk_elems()));
+    for (size_t c = 0; c < (*s)->chunks(); ++c) {
+      ASSERT_TRUE((*s)->read_master(c, master).ok());
+      ASSERT_TRUE((*s)->begin_step().ok());
+      Result<const void*> w = (*s)->acquire(c);
+      ASSERT_TRUE(w.has_value()) << w.status().to_string();
+      EXPECT_EQ(0, std::memcmp(*w, master.data(), master.size() * 4)) << "chunk " << c;
+      ASSERT_TRUE((*s)->release(c).ok());
+      ASSERT_TRUE((*s)->cancel_step().ok());
+    }
+  }
+  const Mlp m{64, 16, 8};
+  const uint64_t fp32_model_states = static_cast<uint64_t>(m.L * m.chunk_elems()) * 20;
+  const std::vector<float> in_ram = run(m, o, 8);
+  ASSERT_EQ(in_ram.size(), 8u);
+  TempDir dir;
+  o.states = Tier::kNvme;
+  o.activations = Tier::kNvme;
+  o.nvme_paths = {dir.path()};
+  o.device_bytes = fp32_model_states / 10;
+  Result<std::unique_ptr<Session>> s = make_session(m, o);
+  ASSERT_TRUE(s.has_value()) << s.status().to_string();
+  for (size_t k = 0; k < in_ram.size(); ++k) {
+    Result<float> loss = train_step(**s, m, static_cast<int64_t>(k), nullptr, /*offload=*/true);
+    ASSERT_TRUE(loss.has_value()) << "step " << k << ": " << loss.status().to_string();
+    EXPECT_EQ(std::bit_cast<uint32_t>(*loss), std::bit_cast<uint32_t>(in_ram[k])) << "step " << k;
+  }
+  EXPECT_LE((*s)->counters().device_peak_bytes, fp32_model_states / 10);
+}
+
 TEST(Session, Fp16SkipsAnOverflowAndKeepsTheWeights) {
   const Mlp m{16, 2, 4};
   SessionOptions o = base_options();
@@ -626,7 +682,9 @@ TEST(Session, BadOptionsAreRefusedNamingTheOption) {
   EXPECT_EQ(Session::create(o).status().code(), StatusCode::kInvalidArgument);
   o = base_options();
   o.precision = DType::kF32;
-  EXPECT_NE(Session::create(o).status().message().find("precision"), std::string::npos);
+  o.states = o.weights = Tier::kNvme;  // fp32 working weights stay in RAM
+  o.nvme_paths = {"/tmp"};
+  EXPECT_NE(Session::create(o).status().message().find("fp32 working weights"), std::string::npos);
   o = base_options();
   o.clip_norm = -1;
   EXPECT_NE(Session::create(o).status().message().find("clip_norm"), std::string::npos);

@@ -160,8 +160,8 @@ STRATA_API strata_status strata_plan(const char* config_json, const char* device
  *
  * The model registers its parameters as chunks (a name, an element count,
  * initial fp32 values) and runs its own forward and backward on the
- * device; strata owns every byte of model state — working weights (bf16 or
- * fp16), gradients, fp32 master weights and Adam states — keeps each where
+ * device; strata owns every byte of model state — working weights (bf16,
+ * fp16 or fp32), gradients, fp32 master weights and Adam states — keeps each where
  * the config puts it (device slots, host RAM, NVMe) and updates each chunk
  * on the CPU as soon as its gradient is submitted. A step:
  *
@@ -182,7 +182,8 @@ STRATA_API strata_status strata_plan(const char* config_json, const char* device
  * session reads its optimizer (adam or adamw), gradient_accumulation_steps
  * (micro-batches a step: each chunk's gradient is submitted that many times
  * a step and strata adds them up in fp32 before the update), gradient_clipping,
- * precision (bf16 or fp16, with fp16's dynamic loss scaling), states type,
+ * precision (bf16, fp16 with its dynamic loss scaling, or fp32: the master
+ * weights' own bits, kept in RAM between uses), states type,
  * budgets, nvme_paths, io and pin_memory keys, and puts the optimizer
  * states on NVMe when offload_optimizer (placement.states) says nvme and
  * the weights when offload_param (placement.weights) does.
@@ -238,8 +239,10 @@ STRATA_API strata_status strata_session_start(strata_session* session);
 STRATA_API strata_status strata_session_set_lr(strata_session* session, double lr);
 /* fp16: multiply the loss by this before backward; 1 for bf16. */
 STRATA_API double strata_session_loss_scale(const strata_session* session);
-/* Element size of the working weights and gradients: 2 (bf16 or fp16), and
- * their type into *is_fp16 (optional): 1 for fp16, 0 for bf16. */
+/* Whether the working weights and gradients are fp16, into *is_fp16
+ * (optional): 1 for fp16 (scale the loss by strata_session_loss_scale), 0
+ * for bf16 or fp32 (2 or 4 bytes an element, as the config's precision
+ * says). */
 STRATA_API strata_status strata_session_precision(const strata_session* session, int* is_fp16);
 /* Opens a step; every submitted gradient is multiplied by `grad_scale`
  * (finite, > 0; e.g. 1 / micro-batches) besides the fp16 loss scale. */
