@@ -167,6 +167,10 @@ Status Session::start() {
   STRATA_RETURN_IF_ERROR(usable("start"));
   if (started()) return ok_status();
   if (specs_.empty()) return failed_precondition("session: start with no chunk registered (add_chunk first)");
+  if (options_.resident_first && specs_.size() < 2) {
+    return failed_precondition("session: resident_first keeps the first chunk on the device and streams the rest: "
+                               "register at least two chunks");
+  }
   const SessionOptions& o = options_;
   // The host memory the placement takes, held to its budget before any of it is allocated.
   const uint64_t need = host_bytes_needed();
@@ -219,7 +223,7 @@ Status Session::build(std::vector<gpu::ChunkLayout> layout, const std::vector<in
   so.dtype = o.precision;
   so.states = o.states;
   so.host_memory = allocator_.get();
-  so.resident_first = false;
+  so.resident_first = o.resident_first;
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<ChunkStore> store,
                           ChunkStore::create(std::move(layout), *device_, copy_, &meter_, so));
   if (o.weights == Tier::kNvme) {
@@ -363,7 +367,15 @@ Result<const void*> Session::acquire(size_t chunk) {
                                "\": its gradient was submitted this step, so its weights are being updated");
   }
   if (uses_[chunk]) return failed_precondition("session: acquire \"" + name + "\": already acquired; release it first");
-  const auto held = static_cast<int>(std::count_if(uses_.begin(), uses_.end(), [](const auto& u) { return u.has_value(); }));
+  if (resident(chunk)) {
+    STRATA_ASSIGN_OR_RETURN(const void* data, store_->resident_weights());
+    uses_[chunk] = ChunkStore::Use{0, data};  // no slot: nothing to give back to the store
+    return data;
+  }
+  const size_t first_slotted = options_.resident_first ? 1 : 0;
+  const auto held = static_cast<int>(
+      std::count_if(uses_.begin() + static_cast<std::ptrdiff_t>(first_slotted), uses_.end(),
+                    [](const auto& u) { return u.has_value(); }));
   if (held > options_.prefetch_depth) {
     return resource_exhausted("session: acquire \"" + name + "\": all " + std::to_string(held) +
                               " weight slots are held (prefetch_depth + 1); release a chunk first");
@@ -378,7 +390,7 @@ Status Session::release(size_t chunk) {
   if (!uses_[chunk]) {
     return failed_precondition("session: release \"" + specs_[chunk].name + "\": it is not acquired");
   }
-  store_->release(*uses_[chunk]);
+  if (!resident(chunk)) store_->release(*uses_[chunk]);
   uses_[chunk].reset();
   return ok_status();
 }
@@ -390,6 +402,8 @@ Result<void*> Session::gradient_buffer(size_t chunk) {
                                "\": its gradient was submitted this step");
   }
   if (grad_held_[chunk] != nullptr) return grad_held_[chunk];  // asked again: the same buffer
+  // The resident chunk's one buffer: an earlier micro-batch's copy out of it first.
+  if (resident(chunk) && submits_[chunk] > 0) STRATA_RETURN_IF_ERROR(store_->await_gradient(chunk));
   STRATA_ASSIGN_OR_RETURN(void* buffer, store_->gradient_buffer(chunk));
   grad_held_[chunk] = buffer;
   return buffer;

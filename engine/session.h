@@ -73,6 +73,11 @@ struct SessionOptions {
   Tier states = Tier::kHost;   // master weights and Adam states: kHost or kNvme
   Tier weights = Tier::kHost;  // working weights between uses: kHost, or kNvme (needs the states there)
   int prefetch_depth = 1;      // uses fetched ahead; depth + 1 weight slots on the device
+  // The first registered chunk stays on the device for each whole step (a
+  // model's embeddings, used at both ends of it): copied up once at
+  // begin_step, in a buffer of its own beside the slots, with a gradient
+  // buffer of its own. Needs a second chunk.
+  bool resident_first = false;
   // Where save_activation() puts the model's activation checkpoints: kHost
   // (host RAM) or kNvme (needs nvme_paths).
   Tier activations = Tier::kHost;
@@ -239,6 +244,7 @@ class Session {
     ChunkInit init;
   };
   Status usable(const char* call) const;
+  bool resident(size_t chunk) const { return options_.resident_first && chunk == 0; }
   Status check_chunk(const char* call, size_t chunk) const;
   Status open_nvme();
   // What start() will hold in host memory, from the chunk sizes alone.

@@ -442,6 +442,58 @@ TEST(Session, Fp32WorkingWeightsAreTheMasterWeightsOnEveryPlacement) {
   EXPECT_LE((*s)->counters().device_peak_bytes, fp32_model_states / 10);
 }
 
+// resident_first: the first chunk stays on the device through each step
+// (used at both ends, as a model's embeddings are). The same bits as when
+// it streams with the rest, in RAM and on NVMe with micro-batches, and it
+// goes up once a step instead of at both ends.
+TEST(Session, AResidentFirstChunkGivesTheSameBitsAndGoesUpOnce) {
+  const Mlp m{64, 8, 8};
+  constexpr int kSteps = 6;
+  TempDir dir;
+  for (bool nvme : {false, true}) {
+    SessionOptions o = base_options();
+    o.grad_accum = 2;
+    if (nvme) {
+      o.states = o.weights = o.activations = Tier::kNvme;
+      o.nvme_paths = {dir.path()};
+    }
+    std::vector<float> losses[2];
+    uint64_t h2d[2] = {0, 0};
+    for (int resident = 0; resident < 2; ++resident) {
+      o.resident_first = resident == 1;
+      Result<std::unique_ptr<Session>> s = make_session(m, o);
+      ASSERT_TRUE(s.has_value()) << s.status().to_string();
+      for (int k = 0; k < kSteps; ++k) {
+        Result<float> loss = accumulated_step(**s, m, k, /*offload=*/nvme);
+        ASSERT_TRUE(loss.has_value()) << "step " << k << ": " << loss.status().to_string();
+        losses[resident].push_back(*loss);
+      }
+      h2d[resident] = (*s)->counters().h2d_bytes;
+      if (resident == 1) {
+        EXPECT_EQ((*s)->residency(0, View::kWeights), Residency::kOnDevice);
+      }
+    }
+    for (int k = 0; k < kSteps; ++k) {
+      EXPECT_EQ(std::bit_cast<uint32_t>(losses[0][static_cast<size_t>(k)]),
+                std::bit_cast<uint32_t>(losses[1][static_cast<size_t>(k)]))
+          << (nvme ? "on NVMe" : "in RAM") << ", step " << k;
+    }
+    // Per step the streamed chunk 0 goes up for each micro-batch's forward
+    // and backward (4 times); resident, once.
+    const uint64_t chunk_bytes = static_cast<uint64_t>(m.chunk_elems()) * 2;
+    EXPECT_EQ(h2d[0] - h2d[1], static_cast<uint64_t>(kSteps) * 3 * chunk_bytes) << (nvme ? "on NVMe" : "in RAM");
+  }
+  // One chunk has nothing to stream beside it.
+  SessionOptions o = base_options();
+  o.resident_first = true;
+  Result<std::unique_ptr<Session>> one = Session::create(o);
+  ASSERT_TRUE(one.has_value());
+  ASSERT_TRUE((*one)->add_chunk("only", 64, {}).has_value());
+  const Status started = (*one)->start();
+  EXPECT_EQ(started.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(started.message().find("at least two chunks"), std::string::npos) << started.to_string();
+}
+
 TEST(Session, Fp16SkipsAnOverflowAndKeepsTheWeights) {
   const Mlp m{16, 2, 4};
   SessionOptions o = base_options();
