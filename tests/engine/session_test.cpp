@@ -69,6 +69,53 @@ void put_w(void* w, DType t, size_t i, float f) {
   }
 }
 
+// Layer l's forward: out = tanh(W in + b) (the last layer linear), for the
+// batch's B rows of D; w holds [W | b] in the session's working type t.
+void layer_forward(const Mlp& m, int64_t l, const void* w, DType t, const float* in, float* out) {
+  for (int64_t b = 0; b < m.B; ++b) {
+    for (int64_t o = 0; o < m.D; ++o) {
+      float z = w_at(w, t, m.D * m.D + o);
+      for (int64_t i = 0; i < m.D; ++i) z += w_at(w, t, o * m.D + i) * in[b * m.D + i];
+      out[b * m.D + o] = l + 1 < m.L ? std::tanh(z) : z;
+    }
+  }
+}
+
+// Layer l's backward from dh (d loss / d its output; taken through tanh
+// here, in place): its gradient into g (working type t) and d loss / d its
+// input into dprev.
+void layer_backward(const Mlp& m, int64_t l, const void* w, DType t, const float* in, const float* out,
+                    std::vector<float>& dh, std::vector<float>& dprev, void* g) {
+  if (l + 1 < m.L) {
+    for (size_t i = 0; i < dh.size(); ++i) dh[i] *= 1.0f - out[i] * out[i];
+  }
+  std::vector<float> gw(static_cast<size_t>(m.chunk_elems()), 0.0f);
+  std::fill(dprev.begin(), dprev.end(), 0.0f);
+  for (int64_t b = 0; b < m.B; ++b) {
+    for (int64_t o = 0; o < m.D; ++o) {
+      const float dz = dh[static_cast<size_t>(b * m.D + o)];
+      gw[static_cast<size_t>(m.D * m.D + o)] += dz;
+      for (int64_t i = 0; i < m.D; ++i) {
+        gw[static_cast<size_t>(o * m.D + i)] += dz * in[b * m.D + i];
+        dprev[static_cast<size_t>(b * m.D + i)] += dz * w_at(w, t, o * m.D + i);
+      }
+    }
+  }
+  for (size_t i = 0; i < gw.size(); ++i) put_w(g, t, i, gw[i]);
+}
+
+// The loss of a batch's predictions (the sum of squares over its rows) and
+// d(loss * scale) / d(pred) of the mean into dh.
+double loss_and_grad(const float* pred, const std::vector<float>& y, float scale, std::vector<float>& dh) {
+  double loss = 0;
+  for (size_t i = 0; i < y.size(); ++i) {
+    const float d = pred[i] - y[i];
+    loss += static_cast<double>(d) * d;
+    dh[i] = 2.0f * d / static_cast<float>(y.size()) * scale;
+  }
+  return loss;
+}
+
 // Forward and backward of batch `index` in the open step, each chunk's
 // gradient submitted once; returns the loss (unscaled).
 // `offload`: the layer inputs go out of the device as activation
@@ -87,61 +134,73 @@ Result<float> micro_batch(Session& s, const Mlp& m, int64_t index, bool offload)
   auto at = [&](int64_t l) { return h + (offload ? l % 2 : l) * act; };
   std::memcpy(h, x.data(), act * 4);
   for (int64_t l = 0; l < m.L; ++l) {
-    STRATA_ASSIGN_OR_RETURN(const void* wp, s.acquire(static_cast<size_t>(l)));
-    const void* w = wp;
-    const float* in = at(l);
-    float* out = at(l + 1);
-    if (offload) STRATA_RETURN_IF_ERROR(s.save_activation(static_cast<uint64_t>(l), in, act * 4));
-    for (int64_t b = 0; b < m.B; ++b) {
-      for (int64_t o = 0; o < m.D; ++o) {
-        float z = w_at(w, t, m.D * m.D + o);
-        for (int64_t i = 0; i < m.D; ++i) z += w_at(w, t, o * m.D + i) * in[b * m.D + i];
-        out[b * m.D + o] = l + 1 < m.L ? std::tanh(z) : z;
-      }
-    }
+    STRATA_ASSIGN_OR_RETURN(const void* w, s.acquire(static_cast<size_t>(l)));
+    if (offload) STRATA_RETURN_IF_ERROR(s.save_activation(static_cast<uint64_t>(l), at(l), act * 4));
+    layer_forward(m, l, w, t, at(l), at(l + 1));
     STRATA_RETURN_IF_ERROR(s.release(static_cast<size_t>(l)));
   }
-  const float* pred = at(m.L);
-  double loss = 0;
   std::vector<float> dh(act), dprev(act);
-  const auto scale = static_cast<float>(s.loss_scale());
-  for (size_t i = 0; i < act; ++i) {
-    const float d = pred[i] - y[i];
-    loss += static_cast<double>(d) * d;
-    dh[i] = 2.0f * d / static_cast<float>(act) * scale;  // d(loss * scale)/d(pred)
-  }
+  const double loss = loss_and_grad(at(m.L), y, static_cast<float>(s.loss_scale()), dh);
   for (int64_t l = m.L - 1; l >= 0; --l) {
     const auto c = static_cast<size_t>(l);
-    STRATA_ASSIGN_OR_RETURN(const void* wp, s.acquire(c));
-    const void* w = wp;
+    STRATA_ASSIGN_OR_RETURN(const void* w, s.acquire(c));
     STRATA_ASSIGN_OR_RETURN(void* g, s.gradient_buffer(c));
     // Offloaded: layer l + 1's input (this layer's output) is in the other
     // buffer already; its own input comes back into this one.
     if (offload) STRATA_RETURN_IF_ERROR(s.load_activation(static_cast<uint64_t>(l), at(l), act * 4));
-    const float* in = at(l);
-    const float* out = at(l + 1);
-    // Through tanh (all but the last layer): dz = dh * (1 - out^2).
-    if (l + 1 < m.L) {
-      for (size_t i = 0; i < act; ++i) dh[i] *= 1.0f - out[i] * out[i];
-    }
-    std::vector<float> gw(static_cast<size_t>(m.chunk_elems()), 0.0f);
-    std::fill(dprev.begin(), dprev.end(), 0.0f);
-    for (int64_t b = 0; b < m.B; ++b) {
-      for (int64_t o = 0; o < m.D; ++o) {
-        const float dz = dh[static_cast<size_t>(b * m.D + o)];
-        gw[static_cast<size_t>(m.D * m.D + o)] += dz;
-        for (int64_t i = 0; i < m.D; ++i) {
-          gw[static_cast<size_t>(o * m.D + i)] += dz * in[b * m.D + i];
-          dprev[static_cast<size_t>(b * m.D + i)] += dz * w_at(w, t, o * m.D + i);
-        }
-      }
-    }
-    for (size_t i = 0; i < gw.size(); ++i) put_w(g, t, i, gw[i]);
+    layer_backward(m, l, w, t, at(l), at(l + 1), dh, dprev, g);
     STRATA_RETURN_IF_ERROR(s.release(c));
     STRATA_RETURN_IF_ERROR(s.submit_gradient(c));
     dh.swap(dprev);
   }
   return static_cast<float>(loss / static_cast<double>(act));
+}
+
+// The vertical order of a step's grad_accum micro-batches: each layer is
+// acquired once a pass and computes every micro-batch while it is on the
+// device (their activations all kept), in forward and in backward, so the
+// weights move once per pass instead of once per micro-batch. Returns the
+// mean loss.
+Result<float> vertical_step(Session& s, const Mlp& m, int64_t step) {
+  const DType t = s.precision();
+  const int A = s.options().grad_accum;
+  const size_t act = static_cast<size_t>(m.B * m.D);
+  std::vector<std::vector<float>> y(static_cast<size_t>(A));
+  STRATA_ASSIGN_OR_RETURN(gpu::DeviceMemory acts, s.allocate_device(A * (m.L + 1) * act * 4, "activations"));
+  auto at = [&](int k, int64_t l) { return acts.as<float>() + (static_cast<size_t>(k) * (m.L + 1) + l) * act; };
+  for (int k = 0; k < A; ++k) {
+    std::vector<float> x;
+    batch(m, step * A + k, &x, &y[static_cast<size_t>(k)]);
+    std::memcpy(at(k, 0), x.data(), act * 4);
+  }
+  STRATA_RETURN_IF_ERROR(s.begin_step(1.0f / static_cast<float>(A)));
+  for (int64_t l = 0; l < m.L; ++l) {
+    STRATA_ASSIGN_OR_RETURN(const void* w, s.acquire(static_cast<size_t>(l)));
+    for (int k = 0; k < A; ++k) layer_forward(m, l, w, t, at(k, l), at(k, l + 1));
+    STRATA_RETURN_IF_ERROR(s.release(static_cast<size_t>(l)));
+  }
+  double loss = 0;
+  std::vector<std::vector<float>> dh(static_cast<size_t>(A), std::vector<float>(act));
+  std::vector<float> dprev(act);
+  for (int k = 0; k < A; ++k) {
+    // Each micro-batch's loss rounded to float, as micro_batch returns it.
+    loss += static_cast<float>(loss_and_grad(at(k, m.L), y[static_cast<size_t>(k)],
+                                             static_cast<float>(s.loss_scale()), dh[static_cast<size_t>(k)]) /
+                               static_cast<double>(act));
+  }
+  for (int64_t l = m.L - 1; l >= 0; --l) {
+    const auto c = static_cast<size_t>(l);
+    STRATA_ASSIGN_OR_RETURN(const void* w, s.acquire(c));
+    for (int k = 0; k < A; ++k) {
+      STRATA_ASSIGN_OR_RETURN(void* g, s.gradient_buffer(c));
+      layer_backward(m, l, w, t, at(k, l), at(k, l + 1), dh[static_cast<size_t>(k)], dprev, g);
+      STRATA_RETURN_IF_ERROR(s.submit_gradient(c));  // held: the next micro-batch computes with the same weights
+      dh[static_cast<size_t>(k)].swap(dprev);
+    }
+    STRATA_RETURN_IF_ERROR(s.release(c));
+  }
+  STRATA_RETURN_IF_ERROR(s.end_step().status());
+  return static_cast<float>(loss / A);
 }
 
 // One step through the session; returns the loss (unscaled) and the verdict.
@@ -492,6 +551,35 @@ TEST(Session, AResidentFirstChunkGivesTheSameBitsAndGoesUpOnce) {
   const Status started = (*one)->start();
   EXPECT_EQ(started.code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(started.message().find("at least two chunks"), std::string::npos) << started.to_string();
+}
+
+// The vertical order (every micro-batch of a layer while it is on the
+// device) gives the same bits as one micro-batch after another, and moves
+// the weights once a pass: the session adds each chunk's gradients in the
+// order they come, whichever order the model runs.
+TEST(Session, TheVerticalOrderGivesTheSameBitsAndMovesTheWeightsOnce) {
+  const Mlp m{64, 8, 8};
+  constexpr int kSteps = 6;
+  SessionOptions o = base_options();
+  o.grad_accum = 3;
+  Result<std::unique_ptr<Session>> one_by_one = make_session(m, o);
+  Result<std::unique_ptr<Session>> vertical = make_session(m, o);
+  ASSERT_TRUE(one_by_one.has_value() && vertical.has_value());
+  for (int k = 0; k < kSteps; ++k) {
+    Result<float> a = accumulated_step(**one_by_one, m, k);
+    Result<float> b = vertical_step(**vertical, m, k);
+    ASSERT_TRUE(a.has_value()) << a.status().to_string();
+    ASSERT_TRUE(b.has_value()) << b.status().to_string();
+    EXPECT_EQ(std::bit_cast<uint32_t>(*a), std::bit_cast<uint32_t>(*b)) << "step " << k << ": " << *a << " vs " << *b;
+  }
+  std::vector<float> wa(static_cast<size_t>(m.chunk_elems())), wb(wa.size());
+  for (size_t c = 0; c < static_cast<size_t>(m.L); ++c) {
+    ASSERT_TRUE((*one_by_one)->read_master(c, wa).ok());
+    ASSERT_TRUE((*vertical)->read_master(c, wb).ok());
+    EXPECT_EQ(0, std::memcmp(wa.data(), wb.data(), wa.size() * 4)) << "chunk " << c;
+  }
+  EXPECT_LT((*vertical)->counters().h2d_bytes, (*one_by_one)->counters().h2d_bytes / 2)
+      << "the vertical order should copy the weights up once a pass, not once a micro-batch";
 }
 
 TEST(Session, Fp16SkipsAnOverflowAndKeepsTheWeights) {
