@@ -110,16 +110,21 @@ struct Counting {
   // a divisor of grad_accum) in the vertical order — their block inputs,
   // block gradients and embedding gradients on the device at once — else one.
   uint64_t V = 1;
-  double passes = 1;            // per step: grad_accum / V
-  uint64_t w = 2;               // bytes of a working weight
+  double passes = 1;  // per step: grad_accum / V
+  uint64_t w = 2;     // bytes of a working weight
   bool grads_nvme = false;
-  uint64_t opt_grad_bytes = 2;  // what the optimizer reads per parameter of gradient (on NVMe, or in a delayed update's second set)
+  // What the optimizer reads per parameter of gradient (on NVMe, or in a
+  // delayed update's second set).
+  uint64_t opt_grad_bytes = 2;
   // A pass's block input l is its V micro-batches' inputs side by side: one
   // copy, one NVMe blob (StreamedModel).
   uint64_t ckpt_group_bytes = 0;
 };
 
-uint64_t padded(uint64_t bytes) { return round_up(bytes, uint64_t{4096}); }  // NVMe blocks and pinned buffers
+// NVMe blocks and pinned buffers.
+uint64_t padded(uint64_t bytes) {
+  return round_up(bytes, uint64_t{4096});
+}
 
 // Device: weights (resident, or prefetch buffers), gradient staging, the
 // working set of one block (forward-saved tensors and backward scratch:

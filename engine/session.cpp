@@ -25,7 +25,8 @@ Status check_options(const SessionOptions& o) {
     return invalid_argument("session: the working weights live on the host or on NVMe between uses");
   }
   if (o.weights == Tier::kNvme && o.precision == DType::kF32) {
-    return invalid_argument("session: fp32 working weights stay in RAM between uses (weights on NVMe are bf16 or fp16)");
+    return invalid_argument(
+        "session: fp32 working weights stay in RAM between uses (weights on NVMe are bf16 or fp16)");
   }
   if (o.weights == Tier::kNvme && o.states != Tier::kNvme) {
     return invalid_argument("session: weights on NVMe need the optimizer states on NVMe");
@@ -168,8 +169,9 @@ Status Session::start() {
   if (started()) return ok_status();
   if (specs_.empty()) return failed_precondition("session: start with no chunk registered (add_chunk first)");
   if (options_.resident_first && specs_.size() < 2) {
-    return failed_precondition("session: resident_first keeps the first chunk on the device and streams the rest: "
-                               "register at least two chunks");
+    return failed_precondition(
+        "session: resident_first keeps the first chunk on the device and streams the rest: "
+        "register at least two chunks");
   }
   const SessionOptions& o = options_;
   // The host memory the placement takes, held to its budget before any of it is allocated.
@@ -373,9 +375,8 @@ Result<const void*> Session::acquire(size_t chunk) {
     return data;
   }
   const size_t first_slotted = options_.resident_first ? 1 : 0;
-  const auto held = static_cast<int>(
-      std::count_if(uses_.begin() + static_cast<std::ptrdiff_t>(first_slotted), uses_.end(),
-                    [](const auto& u) { return u.has_value(); }));
+  const auto held = static_cast<int>(std::count_if(uses_.begin() + static_cast<std::ptrdiff_t>(first_slotted),
+                                                   uses_.end(), [](const auto& u) { return u.has_value(); }));
   if (held > options_.prefetch_depth) {
     return resource_exhausted("session: acquire \"" + name + "\": all " + std::to_string(held) +
                               " weight slots are held (prefetch_depth + 1); release a chunk first");
@@ -414,9 +415,9 @@ Status Session::submit_gradient(size_t chunk) {
   const std::string& name = specs_[chunk].name;
   const int A = options_.grad_accum;
   if (submitted_[chunk]) {
-    return failed_precondition("session: submit_gradient \"" + name + "\": submitted " +
-                               (A == 1 ? std::string("twice") : "more than grad_accum = " + std::to_string(A) +
-                                                                    " times in a step"));
+    return failed_precondition(
+        "session: submit_gradient \"" + name + "\": submitted " +
+        (A == 1 ? std::string("twice") : "more than grad_accum = " + std::to_string(A) + " times in a step"));
   }
   if (grad_held_[chunk] == nullptr) {
     return failed_precondition("session: submit_gradient \"" + name +
@@ -457,7 +458,8 @@ Result<StepVerdict> Session::end_step() {
     if (!submitted_[c]) {
       missing += (missing.empty() ? "\"" : ", \"") + specs_[c].name + "\"";
       if (options_.grad_accum > 1) {
-        missing += " (" + std::to_string(submits_[c]) + " of " + std::to_string(options_.grad_accum) + " micro-batches)";
+        missing +=
+            " (" + std::to_string(submits_[c]) + " of " + std::to_string(options_.grad_accum) + " micro-batches)";
       }
     }
     if (uses_[c]) held += (held.empty() ? "\"" : ", \"") + specs_[c].name + "\"";
@@ -497,8 +499,9 @@ Status Session::cancel_step() {
   // Every gradient in, the update is under way: in RAM it writes the states
   // in place, with nothing to go back to.
   if (std::all_of(submitted_.begin(), submitted_.end(), [](bool b) { return b; })) {
-    return failed_precondition("session: cancel_step: every gradient was submitted and the update is under way; "
-                               "end_step takes it");
+    return failed_precondition(
+        "session: cancel_step: every gradient was submitted and the update is under way; "
+        "end_step takes it");
   }
   if (accumulator_) accumulator_->drain().ignore();  // the sums are dropped with the step
   stage_->cancel();

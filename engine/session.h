@@ -302,8 +302,8 @@ class Session {
   std::atomic<bool> in_step_{false};  // read by async_error() from any thread
   std::vector<std::optional<ChunkStore::Use>> uses_;  // per chunk: the use acquired and not released
   std::vector<void*> grad_held_;  // per chunk: its gradient buffer on the device, handed out, not submitted
-  std::vector<bool> submitted_;  // per chunk: its last micro-batch's gradient was submitted
-  std::vector<int> submits_;     // per chunk: its gradients submitted this step
+  std::vector<bool> submitted_;   // per chunk: its last micro-batch's gradient was submitted
+  std::vector<int> submits_;      // per chunk: its gradients submitted this step
   std::vector<bool> stale_;  // per chunk: weights in RAM a failed step left updated
   // A load that failed part way (an I/O error after verifying): steps and
   // saves are refused until a load succeeds. The reason, or empty.

@@ -170,7 +170,9 @@ uint8_t* StreamedModel::block_input(int64_t m, int64_t l) const {
   return checkpoints_.as<uint8_t>() + static_cast<uint64_t>(slot * micro_batches_ + m) * block_input_bytes();
 }
 
-uint64_t StreamedModel::block_input_bytes() const { return static_cast<uint64_t>(B_ * T_ * config_.hidden) * es_; }
+uint64_t StreamedModel::block_input_bytes() const {
+  return static_cast<uint64_t>(B_ * T_ * config_.hidden) * es_;
+}
 
 // Block input l of the pass: the micro-batches' inputs side by side, moved
 // to and from the host or NVMe as one.
@@ -441,9 +443,8 @@ Status StreamedModel::embedding_backward(Pass& p) {
   const int64_t N = B_ * T_;
   for (int64_t m = 0; m < micro_batches_; ++m) {
     const size_t u = static_cast<size_t>(m);
-    STRATA_RETURN_IF_ERROR(run([&] {
-      return ops_->embedding_backward(compute_, *workspace_, p.emb_grad[u], p.tokens + m * N, p.dx[u]);
-    }));
+    STRATA_RETURN_IF_ERROR(
+        run([&] { return ops_->embedding_backward(compute_, *workspace_, p.emb_grad[u], p.tokens + m * N, p.dx[u]); }));
     if (m > 0) {
       if (*p.before_resend) STRATA_RETURN_IF_ERROR((*p.before_resend)());
       // Marks chunk 0's gradient computed again (its buffer for m was

@@ -510,9 +510,8 @@ void Trainer::hand_over(size_t c, bool add_last, std::function<Status()> ready) 
 // `first`) on the accumulator's thread beside the rest of backward.
 void Trainer::sum_later(size_t c, bool first) {
   StreamedModel* model = streamed_.get();
-  accumulator_->submit(add_gradient_when([model, c] { return model->await_gradient(c); }, sum_buffer(c),
-                                         grad_buffer(c), options_.precision, static_cast<size_t>(layout_[c].numel),
-                                         first, *executor_));
+  accumulator_->submit(add_gradient_when([model, c] { return model->await_gradient(c); }, sum_buffer(c), grad_buffer(c),
+                                         options_.precision, static_cast<size_t>(layout_[c].numel), first, *executor_));
 }
 
 // The NVMe bytes read and written so far, every directory.

@@ -90,8 +90,9 @@ Result<SessionOptions> session_options(const EngineConfig& cfg) {
   o.clip_norm = static_cast<float>(cfg.gradient_clipping);
   o.precision = cfg.setup.compute;
   if (cfg.setup.grad_accum < 1 || cfg.setup.grad_accum > 4096) {
-    return invalid_argument("config key gradient_accumulation_steps: a session takes 1..4096 micro-batches a step, got " +
-                            std::to_string(cfg.setup.grad_accum));
+    return invalid_argument(
+        "config key gradient_accumulation_steps: a session takes 1..4096 micro-batches a step, got " +
+        std::to_string(cfg.setup.grad_accum));
   }
   o.grad_accum = static_cast<int>(cfg.setup.grad_accum);
   o.loss_scale = loss_scale_of(cfg);

@@ -184,8 +184,8 @@ Result<float> vertical_step(Session& s, const Mlp& m, int64_t step) {
   std::vector<float> dprev(act);
   for (int k = 0; k < A; ++k) {
     // Each micro-batch's loss rounded to float, as micro_batch returns it.
-    loss += static_cast<float>(loss_and_grad(at(k, m.L), y[static_cast<size_t>(k)],
-                                             static_cast<float>(s.loss_scale()), dh[static_cast<size_t>(k)]) /
+    loss += static_cast<float>(loss_and_grad(at(k, m.L), y[static_cast<size_t>(k)], static_cast<float>(s.loss_scale()),
+                                             dh[static_cast<size_t>(k)]) /
                                static_cast<double>(act));
   }
   for (int64_t l = m.L - 1; l >= 0; --l) {
@@ -204,8 +204,7 @@ Result<float> vertical_step(Session& s, const Mlp& m, int64_t step) {
 }
 
 // One step through the session; returns the loss (unscaled) and the verdict.
-Result<float> train_step(Session& s, const Mlp& m, int64_t step, StepVerdict* verdict = nullptr,
-                         bool offload = false) {
+Result<float> train_step(Session& s, const Mlp& m, int64_t step, StepVerdict* verdict = nullptr, bool offload = false) {
   STRATA_RETURN_IF_ERROR(s.begin_step());
   STRATA_ASSIGN_OR_RETURN(const float loss, micro_batch(s, m, step, offload));
   STRATA_ASSIGN_OR_RETURN(StepVerdict v, s.end_step());
