@@ -354,7 +354,6 @@ Status Session::begin_step(float grad_scale) {
   }
   uses_.assign(specs_.size(), std::nullopt);
   grad_held_.assign(specs_.size(), nullptr);
-  submitted_.assign(specs_.size(), false);
   submits_.assign(specs_.size(), 0);
   landed_now_.clear();
   in_step_ = true;
@@ -364,7 +363,7 @@ Status Session::begin_step(float grad_scale) {
 Result<const void*> Session::acquire(size_t chunk) {
   STRATA_RETURN_IF_ERROR(check_chunk("acquire", chunk));
   const std::string& name = specs_[chunk].name;
-  if (submitted_[chunk]) {
+  if (all_in(chunk)) {
     return failed_precondition("session: acquire \"" + name +
                                "\": its gradient was submitted this step, so its weights are being updated");
   }
@@ -398,7 +397,7 @@ Status Session::release(size_t chunk) {
 
 Result<void*> Session::gradient_buffer(size_t chunk) {
   STRATA_RETURN_IF_ERROR(check_chunk("gradient_buffer", chunk));
-  if (submitted_[chunk]) {
+  if (all_in(chunk)) {
     return failed_precondition("session: gradient_buffer \"" + specs_[chunk].name +
                                "\": its gradient was submitted this step");
   }
@@ -414,7 +413,7 @@ Status Session::submit_gradient(size_t chunk) {
   STRATA_RETURN_IF_ERROR(check_chunk("submit_gradient", chunk));
   const std::string& name = specs_[chunk].name;
   const int A = options_.grad_accum;
-  if (submitted_[chunk]) {
+  if (all_in(chunk)) {
     return failed_precondition(
         "session: submit_gradient \"" + name + "\": submitted " +
         (A == 1 ? std::string("twice") : "more than grad_accum = " + std::to_string(A) + " times in a step"));
@@ -437,7 +436,6 @@ Status Session::submit_gradient(size_t chunk) {
   }
   std::function<Status()> landed = [store, chunk] { return store->await_gradient(chunk); };
   stage_->land(chunk, A == 1 ? std::move(landed) : adding(std::move(landed), chunk, /*first=*/false));
-  submitted_[chunk] = true;
   landed_now_.push_back(chunk);
   return ok_status();
 }
@@ -455,7 +453,7 @@ Result<StepVerdict> Session::end_step() {
   if (!in_step_) return failed_precondition("session: end_step outside a step (begin_step first)");
   std::string missing, held;
   for (size_t c = 0; c < specs_.size(); ++c) {
-    if (!submitted_[c]) {
+    if (!all_in(c)) {
       missing += (missing.empty() ? "\"" : ", \"") + specs_[c].name + "\"";
       if (options_.grad_accum > 1) {
         missing +=
@@ -498,7 +496,9 @@ Status Session::cancel_step() {
   if (!in_step_) return ok_status();
   // Every gradient in, the update is under way: in RAM it writes the states
   // in place, with nothing to go back to.
-  if (std::all_of(submitted_.begin(), submitted_.end(), [](bool b) { return b; })) {
+  bool every = true;
+  for (size_t c = 0; c < specs_.size(); ++c) every = every && all_in(c);
+  if (every) {
     return failed_precondition(
         "session: cancel_step: every gradient was submitted and the update is under way; "
         "end_step takes it");

@@ -245,6 +245,8 @@ class Session {
   };
   Status usable(const char* call) const;
   bool resident(size_t chunk) const { return options_.resident_first && chunk == 0; }
+  // Every micro-batch's gradient of the chunk is in: the optimizer has it.
+  bool all_in(size_t chunk) const { return submits_[chunk] == options_.grad_accum; }
   Status check_chunk(const char* call, size_t chunk) const;
   Status open_nvme();
   // What start() will hold in host memory, from the chunk sizes alone.
@@ -302,7 +304,6 @@ class Session {
   std::atomic<bool> in_step_{false};  // read by async_error() from any thread
   std::vector<std::optional<ChunkStore::Use>> uses_;  // per chunk: the use acquired and not released
   std::vector<void*> grad_held_;  // per chunk: its gradient buffer on the device, handed out, not submitted
-  std::vector<bool> submitted_;   // per chunk: its last micro-batch's gradient was submitted
   std::vector<int> submits_;      // per chunk: its gradients submitted this step
   std::vector<bool> stale_;  // per chunk: weights in RAM a failed step left updated
   // A load that failed part way (an I/O error after verifying): steps and
