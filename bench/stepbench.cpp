@@ -29,11 +29,11 @@
 #include "cpu_optim/optimizer.h"
 #include "engine/pinned_arena.h"
 #include "engine/plan.h"
-#include "engine/trainer.h"
 #include "gpu/gpt_config.h"
 #include "gpu/host/host_device.h"
 #include "gpu/host/ops.h"
 #include "gpu/model_step.h"
+#include "models/gpt/trainer.h"
 #ifdef STRATA_HAVE_CUDA
 #include "gpu/cuda/cuda_device.h"
 #endif

@@ -17,8 +17,8 @@
 #include "common/status.h"
 #include "engine/config.h"
 #include "engine/plan.h"
-#include "engine/trainer.h"
-#include "engine/trainer_config.h"
+#include "models/gpt/trainer.h"
+#include "models/gpt/trainer_config.h"
 
 namespace strata::bindings {
 

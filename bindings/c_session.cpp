@@ -1,5 +1,5 @@
 // The C API's session calls (strata.h, "The session") over engine::Session:
-// a config's text to session options (engine/trainer_config.h), chunks
+// a config's text to session options (engine/session_config.h), chunks
 // registered from C arrays or callbacks, the step's calls one for one, and
 // the model's device memory from the session's budget. Every entry point
 // turns a Status or an exception into a strata_status and this thread's
@@ -15,7 +15,7 @@
 #include "bindings/include/strata/strata.h"
 #include "engine/config.h"
 #include "engine/session.h"
-#include "engine/trainer_config.h"
+#include "engine/session_config.h"
 
 struct strata_session {
   std::unique_ptr<strata::engine::Session> session;

@@ -2,9 +2,9 @@
 
 #include <cstdio>
 
-#include "engine/trainer.h"
 #include "gpu/gpt_config.h"
 #include "gpu/host/gpt.h"
+#include "models/gpt/trainer.h"
 
 namespace strata::tools {
 namespace {

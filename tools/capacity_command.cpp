@@ -23,7 +23,6 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "bench/bench_util.h"
@@ -32,9 +31,10 @@
 #include "engine/config.h"
 #include "engine/plan.h"
 #include "gpu/device_factory.h"
-#include "engine/trainer.h"
-#include "engine/trainer_config.h"
 #include "io/file.h"
+#include "models/gpt/trainer.h"
+#include "models/gpt/trainer_config.h"
+#include "tools/arithmetic_data.h"
 
 namespace strata::tools {
 namespace {

@@ -24,7 +24,7 @@
 
 #include "common/check.h"
 #include "engine/checkpoint_io.h"
-#include "engine/trainer.h"
+#include "models/gpt/trainer.h"
 
 namespace {
 

@@ -11,7 +11,7 @@
 
 #include "engine/config.h"
 #include "engine/plan.h"
-#include "engine/trainer_config.h"
+#include "models/gpt/trainer_config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace strata::engine;

@@ -3,7 +3,7 @@
 // streamed at any prefetch depth, clipping, low-precision states; the loss
 // falls; a resume from step 10 reproduces steps 11-20 bit for bit; bad
 // options are refused at creation.
-#include "engine/trainer.h"
+#include "models/gpt/trainer.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -24,9 +24,9 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <nlohmann/json.hpp>
 #include <iterator>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <span>
 #include <thread>
@@ -35,7 +35,7 @@
 
 #include "common/unique_fd.h"
 #include "engine/checkpoint_io.h"
-#include "tests/engine/trainer_runs.h"
+#include "tests/models/gpt/trainer_runs.h"
 #include "tests/test_util.h"
 
 #ifdef STRATA_HAVE_CUDA

@@ -1,4 +1,4 @@
-#include "engine/token_data.h"
+#include "models/gpt/token_data.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

@@ -1,4 +1,4 @@
-#include "engine/streamed_model.h"
+#include "models/gpt/streamed_model.h"
 
 #include <algorithm>
 #include <chrono>

@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/trainer.h"
-#include "tests/engine/trainer_runs.h"
+#include "models/gpt/trainer.h"
+#include "tests/models/gpt/trainer_runs.h"
 #include "tests/test_util.h"
 #include "tests/tolerance.h"
 

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "engine/checkpoint_io.h"
-#include "engine/trainer.h"
+#include "models/gpt/trainer.h"
 #include "tests/test_util.h"
 
 namespace strata::engine {

@@ -1,6 +1,6 @@
 // Token files: little-endian tokens of 1, 2 or 4 bytes, batches that walk the
 // file in order and wrap, and refusals that name the file and the token.
-#include "engine/token_data.h"
+#include "models/gpt/token_data.h"
 
 #include <gtest/gtest.h>
 

@@ -27,11 +27,11 @@
 #include "engine/loss_scaler.h"
 #include "engine/lr_schedule.h"
 #include "engine/optimizer_stage.h"
-#include "engine/streamed_model.h"
 #include "engine/trace.h"
 #include "gpu/device.h"
 #include "gpu/gpt_config.h"
 #include "io/swap_store.h"
+#include "models/gpt/streamed_model.h"
 
 namespace strata::engine {
 

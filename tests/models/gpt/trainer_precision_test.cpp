@@ -1,7 +1,7 @@
 // fp16 with dynamic loss scaling (overflowing steps skipped and rolled
 // back, the same bits everywhere, the scale restored by a resume) and the
 // opt-in delayed update (deterministic, documented inexact).
-#include "engine/trainer.h"
+#include "models/gpt/trainer.h"
 
 #include <gtest/gtest.h>
 
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/engine/trainer_runs.h"
+#include "tests/models/gpt/trainer_runs.h"
 #include "tests/test_util.h"
 
 namespace strata::engine {

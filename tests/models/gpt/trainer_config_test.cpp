@@ -1,7 +1,7 @@
 // From a config to a trainer's options: every field the config gives, the
 // refusals of what the trainer cannot run, the default budgets, and the
 // planner's placement applied (NVMe only where paths are given).
-#include "engine/trainer_config.h"
+#include "models/gpt/trainer_config.h"
 
 #include <gtest/gtest.h>
 

@@ -7,10 +7,10 @@
 #include <string>
 
 #include "common/units.h"
-#include "engine/trainer.h"
-#include "engine/trainer_checks.h"
 #include "gpu/device_factory.h"
 #include "gpu/device_info.h"
+#include "models/gpt/trainer.h"
+#include "models/gpt/trainer_checks.h"
 
 namespace strata::engine {
 

@@ -1,4 +1,4 @@
-#include "engine/trainer.h"
+#include "models/gpt/trainer.h"
 
 #include <algorithm>
 #include <chrono>
@@ -11,8 +11,8 @@
 #include "engine/checkpoint_io.h"
 #include "engine/device_pinned_memory.h"
 #include "engine/gradient_sum.h"
-#include "engine/trainer_checks.h"
 #include "gpu/device_factory.h"
+#include "models/gpt/trainer_checks.h"
 
 namespace strata::engine {
 namespace {

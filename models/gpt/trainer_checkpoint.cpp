@@ -10,7 +10,7 @@
 #include "common/log.h"
 #include "engine/checkpoint_io.h"
 #include "engine/checkpoint_parts.h"
-#include "engine/trainer.h"
+#include "models/gpt/trainer.h"
 
 namespace strata::engine {
 namespace {

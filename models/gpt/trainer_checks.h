@@ -5,7 +5,7 @@
 
 #include "common/status.h"
 #include "cpu_optim/executor.h"
-#include "engine/trainer.h"
+#include "models/gpt/trainer.h"
 
 namespace strata::engine {
 

@@ -13,7 +13,7 @@
 #include <cmath>
 #include <vector>
 
-#include "engine/trainer.h"
+#include "models/gpt/trainer.h"
 #include "tests/tolerance.h"
 
 namespace strata::engine {

@@ -4,7 +4,7 @@
 // end cleanly; a damaged trainer.json is refused; a failed step, restore
 // or delayed update changes nothing and the run continues with the same
 // numbers.
-#include "engine/trainer.h"
+#include "models/gpt/trainer.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -25,7 +25,7 @@
 
 #include "common/unique_fd.h"
 #include "engine/checkpoint_io.h"
-#include "tests/engine/trainer_runs.h"
+#include "tests/models/gpt/trainer_runs.h"
 #include "tests/test_util.h"
 
 namespace strata::engine {

@@ -2,7 +2,7 @@
 // at a time or in the vertical order (the same bits, the weights moved
 // once per step, checkpoints on any tier); data from the caller stepped on
 // and bad data refused with nothing changed.
-#include "engine/trainer.h"
+#include "models/gpt/trainer.h"
 
 #include <gtest/gtest.h>
 
@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/engine/trainer_runs.h"
+#include "tests/models/gpt/trainer_runs.h"
 #include "tests/test_util.h"
 #include "tests/tolerance.h"
 

@@ -9,8 +9,8 @@
 
 #include "engine/config.h"
 #include "engine/plan.h"
-#include "engine/session.h"
-#include "engine/trainer.h"
+#include "engine/session_config.h"
+#include "models/gpt/trainer.h"
 
 namespace strata::engine {
 
@@ -22,24 +22,6 @@ namespace strata::engine {
 // InvalidArgument naming the key for what the trainer cannot run (another
 // optimizer, fp32 working weights, a bad piece size).
 Result<TrainerOptions> trainer_options(const EngineConfig& config);
-
-// What a Session (a model of the caller's) takes from the same config: the
-// optimizer (adam or adamw), clipping, precision (bf16 or fp16) and loss
-// scaling, the states' type and piece size, budgets.device / host / nvme,
-// the NVMe paths and I/O keys, pinning. Placement is the config's fixed
-// one: the states on NVMe when offload_optimizer (or placement.states)
-// says nvme, the weights too when offload_param (placement.weights) does
-// (then the states go there as well); otherwise in RAM; the activation
-// checkpoints it is handed on NVMe when placement.checkpoints says nvme,
-// otherwise in RAM. The planner's
-// choice is the built-in GPT's. InvalidArgument naming the key for what a
-// session cannot run.
-Result<SessionOptions> session_options(const EngineConfig& config);
-
-// The config's budgets with the host backend's defaults where one is 0: a
-// 1 GiB device and half the machine's RAM. `defaulted` (optional) says
-// whether any was filled in.
-Budgets budgets_or_defaults(Budgets budgets, bool* defaulted = nullptr);
 
 // The budgets a run is held to, from its placement (set first): the
 // device's cap when the weights stream or the device is a GPU, the host's,

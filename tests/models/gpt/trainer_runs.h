@@ -9,11 +9,11 @@
 #include <fstream>
 #include <iterator>
 #include <map>
-#include <string>
 #include <memory>
+#include <string>
 #include <vector>
 
-#include "engine/trainer.h"
+#include "models/gpt/trainer.h"
 
 namespace strata::engine::testing {
 

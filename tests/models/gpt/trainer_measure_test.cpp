@@ -1,7 +1,7 @@
 // What a run is measured by: its trace (phases, optimizer calls, NVMe
 // requests), the planner's bytes per tier against what the run used, and
 // a model whose states are 20x its device's peak.
-#include "engine/trainer.h"
+#include "models/gpt/trainer.h"
 
 #include <gtest/gtest.h>
 
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/engine/trainer_runs.h"
+#include "tests/models/gpt/trainer_runs.h"
 #include "tests/test_util.h"
 #include "tests/tolerance.h"
 

@@ -2,7 +2,7 @@
 // the chunks are used (and fetches each on demand), later steps replay it
 // depth uses ahead; a wrong prediction costs waiting, never bits. Every step
 // is checked against HostGpt bit for bit.
-#include "engine/streamed_model.h"
+#include "models/gpt/streamed_model.h"
 
 #include <gtest/gtest.h>
 

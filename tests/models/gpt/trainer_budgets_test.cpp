@@ -9,8 +9,8 @@
 #include <string>
 
 #include "common/units.h"
-#include "engine/trainer.h"
-#include "tests/engine/trainer_runs.h"
+#include "models/gpt/trainer.h"
+#include "tests/models/gpt/trainer_runs.h"
 
 namespace strata::engine {
 namespace {

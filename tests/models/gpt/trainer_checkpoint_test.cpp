@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "engine/checkpoint_io.h"
-#include "engine/trainer.h"
-#include "tests/engine/trainer_runs.h"
+#include "models/gpt/trainer.h"
+#include "tests/models/gpt/trainer_runs.h"
 #include "tests/test_util.h"
 
 namespace strata::engine {

@@ -1,0 +1,41 @@
+// From a parsed EngineConfig to what a Session takes, and the pieces of
+// that translation every client of the config shares (the built-in GPT's
+// trainer too): the optimizer, loss scaling, O_DIRECT mode, the host
+// backend's default budgets.
+#pragma once
+
+#include "cpu_optim/optimizer.h"
+#include "engine/config.h"
+#include "engine/loss_scaler.h"
+#include "engine/plan.h"
+#include "engine/session.h"
+#include "io/swap_store.h"
+
+namespace strata::engine {
+
+// The config's Adam (or AdamW): optimizer.lr, betas, eps, weight_decay.
+cpu_optim::AdamConfig adam_of(const EngineConfig& config);
+// The config's dynamic loss scaling (fp16).
+LossScaleOptions loss_scale_of(const EngineConfig& config);
+// io.direct: "off", "prefer" or "require".
+io::DirectMode direct_mode(const EngineConfig& config);
+
+// What a Session (a model of the caller's) takes from the same config: the
+// optimizer (adam or adamw), clipping, precision (bf16 or fp16) and loss
+// scaling, the states' type and piece size, budgets.device / host / nvme,
+// the NVMe paths and I/O keys, pinning. Placement is the config's fixed
+// one: the states on NVMe when offload_optimizer (or placement.states)
+// says nvme, the weights too when offload_param (placement.weights) does
+// (then the states go there as well); otherwise in RAM; the activation
+// checkpoints it is handed on NVMe when placement.checkpoints says nvme,
+// otherwise in RAM. The planner's
+// choice is the built-in GPT's. InvalidArgument naming the key for what a
+// session cannot run.
+Result<SessionOptions> session_options(const EngineConfig& config);
+
+// The config's budgets with the host backend's defaults where one is 0: a
+// 1 GiB device and half the machine's RAM. `defaulted` (optional) says
+// whether any was filled in.
+Budgets budgets_or_defaults(Budgets budgets, bool* defaulted = nullptr);
+
+}  // namespace strata::engine
