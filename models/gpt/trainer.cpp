@@ -5,13 +5,13 @@
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <random>
 
 #include "common/units.h"
 #include "engine/checkpoint_io.h"
 #include "engine/device_pinned_memory.h"
 #include "engine/gradient_sum.h"
 #include "gpu/device_factory.h"
+#include "models/gpt/gpt_init.h"
 #include "models/gpt/trainer_checks.h"
 
 namespace strata::engine {
@@ -36,56 +36,6 @@ class PinnedHostMemory final : public io::BufferAllocator {
   io::AlignedAllocator inner_;
   bool lock_;
 };
-
-// splitmix64's finaliser: well-spread generator seeds from small integers.
-uint64_t mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-// Chunk c's initial fp32 master weights into out[0, numel), GPT-2's
-// initialisation: weights ~ N(0, 0.02), the residual projections
-// (attn.c_proj, mlp.c_proj) scaled by 1/sqrt(2L), LayerNorm weights 1,
-// biases 0. Elements 2k and 2k+1 are a Box-Muller pair made of the k-th
-// output of splitmix64 started at a seed of (seed, chunk): 24 bits for the
-// radius, 24 for the angle (so |z| <= 5.77). Each draw is a function of its
-// index alone: the same weights at any thread count, and — unlike
-// std::normal_distribution, whose algorithm is each standard library's own
-// — the same with any C++ library over the same libm. The executor's
-// threads draw them (and fault the pages in): a 10B model's 10^10 draws
-// spread over the cores.
-void initial_master(const gpu::ChunkLayout& chunk, size_t c, const TrainerOptions& o, cpu_optim::Executor& ex,
-                    float* out) {
-  constexpr int64_t kBlock = int64_t{1} << 16;  // even: a block holds whole pairs
-  constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ull;
-  constexpr float kTwoPi = 6.28318530717958647692f;
-  const int64_t n = chunk.numel;
-  const uint64_t chunk_seed = mix64(mix64(o.seed) ^ c);
-  ex.parallel_for(n, kBlock, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; i += 2) {
-      const uint64_t h = mix64(chunk_seed + static_cast<uint64_t>(i / 2) * kGolden);
-      const float u1 = static_cast<float>((h >> 40) + 1) * 0x1p-24f;         // (0, 1]
-      const float u2 = static_cast<float>((h >> 16) & 0xffffff) * 0x1p-24f;  // [0, 1)
-      const float r = 0.02f * std::sqrt(-2.0f * std::log(u1));
-      out[i] = r * std::cos(kTwoPi * u2);
-      if (i + 1 < end) out[i + 1] = r * std::sin(kTwoPi * u2);
-    }
-  });
-  const float residual_scale = 1.0f / std::sqrt(2.0f * static_cast<float>(o.model.layers));
-  for (const gpu::TensorSlot& t : chunk.tensors) {
-    const bool is_bias = t.name.size() >= 5 && t.name.compare(t.name.size() - 5, 5, ".bias") == 0;
-    const bool is_ln = t.name.find("ln_") != std::string::npos;
-    const bool residual = t.name.find("c_proj.weight") != std::string::npos;
-    float* const first = out + t.offset;
-    if (is_bias || is_ln) {
-      std::fill(first, first + t.numel(), is_bias ? 0.0f : 1.0f);
-    } else if (residual) {
-      for (int64_t i = 0; i < t.numel(); ++i) first[i] *= residual_scale;
-    }
-  }
-}
 
 // Appends a buffer of n zeros to `set`, zeroed on the executor's threads.
 template <class T>
@@ -285,7 +235,7 @@ Status Trainer::place_initial_state(const std::vector<int64_t>& elems) {
     AlignedVector<float> master(static_cast<size_t>(*std::max_element(elems.begin(), elems.end())));
     auto make_chunk = [&](size_t c) -> Result<const float*> {
       if (c > 0) report("initialising", static_cast<int64_t>(c), chunks);
-      initial_master(layout_[c], c, o, *executor_, master.data());
+      initial_master(layout_[c], c, o.seed, o.model.layers, *executor_, master.data());
       STRATA_RETURN_IF_ERROR(host_buffers(c, master.data()));
       return static_cast<const float*>(master.data());
     };
@@ -335,19 +285,7 @@ uint64_t Trainer::host_bytes() const {
 }
 
 void Trainer::make_batch(int64_t index, std::vector<int32_t>* tokens, std::vector<int32_t>* targets) const {
-  const int64_t V = options_.model.vocab, n = options_.batch * options_.seq;
-  tokens->resize(static_cast<size_t>(n));
-  targets->resize(static_cast<size_t>(n));
-  std::mt19937_64 rng(options_.seed * 1000003 + static_cast<uint64_t>(index));
-  const int64_t stride = 1 + static_cast<int64_t>(options_.seed % 3);
-  for (int64_t b = 0; b < options_.batch; ++b) {
-    int64_t x = static_cast<int64_t>(rng() % static_cast<uint64_t>(V));
-    for (int64_t t = 0; t < options_.seq; ++t) {
-      (*tokens)[static_cast<size_t>(b * options_.seq + t)] = static_cast<int32_t>(x);
-      x = (x + stride) % V;
-      (*targets)[static_cast<size_t>(b * options_.seq + t)] = static_cast<int32_t>(x);
-    }
-  }
+  synthetic_batch(options_.seed, options_.model.vocab, options_.batch, options_.seq, index, tokens, targets);
 }
 
 namespace {
