@@ -1,0 +1,235 @@
+#include "models/gpt/session_gpt.h"
+
+#include <string>
+#include <utility>
+
+#include "common/dtype.h"
+#include "models/gpt/gpt_init.h"
+
+namespace strata::engine {
+
+Result<std::unique_ptr<SessionGpt>> SessionGpt::create(Session& session, const SessionGptOptions& o) {
+  STRATA_RETURN_IF_ERROR(o.model.validate());
+  if (o.batch < 1 || o.seq < 1 || o.seq > o.model.max_seq) {
+    return invalid_argument("session GPT: batch must be >= 1 and seq 1.." + std::to_string(o.model.max_seq));
+  }
+  if (session.started() || session.chunks() > 0) {
+    return failed_precondition("session GPT: needs a session with no chunks registered (not started)");
+  }
+  if (!session.options().resident_first) {
+    return invalid_argument(
+        "session GPT: the session must keep its first chunk resident (resident_first: the "
+        "embeddings are used at both ends of a step)");
+  }
+  if (o.offload_activations && o.model.layers < 2) {
+    return invalid_argument("session GPT: offloading block inputs needs at least 2 layers");
+  }
+  std::unique_ptr<SessionGpt> m(new SessionGpt());
+  m->session_ = &session;
+  m->options_ = o;
+  m->layout_ = gpu::model_layout(o.model);
+  m->es_ = dtype_bytes(session.precision());
+  STRATA_ASSIGN_OR_RETURN(m->executor_, cpu_optim::Executor::create());
+  cpu_optim::Executor* ex = m->executor_.get();
+  for (size_t c = 0; c < m->layout_.size(); ++c) {
+    const gpu::ChunkLayout* chunk = &m->layout_[c];
+    const uint64_t seed = o.seed;
+    const int64_t layers = o.model.layers;
+    auto init = [chunk, c, seed, layers, ex](std::span<float> dst) -> Status {
+      initial_master(*chunk, c, seed, layers, *ex, dst.data());
+      return ok_status();
+    };
+    STRATA_RETURN_IF_ERROR(session.add_chunk(chunk_name(*chunk), chunk->numel, init).status());
+  }
+  STRATA_RETURN_IF_ERROR(session.start());
+  STRATA_RETURN_IF_ERROR(m->allocate());
+  return m;
+}
+
+SessionGpt::~SessionGpt() {
+  if (session_ != nullptr && compute_.id >= 0) session_->device().synchronize(compute_).ignore();
+}
+
+// The model's device memory, from the session's budget: the ops'
+// workspace, the block inputs, the gradient flowing down (dx, dx_in), the
+// micro-batches' losses, one micro-batch's tokens and targets.
+Status SessionGpt::allocate() {
+  gpu::Device& dev = session_->device();
+  const int64_t N = options_.batch * options_.seq, L = options_.model.layers;
+  STRATA_ASSIGN_OR_RETURN(ops_, dev.model_ops(options_.model, session_->precision()));
+  STRATA_ASSIGN_OR_RETURN(compute_, dev.create_stream("model compute"));
+  STRATA_ASSIGN_OR_RETURN(workspace_, ops_->workspace(options_.batch, options_.seq));
+  const int64_t kept = options_.offload_activations ? 2 : L + 1;
+  STRATA_ASSIGN_OR_RETURN(inputs_,
+                          session_->allocate_device(static_cast<uint64_t>(kept) * input_bytes(), "block inputs"));
+  const auto A = static_cast<uint64_t>(session_->options().grad_accum);
+  STRATA_ASSIGN_OR_RETURN(step_mem_, session_->allocate_device(2 * input_bytes() + A * 4 + 2 * N * 4,
+                                                               "block gradients, losses and tokens"));
+  loss_ = reinterpret_cast<float*>(step_mem_.as<uint8_t>() + 2 * input_bytes());
+  tokens_ = reinterpret_cast<int32_t*>(loss_ + A);
+  targets_ = tokens_ + N;
+  return ok_status();
+}
+
+uint64_t SessionGpt::input_bytes() const {
+  return static_cast<uint64_t>(options_.batch * options_.seq * options_.model.hidden) * es_;
+}
+
+uint8_t* SessionGpt::input(int64_t l) const {
+  const int64_t slot = options_.offload_activations ? l % 2 : l;
+  return inputs_.as<uint8_t>() + static_cast<uint64_t>(slot) * input_bytes();
+}
+
+// Offloaded, block input l shares its device buffer with l + 2: each is
+// handed to the session once written, except the last two (L - 1 and L),
+// which forward leaves on the device for the head and the last block.
+Status SessionGpt::save_input(int64_t l) {
+  if (!options_.offload_activations || l >= options_.model.layers - 1) return ok_status();
+  return session_->save_activation(static_cast<uint64_t>(l), input(l), input_bytes());
+}
+
+Status SessionGpt::load_input(int64_t l) {
+  if (!options_.offload_activations || l >= options_.model.layers - 1) return ok_status();
+  return session_->load_activation(static_cast<uint64_t>(l), input(l), input_bytes());
+}
+
+Status SessionGpt::run(const std::function<Status()>& enqueue) {
+  gpu::Device& dev = session_->device();
+  Status queued = enqueue();
+  Status done = dev.synchronize(compute_);  // what was enqueued must not outlive this call
+  STRATA_RETURN_IF_ERROR(queued);
+  return done;
+}
+
+Result<float> SessionGpt::step() {
+  const int64_t A = session_->options().grad_accum;
+  std::vector<int32_t> tokens, targets, tk, tg;
+  for (int64_t k = 0; k < A; ++k) {
+    synthetic_batch(options_.seed, options_.model.vocab, options_.batch, options_.seq, session_->steps_done() * A + k,
+                    &tk, &tg);
+    tokens.insert(tokens.end(), tk.begin(), tk.end());
+    targets.insert(targets.end(), tg.begin(), tg.end());
+  }
+  return step(tokens, targets);
+}
+
+Result<float> SessionGpt::step(std::span<const int32_t> tokens, std::span<const int32_t> targets) {
+  const int64_t A = session_->options().grad_accum, V = options_.model.vocab;
+  const auto n = static_cast<size_t>(A * options_.batch * options_.seq);
+  if (tokens.size() != n || targets.size() != n) {
+    return invalid_argument("session GPT step: expected " + std::to_string(n) + " tokens and as many targets, got " +
+                            std::to_string(tokens.size()) + " and " + std::to_string(targets.size()));
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (tokens[i] < 0 || tokens[i] >= V || targets[i] < 0 || targets[i] >= V) {
+      return invalid_argument("session GPT step: token or target " + std::to_string(i) +
+                              " is outside the vocabulary 0.." + std::to_string(V - 1));
+    }
+  }
+  STRATA_RETURN_IF_ERROR(session_->begin_step(1.0f / static_cast<float>(A)));
+  double sum = 0;
+  Status s = run_step(tokens.data(), targets.data(), &sum);
+  if (!s.ok()) {
+    session_->cancel_step().ignore();
+    return s;
+  }
+  STRATA_ASSIGN_OR_RETURN(verdict_, session_->end_step());
+  // The trainer's mean: the losses summed in double, in micro-batch order.
+  return A == 1 ? static_cast<float>(sum) : static_cast<float>(sum / static_cast<double>(A));
+}
+
+Status SessionGpt::run_step(const int32_t* tokens, const int32_t* targets, double* loss_sum) {
+  const int64_t A = session_->options().grad_accum, n = options_.batch * options_.seq;
+  for (int64_t m = 0; m < A; ++m) STRATA_RETURN_IF_ERROR(micro_batch(tokens + m * n, targets + m * n, m));
+  std::vector<float> losses(static_cast<size_t>(A));
+  gpu::Device& dev = session_->device();
+  STRATA_RETURN_IF_ERROR(
+      run([&] { return dev.copy_to_host(compute_, losses.data(), loss_, static_cast<uint64_t>(A) * 4); }));
+  for (float l : losses) *loss_sum += l;
+  return ok_status();
+}
+
+Status SessionGpt::micro_batch(const int32_t* tokens, const int32_t* targets, int64_t m) {
+  gpu::Device& dev = session_->device();
+  const uint64_t token_bytes = static_cast<uint64_t>(options_.batch * options_.seq) * 4;
+  auto copy_up = [&]() -> Status {
+    STRATA_RETURN_IF_ERROR(dev.copy_to_device(compute_, tokens_, tokens, token_bytes));
+    return dev.copy_to_device(compute_, targets_, targets, token_bytes);
+  };
+  STRATA_RETURN_IF_ERROR(run(copy_up));
+  STRATA_ASSIGN_OR_RETURN(const void* emb, session_->acquire(0));
+  STRATA_RETURN_IF_ERROR(forward(emb));
+  // The head's forward leaves in the workspace what its backward reads.
+  const auto final_chunk = static_cast<size_t>(options_.model.layers + 1);
+  STRATA_ASSIGN_OR_RETURN(const void* wf, session_->acquire(final_chunk));
+  STRATA_RETURN_IF_ERROR(run([&] {
+    return ops_->head_forward(compute_, *workspace_, wf, emb, input(options_.model.layers), targets_, loss_ + m);
+  }));
+  STRATA_RETURN_IF_ERROR(session_->release(final_chunk));
+  STRATA_ASSIGN_OR_RETURN(void* emb_grad, session_->gradient_buffer(0));
+  STRATA_RETURN_IF_ERROR(backward(emb, emb_grad));
+  return session_->release(0);
+}
+
+// The embedding, then every block, keeping each block's input.
+Status SessionGpt::forward(const void* emb) {
+  STRATA_RETURN_IF_ERROR(run([&] { return ops_->embedding_forward(compute_, *workspace_, emb, tokens_, input(0)); }));
+  STRATA_RETURN_IF_ERROR(save_input(0));
+  for (int64_t l = 1; l <= options_.model.layers; ++l) {
+    const auto c = static_cast<size_t>(l);
+    STRATA_ASSIGN_OR_RETURN(const void* w, session_->acquire(c));
+    STRATA_RETURN_IF_ERROR(run([&] { return ops_->block_forward(compute_, *workspace_, w, input(l - 1), input(l)); }));
+    STRATA_RETURN_IF_ERROR(session_->release(c));
+    STRATA_RETURN_IF_ERROR(save_input(l));
+  }
+  return ok_status();
+}
+
+// The head's backward (which starts the embeddings' gradient), each block
+// recomputed from its input and its gradient submitted, the embedding's
+// backward completing chunk 0's.
+Status SessionGpt::backward(const void* emb, void* emb_grad) {
+  const int64_t L = options_.model.layers;
+  const uint64_t x_bytes = input_bytes();
+  const auto final_chunk = static_cast<size_t>(L + 1);
+  const auto bytes_of = [&](size_t c) { return static_cast<uint64_t>(layout_[c].numel) * es_; };
+  dx_ = step_mem_.as<uint8_t>();  // dx and dx_in swap block by block
+  dx_in_ = dx_ + x_bytes;
+  STRATA_ASSIGN_OR_RETURN(const void* wf, session_->acquire(final_chunk));
+  STRATA_ASSIGN_OR_RETURN(void* df, session_->gradient_buffer(final_chunk));
+  auto head = [&]() -> Status {
+    STRATA_RETURN_IF_ERROR(ops_->zero(compute_, df, bytes_of(final_chunk)));
+    STRATA_RETURN_IF_ERROR(ops_->zero(compute_, emb_grad, bytes_of(0)));
+    STRATA_RETURN_IF_ERROR(ops_->zero(compute_, dx_, 2 * x_bytes));  // dx, dx_in
+    return ops_->head_backward(compute_, *workspace_, wf, df, emb, emb_grad, input(L), targets_,
+                               static_cast<float>(session_->loss_scale()), dx_);
+  };
+  STRATA_RETURN_IF_ERROR(run(head));
+  STRATA_RETURN_IF_ERROR(session_->submit_gradient(final_chunk));
+  STRATA_RETURN_IF_ERROR(session_->release(final_chunk));
+  for (int64_t l = L; l >= 1; --l) {
+    const auto c = static_cast<size_t>(l);
+    STRATA_RETURN_IF_ERROR(load_input(l - 1));
+    STRATA_ASSIGN_OR_RETURN(const void* w, session_->acquire(c));
+    // The block's forward recomputed from its input (output discarded
+    // into dx_in), then its backward.
+    auto recompute = [&]() -> Status {
+      STRATA_RETURN_IF_ERROR(ops_->block_forward(compute_, *workspace_, w, input(l - 1), dx_in_));
+      return ops_->zero(compute_, dx_in_, x_bytes);
+    };
+    STRATA_RETURN_IF_ERROR(run(recompute));
+    STRATA_ASSIGN_OR_RETURN(void* dw, session_->gradient_buffer(c));
+    auto block = [&]() -> Status {
+      STRATA_RETURN_IF_ERROR(ops_->zero(compute_, dw, bytes_of(c)));
+      return ops_->block_backward(compute_, *workspace_, w, dw, input(l - 1), dx_, dx_in_);
+    };
+    STRATA_RETURN_IF_ERROR(run(block));
+    STRATA_RETURN_IF_ERROR(session_->submit_gradient(c));
+    STRATA_RETURN_IF_ERROR(session_->release(c));
+    std::swap(dx_, dx_in_);
+  }
+  STRATA_RETURN_IF_ERROR(run([&] { return ops_->embedding_backward(compute_, *workspace_, emb_grad, tokens_, dx_); }));
+  return session_->submit_gradient(0);
+}
+
+}  // namespace strata::engine

@@ -1,0 +1,103 @@
+// SessionGpt: the built-in GPT as a client of the engine's session — the
+// same model as the trainer's (GPT-2's chunks, initial weights and
+// synthetic data: gpt_init.h), driven through engine::Session's calls
+// alone, as a model of a user's would be. The session owns every byte of
+// model state and decides where it lives (weights and optimizer states in
+// RAM or on NVMe, gradients summed over the micro-batches); this class
+// owns only the compute: the device's ModelOps, its workspace, the block
+// inputs kept for backward (on the device, or handed to the session's
+// save_activation / load_activation), and the gradient flowing down.
+//
+// A step runs the session's grad_accum micro-batches one after another:
+// per micro-batch, the embedding, each block (acquire, forward, release),
+// the head; then backward from the head down, each block's forward
+// recomputed from its input and its gradient submitted as soon as it is
+// computed; the embeddings' gradient (tied: the head adds to it) last.
+// The first chunk, the embeddings, stays on the device for the step
+// (SessionOptions::resident_first). The same calls as the trainer's
+// streamed model, in the same order: the same seed and data give the
+// trainer's losses bit for bit (tests/models/gpt/session_gpt_test.cpp).
+// One thread drives it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "cpu_optim/executor.h"
+#include "engine/session.h"
+#include "gpu/gpt_config.h"
+#include "gpu/model_ops.h"
+
+namespace strata::engine {
+
+struct SessionGptOptions {
+  gpu::GptConfig model;
+  int64_t batch = 2;
+  int64_t seq = 16;
+  uint64_t seed = 1;  // the initial weights and the synthetic stream
+  // Block inputs between forward and backward: on the device (L + 1 of
+  // them, from the session's budget), or handed to the session (two on the
+  // device; the rest wait where SessionOptions::activations says).
+  bool offload_activations = false;
+};
+
+class SessionGpt {
+ public:
+  // Registers the GPT's chunks with `session` (not started; made with
+  // resident_first and the working type the model computes in), GPT-2's
+  // initial weights drawn from the seed; starts the session and takes the
+  // model's device memory from its budget. `session` must outlive this.
+  static Result<std::unique_ptr<SessionGpt>> create(Session& session, const SessionGptOptions& options);
+  ~SessionGpt();
+
+  // One step on the caller's data: grad_accum micro-batches of batch x seq
+  // tokens ([grad_accum][batch][seq], row-major) and as many targets.
+  // Returns the mean loss. InvalidArgument, nothing changed, for a wrong
+  // count or a token outside the vocabulary; a failure after the step
+  // began cancels it (nothing of it is applied).
+  Result<float> step(std::span<const int32_t> tokens, std::span<const int32_t> targets);
+  // One step on the synthetic stream: micro-batches steps_done x
+  // grad_accum onwards, as the trainer reads it.
+  Result<float> step();
+  // The session's verdict on the last step.
+  const StepVerdict& last_verdict() const { return verdict_; }
+  const std::vector<gpu::ChunkLayout>& layout() const { return layout_; }
+
+ private:
+  SessionGpt() = default;
+  Status allocate();
+  Status run_step(const int32_t* tokens, const int32_t* targets, double* loss_sum);
+  // One micro-batch's forward and backward; its loss into loss_[m].
+  Status micro_batch(const int32_t* tokens, const int32_t* targets, int64_t m);
+  Status forward(const void* emb);
+  Status backward(const void* emb, void* emb_grad);
+  // Enqueues on the compute stream and waits: the session's copies are
+  // ordered around each piece of compute.
+  Status run(const std::function<Status()>& enqueue);
+  // Block input l (l = 0 is the embedding's output) on the device.
+  uint8_t* input(int64_t l) const;
+  uint64_t input_bytes() const;
+  Status save_input(int64_t l);
+  Status load_input(int64_t l);
+
+  Session* session_ = nullptr;
+  SessionGptOptions options_;
+  std::vector<gpu::ChunkLayout> layout_;
+  uint64_t es_ = 2;                                // bytes of one working element
+  std::unique_ptr<cpu_optim::Executor> executor_;  // draws the initial weights
+  std::unique_ptr<gpu::ModelOps> ops_;
+  std::unique_ptr<gpu::ModelOps::Workspace> workspace_;
+  gpu::Stream compute_{};
+  gpu::DeviceMemory inputs_;    // block inputs: L + 1, or two when offloaded
+  gpu::DeviceMemory step_mem_;  // dx, dx_in; the loss, tokens and targets
+  uint8_t* dx_ = nullptr;
+  uint8_t* dx_in_ = nullptr;
+  float* loss_ = nullptr;  // one per micro-batch
+  int32_t* tokens_ = nullptr;
+  int32_t* targets_ = nullptr;
+  StepVerdict verdict_;
+};
+
+}  // namespace strata::engine

@@ -1,0 +1,213 @@
+// The built-in GPT driven through the session API (SessionGpt) against the
+// trainer's loss sequence recorded in tests/bindings/golden_losses.txt: the
+// same config, seed and synthetic data give the same losses bit for bit
+// through engine::Session's calls alone — resident, streamed with
+// accumulation and clipping, fp16 with the states on NVMe, everything on
+// NVMe. Run with OPENBLAS_CORETYPE=Haswell, as the recording was.
+#include "models/gpt/session_gpt.h"
+
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "engine/session_config.h"
+#include "tests/test_util.h"
+
+namespace strata::engine {
+namespace {
+
+constexpr int kSteps = 8;
+
+// The golden runs' config (tests/bindings/golden_losses_test.c), as JSON.
+nlohmann::json golden_config(int grad_accum, const char* precision, double clip) {
+  nlohmann::json j = nlohmann::json::parse(R"({
+    "model": {"layers": 3, "hidden": 64, "heads": 2, "vocab": 96, "max_seq": 32},
+    "budgets": {"device": "256MiB", "host": "1GiB"},
+    "optimizer": {"type": "adamw", "lr": 0.003, "weight_decay": 0.01},
+    "seed": 7, "pin_memory": false})");
+  j["batch"] = {{"micro_batch", 2}, {"seq", 32}, {"grad_accum", grad_accum}};
+  j["precision"] = precision;
+  j["gradient_clipping"] = clip;
+  return j;
+}
+
+// Run name -> its recorded losses.
+std::map<std::string, std::vector<float>> golden() {
+  std::ifstream in(STRATA_GOLDEN_LOSSES);
+  std::map<std::string, std::vector<float>> runs;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream fields(line);
+    std::string name, step, hex;
+    fields >> name >> step >> hex;
+    runs[name].push_back(std::strtof(hex.c_str(), nullptr));
+  }
+  return runs;
+}
+
+struct GoldenRun {
+  const char* name;
+  int grad_accum;
+  const char* precision;
+  double clip;
+  nlohmann::json placement;
+  bool offload;  // the block inputs handed to the session
+};
+
+// A session made from the run's config, and the GPT registered with it.
+struct Built {
+  std::unique_ptr<Session> session;
+  std::unique_ptr<SessionGpt> model;
+};
+
+Result<Built> build(const GoldenRun& r, const std::string& nvme, bool resident_first = true) {
+  nlohmann::json j = golden_config(r.grad_accum, r.precision, r.clip);
+  j["placement"] = r.placement;
+  j["nvme_paths"] = {nvme};
+  std::vector<std::string> warnings;
+  STRATA_ASSIGN_OR_RETURN(EngineConfig cfg, parse_config(j, &warnings));
+  STRATA_ASSIGN_OR_RETURN(SessionOptions o, session_options(cfg));
+  o.resident_first = resident_first;
+  Built b;
+  STRATA_ASSIGN_OR_RETURN(b.session, Session::create(o));
+  SessionGptOptions g;
+  g.model = cfg.setup.model;
+  g.batch = cfg.setup.micro_batch;
+  g.seq = cfg.setup.seq;
+  g.seed = cfg.seed;
+  g.offload_activations = r.offload;
+  STRATA_ASSIGN_OR_RETURN(b.model, SessionGpt::create(*b.session, g));
+  return b;
+}
+
+// `steps` steps of the synthetic stream; the losses (fewer on a failure).
+std::vector<float> steps(SessionGpt& m, int steps, const char* name) {
+  std::vector<float> losses;
+  for (int k = 0; k < steps; ++k) {
+    Result<float> loss = m.step();
+    EXPECT_TRUE(loss.has_value()) << name << " step " << k + 1 << ": " << loss.status().to_string();
+    if (!loss.has_value()) return losses;
+    losses.push_back(*loss);
+  }
+  return losses;
+}
+
+std::vector<float> train(const GoldenRun& r, const std::string& nvme) {
+  Result<Built> b = build(r, nvme);
+  EXPECT_TRUE(b.has_value()) << b.status().to_string();
+  if (!b.has_value()) return {};
+  std::vector<float> losses = steps(*b->model, kSteps, r.name);
+  EXPECT_TRUE(b->session->finalize().ok());
+  return losses;
+}
+
+TEST(SessionGpt, ReproducesTheTrainersRecordedLossesBitForBit) {
+  const char* core = std::getenv("OPENBLAS_CORETYPE");
+  if (core == nullptr || std::string(core) != "Haswell") {
+    GTEST_SKIP() << "the recording's OpenBLAS kernels: run with OPENBLAS_CORETYPE=Haswell (ctest sets it)";
+  }
+  const std::map<std::string, std::vector<float>> want = golden();
+  testing::TempDir dir;
+  const std::vector<GoldenRun> runs = {
+      {"bf16_resident", 1, "bf16", 0, {{"weights", "device"}, {"states", "host"}}, false},
+      {"bf16_streamed_accum2",
+       2,
+       "bf16",
+       0.5,
+       {{"weights", "host"}, {"states", "host"}, {"checkpoints", "host"}},
+       true},
+      {"fp16_states_nvme", 1, "fp16", 1.0, {{"weights", "host"}, {"states", "nvme"}}, false},
+      {"bf16_all_nvme_accum2", 2, "bf16", 0, {{"weights", "nvme"}, {"states", "nvme"}, {"checkpoints", "nvme"}}, true},
+  };
+  for (const GoldenRun& r : runs) {
+    SCOPED_TRACE(r.name);
+    ASSERT_EQ(want.count(r.name), 1u) << "no recorded run " << r.name << " in " << STRATA_GOLDEN_LOSSES;
+    const std::vector<float>& expected = want.at(r.name);
+    ASSERT_EQ(expected.size(), static_cast<size_t>(kSteps));
+    const std::vector<float> got = train(r, dir.sub(r.name));
+    ASSERT_EQ(got.size(), expected.size());
+    for (int k = 0; k < kSteps; ++k) {
+      EXPECT_EQ(std::bit_cast<uint32_t>(got[k]), std::bit_cast<uint32_t>(expected[k]))
+          << "step " << k + 1 << ": " << got[k] << " (" << std::hexfloat << got[k] << "), recorded " << expected[k];
+    }
+    if (expected.size() == got.size()) {
+      EXPECT_LT(got.back(), got.front()) << "the loss falls";
+    }
+  }
+}
+
+const GoldenRun kAllNvme = {
+    "bf16_all_nvme_accum2", 2, "bf16", 0, {{"weights", "nvme"}, {"states", "nvme"}, {"checkpoints", "nvme"}}, true};
+
+// The session's checkpoint of the GPT (weights, master weights and states
+// streamed from NVMe) resumes the run bit for bit.
+TEST(SessionGpt, ResumesFromTheSessionsCheckpointBitForBit) {
+  testing::TempDir dir;
+  Result<Built> straight = build(kAllNvme, dir.sub("straight"));
+  ASSERT_TRUE(straight.has_value()) << straight.status().to_string();
+  const std::vector<float> want = steps(*straight->model, 6, "straight");
+  ASSERT_EQ(want.size(), 6u);
+
+  std::vector<float> got;
+  {
+    Result<Built> first = build(kAllNvme, dir.sub("first"));
+    ASSERT_TRUE(first.has_value()) << first.status().to_string();
+    got = steps(*first->model, 3, "first");
+    ASSERT_TRUE(first->session->save(dir.sub("ckpt")).ok());
+  }
+  Result<Built> resumed = build(kAllNvme, dir.sub("resumed"));
+  ASSERT_TRUE(resumed.has_value()) << resumed.status().to_string();
+  Status loaded = resumed->session->load(dir.path() + "/ckpt");
+  ASSERT_TRUE(loaded.ok()) << loaded.to_string();
+  ASSERT_EQ(resumed->session->steps_done(), 3);
+  for (float l : steps(*resumed->model, 3, "resumed")) got.push_back(l);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t k = 0; k < want.size(); ++k) {
+    EXPECT_EQ(std::bit_cast<uint32_t>(got[k]), std::bit_cast<uint32_t>(want[k])) << "step " << k + 1;
+  }
+}
+
+// Bad input is an error that changes nothing: the next step is the one
+// the run would have taken.
+TEST(SessionGpt, RefusesBadInputWithNothingChanged) {
+  testing::TempDir dir;
+  Result<Built> no_resident = build(kAllNvme, dir.sub("a"), /*resident_first=*/false);
+  ASSERT_FALSE(no_resident.has_value());
+  EXPECT_EQ(no_resident.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(no_resident.status().to_string().find("resident_first"), std::string::npos)
+      << no_resident.status().to_string();
+
+  Result<Built> straight = build(kAllNvme, dir.sub("b"));
+  ASSERT_TRUE(straight.has_value()) << straight.status().to_string();
+  const std::vector<float> want = steps(*straight->model, 2, "straight");
+
+  Result<Built> b = build(kAllNvme, dir.sub("c"));
+  ASSERT_TRUE(b.has_value()) << b.status().to_string();
+  const size_t n = 2 * 2 * 32;  // grad_accum x batch x seq
+  std::vector<int32_t> tokens(n, 1), targets(n, 2);
+  Result<float> short_batch = b->model->step(std::span(tokens).first(n - 1), targets);
+  EXPECT_EQ(short_batch.status().code(), StatusCode::kInvalidArgument);
+  tokens[5] = 96;  // the vocabulary is 0..95
+  Result<float> outside = b->model->step(tokens, targets);
+  EXPECT_EQ(outside.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(outside.status().to_string().find("vocabulary"), std::string::npos) << outside.status().to_string();
+  EXPECT_EQ(b->session->steps_done(), 0);
+  EXPECT_FALSE(b->session->in_step());
+  const std::vector<float> got = steps(*b->model, 2, "after the refusals");
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t k = 0; k < want.size(); ++k) {
+    EXPECT_EQ(std::bit_cast<uint32_t>(got[k]), std::bit_cast<uint32_t>(want[k])) << "step " << k + 1;
+  }
+}
+
+}  // namespace
+}  // namespace strata::engine
