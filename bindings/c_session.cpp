@@ -19,7 +19,7 @@
 
 struct strata_session {
   std::unique_ptr<strata::engine::Session> session;
-  std::vector<std::string> warnings;  // the config's unknown keys
+  std::vector<std::string> warnings;                         // unknown keys; choices a session does not honour
   std::map<void*, strata::gpu::DeviceMemory> device_memory;  // strata_session_device_alloc's, by address
   std::string description;  // strata_session_describe's last answer
 };
@@ -84,7 +84,7 @@ strata_status strata_session_create(const char* config_json, const char* device,
     if (j.is_discarded()) return strata::invalid_argument("strata_session_create: the config is not valid JSON");
     auto s = std::make_unique<strata_session>();
     STRATA_ASSIGN_OR_RETURN(engine::EngineConfig cfg, engine::parse_config(j, &s->warnings));
-    STRATA_ASSIGN_OR_RETURN(engine::SessionOptions o, engine::session_options(cfg));
+    STRATA_ASSIGN_OR_RETURN(engine::SessionOptions o, engine::session_options(cfg, &s->warnings));
     STRATA_ASSIGN_OR_RETURN(o.backend, backend_of(device));
     STRATA_ASSIGN_OR_RETURN(s->session, engine::Session::create(std::move(o)));
     *out = s.release();

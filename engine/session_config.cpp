@@ -1,5 +1,9 @@
 #include "engine/session_config.h"
 
+#include <string>
+#include <vector>
+
+#include "common/log.h"
 #include "common/units.h"
 #include "io/device_factory.h"
 
@@ -32,7 +36,30 @@ io::DirectMode direct_mode(const EngineConfig& cfg) {
                                      : io::DirectMode::kRequire;
 }
 
-Result<SessionOptions> session_options(const EngineConfig& cfg) {
+namespace {
+
+// The config's choices a session cannot honour, each a sentence naming its
+// key: they are the built-in GPT's trainer's, and dropping one silently
+// would run something other than what was asked.
+std::vector<std::string> unhonoured(const EngineConfig& cfg) {
+  std::vector<std::string> w;
+  auto say = [&w](const std::string& key, const std::string& why) {
+    w.push_back("config key " + key + ": a session does not honour it (" + why + "); ignored");
+  };
+  if (cfg.speculate_in_ram) say("speculate_in_ram", "its updates with the states in RAM wait for the verdict");
+  if (cfg.delayed_update) say("delayed_update", "its updates are exact, never one step stale");
+  if (cfg.vertical_accumulation) say("batch.vertical", "the model orders its own micro-batches");
+  if (cfg.numa_node >= 0) say("numa_node", "its threads and memory are not bound to a node");
+  const LrSchedule constant;
+  if (cfg.lr_schedule.warmup_steps != constant.warmup_steps || cfg.lr_schedule.decay != constant.decay) {
+    say("schedule", "the rate is optimizer.lr until the model calls set_lr");
+  }
+  return w;
+}
+
+}  // namespace
+
+Result<SessionOptions> session_options(const EngineConfig& cfg, std::vector<std::string>* warnings) {
   if (cfg.optimizer.type != "adam" && cfg.optimizer.type != "adamw") {
     return invalid_argument("config key optimizer.type: a session runs adam or adamw, the config asks for " +
                             cfg.optimizer.type);
@@ -78,6 +105,10 @@ Result<SessionOptions> session_options(const EngineConfig& cfg) {
   o.io_queue_depth = cfg.io.queue_depth;
   o.io_stripe_unit_bytes = cfg.io.block_bytes;
   o.io_direct = direct_mode(cfg);
+  for (std::string& w : unhonoured(cfg)) {
+    log_warning(w);
+    if (warnings != nullptr) warnings->push_back(std::move(w));
+  }
   return o;
 }
 

@@ -4,6 +4,9 @@
 // backend's default budgets.
 #pragma once
 
+#include <string>
+#include <vector>
+
 #include "cpu_optim/optimizer.h"
 #include "engine/config.h"
 #include "engine/loss_scaler.h"
@@ -30,8 +33,11 @@ io::DirectMode direct_mode(const EngineConfig& config);
 // checkpoints it is handed on NVMe when placement.checkpoints says nvme,
 // otherwise in RAM. The planner's
 // choice is the built-in GPT's. InvalidArgument naming the key for what a
-// session cannot run.
-Result<SessionOptions> session_options(const EngineConfig& config);
+// session cannot run. A choice of the config's a session cannot honour
+// (speculate_in_ram, delayed_update, batch.vertical, numa_node, a rate
+// schedule) is a warning on stderr and in `warnings` (optional), never
+// dropped silently.
+Result<SessionOptions> session_options(const EngineConfig& config, std::vector<std::string>* warnings = nullptr);
 
 // The config's budgets with the host backend's defaults where one is 0: a
 // 1 GiB device and half the machine's RAM. `defaulted` (optional) says

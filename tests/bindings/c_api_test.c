@@ -176,6 +176,20 @@ static void session_misuse(const char* root) {
     strata_session_destroy(s);
     s = NULL;
   }
+  /* Choices a session cannot honour are said, on stderr and in describe's warnings, never dropped silently. */
+  CHECK(strata_session_create("{\"speculate_in_ram\": true, \"delayed_update\": true}", NULL, &s) == STRATA_OK,
+        "a session of the trainer's choices: %s", strata_last_error());
+  if (s != NULL) {
+    CHECK(strata_session_add_chunk(s, "w", 4, NULL, NULL) == STRATA_OK && strata_session_start(s) == STRATA_OK,
+          "start: %s", strata_last_error());
+    const char* d = strata_session_describe(s);
+    CHECK(d != NULL && strstr(d, "config key speculate_in_ram: a session does not honour it") != NULL,
+          "describe names speculate_in_ram: %s", d ? d : "(null)");
+    CHECK(d != NULL && strstr(d, "config key delayed_update") != NULL, "describe names delayed_update: %s",
+          d ? d : "(null)");
+    strata_session_destroy(s);
+    s = NULL;
+  }
   CHECK(strata_session_create("{\"placement\": {\"states\": \"nvme\"}}", NULL, &s) == STRATA_INVALID_ARGUMENT,
         "states on NVMe without nvme_paths");
   CHECK(strata_session_create("{}", "tpu", &s) == STRATA_INVALID_ARGUMENT, "an unknown device");
