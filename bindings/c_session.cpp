@@ -128,6 +128,20 @@ strata_status strata_session_add_chunk_fn(strata_session* session, const char* n
   });
 }
 
+strata_status strata_session_add_tensor(strata_session* session, int64_t chunk, const char* name, int64_t offset,
+                                        const int64_t* shape, int ndim) {
+  return guarded([&]() -> Status {
+    STRATA_RETURN_IF_ERROR(usable(session, "strata_session_add_tensor"));
+    if (name == nullptr) return strata::invalid_argument("strata_session_add_tensor: name is NULL");
+    if (shape == nullptr || ndim < 1 || ndim > 8) {
+      return strata::invalid_argument("strata_session_add_tensor: a shape of 1..8 dimensions, got " +
+                                      std::string(shape == nullptr ? "NULL" : std::to_string(ndim)));
+    }
+    STRATA_ASSIGN_OR_RETURN(size_t c, chunk_of(session, "strata_session_add_tensor", chunk));
+    return session->session->add_tensor(c, {name, offset, std::vector<int64_t>(shape, shape + ndim)});
+  });
+}
+
 strata_status strata_session_start(strata_session* session) {
   return guarded([&]() -> Status {
     STRATA_RETURN_IF_ERROR(usable(session, "strata_session_start"));

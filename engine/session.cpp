@@ -133,11 +133,61 @@ Result<size_t> Session::add_chunk(std::string name, int64_t elems, ChunkInit ini
     return invalid_argument("session: add_chunk \"" + name + "\": elems must be 1..2^40, got " +
                             std::to_string(elems));
   }
-  for (const Spec& s : specs_) {
-    if (s.name == name) return invalid_argument("session: add_chunk: a chunk is already named \"" + name + "\"");
-  }
-  specs_.push_back({std::move(name), elems, std::move(init)});
+  if (name_used(name))
+    return invalid_argument("session: add_chunk: a chunk or tensor is already named \"" + name + "\"");
+  specs_.push_back({std::move(name), elems, std::move(init), {}});
   return specs_.size() - 1;
+}
+
+int64_t TensorView::elems() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+bool Session::name_used(const std::string& name) const {
+  for (const Spec& s : specs_) {
+    if (s.name == name) return true;
+    for (const TensorView& t : s.tensors) {
+      if (t.name == name) return true;
+    }
+  }
+  return false;
+}
+
+Status Session::add_tensor(size_t chunk, TensorView t) {
+  STRATA_RETURN_IF_ERROR(usable("add_tensor"));
+  if (chunk >= specs_.size()) {
+    return invalid_argument("session: add_tensor: no chunk " + std::to_string(chunk) + " (" +
+                            std::to_string(specs_.size()) + " registered)");
+  }
+  Spec& spec = specs_[chunk];
+  const std::string where = "session: add_tensor \"" + t.name + "\" in chunk \"" + spec.name + "\"";
+  if (started()) return failed_precondition(where + ": after start");
+  if (t.name.empty()) return invalid_argument("session: add_tensor: a tensor needs a name");
+  if (name_used(t.name)) return invalid_argument(where + ": the name is already used");
+  if (t.shape.empty() || t.shape.size() > 8) return invalid_argument(where + ": a shape has 1..8 dimensions");
+  int64_t n = 1;
+  for (int64_t d : t.shape) {
+    if (d < 1 || d > spec.elems || n > spec.elems / d) {
+      return invalid_argument(where + ": its shape does not fit in the chunk's " + std::to_string(spec.elems) +
+                              " elements");
+    }
+    n *= d;
+  }
+  if (t.offset < 0 || t.offset > spec.elems - n) {
+    return invalid_argument(where + ": elements " + std::to_string(t.offset) + ".." + std::to_string(t.offset + n) +
+                            " pass the chunk's end (" + std::to_string(spec.elems) + ")");
+  }
+  for (const TensorView& o : spec.tensors) {
+    if (t.offset < o.offset + o.elems() && o.offset < t.offset + n) {
+      return invalid_argument(where + ": it overlaps \"" + o.name + "\"");
+    }
+  }
+  auto at =
+      std::find_if(spec.tensors.begin(), spec.tensors.end(), [&](const TensorView& o) { return o.offset > t.offset; });
+  spec.tensors.insert(at, std::move(t));
+  return ok_status();
 }
 
 // One store for every NVMe byte, and the optimizer's staging arena.

@@ -108,6 +108,19 @@ struct SessionOptions {
 // elements (called once, from start(), on the calling thread).
 using ChunkInit = std::function<Status(std::span<float> dst)>;
 
+// A tensor of the model's inside a chunk: `shape` (row-major) elements of
+// the working type from element `offset` on. A checkpoint's model file
+// holds a chunk's tensors under their names (a GPT's "h.3.attn.c_attn.weight")
+// instead of the chunk whole, so other tools can read it. Elements no
+// tensor covers are not saved and a load leaves them zero: leave only
+// padding the model never reads uncovered.
+struct TensorView {
+  std::string name;
+  int64_t offset = 0;
+  std::vector<int64_t> shape;
+  int64_t elems() const;
+};
+
 // What end_step() decided.
 struct StepVerdict {
   int64_t step = 0;          // steps ended so far, this one included
@@ -138,6 +151,11 @@ class Session {
   // chunk's init. Refuses (ResourceExhausted naming the budget) a session
   // whose host memory exceeds host_budget_bytes. The first begin_step()
   // calls it when the caller did not.
+  // Names a tensor of the model's inside `chunk` (before start()): see
+  // TensorView. InvalidArgument for a name already used (by a chunk or a
+  // tensor), an empty shape or a dimension < 1, a tensor past the chunk's
+  // end, or one overlapping another of the chunk's.
+  Status add_tensor(size_t chunk, TensorView tensor);
   Status start();
   bool started() const { return store_ != nullptr; }
 
@@ -242,7 +260,16 @@ class Session {
     std::string name;
     int64_t elems = 0;
     ChunkInit init;
+    std::vector<TensorView> tensors;  // by offset; empty: the chunk is saved whole
   };
+  // The model file's tensors: each chunk's views, or the chunk whole.
+  struct SavedTensor {
+    size_t chunk = 0;
+    int64_t offset = 0, elems = 0;
+  };
+  std::vector<SavedTensor> saved_tensors(std::vector<TensorInfo>* infos) const;
+  nlohmann::json chunks_record() const;
+  bool name_used(const std::string& name) const;
   Status usable(const char* call) const;
   bool resident(size_t chunk) const { return options_.resident_first && chunk == 0; }
   // Every micro-batch's gradient of the chunk is in: the optimizer has it.
@@ -263,6 +290,9 @@ class Session {
   Status write_checkpoint(const std::string& tmp);
   Result<nlohmann::json> checked_record(const std::string& path) const;
   Status read_checkpoint(const std::string& path, const SafetensorsReader& model, const SafetensorsReader& opt);
+  Status write_weights(SafetensorsWriter& model, const std::vector<SavedTensor>& saved);
+  Status read_weights(const SafetensorsReader& model, const std::vector<SavedTensor>& saved,
+                      const std::vector<TensorInfo>& infos);
 
   SessionOptions options_;
   std::vector<Spec> specs_;

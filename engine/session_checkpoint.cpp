@@ -1,9 +1,11 @@
 // Session's checkpoints (session.h, save / load): each chunk's working
 // weights and optimizer state streamed from its tier into two safetensors
-// files under the chunk's own name, and a sealed session.json binding them,
+// files — the weights under the model's tensor names (TensorView) or the
+// chunk's own, the states under the chunk's — and a sealed session.json binding them,
 // by the CheckpointDir protocol; a load verifies everything before it
 // replaces anything (checkpoint_parts.h), so a refused checkpoint leaves
 // the session as it was.
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -38,26 +40,75 @@ Status Session::save(const std::string& root) {
   return dir.commit(steps_);
 }
 
+// The model file's tensors in order: each chunk's views (by offset), or
+// the chunk whole under its name.
+std::vector<Session::SavedTensor> Session::saved_tensors(std::vector<TensorInfo>* infos) const {
+  std::vector<SavedTensor> saved;
+  const TensorType type = tensor_type(options_.precision);
+  for (size_t c = 0; c < specs_.size(); ++c) {
+    const Spec& s = specs_[c];
+    if (s.tensors.empty()) {
+      saved.push_back({c, 0, s.elems});
+      infos->push_back({s.name, type, {s.elems}});
+    }
+    for (const TensorView& t : s.tensors) {
+      saved.push_back({c, t.offset, t.elems()});
+      infos->push_back({t.name, type, t.shape});
+    }
+  }
+  return saved;
+}
+
+// The chunks as session.json records them (and a load must find them).
+nlohmann::json Session::chunks_record() const {
+  nlohmann::json chunks = nlohmann::json::array();
+  for (const Spec& s : specs_) {
+    nlohmann::json c = {{"name", s.name}, {"elems", s.elems}};
+    for (const TensorView& t : s.tensors)
+      c["tensors"].push_back({{"name", t.name}, {"offset", t.offset}, {"shape", t.shape}});
+    chunks.push_back(std::move(c));
+  }
+  return chunks;
+}
+
+// Each saved tensor's working weights, from RAM or, a piece at a time, from
+// their NVMe blobs (a piece may span several tensors and padding).
+Status Session::write_weights(SafetensorsWriter& model, const std::vector<SavedTensor>& saved) {
+  const uint64_t es = dtype_bytes(options_.precision);
+  for (size_t c = 0; c < specs_.size(); ++c) {
+    auto piece = [&](int64_t offset, std::span<const std::byte> bytes) -> Status {
+      const int64_t end = offset + static_cast<int64_t>(bytes.size() / es);
+      for (size_t i = 0; i < saved.size(); ++i) {
+        const SavedTensor& t = saved[i];
+        const int64_t lo = std::max(offset, t.offset), hi = std::min(end, t.offset + t.elems);
+        if (t.chunk != c || lo >= hi) continue;
+        STRATA_RETURN_IF_ERROR(
+            model.write_at(i, static_cast<uint64_t>(lo - t.offset) * es,
+                           bytes.subspan(static_cast<size_t>(lo - offset) * es, static_cast<size_t>(hi - lo) * es)));
+      }
+      return ok_status();
+    };
+    if (weights_.empty()) {
+      STRATA_RETURN_IF_ERROR(
+          stage_->visit_weights(c, [&](int64_t offset, std::span<std::byte> bytes) { return piece(offset, bytes); }));
+    } else {
+      STRATA_RETURN_IF_ERROR(piece(0, std::as_bytes(std::span(weights_[c].data(), weights_[c].size()))));
+    }
+  }
+  return ok_status();
+}
+
 Status Session::write_checkpoint(const std::string& tmp) {
   std::vector<TensorInfo> weights, states;
+  const std::vector<SavedTensor> saved = saved_tensors(&weights);
   std::vector<size_t> first_state;
   for (const Spec& s : specs_) {
-    weights.push_back({s.name, tensor_type(options_.precision), {s.elems}});
     first_state.push_back(states.size());
     for (TensorInfo& t : state_tensors(s.name + ".", s.elems, options_.adam_states)) states.push_back(std::move(t));
   }
   STRATA_ASSIGN_OR_RETURN(SafetensorsWriter model,
                           SafetensorsWriter::create(tmp + "/" + kModelFile, weights, {{"format", "pt"}}));
-  const uint64_t es = dtype_bytes(options_.precision);
-  for (size_t c = 0; c < specs_.size(); ++c) {
-    if (weights_.empty()) {  // from their NVMe blobs, a piece at a time
-      STRATA_RETURN_IF_ERROR(stage_->visit_weights(c, [&](int64_t offset, std::span<std::byte> bytes) {
-        return model.write_at(c, static_cast<uint64_t>(offset) * es, bytes);
-      }));
-    } else {
-      STRATA_RETURN_IF_ERROR(model.write_at(c, 0, std::as_bytes(std::span(weights_[c].data(), weights_[c].size()))));
-    }
-  }
+  STRATA_RETURN_IF_ERROR(write_weights(model, saved));
   STRATA_RETURN_IF_ERROR(model.finish());
   STRATA_ASSIGN_OR_RETURN(SafetensorsWriter opt, SafetensorsWriter::create(tmp + "/" + kOptimizerFile, states));
   for (size_t c = 0; c < specs_.size(); ++c) {
@@ -66,8 +117,6 @@ Status Session::write_checkpoint(const std::string& tmp) {
     }));
   }
   STRATA_RETURN_IF_ERROR(opt.finish());
-  nlohmann::json chunks = nlohmann::json::array();
-  for (const Spec& s : specs_) chunks.push_back({{"name", s.name}, {"elems", s.elems}});
   nlohmann::json record = {
       {"format", kSessionFormat},
       {"files", {{kModelFile, record_file_entry(model)}, {kOptimizerFile, record_file_entry(opt)}}},
@@ -77,7 +126,7 @@ Status Session::write_checkpoint(const std::string& tmp) {
       {"last_clipped", last_clipped_},
       {"last_skipped", last_skipped_},
       {"landing_order", landing_order_},
-      {"chunks", chunks},
+      {"chunks", chunks_record()},
       {"precision", dtype_name(options_.precision)},
       {"adam_states", cpu_optim::state_type_name(options_.adam_states)}};
   if (options_.precision == DType::kF16) {
@@ -97,8 +146,7 @@ Result<nlohmann::json> Session::checked_record(const std::string& path) const {
   bool legacy = false;
   STRATA_ASSIGN_OR_RETURN(nlohmann::json r, open_record(path + "/" + kRecordFile, {}, &legacy));
   const std::string where = "checkpoint " + path;
-  nlohmann::json chunks = nlohmann::json::array();
-  for (const Spec& s : specs_) chunks.push_back({{"name", s.name}, {"elems", s.elems}});
+  const nlohmann::json chunks = chunks_record();
   if (r.value("chunks", nlohmann::json()) != chunks) {
     return failed_precondition(where + " holds the chunks " + r.value("chunks", nlohmann::json()).dump() +
                                ", this session registered " + chunks.dump());
@@ -157,8 +205,10 @@ Status Session::load(const std::string& root) {
     const nlohmann::json* entry = files.contains(name) ? &files.at(name) : nullptr;
     STRATA_RETURN_IF_ERROR(check_record_file(path, kRecordFile, name, entry, *r));
   }
+  std::vector<TensorInfo> weights;
+  saved_tensors(&weights);
+  for (const TensorInfo& t : weights) STRATA_RETURN_IF_ERROR(check_tensor(path, kModelFile, model, t));
   for (const Spec& s : specs_) {
-    STRATA_RETURN_IF_ERROR(check_tensor(path, kModelFile, model, {s.name, tensor_type(options_.precision), {s.elems}}));
     for (const TensorInfo& t : state_tensors(s.name + ".", s.elems, options_.adam_states)) {
       STRATA_RETURN_IF_ERROR(check_tensor(path, kOptimizerFile, opt, t));
     }
@@ -185,19 +235,40 @@ Status Session::load(const std::string& root) {
   return ok_status();
 }
 
-Status Session::read_checkpoint(const std::string& path, const SafetensorsReader& model,
-                                const SafetensorsReader& opt) {
+// Each saved tensor's working weights into RAM or, a piece at a time, into
+// their NVMe blobs; padding between tensors (never saved) is zeros.
+Status Session::read_weights(const SafetensorsReader& model, const std::vector<SavedTensor>& saved,
+                             const std::vector<TensorInfo>& infos) {
   const uint64_t es = dtype_bytes(options_.precision);
   for (size_t c = 0; c < specs_.size(); ++c) {
-    const std::string& name = specs_[c].name;
-    if (weights_.empty()) {  // into their NVMe blobs, a piece at a time
-      STRATA_RETURN_IF_ERROR(stage_->replace_weights(c, [&](int64_t offset, std::span<std::byte> bytes) {
-        return model.read(name, bytes, static_cast<uint64_t>(offset) * es);
-      }));
+    auto piece = [&](int64_t offset, std::span<std::byte> bytes) -> Status {
+      std::fill(bytes.begin(), bytes.end(), std::byte{0});
+      const int64_t end = offset + static_cast<int64_t>(bytes.size() / es);
+      for (size_t i = 0; i < saved.size(); ++i) {
+        const SavedTensor& t = saved[i];
+        const int64_t lo = std::max(offset, t.offset), hi = std::min(end, t.offset + t.elems);
+        if (t.chunk != c || lo >= hi) continue;
+        STRATA_RETURN_IF_ERROR(model.read(
+            infos[i].name, bytes.subspan(static_cast<size_t>(lo - offset) * es, static_cast<size_t>(hi - lo) * es),
+            static_cast<uint64_t>(lo - t.offset) * es));
+      }
+      return ok_status();
+    };
+    if (weights_.empty()) {
+      STRATA_RETURN_IF_ERROR(stage_->replace_weights(c, piece));
     } else {
-      STRATA_RETURN_IF_ERROR(model.read(name, std::as_writable_bytes(std::span(weights_[c].data(), weights_[c].size()))));
+      STRATA_RETURN_IF_ERROR(piece(0, std::as_writable_bytes(std::span(weights_[c].data(), weights_[c].size()))));
     }
-    const std::vector<TensorInfo> parts = state_tensors(name + ".", specs_[c].elems, options_.adam_states);
+  }
+  return ok_status();
+}
+
+Status Session::read_checkpoint(const std::string& path, const SafetensorsReader& model, const SafetensorsReader& opt) {
+  std::vector<TensorInfo> infos;
+  const std::vector<SavedTensor> saved = saved_tensors(&infos);
+  STRATA_RETURN_IF_ERROR(read_weights(model, saved, infos).with_context("session: loading " + path));
+  for (size_t c = 0; c < specs_.size(); ++c) {
+    const std::vector<TensorInfo> parts = state_tensors(specs_[c].name + ".", specs_[c].elems, options_.adam_states);
     STRATA_RETURN_IF_ERROR(stage_->replace_state(c, [&](int part, uint64_t offset, std::span<std::byte> bytes) {
       return opt.read(parts[static_cast<size_t>(part)].name, bytes, offset);
     }).with_context("session: loading " + path));

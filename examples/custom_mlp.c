@@ -195,6 +195,13 @@ static int train(const char* config, float* losses) {
     char name[32];
     snprintf(name, sizeof name, "layer%d", l);
     if (strata_session_add_chunk_fn(s, name, kChunk, init_layer, NULL, NULL) != STRATA_OK) rc = -1;
+    /* Its tensors, by name: what a checkpoint (strata_session_save) holds. */
+    const int64_t w_shape[2] = {kWidth, kWidth}, b_shape[1] = {kWidth};
+    char tensor[48];
+    snprintf(tensor, sizeof tensor, "%s.weight", name);
+    if (rc == 0 && strata_session_add_tensor(s, l, tensor, 0, w_shape, 2) != STRATA_OK) rc = -1;
+    snprintf(tensor, sizeof tensor, "%s.bias", name);
+    if (rc == 0 && strata_session_add_tensor(s, l, tensor, (int64_t)kWidth * kWidth, b_shape, 1) != STRATA_OK) rc = -1;
   }
   Activations a = {0};
   void *h = NULL, *dh = NULL, *dprev = NULL;

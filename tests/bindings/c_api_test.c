@@ -180,8 +180,17 @@ static void session_misuse(const char* root) {
   CHECK(strata_session_create("{\"speculate_in_ram\": true, \"delayed_update\": true}", NULL, &s) == STRATA_OK,
         "a session of the trainer's choices: %s", strata_last_error());
   if (s != NULL) {
-    CHECK(strata_session_add_chunk(s, "w", 4, NULL, NULL) == STRATA_OK && strata_session_start(s) == STRATA_OK,
-          "start: %s", strata_last_error());
+    const int64_t shape[2] = {1, 3};
+    CHECK(strata_session_add_chunk(s, "w", 4, NULL, NULL) == STRATA_OK, "a chunk");
+    CHECK(strata_session_add_tensor(s, 0, NULL, 0, shape, 2) == STRATA_INVALID_ARGUMENT, "a tensor without a name");
+    CHECK(strata_session_add_tensor(s, 0, "t", 0, NULL, 2) == STRATA_INVALID_ARGUMENT, "a tensor without a shape");
+    CHECK(strata_session_add_tensor(s, 0, "t", 2, shape, 2) == STRATA_INVALID_ARGUMENT &&
+              strstr(strata_last_error(), "end") != NULL,
+          "a tensor past the chunk's end: %s", strata_last_error());
+    CHECK(strata_session_add_tensor(s, 1, "t", 0, shape, 2) == STRATA_INVALID_ARGUMENT, "a tensor of no chunk");
+    CHECK(strata_session_add_tensor(s, 0, "t", 1, shape, 2) == STRATA_OK, "a tensor: %s", strata_last_error());
+    CHECK(strata_session_start(s) == STRATA_OK, "start: %s", strata_last_error());
+    CHECK(strata_session_add_tensor(s, 0, "u", 0, shape, 1) == STRATA_FAILED_PRECONDITION, "a tensor after start");
     const char* d = strata_session_describe(s);
     CHECK(d != NULL && strstr(d, "config key speculate_in_ram: a session does not honour it") != NULL,
           "describe names speculate_in_ram: %s", d ? d : "(null)");

@@ -802,6 +802,29 @@ TEST_F(SessionMisuse, ChunksComeBeforeStartWithGoodNamesAndSizes) {
   EXPECT_EQ(s_->chunks(), 3u);
 }
 
+TEST_F(SessionMisuse, TensorsComeBeforeStartInsideTheirChunkUnderNewNames) {
+  Result<std::unique_ptr<Session>> s = Session::create(base_options());
+  ASSERT_TRUE(s.has_value());
+  Session& f = **s;
+  ASSERT_TRUE(f.add_chunk("a", 10, {}).has_value());
+  EXPECT_EQ(f.add_tensor(1, {"x", 0, {2}}).code(), StatusCode::kInvalidArgument);   // no chunk 1
+  EXPECT_EQ(f.add_tensor(0, {"", 0, {2}}).code(), StatusCode::kInvalidArgument);    // no name
+  EXPECT_EQ(f.add_tensor(0, {"a", 0, {2}}).code(), StatusCode::kInvalidArgument);   // the chunk's name
+  EXPECT_EQ(f.add_tensor(0, {"x", 0, {}}).code(), StatusCode::kInvalidArgument);    // no shape
+  EXPECT_EQ(f.add_tensor(0, {"x", 0, {0}}).code(), StatusCode::kInvalidArgument);   // an empty dimension
+  EXPECT_EQ(f.add_tensor(0, {"x", 8, {3}}).code(), StatusCode::kInvalidArgument);   // past the end
+  EXPECT_EQ(f.add_tensor(0, {"x", -1, {3}}).code(), StatusCode::kInvalidArgument);  // before the start
+  ASSERT_TRUE(f.add_tensor(0, {"a.w", 2, {2, 3}}).ok());
+  const Status overlap = f.add_tensor(0, {"a.b", 7, {2}});
+  EXPECT_EQ(overlap.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(overlap.to_string().find("a.w"), std::string::npos) << overlap.to_string();
+  EXPECT_EQ(f.add_tensor(0, {"a.w", 0, {1}}).code(), StatusCode::kInvalidArgument);    // the name again
+  EXPECT_EQ(f.add_chunk("a.w", 4, {}).status().code(), StatusCode::kInvalidArgument);  // a tensor's name
+  EXPECT_TRUE(f.add_tensor(0, {"a.b", 8, {2}}).ok());
+  EXPECT_EQ(s_->add_tensor(0, {"late", 0, {1}}).code(), StatusCode::kFailedPrecondition);
+  expect_a_step_still_runs();
+}
+
 TEST_F(SessionMisuse, AfterAbortEveryCallIsCancelled) {
   ASSERT_TRUE(s_->begin_step().ok());
   s_->abort();
@@ -906,6 +929,53 @@ TEST(SessionCheckpoint, ASavedRunContinuesBitForBitOnAnyPlacement) {
     EXPECT_EQ((*b)->steps_done(), 4);
     expect_same_bits(whole, steps(**b, m, 4, 10), 4);
   }
+}
+
+// Each layer's weight and bias as tensors of their own: the model file
+// holds them by name, a run resumes bit for bit from it, and a session
+// that names its tensors otherwise refuses it.
+Result<std::unique_ptr<Session>> make_named_session(const Mlp& m, SessionOptions o, const std::string& suffix) {
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Session> s, make_session(m, std::move(o)));
+  for (int64_t l = 0; l < m.L; ++l) {
+    const std::string layer = "layer" + std::to_string(l);
+    STRATA_RETURN_IF_ERROR(s->add_tensor(static_cast<size_t>(l), {layer + ".weight" + suffix, 0, {m.D, m.D}}));
+    STRATA_RETURN_IF_ERROR(s->add_tensor(static_cast<size_t>(l), {layer + ".bias" + suffix, m.D * m.D, {m.D}}));
+  }
+  return s;
+}
+
+TEST(SessionCheckpoint, NamedTensorsAreSavedByNameAndResumeBitForBit) {
+  const Mlp m{32, 4, 8};
+  TempDir nvme, ckpt;
+  SessionOptions on_nvme = base_options();
+  on_nvme.states = Tier::kNvme;
+  on_nvme.weights = Tier::kNvme;
+  on_nvme.nvme_paths = {nvme.path()};
+  Result<std::unique_ptr<Session>> a = make_named_session(m, on_nvme, "");
+  ASSERT_TRUE(a.has_value()) << a.status().to_string();
+  std::vector<float> whole = steps(**a, m, 0, 3);
+  ASSERT_TRUE((*a)->save(ckpt.path()).ok());
+  for (float l : steps(**a, m, 3, 6)) whole.push_back(l);
+  ASSERT_EQ(whole.size(), 6u);
+  Result<SafetensorsReader> file = SafetensorsReader::open(ckpt.path() + "/step-3/model.safetensors");
+  ASSERT_TRUE(file.has_value()) << file.status().to_string();
+  ASSERT_EQ(file->tensors().size(), static_cast<size_t>(2 * m.L));
+  const TensorInfo* w = file->find("layer2.weight");
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(w->shape, (std::vector<int64_t>{m.D, m.D}));
+  EXPECT_EQ(file->find("layer2"), nullptr) << "the chunk is saved as its tensors";
+  for (const SessionOptions& o : {on_nvme, base_options()}) {
+    Result<std::unique_ptr<Session>> b = make_named_session(m, o, "");
+    ASSERT_TRUE(b.has_value());
+    const Status loaded = (*b)->load(ckpt.path());
+    ASSERT_TRUE(loaded.ok()) << loaded.to_string();
+    expect_same_bits(whole, steps(**b, m, 3, 6), 3);
+  }
+  Result<std::unique_ptr<Session>> other = make_named_session(m, base_options(), ".renamed");
+  ASSERT_TRUE(other.has_value());
+  const Status refused = (*other)->load(ckpt.path());
+  EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition) << refused.to_string();
+  EXPECT_EQ((*other)->steps_done(), 0);
 }
 
 TEST(SessionCheckpoint, ARefusedCheckpointChangesNothing) {

@@ -230,6 +230,15 @@ STRATA_API strata_status strata_session_add_chunk(strata_session* session, const
  * once during strata_session_start (no copy of a big model is kept). */
 STRATA_API strata_status strata_session_add_chunk_fn(strata_session* session, const char* name, int64_t count,
                                                      strata_chunk_init_fn init, void* user, int64_t* chunk);
+/* Names a tensor of the model's inside chunk `chunk` before start: `ndim`
+ * (1..8) dimensions `shape` (row-major) from element `offset` on.
+ * Checkpoints save the chunk's weights as its tensors, by name, instead of
+ * the chunk whole; elements no tensor covers (padding) are not saved and
+ * load as zero. INVALID_ARGUMENT for a NULL, empty or used name, a bad
+ * shape, a tensor past the chunk's end or overlapping another;
+ * FAILED_PRECONDITION after start. */
+STRATA_API strata_status strata_session_add_tensor(strata_session* session, int64_t chunk, const char* name,
+                                                   int64_t offset, const int64_t* shape, int ndim);
 /* Places every chunk (host buffers, NVMe files, device slots) and writes
  * its initial state; blocks until done. RESOURCE_EXHAUSTED naming the
  * budget when the placement does not fit. The first begin_step calls it
