@@ -39,7 +39,11 @@ Result<std::unique_ptr<SessionGpt>> SessionGpt::create(Session& session, const S
       initial_master(*chunk, c, seed, layers, *ex, dst.data());
       return ok_status();
     };
-    STRATA_RETURN_IF_ERROR(session.add_chunk(chunk_name(*chunk), chunk->numel, init).status());
+    STRATA_ASSIGN_OR_RETURN(const size_t index, session.add_chunk(chunk_name(*chunk), chunk->numel, init));
+    // Its checkpoints hold GPT-2's tensors, by their names.
+    for (const gpu::TensorSlot& t : chunk->tensors) {
+      STRATA_RETURN_IF_ERROR(session.add_tensor(index, {t.name, t.offset, t.shape}));
+    }
   }
   STRATA_RETURN_IF_ERROR(session.start());
   STRATA_RETURN_IF_ERROR(m->allocate());

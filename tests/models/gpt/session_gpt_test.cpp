@@ -18,7 +18,10 @@
 #include <string>
 #include <vector>
 
+#include "engine/checkpoint_io.h"
 #include "engine/session_config.h"
+#include "models/gpt/trainer.h"
+#include "models/gpt/trainer_config.h"
 #include "tests/test_util.h"
 
 namespace strata::engine {
@@ -206,6 +209,45 @@ TEST(SessionGpt, RefusesBadInputWithNothingChanged) {
   ASSERT_EQ(got.size(), want.size());
   for (size_t k = 0; k < want.size(); ++k) {
     EXPECT_EQ(std::bit_cast<uint32_t>(got[k]), std::bit_cast<uint32_t>(want[k])) << "step " << k + 1;
+  }
+}
+
+// The session's checkpoint of the GPT holds GPT-2's tensors under their
+// names, with the bytes the trainer's own checkpoint holds after the same
+// steps.
+TEST(SessionGpt, CheckpointsHoldTheTrainersTensors) {
+  testing::TempDir dir;
+  const GoldenRun run = {"bf16_resident", 1, "bf16", 0, {{"weights", "host"}, {"states", "host"}}, false};
+  Result<Built> b = build(run, dir.sub("nvme"));
+  ASSERT_TRUE(b.has_value()) << b.status().to_string();
+  ASSERT_EQ(steps(*b->model, 3, run.name).size(), 3u);
+  ASSERT_TRUE(b->session->save(dir.sub("session")).ok());
+
+  nlohmann::json j = golden_config(1, "bf16", 0);
+  std::vector<std::string> warnings;
+  Result<EngineConfig> cfg = parse_config(j, &warnings);
+  ASSERT_TRUE(cfg.has_value()) << cfg.status().to_string();
+  Result<TrainerOptions> o = trainer_options(*cfg);
+  ASSERT_TRUE(o.has_value()) << o.status().to_string();
+  Result<std::unique_ptr<Trainer>> t = Trainer::create(*o);
+  ASSERT_TRUE(t.has_value()) << t.status().to_string();
+  for (int k = 0; k < 3; ++k) ASSERT_TRUE((*t)->step().has_value());
+  ASSERT_TRUE((*t)->save(dir.sub("trainer")).ok());
+
+  Result<SafetensorsReader> mine = SafetensorsReader::open(dir.path() + "/session/step-3/model.safetensors");
+  Result<SafetensorsReader> theirs = SafetensorsReader::open(dir.path() + "/trainer/step-3/model.safetensors");
+  ASSERT_TRUE(mine.has_value()) << mine.status().to_string();
+  ASSERT_TRUE(theirs.has_value()) << theirs.status().to_string();
+  ASSERT_EQ(mine->tensors().size(), theirs->tensors().size());
+  ASSERT_NE(mine->find("h.0.attn.c_attn.weight"), nullptr) << "GPT-2's names";
+  for (const TensorInfo& want : theirs->tensors()) {
+    const TensorInfo* got = mine->find(want.name);
+    ASSERT_NE(got, nullptr) << want.name;
+    EXPECT_EQ(got->shape, want.shape) << want.name;
+    std::vector<std::byte> a(want.bytes()), c(want.bytes());
+    ASSERT_TRUE(mine->read(want.name, a).ok());
+    ASSERT_TRUE(theirs->read(want.name, c).ok());
+    EXPECT_TRUE(a == c) << want.name << ": the bytes differ";
   }
 }
 
