@@ -11,6 +11,7 @@
 #include <bit>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -18,10 +19,13 @@
 #include <string>
 #include <vector>
 
+#include "cpu_optim/optimizer.h"
 #include "engine/checkpoint_io.h"
 #include "engine/session_config.h"
+#include "models/gpt/gpt_init.h"
 #include "models/gpt/trainer.h"
 #include "models/gpt/trainer_config.h"
+#include "tests/gpu/random_model.h"
 #include "tests/test_util.h"
 
 namespace strata::engine {
@@ -248,6 +252,82 @@ TEST(SessionGpt, CheckpointsHoldTheTrainersTensors) {
     ASSERT_TRUE(mine->read(want.name, a).ok());
     ASSERT_TRUE(theirs->read(want.name, c).ok());
     EXPECT_TRUE(a == c) << want.name << ": the bytes differ";
+  }
+}
+
+// fp32 working weights: the GPT through the session computes with its
+// master weights' own bits, so its first step is the fp32 reference model
+// (HostGpt: every activation kept, nothing recomputed) exactly — the same
+// loss, and master weights after the update equal to the optimizer's step
+// on the reference's gradients — with the weights and states in RAM and
+// with everything on NVMe through a device a fraction of the model.
+TEST(SessionGpt, Fp32WorkingWeightsMatchTheReferenceModelExactly) {
+  gpu::GptConfig c;
+  c.layers = 3, c.hidden = 32, c.heads = 2, c.vocab = 40, c.max_seq = 16;
+  const int64_t B = 2, T = 16;
+  const uint64_t seed = 11;
+  const std::vector<gpu::ChunkLayout> layout = gpu::model_layout(c);
+  Result<std::unique_ptr<cpu_optim::Executor>> ex = cpu_optim::Executor::create();
+  ASSERT_TRUE(ex.has_value());
+  std::vector<std::vector<float>> w;
+  for (size_t k = 0; k < layout.size(); ++k) {
+    w.emplace_back(static_cast<size_t>(layout[k].numel));
+    initial_master(layout[k], k, seed, c.layers, **ex, w.back().data());
+  }
+  std::vector<int32_t> tokens, targets;
+  synthetic_batch(seed, c.vocab, B, T, 0, &tokens, &targets);
+  std::vector<std::vector<float>> g;
+  const float ref_loss = gpu::testing::reference_step(c, B, T, w, tokens, targets, 1.0f, &g);
+  cpu_optim::AdamConfig adam;
+  adam.lr = 1e-3;
+  adam.weight_decay = 0.01;
+  adam.decoupled_weight_decay = true;
+  std::vector<std::vector<float>> want = w;  // the reference's update
+  for (size_t k = 0; k < layout.size(); ++k) {
+    std::vector<float> m(want[k].size(), 0.0f), v(want[k].size(), 0.0f);
+    cpu_optim::ParamSpan span;
+    span.params = want[k].data();
+    span.n = static_cast<int64_t>(want[k].size());
+    span.grad = g[k].data();
+    span.grad_dtype = DType::kF32;
+    span.state = {cpu_optim::StateType::kF32, m.data(), v.data()};
+    ASSERT_TRUE(cpu_optim::step(adam, 1, span, {}, **ex).has_value());
+  }
+
+  testing::TempDir dir;
+  uint64_t model_bytes = 0;
+  for (const gpu::ChunkLayout& l : layout) model_bytes += static_cast<uint64_t>(l.numel) * 16;
+  for (bool on_nvme : {false, true}) {
+    SCOPED_TRACE(on_nvme ? "everything on NVMe" : "in RAM");
+    SessionOptions o;
+    o.precision = DType::kF32;
+    o.adam = adam;
+    o.resident_first = true;
+    o.pin_memory = false;
+    if (on_nvme) {
+      o.states = Tier::kNvme;
+      o.activations = Tier::kNvme;
+      o.nvme_paths = {dir.sub(on_nvme ? "nvme" : "ram")};
+    }
+    Result<std::unique_ptr<Session>> s = Session::create(o);
+    ASSERT_TRUE(s.has_value()) << s.status().to_string();
+    SessionGptOptions go;
+    go.model = c;
+    go.batch = B;
+    go.seq = T;
+    go.seed = seed;
+    go.offload_activations = on_nvme;
+    Result<std::unique_ptr<SessionGpt>> m = SessionGpt::create(**s, go);
+    ASSERT_TRUE(m.has_value()) << m.status().to_string();
+    Result<float> loss = (*m)->step();
+    ASSERT_TRUE(loss.has_value()) << loss.status().to_string();
+    EXPECT_EQ(std::bit_cast<uint32_t>(*loss), std::bit_cast<uint32_t>(ref_loss)) << *loss << " vs " << ref_loss;
+    for (size_t k = 0; k < layout.size(); ++k) {
+      std::vector<float> got(want[k].size());
+      ASSERT_TRUE((*s)->read_master(k, got).ok());
+      EXPECT_EQ(std::memcmp(got.data(), want[k].data(), got.size() * 4), 0) << "chunk " << k << "'s master weights";
+    }
+    EXPECT_LT((*s)->counters().device_peak_bytes, model_bytes) << "the device held less than the model states";
   }
 }
 
