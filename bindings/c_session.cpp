@@ -309,25 +309,25 @@ const char* strata_session_describe(strata_session* session) {
     nlohmann::json chunks = nlohmann::json::array();
     for (size_t c = 0; c < s.chunks(); ++c) chunks.push_back({{"name", s.chunk_name(c)}, {"count", s.chunk_elems(c)}});
     const engine::SessionCounters k = s.counters();
-    session->description =
-        nlohmann::json{{"chunks", chunks},
-                       {"placement",
-                        {{"weights", engine::tier_name(o.weights)},
-                         {"states", engine::tier_name(o.states)},
-                         {"activations", engine::tier_name(o.activations)},
-                         {"prefetch_depth", o.prefetch_depth}}},
-                       {"budgets",
-                        {{"device", o.device_bytes}, {"host", o.host_budget_bytes}, {"nvme", o.nvme_budget_bytes}}},
-                       {"steps_done", s.steps_done()},
-                       {"counters",
-                        {{"h2d_bytes", k.h2d_bytes},
-                         {"d2h_bytes", k.d2h_bytes},
-                         {"nvme_read_bytes", k.nvme_read_bytes},
-                         {"nvme_written_bytes", k.nvme_written_bytes},
-                         {"device_peak_bytes", k.device_peak_bytes},
-                         {"host_bytes", s.host_bytes()}}},
-                       {"warnings", session->warnings}}
-            .dump();
+    session->description = nlohmann::json{
+        {"chunks", chunks},
+        {"placement",
+         {{"weights", engine::tier_name(o.weights)},
+          {"states", engine::tier_name(o.states)},
+          {"activations", engine::tier_name(o.activations)},
+          {"prefetch_depth", o.prefetch_depth},
+          {"speculate_in_ram", o.speculate_in_ram && o.states == engine::Tier::kHost}}},
+        {"budgets", {{"device", o.device_bytes}, {"host", o.host_budget_bytes}, {"nvme", o.nvme_budget_bytes}}},
+        {"steps_done", s.steps_done()},
+        {"counters",
+         {{"h2d_bytes", k.h2d_bytes},
+          {"d2h_bytes", k.d2h_bytes},
+          {"nvme_read_bytes", k.nvme_read_bytes},
+          {"nvme_written_bytes", k.nvme_written_bytes},
+          {"device_peak_bytes", k.device_peak_bytes},
+          {"host_bytes", s.host_bytes()}}},
+        {"warnings",
+         session->warnings}}.dump();
   } catch (const std::exception& e) {
     report(strata::internal_error(std::string("strata_session_describe: ") + e.what()));
     session->description = "{}";

@@ -270,6 +270,7 @@ Status Session::build(std::vector<gpu::ChunkLayout> layout, const std::vector<in
                                                          o.trace, o.adam_states,
                                                          o.states == Tier::kNvme ? o.state_piece_elems : 0));
   if (o.weights == Tier::kNvme) STRATA_RETURN_IF_ERROR(stage_->home_weights_on_nvme(o.precision));
+  if (o.speculate_in_ram && o.states == Tier::kHost) STRATA_RETURN_IF_ERROR(stage_->enable_ram_speculation());
   ChunkStoreOptions so;
   so.prefetch_depth = o.prefetch_depth;
   so.dtype = o.precision;
@@ -302,7 +303,10 @@ uint64_t Session::host_bytes_needed() const {
     bytes += es * n;                                        // the gradient's host buffer
     if (o.grad_accum > 1) bytes += 4 * n;                   // its fp32 sum
     if (o.weights == Tier::kHost) bytes += es * n;          // the working weights
-    if (o.states == Tier::kHost) bytes += OptimizerStage::state_bytes(s.elems, o.adam_states);
+    if (o.states == Tier::kHost) {
+      // The states, and with speculation in RAM their second copy.
+      bytes += (o.speculate_in_ram ? 2 : 1) * OptimizerStage::state_bytes(s.elems, o.adam_states);
+    }
     elems.push_back(s.elems);
   }
   if (o.states == Tier::kNvme) {

@@ -90,6 +90,11 @@ struct SessionOptions {
   // States on NVMe: update each chunk as its gradient lands, guessing no
   // clip and no skip, and redo from the old states when wrong (exact).
   bool speculate = true;
+  // States in RAM: the same speculation, at the price of a second copy of
+  // the states (12 bytes per parameter with fp32 states): each chunk is
+  // updated into the copy as its gradient lands, and the copies switch at
+  // the verdict. Off: in RAM the updates wait for the verdict. The same bits.
+  bool speculate_in_ram = false;
   uint64_t host_budget_bytes = 0;  // 0: not held
   uint64_t nvme_budget_bytes = 0;  // 0: not held
   std::vector<std::string> nvme_paths;

@@ -329,7 +329,7 @@ TEST(Session, ActivationCheckpointsOnTheHostOrNvmeGiveTheSameBits) {
   }
 }
 
-TEST(Session, ClippingAndItsRollbackGiveTheSameBitsOnEveryTier) {
+TEST(Session, ClippingAndItsRollbackGiveTheSameBitsOnEveryTierAndWithSpeculationInRam) {
   const Mlp m{32, 4, 16};
   SessionOptions o = base_options();
   o.clip_norm = 0.05f;  // fires on the first steps, not on all: speculation guesses wrong and right
@@ -339,17 +339,48 @@ TEST(Session, ClippingAndItsRollbackGiveTheSameBitsOnEveryTier) {
   o.states = Tier::kNvme;
   o.nvme_paths = {dir.path()};
   const std::vector<float> nvme = run(m, o, 12, &nvme_v);
+  // In RAM with a second copy of the states, speculating as on NVMe.
+  std::vector<StepVerdict> ram_v;
+  SessionOptions in_ram = base_options();
+  in_ram.clip_norm = o.clip_norm;
+  in_ram.speculate_in_ram = true;
+  const std::vector<float> ram = run(m, in_ram, 12, &ram_v);
   ASSERT_EQ(host.size(), nvme.size());
-  int clipped = 0, rolled = 0;
+  ASSERT_EQ(host.size(), ram.size());
+  int clipped = 0, rolled = 0, rolled_in_ram = 0;
   for (size_t k = 0; k < host.size(); ++k) {
     EXPECT_EQ(std::bit_cast<uint32_t>(host[k]), std::bit_cast<uint32_t>(nvme[k])) << "step " << k;
+    EXPECT_EQ(std::bit_cast<uint32_t>(host[k]), std::bit_cast<uint32_t>(ram[k])) << "step " << k;
     EXPECT_EQ(host_v[k].clipped, nvme_v[k].clipped) << "step " << k;
     EXPECT_EQ(host_v[k].grad_norm, nvme_v[k].grad_norm) << "step " << k;
+    EXPECT_EQ(host_v[k].grad_norm, ram_v[k].grad_norm) << "step " << k;
     clipped += host_v[k].clipped ? 1 : 0;
     rolled += nvme_v[k].rolled_back ? 1 : 0;
+    rolled_in_ram += ram_v[k].rolled_back ? 1 : 0;
+    EXPECT_FALSE(host_v[k].rolled_back) << "in RAM without speculation nothing is undone";
   }
   EXPECT_GT(clipped, 0) << "the test should clip some steps";
   EXPECT_GT(rolled, 0) << "the NVMe run should have rolled a speculative step back";
+  EXPECT_GT(rolled_in_ram, 0) << "speculating in RAM should have rolled a step back too";
+}
+
+// Speculation in RAM holds a second copy of the states, and the host
+// budget counts it before anything is allocated.
+TEST(Session, SpeculationInRamHoldsASecondCopyOfTheStates) {
+  const Mlp m{32, 4, 16};
+  SessionOptions o = base_options();
+  Result<std::unique_ptr<Session>> plain = make_session(m, o);
+  ASSERT_TRUE(plain.has_value() && (*plain)->start().ok());
+  o.speculate_in_ram = true;
+  Result<std::unique_ptr<Session>> twice = make_session(m, o);
+  ASSERT_TRUE(twice.has_value() && (*twice)->start().ok());
+  const uint64_t states = static_cast<uint64_t>(m.L * m.chunk_elems()) * 12;  // fp32 master, m, v
+  EXPECT_GE((*twice)->host_bytes(), (*plain)->host_bytes() + states);
+  o.host_budget_bytes = (*plain)->host_bytes() + states / 2;
+  Result<std::unique_ptr<Session>> refused = make_session(m, o);
+  ASSERT_TRUE(refused.has_value());
+  const Status start = (*refused)->start();
+  EXPECT_EQ(start.code(), StatusCode::kResourceExhausted) << start.to_string();
 }
 
 // Three micro-batches a step, their gradients added up by the session: the
