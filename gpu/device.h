@@ -80,6 +80,8 @@ class Device {
   virtual Result<Stream> create_stream(std::string_view name) = 0;
   virtual Status copy_to_device(Stream stream, void* device_dst, const void* host_src, uint64_t bytes) = 0;
   virtual Status copy_to_host(Stream stream, void* host_dst, const void* device_src, uint64_t bytes) = 0;
+  // Device memory to device memory (a model's own buffer into one the engine hands out).
+  virtual Status copy_on_device(Stream stream, void* device_dst, const void* device_src, uint64_t bytes) = 0;
 
   virtual Result<Event> record(Stream stream) = 0;
   // Later work on `stream` waits for `event`.

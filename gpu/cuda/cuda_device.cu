@@ -117,6 +117,12 @@ Status CudaDevice::copy_to_host(Stream stream, void* host_dst, const void* devic
   return ok_status();
 }
 
+Status CudaDevice::copy_on_device(Stream stream, void* device_dst, const void* device_src, uint64_t bytes) {
+  STRATA_ASSIGN_OR_RETURN(cudaStream_t s, native(stream));
+  STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(device_dst, device_src, bytes, cudaMemcpyDeviceToDevice, s));
+  return ok_status();
+}
+
 Result<Event> CudaDevice::record(Stream stream) {
   STRATA_ASSIGN_OR_RETURN(cudaStream_t s, native(stream));
   std::lock_guard lock(mu_);

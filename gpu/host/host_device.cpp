@@ -174,6 +174,15 @@ Status HostDevice::copy_to_host(Stream stream, void* host_dst, const void* devic
   });
 }
 
+Status HostDevice::copy_on_device(Stream stream, void* device_dst, const void* device_src, uint64_t bytes) {
+  STRATA_RETURN_IF_ERROR(check_range(device_dst, bytes, "copy on device"));
+  STRATA_RETURN_IF_ERROR(check_range(device_src, bytes, "copy on device"));
+  return enqueue(stream, [=] {
+    std::memmove(device_dst, device_src, bytes);
+    return ok_status();
+  });
+}
+
 Result<Event> HostDevice::record(Stream stream) {
   STRATA_RETURN_IF_ERROR(enqueue(stream, [] { return ok_status(); }));
   std::lock_guard lock(mu_);

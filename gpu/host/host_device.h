@@ -51,6 +51,7 @@ class HostDevice final : public Device {
   Result<Stream> create_stream(std::string_view name) override;
   Status copy_to_device(Stream stream, void* device_dst, const void* host_src, uint64_t bytes) override;
   Status copy_to_host(Stream stream, void* host_dst, const void* device_src, uint64_t bytes) override;
+  Status copy_on_device(Stream stream, void* device_dst, const void* device_src, uint64_t bytes) override;
   Result<Event> record(Stream stream) override;
   Status stream_wait(Stream stream, Event event) override;
   Status synchronize(Event event) override;

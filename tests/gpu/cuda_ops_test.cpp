@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -233,6 +234,16 @@ TEST_F(CudaOps, CrossEntropyChunked) {
   ASSERT_TRUE(crossentropy_backward(blas_, stream_, g_x, g_wte, ws, d_x, d_wte, d_tgt, d_lse, 1.0f, N, C, V).ok());
   expect_close("loss dx", g_x, dx);
   expect_close("loss dwte", g_wte, dwte);
+}
+
+TEST_F(CudaOps, CopiesDeviceToDeviceInStreamOrder) {
+  Vec v(4096);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i) * 0.5f;
+  const float* src = upload(v);
+  float* dst = poisoned(v.size());
+  ASSERT_TRUE(dev_->copy_on_device(handle_, dst, src, v.size() * 4).ok());
+  const Vec got = download(dst, v.size());
+  EXPECT_EQ(std::memcmp(got.data(), v.data(), v.size() * 4), 0);
 }
 
 TEST_F(CudaOps, BudgetIsHardOnTheGpuToo) {

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -84,6 +85,16 @@ TEST(HostDevice, CopiesAreOrderedOnAStreamAndChecked) {
   Status bad = dev->copy_to_device(*s, host.data(), src.data(), 32);
   EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(dev->copy_to_host(*s, dst.data(), mem->as<char>() + 8, 4096 * 4).code(), StatusCode::kInvalidArgument);
+  // Device to device, in the stream's order; both ends checked.
+  Result<DeviceMemory> other = dev->allocate(4096 * 4, "other");
+  ASSERT_TRUE(other);
+  ASSERT_TRUE(dev->copy_on_device(*s, other->data(), mem->data(), 4096 * 4).ok());
+  std::fill(dst.begin(), dst.end(), -1.0f);
+  ASSERT_TRUE(dev->copy_to_host(*s, dst.data(), other->data(), 4096 * 4).ok());
+  ASSERT_TRUE(dev->synchronize(*s).ok());
+  for (int i = 0; i < 4096; ++i) ASSERT_EQ(dst[i], 2.0f * i);
+  EXPECT_EQ(dev->copy_on_device(*s, host.data(), mem->data(), 32).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(dev->copy_on_device(*s, other->data(), host.data(), 32).code(), StatusCode::kInvalidArgument);
 }
 
 TEST(HostDevice, EventsOrderStreamsAndStreamsRunConcurrently) {
