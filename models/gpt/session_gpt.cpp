@@ -21,6 +21,12 @@ Result<std::unique_ptr<SessionGpt>> SessionGpt::create(Session& session, const S
         "session GPT: the session must keep its first chunk resident (resident_first: the "
         "embeddings are used at both ends of a step)");
   }
+  const int64_t A = session.options().grad_accum;
+  const int64_t V = o.micro_batches_per_pass == 0 ? A : o.micro_batches_per_pass;
+  if (V < 1 || A % V != 0) {
+    return invalid_argument("session GPT: micro_batches_per_pass must divide the session's grad_accum (" +
+                            std::to_string(A) + "), got " + std::to_string(o.micro_batches_per_pass));
+  }
   if (o.offload_activations && o.model.layers < 2) {
     return invalid_argument("session GPT: offloading block inputs needs at least 2 layers");
   }
@@ -29,6 +35,7 @@ Result<std::unique_ptr<SessionGpt>> SessionGpt::create(Session& session, const S
   m->options_ = o;
   m->layout_ = gpu::model_layout(o.model);
   m->es_ = dtype_bytes(session.precision());
+  m->pass_ = V;
   STRATA_ASSIGN_OR_RETURN(m->executor_, cpu_optim::Executor::create());
   cpu_optim::Executor* ex = m->executor_.get();
   for (size_t c = 0; c < m->layout_.size(); ++c) {
@@ -55,23 +62,29 @@ SessionGpt::~SessionGpt() {
 }
 
 // The model's device memory, from the session's budget: the ops'
-// workspace, the block inputs, the gradient flowing down (dx, dx_in), the
-// micro-batches' losses, one micro-batch's tokens and targets.
+// workspace; per micro-batch of a pass its block inputs, the gradient
+// flowing down (dx, dx_in), its tokens and targets, and after the first its
+// own buffer for the embeddings' gradient; the step's losses.
 Status SessionGpt::allocate() {
   gpu::Device& dev = session_->device();
-  const int64_t N = options_.batch * options_.seq, L = options_.model.layers;
+  const int64_t N = options_.batch * options_.seq, L = options_.model.layers, V = pass_;
   STRATA_ASSIGN_OR_RETURN(ops_, dev.model_ops(options_.model, session_->precision()));
   STRATA_ASSIGN_OR_RETURN(compute_, dev.create_stream("model compute"));
   STRATA_ASSIGN_OR_RETURN(workspace_, ops_->workspace(options_.batch, options_.seq));
   const int64_t kept = options_.offload_activations ? 2 : L + 1;
   STRATA_ASSIGN_OR_RETURN(inputs_,
-                          session_->allocate_device(static_cast<uint64_t>(kept) * input_bytes(), "block inputs"));
+                          session_->allocate_device(static_cast<uint64_t>(kept * V) * input_bytes(), "block inputs"));
   const auto A = static_cast<uint64_t>(session_->options().grad_accum);
-  STRATA_ASSIGN_OR_RETURN(step_mem_, session_->allocate_device(2 * input_bytes() + A * 4 + 2 * N * 4,
+  STRATA_ASSIGN_OR_RETURN(step_mem_, session_->allocate_device(static_cast<uint64_t>(2 * V) * input_bytes() + A * 4 +
+                                                                   static_cast<uint64_t>(2 * V * N) * 4,
                                                                "block gradients, losses and tokens"));
-  loss_ = reinterpret_cast<float*>(step_mem_.as<uint8_t>() + 2 * input_bytes());
+  loss_ = reinterpret_cast<float*>(step_mem_.as<uint8_t>() + static_cast<uint64_t>(2 * V) * input_bytes());
   tokens_ = reinterpret_cast<int32_t*>(loss_ + A);
-  targets_ = tokens_ + N;
+  targets_ = tokens_ + V * N;
+  if (V > 1) {
+    STRATA_ASSIGN_OR_RETURN(emb_grads_, session_->allocate_device(static_cast<uint64_t>(V - 1) * chunk_bytes(0),
+                                                                  "embedding gradients of a pass"));
+  }
   return ok_status();
 }
 
@@ -79,22 +92,28 @@ uint64_t SessionGpt::input_bytes() const {
   return static_cast<uint64_t>(options_.batch * options_.seq * options_.model.hidden) * es_;
 }
 
-uint8_t* SessionGpt::input(int64_t l) const {
-  const int64_t slot = options_.offload_activations ? l % 2 : l;
-  return inputs_.as<uint8_t>() + static_cast<uint64_t>(slot) * input_bytes();
+uint64_t SessionGpt::chunk_bytes(size_t chunk) const {
+  return static_cast<uint64_t>(layout_[chunk].numel) * es_;
 }
 
-// Offloaded, block input l shares its device buffer with l + 2: each is
+// Block input l of a pass: its micro-batches' side by side (one save, one
+// load when offloaded).
+uint8_t* SessionGpt::input(int64_t m, int64_t l) const {
+  const int64_t slot = options_.offload_activations ? l % 2 : l;
+  return inputs_.as<uint8_t>() + static_cast<uint64_t>(slot * pass_ + m) * input_bytes();
+}
+
+// Offloaded, block input l shares its device buffers with l + 2: each is
 // handed to the session once written, except the last two (L - 1 and L),
 // which forward leaves on the device for the head and the last block.
 Status SessionGpt::save_input(int64_t l) {
   if (!options_.offload_activations || l >= options_.model.layers - 1) return ok_status();
-  return session_->save_activation(static_cast<uint64_t>(l), input(l), input_bytes());
+  return session_->save_activation(static_cast<uint64_t>(l), input(0, l), static_cast<uint64_t>(pass_) * input_bytes());
 }
 
 Status SessionGpt::load_input(int64_t l) {
   if (!options_.offload_activations || l >= options_.model.layers - 1) return ok_status();
-  return session_->load_activation(static_cast<uint64_t>(l), input(l), input_bytes());
+  return session_->load_activation(static_cast<uint64_t>(l), input(0, l), static_cast<uint64_t>(pass_) * input_bytes());
 }
 
 Status SessionGpt::run(const std::function<Status()>& enqueue) {
@@ -144,7 +163,7 @@ Result<float> SessionGpt::step(std::span<const int32_t> tokens, std::span<const 
 
 Status SessionGpt::run_step(const int32_t* tokens, const int32_t* targets, double* loss_sum) {
   const int64_t A = session_->options().grad_accum, n = options_.batch * options_.seq;
-  for (int64_t m = 0; m < A; ++m) STRATA_RETURN_IF_ERROR(micro_batch(tokens + m * n, targets + m * n, m));
+  for (int64_t k0 = 0; k0 < A; k0 += pass_) STRATA_RETURN_IF_ERROR(pass(tokens + k0 * n, targets + k0 * n, k0));
   std::vector<float> losses(static_cast<size_t>(A));
   gpu::Device& dev = session_->device();
   STRATA_RETURN_IF_ERROR(
@@ -153,87 +172,137 @@ Status SessionGpt::run_step(const int32_t* tokens, const int32_t* targets, doubl
   return ok_status();
 }
 
-Status SessionGpt::micro_batch(const int32_t* tokens, const int32_t* targets, int64_t m) {
+// Micro-batches k0 .. k0 + pass_ - 1 of the step, each block's weights
+// acquired once for all of them.
+Status SessionGpt::pass(const int32_t* tokens, const int32_t* targets, int64_t k0) {
   gpu::Device& dev = session_->device();
-  const uint64_t token_bytes = static_cast<uint64_t>(options_.batch * options_.seq) * 4;
+  const uint64_t token_bytes = static_cast<uint64_t>(pass_ * options_.batch * options_.seq) * 4;
   auto copy_up = [&]() -> Status {
     STRATA_RETURN_IF_ERROR(dev.copy_to_device(compute_, tokens_, tokens, token_bytes));
     return dev.copy_to_device(compute_, targets_, targets, token_bytes);
   };
   STRATA_RETURN_IF_ERROR(run(copy_up));
+  dx_.clear();
+  dx_in_.clear();
+  for (int64_t m = 0; m < pass_; ++m) {  // dx and dx_in side by side: zeroed as one; swapped block by block
+    dx_.push_back(step_mem_.as<uint8_t>() + static_cast<uint64_t>(2 * m) * input_bytes());
+    dx_in_.push_back(dx_.back() + input_bytes());
+  }
   STRATA_ASSIGN_OR_RETURN(const void* emb, session_->acquire(0));
   STRATA_RETURN_IF_ERROR(forward(emb));
-  // The head's forward leaves in the workspace what its backward reads.
-  const auto final_chunk = static_cast<size_t>(options_.model.layers + 1);
-  STRATA_ASSIGN_OR_RETURN(const void* wf, session_->acquire(final_chunk));
-  STRATA_RETURN_IF_ERROR(run([&] {
-    return ops_->head_forward(compute_, *workspace_, wf, emb, input(options_.model.layers), targets_, loss_ + m);
-  }));
-  STRATA_RETURN_IF_ERROR(session_->release(final_chunk));
-  STRATA_ASSIGN_OR_RETURN(void* emb_grad, session_->gradient_buffer(0));
-  STRATA_RETURN_IF_ERROR(backward(emb, emb_grad));
+  // The embeddings' gradient is complete only after the embedding's
+  // backward: the first micro-batch's in the session's buffer, the others'
+  // in the model's own until their turn.
+  std::vector<void*> emb_grad;
+  STRATA_ASSIGN_OR_RETURN(void* first, session_->gradient_buffer(0));
+  emb_grad.push_back(first);
+  for (int64_t m = 1; m < pass_; ++m) emb_grad.push_back(emb_grads_.as<uint8_t>() + (m - 1) * chunk_bytes(0));
+  STRATA_RETURN_IF_ERROR(head_backward(emb, emb_grad, k0));
+  for (int64_t l = options_.model.layers; l >= 1; --l) STRATA_RETURN_IF_ERROR(backward_block(l));
+  STRATA_RETURN_IF_ERROR(embedding_backward(emb_grad));
   return session_->release(0);
 }
 
-// The embedding, then every block, keeping each block's input.
+// The embedding, then every block, keeping each block's inputs.
 Status SessionGpt::forward(const void* emb) {
-  STRATA_RETURN_IF_ERROR(run([&] { return ops_->embedding_forward(compute_, *workspace_, emb, tokens_, input(0)); }));
+  const int64_t N = options_.batch * options_.seq;
+  auto embed = [&]() -> Status {
+    for (int64_t m = 0; m < pass_; ++m) {
+      STRATA_RETURN_IF_ERROR(ops_->embedding_forward(compute_, *workspace_, emb, tokens_ + m * N, input(m, 0)));
+    }
+    return ok_status();
+  };
+  STRATA_RETURN_IF_ERROR(run(embed));
   STRATA_RETURN_IF_ERROR(save_input(0));
   for (int64_t l = 1; l <= options_.model.layers; ++l) {
     const auto c = static_cast<size_t>(l);
     STRATA_ASSIGN_OR_RETURN(const void* w, session_->acquire(c));
-    STRATA_RETURN_IF_ERROR(run([&] { return ops_->block_forward(compute_, *workspace_, w, input(l - 1), input(l)); }));
+    auto block = [&]() -> Status {
+      for (int64_t m = 0; m < pass_; ++m) {
+        STRATA_RETURN_IF_ERROR(ops_->block_forward(compute_, *workspace_, w, input(m, l - 1), input(m, l)));
+      }
+      return ok_status();
+    };
+    STRATA_RETURN_IF_ERROR(run(block));
     STRATA_RETURN_IF_ERROR(session_->release(c));
     STRATA_RETURN_IF_ERROR(save_input(l));
   }
   return ok_status();
 }
 
-// The head's backward (which starts the embeddings' gradient), each block
-// recomputed from its input and its gradient submitted, the embedding's
-// backward completing chunk 0's.
-Status SessionGpt::backward(const void* emb, void* emb_grad) {
-  const int64_t L = options_.model.layers;
-  const uint64_t x_bytes = input_bytes();
+// Per micro-batch, the head's forward (it leaves in the workspace what its
+// backward reads) and backward, which starts the embeddings' gradient.
+Status SessionGpt::head_backward(const void* emb, const std::vector<void*>& emb_grad, int64_t k0) {
+  const int64_t N = options_.batch * options_.seq, L = options_.model.layers;
   const auto final_chunk = static_cast<size_t>(L + 1);
-  const auto bytes_of = [&](size_t c) { return static_cast<uint64_t>(layout_[c].numel) * es_; };
-  dx_ = step_mem_.as<uint8_t>();  // dx and dx_in swap block by block
-  dx_in_ = dx_ + x_bytes;
+  const float dloss = static_cast<float>(session_->loss_scale());
   STRATA_ASSIGN_OR_RETURN(const void* wf, session_->acquire(final_chunk));
-  STRATA_ASSIGN_OR_RETURN(void* df, session_->gradient_buffer(final_chunk));
-  auto head = [&]() -> Status {
-    STRATA_RETURN_IF_ERROR(ops_->zero(compute_, df, bytes_of(final_chunk)));
-    STRATA_RETURN_IF_ERROR(ops_->zero(compute_, emb_grad, bytes_of(0)));
-    STRATA_RETURN_IF_ERROR(ops_->zero(compute_, dx_, 2 * x_bytes));  // dx, dx_in
-    return ops_->head_backward(compute_, *workspace_, wf, df, emb, emb_grad, input(L), targets_,
-                               static_cast<float>(session_->loss_scale()), dx_);
-  };
-  STRATA_RETURN_IF_ERROR(run(head));
-  STRATA_RETURN_IF_ERROR(session_->submit_gradient(final_chunk));
-  STRATA_RETURN_IF_ERROR(session_->release(final_chunk));
-  for (int64_t l = L; l >= 1; --l) {
-    const auto c = static_cast<size_t>(l);
-    STRATA_RETURN_IF_ERROR(load_input(l - 1));
-    STRATA_ASSIGN_OR_RETURN(const void* w, session_->acquire(c));
-    // The block's forward recomputed from its input (output discarded
-    // into dx_in), then its backward.
+  for (int64_t m = 0; m < pass_; ++m) {
+    const auto u = static_cast<size_t>(m);
+    STRATA_RETURN_IF_ERROR(run([&] {
+      return ops_->head_forward(compute_, *workspace_, wf, emb, input(m, L), targets_ + m * N, loss_ + k0 + m);
+    }));
+    STRATA_ASSIGN_OR_RETURN(void* df, session_->gradient_buffer(final_chunk));
+    auto head = [&]() -> Status {
+      STRATA_RETURN_IF_ERROR(ops_->zero(compute_, df, chunk_bytes(final_chunk)));
+      STRATA_RETURN_IF_ERROR(ops_->zero(compute_, emb_grad[u], chunk_bytes(0)));
+      STRATA_RETURN_IF_ERROR(ops_->zero(compute_, dx_[u], 2 * input_bytes()));  // dx, dx_in
+      return ops_->head_backward(compute_, *workspace_, wf, df, emb, emb_grad[u], input(m, L), targets_ + m * N, dloss,
+                                 dx_[u]);
+    };
+    STRATA_RETURN_IF_ERROR(run(head));
+    STRATA_RETURN_IF_ERROR(session_->submit_gradient(final_chunk));
+  }
+  return session_->release(final_chunk);
+}
+
+// Block l's inputs back when offloaded; per micro-batch its forward
+// recomputed from its input (the output discarded into dx_in), its
+// backward, its gradient submitted.
+Status SessionGpt::backward_block(int64_t l) {
+  const auto c = static_cast<size_t>(l);
+  const uint64_t x_bytes = input_bytes();
+  STRATA_RETURN_IF_ERROR(load_input(l - 1));
+  STRATA_ASSIGN_OR_RETURN(const void* w, session_->acquire(c));
+  for (int64_t m = 0; m < pass_; ++m) {
+    const auto u = static_cast<size_t>(m);
     auto recompute = [&]() -> Status {
-      STRATA_RETURN_IF_ERROR(ops_->block_forward(compute_, *workspace_, w, input(l - 1), dx_in_));
-      return ops_->zero(compute_, dx_in_, x_bytes);
+      STRATA_RETURN_IF_ERROR(ops_->block_forward(compute_, *workspace_, w, input(m, l - 1), dx_in_[u]));
+      return ops_->zero(compute_, dx_in_[u], x_bytes);
     };
     STRATA_RETURN_IF_ERROR(run(recompute));
     STRATA_ASSIGN_OR_RETURN(void* dw, session_->gradient_buffer(c));
     auto block = [&]() -> Status {
-      STRATA_RETURN_IF_ERROR(ops_->zero(compute_, dw, bytes_of(c)));
-      return ops_->block_backward(compute_, *workspace_, w, dw, input(l - 1), dx_, dx_in_);
+      STRATA_RETURN_IF_ERROR(ops_->zero(compute_, dw, chunk_bytes(c)));
+      return ops_->block_backward(compute_, *workspace_, w, dw, input(m, l - 1), dx_[u], dx_in_[u]);
     };
     STRATA_RETURN_IF_ERROR(run(block));
     STRATA_RETURN_IF_ERROR(session_->submit_gradient(c));
-    STRATA_RETURN_IF_ERROR(session_->release(c));
-    std::swap(dx_, dx_in_);
+    std::swap(dx_[u], dx_in_[u]);
   }
-  STRATA_RETURN_IF_ERROR(run([&] { return ops_->embedding_backward(compute_, *workspace_, emb_grad, tokens_, dx_); }));
-  return session_->submit_gradient(0);
+  return session_->release(c);
+}
+
+// The embedding's backward completes chunk 0's gradient, micro-batch by
+// micro-batch; a later one's is copied into the session's buffer once the
+// one before has left it.
+Status SessionGpt::embedding_backward(const std::vector<void*>& emb_grad) {
+  const int64_t N = options_.batch * options_.seq;
+  gpu::Device& dev = session_->device();
+  for (int64_t m = 0; m < pass_; ++m) {
+    const auto u = static_cast<size_t>(m);
+    void* into = emb_grad[0];
+    if (m > 0) {
+      STRATA_ASSIGN_OR_RETURN(into, session_->gradient_buffer(0));
+    }
+    auto embedding = [&]() -> Status {
+      STRATA_RETURN_IF_ERROR(ops_->embedding_backward(compute_, *workspace_, emb_grad[u], tokens_ + m * N, dx_[u]));
+      return m > 0 ? dev.copy_on_device(compute_, into, emb_grad[u], chunk_bytes(0)) : ok_status();
+    };
+    STRATA_RETURN_IF_ERROR(run(embedding));
+    STRATA_RETURN_IF_ERROR(session_->submit_gradient(0));
+  }
+  return ok_status();
 }
 
 }  // namespace strata::engine

@@ -41,6 +41,13 @@ struct SessionGptOptions {
   // them, from the session's budget), or handed to the session (two on the
   // device; the rest wait where SessionOptions::activations says).
   bool offload_activations = false;
+  // Micro-batches computed together (a divisor of the session's
+  // grad_accum; 0: all of them): 1 runs them one after another; more runs
+  // the vertical order — each block's weights acquired once for all of them
+  // (fetched once a step instead of once a micro-batch), at the price of
+  // that many block inputs, gradients flowing down and embedding
+  // gradients on the device. The same bits either way.
+  int64_t micro_batches_per_pass = 1;
 };
 
 class SessionGpt {
@@ -70,16 +77,20 @@ class SessionGpt {
   SessionGpt() = default;
   Status allocate();
   Status run_step(const int32_t* tokens, const int32_t* targets, double* loss_sum);
-  // One micro-batch's forward and backward; its loss into loss_[m].
-  Status micro_batch(const int32_t* tokens, const int32_t* targets, int64_t m);
+  // A pass: pass_ micro-batches from micro-batch k0 of the step on; each
+  // loss into loss_[k0 + m].
+  Status pass(const int32_t* tokens, const int32_t* targets, int64_t k0);
   Status forward(const void* emb);
-  Status backward(const void* emb, void* emb_grad);
+  Status head_backward(const void* emb, const std::vector<void*>& emb_grad, int64_t k0);
+  Status backward_block(int64_t l);
+  Status embedding_backward(const std::vector<void*>& emb_grad);
   // Enqueues on the compute stream and waits: the session's copies are
   // ordered around each piece of compute.
   Status run(const std::function<Status()>& enqueue);
-  // Block input l (l = 0 is the embedding's output) on the device.
-  uint8_t* input(int64_t l) const;
+  // Micro-batch m's block input l (l = 0 is the embedding's output) on the device.
+  uint8_t* input(int64_t m, int64_t l) const;
   uint64_t input_bytes() const;
+  uint64_t chunk_bytes(size_t chunk) const;
   Status save_input(int64_t l);
   Status load_input(int64_t l);
 
@@ -91,12 +102,13 @@ class SessionGpt {
   std::unique_ptr<gpu::ModelOps> ops_;
   std::unique_ptr<gpu::ModelOps::Workspace> workspace_;
   gpu::Stream compute_{};
-  gpu::DeviceMemory inputs_;    // block inputs: L + 1, or two when offloaded
-  gpu::DeviceMemory step_mem_;  // dx, dx_in; the loss, tokens and targets
-  uint8_t* dx_ = nullptr;
-  uint8_t* dx_in_ = nullptr;
-  float* loss_ = nullptr;  // one per micro-batch
-  int32_t* tokens_ = nullptr;
+  int64_t pass_ = 1;             // micro-batches per pass
+  gpu::DeviceMemory inputs_;     // block inputs: L + 1 per micro-batch of a pass, or two when offloaded
+  gpu::DeviceMemory step_mem_;   // per micro-batch of a pass dx, dx_in; the step's losses; the pass's tokens, targets
+  gpu::DeviceMemory emb_grads_;  // the embeddings' gradients of a pass's micro-batches after the first
+  std::vector<uint8_t*> dx_, dx_in_;  // per micro-batch of the pass
+  float* loss_ = nullptr;             // one per micro-batch of the step
+  int32_t* tokens_ = nullptr;         // the pass's
   int32_t* targets_ = nullptr;
   StepVerdict verdict_;
 };

@@ -76,7 +76,7 @@ struct Built {
   std::unique_ptr<SessionGpt> model;
 };
 
-Result<Built> build(const GoldenRun& r, const std::string& nvme, bool resident_first = true) {
+Result<Built> build(const GoldenRun& r, const std::string& nvme, bool resident_first = true, int64_t per_pass = 1) {
   nlohmann::json j = golden_config(r.grad_accum, r.precision, r.clip);
   j["placement"] = r.placement;
   j["nvme_paths"] = {nvme};
@@ -92,6 +92,7 @@ Result<Built> build(const GoldenRun& r, const std::string& nvme, bool resident_f
   g.seq = cfg.setup.seq;
   g.seed = cfg.seed;
   g.offload_activations = r.offload;
+  g.micro_batches_per_pass = per_pass;
   STRATA_ASSIGN_OR_RETURN(b.model, SessionGpt::create(*b.session, g));
   return b;
 }
@@ -108,8 +109,8 @@ std::vector<float> steps(SessionGpt& m, int steps, const char* name) {
   return losses;
 }
 
-std::vector<float> train(const GoldenRun& r, const std::string& nvme) {
-  Result<Built> b = build(r, nvme);
+std::vector<float> train(const GoldenRun& r, const std::string& nvme, int64_t per_pass = 1) {
+  Result<Built> b = build(r, nvme, true, per_pass);
   EXPECT_TRUE(b.has_value()) << b.status().to_string();
   if (!b.has_value()) return {};
   std::vector<float> losses = steps(*b->model, kSteps, r.name);
@@ -140,13 +141,17 @@ TEST(SessionGpt, ReproducesTheTrainersRecordedLossesBitForBit) {
     ASSERT_EQ(want.count(r.name), 1u) << "no recorded run " << r.name << " in " << STRATA_GOLDEN_LOSSES;
     const std::vector<float>& expected = want.at(r.name);
     ASSERT_EQ(expected.size(), static_cast<size_t>(kSteps));
-    const std::vector<float> got = train(r, dir.sub(r.name));
-    ASSERT_EQ(got.size(), expected.size());
-    for (int k = 0; k < kSteps; ++k) {
-      EXPECT_EQ(std::bit_cast<uint32_t>(got[k]), std::bit_cast<uint32_t>(expected[k]))
-          << "step " << k + 1 << ": " << got[k] << " (" << std::hexfloat << got[k] << "), recorded " << expected[k];
-    }
-    if (expected.size() == got.size()) {
+    // One micro-batch after another, and (accumulating) all of a step's
+    // together in the vertical order.
+    for (int64_t per_pass : r.grad_accum > 1 ? std::vector<int64_t>{1, 0} : std::vector<int64_t>{1}) {
+      SCOPED_TRACE(per_pass == 1 ? "one micro-batch at a time" : "the vertical order");
+      const std::vector<float> got =
+          train(r, dir.sub(r.name + std::string(per_pass == 1 ? "" : "-vertical")), per_pass);
+      ASSERT_EQ(got.size(), expected.size());
+      for (int k = 0; k < kSteps; ++k) {
+        EXPECT_EQ(std::bit_cast<uint32_t>(got[k]), std::bit_cast<uint32_t>(expected[k]))
+            << "step " << k + 1 << ": " << got[k] << " (" << std::hexfloat << got[k] << "), recorded " << expected[k];
+      }
       EXPECT_LT(got.back(), got.front()) << "the loss falls";
     }
   }
@@ -329,6 +334,36 @@ TEST(SessionGpt, Fp32WorkingWeightsMatchTheReferenceModelExactly) {
     }
     EXPECT_LT((*s)->counters().device_peak_bytes, model_bytes) << "the device held less than the model states";
   }
+}
+
+// The vertical order acquires each block once for all of a step's
+// micro-batches: streamed from NVMe, its weights cross to the device once
+// a step instead of once a micro-batch.
+TEST(SessionGpt, TheVerticalOrderMovesTheWeightsOncePerStep) {
+  testing::TempDir dir;
+  GoldenRun four = kAllNvme;
+  four.grad_accum = 4;
+  uint64_t h2d[2] = {0, 0};
+  for (int64_t per_pass : {1, 0}) {
+    Result<Built> b = build(four, dir.sub(per_pass == 1 ? "one" : "all"), true, per_pass);
+    ASSERT_TRUE(b.has_value()) << b.status().to_string();
+    ASSERT_EQ(steps(*b->model, 2, "warm-up").size(), 2u);
+    const uint64_t before = b->session->counters().h2d_bytes;
+    ASSERT_EQ(steps(*b->model, 1, "measured").size(), 1u);
+    h2d[per_pass == 1 ? 0 : 1] = b->session->counters().h2d_bytes - before;
+  }
+  std::printf("bytes to the device in a step of 4 micro-batches: %llu one at a time, %llu vertical\n",
+              static_cast<unsigned long long>(h2d[0]), static_cast<unsigned long long>(h2d[1]));
+  EXPECT_GT(h2d[1], 0u);
+  EXPECT_LT(2 * h2d[1], h2d[0]) << "one at a time: " << h2d[0] << " bytes; vertical: " << h2d[1];
+}
+
+TEST(SessionGpt, APassThatDoesNotDivideTheStepIsRefused) {
+  testing::TempDir dir;
+  Result<Built> b = build(kAllNvme, dir.sub("a"), true, 3);  // grad_accum 2
+  ASSERT_FALSE(b.has_value());
+  EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(b.status().to_string().find("micro_batches_per_pass"), std::string::npos) << b.status().to_string();
 }
 
 }  // namespace
