@@ -68,7 +68,7 @@ Result<Prepared> prepare(const char* config_json, const char* device) {
   if (j.is_discarded()) return strata::invalid_argument("strata: the config is not valid JSON");
   Prepared p;
   STRATA_ASSIGN_OR_RETURN(engine::EngineConfig cfg, engine::parse_config(j, &p.warnings));
-  STRATA_ASSIGN_OR_RETURN(p.options, engine::trainer_options(cfg));
+  STRATA_ASSIGN_OR_RETURN(p.options, engine::trainer_options(cfg, &p.warnings));
   const std::string dev = device == nullptr ? "host" : device;
   if (dev == "cuda") {
     p.options.backend = engine::TrainerOptions::Backend::kCuda;

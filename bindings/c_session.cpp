@@ -316,6 +316,7 @@ const char* strata_session_describe(strata_session* session) {
           {"states", engine::tier_name(o.states)},
           {"activations", engine::tier_name(o.activations)},
           {"prefetch_depth", o.prefetch_depth},
+          {"resident_first", o.resident_first},
           {"speculate_in_ram", o.speculate_in_ram && o.states == engine::Tier::kHost}}},
         {"budgets", {{"device", o.device_bytes}, {"host", o.host_budget_bytes}, {"nvme", o.nvme_budget_bytes}}},
         {"steps_done", s.steps_done()},

@@ -522,6 +522,13 @@ Status read_native(Reader& top, EngineConfig& c) {
     STRATA_RETURN_IF_ERROR(read_sub_group(p, c));
     p.finish();
   }
+  if (top.has("session")) {
+    STRATA_ASSIGN_OR_RETURN(Reader s, top.object("session"));
+    STRATA_RETURN_IF_ERROR(s.get_int("prefetch_depth", &c.session.prefetch_depth, 1, 1024));
+    STRATA_RETURN_IF_ERROR(s.get_bool("resident_first", &c.session.resident_first));
+    s.finish();
+    c.session.given = true;
+  }
   if (top.has("io")) {
     STRATA_ASSIGN_OR_RETURN(Reader io, top.object("io"));
     STRATA_RETURN_IF_ERROR(io.get_choice("backend", &c.io.backend, {"auto", "uring", "posix"}));

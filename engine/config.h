@@ -43,6 +43,14 @@ struct IoSpec {
   std::string direct = "require";  // require | prefer | off (O_DIRECT; the latter two allow the page cache)
 };
 
+// What only a session reads ("session": the built-in GPT's trainer plans
+// its own prefetch and always keeps its embeddings resident).
+struct SessionSpec {
+  int64_t prefetch_depth = 1;   // uses fetched ahead (depth + 1 weight slots)
+  bool resident_first = false;  // the first chunk stays on the device for each step
+  bool given = false;           // the config had a "session" object
+};
+
 struct EngineConfig {
   TrainSetup setup;
   Budgets budgets;
@@ -61,6 +69,7 @@ struct EngineConfig {
   cpu_optim::StateType adam_states = cpu_optim::StateType::kF32;  // "states": fp32 | bf16 | q8 (Adam m and v)
   bool delayed_update = false;     // opt-in one-step delayed parameter update (inexact)
   bool vertical_accumulation = false;  // batch.vertical: every micro-batch of a block at once (exact)
+  SessionSpec session;
   bool speculate_in_ram = false;   // states in RAM: a second copy, so updates start as gradients land
   IoSpec io;
   uint64_t seed = 1;

@@ -99,7 +99,9 @@ Result<SessionOptions> session_options(const EngineConfig& cfg, std::vector<std:
   o.host_budget_bytes = cfg.budgets.host_bytes;
   o.nvme_budget_bytes = cfg.nvme_budget_given ? cfg.budgets.nvme_bytes : 0;
   o.state_piece_elems = cfg.setup.state_piece_elems;
-  o.speculate_in_ram = cfg.speculate_in_ram && o.states == Tier::kHost;  // on NVMe the updates speculate anyway
+  o.speculate_in_ram = cfg.speculate_in_ram && o.states == Tier::kHost;
+  o.prefetch_depth = static_cast<int>(cfg.session.prefetch_depth);
+  o.resident_first = cfg.session.resident_first;  // on NVMe the updates speculate anyway
   o.pin_memory = cfg.pin_memory;
   STRATA_ASSIGN_OR_RETURN(o.io_backend, io::parse_backend(cfg.io.backend));
   o.io_queue_depth = cfg.io.queue_depth;

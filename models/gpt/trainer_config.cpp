@@ -6,8 +6,14 @@
 
 namespace strata::engine {
 
-
-Result<TrainerOptions> trainer_options(const EngineConfig& cfg) {
+Result<TrainerOptions> trainer_options(const EngineConfig& cfg, std::vector<std::string>* warnings) {
+  if (cfg.session.given) {
+    const std::string w =
+        "config key session: the built-in GPT's trainer plans its own prefetch and keeps its embeddings resident; "
+        "ignored";
+    log_warning(w);
+    if (warnings != nullptr) warnings->push_back(w);
+  }
   if (cfg.optimizer.type != "adam" && cfg.optimizer.type != "adamw") {
     return invalid_argument("config key optimizer.type: the trainer runs adam or adamw, the config asks for " +
                             cfg.optimizer.type);

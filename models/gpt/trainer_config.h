@@ -21,7 +21,9 @@ namespace strata::engine {
 // Weights and checkpoints stay resident until a placement is applied.
 // InvalidArgument naming the key for what the trainer cannot run (another
 // optimizer, fp32 working weights, a bad piece size).
-Result<TrainerOptions> trainer_options(const EngineConfig& config);
+// The config's "session" keys are a warning on stderr and in `warnings`
+// (optional): the trainer plans its own prefetch.
+Result<TrainerOptions> trainer_options(const EngineConfig& config, std::vector<std::string>* warnings = nullptr);
 
 // The budgets a run is held to, from its placement (set first): the
 // device's cap when the weights stream or the device is a GPU, the host's,

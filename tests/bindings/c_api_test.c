@@ -178,7 +178,9 @@ static void session_misuse(const char* root) {
   }
   /* Choices a session cannot honour are said, on stderr and in describe's warnings, never dropped silently;
    * speculate_in_ram it honours. */
-  CHECK(strata_session_create("{\"speculate_in_ram\": true, \"delayed_update\": true}", NULL, &s) == STRATA_OK,
+  CHECK(strata_session_create("{\"speculate_in_ram\": true, \"delayed_update\": true,"
+                              " \"session\": {\"prefetch_depth\": 2, \"resident_first\": true}}",
+                              NULL, &s) == STRATA_OK,
         "a session of the trainer's choices: %s", strata_last_error());
   if (s != NULL) {
     const int64_t shape[2] = {1, 3};
@@ -190,6 +192,7 @@ static void session_misuse(const char* root) {
           "a tensor past the chunk's end: %s", strata_last_error());
     CHECK(strata_session_add_tensor(s, 1, "t", 0, shape, 2) == STRATA_INVALID_ARGUMENT, "a tensor of no chunk");
     CHECK(strata_session_add_tensor(s, 0, "t", 1, shape, 2) == STRATA_OK, "a tensor: %s", strata_last_error());
+    CHECK(strata_session_add_chunk(s, "w2", 4, NULL, NULL) == STRATA_OK, "a second chunk (resident_first)");
     CHECK(strata_session_start(s) == STRATA_OK, "start: %s", strata_last_error());
     CHECK(strata_session_add_tensor(s, 0, "u", 0, shape, 1) == STRATA_FAILED_PRECONDITION, "a tensor after start");
     const char* d = strata_session_describe(s);
@@ -198,6 +201,8 @@ static void session_misuse(const char* root) {
         "speculate_in_ram is honoured: %s", d ? d : "(null)");
     CHECK(d != NULL && strstr(d, "config key delayed_update") != NULL, "describe names delayed_update: %s",
           d ? d : "(null)");
+    CHECK(d != NULL && strstr(d, "\"prefetch_depth\":2") != NULL && strstr(d, "\"resident_first\":true") != NULL,
+          "the session keys reach the session: %s", d ? d : "(null)");
     strata_session_destroy(s);
     s = NULL;
   }

@@ -464,7 +464,7 @@ namespace {
 // keys in the reference's tables (`| `key` | ...` rows).
 TEST(Config, TheReferenceDocumentsExactlyTheKeysTheParserReads) {
   const std::vector<json> walks = {
-      json::parse(R"({"model": {}, "batch": {}, "budgets": {}, "placement": {}, "io": {}, "schedule": {},
+      json::parse(R"({"model": {}, "batch": {}, "budgets": {}, "placement": {}, "io": {}, "schedule": {}, "session": {},
                       "optimizer": {"type": "Adam", "params": {}}})"),
       json::parse(R"({"fp16": {}, "bf16": {}, "aio": {}, "zero_optimization": {"offload_optimizer": {},
                       "offload_param": {}}, "scheduler": {"type": "WarmupDecayLR", "params": {}}, "steps": 5000})"),

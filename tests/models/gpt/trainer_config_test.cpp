@@ -286,6 +286,21 @@ TEST(TrainerConfig, RandomlyMutatedConfigsAreRunOrRefusedWithAReason) {
 // Issue 29: "speculate_in_ram": true was overridden by the planner without
 // a word. Planned, it is kept; where the plan drops it (states on NVMe, or
 // no room for the second copy) a warning names the key and why.
+// The "session" keys are a session's: the trainer says it ignores them.
+TEST(TrainerConfig, SessionKeysAreAWarningNotSilence) {
+  const EngineConfig c = parse({{"session", {{"prefetch_depth", 3}, {"resident_first", true}}}});
+  EXPECT_EQ(c.session.prefetch_depth, 3);
+  EXPECT_TRUE(c.session.resident_first);
+  std::vector<std::string> warnings;
+  Result<TrainerOptions> o = trainer_options(c, &warnings);
+  ASSERT_TRUE(o);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("config key session"), std::string::npos) << warnings[0];
+  warnings.clear();
+  ASSERT_TRUE(trainer_options(parse(nlohmann::json::object()), &warnings));
+  EXPECT_TRUE(warnings.empty());
+}
+
 TEST(TrainerConfig, ASpeculationThePlanDropsIsAWarningNotSilence) {
   strata::testing::TempDir dir;
   const EngineConfig c =
