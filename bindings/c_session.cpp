@@ -247,6 +247,14 @@ strata_status strata_session_load_activation(strata_session* session, uint64_t k
   });
 }
 
+strata_status strata_session_prefetch_activation(strata_session* session, uint64_t key, void* device_dst,
+                                                 size_t bytes) {
+  return guarded([&]() -> Status {
+    STRATA_RETURN_IF_ERROR(usable(session, "strata_session_prefetch_activation"));
+    return session->session->prefetch_activation(key, device_dst, bytes);
+  });
+}
+
 strata_status strata_session_device_alloc(strata_session* session, size_t bytes, void** memory) {
   return guarded([&]() -> Status {
     STRATA_RETURN_IF_ERROR(usable(session, "strata_session_device_alloc"));

@@ -100,7 +100,9 @@ Result<std::unique_ptr<Session>> Session::create(SessionOptions o) {
 Session::~Session() {
   if (stage_) stage_->cancel();  // its thread reports to the store
   accumulator_.reset();          // so does this one
+  while (!prefetches_.empty()) settle_prefetch(prefetches_.begin()->first).ignore();
   activations_.clear();
+  for (gpu::HostPin& pin : prefetch_staging_pin_) pin = gpu::HostPin();
   activation_staging_pin_ = gpu::HostPin();
   pins_.clear();
   store_.reset();  // its device memory goes back before the device
@@ -573,79 +575,6 @@ Status Session::restore_stale(bool mark_written) {
   return stage_->restore_stale_weights(&stale_, weights, options_.precision, mark_written).with_context("session");
 }
 
-Status Session::save_activation(uint64_t key, const void* device_src, uint64_t bytes) {
-  STRATA_RETURN_IF_ERROR(usable("save_activation"));
-  if (!started()) return failed_precondition("session: save_activation before start");
-  if (device_src == nullptr || bytes == 0) {
-    return invalid_argument("session: save_activation " + std::to_string(key) + ": no bytes to save");
-  }
-  Activation& a = activations_[key];
-  if (options_.activations == Tier::kNvme) {
-    STRATA_RETURN_IF_ERROR(stage_activation(bytes));
-    STRATA_RETURN_IF_ERROR(device_->copy_to_host(copy_, activation_staging_.data(), device_src, bytes));
-    STRATA_RETURN_IF_ERROR(device_->synchronize(copy_));
-    STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->write(activation_blob(key), activation_staging_.view(), bytes));
-    STRATA_RETURN_IF_ERROR(swap_->wait(t).with_context("session: saving activation " + std::to_string(key)));
-    a.bytes = bytes;
-    return ok_status();
-  }
-  if (a.host.size() != bytes) {
-    const uint64_t grows = bytes > a.host.size() ? bytes - a.host.size() : 0;
-    if (options_.host_budget_bytes > 0 && host_bytes() + grows > options_.host_budget_bytes) {
-      return resource_exhausted("session: activation " + std::to_string(key) + " (" + format_bytes(bytes) +
-                                ") would take the host memory past the host budget of " +
-                                format_bytes(options_.host_budget_bytes) +
-                                " (budgets.host); put the activations on NVMe");
-    }
-    a.pin = gpu::HostPin();
-    a.host = AlignedVector<std::byte>(bytes);
-    STRATA_ASSIGN_OR_RETURN(a.pin, gpu::HostPin::make(*device_, a.host.data(), bytes));
-  }
-  STRATA_RETURN_IF_ERROR(device_->copy_to_host(copy_, a.host.data(), device_src, bytes));
-  STRATA_RETURN_IF_ERROR(device_->synchronize(copy_));
-  a.bytes = bytes;
-  return ok_status();
-}
-
-Status Session::load_activation(uint64_t key, void* device_dst, uint64_t bytes) {
-  STRATA_RETURN_IF_ERROR(usable("load_activation"));
-  const auto it = activations_.find(key);
-  if (it == activations_.end() || it->second.bytes == 0) {
-    return not_found("session: load_activation: no activation " + std::to_string(key) + " was saved");
-  }
-  if (device_dst == nullptr || bytes != it->second.bytes) {
-    return invalid_argument("session: load_activation " + std::to_string(key) + ": it holds " +
-                            std::to_string(it->second.bytes) + " bytes, asked for " + std::to_string(bytes));
-  }
-  const void* src = it->second.host.data();
-  if (options_.activations == Tier::kNvme) {
-    STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->read(activation_blob(key), activation_staging_.view()));
-    STRATA_RETURN_IF_ERROR(swap_->wait(t).with_context("session: loading activation " + std::to_string(key)));
-    src = activation_staging_.data();
-  }
-  STRATA_RETURN_IF_ERROR(device_->copy_to_device(copy_, device_dst, src, bytes));
-  return device_->synchronize(copy_);
-}
-
-// The NVMe activations' staging buffer, grown to hold `bytes` (padded).
-Status Session::stage_activation(uint64_t bytes) {
-  const uint64_t need = swap_->padded_size(bytes);
-  if (activation_staging_.capacity_bytes() >= need) return ok_status();
-  activation_staging_pin_ = gpu::HostPin();
-  activation_staging_ = io::Buffer();
-  STRATA_ASSIGN_OR_RETURN(activation_staging_, allocator_->allocate(need, swap_->alignment()));
-  STRATA_ASSIGN_OR_RETURN(activation_staging_pin_,
-                          gpu::HostPin::make(*device_, activation_staging_.data(), activation_staging_.capacity_bytes()));
-  return ok_status();
-}
-
-void Session::drop_activations() {
-  for (const auto& [key, a] : activations_) {
-    if (options_.activations == Tier::kNvme && a.bytes > 0) swap_->remove(activation_blob(key)).ignore();
-  }
-  activations_.clear();
-}
-
 Result<gpu::DeviceMemory> Session::allocate_device(uint64_t bytes, std::string_view what) {
   STRATA_RETURN_IF_ERROR(usable("allocate_device"));
   if (bytes == 0) return invalid_argument("session: allocate_device of 0 bytes (" + std::string(what) + ")");
@@ -691,6 +620,7 @@ uint64_t Session::host_bytes() const {
   if (store_) b += store_->host_bytes();
   for (const auto& [key, a] : activations_) b += a.host.size();
   b += activation_staging_.capacity_bytes();
+  for (const io::Buffer& staging : prefetch_staging_) b += staging.capacity_bytes();
   return b;
 }
 

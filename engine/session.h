@@ -218,6 +218,14 @@ class Session {
   // After start(); kept until drop_activations().
   Status save_activation(uint64_t key, const void* device_src, uint64_t bytes);
   Status load_activation(uint64_t key, void* device_dst, uint64_t bytes);
+  // Starts load_activation(key, device_dst, bytes) without waiting: the
+  // copy up (from NVMe the read, then the copy) runs on a copy stream of
+  // the session's while the model computes; the load_activation of the same key
+  // and buffer that follows waits only for what is left of it. Until then
+  // `device_dst` is being written. Up to two from NVMe in flight (a third
+  // waits for the oldest). A later save of the key, a load into another
+  // buffer or drop_activations waits for it first.
+  Status prefetch_activation(uint64_t key, void* device_dst, uint64_t bytes);
   void drop_activations();
 
   // Memory on the device, from the same budget (the model's activations).
@@ -329,7 +337,22 @@ class Session {
   std::map<uint64_t, Activation> activations_;
   io::Buffer activation_staging_;  // kNvme: the largest activation's bytes, padded
   gpu::HostPin activation_staging_pin_;
-  Status stage_activation(uint64_t bytes);
+  // Loads started by prefetch_activation, by key; from NVMe each reads into
+  // a staging buffer of its own, and the read's outcome is kept for the load.
+  struct Prefetch {
+    void* dst = nullptr;
+    gpu::Event done;  // the copy up
+    int staging = 0;
+    std::shared_ptr<Status> read;  // kNvme
+  };
+  static constexpr int kPrefetchStaging = 2;
+  std::map<uint64_t, Prefetch> prefetches_;
+  gpu::Stream prefetch_copy_{};  // made by the first prefetch
+  io::Buffer prefetch_staging_[kPrefetchStaging];
+  gpu::HostPin prefetch_staging_pin_[kPrefetchStaging];
+  Status stage_activation(uint64_t bytes, io::Buffer* buffer, gpu::HostPin* pin);
+  Status check_activation(const char* call, uint64_t key, const void* device_dst, uint64_t bytes) const;
+  Status settle_prefetch(uint64_t key);
   std::string activation_blob(uint64_t key) const { return "activation-" + std::to_string(key); }
   LossScaler scaler_;
   double lr_ = 0;

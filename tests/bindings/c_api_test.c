@@ -195,6 +195,19 @@ static void session_misuse(const char* root) {
     CHECK(strata_session_add_chunk(s, "w2", 4, NULL, NULL) == STRATA_OK, "a second chunk (resident_first)");
     CHECK(strata_session_start(s) == STRATA_OK, "start: %s", strata_last_error());
     CHECK(strata_session_add_tensor(s, 0, "u", 0, shape, 1) == STRATA_FAILED_PRECONDITION, "a tensor after start");
+    /* An activation prefetched into one buffer is the bytes saved from another. */
+    void *from = NULL, *into = NULL;
+    CHECK(strata_session_device_alloc(s, 64, &from) == STRATA_OK &&
+              strata_session_device_alloc(s, 64, &into) == STRATA_OK,
+          "device buffers: %s", strata_last_error());
+    if (from != NULL && into != NULL) {
+      for (int i = 0; i < 64; ++i) ((unsigned char*)from)[i] = (unsigned char)(3 * i + 1);
+      CHECK(strata_session_save_activation(s, 3, from, 64) == STRATA_OK, "save: %s", strata_last_error());
+      CHECK(strata_session_prefetch_activation(s, 3, into, 64) == STRATA_OK, "prefetch: %s", strata_last_error());
+      CHECK(strata_session_load_activation(s, 3, into, 64) == STRATA_OK && memcmp(from, into, 64) == 0,
+            "the prefetched bytes: %s", strata_last_error());
+      CHECK(strata_session_prefetch_activation(s, 4, into, 64) == STRATA_NOT_FOUND, "a key never saved");
+    }
     const char* d = strata_session_describe(s);
     CHECK(
         d != NULL && strstr(d, "\"speculate_in_ram\":true") != NULL && strstr(d, "config key speculate_in_ram") == NULL,

@@ -21,6 +21,8 @@
 namespace strata::engine {
 namespace {
 
+using strata::testing::check_stamped;
+using strata::testing::fill_stamped;
 using strata::testing::TempDir;
 
 // y = W_L(... tanh(W_1 x + b_1) ...): L square layers of width D, each one
@@ -327,6 +329,82 @@ TEST(Session, ActivationCheckpointsOnTheHostOrNvmeGiveTheSameBits) {
     EXPECT_EQ((*s)->load_activation(99, buf.data(), buf.size() * 4).code(), StatusCode::kNotFound);
     EXPECT_EQ((*s)->load_activation(0, buf.data(), 8).code(), StatusCode::kInvalidArgument);
   }
+}
+
+// A prefetched activation is the bytes saved, in the buffer it was asked
+// into, on either tier; a load into another buffer, a save over the key
+// and more prefetches than staging buffers all wait for it; a failed read
+// is the load's error.
+TEST(Session, PrefetchedActivationsAreTheBytesSaved) {
+  const Mlp m{16, 2, 4};
+  TempDir dir;
+  constexpr uint64_t kBytes = 3000;
+  for (Tier tier : {Tier::kHost, Tier::kNvme}) {
+    SCOPED_TRACE(tier_name(tier));
+    SessionOptions o = base_options();
+    o.activations = tier;
+    o.nvme_paths = {dir.sub(std::string(tier_name(tier)))};
+    Result<std::unique_ptr<Session>> s = make_session(m, o);
+    ASSERT_TRUE(s.has_value() && (*s)->start().ok());
+    Session& f = **s;
+    Result<gpu::DeviceMemory> src = f.allocate_device(kBytes, "source");
+    Result<gpu::DeviceMemory> a = f.allocate_device(kBytes, "a");
+    Result<gpu::DeviceMemory> b = f.allocate_device(kBytes, "b");
+    ASSERT_TRUE(src.has_value() && a.has_value() && b.has_value());
+    std::byte* bytes = src->as<std::byte>();
+    for (uint64_t key = 0; key < 4; ++key) {
+      fill_stamped(bytes, kBytes, key * kBytes, 7);
+      ASSERT_TRUE(f.save_activation(key, bytes, kBytes).ok());
+    }
+    auto holds = [&](const gpu::DeviceMemory& mem, uint64_t key) {
+      return check_stamped(mem.as<std::byte>(), kBytes, key * kBytes, 7);
+    };
+    ASSERT_TRUE(f.prefetch_activation(1, a->data(), kBytes).ok());
+    ASSERT_TRUE(f.load_activation(1, a->data(), kBytes).ok());
+    EXPECT_EQ(holds(*a, 1), "");
+    ASSERT_TRUE(f.prefetch_activation(2, a->data(), kBytes).ok());
+    ASSERT_TRUE(f.load_activation(2, b->data(), kBytes).ok());  // another buffer: the prefetch lands first
+    EXPECT_EQ(holds(*b, 2), "");
+    EXPECT_EQ(holds(*a, 2), "");
+    // Three in flight from two staging buffers; each load gets its own.
+    Result<gpu::DeviceMemory> c = f.allocate_device(kBytes, "c");
+    ASSERT_TRUE(c.has_value());
+    ASSERT_TRUE(f.prefetch_activation(0, a->data(), kBytes).ok());
+    ASSERT_TRUE(f.prefetch_activation(1, b->data(), kBytes).ok());
+    ASSERT_TRUE(f.prefetch_activation(3, c->data(), kBytes).ok());
+    ASSERT_TRUE(f.load_activation(3, c->data(), kBytes).ok());
+    ASSERT_TRUE(f.load_activation(0, a->data(), kBytes).ok());
+    ASSERT_TRUE(f.load_activation(1, b->data(), kBytes).ok());
+    EXPECT_EQ(holds(*a, 0), "");
+    EXPECT_EQ(holds(*b, 1), "");
+    EXPECT_EQ(holds(*c, 3), "");
+    // A save over a key with its prefetch in flight: the load that follows
+    // has the new bytes.
+    ASSERT_TRUE(f.prefetch_activation(2, a->data(), kBytes).ok());
+    fill_stamped(bytes, kBytes, 9 * kBytes, 7);
+    ASSERT_TRUE(f.save_activation(2, bytes, kBytes).ok());
+    ASSERT_TRUE(f.load_activation(2, a->data(), kBytes).ok());
+    EXPECT_EQ(holds(*a, 9), "");
+    // Misuse: an unknown key, a wrong size.
+    EXPECT_EQ(f.prefetch_activation(99, a->data(), kBytes).code(), StatusCode::kNotFound);
+    EXPECT_EQ(f.prefetch_activation(0, a->data(), 8).code(), StatusCode::kInvalidArgument);
+  }
+  // Every NVMe read corrupted: the prefetch starts, its load reports it.
+  SessionOptions o = base_options();
+  o.activations = Tier::kNvme;
+  o.nvme_paths = {dir.sub("faulty")};
+  o.faults = io::FaultConfig{};
+  o.faults->corrupt_one_in = 1;
+  Result<std::unique_ptr<Session>> s = make_session(m, o);
+  ASSERT_TRUE(s.has_value() && (*s)->start().ok());
+  Result<gpu::DeviceMemory> buf = (*s)->allocate_device(kBytes, "buffer");
+  ASSERT_TRUE(buf.has_value());
+  ASSERT_TRUE((*s)->save_activation(5, buf->data(), kBytes).ok());
+  ASSERT_TRUE((*s)->prefetch_activation(5, buf->data(), kBytes).ok());
+  const Status failed = (*s)->load_activation(5, buf->data(), kBytes);
+  EXPECT_FALSE(failed.ok());
+  EXPECT_NE(failed.to_string().find("prefetching activation 5"), std::string::npos) << failed.to_string();
+  EXPECT_TRUE((*s)->async_error().ok()) << "the read's error is the load's, not a stray one";
 }
 
 TEST(Session, ClippingAndItsRollbackGiveTheSameBitsOnEveryTierAndWithSpeculationInRam) {

@@ -296,6 +296,12 @@ STRATA_API strata_status strata_session_save_activation(strata_session* session,
                                                         const void* device_src, size_t bytes);
 STRATA_API strata_status strata_session_load_activation(strata_session* session, uint64_t key, void* device_dst,
                                                         size_t bytes);
+/* Starts the load of `key` into `device_dst` without waiting (from NVMe
+ * the read, then the copy, beside the caller's compute); the load of the
+ * same key and buffer that follows waits only for what is left of it, and
+ * reports a failed read. `device_dst` is being written until then. */
+STRATA_API strata_status strata_session_prefetch_activation(strata_session* session, uint64_t key, void* device_dst,
+                                                            size_t bytes);
 /* `bytes` of device memory from the same budget (the model's activations)
  * into *memory; give it back with strata_session_device_free. */
 STRATA_API strata_status strata_session_device_alloc(strata_session* session, size_t bytes, void** memory);

@@ -1,0 +1,152 @@
+// Session's activation checkpoints (session.h: save_activation,
+// prefetch_activation, load_activation): a model's tensors off the device
+// between its forward and its backward, in host RAM (pinned, one buffer per
+// key) or on NVMe (a blob per key, through a staging buffer). A prefetch
+// starts a load on a copy stream of its own — from NVMe the read, then the
+// copy — and the load that follows waits only for what is left of it, so
+// the model computes while its next input comes back.
+#include <memory>
+#include <string>
+
+#include "common/units.h"
+#include "engine/session.h"
+
+namespace strata::engine {
+
+Status Session::save_activation(uint64_t key, const void* device_src, uint64_t bytes) {
+  STRATA_RETURN_IF_ERROR(usable("save_activation"));
+  if (!started()) return failed_precondition("session: save_activation before start");
+  if (device_src == nullptr || bytes == 0) {
+    return invalid_argument("session: save_activation " + std::to_string(key) + ": no bytes to save");
+  }
+  STRATA_RETURN_IF_ERROR(settle_prefetch(key));  // a load of the old contents in flight lands first
+  Activation& a = activations_[key];
+  if (options_.activations == Tier::kNvme) {
+    STRATA_RETURN_IF_ERROR(stage_activation(bytes, &activation_staging_, &activation_staging_pin_));
+    STRATA_RETURN_IF_ERROR(device_->copy_to_host(copy_, activation_staging_.data(), device_src, bytes));
+    STRATA_RETURN_IF_ERROR(device_->synchronize(copy_));
+    STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->write(activation_blob(key), activation_staging_.view(), bytes));
+    STRATA_RETURN_IF_ERROR(swap_->wait(t).with_context("session: saving activation " + std::to_string(key)));
+    a.bytes = bytes;
+    return ok_status();
+  }
+  if (a.host.size() != bytes) {
+    const uint64_t grows = bytes > a.host.size() ? bytes - a.host.size() : 0;
+    if (options_.host_budget_bytes > 0 && host_bytes() + grows > options_.host_budget_bytes) {
+      return resource_exhausted("session: activation " + std::to_string(key) + " (" + format_bytes(bytes) +
+                                ") would take the host memory past the host budget of " +
+                                format_bytes(options_.host_budget_bytes) +
+                                " (budgets.host); put the activations on NVMe");
+    }
+    a.pin = gpu::HostPin();
+    a.host = AlignedVector<std::byte>(bytes);
+    STRATA_ASSIGN_OR_RETURN(a.pin, gpu::HostPin::make(*device_, a.host.data(), bytes));
+  }
+  STRATA_RETURN_IF_ERROR(device_->copy_to_host(copy_, a.host.data(), device_src, bytes));
+  STRATA_RETURN_IF_ERROR(device_->synchronize(copy_));
+  a.bytes = bytes;
+  return ok_status();
+}
+
+// What a load or prefetch of `key` into `device_dst` may take: a saved
+// activation of exactly `bytes`.
+Status Session::check_activation(const char* call, uint64_t key, const void* device_dst, uint64_t bytes) const {
+  const auto it = activations_.find(key);
+  if (it == activations_.end() || it->second.bytes == 0) {
+    return not_found(std::string("session: ") + call + ": no activation " + std::to_string(key) + " was saved");
+  }
+  if (device_dst == nullptr || bytes != it->second.bytes) {
+    return invalid_argument(std::string("session: ") + call + " " + std::to_string(key) + ": it holds " +
+                            std::to_string(it->second.bytes) + " bytes, asked for " + std::to_string(bytes));
+  }
+  return ok_status();
+}
+
+Status Session::prefetch_activation(uint64_t key, void* device_dst, uint64_t bytes) {
+  STRATA_RETURN_IF_ERROR(usable("prefetch_activation"));
+  STRATA_RETURN_IF_ERROR(check_activation("prefetch_activation", key, device_dst, bytes));
+  STRATA_RETURN_IF_ERROR(settle_prefetch(key));  // one load of a key at a time
+  // A stream of their own: a read from NVMe holds up only the copies of
+  // activations after it, never the weights' prefetches.
+  if (prefetch_copy_.id < 0) {
+    STRATA_ASSIGN_OR_RETURN(prefetch_copy_, device_->create_stream("activation prefetch"));
+  }
+  Prefetch p;
+  p.dst = device_dst;
+  const void* src = activations_.at(key).host.data();
+  if (options_.activations == Tier::kNvme) {
+    // A staging buffer of its own until the copy out of it is done: the
+    // oldest prefetch's lands first when both are taken.
+    while (prefetches_.size() >= kPrefetchStaging) STRATA_RETURN_IF_ERROR(settle_prefetch(prefetches_.begin()->first));
+    bool used[kPrefetchStaging] = {};
+    for (const auto& [k, q] : prefetches_) used[q.staging] = true;
+    while (used[p.staging]) ++p.staging;
+    io::Buffer& staging = prefetch_staging_[p.staging];
+    STRATA_RETURN_IF_ERROR(stage_activation(bytes, &staging, &prefetch_staging_pin_[p.staging]));
+    STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->read(activation_blob(key), staging.view()));
+    // The copy stream waits for the read: the copy up follows it in order.
+    // The read's outcome goes to the load that waits for it (not to the
+    // device's errors, which other work reads).
+    io::SwapStore* swap = swap_.get();
+    p.read = std::make_shared<Status>();
+    STRATA_RETURN_IF_ERROR(device_->enqueue(prefetch_copy_, [swap, t, key, read = p.read]() -> Status {
+      *read = swap->wait(t).with_context("session: prefetching activation " + std::to_string(key));
+      return ok_status();
+    }));
+    src = staging.data();
+  }
+  STRATA_RETURN_IF_ERROR(device_->copy_to_device(prefetch_copy_, device_dst, src, bytes));
+  STRATA_ASSIGN_OR_RETURN(p.done, device_->record(prefetch_copy_));
+  prefetches_[key] = p;
+  return ok_status();
+}
+
+// Waits for a prefetch of `key` in flight, if any, and forgets it.
+Status Session::settle_prefetch(uint64_t key) {
+  const auto it = prefetches_.find(key);
+  if (it == prefetches_.end()) return ok_status();
+  const Prefetch p = it->second;
+  prefetches_.erase(it);
+  STRATA_RETURN_IF_ERROR(device_->synchronize(p.done).with_context("session: activation " + std::to_string(key)));
+  return p.read ? *p.read : ok_status();
+}
+
+Status Session::load_activation(uint64_t key, void* device_dst, uint64_t bytes) {
+  STRATA_RETURN_IF_ERROR(usable("load_activation"));
+  STRATA_RETURN_IF_ERROR(check_activation("load_activation", key, device_dst, bytes));
+  const auto pending = prefetches_.find(key);
+  if (pending != prefetches_.end()) {
+    const bool same = pending->second.dst == device_dst;
+    STRATA_RETURN_IF_ERROR(settle_prefetch(key));
+    if (same) return ok_status();  // it is there
+  }
+  const void* src = activations_.at(key).host.data();
+  if (options_.activations == Tier::kNvme) {
+    STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->read(activation_blob(key), activation_staging_.view()));
+    STRATA_RETURN_IF_ERROR(swap_->wait(t).with_context("session: loading activation " + std::to_string(key)));
+    src = activation_staging_.data();
+  }
+  STRATA_RETURN_IF_ERROR(device_->copy_to_device(copy_, device_dst, src, bytes));
+  return device_->synchronize(copy_);
+}
+
+// An NVMe activations' staging buffer, grown to hold `bytes` (padded).
+Status Session::stage_activation(uint64_t bytes, io::Buffer* buffer, gpu::HostPin* pin) {
+  const uint64_t need = swap_->padded_size(bytes);
+  if (buffer->capacity_bytes() >= need) return ok_status();
+  *pin = gpu::HostPin();
+  *buffer = io::Buffer();
+  STRATA_ASSIGN_OR_RETURN(*buffer, allocator_->allocate(need, swap_->alignment()));
+  STRATA_ASSIGN_OR_RETURN(*pin, gpu::HostPin::make(*device_, buffer->data(), buffer->capacity_bytes()));
+  return ok_status();
+}
+
+void Session::drop_activations() {
+  while (!prefetches_.empty()) settle_prefetch(prefetches_.begin()->first).ignore();
+  for (const auto& [key, a] : activations_) {
+    if (options_.activations == Tier::kNvme && a.bytes > 0) swap_->remove(activation_blob(key)).ignore();
+  }
+  activations_.clear();
+}
+
+}  // namespace strata::engine
