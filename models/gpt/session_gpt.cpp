@@ -111,6 +111,14 @@ Status SessionGpt::save_input(int64_t l) {
   return session_->save_activation(static_cast<uint64_t>(l), input(0, l), static_cast<uint64_t>(pass_) * input_bytes());
 }
 
+// Block input l's load started while the block above computes (it goes
+// into the buffers of input l + 2, used by then); load_input waits for it.
+Status SessionGpt::prefetch_input(int64_t l) {
+  if (!options_.offload_activations || l < 0 || l >= options_.model.layers - 1) return ok_status();
+  return session_->prefetch_activation(static_cast<uint64_t>(l), input(0, l),
+                                       static_cast<uint64_t>(pass_) * input_bytes());
+}
+
 Status SessionGpt::load_input(int64_t l) {
   if (!options_.offload_activations || l >= options_.model.layers - 1) return ok_status();
   return session_->load_activation(static_cast<uint64_t>(l), input(0, l), static_cast<uint64_t>(pass_) * input_bytes());
@@ -263,6 +271,7 @@ Status SessionGpt::backward_block(int64_t l) {
   const auto c = static_cast<size_t>(l);
   const uint64_t x_bytes = input_bytes();
   STRATA_RETURN_IF_ERROR(load_input(l - 1));
+  STRATA_RETURN_IF_ERROR(prefetch_input(l - 2));
   STRATA_ASSIGN_OR_RETURN(const void* w, session_->acquire(c));
   for (int64_t m = 0; m < pass_; ++m) {
     const auto u = static_cast<size_t>(m);

@@ -6,7 +6,8 @@
 // RAM or on NVMe, gradients summed over the micro-batches); this class
 // owns only the compute: the device's ModelOps, its workspace, the block
 // inputs kept for backward (on the device, or handed to the session's
-// save_activation / load_activation), and the gradient flowing down.
+// save_activation, and brought back by prefetch_activation a block ahead
+// of their use), and the gradient flowing down.
 //
 // A step runs the session's grad_accum micro-batches one after another:
 // per micro-batch, the embedding, each block (acquire, forward, release),
@@ -92,6 +93,7 @@ class SessionGpt {
   uint64_t input_bytes() const;
   uint64_t chunk_bytes(size_t chunk) const;
   Status save_input(int64_t l);
+  Status prefetch_input(int64_t l);
   Status load_input(int64_t l);
 
   Session* session_ = nullptr;
