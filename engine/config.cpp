@@ -460,6 +460,17 @@ Status read_deepspeed(Reader& top, EngineConfig& c) {
   return ok_status();
 }
 
+// "session": what only a session reads.
+Status read_session(Reader& top, EngineConfig& c) {
+  if (!top.has("session")) return ok_status();
+  STRATA_ASSIGN_OR_RETURN(Reader s, top.object("session"));
+  STRATA_RETURN_IF_ERROR(s.get_int("prefetch_depth", &c.session.prefetch_depth, 1, 1024));
+  STRATA_RETURN_IF_ERROR(s.get_bool("resident_first", &c.session.resident_first));
+  s.finish();
+  c.session.given = true;
+  return ok_status();
+}
+
 Status read_native(Reader& top, EngineConfig& c) {
   STRATA_RETURN_IF_ERROR(read_model(top, c));
   if (top.has("batch")) {
@@ -522,13 +533,7 @@ Status read_native(Reader& top, EngineConfig& c) {
     STRATA_RETURN_IF_ERROR(read_sub_group(p, c));
     p.finish();
   }
-  if (top.has("session")) {
-    STRATA_ASSIGN_OR_RETURN(Reader s, top.object("session"));
-    STRATA_RETURN_IF_ERROR(s.get_int("prefetch_depth", &c.session.prefetch_depth, 1, 1024));
-    STRATA_RETURN_IF_ERROR(s.get_bool("resident_first", &c.session.resident_first));
-    s.finish();
-    c.session.given = true;
-  }
+  STRATA_RETURN_IF_ERROR(read_session(top, c));
   if (top.has("io")) {
     STRATA_ASSIGN_OR_RETURN(Reader io, top.object("io"));
     STRATA_RETURN_IF_ERROR(io.get_choice("backend", &c.io.backend, {"auto", "uring", "posix"}));
