@@ -6,8 +6,10 @@
 # the Debian packages it carries (scripts/fetch-gpu-deps fills .deps-gpu
 # here; the GPU machine cannot download anything), runs the tests labelled
 # `gpu` (every CUDA op, the fused attention, fp32/bf16/fp16 blocks and a
-# whole-model step through ModelOps against the host reference, and the
-# engine's CUDA trainer against the host backend), the GPU benchmark, the
+# whole-model step through ModelOps against the host reference, the
+# CUDA trainer against the host backend, and the GPT on the session against
+# the host backend and that trainer, device-to-device copies included), the
+# GPU benchmark, the
 # trainer on the GPU (`strata-train --device cuda`), and the offloaded step
 # on the GPU (`strata-stepbench --device cuda`, states in RAM, then on NVMe
 # where the disk takes O_DIRECT, and the trainer with its states and
