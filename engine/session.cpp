@@ -101,8 +101,10 @@ Session::~Session() {
   if (stage_) stage_->cancel();  // its thread reports to the store
   accumulator_.reset();          // so does this one
   while (!prefetches_.empty()) settle_prefetch(prefetches_.begin()->first).ignore();
+  while (!writes_.empty()) settle_write(writes_.begin()->first).ignore();
   activations_.clear();
   for (gpu::HostPin& pin : prefetch_staging_pin_) pin = gpu::HostPin();
+  for (gpu::HostPin& pin : write_staging_pin_) pin = gpu::HostPin();
   activation_staging_pin_ = gpu::HostPin();
   pins_.clear();
   store_.reset();  // its device memory goes back before the device
@@ -621,6 +623,7 @@ uint64_t Session::host_bytes() const {
   for (const auto& [key, a] : activations_) b += a.host.size();
   b += activation_staging_.capacity_bytes();
   for (const io::Buffer& staging : prefetch_staging_) b += staging.capacity_bytes();
+  for (const io::Buffer& staging : write_staging_) b += staging.capacity_bytes();
   return b;
 }
 
@@ -633,6 +636,12 @@ Status Session::async_error() {
 Status Session::finalize() {
   STRATA_RETURN_IF_ERROR(usable("finalize"));
   if (in_step_) return failed_precondition("session: finalize during a step (end_step or cancel_step first)");
+  Status writes = ok_status();  // activations saved to NVMe, their writes in flight
+  while (!writes_.empty()) {
+    Status w = settle_write(writes_.begin()->first);
+    if (writes.ok()) writes = std::move(w);
+  }
+  STRATA_RETURN_IF_ERROR(writes.with_context("session: finalize"));
   return device_->async_error().with_context("session: finalize: the device's background work");
 }
 

@@ -212,10 +212,13 @@ class Session {
   // say) off the device: save_activation copies `bytes` from `device_src`
   // out to the tier options.activations names, under `key` (the model's
   // name for it, e.g. a layer index; saving a key again replaces it), and
-  // returns once the device buffer may be reused; load_activation copies
-  // them back into `device_dst` (the same `bytes`) and returns once they
-  // are there. Host RAM is held to host_budget_bytes, NVMe to its budget.
-  // After start(); kept until drop_activations().
+  // returns once the device buffer may be reused (to NVMe: the bytes off
+  // the device, the write in flight from a staging buffer — two at most —
+  // and its failure reported by the next load or save of the key,
+  // drop_activations or finalize); load_activation copies them back into
+  // `device_dst` (the same `bytes`) and returns once they are there. Host
+  // RAM is held to host_budget_bytes, NVMe to its budget. After start();
+  // kept until drop_activations().
   Status save_activation(uint64_t key, const void* device_src, uint64_t bytes);
   Status load_activation(uint64_t key, void* device_dst, uint64_t bytes);
   // Starts load_activation(key, device_dst, bytes) without waiting: the
@@ -353,6 +356,18 @@ class Session {
   Status stage_activation(uint64_t bytes, io::Buffer* buffer, gpu::HostPin* pin);
   Status check_activation(const char* call, uint64_t key, const void* device_dst, uint64_t bytes) const;
   Status settle_prefetch(uint64_t key);
+  // NVMe: saves whose write is in flight, by key, each from a staging
+  // buffer of its own; a load of the key, a save over it, drop_activations
+  // and finalize wait for it (and report its failure).
+  struct Write {
+    io::Ticket ticket;
+    int staging = 0;
+  };
+  static constexpr int kWriteStaging = 2;
+  std::map<uint64_t, Write> writes_;
+  io::Buffer write_staging_[kWriteStaging];
+  gpu::HostPin write_staging_pin_[kWriteStaging];
+  Status settle_write(uint64_t key);
   std::string activation_blob(uint64_t key) const { return "activation-" + std::to_string(key); }
   LossScaler scaler_;
   double lr_ = 0;

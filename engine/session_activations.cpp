@@ -1,7 +1,8 @@
 // Session's activation checkpoints (session.h: save_activation,
 // prefetch_activation, load_activation): a model's tensors off the device
 // between its forward and its backward, in host RAM (pinned, one buffer per
-// key) or on NVMe (a blob per key, through a staging buffer). A prefetch
+// key) or on NVMe (a blob per key, written from a staging buffer while the
+// model goes on). A prefetch
 // starts a load on a copy stream of its own — from NVMe the read, then the
 // copy — and the load that follows waits only for what is left of it, so
 // the model computes while its next input comes back.
@@ -20,16 +21,27 @@ Status Session::save_activation(uint64_t key, const void* device_src, uint64_t b
     return invalid_argument("session: save_activation " + std::to_string(key) + ": no bytes to save");
   }
   STRATA_RETURN_IF_ERROR(settle_prefetch(key));  // a load of the old contents in flight lands first
-  Activation& a = activations_[key];
   if (options_.activations == Tier::kNvme) {
-    STRATA_RETURN_IF_ERROR(stage_activation(bytes, &activation_staging_, &activation_staging_pin_));
-    STRATA_RETURN_IF_ERROR(device_->copy_to_host(copy_, activation_staging_.data(), device_src, bytes));
+    // The old contents' write lands first; then a staging buffer of the
+    // write's own (the oldest write lands when both are taken). Returns
+    // once the bytes are off the device, the write in flight.
+    STRATA_RETURN_IF_ERROR(settle_write(key));
+    while (writes_.size() >= kWriteStaging) STRATA_RETURN_IF_ERROR(settle_write(writes_.begin()->first));
+    bool used[kWriteStaging] = {};
+    for (const auto& [k, w] : writes_) used[w.staging] = true;
+    Write w;
+    while (used[w.staging]) ++w.staging;
+    io::Buffer& staging = write_staging_[w.staging];
+    STRATA_RETURN_IF_ERROR(stage_activation(bytes, &staging, &write_staging_pin_[w.staging]));
+    STRATA_RETURN_IF_ERROR(device_->copy_to_host(copy_, staging.data(), device_src, bytes));
     STRATA_RETURN_IF_ERROR(device_->synchronize(copy_));
-    STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->write(activation_blob(key), activation_staging_.view(), bytes));
-    STRATA_RETURN_IF_ERROR(swap_->wait(t).with_context("session: saving activation " + std::to_string(key)));
-    a.bytes = bytes;
+    activations_[key].bytes = 0;  // not readable until the write is issued
+    STRATA_ASSIGN_OR_RETURN(w.ticket, swap_->write(activation_blob(key), staging.view(), bytes));
+    writes_[key] = w;
+    activations_[key].bytes = bytes;
     return ok_status();
   }
+  Activation& a = activations_[key];
   if (a.host.size() != bytes) {
     const uint64_t grows = bytes > a.host.size() ? bytes - a.host.size() : 0;
     if (options_.host_budget_bytes > 0 && host_bytes() + grows > options_.host_budget_bytes) {
@@ -81,6 +93,7 @@ Status Session::prefetch_activation(uint64_t key, void* device_dst, uint64_t byt
     bool used[kPrefetchStaging] = {};
     for (const auto& [k, q] : prefetches_) used[q.staging] = true;
     while (used[p.staging]) ++p.staging;
+    STRATA_RETURN_IF_ERROR(settle_write(key));  // the blob is whole before it is read
     io::Buffer& staging = prefetch_staging_[p.staging];
     STRATA_RETURN_IF_ERROR(stage_activation(bytes, &staging, &prefetch_staging_pin_[p.staging]));
     STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->read(activation_blob(key), staging.view()));
@@ -99,6 +112,15 @@ Status Session::prefetch_activation(uint64_t key, void* device_dst, uint64_t byt
   STRATA_ASSIGN_OR_RETURN(p.done, device_->record(prefetch_copy_));
   prefetches_[key] = p;
   return ok_status();
+}
+
+// Waits for a write of `key` in flight, if any, and forgets it.
+Status Session::settle_write(uint64_t key) {
+  const auto it = writes_.find(key);
+  if (it == writes_.end()) return ok_status();
+  const io::Ticket t = it->second.ticket;
+  writes_.erase(it);
+  return swap_->wait(t).with_context("session: saving activation " + std::to_string(key));
 }
 
 // Waits for a prefetch of `key` in flight, if any, and forgets it.
@@ -122,6 +144,8 @@ Status Session::load_activation(uint64_t key, void* device_dst, uint64_t bytes) 
   }
   const void* src = activations_.at(key).host.data();
   if (options_.activations == Tier::kNvme) {
+    STRATA_RETURN_IF_ERROR(settle_write(key));
+    STRATA_RETURN_IF_ERROR(stage_activation(bytes, &activation_staging_, &activation_staging_pin_));
     STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->read(activation_blob(key), activation_staging_.view()));
     STRATA_RETURN_IF_ERROR(swap_->wait(t).with_context("session: loading activation " + std::to_string(key)));
     src = activation_staging_.data();
@@ -143,6 +167,7 @@ Status Session::stage_activation(uint64_t bytes, io::Buffer* buffer, gpu::HostPi
 
 void Session::drop_activations() {
   while (!prefetches_.empty()) settle_prefetch(prefetches_.begin()->first).ignore();
+  while (!writes_.empty()) settle_write(writes_.begin()->first).ignore();
   for (const auto& [key, a] : activations_) {
     if (options_.activations == Tier::kNvme && a.bytes > 0) swap_->remove(activation_blob(key)).ignore();
   }

@@ -407,6 +407,32 @@ TEST(Session, PrefetchedActivationsAreTheBytesSaved) {
   EXPECT_TRUE((*s)->async_error().ok()) << "the read's error is the load's, not a stray one";
 }
 
+// A save to NVMe returns with its write in flight; a write that fails is
+// the error of what next needs it: the load of the key, or finalize.
+TEST(Session, AFailedActivationWriteIsTheNextLoadsOrFinalizesError) {
+  const Mlp m{16, 2, 4};
+  TempDir dir;
+  SessionOptions o = base_options();
+  o.activations = Tier::kNvme;
+  o.nvme_paths = {dir.path()};
+  o.faults = io::FaultConfig{};
+  o.faults->eio_persistent_one_in = 1;  // every request fails
+  Result<std::unique_ptr<Session>> s = make_session(m, o);
+  ASSERT_TRUE(s.has_value() && (*s)->start().ok());
+  Result<gpu::DeviceMemory> buf = (*s)->allocate_device(4096, "buffer");
+  ASSERT_TRUE(buf.has_value());
+  // The writes go out (the faults strike as they complete).
+  ASSERT_TRUE((*s)->save_activation(1, buf->data(), 4096).ok());
+  const Status loaded = (*s)->load_activation(1, buf->data(), 4096);
+  EXPECT_FALSE(loaded.ok());
+  EXPECT_NE(loaded.to_string().find("saving activation 1"), std::string::npos) << loaded.to_string();
+  ASSERT_TRUE((*s)->save_activation(2, buf->data(), 4096).ok());
+  const Status finalized = (*s)->finalize();
+  EXPECT_FALSE(finalized.ok());
+  EXPECT_NE(finalized.to_string().find("saving activation 2"), std::string::npos) << finalized.to_string();
+  EXPECT_TRUE((*s)->finalize().ok()) << "reported once";
+}
+
 TEST(Session, ClippingAndItsRollbackGiveTheSameBitsOnEveryTierAndWithSpeculationInRam) {
   const Mlp m{32, 4, 16};
   SessionOptions o = base_options();
