@@ -289,7 +289,8 @@ STRATA_API strata_status strata_session_cancel_step(strata_session* session);
  * `device_src` to host RAM (or NVMe when the config's placement.checkpoints
  * says nvme) under `key` (the caller's name for it, a layer index say;
  * saving a key again replaces it) and returns once the device buffer may be
- * reused; load copies them back into `device_dst` (the same `bytes`) and
+ * reused (to NVMe: the write still in flight; its failure is the next load's
+ * or save's of the key, or finalize's); load copies them back into `device_dst` (the same `bytes`) and
  * returns once they are there. STRATA_NOT_FOUND for a key never saved,
  * STRATA_RESOURCE_EXHAUSTED past the host budget. Both block. */
 STRATA_API strata_status strata_session_save_activation(strata_session* session, uint64_t key,
