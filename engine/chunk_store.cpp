@@ -101,6 +101,7 @@ Result<std::unique_ptr<ChunkStore>> ChunkStore::create(std::vector<gpu::ChunkLay
   s->slot_chunk_.assign(s->slots_.size(), std::nullopt);
   s->slot_uses_.assign(s->slots_.size(), 0);
   s->slot_ready_.assign(s->slots_.size(), gpu::Event{});
+  s->slot_free_.assign(s->slots_.size(), gpu::Event{});
   const Residency states = options.states == Tier::kNvme ? Residency::kOnNvme : Residency::kOnHost;
   s->state_.assign(n, {Residency::kOnHost, Residency::kOnHost});
   s->state_pieces_.assign(n, std::vector<Residency>{states});
@@ -390,6 +391,10 @@ Status ChunkStore::issue_ahead(size_t current) {
         for (const std::optional<size_t>& c : weight_read_chunk_) reading = reading || c == evicted;
         set_state(*evicted, View::kWeights, reading ? Residency::kLoading : weights_home_state());
       }
+      if (slot_free_[slot].id >= 0) {  // a model's stream may still read it
+        STRATA_RETURN_IF_ERROR(dev_->stream_wait(copy_, slot_free_[slot]));
+        slot_free_[slot] = gpu::Event{};
+      }
       STRATA_RETURN_IF_ERROR(dev_->copy_to_device(copy_, slots_[slot].data(), src, bytes_of(*chunk)));
       STRATA_ASSIGN_OR_RETURN(slot_ready_[slot], dev_->record(copy_));
       if (nvme_) weight_copied_[pos % weight_buf_.size()] = slot_ready_[slot];
@@ -410,7 +415,8 @@ void ChunkStore::drop_use(size_t pos) {
   --slot_uses_[slot];
 }
 
-Result<ChunkStore::Use> ChunkStore::acquire(size_t chunk) {
+// acquire's body: with `ready`, the copy's event instead of a wait for it.
+Result<ChunkStore::Use> ChunkStore::take(size_t chunk, gpu::Event* ready) {
   if (chunk < first_slotted() || chunk >= layout_.size()) {
     return invalid_argument("chunk store: acquire takes chunks " + std::to_string(first_slotted()) + ".." +
                             std::to_string(layout_.size() - 1) + (resident_first_ ? " (chunk 0 is resident)" : "") +
@@ -434,12 +440,35 @@ Result<ChunkStore::Use> ChunkStore::acquire(size_t chunk) {
   // The slot's copy event is this use's: no copy replaces a slot that a
   // use not yet released reads.
   const size_t slot = pos_slot_[use.position];
-  STRATA_RETURN_IF_ERROR(meter_->wait(*dev_, slot_ready_[slot], "weights"));
+  if (ready != nullptr) {
+    *ready = slot_ready_[slot];
+  } else {
+    STRATA_RETURN_IF_ERROR(meter_->wait(*dev_, slot_ready_[slot], "weights"));
+  }
   set_state(chunk, View::kWeights, Residency::kOnDevice);
   return Use{use.position, slots_[slot].data()};
 }
 
+Result<ChunkStore::Use> ChunkStore::acquire(size_t chunk) {
+  return take(chunk, nullptr);
+}
+
+Result<ChunkStore::Use> ChunkStore::acquire_async(size_t chunk, gpu::Event* ready) {
+  if (ready == nullptr) return invalid_argument("chunk store: acquire_async needs an event to fill");
+  return take(chunk, ready);
+}
+
 void ChunkStore::release(const Use& use) { drop_use(use.position); }
+
+Status ChunkStore::release_after(const Use& use, gpu::Event done) {
+  const size_t slot = pos_slot_[use.position];
+  // Two reads of the slot from the model's streams: the copy stream waits
+  // for the older now (the newer is kept for the slot's next copy).
+  if (slot_free_[slot].id >= 0 && done.id >= 0) STRATA_RETURN_IF_ERROR(dev_->stream_wait(copy_, slot_free_[slot]));
+  if (done.id >= 0) slot_free_[slot] = done;
+  drop_use(use.position);
+  return ok_status();
+}
 
 Result<void*> ChunkStore::embedding_gradient(int micro_batch) {
   if (!resident_first_) return static_cast<void*>(nullptr);  // chunk 0 takes a slot like the rest

@@ -147,6 +147,13 @@ class ChunkStore {
   };
   Result<Use> acquire(size_t chunk);
   void release(const Use& use);
+  // The same, ordered on the device instead of on the host: acquire_async
+  // does not wait for the copy but says by `ready` when it is done (the
+  // model's stream waits for it); release_after gives the use back with
+  // `done`, the event after the model's last read of the slot, which any
+  // later copy into the slot waits for on the copy stream.
+  Result<Use> acquire_async(size_t chunk, gpu::Event* ready);
+  Status release_after(const Use& use, gpu::Event done);
 
   // Gradients. gradient_buffer(): where `chunk`'s gradient is computed on
   // the device (a free gradient slot; chunk 0's own buffer); its view turns
@@ -197,6 +204,7 @@ class ChunkStore {
   // The next known position after `after` that uses `chunk` (kNoPosition: none known).
   size_t next_use(size_t chunk, size_t after) const;
   // Issues the copies of positions up to current + depth whose chunks are known.
+  Result<Use> take(size_t chunk, gpu::Event* ready);
   Status issue_ahead(size_t current);
   // Chunk 0's gradient buffer of `micro_batch` (InvalidArgument past micro_batches_).
   Result<void*> embedding_gradient(int micro_batch);
@@ -232,6 +240,7 @@ class ChunkStore {
   std::vector<gpu::DeviceMemory> slots_;           // depth + 1 weight buffers
   std::vector<std::optional<size_t>> slot_chunk_;  // the chunk each slot holds (or is being copied into)
   std::vector<gpu::Event> slot_ready_;             // the copy that filled each slot
+  std::vector<gpu::Event> slot_free_;              // release_after's: the model's last read of each slot
   std::vector<size_t> pos_slot_;                   // the slot each issued position reads
   std::vector<int> slot_uses_;                     // references: issued uses not yet released, per slot
   uint64_t slot_hits_ = 0;

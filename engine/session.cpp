@@ -419,6 +419,10 @@ Status Session::begin_step(float grad_scale) {
 }
 
 Result<const void*> Session::acquire(size_t chunk) {
+  return acquire(chunk, gpu::Stream{});
+}
+
+Result<const void*> Session::acquire(size_t chunk, gpu::Stream stream) {
   STRATA_RETURN_IF_ERROR(check_chunk("acquire", chunk));
   const std::string& name = specs_[chunk].name;
   if (all_in(chunk)) {
@@ -438,17 +442,43 @@ Result<const void*> Session::acquire(size_t chunk) {
     return resource_exhausted("session: acquire \"" + name + "\": all " + std::to_string(held) +
                               " weight slots are held (prefetch_depth + 1); release a chunk first");
   }
-  STRATA_ASSIGN_OR_RETURN(ChunkStore::Use use, store_->acquire(chunk));
+  if (stream.id < 0) {
+    STRATA_ASSIGN_OR_RETURN(ChunkStore::Use use, store_->acquire(chunk));
+    uses_[chunk] = use;
+    return use.data;
+  }
+  gpu::Event ready;
+  STRATA_ASSIGN_OR_RETURN(ChunkStore::Use use, store_->acquire_async(chunk, &ready));
   uses_[chunk] = use;
+  if (ready.id >= 0) {
+    Status waited = device_->stream_wait(stream, ready);  // the model's compute follows the copy
+    if (!waited.ok()) {
+      store_->release(use);
+      uses_[chunk].reset();
+      return waited;
+    }
+  }
   return use.data;
 }
 
 Status Session::release(size_t chunk) {
+  return release(chunk, gpu::Stream{});
+}
+
+Status Session::release(size_t chunk, gpu::Stream stream) {
   STRATA_RETURN_IF_ERROR(check_chunk("release", chunk));
   if (!uses_[chunk]) {
     return failed_precondition("session: release \"" + specs_[chunk].name + "\": it is not acquired");
   }
-  if (!resident(chunk)) store_->release(*uses_[chunk]);
+  if (!resident(chunk)) {
+    if (stream.id < 0) {
+      store_->release(*uses_[chunk]);
+    } else {
+      // The slot is refilled only after what the stream has queued so far.
+      STRATA_ASSIGN_OR_RETURN(gpu::Event done, device_->record(stream));
+      STRATA_RETURN_IF_ERROR(store_->release_after(*uses_[chunk], done));
+    }
+  }
   uses_[chunk].reset();
   return ok_status();
 }
@@ -465,6 +495,17 @@ Result<void*> Session::gradient_buffer(size_t chunk) {
   STRATA_ASSIGN_OR_RETURN(void* buffer, store_->gradient_buffer(chunk));
   grad_held_[chunk] = buffer;
   return buffer;
+}
+
+Status Session::submit_gradient(size_t chunk, gpu::Stream stream) {
+  STRATA_RETURN_IF_ERROR(check_chunk("submit_gradient", chunk));
+  if (stream.id >= 0 && grad_held_[chunk] != nullptr && !all_in(chunk)) {
+    // The copy out follows what the stream has queued so far (the compute
+    // of the gradient); nothing waits on the host.
+    STRATA_ASSIGN_OR_RETURN(gpu::Event computed, device_->record(stream));
+    STRATA_RETURN_IF_ERROR(device_->stream_wait(copy_, computed));
+  }
+  return submit_gradient(chunk);
 }
 
 Status Session::submit_gradient(size_t chunk) {

@@ -195,6 +195,18 @@ class Session {
   // chunk's fp32 sum beside the model's compute; the chunk may then be
   // acquired and computed again).
   Status submit_gradient(size_t chunk);
+  // Ordered on the device instead of on the host, for a model that enqueues
+  // its compute on a stream of this session's device (device().
+  // create_stream): acquire returns at once with the weights' address and
+  // `stream` made to wait for their copy; release gives them back after
+  // what `stream` has queued so far (a later copy into their slot waits for
+  // it); submit_gradient copies the gradient out after what `stream` has
+  // queued so far. The host thread waits for the model's compute only where
+  // a buffer it needs is still being read. The same bits as the blocking
+  // calls; misuse is refused as by them.
+  Result<const void*> acquire(size_t chunk, gpu::Stream stream);
+  Status release(size_t chunk, gpu::Stream stream);
+  Status submit_gradient(size_t chunk, gpu::Stream stream);
   // Micro-batches of the open step whose gradient of `chunk` was submitted.
   int submitted(size_t chunk) const { return in_step_ && chunk < submits_.size() ? submits_[chunk] : 0; }
   // Ends the step once every chunk's gradient was submitted

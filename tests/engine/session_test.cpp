@@ -205,6 +205,52 @@ Result<float> vertical_step(Session& s, const Mlp& m, int64_t step) {
   return static_cast<float>(loss / A);
 }
 
+// One step with the model's compute enqueued on `stream` (the host
+// backend's device runs it on a thread of its own) and the session's
+// stream-ordered calls: the host thread never waits for a layer, only for
+// the loss. Returns the loss (unscaled).
+Result<float> stream_step(Session& s, const Mlp& m, int64_t step, gpu::Stream stream) {
+  const DType t = s.precision();
+  gpu::Device& dev = s.device();
+  std::vector<float> x, y;
+  batch(m, step, &x, &y);
+  const size_t act = static_cast<size_t>(m.B * m.D);
+  STRATA_ASSIGN_OR_RETURN(gpu::DeviceMemory acts, s.allocate_device((m.L + 1) * act * 4, "activations"));
+  float* h = acts.as<float>();
+  auto at = [h, act](int64_t l) { return h + l * act; };
+  std::memcpy(h, x.data(), act * 4);
+  STRATA_RETURN_IF_ERROR(s.begin_step());
+  for (int64_t l = 0; l < m.L; ++l) {
+    STRATA_ASSIGN_OR_RETURN(const void* w, s.acquire(static_cast<size_t>(l), stream));
+    STRATA_RETURN_IF_ERROR(dev.enqueue(stream, [&m, l, w, t, at] {
+      layer_forward(m, l, w, t, at(l), at(l + 1));
+      return ok_status();
+    }));
+    STRATA_RETURN_IF_ERROR(s.release(static_cast<size_t>(l), stream));
+  }
+  STRATA_RETURN_IF_ERROR(dev.synchronize(stream));  // the loss is the host's
+  std::vector<float> da(act), db(act);
+  const double loss = loss_and_grad(at(m.L), y, static_cast<float>(s.loss_scale()), da);
+  std::vector<float>* dh = &da;
+  std::vector<float>* dprev = &db;
+  for (int64_t l = m.L - 1; l >= 0; --l) {
+    const auto c = static_cast<size_t>(l);
+    STRATA_ASSIGN_OR_RETURN(const void* w, s.acquire(c, stream));
+    STRATA_ASSIGN_OR_RETURN(void* g, s.gradient_buffer(c));
+    STRATA_RETURN_IF_ERROR(dev.enqueue(stream, [&m, l, w, t, at, dh, dprev, g] {
+      layer_backward(m, l, w, t, at(l), at(l + 1), *dh, *dprev, g);
+      return ok_status();
+    }));
+    STRATA_RETURN_IF_ERROR(s.release(c, stream));
+    STRATA_RETURN_IF_ERROR(s.submit_gradient(c, stream));
+    std::swap(dh, dprev);
+  }
+  Result<StepVerdict> v = s.end_step();
+  STRATA_RETURN_IF_ERROR(dev.synchronize(stream));  // nothing queued outlives the buffers
+  STRATA_RETURN_IF_ERROR(v.status());
+  return static_cast<float>(loss / static_cast<double>(act));
+}
+
 // One step through the session; returns the loss (unscaled) and the verdict.
 Result<float> train_step(Session& s, const Mlp& m, int64_t step, StepVerdict* verdict = nullptr, bool offload = false) {
   STRATA_RETURN_IF_ERROR(s.begin_step());
@@ -305,6 +351,36 @@ TEST(Session, TheSameBitsResidentAndOnNvmeThroughATenthOfTheModelStates) {
   EXPECT_GT(k.nvme_read_bytes, 0u);
   EXPECT_GT(k.nvme_written_bytes, 0u);
   EXPECT_GT(k.h2d_bytes, 0u);
+}
+
+// A model computing on a stream of its own, the session ordering its
+// copies on the device (acquire, release and submit on the stream): the
+// same bits as the blocking calls, in RAM and with the weights and states
+// on NVMe through two weight slots (each refill waits for the compute that
+// read the slot before).
+TEST(Session, StreamOrderedCallsGiveTheSameBits) {
+  const Mlp m{32, 6, 8};
+  const std::vector<float> blocking = run(m, base_options(), 8);
+  ASSERT_EQ(blocking.size(), 8u);
+  TempDir dir;
+  SessionOptions on_nvme = base_options();
+  on_nvme.states = Tier::kNvme;
+  on_nvme.weights = Tier::kNvme;
+  on_nvme.nvme_paths = {dir.path()};
+  on_nvme.prefetch_depth = 1;
+  for (const SessionOptions& o : {base_options(), on_nvme}) {
+    SCOPED_TRACE(tier_name(o.weights));
+    Result<std::unique_ptr<Session>> s = make_session(m, o);
+    ASSERT_TRUE(s.has_value() && (*s)->start().ok());
+    Result<gpu::Stream> stream = (*s)->device().create_stream("model");
+    ASSERT_TRUE(stream.has_value());
+    for (int k = 0; k < 8; ++k) {
+      Result<float> loss = stream_step(**s, m, k, *stream);
+      ASSERT_TRUE(loss.has_value()) << "step " << k << ": " << loss.status().to_string();
+      EXPECT_EQ(std::bit_cast<uint32_t>(*loss), std::bit_cast<uint32_t>(blocking[static_cast<size_t>(k)]))
+          << "step " << k;
+    }
+  }
 }
 
 TEST(Session, ActivationCheckpointsOnTheHostOrNvmeGiveTheSameBits) {
