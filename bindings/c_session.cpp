@@ -47,11 +47,11 @@ Result<size_t> chunk_of(const strata_session* s, const char* call, int64_t chunk
 }
 
 // The stream arguments: a CUDA stream is not taken yet.
-Status no_stream(const char* call, const void* stream) {
-  if (stream == nullptr) return strata::ok_status();
-  return strata::unimplemented(std::string(call) +
-                               ": a stream is not taken yet; pass NULL (acquire returns once the weights are on the "
-                               "device; synchronise your stream before submitting a gradient)");
+// The caller's native stream (a cudaStream_t) as a stream of the session's
+// device; none for NULL (the call waits on the host instead).
+Result<strata::gpu::Stream> stream_of(strata_session* s, void* stream) {
+  if (stream == nullptr) return strata::gpu::Stream{};
+  return s->session->device().adopt_stream(stream);
 }
 
 Result<strata::gpu::Backend> backend_of(const char* device) {
@@ -179,9 +179,9 @@ strata_status strata_session_acquire(strata_session* session, int64_t chunk, voi
   return guarded([&]() -> Status {
     STRATA_RETURN_IF_ERROR(usable(session, "strata_session_acquire"));
     if (weights == nullptr) return strata::invalid_argument("strata_session_acquire: weights is NULL");
-    STRATA_RETURN_IF_ERROR(no_stream("strata_session_acquire", stream));
     STRATA_ASSIGN_OR_RETURN(size_t c, chunk_of(session, "strata_session_acquire", chunk));
-    STRATA_ASSIGN_OR_RETURN(*weights, session->session->acquire(c));
+    STRATA_ASSIGN_OR_RETURN(strata::gpu::Stream s, stream_of(session, stream));
+    STRATA_ASSIGN_OR_RETURN(*weights, session->session->acquire(c, s));
     return strata::ok_status();
   });
 }
@@ -207,9 +207,9 @@ strata_status strata_session_gradient_buffer(strata_session* session, int64_t ch
 strata_status strata_session_submit_gradient(strata_session* session, int64_t chunk, void* stream) {
   return guarded([&]() -> Status {
     STRATA_RETURN_IF_ERROR(usable(session, "strata_session_submit_gradient"));
-    STRATA_RETURN_IF_ERROR(no_stream("strata_session_submit_gradient", stream));
     STRATA_ASSIGN_OR_RETURN(size_t c, chunk_of(session, "strata_session_submit_gradient", chunk));
-    return session->session->submit_gradient(c);
+    STRATA_ASSIGN_OR_RETURN(strata::gpu::Stream s, stream_of(session, stream));
+    return session->session->submit_gradient(c, s);
   });
 }
 

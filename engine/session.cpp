@@ -411,6 +411,7 @@ Status Session::begin_step(float grad_scale) {
     return begun;
   }
   uses_.assign(specs_.size(), std::nullopt);
+  acquired_on_.assign(specs_.size(), gpu::Stream{});
   grad_held_.assign(specs_.size(), nullptr);
   submits_.assign(specs_.size(), 0);
   landed_now_.clear();
@@ -450,6 +451,7 @@ Result<const void*> Session::acquire(size_t chunk, gpu::Stream stream) {
   gpu::Event ready;
   STRATA_ASSIGN_OR_RETURN(ChunkStore::Use use, store_->acquire_async(chunk, &ready));
   uses_[chunk] = use;
+  acquired_on_[chunk] = stream;
   if (ready.id >= 0) {
     Status waited = device_->stream_wait(stream, ready);  // the model's compute follows the copy
     if (!waited.ok()) {
@@ -470,6 +472,8 @@ Status Session::release(size_t chunk, gpu::Stream stream) {
   if (!uses_[chunk]) {
     return failed_precondition("session: release \"" + specs_[chunk].name + "\": it is not acquired");
   }
+  if (stream.id < 0) stream = acquired_on_[chunk];  // acquired on a stream: released after it
+  acquired_on_[chunk] = gpu::Stream{};
   if (!resident(chunk)) {
     if (stream.id < 0) {
       store_->release(*uses_[chunk]);

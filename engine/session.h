@@ -202,8 +202,9 @@ class Session {
   // what `stream` has queued so far (a later copy into their slot waits for
   // it); submit_gradient copies the gradient out after what `stream` has
   // queued so far. The host thread waits for the model's compute only where
-  // a buffer it needs is still being read. The same bits as the blocking
-  // calls; misuse is refused as by them.
+  // a buffer it needs is still being read. A chunk acquired on a stream and
+  // released without one is released after that stream. The same bits as
+  // the blocking calls; misuse is refused as by them.
   Result<const void*> acquire(size_t chunk, gpu::Stream stream);
   Status release(size_t chunk, gpu::Stream stream);
   Status submit_gradient(size_t chunk, gpu::Stream stream);
@@ -388,6 +389,7 @@ class Session {
   // read only while in_step_.
   std::atomic<bool> in_step_{false};  // read by async_error() from any thread
   std::vector<std::optional<ChunkStore::Use>> uses_;  // per chunk: the use acquired and not released
+  std::vector<gpu::Stream> acquired_on_;              // per chunk: the stream it was acquired on (or none)
   std::vector<void*> grad_held_;  // per chunk: its gradient buffer on the device, handed out, not submitted
   std::vector<int> submits_;      // per chunk: its gradients submitted this step
   std::vector<bool> stale_;  // per chunk: weights in RAM a failed step left updated

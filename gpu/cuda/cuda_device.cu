@@ -55,8 +55,9 @@ CudaDevice::~CudaDevice() {
   // Destroyed with the device current; cleanup errors are logged, and every
   // remaining resource is still released.
   if (cudaSetDevice(options_.device) != cudaSuccess) log_warning("CudaDevice shutdown: cudaSetDevice failed");
-  for (cudaStream_t s : streams_) {
-    if (cudaStreamSynchronize(s) != cudaSuccess || cudaStreamDestroy(s) != cudaSuccess) {
+  for (size_t k = 0; k < streams_.size(); ++k) {
+    if (adopted_[k]) continue;  // the caller's
+    if (cudaStreamSynchronize(streams_[k]) != cudaSuccess || cudaStreamDestroy(streams_[k]) != cudaSuccess) {
       log_warning("CudaDevice shutdown: a stream reported an error");
     }
   }
@@ -94,6 +95,22 @@ Result<Stream> CudaDevice::create_stream(std::string_view name) {
   cudaStream_t s = nullptr;
   STRATA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   streams_.push_back(s);
+  adopted_.push_back(false);
+  return Stream{static_cast<int32_t>(streams_.size() - 1)};
+}
+
+Result<Stream> CudaDevice::adopt_stream(void* native) {
+  if (native == nullptr) return invalid_argument("CUDA device: adopt_stream of a null stream");
+  auto s = static_cast<cudaStream_t>(native);
+  std::lock_guard lock(mu_);
+  for (size_t k = 0; k < streams_.size(); ++k) {
+    if (streams_[k] == s) return Stream{static_cast<int32_t>(k)};
+  }
+  if (streams_.size() >= options_.max_streams) {
+    return resource_exhausted("CUDA device: all " + std::to_string(options_.max_streams) + " streams in use");
+  }
+  streams_.push_back(s);
+  adopted_.push_back(true);
   return Stream{static_cast<int32_t>(streams_.size() - 1)};
 }
 

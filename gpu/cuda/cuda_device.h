@@ -40,6 +40,7 @@ class CudaDevice final : public Device {
 
   Result<DeviceMemory> allocate(uint64_t bytes, std::string_view what) override;
   Result<Stream> create_stream(std::string_view name) override;
+  Result<Stream> adopt_stream(void* native) override;
   Status copy_to_device(Stream stream, void* device_dst, const void* host_src, uint64_t bytes) override;
   Status copy_to_host(Stream stream, void* host_dst, const void* device_src, uint64_t bytes) override;
   Status copy_on_device(Stream stream, void* device_dst, const void* device_src, uint64_t bytes) override;
@@ -70,6 +71,7 @@ class CudaDevice final : public Device {
   std::unique_ptr<MemoryBudget> budget_;  // made once the capacity is known
   mutable std::mutex mu_;
   std::vector<cudaStream_t> streams_;
+  std::vector<bool> adopted_;  // per stream: the caller's (adopt_stream), not destroyed here
   std::vector<cudaEvent_t> events_;
   int64_t next_event_ = 0;
   Status host_error_;  // first failure of an enqueued host task, not yet reported

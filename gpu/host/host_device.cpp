@@ -82,6 +82,11 @@ Status HostDevice::check_range(const void* device_ptr, uint64_t bytes, const cha
                           " bytes are not inside one allocation of this device");
 }
 
+Result<Stream> HostDevice::adopt_stream(void* native) {
+  (void)native;
+  return unimplemented("host device: has no native streams to adopt; pass none (NULL) and the call waits instead");
+}
+
 Result<Stream> HostDevice::create_stream(std::string_view name) {
   std::lock_guard lock(mu_);
   if (workers_.size() >= options_.max_streams) {

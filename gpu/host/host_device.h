@@ -49,6 +49,7 @@ class HostDevice final : public Device {
 
   Result<DeviceMemory> allocate(uint64_t bytes, std::string_view what) override;
   Result<Stream> create_stream(std::string_view name) override;
+  Result<Stream> adopt_stream(void* native) override;
   Status copy_to_device(Stream stream, void* device_dst, const void* host_src, uint64_t bytes) override;
   Status copy_to_host(Stream stream, void* host_dst, const void* device_src, uint64_t bytes) override;
   Status copy_on_device(Stream stream, void* device_dst, const void* device_src, uint64_t bytes) override;

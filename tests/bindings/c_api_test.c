@@ -240,7 +240,10 @@ static void session_misuse(const char* root) {
   CHECK(strata_session_add_chunk(s, "c", 3, NULL, NULL) == STRATA_FAILED_PRECONDITION, "a chunk after start");
   CHECK(strata_session_acquire(s, 2, NULL, &w) == STRATA_INVALID_ARGUMENT, "an unknown chunk");
   CHECK(strata_session_acquire(s, -1, NULL, &w) == STRATA_INVALID_ARGUMENT, "a negative chunk");
-  CHECK(strata_session_acquire(s, 0, (void*)1, &w) == STRATA_UNIMPLEMENTED, "a stream");
+  CHECK(strata_session_acquire(s, 0, (void*)1, &w) == STRATA_UNIMPLEMENTED &&
+            strstr(strata_last_error(), "no native streams") != NULL,
+        "a stream on the host backend: %s", strata_last_error());
+  CHECK(strata_session_submit_gradient(s, 0, (void*)1) == STRATA_UNIMPLEMENTED, "a stream to submit on the host");
   CHECK(strata_session_acquire(s, 0, NULL, &w) == STRATA_OK && w != NULL, "acquire");
   CHECK(w != NULL && ((const uint16_t*)w)[0] == 0x3F00, "a's first weight is bf16 0.5");
   CHECK(strata_session_release(s, 0) == STRATA_OK, "release");

@@ -241,7 +241,7 @@ Result<float> stream_step(Session& s, const Mlp& m, int64_t step, gpu::Stream st
       layer_backward(m, l, w, t, at(l), at(l + 1), *dh, *dprev, g);
       return ok_status();
     }));
-    STRATA_RETURN_IF_ERROR(s.release(c, stream));
+    STRATA_RETURN_IF_ERROR(s.release(c));  // acquired on the stream: released after it all the same
     STRATA_RETURN_IF_ERROR(s.submit_gradient(c, stream));
     std::swap(dh, dprev);
   }

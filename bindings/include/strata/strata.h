@@ -258,9 +258,11 @@ STRATA_API strata_status strata_session_precision(const strata_session* session,
 STRATA_API strata_status strata_session_begin_step(strata_session* session, float grad_scale);
 /* Chunk `chunk`'s working weights on the device into *weights, valid until
  * strata_session_release. Blocks until they are there (prefetched in the
- * order the first step recorded). `stream`: NULL (a CUDA stream is not
- * taken yet: UNIMPLEMENTED). RESOURCE_EXHAUSTED when every weight slot is
- * held. */
+ * order the first step recorded). With a `stream` (a cudaStream_t, not
+ * owned) it returns at once, the stream made to wait for the copy, and the
+ * release after it frees the slot only after what the stream queued by
+ * then (UNIMPLEMENTED on the host backend). RESOURCE_EXHAUSTED when every
+ * weight slot is held. */
 STRATA_API strata_status strata_session_acquire(strata_session* session, int64_t chunk, void* stream,
                                                 const void** weights);
 STRATA_API strata_status strata_session_release(strata_session* session, int64_t chunk);
@@ -274,8 +276,9 @@ STRATA_API strata_status strata_session_gradient_buffer(strata_session* session,
  * (gradient_accumulation_steps), handed to the optimizer; an earlier
  * micro-batch's is added into the chunk's fp32 sum, and the chunk may be
  * acquired and computed again. FAILED_PRECONDITION past the step's
- * micro-batches. `stream`: NULL (UNIMPLEMENTED otherwise). Does not wait
- * for the update. */
+ * micro-batches. With a `stream` the gradient is final once what the stream
+ * queued by the call is done (the copy out waits for it on the device).
+ * Does not wait for the update. */
 STRATA_API strata_status strata_session_submit_gradient(strata_session* session, int64_t chunk, void* stream);
 /* Ends the step once every chunk's gradient was submitted: waits for the
  * optimizer and writes the verdict to *verdict (optional). On an I/O
