@@ -4,17 +4,13 @@
 
 #include "gpu/gpt_config.h"
 #include "gpu/host/gpt.h"
+#include "models/gpt/gpt_init.h"
 #include "models/gpt/trainer.h"
 
 namespace strata::tools {
 namespace {
 
-uint64_t mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
+using engine::mix64;
 
 int64_t power10(int d) {
   int64_t p = 1;

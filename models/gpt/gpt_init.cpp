@@ -5,17 +5,13 @@
 #include <random>
 
 namespace strata::engine {
-namespace {
 
-// splitmix64's finaliser: well-spread generator seeds from small integers.
 uint64_t mix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   return x ^ (x >> 31);
 }
-
-}  // namespace
 
 void initial_master(const gpu::ChunkLayout& chunk, size_t c, uint64_t seed, int64_t layers, cpu_optim::Executor& ex,
                     float* out) {

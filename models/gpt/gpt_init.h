@@ -12,6 +12,10 @@
 
 namespace strata::engine {
 
+// splitmix64's finaliser: well-spread generator seeds from small integers
+// (the initial weights' draws; the arithmetic data's too).
+uint64_t mix64(uint64_t x);
+
 // Chunk c's (of a model of `layers` blocks) initial fp32 master weights
 // into out[0, numel), GPT-2's initialisation: weights ~ N(0, 0.02), the residual projections
 // (attn.c_proj, mlp.c_proj) scaled by 1/sqrt(2L), LayerNorm weights 1,

@@ -13,6 +13,7 @@
 
 #include "models/gpt/session_gpt.h"
 #include "models/gpt/trainer.h"
+#include "tests/models/gpt/trainer_runs.h"
 #include "tests/tolerance.h"
 
 namespace strata::engine {
@@ -57,6 +58,7 @@ std::vector<float> session_losses(gpu::Backend backend, int grad_accum, int64_t 
   return out;
 }
 
+// The trainer on the GPU in the same placement: streamed, block inputs on the host.
 std::vector<float> trainer_losses(int steps) {
   TrainerOptions o;
   o.model = model();
@@ -67,17 +69,7 @@ std::vector<float> trainer_losses(int steps) {
   o.prefetch_depth = 2;
   o.activation_checkpoints = Tier::kHost;
   o.backend = TrainerOptions::Backend::kCuda;
-  std::vector<float> out;
-  Result<std::unique_ptr<Trainer>> tr = Trainer::create(o);
-  EXPECT_TRUE(tr) << tr.error().to_string();
-  if (!tr) return out;
-  for (int i = 0; i < steps; ++i) {
-    Result<float> loss = (*tr)->step();
-    EXPECT_TRUE(loss) << loss.error().to_string();
-    if (!loss) break;
-    out.push_back(*loss);
-  }
-  return out;
+  return testing::run(o, steps);
 }
 
 TEST(CudaSessionGpt, LossesTrackTheHostAndAreTheTrainersOnTheGpu) {
