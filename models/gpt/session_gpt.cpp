@@ -36,14 +36,16 @@ Result<std::unique_ptr<SessionGpt>> SessionGpt::create(Session& session, const S
   m->layout_ = gpu::model_layout(o.model);
   m->es_ = dtype_bytes(session.precision());
   m->pass_ = V;
-  STRATA_ASSIGN_OR_RETURN(m->executor_, cpu_optim::Executor::create());
-  cpu_optim::Executor* ex = m->executor_.get();
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<cpu_optim::Executor> executor, cpu_optim::Executor::create());
+  // The initialisers own what they use: a start that fails keeps them in
+  // the session for the next, after this object is gone.
+  std::shared_ptr<cpu_optim::Executor> ex = std::move(executor);
   for (size_t c = 0; c < m->layout_.size(); ++c) {
     const gpu::ChunkLayout* chunk = &m->layout_[c];
     const uint64_t seed = o.seed;
     const int64_t layers = o.model.layers;
-    auto init = [chunk, c, seed, layers, ex](std::span<float> dst) -> Status {
-      initial_master(*chunk, c, seed, layers, *ex, dst.data());
+    auto init = [layout = *chunk, c, seed, layers, ex](std::span<float> dst) -> Status {
+      initial_master(layout, c, seed, layers, *ex, dst.data());
       return ok_status();
     };
     STRATA_ASSIGN_OR_RETURN(const size_t index, session.add_chunk(chunk_name(*chunk), chunk->numel, init));

@@ -100,7 +100,6 @@ class SessionGpt {
   SessionGptOptions options_;
   std::vector<gpu::ChunkLayout> layout_;
   uint64_t es_ = 2;                                // bytes of one working element
-  std::unique_ptr<cpu_optim::Executor> executor_;  // draws the initial weights
   std::unique_ptr<gpu::ModelOps> ops_;
   std::unique_ptr<gpu::ModelOps::Workspace> workspace_;
   gpu::Stream compute_{};
