@@ -99,7 +99,7 @@ class SessionGpt {
   Session* session_ = nullptr;
   SessionGptOptions options_;
   std::vector<gpu::ChunkLayout> layout_;
-  uint64_t es_ = 2;                                // bytes of one working element
+  uint64_t es_ = 2;  // bytes of one working element
   std::unique_ptr<gpu::ModelOps> ops_;
   std::unique_ptr<gpu::ModelOps::Workspace> workspace_;
   gpu::Stream compute_{};
