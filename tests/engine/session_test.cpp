@@ -294,6 +294,15 @@ SessionOptions base_options() {
   return o;
 }
 
+// The weights and the states on NVMe in `dir`.
+SessionOptions weights_on_nvme(const std::string& dir) {
+  SessionOptions o = base_options();
+  o.states = Tier::kNvme;
+  o.weights = Tier::kNvme;
+  o.nvme_paths = {dir};
+  return o;
+}
+
 std::vector<float> run(const Mlp& m, SessionOptions o, int steps, std::vector<StepVerdict>* verdicts = nullptr) {
   Result<std::unique_ptr<Session>> s = make_session(m, std::move(o));
   EXPECT_TRUE(s.has_value()) << s.status().to_string();
@@ -363,10 +372,7 @@ TEST(Session, StreamOrderedCallsGiveTheSameBits) {
   const std::vector<float> blocking = run(m, base_options(), 8);
   ASSERT_EQ(blocking.size(), 8u);
   TempDir dir;
-  SessionOptions on_nvme = base_options();
-  on_nvme.states = Tier::kNvme;
-  on_nvme.weights = Tier::kNvme;
-  on_nvme.nvme_paths = {dir.path()};
+  SessionOptions on_nvme = weights_on_nvme(dir.path());
   on_nvme.prefetch_depth = 1;
   for (const SessionOptions& o : {base_options(), on_nvme}) {
     SCOPED_TRACE(tier_name(o.weights));
@@ -1120,10 +1126,7 @@ void expect_same_bits(const std::vector<float>& a, const std::vector<float>& b, 
 TEST(SessionCheckpoint, ASavedRunContinuesBitForBitOnAnyPlacement) {
   const Mlp m{32, 4, 8};
   TempDir nvme, ckpt;
-  SessionOptions on_nvme = base_options();
-  on_nvme.states = Tier::kNvme;
-  on_nvme.weights = Tier::kNvme;
-  on_nvme.nvme_paths = {nvme.path()};
+  SessionOptions on_nvme = weights_on_nvme(nvme.path());
   on_nvme.device_bytes = model_state_bytes(m) / 4;
   Result<std::unique_ptr<Session>> a = make_session(m, on_nvme);
   ASSERT_TRUE(a.has_value()) << a.status().to_string();
@@ -1158,10 +1161,7 @@ Result<std::unique_ptr<Session>> make_named_session(const Mlp& m, SessionOptions
 TEST(SessionCheckpoint, NamedTensorsAreSavedByNameAndResumeBitForBit) {
   const Mlp m{32, 4, 8};
   TempDir nvme, ckpt;
-  SessionOptions on_nvme = base_options();
-  on_nvme.states = Tier::kNvme;
-  on_nvme.weights = Tier::kNvme;
-  on_nvme.nvme_paths = {nvme.path()};
+  const SessionOptions on_nvme = weights_on_nvme(nvme.path());
   Result<std::unique_ptr<Session>> a = make_named_session(m, on_nvme, "");
   ASSERT_TRUE(a.has_value()) << a.status().to_string();
   std::vector<float> whole = steps(**a, m, 0, 3);
