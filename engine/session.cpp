@@ -9,6 +9,7 @@
 #include "engine/device_pinned_memory.h"
 #include "engine/gradient_sum.h"
 #include "engine/lr_schedule.h"
+#include "engine/nvme_store.h"
 
 namespace strata::engine {
 namespace {
@@ -198,15 +199,7 @@ Status Session::add_tensor(size_t chunk, TensorView t) {
 Status Session::open_nvme() {
   const SessionOptions& o = options_;
   if (o.states != Tier::kNvme && o.activations != Tier::kNvme) return ok_status();
-  io::SwapStoreOptions so;
-  so.directories = o.nvme_paths;
-  so.device.backend = o.io_backend;
-  so.device.queue_depth = o.io_queue_depth;
-  so.stripe_unit_bytes = o.io_stripe_unit_bytes;
-  so.direct = o.io_direct;
-  if (o.nvme_budget_bytes > 0) so.budget_bytes = o.nvme_budget_bytes;
-  so.faults = o.faults;
-  STRATA_ASSIGN_OR_RETURN(swap_, io::SwapStore::open(so));
+  STRATA_ASSIGN_OR_RETURN(swap_, io::SwapStore::open(swap_store_options(o)));
   if (o.states != Tier::kNvme) return ok_status();
   std::vector<int64_t> elems;
   for (const Spec& s : specs_) elems.push_back(s.elems);

@@ -10,6 +10,7 @@
 #include "engine/checkpoint_io.h"
 #include "engine/device_pinned_memory.h"
 #include "engine/gradient_sum.h"
+#include "engine/nvme_store.h"
 #include "gpu/device_factory.h"
 #include "models/gpt/gpt_init.h"
 #include "models/gpt/trainer_checks.h"
@@ -115,25 +116,7 @@ Status Trainer::open_nvme(int64_t max_piece) {
   const TrainerOptions& o = options_;
   // The optimizer stage's thread and the compute thread share the store.
   if (o.states == Tier::kNvme || o.activation_checkpoints == Tier::kNvme) {
-    io::SwapStoreOptions so;
-    so.directories = o.nvme_paths;
-    so.device.backend = o.io_backend;
-    so.device.queue_depth = o.io_queue_depth;
-    so.stripe_unit_bytes = o.io_stripe_unit_bytes;
-    so.direct = o.io_direct;
-    if (o.nvme_budget_bytes > 0) so.budget_bytes = o.nvme_budget_bytes;
-    so.faults = o.faults;
-    if (Trace* trace = o.trace; trace != nullptr && trace->enabled()) {
-      // Every NVMe request on the "nvme reads" / "nvme writes" tracks, from
-      // submission until its completion was reaped: state, weight and
-      // checkpoint blobs alike.
-      so.on_complete = [trace](const io::SwapRequestRecord& r) {
-        trace->span(r.kind == io::IoOp::kRead ? "nvme reads" : "nvme writes",
-                    std::string(r.kind == io::IoOp::kRead ? "read " : "write ") + *r.blob + (r.ok ? "" : " (failed)"),
-                    trace->us(r.submitted), trace->us(r.completed), "nvme", r.bytes);
-      };
-    }
-    STRATA_ASSIGN_OR_RETURN(swap_, io::SwapStore::open(so));
+    STRATA_ASSIGN_OR_RETURN(swap_, io::SwapStore::open(swap_store_options(o)));
   }
   if (o.states == Tier::kNvme) {
     // With the gradients on NVMe, a piece's gradient too.
