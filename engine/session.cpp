@@ -106,7 +106,6 @@ Session::~Session() {
   activations_.clear();
   for (gpu::HostPin& pin : prefetch_staging_pin_) pin = gpu::HostPin();
   for (gpu::HostPin& pin : write_staging_pin_) pin = gpu::HostPin();
-  activation_staging_pin_ = gpu::HostPin();
   pins_.clear();
   store_.reset();  // its device memory goes back before the device
   device_.reset();
@@ -659,7 +658,6 @@ uint64_t Session::host_bytes() const {
   if (staging_) b += staging_->total_bytes();
   if (store_) b += store_->host_bytes();
   for (const auto& [key, a] : activations_) b += a.host.size();
-  b += activation_staging_.capacity_bytes();
   for (const io::Buffer& staging : prefetch_staging_) b += staging.capacity_bytes();
   for (const io::Buffer& staging : write_staging_) b += staging.capacity_bytes();
   return b;

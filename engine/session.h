@@ -351,8 +351,6 @@ class Session {
     gpu::HostPin pin;
   };
   std::map<uint64_t, Activation> activations_;
-  io::Buffer activation_staging_;  // kNvme: the largest activation's bytes, padded
-  gpu::HostPin activation_staging_pin_;
   // Loads started by prefetch_activation, by key; from NVMe each reads into
   // a staging buffer of its own, and the read's outcome is kept for the load.
   struct Prefetch {

@@ -142,16 +142,9 @@ Status Session::load_activation(uint64_t key, void* device_dst, uint64_t bytes) 
     STRATA_RETURN_IF_ERROR(settle_prefetch(key));
     if (same) return ok_status();  // it is there
   }
-  const void* src = activations_.at(key).host.data();
-  if (options_.activations == Tier::kNvme) {
-    STRATA_RETURN_IF_ERROR(settle_write(key));
-    STRATA_RETURN_IF_ERROR(stage_activation(bytes, &activation_staging_, &activation_staging_pin_));
-    STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->read(activation_blob(key), activation_staging_.view()));
-    STRATA_RETURN_IF_ERROR(swap_->wait(t).with_context("session: loading activation " + std::to_string(key)));
-    src = activation_staging_.data();
-  }
-  STRATA_RETURN_IF_ERROR(device_->copy_to_device(copy_, device_dst, src, bytes));
-  return device_->synchronize(copy_);
+  // Not prefetched (or into another buffer): the same path, waited for.
+  STRATA_RETURN_IF_ERROR(prefetch_activation(key, device_dst, bytes));
+  return settle_prefetch(key).with_context("session: loading activation " + std::to_string(key));
 }
 
 // An NVMe activations' staging buffer, grown to hold `bytes` (padded).
