@@ -156,6 +156,21 @@ strata_status strata_session_set_lr(strata_session* session, double lr) {
   });
 }
 
+strata_status strata_session_set_gradient_order(strata_session* session, const int64_t* order, int64_t count) {
+  return guarded([&]() -> Status {
+    STRATA_RETURN_IF_ERROR(usable(session, "strata_session_set_gradient_order"));
+    if (order == nullptr || count < 0) {
+      return strata::invalid_argument("strata_session_set_gradient_order: order is NULL or count < 0");
+    }
+    std::vector<size_t> chunks;
+    for (int64_t k = 0; k < count; ++k) {
+      if (order[k] < 0) return strata::invalid_argument("strata_session_set_gradient_order: a negative chunk index");
+      chunks.push_back(static_cast<size_t>(order[k]));
+    }
+    return session->session->set_gradient_order(std::move(chunks));
+  });
+}
+
 double strata_session_loss_scale(const strata_session* session) {
   return session == nullptr ? 1.0 : session->session->loss_scale();
 }
@@ -323,6 +338,7 @@ const char* strata_session_describe(strata_session* session) {
          {{"weights", engine::tier_name(o.weights)},
           {"states", engine::tier_name(o.states)},
           {"activations", engine::tier_name(o.activations)},
+          {"gradients", engine::tier_name(o.gradients)},
           {"prefetch_depth", o.prefetch_depth},
           {"resident_first", o.resident_first},
           {"speculate_in_ram", o.speculate_in_ram && o.states == engine::Tier::kHost}}},

@@ -7,7 +7,6 @@
 #include "common/dtype.h"
 #include "common/units.h"
 #include "engine/device_pinned_memory.h"
-#include "engine/gradient_sum.h"
 #include "engine/lr_schedule.h"
 #include "engine/nvme_store.h"
 
@@ -40,6 +39,15 @@ Status check_options(const SessionOptions& o) {
   }
   if (o.activations == Tier::kNvme && o.nvme_paths.empty()) {
     return invalid_argument("session: activation checkpoints on NVMe need nvme_paths");
+  }
+  if (o.gradients != Tier::kHost && o.gradients != Tier::kNvme) {
+    return invalid_argument("session: the gradients wait for the optimizer on the host or on NVMe");
+  }
+  if (o.gradients == Tier::kNvme && o.states != Tier::kNvme) {
+    return invalid_argument("session: gradients on NVMe need the optimizer states on NVMe");
+  }
+  if (o.gradient_buffers < 1 || o.gradient_buffers > 64) {
+    return invalid_argument("session: gradient_buffers must be 1..64, got " + std::to_string(o.gradient_buffers));
   }
   if (o.prefetch_depth < 1 || o.prefetch_depth > 1024) {
     return invalid_argument("session: prefetch_depth must be 1..1024, got " + std::to_string(o.prefetch_depth));
@@ -203,7 +211,7 @@ Status Session::open_nvme() {
   std::vector<int64_t> elems;
   for (const Spec& s : specs_) elems.push_back(s.elems);
   const uint64_t bytes = OptimizerStage::staging_bytes(*swap_, max_state_piece(elems, o.state_piece_elems),
-                                                       o.adam_states, o.weights == Tier::kNvme, 0);
+                                                       o.adam_states, o.weights == Tier::kNvme, gradient_bytes());
   STRATA_ASSIGN_OR_RETURN(staging_, PinnedArena::create("optimizer staging", bytes,
                                                         static_cast<uint32_t>(o.staging_buffers), *allocator_,
                                                         executor_.get()));
@@ -242,6 +250,8 @@ Status Session::start() {
     weights_.clear();
     grads_.clear();
     sums_.clear();
+    ring_.clear();
+    sum_ring_.clear();
     stage_.reset();
     staging_.reset();
     swap_.reset();
@@ -253,7 +263,9 @@ Status Session::start() {
   // failed start keeps them for the next.
   for (Spec& spec : specs_) spec.init = nullptr;
   // Until a step has shown the order, guess backward's: the last registered first.
-  for (size_t c = n; c-- > 0;) landing_order_.push_back(c);
+  if (landing_order_.empty()) {
+    for (size_t c = n; c-- > 0;) landing_order_.push_back(c);
+  }
   return ok_status();
 }
 
@@ -266,6 +278,10 @@ Status Session::build(std::vector<gpu::ChunkLayout> layout, const std::vector<in
                                                          o.trace, o.adam_states,
                                                          o.states == Tier::kNvme ? o.state_piece_elems : 0));
   if (o.weights == Tier::kNvme) STRATA_RETURN_IF_ERROR(stage_->home_weights_on_nvme(o.precision));
+  if (gradient_ring()) {
+    STRATA_RETURN_IF_ERROR(stage_->home_gradients_on_nvme(o.grad_accum > 1 ? DType::kF32 : o.precision));
+    STRATA_RETURN_IF_ERROR(make_rings(*std::max_element(elems.begin(), elems.end())));
+  }
   if (o.speculate_in_ram && o.states == Tier::kHost) STRATA_RETURN_IF_ERROR(stage_->enable_ram_speculation());
   ChunkStoreOptions so;
   so.prefetch_depth = o.prefetch_depth;
@@ -296,8 +312,10 @@ uint64_t Session::host_bytes_needed() const {
   std::vector<int64_t> elems;
   for (const Spec& s : specs_) {
     const auto n = static_cast<uint64_t>(s.elems);
-    bytes += es * n;                                        // the gradient's host buffer
-    if (o.grad_accum > 1) bytes += 4 * n;                   // its fp32 sum
+    if (!gradient_ring()) {
+      bytes += es * n;                       // the gradient's host buffer
+      if (o.grad_accum > 1) bytes += 4 * n;  // its fp32 sum
+    }
     if (o.weights == Tier::kHost) bytes += es * n;          // the working weights
     if (o.states == Tier::kHost) {
       // The states, and with speculation in RAM their second copy.
@@ -310,10 +328,14 @@ uint64_t Session::host_bytes_needed() const {
     const int64_t piece = max_state_piece(elems, o.state_piece_elems);
     const uint64_t state = OptimizerStage::state_bytes(piece, o.adam_states) + 4096;
     const uint64_t weights = o.weights == Tier::kNvme ? es * static_cast<uint64_t>(piece) + 4096 : 0;
-    bytes += static_cast<uint64_t>(o.staging_buffers) * (state + weights);
-    if (o.weights == Tier::kNvme) {
-      const int64_t largest = *std::max_element(elems.begin(), elems.end());
-      bytes += static_cast<uint64_t>(o.prefetch_depth + 3) * (es * static_cast<uint64_t>(largest) + 4096);
+    const uint64_t grads = gradient_bytes() * static_cast<uint64_t>(piece) + 4096;
+    bytes += static_cast<uint64_t>(o.staging_buffers) * (state + weights + (gradient_ring() ? grads : 0));
+    const auto largest = static_cast<uint64_t>(*std::max_element(elems.begin(), elems.end()));
+    if (o.weights == Tier::kNvme) bytes += static_cast<uint64_t>(o.prefetch_depth + 3) * (es * largest + 4096);
+    if (gradient_ring()) {
+      // The rings: the gradients as they come, and their sums.
+      const uint64_t sums = o.grad_accum > 1 ? 4 * largest + 4096 : 0;
+      bytes += static_cast<uint64_t>(o.gradient_buffers) * (es * largest + 4096 + sums);
     }
   }
   return bytes;
@@ -341,9 +363,11 @@ Status Session::place_chunks() {
       STRATA_RETURN_IF_ERROR(cpu_optim::convert(master.data(), DType::kF32, weights_.back().data(), o.precision,
                                                 specs_[c].elems, *executor_));
     }
-    grads_.emplace_back(bytes);
-    executor_->zero(grads_.back().data(), bytes);
-    if (o.grad_accum > 1) sums_.emplace_back(n);
+    if (!gradient_ring()) {
+      grads_.emplace_back(bytes);
+      executor_->zero(grads_.back().data(), bytes);
+      if (o.grad_accum > 1) sums_.emplace_back(n);
+    }
     return static_cast<const float*>(master.data());
   };
   STRATA_RETURN_IF_ERROR(stage_->initialize_all(make_chunk));
@@ -371,8 +395,8 @@ OverlapStep Session::make_step(float grad_scale) {
   ov.t = updates_ + 1;  // a skipped step is no update: Adam's t stays
   for (size_t c = 0; c < specs_.size(); ++c) {
     // Accumulating: the stage reads the fp32 sum, which it completes itself.
-    ov.grads.push_back(sums_.empty() ? ChunkGrad{grads_[c].data(), options_.precision}
-                                     : ChunkGrad{sums_[c].data(), DType::kF32});
+    ov.grads.push_back(options_.grad_accum == 1 ? ChunkGrad{grad_host(c), options_.precision}
+                                                : ChunkGrad{sum_host(c), DType::kF32});
     ov.out.push_back(weights_.empty() ? nullptr : weights_[c].data());  // null: the stage writes them to NVMe
   }
   ov.out_dtype = options_.precision;
@@ -397,6 +421,8 @@ Status Session::begin_step(float grad_scale) {
   std::vector<const void*> host;
   for (size_t c = 0; c < specs_.size(); ++c) host.push_back(weights_.empty() ? nullptr : weights_[c].data());
   STRATA_RETURN_IF_ERROR(store_->begin_step(host));
+  position_.assign(specs_.size(), 0);
+  for (size_t k = 0; k < landing_order_.size(); ++k) position_[landing_order_[k]] = k;
   Status begun = stage_->begin(make_step(grad_scale));
   if (!begun.ok()) {
     store_->settle();
@@ -477,70 +503,6 @@ Status Session::release(size_t chunk, gpu::Stream stream) {
   }
   uses_[chunk].reset();
   return ok_status();
-}
-
-Result<void*> Session::gradient_buffer(size_t chunk) {
-  STRATA_RETURN_IF_ERROR(check_chunk("gradient_buffer", chunk));
-  if (all_in(chunk)) {
-    return failed_precondition("session: gradient_buffer \"" + specs_[chunk].name +
-                               "\": its gradient was submitted this step");
-  }
-  if (grad_held_[chunk] != nullptr) return grad_held_[chunk];  // asked again: the same buffer
-  // The resident chunk's one buffer: an earlier micro-batch's copy out of it first.
-  if (resident(chunk) && submits_[chunk] > 0) STRATA_RETURN_IF_ERROR(store_->await_gradient(chunk));
-  STRATA_ASSIGN_OR_RETURN(void* buffer, store_->gradient_buffer(chunk));
-  grad_held_[chunk] = buffer;
-  return buffer;
-}
-
-Status Session::submit_gradient(size_t chunk, gpu::Stream stream) {
-  STRATA_RETURN_IF_ERROR(check_chunk("submit_gradient", chunk));
-  if (stream.id >= 0 && grad_held_[chunk] != nullptr && !all_in(chunk)) {
-    // The copy out follows what the stream has queued so far (the compute
-    // of the gradient); nothing waits on the host.
-    STRATA_ASSIGN_OR_RETURN(gpu::Event computed, device_->record(stream));
-    STRATA_RETURN_IF_ERROR(device_->stream_wait(copy_, computed));
-  }
-  return submit_gradient(chunk);
-}
-
-Status Session::submit_gradient(size_t chunk) {
-  STRATA_RETURN_IF_ERROR(check_chunk("submit_gradient", chunk));
-  const std::string& name = specs_[chunk].name;
-  const int A = options_.grad_accum;
-  if (all_in(chunk)) {
-    return failed_precondition(
-        "session: submit_gradient \"" + name + "\": submitted " +
-        (A == 1 ? std::string("twice") : "more than grad_accum = " + std::to_string(A) + " times in a step"));
-  }
-  if (grad_held_[chunk] == nullptr) {
-    return failed_precondition("session: submit_gradient \"" + name +
-                               "\": no gradient computed (gradient_buffer first)");
-  }
-  const int k = submits_[chunk];  // this micro-batch
-  // The host buffer takes this gradient only once the last one's sum is made.
-  if (k > 0) STRATA_RETURN_IF_ERROR(accumulator_->drain().with_context("session: adding up the gradients"));
-  STRATA_RETURN_IF_ERROR(store_->send_gradient(chunk, grads_[chunk].data()));
-  ChunkStore* store = store_.get();
-  grad_held_[chunk] = nullptr;
-  ++submits_[chunk];
-  if (k + 1 < A) {
-    if (!accumulator_) accumulator_ = std::make_unique<SerialQueue>("strata:accum");
-    accumulator_->submit(adding([store, chunk] { return store->await_gradient(chunk); }, chunk, /*first=*/k == 0));
-    return ok_status();
-  }
-  std::function<Status()> landed = [store, chunk] { return store->await_gradient(chunk); };
-  stage_->land(chunk, A == 1 ? std::move(landed) : adding(std::move(landed), chunk, /*first=*/false));
-  landed_now_.push_back(chunk);
-  return ok_status();
-}
-
-// The chunk's gradient, once `landed` says it is on the host, added into
-// its fp32 sum (or starting it): on the accumulator's thread for an earlier
-// micro-batch, on the optimizer stage's for the last.
-std::function<Status()> Session::adding(std::function<Status()> landed, size_t chunk, bool first) {
-  return add_gradient_when(std::move(landed), sums_[chunk].data(), grads_[chunk].data(), options_.precision,
-                           static_cast<size_t>(specs_[chunk].elems), first, *executor_);
 }
 
 Result<StepVerdict> Session::end_step() {
@@ -654,6 +616,9 @@ uint64_t Session::host_bytes() const {
   for (const auto& v : weights_) b += v.capacity();
   for (const auto& v : grads_) b += v.capacity();
   for (const auto& v : sums_) b += v.capacity() * 4;
+  for (const auto* ring : {&ring_, &sum_ring_}) {
+    for (const io::Buffer& buffer : *ring) b += buffer.capacity_bytes();
+  }
   if (stage_) b += stage_->host_bytes();
   if (staging_) b += staging_->total_bytes();
   if (store_) b += store_->host_bytes();

@@ -95,6 +95,21 @@ struct SessionOptions {
   // updated into the copy as its gradient lands, and the copies switch at
   // the verdict. Off: in RAM the updates wait for the verdict. The same bits.
   bool speculate_in_ram = false;
+  // Where the gradients wait for the optimizer: kHost, a host buffer per
+  // chunk (2 bytes a parameter in bf16 / fp16; with grad_accum > 1 its fp32
+  // sum too, 4 more), or kNvme — a ring of `gradient_buffers` host buffers,
+  // each the largest chunk's gradient (with grad_accum > 1 a second ring of
+  // fp32 sums): the optimizer stage writes each gradient to NVMe as it
+  // lands and frees its buffer once its statistics and speculative update
+  // are done, and an update after the verdict (clipping fired, or the step
+  // after one that clipped or skipped) reads them back beside the states.
+  // Host memory no longer grows with the model's gradients. Needs the
+  // states on NVMe; the gradients must then come in the gradient order
+  // (set_gradient_order) and a chunk's micro-batches one after another —
+  // a submission out of it is refused, since its buffer would wait for
+  // one not yet submitted. The same bits as kHost.
+  Tier gradients = Tier::kHost;
+  int gradient_buffers = kGradientBuffers;  // 1..64
   uint64_t host_budget_bytes = 0;  // 0: not held
   uint64_t nvme_budget_bytes = 0;  // 0: not held
   std::vector<std::string> nvme_paths;
@@ -175,6 +190,15 @@ class Session {
   // fp16: multiply the loss by this before backward (the gradients are
   // divided by it before the update); 1 for bf16.
   double loss_scale() const { return options_.precision == DType::kF16 ? scaler_.scale() : 1.0; }
+
+  // The order the model submits its chunks' gradients in, every chunk once
+  // (outside a step): the optimizer reads states ahead in it. Until set, the
+  // reverse of registration (backward's order of a model registered from
+  // its input on); each step ends by taking the order it saw. With
+  // gradients on NVMe it is a contract the session holds the model to.
+  // InvalidArgument for anything but a permutation of the chunks.
+  Status set_gradient_order(std::vector<size_t> order);
+  const std::vector<size_t>& gradient_order() const { return landing_order_; }
 
   // Opens a step. `grad_scale` multiplies every submitted gradient before
   // the update (1 / micro-batches, say), besides the fp16 loss scale.
@@ -311,6 +335,24 @@ class Session {
   Status place_chunks();
   OverlapStep make_step(float grad_scale);
   std::function<Status()> adding(std::function<Status()> landed, size_t chunk, bool first);
+  // Gradients on NVMe: the rings, and the checks and waits of a submission.
+  bool gradient_ring() const { return options_.gradients == Tier::kNvme; }
+  // Bytes of one element of a gradient on NVMe (its fp32 sum when
+  // accumulating); 0 with the gradients on the host.
+  uint64_t gradient_bytes() const {
+    if (!gradient_ring()) return 0;
+    return options_.grad_accum > 1 ? 4 : dtype_bytes(options_.precision);
+  }
+  Status make_rings(int64_t largest);
+  Status ring_ready(size_t chunk, int micro_batch) const;
+  // Where chunk c's gradient lands on the host, and where its sum is kept.
+  std::byte* grad_host(size_t c) {
+    return gradient_ring() ? ring_[position_[c] % ring_.size()].data() : grads_[c].data();
+  }
+  float* sum_host(size_t c) {
+    return gradient_ring() ? reinterpret_cast<float*>(sum_ring_[position_[c] % sum_ring_.size()].data())
+                           : sums_[c].data();
+  }
   // Chunks the stage updated in place are put back from their master
   // weights (a failed, cancelled or skipped step); what cannot be now
   // stays stale and restore_stale() puts it back before the next step.
@@ -342,6 +384,11 @@ class Session {
   // added by the optimizer stage as it takes the chunk).
   std::vector<AlignedVector<float>> sums_;
   std::unique_ptr<SerialQueue> accumulator_;
+  // Gradients on NVMe instead (grads_ and sums_ empty): the chunk at
+  // position k of the gradient order uses buffer k % gradient_buffers of
+  // each ring (sum_ring_: grad_accum > 1).
+  std::vector<io::Buffer> ring_, sum_ring_;
+  std::vector<size_t> position_;  // per chunk: its place in landing_order_
   std::vector<gpu::HostPin> pins_;
   // Activation checkpoints by key: host bytes (pinned), or a blob on NVMe
   // reached through one staging buffer.

@@ -63,9 +63,6 @@ Result<SessionOptions> session_options(const EngineConfig& cfg, std::vector<std:
     return invalid_argument("config key optimizer.type: a session runs adam or adamw, the config asks for " +
                             cfg.optimizer.type);
   }
-  if (cfg.constraints.gradients == Tier::kNvme) {
-    return invalid_argument("config key placement.gradients: a session keeps the gradients in RAM (host)");
-  }
   STRATA_RETURN_IF_ERROR(check_state_piece_elems(cfg.setup.state_piece_elems).with_context("config sub_group_size"));
   SessionOptions o;
   o.adam = adam_of(cfg);
@@ -85,6 +82,17 @@ Result<SessionOptions> session_options(const EngineConfig& cfg, std::vector<std:
     return invalid_argument(
         "config: the weights on NVMe need the optimizer states there too, the config puts them on " +
         std::string(tier_name(*cfg.constraints.states)));
+  }
+  // Gradients on NVMe: a ring of host buffers, the rest beside the states.
+  if (cfg.constraints.gradients == Tier::kNvme) {
+    if (cfg.constraints.states && *cfg.constraints.states != Tier::kNvme) {
+      return invalid_argument(
+          "config key placement.gradients: gradients on NVMe need the optimizer states there "
+          "too, the config puts them on " +
+          std::string(tier_name(*cfg.constraints.states)));
+    }
+    o.gradients = o.states = Tier::kNvme;
+    o.gradient_buffers = cfg.setup.gradient_buffers;
   }
   if (o.states == Tier::kNvme && cfg.nvme_paths.empty()) {
     return invalid_argument("config key nvme_paths: the optimizer states on NVMe need a directory");

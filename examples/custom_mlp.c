@@ -12,9 +12,9 @@
  * forward and comes back in backward. It trains the same model twice from
  * the same seed:
  *   1. everything in RAM, the device uncapped;
- *   2. weights, optimizer states and activation checkpoints on NVMe (the
- *      directory given, default /tmp/strata-custom-mlp), the device held
- *      to a tenth of the model states (16 bytes per parameter);
+ *   2. weights, optimizer states, gradients and activation checkpoints on
+ *      NVMe (the directory given, default /tmp/strata-custom-mlp), the
+ *      device held to a tenth of the model states (16 bytes per parameter);
  * prints both loss sequences and exits 0 only when they are equal bit for
  * bit and the loss fell. The device budget is held by strata: anything
  * beyond it (its slots, the activations allocated here) fails the run;
@@ -203,6 +203,11 @@ static int train(const char* config, float* losses) {
     snprintf(tensor, sizeof tensor, "%s.bias", name);
     if (rc == 0 && strata_session_add_tensor(s, l, tensor, (int64_t)kWidth * kWidth, b_shape, 1) != STRATA_OK) rc = -1;
   }
+  /* Backward submits the gradients from the last layer to the first (with
+   * them on NVMe, strata holds the model to this order). */
+  int64_t order[kLayers];
+  for (int l = 0; l < kLayers; ++l) order[l] = kLayers - 1 - l;
+  if (rc == 0 && strata_session_set_gradient_order(s, order, kLayers) != STRATA_OK) rc = -1;
   Activations a = {0};
   void *h = NULL, *dh = NULL, *dprev = NULL;
   if (rc == 0 && (strata_session_start(s) != STRATA_OK || strata_session_device_alloc(s, 2 * kRowBytes, &h) ||
@@ -230,7 +235,8 @@ int main(int argc, char** argv) {
   snprintf(nvme, sizeof nvme,
            "{\"precision\": \"bf16\", \"optimizer\": {\"type\": \"adamw\", \"lr\": 0.003, \"weight_decay\": 0.01},"
            " \"pin_memory\": false, \"nvme_paths\": [\"%s\"],"
-           " \"placement\": {\"weights\": \"nvme\", \"states\": \"nvme\", \"checkpoints\": \"nvme\"},"
+           " \"placement\": {\"weights\": \"nvme\", \"states\": \"nvme\", \"checkpoints\": \"nvme\","
+           " \"gradients\": \"nvme\"},"
            " \"budgets\": {\"device\": %llu}}",
            dir, (unsigned long long)budget);
   float a[kSteps], b[kSteps];
@@ -238,9 +244,11 @@ int main(int argc, char** argv) {
          (long long)(kLayers * kChunk), (unsigned long long)states);
   printf("run 1: everything in RAM\n");
   if (train(resident, a) != 0) return 1;
-  printf("run 2: weights, optimizer states and activation checkpoints on NVMe in %s, device budget %llu bytes "
-         "(1/10 of the model states)\n",
-         dir, (unsigned long long)budget);
+  printf(
+      "run 2: weights, optimizer states, gradients and activation checkpoints on NVMe in %s, device budget %llu "
+      "bytes "
+      "(1/10 of the model states)\n",
+      dir, (unsigned long long)budget);
   if (train(nvme, b) != 0) return 1;
   int same = 1;
   printf("step  loss (RAM)        loss (NVMe)\n");

@@ -232,11 +232,17 @@ static void session_misuse(const char* root) {
   CHECK(strata_session_add_chunk(s, "a", 3, init, &a) == STRATA_OK && a == 0, "chunk a");
   CHECK(strata_session_add_chunk(s, "a", 3, init, &b) == STRATA_INVALID_ARGUMENT, "a repeated name");
   CHECK(strata_session_add_chunk(s, "b", 5, NULL, &b) == STRATA_OK && b == 1, "chunk b");
+  const int64_t twice[2] = {0, 0}, backward[2] = {1, 0};
+  CHECK(strata_session_set_gradient_order(s, twice, 2) == STRATA_INVALID_ARGUMENT, "a chunk twice in the order");
+  CHECK(strata_session_set_gradient_order(s, backward, 1) == STRATA_INVALID_ARGUMENT, "an order missing a chunk");
+  CHECK(strata_session_set_gradient_order(s, NULL, 2) == STRATA_INVALID_ARGUMENT, "a NULL order");
+  CHECK(strata_session_set_gradient_order(s, backward, 2) == STRATA_OK, "the gradient order: %s", strata_last_error());
   CHECK(strata_session_begin_step(s, 0.0f) == STRATA_INVALID_ARGUMENT, "grad_scale 0");
   const void* w = NULL;
   void* g = NULL;
   CHECK(strata_session_acquire(s, 0, NULL, &w) == STRATA_FAILED_PRECONDITION, "acquire outside a step");
   CHECK(strata_session_begin_step(s, 1.0f) == STRATA_OK, "begin");
+  CHECK(strata_session_set_gradient_order(s, backward, 2) == STRATA_FAILED_PRECONDITION, "the order in a step");
   CHECK(strata_session_add_chunk(s, "c", 3, NULL, NULL) == STRATA_FAILED_PRECONDITION, "a chunk after start");
   CHECK(strata_session_acquire(s, 2, NULL, &w) == STRATA_INVALID_ARGUMENT, "an unknown chunk");
   CHECK(strata_session_acquire(s, -1, NULL, &w) == STRATA_INVALID_ARGUMENT, "a negative chunk");

@@ -798,6 +798,115 @@ TEST(Session, TheVerticalOrderGivesTheSameBitsAndMovesTheWeightsOnce) {
       << "the vertical order should copy the weights up once a pass, not once a micro-batch";
 }
 
+// Gradients on NVMe: a ring of host buffers instead of one per chunk, each
+// gradient written beside its chunk's states and read back by an update
+// after the verdict (clipping fires on the first steps here, so some
+// speculative updates are redone from the gradients on NVMe). The same bits
+// and verdicts as gradients in RAM, with a ring of one buffer and of three,
+// one micro-batch a step and three in the vertical order.
+TEST(Session, GradientsOnNvmeGiveTheSameBitsFromARingOfBuffers) {
+  const Mlp m{64, 8, 8};
+  constexpr int kSteps = 8;
+  TempDir dir;
+  SessionOptions o = base_options();
+  o.states = Tier::kNvme;
+  o.nvme_paths = {dir.path()};
+  o.clip_norm = 0.05f;
+  std::vector<StepVerdict> host_v;
+  const std::vector<float> host = run(m, o, kSteps, &host_v);
+  for (int buffers : {1, 3}) {
+    SessionOptions g = o;
+    g.gradients = Tier::kNvme;
+    g.gradient_buffers = buffers;
+    std::vector<StepVerdict> ring_v;
+    const std::vector<float> ring = run(m, g, kSteps, &ring_v);
+    ASSERT_EQ(ring.size(), host.size()) << buffers << " buffers";
+    int redone = 0;
+    for (size_t k = 0; k < host.size(); ++k) {
+      EXPECT_EQ(std::bit_cast<uint32_t>(host[k]), std::bit_cast<uint32_t>(ring[k])) << "step " << k;
+      EXPECT_EQ(host_v[k].grad_norm, ring_v[k].grad_norm) << "step " << k;
+      EXPECT_EQ(host_v[k].clipped, ring_v[k].clipped) << "step " << k;
+      redone += ring_v[k].rolled_back ? 1 : 0;
+    }
+    EXPECT_GT(redone, 0) << "some update should have read its gradients back from NVMe";
+  }
+  // Host memory: the ring (and the staging buffers' room for a gradient)
+  // holds a few chunks' gradients, not every chunk's: of 32 chunks, 3 + 4.
+  const Mlp deep{64, 32, 8};
+  Result<std::unique_ptr<Session>> in_ram = make_session(deep, o);
+  SessionOptions g = o;
+  g.gradients = Tier::kNvme;
+  Result<std::unique_ptr<Session>> on_nvme = make_session(deep, g);
+  ASSERT_TRUE(in_ram.has_value() && on_nvme.has_value());
+  ASSERT_TRUE((*in_ram)->start().ok() && (*on_nvme)->start().ok());
+  const uint64_t all_grads = static_cast<uint64_t>(deep.L * deep.chunk_elems()) * 2;
+  EXPECT_LT((*on_nvme)->host_bytes() + all_grads / 2, (*in_ram)->host_bytes())
+      << "the ring should replace a gradient buffer per chunk";
+  // Accumulating in the vertical order: the fp32 sums wait in a ring too.
+  o.grad_accum = 3;
+  g.grad_accum = 3;
+  Result<std::unique_ptr<Session>> a = make_session(m, o);
+  Result<std::unique_ptr<Session>> b = make_session(m, g);
+  ASSERT_TRUE(a.has_value() && b.has_value());
+  for (int k = 0; k < 4; ++k) {
+    Result<float> la = vertical_step(**a, m, k);
+    Result<float> lb = vertical_step(**b, m, k);
+    ASSERT_TRUE(la.has_value()) << la.status().to_string();
+    ASSERT_TRUE(lb.has_value()) << lb.status().to_string();
+    EXPECT_EQ(std::bit_cast<uint32_t>(*la), std::bit_cast<uint32_t>(*lb)) << "step " << k;
+  }
+}
+
+// With the gradients on NVMe they come in the gradient order, a chunk's
+// micro-batches one after another: anything else is refused, naming what
+// comes next, and changes nothing (the step then completes as a clean one).
+TEST(Session, GradientsOnNvmeComeInTheGradientOrder) {
+  const Mlp m{16, 3, 4};
+  TempDir dir;
+  SessionOptions o = base_options();
+  o.states = o.gradients = Tier::kNvme;
+  o.nvme_paths = {dir.path()};
+  o.gradient_buffers = 1;
+  Result<std::unique_ptr<Session>> made = make_session(m, o);
+  ASSERT_TRUE(made.has_value()) << made.status().to_string();
+  Session& s = **made;
+  EXPECT_EQ(s.set_gradient_order({0, 1}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.set_gradient_order({0, 1, 1}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.set_gradient_order({0, 1, 3}).code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(s.set_gradient_order({2, 1, 0}).ok());
+  ASSERT_TRUE(s.begin_step().ok());
+  EXPECT_EQ(s.set_gradient_order({2, 1, 0}).code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(s.gradient_buffer(1).has_value());
+  const Status early = s.submit_gradient(1);
+  EXPECT_EQ(early.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(early.message().find("\"layer2\" next"), std::string::npos) << early.to_string();
+  EXPECT_EQ(s.submitted(1), 0);
+  ASSERT_TRUE(s.cancel_step().ok());
+  ASSERT_TRUE(train_step(s, m, 0).has_value());
+  SessionOptions r = o;
+  r.states = r.gradients = Tier::kHost;
+  const std::vector<float> want = run(m, r, 2);
+  Result<float> second = train_step(s, m, 1);
+  ASSERT_TRUE(second.has_value()) << second.status().to_string();
+  EXPECT_EQ(std::bit_cast<uint32_t>(*second), std::bit_cast<uint32_t>(want[1]));
+  // Micro-batch by micro-batch, every chunk's first gradient before any
+  // chunk's second: the ring cannot hold that.
+  o.grad_accum = 2;
+  Result<std::unique_ptr<Session>> acc = make_session(m, o);
+  ASSERT_TRUE(acc.has_value()) << acc.status().to_string();
+  ASSERT_TRUE((*acc)->begin_step(0.5f).ok());
+  Result<float> mb = micro_batch(**acc, m, 0, false);
+  ASSERT_FALSE(mb.has_value());
+  EXPECT_EQ(mb.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(mb.status().message().find("one after another"), std::string::npos) << mb.status().to_string();
+  EXPECT_EQ((*acc)->submitted(1), 0);
+  EXPECT_EQ((*acc)->submitted(2), 1);
+  // States in RAM cannot take them.
+  SessionOptions bad = base_options();
+  bad.gradients = Tier::kNvme;
+  EXPECT_NE(Session::create(bad).status().message().find("gradients on NVMe need"), std::string::npos);
+}
+
 TEST(Session, Fp16SkipsAnOverflowAndKeepsTheWeights) {
   const Mlp m{16, 2, 4};
   SessionOptions o = base_options();

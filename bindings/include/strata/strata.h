@@ -246,6 +246,15 @@ STRATA_API strata_status strata_session_add_tensor(strata_session* session, int6
 STRATA_API strata_status strata_session_start(strata_session* session);
 /* The learning rate of the next steps' updates (finite, >= 0). */
 STRATA_API strata_status strata_session_set_lr(strata_session* session, double lr);
+/* The order the model submits its chunks' gradients in: `count` chunk
+ * indices, each chunk once (outside a step). The optimizer reads states
+ * ahead in it; until set, the reverse of registration, and each step ends
+ * by taking the order it saw. With the config's placement.gradients "nvme"
+ * it is a contract: a gradient out of it (or a chunk's micro-batches not
+ * one after another) is FAILED_PRECONDITION, changing nothing.
+ * INVALID_ARGUMENT for anything but a permutation of the chunks. */
+STRATA_API strata_status strata_session_set_gradient_order(strata_session* session, const int64_t* order,
+                                                           int64_t count);
 /* fp16: multiply the loss by this before backward; 1 for bf16. */
 STRATA_API double strata_session_loss_scale(const strata_session* session);
 /* Whether the working weights and gradients are fp16, into *is_fp16
