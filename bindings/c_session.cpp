@@ -339,6 +339,7 @@ const char* strata_session_describe(strata_session* session) {
           {"states", engine::tier_name(o.states)},
           {"activations", engine::tier_name(o.activations)},
           {"gradients", engine::tier_name(o.gradients)},
+          {"delayed_update", o.delayed_update},
           {"prefetch_depth", o.prefetch_depth},
           {"resident_first", o.resident_first},
           {"speculate_in_ram", o.speculate_in_ram && o.states == engine::Tier::kHost}}},

@@ -49,6 +49,11 @@ Status check_options(const SessionOptions& o) {
   if (o.gradient_buffers < 1 || o.gradient_buffers > 64) {
     return invalid_argument("session: gradient_buffers must be 1..64, got " + std::to_string(o.gradient_buffers));
   }
+  if (o.delayed_update && o.gradients == Tier::kNvme) {
+    return invalid_argument(
+        "session: the delayed update keeps the gradients on the host (its update reads a whole step's while the "
+        "next one's come); gradients on NVMe need the exact schedule");
+  }
   if (o.prefetch_depth < 1 || o.prefetch_depth > 1024) {
     return invalid_argument("session: prefetch_depth must be 1..1024, got " + std::to_string(o.prefetch_depth));
   }
@@ -312,11 +317,12 @@ uint64_t Session::host_bytes_needed() const {
   std::vector<int64_t> elems;
   for (const Spec& s : specs_) {
     const auto n = static_cast<uint64_t>(s.elems);
+    const uint64_t sets = o.delayed_update ? 2 : 1;  // the delayed update's second set
     if (!gradient_ring()) {
-      bytes += es * n;                       // the gradient's host buffer
-      if (o.grad_accum > 1) bytes += 4 * n;  // its fp32 sum
+      bytes += sets * es * n;                       // the gradient's host buffer
+      if (o.grad_accum > 1) bytes += sets * 4 * n;  // its fp32 sum
     }
-    if (o.weights == Tier::kHost) bytes += es * n;          // the working weights
+    if (o.weights == Tier::kHost) bytes += sets * es * n;  // the working weights
     if (o.states == Tier::kHost) {
       // The states, and with speculation in RAM their second copy.
       bytes += (o.speculate_in_ram ? 2 : 1) * OptimizerStage::state_bytes(s.elems, o.adam_states);
@@ -362,16 +368,22 @@ Status Session::place_chunks() {
       weights_.emplace_back(bytes);
       STRATA_RETURN_IF_ERROR(cpu_optim::convert(master.data(), DType::kF32, weights_.back().data(), o.precision,
                                                 specs_[c].elems, *executor_));
+      if (o.delayed_update) weights_next_.emplace_back(bytes);  // written whole by each update
     }
     if (!gradient_ring()) {
       grads_.emplace_back(bytes);
       executor_->zero(grads_.back().data(), bytes);
       if (o.grad_accum > 1) sums_.emplace_back(n);
+      if (o.delayed_update) {
+        grads_alt_.emplace_back(bytes);
+        executor_->zero(grads_alt_.back().data(), bytes);
+        if (o.grad_accum > 1) sums_alt_.emplace_back(n);
+      }
     }
     return static_cast<const float*>(master.data());
   };
   STRATA_RETURN_IF_ERROR(stage_->initialize_all(make_chunk));
-  for (auto* set : {&weights_, &grads_}) {
+  for (auto* set : {&weights_, &grads_, &weights_next_, &grads_alt_}) {
     for (AlignedVector<std::byte>& v : *set) {
       STRATA_ASSIGN_OR_RETURN(gpu::HostPin pin, gpu::HostPin::make(*device_, v.data(), v.size()));
       pins_.push_back(std::move(pin));
@@ -397,7 +409,9 @@ OverlapStep Session::make_step(float grad_scale) {
     // Accumulating: the stage reads the fp32 sum, which it completes itself.
     ov.grads.push_back(options_.grad_accum == 1 ? ChunkGrad{grad_host(c), options_.precision}
                                                 : ChunkGrad{sum_host(c), DType::kF32});
-    ov.out.push_back(weights_.empty() ? nullptr : weights_[c].data());  // null: the stage writes them to NVMe
+    // Null: the stage writes them to NVMe. Delayed: beside the ones the next step computes with.
+    void* out = weights_.empty() ? nullptr : (weights_next_.empty() ? weights_ : weights_next_)[c].data();
+    ov.out.push_back(out);
   }
   ov.out_dtype = options_.precision;
   ov.order = landing_order_;
@@ -418,12 +432,16 @@ Status Session::begin_step(float grad_scale) {
   STRATA_RETURN_IF_ERROR(start());
   if (!broken_.empty()) return failed_precondition("session: " + broken_ + "; load a checkpoint to continue");
   STRATA_RETURN_IF_ERROR(restore_stale());  // what a failed step could not put back then
+  // The delayed update: one that failed runs again beside this step, from its own gradients.
+  restart_failed_update();
   std::vector<const void*> host;
   for (size_t c = 0; c < specs_.size(); ++c) host.push_back(weights_.empty() ? nullptr : weights_[c].data());
   STRATA_RETURN_IF_ERROR(store_->begin_step(host));
   position_.assign(specs_.size(), 0);
   for (size_t k = 0; k < landing_order_.size(); ++k) position_[landing_order_[k]] = k;
-  Status begun = stage_->begin(make_step(grad_scale));
+  // The exact schedule's update starts now: it reads states ahead and takes
+  // each chunk as its gradient comes. The delayed one starts at end_step.
+  Status begun = options_.delayed_update ? ok_status() : stage_->begin(make_step(grad_scale));
   if (!begun.ok()) {
     store_->settle();
     return begun;
@@ -433,6 +451,7 @@ Status Session::begin_step(float grad_scale) {
   grad_held_.assign(specs_.size(), nullptr);
   submits_.assign(specs_.size(), 0);
   landed_now_.clear();
+  grad_scale_ = grad_scale;
   in_step_ = true;
   return ok_status();
 }
@@ -523,6 +542,7 @@ Result<StepVerdict> Session::end_step() {
     return failed_precondition("session: end_step: no gradient submitted for " + missing + "; the step stays open");
   }
   if (!held.empty()) return failed_precondition("session: end_step: still acquired: " + held + "; release them first");
+  if (options_.delayed_update) return end_delayed_step();
   Result<OverlapOutcome> outcome = stage_->finish();
   store_->end_step();
   in_step_ = false;
@@ -533,24 +553,20 @@ Result<StepVerdict> Session::end_step() {
   // A skipped step's chunks that a speculative update wrote in place get their old weights back.
   if (outcome->skipped) STRATA_RETURN_IF_ERROR(restore_written_weights());
   landing_order_ = landed_now_;
-  last_clipped_ = outcome->clipped;
-  last_skipped_ = outcome->skipped;
-  if (options_.precision == DType::kF16) scaler_.update(outcome->skipped);
-  if (!outcome->skipped) ++updates_;
-  ++steps_;
-  StepVerdict v;
-  v.step = steps_;
-  v.grad_norm = outcome->grad_norm;
-  v.clipped = outcome->clipped;
-  v.skipped = outcome->skipped;
-  v.rolled_back = outcome->rolled_back;
-  v.lr = lr_;
-  v.loss_scale = loss_scale();
+  StepVerdict v = take(*outcome, lr_);
+  v.step = ++steps_;
   return v;
 }
 
 Status Session::cancel_step() {
   if (!in_step_) return ok_status();
+  if (options_.delayed_update) {
+    // Its update has not begun (the one in flight is the last step's, and goes on).
+    if (accumulator_) accumulator_->drain().ignore();
+    store_->settle();
+    in_step_ = false;
+    return ok_status();
+  }
   // Every gradient in, the update is under way: in RAM it writes the states
   // in place, with nothing to go back to.
   bool every = true;
@@ -586,6 +602,7 @@ Status Session::read_master(size_t chunk, std::span<float> dst) {
   STRATA_RETURN_IF_ERROR(usable("read_master"));
   if (!started()) return failed_precondition("session: read_master before start");
   if (in_step_) return failed_precondition("session: read_master during a step");
+  STRATA_RETURN_IF_ERROR(flush().with_context("session: read_master"));  // a delayed update in flight
   if (chunk >= specs_.size()) return invalid_argument("session: read_master: no chunk " + std::to_string(chunk));
   if (dst.size() != static_cast<size_t>(specs_[chunk].elems)) {
     return invalid_argument("session: read_master \"" + specs_[chunk].name + "\": " +
@@ -613,9 +630,12 @@ SessionCounters Session::counters() const {
 
 uint64_t Session::host_bytes() const {
   uint64_t b = 0;
-  for (const auto& v : weights_) b += v.capacity();
-  for (const auto& v : grads_) b += v.capacity();
-  for (const auto& v : sums_) b += v.capacity() * 4;
+  for (const auto* set : {&weights_, &grads_, &weights_next_, &grads_alt_}) {
+    for (const auto& v : *set) b += v.capacity();
+  }
+  for (const auto* set : {&sums_, &sums_alt_}) {
+    for (const auto& v : *set) b += v.capacity() * 4;
+  }
   for (const auto* ring : {&ring_, &sum_ring_}) {
     for (const io::Buffer& buffer : *ring) b += buffer.capacity_bytes();
   }
@@ -630,7 +650,10 @@ uint64_t Session::host_bytes() const {
 
 Status Session::async_error() {
   if (aborted_.load()) return cancelled("session: the session was aborted");
-  if (in_step_) return stage_->async_error().with_context("session: the optimizer stage");
+  if (update_failed_.load()) {
+    return unavailable("session: the last delayed update failed; the next begin_step or finalize begins it again");
+  }
+  if (in_step_ || pending_.load()) return stage_->async_error().with_context("session: the optimizer stage");
   return ok_status();
 }
 
@@ -643,6 +666,7 @@ Status Session::finalize() {
     if (writes.ok()) writes = std::move(w);
   }
   STRATA_RETURN_IF_ERROR(writes.with_context("session: finalize"));
+  STRATA_RETURN_IF_ERROR(flush().with_context("session: finalize: the delayed update in flight"));
   return device_->async_error().with_context("session: finalize: the device's background work");
 }
 

@@ -110,6 +110,16 @@ struct SessionOptions {
   // one not yet submitted. The same bits as kHost.
   Tier gradients = Tier::kHost;
   int gradient_buffers = kGradientBuffers;  // 1..64
+  // Opt-in, NOT exact (ZeRO-Offload's delayed parameter update): the
+  // update of step t runs beside the model's compute of step t+1, which
+  // therefore uses the weights from before update t (one step stale).
+  // Hides the optimizer and its NVMe traffic behind the model; costs a
+  // second set of the host gradient buffers (and sums) and, with the
+  // weights in RAM, of the weights. end_step starts the step's update and
+  // returns the verdict of the one before it, which it waits for; read_master,
+  // save, load and finalize land the update in flight first. Deterministic:
+  // the same bits on every placement. Not with the gradients on NVMe.
+  bool delayed_update = false;
   uint64_t host_budget_bytes = 0;  // 0: not held
   uint64_t nvme_budget_bytes = 0;  // 0: not held
   std::vector<std::string> nvme_paths;
@@ -143,7 +153,9 @@ struct TensorView {
 
 // What end_step() decided.
 struct StepVerdict {
-  int64_t step = 0;          // steps ended so far, this one included
+  // The step this is the verdict of, counted from 1: the one end_step
+  // ended, or with the delayed update the one before it (0: none yet).
+  int64_t step = 0;
   double grad_norm = 0;      // of the scaled gradients, before clipping
   bool clipped = false;
   bool skipped = false;      // an inf/nan gradient: nothing was updated
@@ -238,11 +250,16 @@ class Session {
   // (FailedPrecondition naming the missing ones otherwise, the step open):
   // waits for the optimizer and returns its verdict. On a failure of the
   // update (I/O, say) the step is over, nothing of it was applied, and the
-  // weights are as before it.
+  // weights are as before it. With the delayed update: waits for the last
+  // step's update, returns its verdict and starts this step's; when the
+  // last one failed, this step is over with nothing of it kept, and the
+  // failed update is begun again by the next begin_step (from its own
+  // gradients, which nothing overwrote: the same numbers).
   Result<StepVerdict> end_step();
   // Abandons the open step (the model's own compute failed): nothing of it
   // is applied. OK when no step is open; FailedPrecondition once every
-  // chunk's gradient was submitted (the update is under way: end_step).
+  // chunk's gradient was submitted (the update is under way: end_step),
+  // except with the delayed update, whose update starts at end_step.
   Status cancel_step();
 
   // Activation checkpoints of the model (layer inputs kept for backward,
@@ -274,6 +291,9 @@ class Session {
 
   // A chunk's fp32 master weights (chunk_elems floats), outside a step.
   Status read_master(size_t chunk, std::span<float> dst);
+  // The NVMe store (null when nothing is on NVMe): tests reach its fault
+  // injector through it.
+  io::SwapStore* swap_store() { return swap_.get(); }
   // Where a chunk's view is now, and its home.
   Residency residency(size_t chunk, View view) const { return store_->residency(chunk, view); }
   Tier home(size_t chunk, View view) const { return store_->home(chunk, view); }
@@ -334,6 +354,15 @@ class Session {
   Status build(std::vector<gpu::ChunkLayout> layout, const std::vector<int64_t>& elems);
   Status place_chunks();
   OverlapStep make_step(float grad_scale);
+  // The counts a finished update moves (loss scale, updates, the next
+  // speculation's guess), and its verdict.
+  StepVerdict take(const OverlapOutcome& outcome, double lr);
+  // The delayed update: end_step's part, landing the update in flight
+  // (flush: OK when none), and beginning a failed one again.
+  Result<StepVerdict> end_delayed_step();
+  Status flush(StepVerdict* verdict = nullptr);
+  void restart_failed_update();
+  void begin_update(OverlapStep step);
   std::function<Status()> adding(std::function<Status()> landed, size_t chunk, bool first);
   // Gradients on NVMe: the rings, and the checks and waits of a submission.
   bool gradient_ring() const { return options_.gradients == Tier::kNvme; }
@@ -384,6 +413,19 @@ class Session {
   // added by the optimizer stage as it takes the chunk).
   std::vector<AlignedVector<float>> sums_;
   std::unique_ptr<SerialQueue> accumulator_;
+  // The delayed update: the sets the update in flight reads (the gradients
+  // or their sums; they trade places with grads_ / sums_ as it starts), the
+  // weights it writes beside the ones the model computes with (they trade
+  // places when it lands updated), the step it is (kept to begin it again
+  // when it failed), and the rate it takes.
+  std::vector<AlignedVector<std::byte>> grads_alt_, weights_next_;
+  std::vector<AlignedVector<float>> sums_alt_;
+  OverlapStep in_flight_;
+  double in_flight_lr_ = 0;
+  int64_t in_flight_step_ = 0;
+  float grad_scale_ = 1;                    // the open step's
+  std::atomic<bool> pending_{false};        // an update in flight (async_error reads it from any thread)
+  std::atomic<bool> update_failed_{false};  // ... that failed: begun again before anything waits for it
   // Gradients on NVMe instead (grads_ and sums_ empty): the chunk at
   // position k of the gradient order uses buffer k % gradient_buffers of
   // each ring (sum_ring_: grad_accum > 1).

@@ -28,6 +28,7 @@ Status Session::save(const std::string& root) {
   if (!started()) return failed_precondition("session: save before start: nothing is placed yet");
   if (in_step_) return failed_precondition("session: save during a step (end_step or cancel_step first)");
   if (!broken_.empty()) return failed_precondition("session: " + broken_ + "; nothing consistent to save");
+  STRATA_RETURN_IF_ERROR(flush().with_context("session: save"));  // a delayed update in flight lands first
   STRATA_RETURN_IF_ERROR(restore_stale());  // what a failed step left updated goes back first
   CheckpointDir dir(root);
   STRATA_RETURN_IF_ERROR(dir.lock());
@@ -184,6 +185,9 @@ Status Session::load(const std::string& root) {
   STRATA_RETURN_IF_ERROR(usable("load"));
   if (in_step_) return failed_precondition("session: load during a step (end_step or cancel_step first)");
   STRATA_RETURN_IF_ERROR(start());
+  // A delayed update in flight lands before anything is replaced (the
+  // checkpoint may yet be refused).
+  STRATA_RETURN_IF_ERROR(flush().with_context("session: load"));
   CheckpointDir dir(root);
   STRATA_ASSIGN_OR_RETURN(CheckpointDir::Entry latest, dir.latest());
   const std::string& path = latest.path;

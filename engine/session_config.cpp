@@ -46,7 +46,6 @@ std::vector<std::string> unhonoured(const EngineConfig& cfg) {
   auto say = [&w](const std::string& key, const std::string& why) {
     w.push_back("config key " + key + ": a session does not honour it (" + why + "); ignored");
   };
-  if (cfg.delayed_update) say("delayed_update", "its updates are exact, never one step stale");
   if (cfg.vertical_accumulation) say("batch.vertical", "the model orders its own micro-batches");
   if (cfg.numa_node >= 0) say("numa_node", "its threads and memory are not bound to a node");
   const LrSchedule constant;
@@ -108,6 +107,7 @@ Result<SessionOptions> session_options(const EngineConfig& cfg, std::vector<std:
   o.nvme_budget_bytes = cfg.nvme_budget_given ? cfg.budgets.nvme_bytes : 0;
   o.state_piece_elems = cfg.setup.state_piece_elems;
   o.speculate_in_ram = cfg.speculate_in_ram && o.states == Tier::kHost;
+  o.delayed_update = cfg.delayed_update;
   o.prefetch_depth = static_cast<int>(cfg.session.prefetch_depth);
   o.resident_first = cfg.session.resident_first;  // on NVMe the updates speculate anyway
   o.pin_memory = cfg.pin_memory;

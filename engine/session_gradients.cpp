@@ -117,9 +117,16 @@ Status Session::submit_gradient(size_t chunk) {
   ChunkStore* store = store_.get();
   grad_held_[chunk] = nullptr;
   ++submits_[chunk];
-  if (k + 1 < A) {
+  // The delayed update: every micro-batch's is added on the accumulator's
+  // thread, and the update takes them all at end_step.
+  const bool delayed = options_.delayed_update;
+  if (k + 1 < A || (delayed && A > 1)) {
     if (!accumulator_) accumulator_ = std::make_unique<SerialQueue>("strata:accum");
     accumulator_->submit(adding([store, chunk] { return store->await_gradient(chunk); }, chunk, /*first=*/k == 0));
+    if (k + 1 < A) return ok_status();
+  }
+  if (delayed) {
+    landed_now_.push_back(chunk);
     return ok_status();
   }
   std::function<Status()> landed = [store, chunk] { return store->await_gradient(chunk); };

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -905,6 +906,131 @@ TEST(Session, GradientsOnNvmeComeInTheGradientOrder) {
   SessionOptions bad = base_options();
   bad.gradients = Tier::kNvme;
   EXPECT_NE(Session::create(bad).status().message().find("gradients on NVMe need"), std::string::npos);
+}
+
+// The delayed update: step t+1 computes with the weights from before
+// update t. Deterministic — the same bits in RAM and with the weights,
+// states and activation checkpoints on NVMe through a capped device — but
+// not the exact schedule's numbers; each end_step returns the verdict of the
+// step before it; read_master lands the update in flight.
+TEST(Session, TheDelayedUpdateIsOneStepStaleAndTheSameOnEveryPlacement) {
+  const Mlp m{64, 8, 8};
+  constexpr int kSteps = 10;
+  SessionOptions o = base_options();
+  o.clip_norm = 0.05f;
+  const std::vector<float> exact = run(m, o, kSteps);
+  o.delayed_update = true;
+  std::vector<StepVerdict> verdicts;
+  const std::vector<float> ram = run(m, o, kSteps, &verdicts);
+  ASSERT_EQ(ram.size(), exact.size());
+  // Step 1 computes with the initial weights either way; step 2 still does
+  // when delayed (update 1 runs beside it).
+  EXPECT_EQ(std::bit_cast<uint32_t>(ram[0]), std::bit_cast<uint32_t>(exact[0]));
+  EXPECT_NE(std::bit_cast<uint32_t>(ram[1]), std::bit_cast<uint32_t>(exact[1]));
+  for (size_t k = 0; k < verdicts.size(); ++k) EXPECT_EQ(verdicts[k].step, static_cast<int64_t>(k)) << "step " << k;
+  TempDir dir;
+  SessionOptions n = weights_on_nvme(dir.path());
+  n.clip_norm = o.clip_norm;
+  n.delayed_update = true;
+  n.activations = Tier::kNvme;
+  n.device_bytes = model_state_bytes(m) / 10;
+  Result<std::unique_ptr<Session>> s = make_session(m, n);
+  ASSERT_TRUE(s.has_value()) << s.status().to_string();
+  for (int k = 0; k < kSteps; ++k) {
+    StepVerdict v;
+    Result<float> loss = train_step(**s, m, k, &v, /*offload=*/true);
+    ASSERT_TRUE(loss.has_value()) << "step " << k << ": " << loss.status().to_string();
+    EXPECT_EQ(std::bit_cast<uint32_t>(*loss), std::bit_cast<uint32_t>(ram[static_cast<size_t>(k)])) << "step " << k;
+    EXPECT_EQ(v.grad_norm, verdicts[static_cast<size_t>(k)].grad_norm) << "step " << k;
+    EXPECT_EQ(v.clipped, verdicts[static_cast<size_t>(k)].clipped) << "step " << k;
+  }
+  // read_master lands update 10: the master weights then equal those of a
+  // run in RAM after the same ten steps and its own landing.
+  Result<std::unique_ptr<Session>> r = make_session(m, o);
+  ASSERT_TRUE(r.has_value());
+  for (int k = 0; k < kSteps; ++k) ASSERT_TRUE(train_step(**r, m, k).has_value());
+  std::vector<float> a(static_cast<size_t>(m.chunk_elems())), b(a.size());
+  for (size_t c = 0; c < static_cast<size_t>(m.L); ++c) {
+    ASSERT_TRUE((*s)->read_master(c, a).ok());
+    ASSERT_TRUE((*r)->read_master(c, b).ok());
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4)) << "chunk " << c;
+  }
+}
+
+// Accumulating with the delayed update: the micro-batches' sums are made
+// beside the compute and the update takes them at end_step; one by one and
+// in the vertical order, the same bits.
+TEST(Session, TheDelayedUpdateAccumulatesTheSameInEitherOrder) {
+  const Mlp m{64, 8, 8};
+  SessionOptions o = base_options();
+  o.grad_accum = 3;
+  o.delayed_update = true;
+  Result<std::unique_ptr<Session>> a = make_session(m, o);
+  Result<std::unique_ptr<Session>> b = make_session(m, o);
+  SessionOptions x = o;
+  x.delayed_update = false;
+  Result<std::unique_ptr<Session>> exact = make_session(m, x);
+  ASSERT_TRUE(a.has_value() && b.has_value() && exact.has_value());
+  bool differs = false;
+  for (int k = 0; k < 6; ++k) {
+    Result<float> la = accumulated_step(**a, m, k);
+    Result<float> lb = vertical_step(**b, m, k);
+    Result<float> lx = accumulated_step(**exact, m, k);
+    ASSERT_TRUE(la.has_value() && lb.has_value() && lx.has_value());
+    EXPECT_EQ(std::bit_cast<uint32_t>(*la), std::bit_cast<uint32_t>(*lb)) << "step " << k;
+    differs = differs || *la != *lx;
+  }
+  EXPECT_TRUE(differs) << "the delayed update should not be the exact schedule";
+}
+
+// A delayed update that fails (NVMe writes refused) fails the end_step
+// that waits for it, with nothing of that step kept; the next begin_step
+// begins it again, and the run goes on with the bits of one never failed.
+// (read_master after step 2 lands the update in flight in both runs, so
+// the only writes after it are update 3's.)
+TEST(Session, AFailedDelayedUpdateIsBegunAgainWithTheSameNumbers) {
+  const Mlp m{32, 4, 16};
+  TempDir clean_dir, faulty_dir;
+  SessionOptions o = base_options();
+  o.states = Tier::kNvme;
+  o.delayed_update = true;
+  std::vector<float> master(static_cast<size_t>(m.chunk_elems()));
+  auto steps = [&](Session& s, int from, int to, std::vector<float>* losses) {
+    for (int k = from; k < to; ++k) {
+      Result<float> loss = train_step(s, m, k);
+      ASSERT_TRUE(loss.has_value()) << "step " << k << ": " << loss.status().to_string();
+      losses->push_back(*loss);
+    }
+  };
+  o.nvme_paths = {clean_dir.path()};
+  Result<std::unique_ptr<Session>> clean = make_session(m, o);
+  ASSERT_TRUE(clean.has_value()) << clean.status().to_string();
+  std::vector<float> want, got;
+  steps(**clean, 0, 2, &want);
+  ASSERT_TRUE((*clean)->read_master(0, master).ok());
+  steps(**clean, 2, 6, &want);
+  o.nvme_paths = {faulty_dir.path()};
+  o.faults = io::FaultConfig{};
+  Result<std::unique_ptr<Session>> made = make_session(m, o);
+  ASSERT_TRUE(made.has_value()) << made.status().to_string();
+  Session& s = **made;
+  steps(s, 0, 2, &got);
+  ASSERT_TRUE(s.read_master(0, master).ok());
+  s.swap_store()->faults()->fail_next(io::IoOp::kWrite, EIO, 1000);
+  steps(s, 2, 3, &got);  // begins update 3, which fails beside nothing
+  Result<float> failed = train_step(s, m, 3);
+  ASSERT_FALSE(failed.has_value());
+  EXPECT_NE(failed.status().message().find("delayed update of step 3"), std::string::npos)
+      << failed.status().to_string();
+  EXPECT_EQ(s.steps_done(), 3);
+  EXPECT_EQ(s.async_error().code(), StatusCode::kUnavailable);
+  s.swap_store()->faults()->clear_forced();
+  steps(s, 3, 6, &got);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t k = 0; k < got.size(); ++k) {
+    EXPECT_EQ(std::bit_cast<uint32_t>(got[k]), std::bit_cast<uint32_t>(want[k])) << "step " << k;
+  }
+  EXPECT_TRUE(s.finalize().ok());
 }
 
 TEST(Session, Fp16SkipsAnOverflowAndKeepsTheWeights) {

@@ -199,7 +199,8 @@ typedef struct strata_session strata_session;
 
 /* What strata_session_end_step decided. */
 typedef struct strata_step_verdict {
-  int64_t step;        /* steps ended so far, this one included */
+  int64_t step;        /* the step this is the verdict of: the one ended (with
+                          delayed_update the one before it; 0: none yet) */
   double grad_norm;    /* global norm of the scaled gradients, before clipping */
   int clipped;         /* 1: every gradient was scaled by clip / grad_norm */
   int skipped;         /* 1: an inf/nan gradient; nothing was updated */
@@ -291,7 +292,11 @@ STRATA_API strata_status strata_session_gradient_buffer(strata_session* session,
 STRATA_API strata_status strata_session_submit_gradient(strata_session* session, int64_t chunk, void* stream);
 /* Ends the step once every chunk's gradient was submitted: waits for the
  * optimizer and writes the verdict to *verdict (optional). On an I/O
- * failure of the update the step is over and nothing of it applied. */
+ * failure of the update the step is over and nothing of it applied. With
+ * the config's delayed_update: waits for the previous step's update, whose
+ * verdict it writes, and starts this step's without waiting for it (when
+ * the previous one failed, this step is dropped and the next begin_step
+ * begins the failed update again). */
 STRATA_API strata_status strata_session_end_step(strata_session* session, strata_step_verdict* verdict);
 /* Abandons the open step (the model's compute failed); nothing of it is
  * applied. STRATA_OK when no step is open; FAILED_PRECONDITION once every
