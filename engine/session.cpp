@@ -223,7 +223,7 @@ Status Session::open_nvme() {
   return ok_status();
 }
 
-Status Session::start() {
+Status Session::start(bool initial) {
   STRATA_RETURN_IF_ERROR(usable("start"));
   if (started()) return ok_status();
   if (specs_.empty()) return failed_precondition("session: start with no chunk registered (add_chunk first)");
@@ -248,7 +248,7 @@ Status Session::start() {
     l.numel = l.param_count = s.elems;
     layout.push_back(std::move(l));
   }
-  Status built = build(std::move(layout), elems);
+  Status built = build(std::move(layout), elems, initial);
   if (!built.ok()) {
     // Nothing of a failed start stays: a later start() begins afresh.
     pins_.clear();
@@ -276,7 +276,7 @@ Status Session::start() {
 
 // start()'s allocations, in order: NVMe, the optimizer stage, the chunk
 // store's device slots, each chunk's host buffers and initial state.
-Status Session::build(std::vector<gpu::ChunkLayout> layout, const std::vector<int64_t>& elems) {
+Status Session::build(std::vector<gpu::ChunkLayout> layout, const std::vector<int64_t>& elems, bool initial) {
   const SessionOptions& o = options_;
   STRATA_RETURN_IF_ERROR(open_nvme());
   STRATA_ASSIGN_OR_RETURN(stage_, OptimizerStage::create(elems, o.states, swap_.get(), staging_.get(), *executor_,
@@ -301,7 +301,7 @@ Status Session::build(std::vector<gpu::ChunkLayout> layout, const std::vector<in
     STRATA_RETURN_IF_ERROR(store->set_nvme_weights({swap_.get(), [stage](size_t c) { return stage->weights_blobs(c); }}));
   }
   stage_->set_store(store.get());
-  Status placed = place_chunks();
+  Status placed = place_chunks(initial);
   if (!placed.ok()) {
     stage_->set_store(nullptr);
     return placed;
@@ -349,25 +349,23 @@ uint64_t Session::host_bytes_needed() const {
 
 // Each chunk's initial master weights (and states), its working weights
 // on the host, its gradient buffer; what the device copies from and to, pinned.
-Status Session::place_chunks() {
+Status Session::place_chunks(bool initial) {
   const SessionOptions& o = options_;
   int64_t largest = 0;
   for (const Spec& s : specs_) largest = std::max(largest, s.elems);
-  AlignedVector<float> master(static_cast<size_t>(largest));
-  auto make_chunk = [&](size_t c) -> Result<const float*> {
+  // Chunk c's host buffers: its working weights from `master` (null: zeros,
+  // for a load), zero gradients.
+  auto host_buffers = [&](size_t c, const float* master) -> Status {
     const auto n = static_cast<size_t>(specs_[c].elems);
-    std::span<float> dst(master.data(), n);
-    if (specs_[c].init) {
-      STRATA_RETURN_IF_ERROR(specs_[c].init(dst).with_context("session: the initial values of chunk \"" +
-                                                              specs_[c].name + "\""));
-    } else {
-      std::fill(dst.begin(), dst.end(), 0.0f);
-    }
     const size_t bytes = n * dtype_bytes(o.precision);
     if (o.weights == Tier::kHost) {
       weights_.emplace_back(bytes);
-      STRATA_RETURN_IF_ERROR(cpu_optim::convert(master.data(), DType::kF32, weights_.back().data(), o.precision,
-                                                specs_[c].elems, *executor_));
+      if (master != nullptr) {
+        STRATA_RETURN_IF_ERROR(
+            cpu_optim::convert(master, DType::kF32, weights_.back().data(), o.precision, specs_[c].elems, *executor_));
+      } else {
+        executor_->zero(weights_.back().data(), bytes);
+      }
       if (o.delayed_update) weights_next_.emplace_back(bytes);  // written whole by each update
     }
     if (!gradient_ring()) {
@@ -380,9 +378,26 @@ Status Session::place_chunks() {
         if (o.grad_accum > 1) sums_alt_.emplace_back(n);
       }
     }
-    return static_cast<const float*>(master.data());
+    return ok_status();
   };
-  STRATA_RETURN_IF_ERROR(stage_->initialize_all(make_chunk));
+  if (initial) {
+    AlignedVector<float> master(static_cast<size_t>(largest));
+    auto make_chunk = [&](size_t c) -> Result<const float*> {
+      std::span<float> dst(master.data(), static_cast<size_t>(specs_[c].elems));
+      if (specs_[c].init) {
+        STRATA_RETURN_IF_ERROR(
+            specs_[c].init(dst).with_context("session: the initial values of chunk \"" + specs_[c].name + "\""));
+      } else {
+        std::fill(dst.begin(), dst.end(), 0.0f);
+      }
+      STRATA_RETURN_IF_ERROR(host_buffers(c, master.data()));
+      return static_cast<const float*>(master.data());
+    };
+    STRATA_RETURN_IF_ERROR(stage_->initialize_all(make_chunk));
+  } else {
+    stage_->leave_unset();  // on NVMe: no blob written; the load writes each
+    for (size_t c = 0; c < specs_.size(); ++c) STRATA_RETURN_IF_ERROR(host_buffers(c, nullptr));
+  }
   for (auto* set : {&weights_, &grads_, &weights_next_, &grads_alt_}) {
     for (AlignedVector<std::byte>& v : *set) {
       STRATA_ASSIGN_OR_RETURN(gpu::HostPin pin, gpu::HostPin::make(*device_, v.data(), v.size()));

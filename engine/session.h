@@ -188,7 +188,7 @@ class Session {
   // tensor), an empty shape or a dimension < 1, a tensor past the chunk's
   // end, or one overlapping another of the chunk's.
   Status add_tensor(size_t chunk, TensorView tensor);
-  Status start();
+  Status start() { return start(/*initial=*/true); }
   bool started() const { return store_ != nullptr; }
 
   size_t chunks() const { return specs_.size(); }
@@ -309,7 +309,10 @@ class Session {
   // type, after verifying all of it (the seal, each file, every tensor's
   // type, shape, checksum and finiteness): a refused checkpoint
   // (DataLoss or FailedPrecondition, naming the file and what differs)
-  // changes nothing. The run then continues bit for bit.
+  // changes nothing. Into a session not started, it starts it without the
+  // initial values (no ChunkInit called, nothing initial written to NVMe:
+  // a big model's states are written once, by the load). The run then
+  // continues bit for bit.
   Status save(const std::string& root);
   Status load(const std::string& root);
 
@@ -351,8 +354,11 @@ class Session {
   Status open_nvme();
   // What start() will hold in host memory, from the chunk sizes alone.
   uint64_t host_bytes_needed() const;
-  Status build(std::vector<gpu::ChunkLayout> layout, const std::vector<int64_t>& elems);
-  Status place_chunks();
+  // start(); with `initial` false (a load before start) no chunk's init is
+  // called and nothing initial is written: the load fills every byte.
+  Status start(bool initial);
+  Status build(std::vector<gpu::ChunkLayout> layout, const std::vector<int64_t>& elems, bool initial);
+  Status place_chunks(bool initial);
   OverlapStep make_step(float grad_scale);
   // The counts a finished update moves (loss scale, updates, the next
   // speculation's guess), and its verdict.

@@ -184,10 +184,7 @@ Result<nlohmann::json> Session::checked_record(const std::string& path) const {
 Status Session::load(const std::string& root) {
   STRATA_RETURN_IF_ERROR(usable("load"));
   if (in_step_) return failed_precondition("session: load during a step (end_step or cancel_step first)");
-  STRATA_RETURN_IF_ERROR(start());
-  // A delayed update in flight lands before anything is replaced (the
-  // checkpoint may yet be refused).
-  STRATA_RETURN_IF_ERROR(flush().with_context("session: load"));
+  if (specs_.empty()) return failed_precondition("session: load with no chunk registered (add_chunk first)");
   CheckpointDir dir(root);
   STRATA_ASSIGN_OR_RETURN(CheckpointDir::Entry latest, dir.latest());
   const std::string& path = latest.path;
@@ -219,8 +216,16 @@ Status Session::load(const std::string& root) {
   }
   STRATA_RETURN_IF_ERROR(verify_tensors(path + "/" + kModelFile, model, {}));
   STRATA_RETURN_IF_ERROR(verify_tensors(path + "/" + kOptimizerFile, opt, {}));
-  // Verified whole: from here only an I/O error can stop it, leaving the
-  // weights and states part-loaded.
+  // Verified whole. A session not started yet is placed now without its
+  // initial values (no init called, nothing initial written: a 10B model's
+  // states are not written twice); a started one's delayed update in
+  // flight lands first. From here only an I/O error can stop it, leaving
+  // the weights and states part-loaded.
+  if (!started()) {
+    STRATA_RETURN_IF_ERROR(start(/*initial=*/false));
+  } else {
+    STRATA_RETURN_IF_ERROR(flush().with_context("session: load"));
+  }
   broken_ = "loading checkpoint " + path + " failed part way";
   STRATA_RETURN_IF_ERROR(read_checkpoint(path, model, opt));
   broken_.clear();

@@ -1380,6 +1380,50 @@ TEST(SessionCheckpoint, ASavedRunContinuesBitForBitOnAnyPlacement) {
   }
 }
 
+// A load into a session not started yet places it without its initial
+// values: no chunk's init runs and nothing initial goes to NVMe (a big
+// model's states are written once, by the load), and the run continues bit
+// for bit as from a started one. A load refused there leaves it unstarted.
+TEST(SessionCheckpoint, ALoadBeforeStartWritesNothingInitial) {
+  const Mlp m{32, 4, 8};
+  TempDir nvme, ckpt, empty;
+  SessionOptions o = weights_on_nvme(nvme.path());
+  Result<std::unique_ptr<Session>> a = make_session(m, o);
+  ASSERT_TRUE(a.has_value()) << a.status().to_string();
+  std::vector<float> whole = steps(**a, m, 0, 3);
+  ASSERT_TRUE((*a)->save(ckpt.path()).ok());
+  for (float l : steps(**a, m, 3, 6)) whole.push_back(l);
+  a->reset();
+  auto counted = [&](int* inits) -> Result<std::unique_ptr<Session>> {
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Session> s, Session::create(o));
+    for (int64_t l = 0; l < m.L; ++l) {
+      STRATA_RETURN_IF_ERROR(
+          s->add_chunk("layer" + std::to_string(l), m.chunk_elems(), [&m, l, inits](std::span<float> d) {
+             ++*inits;
+             return init_layer(m, l, d);
+           }).status());
+    }
+    return s;
+  };
+  int inits_started = 0, inits_unstarted = 0;
+  Result<std::unique_ptr<Session>> started = counted(&inits_started);
+  Result<std::unique_ptr<Session>> unstarted = counted(&inits_unstarted);
+  ASSERT_TRUE(started.has_value() && unstarted.has_value());
+  ASSERT_TRUE((*started)->start().ok());
+  ASSERT_TRUE((*started)->load(ckpt.path()).ok());
+  EXPECT_EQ(inits_started, m.L);
+  EXPECT_EQ((*unstarted)->load(empty.path()).code(), StatusCode::kNotFound);
+  EXPECT_FALSE((*unstarted)->started()) << "a refused load should leave the session as it was";
+  const Status loaded = (*unstarted)->load(ckpt.path());
+  ASSERT_TRUE(loaded.ok()) << loaded.to_string();
+  EXPECT_EQ(inits_unstarted, 0) << "no chunk's init should run for a load";
+  const uint64_t states = static_cast<uint64_t>(m.L * m.chunk_elems()) * 12;
+  EXPECT_LE((*unstarted)->counters().nvme_written_bytes + states, (*started)->counters().nvme_written_bytes)
+      << "the initial states should not be written before the load";
+  expect_same_bits(whole, steps(**unstarted, m, 3, 6), 3);
+  expect_same_bits(whole, steps(**started, m, 3, 6), 3);
+}
+
 // Each layer's weight and bias as tensors of their own: the model file
 // holds them by name, a run resumes bit for bit from it, and a session
 // that names its tensors otherwise refuses it.

@@ -337,7 +337,9 @@ STRATA_API int64_t strata_session_steps_done(const strata_session* session);
 STRATA_API strata_status strata_session_save(strata_session* session, const char* dir);
 /* Outside a step: restores the latest checkpoint under `dir` into a session
  * with the same chunks (names, counts), precision and state type, after
- * verifying all of it; starts the session first if needed. A refused
+ * verifying all of it; into a session not started yet it places the
+ * chunks without their initial values (no init called, nothing initial
+ * written: the load writes every byte once). A refused
  * checkpoint (STRATA_DATA_LOSS, STRATA_FAILED_PRECONDITION, naming the file
  * and what differs) changes nothing. The run continues bit for bit. */
 STRATA_API strata_status strata_session_load(strata_session* session, const char* dir);
