@@ -15,6 +15,7 @@ namespace {
 
 Status check_options(const SessionOptions& o) {
   STRATA_RETURN_IF_ERROR(cpu_optim::validate(o.adam).with_context("session"));
+  STRATA_RETURN_IF_ERROR(validate(o.lr_schedule).with_context("session: lr_schedule"));
   if (o.precision != DType::kBF16 && o.precision != DType::kF16 && o.precision != DType::kF32) {
     return invalid_argument("session: the working weights (precision) are bf16, fp16 or fp32");
   }
@@ -417,9 +418,9 @@ Status Session::set_lr(double lr) {
 OverlapStep Session::make_step(float grad_scale) {
   OverlapStep ov;
   cpu_optim::AdamConfig adam = options_.adam;
-  adam.lr = lr_;
+  ov.t = updates_ + 1;  // a skipped step is no update: Adam's t and the schedule stay
+  adam.lr = made_lr_ = lr_at(options_.lr_schedule, lr_, ov.t);
   ov.config = adam;
-  ov.t = updates_ + 1;  // a skipped step is no update: Adam's t stays
   for (size_t c = 0; c < specs_.size(); ++c) {
     // Accumulating: the stage reads the fp32 sum, which it completes itself.
     ov.grads.push_back(options_.grad_accum == 1 ? ChunkGrad{grad_host(c), options_.precision}
@@ -568,7 +569,7 @@ Result<StepVerdict> Session::end_step() {
   // A skipped step's chunks that a speculative update wrote in place get their old weights back.
   if (outcome->skipped) STRATA_RETURN_IF_ERROR(restore_written_weights());
   landing_order_ = landed_now_;
-  StepVerdict v = take(*outcome, lr_);
+  StepVerdict v = take(*outcome, made_lr_);
   v.step = ++steps_;
   return v;
 }

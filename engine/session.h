@@ -47,6 +47,7 @@
 #include "engine/checkpoint_io.h"
 #include "engine/chunk_store.h"
 #include "engine/loss_scaler.h"
+#include "engine/lr_schedule.h"
 #include "engine/optimizer_stage.h"
 #include "engine/pinned_arena.h"
 #include "engine/plan.h"
@@ -68,7 +69,11 @@ struct SessionOptions {
   // parity with an fp32 reference; in RAM between uses).
   DType precision = DType::kBF16;
   LossScaleOptions loss_scale;
-  cpu_optim::AdamConfig adam;  // adam.lr: the rate until set_lr
+  cpu_optim::AdamConfig adam;  // adam.lr: the peak rate until set_lr
+  // The rate of update t (Adam's step count: a skipped fp16 step does not
+  // advance it) is lr_at(lr_schedule, the peak rate, t): warmup and decay
+  // as DeepSpeed's schedulers; the default is the peak throughout.
+  LrSchedule lr_schedule;
   cpu_optim::StateType adam_states = cpu_optim::StateType::kF32;
   Tier states = Tier::kHost;   // master weights and Adam states: kHost or kNvme
   Tier weights = Tier::kHost;  // working weights between uses: kHost, or kNvme (needs the states there)
@@ -197,7 +202,8 @@ class Session {
   DType precision() const { return options_.precision; }
   const SessionOptions& options() const { return options_; }
 
-  // The learning rate of the next steps' updates.
+  // The (peak) learning rate of the next steps' updates: with the default
+  // schedule their rate, otherwise what lr_schedule shapes.
   Status set_lr(double lr);
   // fp16: multiply the loss by this before backward (the gradients are
   // divided by it before the update); 1 for bf16.
@@ -428,6 +434,7 @@ class Session {
   std::vector<AlignedVector<float>> sums_alt_;
   OverlapStep in_flight_;
   double in_flight_lr_ = 0;
+  double made_lr_ = 0;  // the rate of the update make_step made last
   int64_t in_flight_step_ = 0;
   float grad_scale_ = 1;                    // the open step's
   std::atomic<bool> pending_{false};        // an update in flight (async_error reads it from any thread)

@@ -48,10 +48,6 @@ std::vector<std::string> unhonoured(const EngineConfig& cfg) {
   };
   if (cfg.vertical_accumulation) say("batch.vertical", "the model orders its own micro-batches");
   if (cfg.numa_node >= 0) say("numa_node", "its threads and memory are not bound to a node");
-  const LrSchedule constant;
-  if (cfg.lr_schedule.warmup_steps != constant.warmup_steps || cfg.lr_schedule.decay != constant.decay) {
-    say("schedule", "the rate is optimizer.lr until the model calls set_lr");
-  }
   return w;
 }
 
@@ -108,6 +104,7 @@ Result<SessionOptions> session_options(const EngineConfig& cfg, std::vector<std:
   o.state_piece_elems = cfg.setup.state_piece_elems;
   o.speculate_in_ram = cfg.speculate_in_ram && o.states == Tier::kHost;
   o.delayed_update = cfg.delayed_update;
+  o.lr_schedule = cfg.lr_schedule;
   o.prefetch_depth = static_cast<int>(cfg.session.prefetch_depth);
   o.resident_first = cfg.session.resident_first;  // on NVMe the updates speculate anyway
   o.pin_memory = cfg.pin_memory;

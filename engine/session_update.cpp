@@ -41,7 +41,7 @@ Result<StepVerdict> Session::end_delayed_step() {
   STRATA_RETURN_IF_ERROR(flush(&v));
   landing_order_ = landed_now_;
   begin_update(make_step(grad_scale_));
-  in_flight_lr_ = lr_;
+  in_flight_lr_ = made_lr_;
   in_flight_step_ = ++steps_;
   std::swap(grads_, grads_alt_);
   std::swap(sums_, sums_alt_);

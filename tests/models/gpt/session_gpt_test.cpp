@@ -260,58 +260,79 @@ TEST(SessionGpt, CheckpointsHoldTheTrainersTensors) {
   }
 }
 
+// The run's config with `extra` keys, through the trainer and through the
+// session: the same losses bit for bit (and some steps clipped).
+void expect_the_trainers_losses(const GoldenRun& r, const nlohmann::json& extra, const testing::TempDir& dir) {
+  SCOPED_TRACE(r.name);
+  nlohmann::json j = golden_config(r.grad_accum, r.precision, r.clip);
+  j["placement"] = r.placement;
+  j["nvme_paths"] = {dir.sub(std::string(r.name) + "-trainer")};
+  j.update(extra);
+  std::vector<std::string> warnings;
+  Result<EngineConfig> cfg = parse_config(j, &warnings);
+  ASSERT_TRUE(cfg.has_value()) << cfg.status().to_string();
+  Result<TrainerOptions> o = trainer_options(*cfg);
+  ASSERT_TRUE(o.has_value()) << o.status().to_string();
+  Result<std::unique_ptr<Trainer>> t = Trainer::create(*o);
+  ASSERT_TRUE(t.has_value()) << t.status().to_string();
+  std::vector<std::string> unhonoured;
+  Result<SessionOptions> so = session_options(*cfg, &unhonoured);
+  ASSERT_TRUE(so.has_value()) << so.status().to_string();
+  EXPECT_TRUE(unhonoured.empty()) << unhonoured.front();
+  so->nvme_paths = {dir.sub(std::string(r.name) + "-session")};
+  so->resident_first = true;
+  Result<std::unique_ptr<Session>> s = Session::create(*so);
+  ASSERT_TRUE(s.has_value()) << s.status().to_string();
+  SessionGptOptions g;
+  g.model = cfg->setup.model;
+  g.batch = cfg->setup.micro_batch;
+  g.seq = cfg->setup.seq;
+  g.seed = cfg->seed;
+  g.offload_activations = r.offload;
+  Result<std::unique_ptr<SessionGpt>> m = SessionGpt::create(**s, g);
+  ASSERT_TRUE(m.has_value()) << m.status().to_string();
+  const std::vector<float> got = steps(**m, kSteps, r.name);
+  ASSERT_EQ(got.size(), static_cast<size_t>(kSteps));
+  int clipped = 0;
+  for (int k = 0; k < kSteps; ++k) {
+    Result<float> want = (*t)->step();
+    ASSERT_TRUE(want.has_value()) << want.status().to_string();
+    EXPECT_EQ(std::bit_cast<uint32_t>(got[static_cast<size_t>(k)]), std::bit_cast<uint32_t>(*want))
+        << "step " << k + 1 << ": session " << got[static_cast<size_t>(k)] << ", trainer " << *want;
+    clipped += (*t)->last_clipped() ? 1 : 0;
+  }
+  EXPECT_GT(clipped, 0) << "the runs should clip some steps";
+  EXPECT_TRUE((*s)->finalize().ok());
+}
+
 // The delayed update (opt-in, one step stale) through the session is the
-// trainer's delayed update: the same config gives the same losses bit for
-// bit, accumulating and clipping, with the states in RAM and everything on
-// NVMe.
+// trainer's delayed update: the same losses bit for bit, accumulating and
+// clipping, with the states in RAM and everything on NVMe.
 TEST(SessionGpt, TheDelayedUpdateIsTheTrainersBitForBit) {
   testing::TempDir dir;
-  const std::vector<GoldenRun> runs = {
+  const nlohmann::json delayed = {{"delayed_update", true}};
+  expect_the_trainers_losses(
       {"delayed_host", 2, "bf16", 0.5, {{"weights", "host"}, {"states", "host"}, {"checkpoints", "host"}}, true},
+      delayed, dir);
+  expect_the_trainers_losses(
       {"delayed_nvme", 2, "bf16", 0.5, {{"weights", "nvme"}, {"states", "nvme"}, {"checkpoints", "nvme"}}, true},
-  };
-  for (const GoldenRun& r : runs) {
-    SCOPED_TRACE(r.name);
-    nlohmann::json j = golden_config(r.grad_accum, r.precision, r.clip);
-    j["placement"] = r.placement;
-    j["nvme_paths"] = {dir.sub(std::string(r.name) + "-trainer")};
-    j["delayed_update"] = true;
-    std::vector<std::string> warnings;
-    Result<EngineConfig> cfg = parse_config(j, &warnings);
-    ASSERT_TRUE(cfg.has_value()) << cfg.status().to_string();
-    Result<TrainerOptions> o = trainer_options(*cfg);
-    ASSERT_TRUE(o.has_value()) << o.status().to_string();
-    ASSERT_TRUE(o->delayed_update);
-    Result<std::unique_ptr<Trainer>> t = Trainer::create(*o);
-    ASSERT_TRUE(t.has_value()) << t.status().to_string();
-    Result<SessionOptions> so = session_options(*cfg);
-    ASSERT_TRUE(so.has_value()) << so.status().to_string();
-    ASSERT_TRUE(so->delayed_update);
-    so->nvme_paths = {dir.sub(std::string(r.name) + "-session")};
-    so->resident_first = true;
-    Result<std::unique_ptr<Session>> s = Session::create(*so);
-    ASSERT_TRUE(s.has_value()) << s.status().to_string();
-    SessionGptOptions g;
-    g.model = cfg->setup.model;
-    g.batch = cfg->setup.micro_batch;
-    g.seq = cfg->setup.seq;
-    g.seed = cfg->seed;
-    g.offload_activations = r.offload;
-    Result<std::unique_ptr<SessionGpt>> m = SessionGpt::create(**s, g);
-    ASSERT_TRUE(m.has_value()) << m.status().to_string();
-    const std::vector<float> got = steps(**m, kSteps, r.name);
-    ASSERT_EQ(got.size(), static_cast<size_t>(kSteps));
-    int clipped = 0;
-    for (int k = 0; k < kSteps; ++k) {
-      Result<float> want = (*t)->step();
-      ASSERT_TRUE(want.has_value()) << want.status().to_string();
-      EXPECT_EQ(std::bit_cast<uint32_t>(got[static_cast<size_t>(k)]), std::bit_cast<uint32_t>(*want))
-          << "step " << k + 1 << ": session " << got[static_cast<size_t>(k)] << ", trainer " << *want;
-      clipped += (*t)->last_clipped() ? 1 : 0;
-    }
-    EXPECT_GT(clipped, 0) << "the runs should clip some steps";
-    EXPECT_TRUE((*s)->finalize().ok());
-  }
+      delayed, dir);
+}
+
+// A learning-rate schedule (warmup, then a cosine decay) through the
+// session follows the trainer's rates: the same losses bit for bit, the
+// gradients on NVMe in the session's ring too.
+TEST(SessionGpt, TheScheduleAndGradientsOnNvmeAreTheTrainers) {
+  testing::TempDir dir;
+  const nlohmann::json schedule = {
+      {"schedule",
+       {{"warmup_steps", 3}, {"start_lr", 0.0005}, {"decay", "cosine"}, {"decay_end_step", 7}, {"end_lr", 0.0002}}}};
+  expect_the_trainers_losses(
+      {"schedule_host", 1, "bf16", 0.5, {{"weights", "host"}, {"states", "host"}, {"checkpoints", "host"}}, true},
+      schedule, dir);
+  nlohmann::json ring = schedule;
+  ring["placement"] = {{"weights", "host"}, {"states", "nvme"}, {"gradients", "nvme"}, {"checkpoints", "host"}};
+  expect_the_trainers_losses({"schedule_grads_nvme", 1, "bf16", 0.5, {}, true}, ring, dir);
 }
 
 // fp32 working weights: the GPT through the session computes with its
