@@ -9,6 +9,7 @@
 #include "engine/device_pinned_memory.h"
 #include "engine/lr_schedule.h"
 #include "engine/nvme_store.h"
+#include "gpu/device_info.h"
 
 namespace strata::engine {
 namespace {
@@ -69,6 +70,9 @@ Status check_options(const SessionOptions& o) {
   if (o.staging_buffers < 3 || o.staging_buffers > 64) {
     return invalid_argument("session: staging_buffers must be 3..64, got " + std::to_string(o.staging_buffers));
   }
+  if (o.numa_node < -1 || o.numa_node > 4095) {
+    return invalid_argument("session: numa_node must be -1..4095, got " + std::to_string(o.numa_node));
+  }
   if (o.compute_threads < 0 || o.compute_threads > 4096) {
     return invalid_argument("session: compute_threads must be 0..4096, got " + std::to_string(o.compute_threads));
   }
@@ -82,16 +86,27 @@ Status check_options(const SessionOptions& o) {
 
 }  // namespace
 
-Result<std::unique_ptr<Session>> Session::create(SessionOptions o) {
-  STRATA_RETURN_IF_ERROR(check_options(o));
-  std::unique_ptr<Session> s(new Session());
+cpu_optim::ExecutorOptions executor_options(gpu::Backend backend, int compute_threads, int numa_node) {
   cpu_optim::ExecutorOptions eo;
   // On the host backend with its compute capped, the optimizer takes the
   // other cores, as beside a GPU.
-  if (o.backend == gpu::Backend::kHost && o.compute_threads > 0) {
-    eo.threads = std::max(1, cpu_optim::hardware_threads() - o.compute_threads);
+  if (backend == gpu::Backend::kHost && compute_threads > 0) {
+    eo.threads = std::max(1, cpu_optim::hardware_threads() - compute_threads);
   }
-  STRATA_ASSIGN_OR_RETURN(s->executor_, cpu_optim::Executor::create(eo));
+  eo.numa_node = numa_node;
+  if (eo.numa_node < 0 && backend == gpu::Backend::kCuda) {
+    if (Result<std::vector<gpu::CudaDeviceInfo>> gpus = gpu::cuda_devices(); gpus && !gpus->empty()) {
+      eo.numa_node = gpu::numa_node_of_pci(gpus->front().pci_bus_id);
+    }
+  }
+  return eo;
+}
+
+Result<std::unique_ptr<Session>> Session::create(SessionOptions o) {
+  STRATA_RETURN_IF_ERROR(check_options(o));
+  std::unique_ptr<Session> s(new Session());
+  STRATA_ASSIGN_OR_RETURN(s->executor_,
+                          cpu_optim::Executor::create(executor_options(o.backend, o.compute_threads, o.numa_node)));
   if (o.backend == gpu::Backend::kCuda && o.pin_memory) {
     s->allocator_ = std::make_unique<DevicePinnedMemory>(gpu::Backend::kCuda);
   } else {
@@ -241,6 +256,8 @@ Status Session::start(bool initial) {
                               " (weights, gradients, states, staging), exceeds the host budget of " +
                               format_bytes(o.host_budget_bytes) + "; raise it, or put the states and weights on NVMe");
   }
+  // Everything start() allocates takes its pages from the optimizer's node.
+  STRATA_ASSIGN_OR_RETURN(cpu_optim::Executor::NodeMemoryScope on_node, executor_->node_memory_scope());
   std::vector<int64_t> elems;
   std::vector<gpu::ChunkLayout> layout;
   for (const Spec& s : specs_) {

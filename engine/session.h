@@ -64,6 +64,10 @@ struct SessionOptions {
   // uncapped; a GPU's free memory.
   uint64_t device_bytes = 0;
   int compute_threads = 0;  // the host backend's compute cores (0: all)
+  // The NUMA node for the optimizer's threads and the session's host
+  // memory (states, buffers, staging): -1 picks the node nearest the GPU
+  // on CUDA (none on a one-node machine) and none on the host backend.
+  int numa_node = -1;
   // The working weights' and gradients' type: bf16, fp16 with dynamic loss
   // scaling (loss_scale), or fp32 (the master weights' copy: small models,
   // parity with an fp32 reference; in RAM between uses).
@@ -138,6 +142,11 @@ struct SessionOptions {
   bool pin_memory = true;  // lock the host staging buffers (mlock; cudaHostAlloc on a GPU)
   Trace* trace = nullptr;  // not owned
 };
+
+// The optimizer's threads beside a device: on the host backend with its
+// compute capped, the cores it leaves; bound to `numa_node`, or with -1 on
+// CUDA to the node nearest the first GPU (as sysfs reports it).
+cpu_optim::ExecutorOptions executor_options(gpu::Backend backend, int compute_threads, int numa_node);
 
 // Fills a chunk's initial fp32 master weights: `dst` holds the chunk's
 // elements (called once, from start(), on the calling thread).

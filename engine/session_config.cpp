@@ -47,7 +47,6 @@ std::vector<std::string> unhonoured(const EngineConfig& cfg) {
     w.push_back("config key " + key + ": a session does not honour it (" + why + "); ignored");
   };
   if (cfg.vertical_accumulation) say("batch.vertical", "the model orders its own micro-batches");
-  if (cfg.numa_node >= 0) say("numa_node", "its threads and memory are not bound to a node");
   return w;
 }
 
@@ -105,6 +104,7 @@ Result<SessionOptions> session_options(const EngineConfig& cfg, std::vector<std:
   o.speculate_in_ram = cfg.speculate_in_ram && o.states == Tier::kHost;
   o.delayed_update = cfg.delayed_update;
   o.lr_schedule = cfg.lr_schedule;
+  o.numa_node = static_cast<int>(cfg.numa_node);
   o.prefetch_depth = static_cast<int>(cfg.session.prefetch_depth);
   o.resident_first = cfg.session.resident_first;  // on NVMe the updates speculate anyway
   o.pin_memory = cfg.pin_memory;

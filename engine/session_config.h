@@ -33,10 +33,10 @@ io::DirectMode direct_mode(const EngineConfig& config);
 // checkpoints it is handed on NVMe when placement.checkpoints says nvme,
 // otherwise in RAM. The planner's
 // choice is the built-in GPT's. InvalidArgument naming the key for what a
-// session cannot run; speculate_in_ram with the states in RAM. A choice
-// of the config's a session cannot honour (delayed_update, batch.vertical,
-// numa_node, a rate schedule) is a warning on stderr and in `warnings` (optional), never
-// dropped silently.
+// session cannot run; speculate_in_ram with the states in RAM, the
+// delayed update, the rate schedule, the NUMA node. A choice of the
+// config's a session cannot honour (batch.vertical) is a warning on stderr
+// and in `warnings` (optional), never dropped silently.
 Result<SessionOptions> session_options(const EngineConfig& config, std::vector<std::string>* warnings = nullptr);
 
 // The config's budgets with the host backend's defaults where one is 0: a

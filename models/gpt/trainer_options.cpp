@@ -7,6 +7,7 @@
 #include <string>
 
 #include "common/units.h"
+#include "engine/session.h"
 #include "gpu/device_factory.h"
 #include "gpu/device_info.h"
 #include "models/gpt/trainer.h"
@@ -139,17 +140,8 @@ Status check_resources(const TrainerOptions& o) {
 // time-slicing the compute thread's core; on the NUMA node asked for, or
 // (CUDA) the GPU's.
 cpu_optim::ExecutorOptions executor_options(const TrainerOptions& o) {
-  cpu_optim::ExecutorOptions eo;
-  if (o.backend == TrainerOptions::Backend::kHost && o.compute_threads > 0) {
-    eo.threads = std::max(1, cpu_optim::hardware_threads() - o.compute_threads);
-  }
-  eo.numa_node = o.numa_node;
-  if (eo.numa_node < 0 && o.backend == TrainerOptions::Backend::kCuda) {
-    if (Result<std::vector<gpu::CudaDeviceInfo>> gpus = gpu::cuda_devices(); gpus && !gpus->empty()) {
-      eo.numa_node = gpu::numa_node_of_pci(gpus->front().pci_bus_id);
-    }
-  }
-  return eo;
+  return executor_options(o.backend == TrainerOptions::Backend::kCuda ? gpu::Backend::kCuda : gpu::Backend::kHost,
+                          o.compute_threads, o.numa_node);
 }
 
 // Every budget against the planner's bytes for this run's placement,

@@ -1309,6 +1309,26 @@ TEST(Session, BadOptionsAreRefusedNamingTheOption) {
   }
 }
 
+// The optimizer's threads and the session's host memory bound to NUMA node
+// 0 (as on a GPU server): the same bits; a node the machine lacks is
+// refused at create, naming it.
+TEST(Session, ANumaNodeGivesTheSameBitsAndAMissingOneIsRefused) {
+  const Mlp m{32, 4, 8};
+  TempDir dir;
+  SessionOptions o = base_options();
+  o.states = Tier::kNvme;
+  o.nvme_paths = {dir.path()};
+  const std::vector<float> unbound = run(m, o, 4);
+  o.numa_node = 0;
+  EXPECT_EQ(run(m, o, 4), unbound);
+  o.numa_node = 4000;
+  Result<std::unique_ptr<Session>> none = Session::create(o);
+  ASSERT_FALSE(none.has_value());
+  EXPECT_NE(none.status().message().find("NUMA node 4000"), std::string::npos) << none.status().to_string();
+  o.numa_node = -2;
+  EXPECT_NE(Session::create(o).status().message().find("numa_node"), std::string::npos);
+}
+
 TEST(Session, ADeviceBudgetTooSmallForTheSlotsNamesTheBudget) {
   const Mlp m{64, 4, 4};
   SessionOptions o = base_options();
