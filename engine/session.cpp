@@ -401,6 +401,7 @@ Status Session::place_chunks(bool initial) {
   if (initial) {
     AlignedVector<float> master(static_cast<size_t>(largest));
     auto make_chunk = [&](size_t c) -> Result<const float*> {
+      if (c > 0) report("initialising", static_cast<int64_t>(c), static_cast<int64_t>(specs_.size()));
       std::span<float> dst(master.data(), static_cast<size_t>(specs_[c].elems));
       if (specs_[c].init) {
         STRATA_RETURN_IF_ERROR(
@@ -412,6 +413,7 @@ Status Session::place_chunks(bool initial) {
       return static_cast<const float*>(master.data());
     };
     STRATA_RETURN_IF_ERROR(stage_->initialize_all(make_chunk));
+    report("initialising", static_cast<int64_t>(specs_.size()), static_cast<int64_t>(specs_.size()));
   } else {
     stage_->leave_unset();  // on NVMe: no blob written; the load writes each
     for (size_t c = 0; c < specs_.size(); ++c) STRATA_RETURN_IF_ERROR(host_buffers(c, nullptr));

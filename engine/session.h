@@ -38,6 +38,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/aligned_vector.h"
@@ -141,6 +142,13 @@ struct SessionOptions {
   int64_t state_piece_elems = TrainSetup{}.state_piece_elems;
   bool pin_memory = true;  // lock the host staging buffers (mlock; cudaHostAlloc on a GPU)
   Trace* trace = nullptr;  // not owned
+  // Optional: called on the calling thread as long work goes chunk by
+  // chunk — "initialising" (start: each chunk's initial weights and states
+  // placed), "saving" (each chunk's weights, then each chunk's states),
+  // "verifying" (a load: each tensor checked against its checksum) and
+  // "loading" (as saving) — with the units done and the total, ending with
+  // done == total. For progress output: a 10B model's states take minutes.
+  std::function<void(std::string_view what, int64_t done, int64_t total)> progress;
 };
 
 // The optimizer's threads beside a device: on the host backend with its
@@ -366,6 +374,9 @@ class Session {
   // Every micro-batch's gradient of the chunk is in: the optimizer has it.
   bool all_in(size_t chunk) const { return submits_[chunk] == options_.grad_accum; }
   Status check_chunk(const char* call, size_t chunk) const;
+  void report(std::string_view what, int64_t done, int64_t total) const {
+    if (options_.progress) options_.progress(what, done, total);
+  }
   Status open_nvme();
   // What start() will hold in host memory, from the chunk sizes alone.
   uint64_t host_bytes_needed() const;

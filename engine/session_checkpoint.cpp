@@ -95,6 +95,7 @@ Status Session::write_weights(SafetensorsWriter& model, const std::vector<SavedT
     } else {
       STRATA_RETURN_IF_ERROR(piece(0, std::as_bytes(std::span(weights_[c].data(), weights_[c].size()))));
     }
+    report("saving", static_cast<int64_t>(c + 1), 2 * static_cast<int64_t>(specs_.size()));
   }
   return ok_status();
 }
@@ -116,6 +117,7 @@ Status Session::write_checkpoint(const std::string& tmp) {
     STRATA_RETURN_IF_ERROR(stage_->visit_state(c, [&](int part, uint64_t offset, std::span<std::byte> bytes) {
       return opt.write_at(first_state[c] + static_cast<size_t>(part), offset, bytes);
     }));
+    report("saving", static_cast<int64_t>(specs_.size() + c + 1), 2 * static_cast<int64_t>(specs_.size()));
   }
   STRATA_RETURN_IF_ERROR(opt.finish());
   nlohmann::json record = {
@@ -214,8 +216,12 @@ Status Session::load(const std::string& root) {
       STRATA_RETURN_IF_ERROR(check_tensor(path, kOptimizerFile, opt, t));
     }
   }
-  STRATA_RETURN_IF_ERROR(verify_tensors(path + "/" + kModelFile, model, {}));
-  STRATA_RETURN_IF_ERROR(verify_tensors(path + "/" + kOptimizerFile, opt, {}));
+  int64_t verified = 0;
+  const auto tensors = static_cast<int64_t>(model.tensors().size() + opt.tensors().size());
+  for (const SafetensorsReader* r : {&model, &opt}) {
+    const std::string file = path + "/" + (r == &model ? kModelFile : kOptimizerFile);
+    STRATA_RETURN_IF_ERROR(verify_tensors(file, *r, [&] { report("verifying", ++verified, tensors); }));
+  }
   // Verified whole. A session not started yet is placed now without its
   // initial values (no init called, nothing initial written: a 10B model's
   // states are not written twice); a started one's delayed update in
@@ -268,6 +274,7 @@ Status Session::read_weights(const SafetensorsReader& model, const std::vector<S
     } else {
       STRATA_RETURN_IF_ERROR(piece(0, std::as_writable_bytes(std::span(weights_[c].data(), weights_[c].size()))));
     }
+    report("loading", static_cast<int64_t>(c + 1), 2 * static_cast<int64_t>(specs_.size()));
   }
   return ok_status();
 }
@@ -281,6 +288,7 @@ Status Session::read_checkpoint(const std::string& path, const SafetensorsReader
     STRATA_RETURN_IF_ERROR(stage_->replace_state(c, [&](int part, uint64_t offset, std::span<std::byte> bytes) {
       return opt.read(parts[static_cast<size_t>(part)].name, bytes, offset);
     }).with_context("session: loading " + path));
+    report("loading", static_cast<int64_t>(specs_.size() + c + 1), 2 * static_cast<int64_t>(specs_.size()));
   }
   return ok_status();
 }

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -1442,6 +1443,40 @@ TEST(SessionCheckpoint, ALoadBeforeStartWritesNothingInitial) {
       << "the initial states should not be written before the load";
   expect_same_bits(whole, steps(**unstarted, m, 3, 6), 3);
   expect_same_bits(whole, steps(**started, m, 3, 6), 3);
+}
+
+// Long work reports its progress chunk by chunk: start's initialising,
+// save's saving, load's verifying and loading, each rising to its total.
+TEST(SessionCheckpoint, StartSaveAndLoadReportTheirProgress) {
+  const Mlp m{16, 3, 4};
+  TempDir nvme, ckpt;
+  std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> seen;
+  SessionOptions o = weights_on_nvme(nvme.path());
+  o.progress = [&seen](std::string_view what, int64_t done, int64_t total) {
+    seen[std::string(what)].emplace_back(done, total);
+  };
+  Result<std::unique_ptr<Session>> a = make_session(m, o);
+  ASSERT_TRUE(a.has_value()) << a.status().to_string();
+  ASSERT_EQ(steps(**a, m, 0, 1).size(), 1u);
+  ASSERT_TRUE((*a)->save(ckpt.path()).ok());
+  Result<std::unique_ptr<Session>> b = make_session(m, o);
+  ASSERT_TRUE(b.has_value());
+  ASSERT_TRUE((*b)->load(ckpt.path()).ok());
+  // b loads before its start: nothing of it initialises.
+  const std::map<std::string, int64_t> totals = {
+      {"initialising", m.L}, {"saving", 2 * m.L}, {"verifying", 4 * m.L}, {"loading", 2 * m.L}};
+  for (const auto& [what, total] : totals) {
+    SCOPED_TRACE(what);
+    const auto& calls = seen[what];
+    ASSERT_FALSE(calls.empty());
+    int64_t last = 0;
+    for (const auto& [done, of] : calls) {
+      EXPECT_EQ(of, total);
+      EXPECT_GT(done, last) << "progress should rise";
+      last = done;
+    }
+    EXPECT_EQ(last, total) << "progress should end at its total";
+  }
 }
 
 // Each layer's weight and bias as tensors of their own: the model file
