@@ -351,6 +351,7 @@ const char* strata_session_describe(strata_session* session) {
           {"nvme_read_bytes", k.nvme_read_bytes},
           {"nvme_written_bytes", k.nvme_written_bytes},
           {"device_peak_bytes", k.device_peak_bytes},
+          {"device_wait_s", k.device_wait_s},
           {"host_bytes", s.host_bytes()}}},
         {"warnings",
          session->warnings}}.dump();

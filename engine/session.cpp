@@ -660,6 +660,7 @@ SessionCounters Session::counters() const {
     }
   }
   k.device_peak_bytes = device_->peak_bytes();
+  k.device_wait_s = meter_.seconds();
   return k;
 }
 

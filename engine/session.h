@@ -29,6 +29,7 @@
 // One thread drives a session; abort() and async_error() may come from any.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -184,12 +185,17 @@ struct StepVerdict {
   bool rolled_back = false;  // speculative updates were undone (and redone unless skipped)
   double lr = 0;             // the rate of this step's update
   double loss_scale = 1;     // fp16: the scale the next step's loss takes
+  StageCounters update;      // what the update moved and how long it was busy
 };
 
 struct SessionCounters {
   uint64_t h2d_bytes = 0, d2h_bytes = 0;
   uint64_t nvme_read_bytes = 0, nvme_written_bytes = 0;
   uint64_t device_peak_bytes = 0;  // the device's high-water mark since create
+  // The calling thread waiting for the session's copies and NVMe reads
+  // (weights, activations) inside acquire and load_activation: what the
+  // prefetches did not hide.
+  double device_wait_s = 0;
 };
 
 class Session {
@@ -317,6 +323,11 @@ class Session {
   // The NVMe store (null when nothing is on NVMe): tests reach its fault
   // injector through it.
   io::SwapStore* swap_store() { return swap_.get(); }
+  // The optimizer stage (after start): where each chunk's states live.
+  const OptimizerStage& optimizer_stage() const { return *stage_; }
+  // Chunks whose weights in RAM a failed or skipped step updated in place
+  // and that could not be put back yet (the next step or save does it first).
+  size_t chunks_to_restore() const { return static_cast<size_t>(std::count(stale_.begin(), stale_.end(), true)); }
   // Where a chunk's view is now, and its home.
   Residency residency(size_t chunk, View view) const { return store_->residency(chunk, view); }
   Tier home(size_t chunk, View view) const { return store_->home(chunk, view); }

@@ -129,7 +129,9 @@ Status Session::settle_prefetch(uint64_t key) {
   if (it == prefetches_.end()) return ok_status();
   const Prefetch p = it->second;
   prefetches_.erase(it);
-  STRATA_RETURN_IF_ERROR(device_->synchronize(p.done).with_context("session: activation " + std::to_string(key)));
+  // What the model waits here is what the prefetch did not hide.
+  STRATA_RETURN_IF_ERROR(
+      meter_.wait(*device_, p.done, "activation").with_context("session: activation " + std::to_string(key)));
   return p.read ? *p.read : ok_status();
 }
 

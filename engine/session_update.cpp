@@ -20,6 +20,7 @@ StepVerdict Session::take(const OverlapOutcome& outcome, double lr) {
   v.rolled_back = outcome.rolled_back;
   v.lr = lr;
   v.loss_scale = loss_scale();
+  v.update = outcome.counters;
   return v;
 }
 

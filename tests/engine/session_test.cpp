@@ -1330,6 +1330,34 @@ TEST(Session, ANumaNodeGivesTheSameBitsAndAMissingOneIsRefused) {
   EXPECT_NE(Session::create(o).status().message().find("numa_node"), std::string::npos);
 }
 
+// The verdict says what the step's update moved: with the states and the
+// gradients on NVMe, a speculative update that holds reads each chunk's
+// state once (12 bytes a parameter) and writes it and its gradient once
+// (14) — the logical bytes; the store below moves them padded to its
+// alignment, which the session's counters show.
+TEST(Session, TheVerdictCountsTheUpdatesNvmeBytes) {
+  const Mlp m{32, 4, 8};
+  TempDir dir;
+  SessionOptions o = base_options();
+  o.states = o.gradients = Tier::kNvme;
+  o.nvme_paths = {dir.path()};
+  Result<std::unique_ptr<Session>> s = make_session(m, o);
+  ASSERT_TRUE(s.has_value()) << s.status().to_string();
+  ASSERT_TRUE((*s)->start().ok());
+  const auto params = static_cast<uint64_t>(m.L * m.chunk_elems());
+  for (int k = 0; k < 3; ++k) {
+    const SessionCounters before = (*s)->counters();
+    StepVerdict v;
+    ASSERT_TRUE(train_step(**s, m, k, &v).has_value());
+    const SessionCounters after = (*s)->counters();
+    ASSERT_FALSE(v.rolled_back);
+    EXPECT_EQ(v.update.nvme_bytes_read, params * 12) << "step " << k;
+    EXPECT_EQ(v.update.nvme_bytes_written, params * 14) << "step " << k;
+    EXPECT_GE(after.nvme_read_bytes - before.nvme_read_bytes, v.update.nvme_bytes_read) << "step " << k;
+    EXPECT_GE(after.nvme_written_bytes - before.nvme_written_bytes, v.update.nvme_bytes_written) << "step " << k;
+  }
+}
+
 TEST(Session, ADeviceBudgetTooSmallForTheSlotsNamesTheBudget) {
   const Mlp m{64, 4, 4};
   SessionOptions o = base_options();
