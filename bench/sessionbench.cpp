@@ -79,6 +79,8 @@ Result<SessionRun> session_run(const Flags& f, const Placement& p, const std::st
   g.seed = t.seed;
   g.offload_activations = p.inputs != Tier::kDevice;
   STRATA_ASSIGN_OR_RETURN(r.model, engine::SessionGpt::create(*r.session, g));
+  // Initialised before the timing, as the trainer is at create.
+  STRATA_RETURN_IF_ERROR(r.session->start());
   return r;
 }
 

@@ -54,7 +54,8 @@ Result<std::unique_ptr<SessionGpt>> SessionGpt::create(Session& session, const S
       STRATA_RETURN_IF_ERROR(session.add_tensor(index, {t.name, t.offset, t.shape}));
     }
   }
-  STRATA_RETURN_IF_ERROR(session.start());
+  // The session starts at the first step — or a load before it places the
+  // chunks without drawing the initial weights at all (a resume).
   STRATA_RETURN_IF_ERROR(m->allocate());
   return m;
 }

@@ -56,8 +56,11 @@ class SessionGpt {
   // Registers the GPT's chunks with `session` (not started; made with
   // resident_first and the working type the model computes in), GPT-2's
   // initial weights drawn from the seed, and each chunk's tensors under
-  // their GPT-2 names (the session's checkpoints save them so); starts the session and takes the
-  // model's device memory from its budget. `session` must outlive this.
+  // their GPT-2 names (the session's checkpoints save them so); takes the
+  // model's device memory from its budget. The session is left unstarted:
+  // the first step starts it (drawing the initial weights), or a
+  // Session::load before it resumes without drawing them — nothing
+  // initial is computed or written. `session` must outlive this.
   static Result<std::unique_ptr<SessionGpt>> create(Session& session, const SessionGptOptions& options);
   ~SessionGpt();
 

@@ -176,11 +176,20 @@ TEST(SessionGpt, ResumesFromTheSessionsCheckpointBitForBit) {
     got = steps(*first->model, 3, "first");
     ASSERT_TRUE(first->session->save(dir.sub("ckpt")).ok());
   }
+  // Loaded before its first step: the chunks are placed without drawing
+  // GPT-2's initial weights or writing initial states, so NVMe holds only
+  // what the load wrote (as much as the first run's start wrote, less
+  // nothing drawn).
   Result<Built> resumed = build(kAllNvme, dir.sub("resumed"));
   ASSERT_TRUE(resumed.has_value()) << resumed.status().to_string();
+  EXPECT_FALSE(resumed->session->started());
   Status loaded = resumed->session->load(dir.path() + "/ckpt");
   ASSERT_TRUE(loaded.ok()) << loaded.to_string();
   ASSERT_EQ(resumed->session->steps_done(), 3);
+  Result<Built> fresh = build(kAllNvme, dir.sub("fresh"));
+  ASSERT_TRUE(fresh.has_value() && fresh->session->start().ok());
+  EXPECT_EQ(resumed->session->counters().nvme_written_bytes, fresh->session->counters().nvme_written_bytes)
+      << "the load should write each state once, as a start does, and nothing before it";
   for (float l : steps(*resumed->model, 3, "resumed")) got.push_back(l);
   ASSERT_EQ(got.size(), want.size());
   for (size_t k = 0; k < want.size(); ++k) {
