@@ -367,12 +367,18 @@ Status ChunkStore::issue_ahead(size_t current) {
       size_t farthest = 0;
       for (size_t k = 0; k < slots_.size(); ++k) {
         if (slot_uses_[k] > 0) continue;  // a use still to be computed reads it
-        const size_t next = slot_chunk_[k] ? next_use(*slot_chunk_[k], pos) : kNoPosition;
+        if (!slot_chunk_[k]) {            // empty: nothing is better
+          slot = k;
+          break;
+        }
+        // Before the schedule is known (the first step) every chunk's next
+        // use is unknown: an empty slot later in the scan is still better
+        // than evicting one a later use may find.
+        const size_t next = next_use(*slot_chunk_[k], pos);
         if (slot == kNoPosition || next > farthest) {
           slot = k;
           farthest = next;
         }
-        if (next == kNoPosition) break;  // empty, or not needed again: nothing is better
       }
       if (slot == kNoPosition && pos > current) break;  // every slot referenced: fetched later
       if (slot == kNoPosition) {
