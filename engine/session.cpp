@@ -471,7 +471,10 @@ Status Session::begin_step(float grad_scale) {
   restart_failed_update();
   std::vector<const void*> host;
   for (size_t c = 0; c < specs_.size(); ++c) host.push_back(weights_.empty() ? nullptr : weights_[c].data());
-  STRATA_RETURN_IF_ERROR(store_->begin_step(host));
+  if (Status begun = store_->begin_step(host); !begun.ok()) {
+    store_->settle();  // its reads ahead land (a failed one is this error)
+    return begun;
+  }
   position_.assign(specs_.size(), 0);
   for (size_t k = 0; k < landing_order_.size(); ++k) position_[landing_order_[k]] = k;
   // The exact schedule's update starts now: it reads states ahead and takes
@@ -582,6 +585,7 @@ Result<StepVerdict> Session::end_step() {
   store_->end_step();
   in_step_ = false;
   if (!outcome) {
+    store_->settle();                    // what it read ahead for the step lands before the next
     restore_written_weights().ignore();  // what cannot be put back now stays marked for the next step
     return std::move(outcome).error();
   }
