@@ -131,7 +131,7 @@ Session::~Session() {
   if (stage_) stage_->cancel();  // its thread reports to the store
   accumulator_.reset();          // so does this one
   while (!prefetches_.empty()) settle_prefetch(prefetches_.begin()->first).ignore();
-  while (!writes_.empty()) settle_write(writes_.begin()->first).ignore();
+  while (!writes_.empty()) settle_write(writes_.begin()->first);
   activations_.clear();
   for (gpu::HostPin& pin : prefetch_staging_pin_) pin = gpu::HostPin();
   for (gpu::HostPin& pin : write_staging_pin_) pin = gpu::HostPin();
@@ -700,12 +700,14 @@ Status Session::async_error() {
 Status Session::finalize() {
   STRATA_RETURN_IF_ERROR(usable("finalize"));
   if (in_step_) return failed_precondition("session: finalize during a step (end_step or cancel_step first)");
-  Status writes = ok_status();  // activations saved to NVMe, their writes in flight
-  while (!writes_.empty()) {
-    Status w = settle_write(writes_.begin()->first);
-    if (writes.ok()) writes = std::move(w);
+  // Activations saved to NVMe: their writes in flight land, and the first
+  // failure not yet reported is (once).
+  while (!writes_.empty()) settle_write(writes_.begin()->first);
+  for (auto& [key, failed] : failed_writes_) {
+    if (failed.reported) continue;
+    for (auto& [k, f] : failed_writes_) f.reported = true;
+    return failed.status.with_context("session: finalize");
   }
-  STRATA_RETURN_IF_ERROR(writes.with_context("session: finalize"));
   STRATA_RETURN_IF_ERROR(flush().with_context("session: finalize: the delayed update in flight"));
   return device_->async_error().with_context("session: finalize: the device's background work");
 }

@@ -511,8 +511,16 @@ class Session {
   std::map<uint64_t, Write> writes_;
   io::Buffer write_staging_[kWriteStaging];
   gpu::HostPin write_staging_pin_[kWriteStaging];
-  Status settle_write(uint64_t key);
-  std::string activation_blob(uint64_t key) const { return "activation-" + std::to_string(key); }
+  void settle_write(uint64_t key);
+  // Writes that failed, by key, until the key is saved again: each load of
+  // the key reports it, finalize those no load reported (once);
+  // drop_activations forgets them.
+  struct FailedWrite {
+    Status status;
+    bool reported = false;
+  };
+  std::map<uint64_t, FailedWrite> failed_writes_;
+  std::string activation_blob(uint64_t key) const { return "activation-checkpoint/" + std::to_string(key); }
   LossScaler scaler_;
   double lr_ = 0;
 

@@ -25,8 +25,11 @@ Status Session::save_activation(uint64_t key, const void* device_src, uint64_t b
     // The old contents' write lands first; then a staging buffer of the
     // write's own (the oldest write lands when both are taken). Returns
     // once the bytes are off the device, the write in flight.
-    STRATA_RETURN_IF_ERROR(settle_write(key));
-    while (writes_.size() >= kWriteStaging) STRATA_RETURN_IF_ERROR(settle_write(writes_.begin()->first));
+    // A failed write of the old contents is moot: they are replaced. One of
+    // another key's keeps its failure for that key's load.
+    settle_write(key);
+    failed_writes_.erase(key);
+    while (writes_.size() >= kWriteStaging) settle_write(writes_.begin()->first);
     bool used[kWriteStaging] = {};
     for (const auto& [k, w] : writes_) used[w.staging] = true;
     Write w;
@@ -93,7 +96,11 @@ Status Session::prefetch_activation(uint64_t key, void* device_dst, uint64_t byt
     bool used[kPrefetchStaging] = {};
     for (const auto& [k, q] : prefetches_) used[q.staging] = true;
     while (used[p.staging]) ++p.staging;
-    STRATA_RETURN_IF_ERROR(settle_write(key));  // the blob is whole before it is read
+    settle_write(key);  // the blob is whole before it is read, or its write failed
+    if (const auto failed = failed_writes_.find(key); failed != failed_writes_.end()) {
+      failed->second.reported = true;
+      return failed->second.status;
+    }
     io::Buffer& staging = prefetch_staging_[p.staging];
     STRATA_RETURN_IF_ERROR(stage_activation(bytes, &staging, &prefetch_staging_pin_[p.staging]));
     STRATA_ASSIGN_OR_RETURN(io::Ticket t, swap_->read(activation_blob(key), staging.view()));
@@ -114,13 +121,15 @@ Status Session::prefetch_activation(uint64_t key, void* device_dst, uint64_t byt
   return ok_status();
 }
 
-// Waits for a write of `key` in flight, if any, and forgets it.
-Status Session::settle_write(uint64_t key) {
+// Waits for a write of `key` in flight, if any, and forgets it; a failure
+// stays with the key (failed_writes_) for its next load or finalize.
+void Session::settle_write(uint64_t key) {
   const auto it = writes_.find(key);
-  if (it == writes_.end()) return ok_status();
+  if (it == writes_.end()) return;
   const io::Ticket t = it->second.ticket;
   writes_.erase(it);
-  return swap_->wait(t).with_context("session: saving activation " + std::to_string(key));
+  Status written = swap_->wait(t).with_context("session: saving activation " + std::to_string(key));
+  if (!written.ok()) failed_writes_[key] = {std::move(written), false};
 }
 
 // Waits for a prefetch of `key` in flight, if any, and forgets it.
@@ -162,7 +171,8 @@ Status Session::stage_activation(uint64_t bytes, io::Buffer* buffer, gpu::HostPi
 
 void Session::drop_activations() {
   while (!prefetches_.empty()) settle_prefetch(prefetches_.begin()->first).ignore();
-  while (!writes_.empty()) settle_write(writes_.begin()->first).ignore();
+  while (!writes_.empty()) settle_write(writes_.begin()->first);
+  failed_writes_.clear();
   for (const auto& [key, a] : activations_) {
     if (options_.activations == Tier::kNvme && a.bytes > 0) swap_->remove(activation_blob(key)).ignore();
   }
