@@ -231,6 +231,8 @@ class Session {
   // fp16: multiply the loss by this before backward (the gradients are
   // divided by it before the update); 1 for bf16.
   double loss_scale() const { return options_.precision == DType::kF16 ? scaler_.scale() : 1.0; }
+  // fp16: the dynamic loss scaler's state (a model's own checkpoint record keeps it).
+  const LossScaler& loss_scaler() const { return scaler_; }
 
   // The order the model submits its chunks' gradients in, every chunk once
   // (outside a step): the optimizer reads states ahead in it. Until set, the
@@ -350,6 +352,34 @@ class Session {
   Status save(const std::string& root);
   Status load(const std::string& root);
 
+  // A checkpoint format of the model's own (the built-in GPT's trainer.json
+  // with its data position) on the session's bytes, outside a step; save
+  // and load above are these with the session's own record. prepare_save:
+  // a delayed update in flight lands and what a failed step left updated is
+  // put back, as save does first (FailedPrecondition after a load that
+  // failed part way). visit_weights streams chunk c's working weights,
+  // fn(first element, bytes) a piece at a time from their tier;
+  // visit_state its optimizer state (OptimizerStage::visit_state's parts).
+  Status prepare_save();
+  Status visit_weights(size_t chunk, const OptimizerStage::WeightsSlice& fn);
+  Status visit_state(size_t chunk, const OptimizerStage::StateSlice& fn);
+  // A load of such a checkpoint, once the model verified all of it:
+  // begin_load places an unstarted session without initial values (or
+  // lands a started one's delayed update in flight; a failed one is
+  // dropped, the load replacing all it would have changed) and refuses
+  // steps and saves, naming `what`, until end_load; replace_weights and
+  // replace_state fill chunk c as the visits read it; end_load sets the
+  // counts and the fp16 loss scale and lets steps run again.
+  struct Counts {
+    int64_t steps = 0, updates = 0;
+    std::optional<LossScaler::State> loss_scale;  // fp16
+  };
+  Status begin_load(const std::string& what);
+  Status replace_weights(size_t chunk, const OptimizerStage::WeightsSlice& fn);
+  Status replace_state(size_t chunk, const OptimizerStage::StateSlice& fn);
+  Status end_load(const Counts& counts);
+  int64_t updates_done() const { return updates_; }
+
   int64_t steps_done() const { return steps_; }
   // What moved so far on each link.
   SessionCounters counters() const;
@@ -434,6 +464,7 @@ class Session {
   Result<nlohmann::json> checked_record(const std::string& path) const;
   Status read_checkpoint(const std::string& path, const SafetensorsReader& model, const SafetensorsReader& opt);
   Status write_weights(SafetensorsWriter& model, const std::vector<SavedTensor>& saved);
+  Status check_access(const char* call, size_t chunk) const;
   Status read_weights(const SafetensorsReader& model, const std::vector<SavedTensor>& saved,
                       const std::vector<TensorInfo>& infos);
 

@@ -23,13 +23,81 @@ const char* const kRecordFile = "session.json";
 
 }  // namespace
 
-Status Session::save(const std::string& root) {
+Status Session::prepare_save() {
   STRATA_RETURN_IF_ERROR(usable("save"));
   if (!started()) return failed_precondition("session: save before start: nothing is placed yet");
   if (in_step_) return failed_precondition("session: save during a step (end_step or cancel_step first)");
   if (!broken_.empty()) return failed_precondition("session: " + broken_ + "; nothing consistent to save");
   STRATA_RETURN_IF_ERROR(flush().with_context("session: save"));  // a delayed update in flight lands first
-  STRATA_RETURN_IF_ERROR(restore_stale());  // what a failed step left updated goes back first
+  return restore_stale();                                         // what a failed step left updated goes back first
+}
+
+Status Session::check_access(const char* call, size_t chunk) const {
+  STRATA_RETURN_IF_ERROR(usable(call));
+  if (!started()) return failed_precondition(std::string("session: ") + call + " before start");
+  if (in_step_) return failed_precondition(std::string("session: ") + call + " during a step");
+  if (chunk >= specs_.size()) {
+    return invalid_argument(std::string("session: ") + call + ": no chunk " + std::to_string(chunk));
+  }
+  return ok_status();
+}
+
+Status Session::visit_weights(size_t chunk, const OptimizerStage::WeightsSlice& fn) {
+  STRATA_RETURN_IF_ERROR(check_access("visit_weights", chunk));
+  if (weights_.empty()) return stage_->visit_weights(chunk, fn);
+  return fn(0, std::span(weights_[chunk].data(), weights_[chunk].size()));
+}
+
+Status Session::visit_state(size_t chunk, const OptimizerStage::StateSlice& fn) {
+  STRATA_RETURN_IF_ERROR(check_access("visit_state", chunk));
+  return stage_->visit_state(chunk, fn);
+}
+
+Status Session::begin_load(const std::string& what) {
+  STRATA_RETURN_IF_ERROR(usable("load"));
+  if (in_step_) return failed_precondition("session: load during a step (end_step or cancel_step first)");
+  if (!started()) {
+    // Placed without initial values: the load writes every byte once.
+    STRATA_RETURN_IF_ERROR(start(/*initial=*/false));
+  } else {
+    update_failed_.store(false);  // what the load replaces
+    STRATA_RETURN_IF_ERROR(flush().with_context("session: load"));
+  }
+  broken_ = what;
+  return ok_status();
+}
+
+Status Session::replace_weights(size_t chunk, const OptimizerStage::WeightsSlice& fn) {
+  STRATA_RETURN_IF_ERROR(check_access("replace_weights", chunk));
+  if (weights_.empty()) return stage_->replace_weights(chunk, fn);
+  // In place: the buffer is pinned. A failed read leaves it part-loaded.
+  return fn(0, std::span(weights_[chunk].data(), weights_[chunk].size()));
+}
+
+Status Session::replace_state(size_t chunk, const OptimizerStage::StateSlice& fn) {
+  STRATA_RETURN_IF_ERROR(check_access("replace_state", chunk));
+  return stage_->replace_state(chunk, fn);
+}
+
+Status Session::end_load(const Counts& counts) {
+  STRATA_RETURN_IF_ERROR(usable("load"));
+  if (!started()) return failed_precondition("session: end_load without begin_load");
+  if (counts.steps < 0 || counts.updates < 0 || counts.updates > counts.steps) {
+    return invalid_argument("session: end_load: updates must be 0..steps");
+  }
+  if (options_.precision == DType::kF16) {
+    if (!counts.loss_scale) return invalid_argument("session: end_load: an fp16 session needs its loss scale");
+    STRATA_RETURN_IF_ERROR(scaler_.restore(*counts.loss_scale));
+  }
+  steps_ = counts.steps;
+  updates_ = counts.updates;
+  stale_.assign(specs_.size(), false);
+  broken_.clear();  // every chunk's weights and state came from the checkpoint
+  return ok_status();
+}
+
+Status Session::save(const std::string& root) {
+  STRATA_RETURN_IF_ERROR(prepare_save());
   CheckpointDir dir(root);
   STRATA_RETURN_IF_ERROR(dir.lock());
   STRATA_ASSIGN_OR_RETURN(std::string tmp, dir.begin(steps_));
@@ -77,7 +145,7 @@ nlohmann::json Session::chunks_record() const {
 Status Session::write_weights(SafetensorsWriter& model, const std::vector<SavedTensor>& saved) {
   const uint64_t es = dtype_bytes(options_.precision);
   for (size_t c = 0; c < specs_.size(); ++c) {
-    auto piece = [&](int64_t offset, std::span<const std::byte> bytes) -> Status {
+    auto piece = [&](int64_t offset, std::span<std::byte> bytes) -> Status {
       const int64_t end = offset + static_cast<int64_t>(bytes.size() / es);
       for (size_t i = 0; i < saved.size(); ++i) {
         const SavedTensor& t = saved[i];
@@ -89,12 +157,7 @@ Status Session::write_weights(SafetensorsWriter& model, const std::vector<SavedT
       }
       return ok_status();
     };
-    if (weights_.empty()) {
-      STRATA_RETURN_IF_ERROR(
-          stage_->visit_weights(c, [&](int64_t offset, std::span<std::byte> bytes) { return piece(offset, bytes); }));
-    } else {
-      STRATA_RETURN_IF_ERROR(piece(0, std::as_bytes(std::span(weights_[c].data(), weights_[c].size()))));
-    }
+    STRATA_RETURN_IF_ERROR(visit_weights(c, piece));
     report("saving", static_cast<int64_t>(c + 1), 2 * static_cast<int64_t>(specs_.size()));
   }
   return ok_status();
@@ -227,26 +290,21 @@ Status Session::load(const std::string& root) {
   // states are not written twice); a started one's delayed update in
   // flight lands first. From here only an I/O error can stop it, leaving
   // the weights and states part-loaded.
-  if (!started()) {
-    STRATA_RETURN_IF_ERROR(start(/*initial=*/false));
-  } else {
-    STRATA_RETURN_IF_ERROR(flush().with_context("session: load"));
-  }
-  broken_ = "loading checkpoint " + path + " failed part way";
+  STRATA_RETURN_IF_ERROR(begin_load("loading checkpoint " + path + " failed part way"));
   STRATA_RETURN_IF_ERROR(read_checkpoint(path, model, opt));
-  broken_.clear();
-  steps_ = record["step"].get<int64_t>();
-  updates_ = record["updates"].get<int64_t>();
+  Counts counts;
+  counts.steps = record["step"].get<int64_t>();
+  counts.updates = record["updates"].get<int64_t>();
+  if (options_.precision == DType::kF16) {
+    const nlohmann::json& ls = record["loss_scale"];
+    counts.loss_scale =
+        LossScaler::State{ls.value("scale", 0.0), ls.value("good_steps", int64_t{-1}), ls.value("hysteresis_left", 0)};
+  }
+  STRATA_RETURN_IF_ERROR(end_load(counts));
   lr_ = record.value("lr", lr_);
   last_clipped_ = record.value("last_clipped", false);
   last_skipped_ = record.value("last_skipped", false);
   landing_order_ = record["landing_order"].get<std::vector<size_t>>();
-  stale_.assign(specs_.size(), false);
-  if (options_.precision == DType::kF16) {
-    const nlohmann::json& ls = record["loss_scale"];
-    STRATA_RETURN_IF_ERROR(scaler_.restore({ls.value("scale", 0.0), ls.value("good_steps", int64_t{-1}),
-                                            ls.value("hysteresis_left", 0)}));
-  }
   return ok_status();
 }
 
@@ -269,11 +327,7 @@ Status Session::read_weights(const SafetensorsReader& model, const std::vector<S
       }
       return ok_status();
     };
-    if (weights_.empty()) {
-      STRATA_RETURN_IF_ERROR(stage_->replace_weights(c, piece));
-    } else {
-      STRATA_RETURN_IF_ERROR(piece(0, std::as_writable_bytes(std::span(weights_[c].data(), weights_[c].size()))));
-    }
+    STRATA_RETURN_IF_ERROR(replace_weights(c, piece));
     report("loading", static_cast<int64_t>(c + 1), 2 * static_cast<int64_t>(specs_.size()));
   }
   return ok_status();
@@ -285,9 +339,9 @@ Status Session::read_checkpoint(const std::string& path, const SafetensorsReader
   STRATA_RETURN_IF_ERROR(read_weights(model, saved, infos).with_context("session: loading " + path));
   for (size_t c = 0; c < specs_.size(); ++c) {
     const std::vector<TensorInfo> parts = state_tensors(specs_[c].name + ".", specs_[c].elems, options_.adam_states);
-    STRATA_RETURN_IF_ERROR(stage_->replace_state(c, [&](int part, uint64_t offset, std::span<std::byte> bytes) {
-      return opt.read(parts[static_cast<size_t>(part)].name, bytes, offset);
-    }).with_context("session: loading " + path));
+    STRATA_RETURN_IF_ERROR(replace_state(c, [&](int part, uint64_t offset, std::span<std::byte> bytes) {
+                             return opt.read(parts[static_cast<size_t>(part)].name, bytes, offset);
+                           }).with_context("session: loading " + path));
     report("loading", static_cast<int64_t>(specs_.size() + c + 1), 2 * static_cast<int64_t>(specs_.size()));
   }
   return ok_status();
