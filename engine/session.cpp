@@ -335,10 +335,12 @@ uint64_t Session::host_bytes_needed() const {
   std::vector<int64_t> elems;
   for (const Spec& s : specs_) {
     const auto n = static_cast<uint64_t>(s.elems);
-    const uint64_t sets = o.delayed_update ? 2 : 1;  // the delayed update's second set
+    // The delayed update's second set: of what its update reads (the
+    // gradients, or their sums when accumulating) and of the weights.
+    const uint64_t sets = o.delayed_update ? 2 : 1;
     if (!gradient_ring()) {
-      bytes += sets * es * n;                       // the gradient's host buffer
-      if (o.grad_accum > 1) bytes += sets * 4 * n;  // its fp32 sum
+      bytes += (o.grad_accum > 1 ? 1 : sets) * es * n;  // the gradient's host buffer
+      if (o.grad_accum > 1) bytes += sets * 4 * n;      // its fp32 sum
     }
     if (o.weights == Tier::kHost) bytes += sets * es * n;  // the working weights
     if (o.states == Tier::kHost) {
@@ -390,10 +392,11 @@ Status Session::place_chunks(bool initial) {
       grads_.emplace_back(bytes);
       executor_->zero(grads_.back().data(), bytes);
       if (o.grad_accum > 1) sums_.emplace_back(n);
-      if (o.delayed_update) {
+      if (o.delayed_update && o.grad_accum > 1) {
+        sums_alt_.emplace_back(n);  // the update reads the sums; the gradients are added in by then
+      } else if (o.delayed_update) {
         grads_alt_.emplace_back(bytes);
         executor_->zero(grads_alt_.back().data(), bytes);
-        if (o.grad_accum > 1) sums_alt_.emplace_back(n);
       }
     }
     return ok_status();

@@ -487,8 +487,9 @@ class Session {
   // added by the optimizer stage as it takes the chunk).
   std::vector<AlignedVector<float>> sums_;
   std::unique_ptr<SerialQueue> accumulator_;
-  // The delayed update: the sets the update in flight reads (the gradients
-  // or their sums; they trade places with grads_ / sums_ as it starts), the
+  // The delayed update: the set the update in flight reads (the gradients,
+  // or their sums when accumulating; it trades places with grads_ / sums_
+  // as the update starts), the
   // weights it writes beside the ones the model computes with (they trade
   // places when it lands updated), the step it is (kept to begin it again
   // when it failed), and the rate it takes.

@@ -44,8 +44,11 @@ Result<StepVerdict> Session::end_delayed_step() {
   begin_update(make_step(grad_scale_));
   in_flight_lr_ = made_lr_;
   in_flight_step_ = ++steps_;
-  std::swap(grads_, grads_alt_);
-  std::swap(sums_, sums_alt_);
+  if (options_.grad_accum > 1) {
+    std::swap(sums_, sums_alt_);
+  } else {
+    std::swap(grads_, grads_alt_);
+  }
   v.loss_scale = loss_scale();
   return v;
 }
