@@ -84,6 +84,26 @@ Status check_options(const SessionOptions& o) {
   return ok_status();
 }
 
+// The host backend's staging memory: page-aligned, locked when asked, and
+// a refusal says how to turn locking off.
+class LockedHostMemory final : public io::BufferAllocator {
+ public:
+  explicit LockedHostMemory(bool lock) : inner_(lock), lock_(lock) {}
+  Result<io::Buffer> allocate(uint64_t capacity_bytes, uint64_t alignment) override {
+    Result<io::Buffer> b = inner_.allocate(capacity_bytes, alignment);
+    if (!b && lock_) {
+      return std::move(b).error().with_context(
+          "locking the session's host staging memory (pin_memory: false in the config, SessionOptions::pin_memory "
+          "or strata train --no-pin-memory turns locking off)");
+    }
+    return b;
+  }
+
+ private:
+  io::AlignedAllocator inner_;
+  bool lock_;
+};
+
 }  // namespace
 
 cpu_optim::ExecutorOptions executor_options(gpu::Backend backend, int compute_threads, int numa_node) {
@@ -110,12 +130,19 @@ Result<std::unique_ptr<Session>> Session::create(SessionOptions o) {
   if (o.backend == gpu::Backend::kCuda && o.pin_memory) {
     s->allocator_ = std::make_unique<DevicePinnedMemory>(gpu::Backend::kCuda);
   } else {
-    s->allocator_ = std::make_unique<io::AlignedAllocator>(o.pin_memory && o.backend == gpu::Backend::kHost);
+    s->allocator_ = std::make_unique<LockedHostMemory>(o.pin_memory && o.backend == gpu::Backend::kHost);
   }
   gpu::DeviceSpec spec;
   spec.backend = o.backend;
   spec.capacity_bytes = o.device_bytes;
   spec.compute_threads = o.compute_threads;
+  if (Trace* trace = o.trace; trace != nullptr && trace->enabled()) {
+    spec.copy_observer = [trace](bool to_device, uint64_t bytes, Trace::Clock::time_point start,
+                                 Trace::Clock::time_point end) {
+      trace->span("copy stream", to_device ? "host->device" : "device->host", trace->us(start), trace->us(end), "copy",
+                  bytes);
+    };
+  }
   STRATA_ASSIGN_OR_RETURN(s->device_, gpu::make_device(spec));
   STRATA_ASSIGN_OR_RETURN(s->copy_, s->device_->create_stream("session copies"));
   s->meter_.set_trace(o.trace);
@@ -250,12 +277,16 @@ Status Session::start(bool initial) {
   }
   const SessionOptions& o = options_;
   // The host memory the placement takes, held to its budget before any of it is allocated.
+  // (A lower bound: the buffers' padding to the swap store's alignment is
+  // counted exactly once they are made.)
   const uint64_t need = host_bytes_needed();
-  if (o.host_budget_bytes > 0 && need > o.host_budget_bytes) {
-    return resource_exhausted("session: refused before allocating: its host memory, " + format_bytes(need) +
+  auto over_budget = [&](const char* when, uint64_t bytes) {
+    return resource_exhausted(std::string("session: ") + when + ": its host memory, " + format_bytes(bytes) +
                               " (weights, gradients, states, staging), exceeds the host budget of " +
-                              format_bytes(o.host_budget_bytes) + "; raise it, or put the states and weights on NVMe");
-  }
+                              format_bytes(o.host_budget_bytes) +
+                              " (budgets.host); raise it, or put the states and weights on NVMe");
+  };
+  if (o.host_budget_bytes > 0 && need > o.host_budget_bytes) return over_budget("refused before allocating", need);
   // Everything start() allocates takes its pages from the optimizer's node.
   STRATA_ASSIGN_OR_RETURN(cpu_optim::Executor::NodeMemoryScope on_node, executor_->node_memory_scope());
   std::vector<int64_t> elems;
@@ -267,17 +298,11 @@ Status Session::start(bool initial) {
     layout.push_back(std::move(l));
   }
   Status built = build(std::move(layout), elems, initial);
+  if (built.ok() && o.host_budget_bytes > 0 && host_bytes() > o.host_budget_bytes) {
+    built = over_budget("refused", host_bytes());  // counted exactly, padding included
+  }
   if (!built.ok()) {
-    // Nothing of a failed start stays: a later start() begins afresh.
-    pins_.clear();
-    weights_.clear();
-    grads_.clear();
-    sums_.clear();
-    ring_.clear();
-    sum_ring_.clear();
-    stage_.reset();
-    staging_.reset();
-    swap_.reset();
+    unplace();  // nothing of a failed start stays: a later start() begins afresh
     return built;
   }
   const size_t n = specs_.size();
@@ -290,6 +315,20 @@ Status Session::start(bool initial) {
     for (size_t c = n; c-- > 0;) landing_order_.push_back(c);
   }
   return ok_status();
+}
+
+void Session::unplace() {
+  if (stage_) stage_->set_store(nullptr);
+  store_.reset();
+  pins_.clear();
+  for (auto* set : {&weights_, &weights_next_, &grads_, &grads_alt_}) set->clear();
+  sums_.clear();
+  sums_alt_.clear();
+  ring_.clear();
+  sum_ring_.clear();
+  stage_.reset();  // before the staging arena and the swap store it uses
+  staging_.reset();
+  swap_.reset();
 }
 
 // start()'s allocations, in order: NVMe, the optimizer stage, the chunk
@@ -350,18 +389,19 @@ uint64_t Session::host_bytes_needed() const {
     elems.push_back(s.elems);
   }
   if (o.states == Tier::kNvme) {
-    // The staging buffers (padded to 4096, the alignment's floor), and the weights' when on NVMe.
+    // The staging buffers, and the weights' when on NVMe (each padded to
+    // the swap store's alignment, which the exact count after start adds).
     const int64_t piece = max_state_piece(elems, o.state_piece_elems);
-    const uint64_t state = OptimizerStage::state_bytes(piece, o.adam_states) + 4096;
-    const uint64_t weights = o.weights == Tier::kNvme ? es * static_cast<uint64_t>(piece) + 4096 : 0;
-    const uint64_t grads = gradient_bytes() * static_cast<uint64_t>(piece) + 4096;
-    bytes += static_cast<uint64_t>(o.staging_buffers) * (state + weights + (gradient_ring() ? grads : 0));
+    const uint64_t state = OptimizerStage::state_bytes(piece, o.adam_states);
+    const uint64_t weights = o.weights == Tier::kNvme ? es * static_cast<uint64_t>(piece) : 0;
+    const uint64_t grads = gradient_bytes() * static_cast<uint64_t>(piece);
+    bytes += static_cast<uint64_t>(o.staging_buffers) * (state + weights + grads);
     const auto largest = static_cast<uint64_t>(*std::max_element(elems.begin(), elems.end()));
-    if (o.weights == Tier::kNvme) bytes += static_cast<uint64_t>(o.prefetch_depth + 3) * (es * largest + 4096);
+    if (o.weights == Tier::kNvme) bytes += static_cast<uint64_t>(o.prefetch_depth + 3) * es * largest;
     if (gradient_ring()) {
       // The rings: the gradients as they come, and their sums.
-      const uint64_t sums = o.grad_accum > 1 ? 4 * largest + 4096 : 0;
-      bytes += static_cast<uint64_t>(o.gradient_buffers) * (es * largest + 4096 + sums);
+      const uint64_t sums = o.grad_accum > 1 ? 4 * largest : 0;
+      bytes += static_cast<uint64_t>(o.gradient_buffers) * (es * largest + sums);
     }
   }
   return bytes;

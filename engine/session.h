@@ -426,6 +426,8 @@ class Session {
   Status start(bool initial);
   Status build(std::vector<gpu::ChunkLayout> layout, const std::vector<int64_t>& elems, bool initial);
   Status place_chunks(bool initial);
+  // Undoes a start that failed part way or was refused: nothing stays.
+  void unplace();
   OverlapStep make_step(float grad_scale);
   // The counts a finished update moves (loss scale, updates, the next
   // speculation's guess), and its verdict.
