@@ -117,7 +117,7 @@ struct Counting {
   // delayed update's second set).
   uint64_t opt_grad_bytes = 2;
   // A pass's block input l is its V micro-batches' inputs side by side: one
-  // copy, one NVMe blob (StreamedModel).
+  // copy, one NVMe blob (the GPT's save_activation).
   uint64_t ckpt_group_bytes = 0;
 };
 
@@ -133,8 +133,9 @@ uint64_t padded(uint64_t bytes) {
 // checkpoints (kCheckpointBuffers in-flight buffers when they live
 // elsewhere). When weights stream, the embedding chunk stays resident with
 // its gradient (used at both ends of the step) and the chunk buffers are
-// sized by the largest other chunk. This is what engine/streamed_model.cpp
-// allocates; a test holds the two within 5%.
+// sized by the largest other chunk. This is what the session's chunk store
+// and the GPT on it (models/gpt/session_gpt.cpp) allocate; a test holds the
+// two within 5%.
 void count_device(const Counting& k, Plan& p) {
   const TrainSetup& s = k.s;
   const Placement& pl = k.pl;
@@ -208,8 +209,8 @@ uint64_t blob_bytes(const Counting& k, double bytes_per_param) {
 // host: the ones the device computes with and the buffer the optimizer
 // writes the next ones into. On NVMe, states and weights have two
 // generations (an update is written beside the old state and switched to at
-// the step's verdict). This is what engine/trainer.cpp and
-// engine/streamed_model.cpp allocate; a test holds the two within 5%.
+// the step's verdict). This is what the session (engine/session.cpp) and
+// the GPT on it allocate; a test holds the two within 5%.
 void count_host_and_nvme(const Counting& k, Plan& p) {
   const TrainSetup& s = k.s;
   const Placement& pl = k.pl;
@@ -252,7 +253,7 @@ void count_host_and_nvme(const Counting& k, Plan& p) {
     tier(p, pl.states).model_states += state_total;
     if (pl.speculate_in_ram) tier(p, pl.states).model_states += state_total;  // the second copy
   }
-  if (pl.checkpoints == Tier::kNvme) p.host.io_buffers += 2 * padded(k.ckpt_group_bytes);
+  if (pl.checkpoints == Tier::kNvme) p.host.io_buffers += kActivationStagingBuffers * padded(k.ckpt_group_bytes);
 }
 
 // Bytes to the device per step. Per pass of the streamed model (each
@@ -260,7 +261,7 @@ void count_host_and_nvme(const Counting& k, Plan& p) {
 // chunk goes up once a step (later micro-batches find them on the device).
 // Streamed: the embedding once, every other chunk twice, less those still
 // in a weight slot when backward turns around (the final chunk and the last
-// `depth` blocks of forward: StreamedModel keeps the chunks used again
+// `depth` blocks of forward: the chunk store keeps the chunks used again
 // soonest); a later pass of the same step also finds the embedding and what
 // backward left in the slots (the last depth + 1 chunks it used: blocks 1,
 // 2, ...).

@@ -1,5 +1,6 @@
 #include "models/gpt/session_gpt.h"
 
+#include <chrono>
 #include <string>
 #include <utility>
 
@@ -127,10 +128,17 @@ Status SessionGpt::load_input(int64_t l) {
   return session_->load_activation(static_cast<uint64_t>(l), input(0, l), static_cast<uint64_t>(pass_) * input_bytes());
 }
 
-Status SessionGpt::run(const std::function<Status()>& enqueue) {
+Status SessionGpt::run(const std::function<Status()>& enqueue, const char* what, int64_t block) {
   gpu::Device& dev = session_->device();
+  Trace* trace = session_->options().trace;
+  const bool traced = what != nullptr && trace != nullptr && trace->enabled();
+  const double t0 = traced ? trace->now_us() : 0;
   Status queued = enqueue();
   Status done = dev.synchronize(compute_);  // what was enqueued must not outlive this call
+  if (traced) {
+    trace->span("compute", block < 0 ? std::string(what) : std::string(what) + " block " + std::to_string(block), t0,
+                trace->now_us(), "compute");
+  }
   STRATA_RETURN_IF_ERROR(queued);
   return done;
 }
@@ -167,7 +175,9 @@ Result<float> SessionGpt::step(std::span<const int32_t> tokens, std::span<const 
     session_->cancel_step().ignore();
     return s;
   }
+  const auto t0 = std::chrono::steady_clock::now();
   STRATA_ASSIGN_OR_RETURN(verdict_, session_->end_step());
+  update_wait_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // The trainer's mean: the losses summed in double, in micro-batch order.
   return A == 1 ? static_cast<float>(sum) : static_cast<float>(sum / static_cast<double>(A));
 }
@@ -223,7 +233,7 @@ Status SessionGpt::forward(const void* emb) {
     }
     return ok_status();
   };
-  STRATA_RETURN_IF_ERROR(run(embed));
+  STRATA_RETURN_IF_ERROR(run(embed, "embedding forward"));
   STRATA_RETURN_IF_ERROR(save_input(0));
   for (int64_t l = 1; l <= options_.model.layers; ++l) {
     const auto c = static_cast<size_t>(l);
@@ -234,7 +244,7 @@ Status SessionGpt::forward(const void* emb) {
       }
       return ok_status();
     };
-    STRATA_RETURN_IF_ERROR(run(block));
+    STRATA_RETURN_IF_ERROR(run(block, "forward", l));
     STRATA_RETURN_IF_ERROR(session_->release(c));
     STRATA_RETURN_IF_ERROR(save_input(l));
   }
@@ -250,9 +260,11 @@ Status SessionGpt::head_backward(const void* emb, const std::vector<void*>& emb_
   STRATA_ASSIGN_OR_RETURN(const void* wf, session_->acquire(final_chunk));
   for (int64_t m = 0; m < pass_; ++m) {
     const auto u = static_cast<size_t>(m);
-    STRATA_RETURN_IF_ERROR(run([&] {
-      return ops_->head_forward(compute_, *workspace_, wf, emb, input(m, L), targets_ + m * N, loss_ + k0 + m);
-    }));
+    STRATA_RETURN_IF_ERROR(run(
+        [&] {
+          return ops_->head_forward(compute_, *workspace_, wf, emb, input(m, L), targets_ + m * N, loss_ + k0 + m);
+        },
+        "head forward"));
     STRATA_ASSIGN_OR_RETURN(void* df, session_->gradient_buffer(final_chunk));
     auto head = [&]() -> Status {
       STRATA_RETURN_IF_ERROR(ops_->zero(compute_, df, chunk_bytes(final_chunk)));
@@ -261,7 +273,7 @@ Status SessionGpt::head_backward(const void* emb, const std::vector<void*>& emb_
       return ops_->head_backward(compute_, *workspace_, wf, df, emb, emb_grad[u], input(m, L), targets_ + m * N, dloss,
                                  dx_[u]);
     };
-    STRATA_RETURN_IF_ERROR(run(head));
+    STRATA_RETURN_IF_ERROR(run(head, "head backward"));
     STRATA_RETURN_IF_ERROR(session_->submit_gradient(final_chunk));
   }
   return session_->release(final_chunk);
@@ -282,13 +294,13 @@ Status SessionGpt::backward_block(int64_t l) {
       STRATA_RETURN_IF_ERROR(ops_->block_forward(compute_, *workspace_, w, input(m, l - 1), dx_in_[u]));
       return ops_->zero(compute_, dx_in_[u], x_bytes);
     };
-    STRATA_RETURN_IF_ERROR(run(recompute));
+    STRATA_RETURN_IF_ERROR(run(recompute, "recompute+backward", l));
     STRATA_ASSIGN_OR_RETURN(void* dw, session_->gradient_buffer(c));
     auto block = [&]() -> Status {
       STRATA_RETURN_IF_ERROR(ops_->zero(compute_, dw, chunk_bytes(c)));
       return ops_->block_backward(compute_, *workspace_, w, dw, input(m, l - 1), dx_[u], dx_in_[u]);
     };
-    STRATA_RETURN_IF_ERROR(run(block));
+    STRATA_RETURN_IF_ERROR(run(block, "recompute+backward", l));
     STRATA_RETURN_IF_ERROR(session_->submit_gradient(c));
     std::swap(dx_[u], dx_in_[u]);
   }
@@ -311,7 +323,7 @@ Status SessionGpt::embedding_backward(const std::vector<void*>& emb_grad) {
       STRATA_RETURN_IF_ERROR(ops_->embedding_backward(compute_, *workspace_, emb_grad[u], tokens_ + m * N, dx_[u]));
       return m > 0 ? dev.copy_on_device(compute_, into, emb_grad[u], chunk_bytes(0)) : ok_status();
     };
-    STRATA_RETURN_IF_ERROR(run(embedding));
+    STRATA_RETURN_IF_ERROR(run(embedding, "embedding backward"));
     STRATA_RETURN_IF_ERROR(session_->submit_gradient(0));
   }
   return ok_status();

@@ -75,6 +75,9 @@ class SessionGpt {
   Result<float> step();
   // The session's verdict on the last step.
   const StepVerdict& last_verdict() const { return verdict_; }
+  // Seconds the last step waited in end_step for the optimizer's update
+  // (what the overlap with backward did not hide).
+  double last_update_wait_seconds() const { return update_wait_s_; }
   const std::vector<gpu::ChunkLayout>& layout() const { return layout_; }
 
  private:
@@ -90,7 +93,9 @@ class SessionGpt {
   Status embedding_backward(const std::vector<void*>& emb_grad);
   // Enqueues on the compute stream and waits: the session's copies are
   // ordered around each piece of compute.
-  Status run(const std::function<Status()>& enqueue);
+  // `what` (and `block`, >= 0): its span on the session's trace's
+  // "compute" track.
+  Status run(const std::function<Status()>& enqueue, const char* what = nullptr, int64_t block = -1);
   // Micro-batch m's block input l (l = 0 is the embedding's output) on the device.
   uint8_t* input(int64_t m, int64_t l) const;
   uint64_t input_bytes() const;
@@ -115,6 +120,7 @@ class SessionGpt {
   int32_t* tokens_ = nullptr;         // the pass's
   int32_t* targets_ = nullptr;
   StepVerdict verdict_;
+  double update_wait_s_ = 0;
 };
 
 }  // namespace strata::engine

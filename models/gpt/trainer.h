@@ -1,15 +1,17 @@
 // Trainer: the GPT training loop on a compute device — the host backend
-// (the CPU, optionally capped like a GPU) or a CUDA GPU — end to end: forward
-// and backward of the whole model in the working weights' type (bf16 or
-// fp16: the device's weights, activations and gradients),
-// the optimizer stage (master weights and Adam states in host memory or on
-// NVMe), and checkpoint/resume through safetensors. The working weights stay
-// resident, or stream block by block through a capped device (StreamedModel);
-// the data is a deterministic synthetic stream (next token = token + stride),
-// so a run is reproducible from its seed and its loss can fall.
+// (the CPU, optionally capped like a GPU) or a CUDA GPU — end to end, as a
+// client of the engine's session: the session (engine/session.h) owns
+// every byte of model state and the optimizer stage (master weights and
+// Adam states in host memory or on NVMe), SessionGpt computes forward and
+// backward through the session's calls in the working weights' type (bf16
+// or fp16), and the trainer adds its options, the data stream's position,
+// its counters and checkpoint/resume through safetensors (trainer.json).
+// The working weights stay resident (a device slot per block), or stream
+// block by block through a capped device; the data is a deterministic
+// synthetic stream (next token = token + stride), so a run is reproducible
+// from its seed and its loss can fall.
 #pragma once
 
-#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -20,18 +22,17 @@
 #include <string_view>
 #include <vector>
 
-#include "common/aligned_vector.h"
-#include "common/serial_queue.h"
 #include "cpu_optim/executor.h"
 #include "cpu_optim/optimizer.h"
 #include "engine/loss_scaler.h"
 #include "engine/lr_schedule.h"
 #include "engine/optimizer_stage.h"
+#include "engine/session.h"
 #include "engine/trace.h"
 #include "gpu/device.h"
 #include "gpu/gpt_config.h"
 #include "io/swap_store.h"
-#include "models/gpt/streamed_model.h"
+#include "models/gpt/session_gpt.h"
 
 namespace strata::engine {
 
@@ -223,12 +224,12 @@ class Trainer {
   // The step counts as any other (the synthetic stream is indexed by the
   // step number, and a checkpoint's data_position is steps x grad_accum).
   Result<float> step(std::span<const int32_t> tokens, std::span<const int32_t> targets);
-  int64_t steps_done() const { return t_; }
+  int64_t steps_done() const { return session_->steps_done(); }
   // Optimizer updates applied: steps_done() less the fp16 steps skipped for
   // an inf/nan gradient. Adam's step count (its bias correction) and the
   // learning-rate schedule follow it, as torch's Adam behind a GradScaler and
   // DeepSpeed (which does not step its scheduler on an overflow) do.
-  int64_t updates_done() const { return updates_; }
+  int64_t updates_done() const { return session_->updates_done(); }
   // What the last step's optimizer stage moved (NVMe bytes, seconds).
   const StageCounters& last_stage() const { return last_stage_; }
   // The last step's global gradient norm (before clipping), whether it was
@@ -245,14 +246,14 @@ class Trainer {
   bool last_rolled_back() const { return last_rolled_back_; }
   int64_t rollbacks() const { return rollbacks_; }
   // fp16: the loss scale the next step will use.
-  double loss_scale() const { return scaler_.scale(); }
+  double loss_scale() const { return session_->loss_scale(); }
   // The NVMe store of everything on NVMe (null when nothing is); tests
   // reach its fault injector through it.
-  io::SwapStore* swap_store() { return swap_.get(); }
+  io::SwapStore* swap_store() { return session_->swap_store(); }
   // Chunks whose weights a failed step updated in place and that could not
   // be put back yet (the next step() or save() does it first).
-  size_t chunks_to_restore() const { return static_cast<size_t>(std::count(stale_.begin(), stale_.end(), true)); }
-  const OptimizerStage& optimizer_stage() const { return *stage_; }
+  size_t chunks_to_restore() const { return session_->chunks_to_restore(); }
+  const OptimizerStage& optimizer_stage() const { return session_->optimizer_stage(); }
   const StepTimes& last_times() const { return last_times_; }
   const StepCounters& last_counters() const { return last_counters_; }
   // Host memory the trainer holds, summed from its buffers and arenas:
@@ -262,7 +263,7 @@ class Trainer {
   // evaluation on the CPU reads. Waits for an update in flight.
   Status read_master(size_t chunk, float* dst);
   // The device the model computes on (capped when streaming).
-  const gpu::Device* device() const { return device_.get(); }
+  const gpu::Device* device() const { return &session_->device(); }
 
   // Lands the work in flight — a delayed update, the device's background
   // tasks — and reports the first failure among it (what a destructor
@@ -287,36 +288,8 @@ class Trainer {
   Status write_checkpoint(CheckpointDir& dir);
   // write_checkpoint's trainer.json into the checkpoint's .tmp directory.
   Status write_record(const std::string& tmp, const SafetensorsWriter& model, const SafetensorsWriter& opt) const;
-  void make_batch(int64_t index, std::vector<int32_t>* tokens, std::vector<int32_t>* targets) const;
   // step()'s body: on the caller's micro-batches, or (null) the synthetic stream's.
   Result<float> run_step(const int32_t* tokens, const int32_t* targets);
-  // run_step()'s parts.
-  OverlapStep make_overlap_step(float dloss);
-  void hand_over(size_t c, bool add_last, std::function<Status()> ready);
-  void sum_later(size_t c, bool first);
-  void nvme_totals(uint64_t* read, uint64_t* written) const;
-  Result<double> passes(const int32_t* tokens, const int32_t* targets, float dloss, StepCounters& counters);
-  // Takes a finished stage's outcome: counters, the loss scale, the new weights.
-  Status absorb(Result<OverlapOutcome> outcome);
-  // Delayed update: waits for the update in flight (begun again first when
-  // it had failed) and takes it.
-  Status flush();
-  void restart_failed_update();
-  // Delayed update: the gradient buffers the next step writes trade places
-  // with those the update in flight reads (grads_ or acc_ with their _alt_).
-  void swap_gradient_sets();
-  // The step's counters, its NVMe bytes since the totals given, made last_counters().
-  void publish(StepCounters counters, uint64_t nvme_read0, uint64_t nvme_written0);
-  void begin_delayed(OverlapStep step);
-  // Marks the chunks the stage's last step wrote in place stale and puts
-  // them back from the master weights it left as they were (a failed or
-  // skipped step); restore_weights() alone retries what is still stale.
-  Status restore_written_weights();
-  Status restore_weights(bool mark_written = false);
-  // create()'s parts, in its order (options_ set).
-  Status open_nvme(int64_t max_piece);
-  Status build_model();
-  Status place_initial_state(const std::vector<int64_t>& elems);
   // options_.progress, when set.
   void report(std::string_view what, int64_t done, int64_t total) const;
   // A checkpoint's trainer.json, checked against this trainer (model,
@@ -332,73 +305,18 @@ class Trainer {
   // load()'s checks of the whole checkpoint before it replaces anything.
   Status verify_checkpoint(const std::string& path, const CheckpointMeta& meta, bool legacy,
                            const SafetensorsReader& model, const SafetensorsReader& opt) const;
-  // The optimizer writes the weights in RAM in place (not on NVMe, not
-  // beside them for the delayed update).
-  bool weights_in_place() const { return !weights_.empty() && weights_next_.empty(); }
 
   TrainerOptions options_;
   std::vector<gpu::ChunkLayout> layout_;
-  std::vector<size_t> landing_order_;  // the order backward finishes the chunks
-  std::unique_ptr<cpu_optim::Executor> executor_;
-  std::unique_ptr<io::SwapStore> swap_;  // every NVMe byte; shared by the stage's and the compute thread
-  std::unique_ptr<io::BufferAllocator> allocator_;  // locked host memory, or CUDA-pinned
-  std::unique_ptr<PinnedArena> staging_;
-  std::unique_ptr<OptimizerStage> stage_;
-  std::unique_ptr<gpu::Device> device_;
-  std::unique_ptr<StreamedModel> streamed_;
-  // Weights in RAM (bf16 / fp16; empty with the weights on NVMe): the ones
-  // the device computes with, which the optimizer overwrites in place — a
-  // chunk's update comes after its last use in the step, and a step that
-  // fails or is skipped after some updates gets them back from the master
-  // weights (restore_weights). The delayed update alone keeps a second set
-  // (weights_next_), written while the next step computes with the first;
-  // they trade places when it lands. Cache-line aligned, so the optimizer
-  // streams the new ones past the caches.
-  std::vector<AlignedVector<uint16_t>> weights_, weights_next_;
-  LossScaler scaler_;
-  std::vector<AlignedVector<uint16_t>> grads_;  // one micro-batch's gradients as the device computed them
-  std::vector<AlignedVector<float>> acc_;       // their fp32 sum over the micro-batches (grad_accum > 1)
-  // Delayed update: the buffers the stage in flight reads (grads_ or acc_'s other set).
-  std::vector<AlignedVector<uint16_t>> grads_alt_;
-  std::vector<AlignedVector<float>> acc_alt_;
-  // Gradients on NVMe instead: a ring of chunk buffers (grads_ is empty),
-  // and with grad_accum > 1 (the vertical order in one pass) one of their
-  // fp32 sums (acc_ is empty); the chunk at position k of the landing order
-  // uses buffer k % size of each.
-  std::unique_ptr<PinnedArena> grad_ring_, sum_ring_;
-  std::vector<PinnedArena::Lease> ring_, sums_;
-  std::vector<size_t> landing_position_;  // per chunk
-  // Where chunk c's gradient lands on the host, and where its sum is kept.
-  uint16_t* grad_buffer(size_t c) {
-    if (grads_.empty()) return reinterpret_cast<uint16_t*>(ring_[landing_position_[c] % ring_.size()].data());
-    return grads_[c].data();
-  }
-  float* sum_buffer(size_t c) {
-    if (acc_.empty()) return reinterpret_cast<float*>(sums_[landing_position_[c] % sums_.size()].data());
-    return acc_[c].data();
-  }
-  // Adds each chunk's gradient into acc_ as it lands (micro-batches whose
-  // gradients do not go to the stage directly), beside the rest of backward.
-  std::unique_ptr<SerialQueue> accumulator_;
-  std::vector<gpu::HostPin> pins_;             // the vectors the streamed model copies from and to, pinned
-  // Delayed update: a stage step in flight (atomic: async_error() reads it
-  // from any thread).
-  std::atomic<bool> pending_{false};
-  // Delayed update: the step begun last, and whether it failed — then it
-  // is begun again, from the same gradients, which nothing overwrites until
-  // it lands, before anything waits for it (restart_failed_update), so
-  // that a failure changes no numbers.
-  OverlapStep in_flight_;
-  std::atomic<bool> update_failed_{false};
-  // Chunks whose weights in RAM a failed or skipped step had updated in
-  // place and restore_weights() has not yet put back (it failed, say, with
-  // the NVMe it reads): step() and save() put them back first.
-  std::vector<bool> stale_;
-  // A checkpoint load that failed part way: step() and save() refuse until
-  // a load succeeds. The reason, or empty.
-  std::string broken_;
-  int64_t t_ = 0;
-  int64_t updates_ = 0;  // updates_done()
+  // The engine's session owns every byte of model state and the optimizer;
+  // the GPT drives it (models/gpt/session_gpt.h). The trainer adds the
+  // data stream's position, its checkpoint record, the learning-rate
+  // schedule's view and the step's counters.
+  std::unique_ptr<Session> session_;
+  std::unique_ptr<SessionGpt> gpt_;
+  // Created without initial weights and states (initial_state false):
+  // step() and save() refuse until a load succeeds.
+  bool unset_ = false;
   StageCounters last_stage_;
   double last_grad_norm_ = 0;
   double last_lr_ = 0;

@@ -59,10 +59,14 @@ Status Trainer::save(CheckpointDir& dir) {
 }
 
 Status Trainer::write_checkpoint(CheckpointDir& dir) {
-  STRATA_RETURN_IF_ERROR(flush());  // a delayed update in flight lands first
-  if (!broken_.empty()) return failed_precondition("trainer: " + broken_ + "; nothing consistent to save");
-  STRATA_RETURN_IF_ERROR(restore_weights());
-  STRATA_ASSIGN_OR_RETURN(std::string tmp, dir.begin(t_));
+  if (unset_) {
+    return failed_precondition(
+        "trainer: created without initial weights and states (TrainerOptions::initial_state false); nothing "
+        "consistent to save");
+  }
+  // A delayed update in flight lands, what a failed step left updated goes back.
+  STRATA_RETURN_IF_ERROR(session_->prepare_save().with_context("trainer"));
+  STRATA_ASSIGN_OR_RETURN(std::string tmp, dir.begin(steps_done()));
   // Model weights, bf16, GPT-2 names.
   std::vector<TensorInfo> tensors;
   for (const auto& chunk : layout_) {
@@ -73,23 +77,15 @@ Status Trainer::write_checkpoint(CheckpointDir& dir) {
   size_t first = 0;  // chunk c's first tensor
   for (size_t c = 0; c < layout_.size(); ++c) {
     const std::vector<gpu::TensorSlot>& slots = layout_[c].tensors;
-    if (weights_.empty()) {
-      // Streamed straight from their NVMe blobs, a piece at a time, each
-      // tensor's part of the piece into its place.
-      auto place = [&](int64_t offset, std::span<std::byte> bytes) {
-        return for_each_tensor_part(slots, offset, static_cast<int64_t>(bytes.size() / 2),
-                                    [&](size_t k, uint64_t in_tensor, size_t in_piece, size_t len) {
-                                      return model.write_at(first + k, in_tensor, bytes.subspan(in_piece, len));
-                                    });
-      };
-      STRATA_RETURN_IF_ERROR(stage_->visit_weights(c, place));
-    } else {
-      const uint16_t* w = weights_[c].data();
-      for (size_t k = 0; k < slots.size(); ++k) {
-        STRATA_RETURN_IF_ERROR(model.write_at(
-            first + k, 0, std::as_bytes(std::span(w + slots[k].offset, static_cast<size_t>(slots[k].numel())))));
-      }
-    }
+    // From RAM, or streamed straight from their NVMe blobs a piece at a
+    // time: each tensor's part of the piece into its place.
+    auto place = [&](int64_t offset, std::span<std::byte> bytes) {
+      return for_each_tensor_part(slots, offset, static_cast<int64_t>(bytes.size() / 2),
+                                  [&](size_t k, uint64_t in_tensor, size_t in_piece, size_t len) {
+                                    return model.write_at(first + k, in_tensor, bytes.subspan(in_piece, len));
+                                  });
+    };
+    STRATA_RETURN_IF_ERROR(session_->visit_weights(c, place));
     first += slots.size();
     report("saving", static_cast<int64_t>(c + 1), 2 * static_cast<int64_t>(layout_.size()));
   }
@@ -105,14 +101,14 @@ Status Trainer::write_checkpoint(CheckpointDir& dir) {
   }
   STRATA_ASSIGN_OR_RETURN(SafetensorsWriter opt, SafetensorsWriter::create(tmp + "/" + kOptimizerFile, states));
   for (size_t c = 0; c < layout_.size(); ++c) {
-    STRATA_RETURN_IF_ERROR(stage_->visit_state(c, [&](int part, uint64_t offset, std::span<std::byte> bytes) {
+    STRATA_RETURN_IF_ERROR(session_->visit_state(c, [&](int part, uint64_t offset, std::span<std::byte> bytes) {
       return opt.write_at(first_tensor[c] + static_cast<size_t>(part), offset, bytes);
     }));
     report("saving", static_cast<int64_t>(layout_.size() + c + 1), 2 * static_cast<int64_t>(layout_.size()));
   }
   STRATA_RETURN_IF_ERROR(opt.finish());
   STRATA_RETURN_IF_ERROR(write_record(tmp, model, opt));
-  return dir.commit(t_);
+  return dir.commit(steps_done());
 }
 
 // The record binds the data files: their sizes and header digests (the
@@ -121,16 +117,16 @@ Status Trainer::write_record(const std::string& tmp, const SafetensorsWriter& mo
                              const SafetensorsWriter& opt) const {
   nlohmann::json meta = {{"format", kCheckpointFormat},
                          {"files", {{kModelFile, record_file_entry(model)}, {kOptimizerFile, record_file_entry(opt)}}},
-                         {"step", t_},
-                         {"updates", updates_},
+                         {"step", steps_done()},
+                         {"updates", updates_done()},
                          {"seed", options_.seed},
-                         {"data_position", t_ * options_.grad_accum},
+                         {"data_position", steps_done() * options_.grad_accum},
                          {"grad_accum", options_.grad_accum},
                          {"model", model_json(options_.model)},
                          {"precision", dtype_name(options_.precision)},
                          {"adam_states", cpu_optim::state_type_name(options_.adam_states)}};
   if (options_.precision == DType::kF16) {
-    const LossScaler::State ls = scaler_.state();
+    const LossScaler::State ls = session_->loss_scaler().state();
     meta["loss_scale"] = {{"scale", ls.scale}, {"good_steps", ls.good_steps}, {"hysteresis_left", ls.hysteresis_left}};
   }
   {
@@ -180,7 +176,7 @@ Result<Trainer::CheckpointMeta> Trainer::checked_meta(const std::string& path, c
     m.loss_scale.scale = meta["loss_scale"].value("scale", 0.0);
     m.loss_scale.good_steps = meta["loss_scale"].value("good_steps", int64_t{-1});
     m.loss_scale.hysteresis_left = meta["loss_scale"].value("hysteresis_left", 0);
-    LossScaler probe = scaler_;
+    LossScaler probe = session_->loss_scaler();
     STRATA_RETURN_IF_ERROR(probe.restore(m.loss_scale).with_context("checkpoint " + path));
   }
   if (!meta.contains("step") || !meta["step"].is_number_integer() || meta["step"].get<int64_t>() < 0) {
@@ -202,8 +198,6 @@ Result<Trainer::CheckpointMeta> Trainer::checked_meta(const std::string& path, c
 }
 
 Status Trainer::load(const std::string& root) {
-  update_failed_ = false;  // what the load replaces
-  STRATA_RETURN_IF_ERROR(flush());
   CheckpointDir dir(root);
   STRATA_ASSIGN_OR_RETURN(CheckpointDir::Entry latest, dir.latest());
   const std::string& path = latest.path;
@@ -218,43 +212,37 @@ Status Trainer::load(const std::string& root) {
   // Everything is checked before anything is loaded: a refused checkpoint
   // leaves the trainer as it was.
   STRATA_RETURN_IF_ERROR(verify_checkpoint(path, meta, legacy, model, opt));
-  // From here a failure (an I/O error) leaves the weights and states part-loaded.
-  broken_ = "loading checkpoint " + path + " failed part way";
+  // From here a failure (an I/O error) leaves the weights and states
+  // part-loaded: steps and saves are refused until a load succeeds. An
+  // unstarted session (initial_state false) is placed now, without initial
+  // values; a started one's delayed update in flight lands first.
+  STRATA_RETURN_IF_ERROR(session_->begin_load("loading checkpoint " + path + " failed part way"));
+  unset_ = false;
   for (size_t c = 0; c < layout_.size(); ++c) {
     const std::vector<gpu::TensorSlot>& slots = layout_[c].tensors;
-    if (weights_.empty()) {  // into their NVMe blobs, a piece at a time
-      auto fill = [&](int64_t offset, std::span<std::byte> bytes) {
-        return for_each_tensor_part(slots, offset, static_cast<int64_t>(bytes.size() / 2),
-                                    [&](size_t k, uint64_t in_tensor, size_t in_piece, size_t len) {
-                                      return model.read(slots[k].name, bytes.subspan(in_piece, len), in_tensor);
-                                    });
-      };
-      STRATA_RETURN_IF_ERROR(stage_->replace_weights(c, fill));
-    } else {
-      // In place: the buffer is pinned. A failed read leaves the trainer's
-      // weights part-loaded; the caller gets the error.
-      for (const gpu::TensorSlot& t : slots) {
-        STRATA_RETURN_IF_ERROR(model.read(t.name, std::as_writable_bytes(std::span(
-                                                      weights_[c].data() + t.offset, static_cast<size_t>(t.numel())))));
-      }
-    }
+    // Into RAM (pinned) or into their NVMe blobs, a piece at a time.
+    auto fill = [&](int64_t offset, std::span<std::byte> bytes) {
+      return for_each_tensor_part(slots, offset, static_cast<int64_t>(bytes.size() / 2),
+                                  [&](size_t k, uint64_t in_tensor, size_t in_piece, size_t len) {
+                                    return model.read(slots[k].name, bytes.subspan(in_piece, len), in_tensor);
+                                  });
+    };
+    STRATA_RETURN_IF_ERROR(session_->replace_weights(c, fill));
     report("loading", static_cast<int64_t>(c + 1), 2 * static_cast<int64_t>(layout_.size()));
   }
   for (size_t c = 0; c < layout_.size(); ++c) {
     const std::vector<TensorInfo> parts = state_tensors(chunk_prefix(c), layout_[c].numel, options_.adam_states);
-    STRATA_RETURN_IF_ERROR(stage_->replace_state(c, [&](int part, uint64_t offset, std::span<std::byte> bytes) {
+    STRATA_RETURN_IF_ERROR(session_->replace_state(c, [&](int part, uint64_t offset, std::span<std::byte> bytes) {
       return opt.read(parts[static_cast<size_t>(part)].name, bytes, offset);
     }));
     report("loading", static_cast<int64_t>(layout_.size() + c + 1), 2 * static_cast<int64_t>(layout_.size()));
   }
-  t_ = meta.step;
-  updates_ = meta.updates;
-  broken_.clear();  // every chunk's weights and state came from the checkpoint
-  stale_.assign(stale_.size(), false);
-  if (options_.precision == DType::kF16) STRATA_RETURN_IF_ERROR(scaler_.restore(meta.loss_scale));
-  return ok_status();
+  Session::Counts counts;
+  counts.steps = meta.step;
+  counts.updates = meta.updates;
+  if (options_.precision == DType::kF16) counts.loss_scale = meta.loss_scale;
+  return session_->end_load(counts);
 }
-
 
 Status Trainer::verify_checkpoint(const std::string& path, const CheckpointMeta& meta, bool legacy,
                                   const SafetensorsReader& model, const SafetensorsReader& opt) const {

@@ -51,13 +51,13 @@ TEST(Plan, EstimateCountsEveryByteByTier) {
   EXPECT_EQ(streamed.device_chunk_buffers, 4);
   EXPECT_EQ(streamed.device.buffers, (4 + 2) * block_chunk * 2);
   EXPECT_EQ(streamed.device.model_states, 2 * emb * 2);  // the embedding and its gradient stay
-  EXPECT_EQ(streamed.device.activations, working + 3 * N * C * 2);  // three in-flight checkpoints
-  // Two generations of every chunk's state blob (4 KiB blocks), and L - 2
-  // block inputs (the last three stay in the device buffers).
+  EXPECT_EQ(streamed.device.activations, working + 2 * N * C * 2);  // two in-flight checkpoints
+  // Two generations of every chunk's state blob (4 KiB blocks), and L - 1
+  // block inputs (the last two stay in the device buffers).
   uint64_t state_blobs = 0;
   for (const auto& chunk : layout) state_blobs += (static_cast<uint64_t>(chunk.numel) * 12 + 4095) / 4096 * 4096;
   EXPECT_EQ(streamed.nvme.model_states, 2 * state_blobs);
-  EXPECT_EQ(streamed.nvme.activations, 10ull * N * C * 2);
+  EXPECT_EQ(streamed.nvme.activations, 11ull * N * C * 2);
   EXPECT_EQ(streamed.host.model_states, padded * 2 + padded * 2);  // grads + the weights
   // The delayed update writes the next weights beside the ones the next
   // step computes with, and keeps a second set of gradients.

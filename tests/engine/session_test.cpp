@@ -1358,6 +1358,35 @@ TEST(Session, TheVerdictCountsTheUpdatesNvmeBytes) {
   }
 }
 
+// The first step records the order the chunks are used in, later ones
+// prefetch by it; a step that departs from it (here every other step looks
+// at the last layer first) costs waiting, never bits — with the weights on
+// NVMe too, where the reads ahead were for the wrong chunks.
+TEST(Session, AStepOutOfTheRecordedOrderCostsNoBits) {
+  const Mlp m{32, 4, 8};
+  TempDir dir;
+  for (const bool nvme : {false, true}) {
+    SCOPED_TRACE(nvme ? "weights on nvme" : "weights in ram");
+    SessionOptions o = nvme ? weights_on_nvme(dir.sub("w")) : base_options();
+    o.prefetch_depth = 2;
+    const std::vector<float> want = run(m, o, 6);
+    if (nvme) o.nvme_paths = {dir.sub("w2")};
+    Result<std::unique_ptr<Session>> s = make_session(m, o);
+    ASSERT_TRUE(s.has_value()) << s.status().to_string();
+    for (int k = 0; k < 6; ++k) {
+      ASSERT_TRUE((*s)->begin_step().ok());
+      if (k % 2 == 1) {  // a use the recorded order does not have
+        ASSERT_TRUE((*s)->acquire(static_cast<size_t>(m.L - 1)).has_value());
+        ASSERT_TRUE((*s)->release(static_cast<size_t>(m.L - 1)).ok());
+      }
+      Result<float> loss = micro_batch(**s, m, k, false);
+      ASSERT_TRUE(loss.has_value()) << loss.status().to_string();
+      ASSERT_TRUE((*s)->end_step().has_value());
+      EXPECT_EQ(std::bit_cast<uint32_t>(*loss), std::bit_cast<uint32_t>(want[static_cast<size_t>(k)])) << "step " << k;
+    }
+  }
+}
+
 TEST(Session, ADeviceBudgetTooSmallForTheSlotsNamesTheBudget) {
   const Mlp m{64, 4, 4};
   SessionOptions o = base_options();
