@@ -70,6 +70,15 @@ struct GoldenRun {
   bool offload;  // the block inputs handed to the session
 };
 
+// The trainer a config makes (as `strata train` makes it); the parsed
+// config into *cfg.
+Result<std::unique_ptr<Trainer>> trainer_of(const nlohmann::json& j, EngineConfig* cfg) {
+  std::vector<std::string> warnings;
+  STRATA_ASSIGN_OR_RETURN(*cfg, parse_config(j, &warnings));
+  STRATA_ASSIGN_OR_RETURN(TrainerOptions o, trainer_options(*cfg));
+  return Trainer::create(o);
+}
+
 // A session made from the run's config, and the GPT registered with it.
 struct Built {
   std::unique_ptr<Session> session;
@@ -241,13 +250,8 @@ TEST(SessionGpt, CheckpointsHoldTheTrainersTensors) {
   ASSERT_EQ(steps(*b->model, 3, run.name).size(), 3u);
   ASSERT_TRUE(b->session->save(dir.sub("session")).ok());
 
-  nlohmann::json j = golden_config(1, "bf16", 0);
-  std::vector<std::string> warnings;
-  Result<EngineConfig> cfg = parse_config(j, &warnings);
-  ASSERT_TRUE(cfg.has_value()) << cfg.status().to_string();
-  Result<TrainerOptions> o = trainer_options(*cfg);
-  ASSERT_TRUE(o.has_value()) << o.status().to_string();
-  Result<std::unique_ptr<Trainer>> t = Trainer::create(*o);
+  EngineConfig cfg;
+  Result<std::unique_ptr<Trainer>> t = trainer_of(golden_config(1, "bf16", 0), &cfg);
   ASSERT_TRUE(t.has_value()) << t.status().to_string();
   for (int k = 0; k < 3; ++k) ASSERT_TRUE((*t)->step().has_value());
   ASSERT_TRUE((*t)->save(dir.sub("trainer")).ok());
@@ -277,13 +281,10 @@ void expect_the_trainers_losses(const GoldenRun& r, const nlohmann::json& extra,
   j["placement"] = r.placement;
   j["nvme_paths"] = {dir.sub(std::string(r.name) + "-trainer")};
   j.update(extra);
-  std::vector<std::string> warnings;
-  Result<EngineConfig> cfg = parse_config(j, &warnings);
-  ASSERT_TRUE(cfg.has_value()) << cfg.status().to_string();
-  Result<TrainerOptions> o = trainer_options(*cfg);
-  ASSERT_TRUE(o.has_value()) << o.status().to_string();
-  Result<std::unique_ptr<Trainer>> t = Trainer::create(*o);
+  EngineConfig config;
+  Result<std::unique_ptr<Trainer>> t = trainer_of(j, &config);
   ASSERT_TRUE(t.has_value()) << t.status().to_string();
+  const EngineConfig* cfg = &config;
   std::vector<std::string> unhonoured;
   Result<SessionOptions> so = session_options(*cfg, &unhonoured);
   ASSERT_TRUE(so.has_value()) << so.status().to_string();
