@@ -9,7 +9,6 @@
 #include <chrono>
 #include <utility>
 
-#include "common/units.h"
 #include "models/gpt/trainer_checks.h"
 
 namespace strata::engine {
@@ -87,13 +86,9 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
     tr->unset_ = true;  // the first load places the chunks, without initial values
     return tr;
   }
+  // The session holds its host memory to budgets.host, before allocating
+  // and exactly after (the GPT on it keeps none of its own).
   STRATA_RETURN_IF_ERROR(tr->session_->start());
-  if (o.host_budget_bytes > 0 && tr->host_bytes() > o.host_budget_bytes) {
-    return resource_exhausted("trainer: its host memory, " + format_bytes(tr->host_bytes()) +
-                              " (states, weights, gradients, staging), exceeds the host budget of " +
-                              format_bytes(o.host_budget_bytes) +
-                              " (budgets.host); raise it, or put the states or weights on NVMe");
-  }
   return tr;
 }
 
