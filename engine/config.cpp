@@ -354,7 +354,7 @@ Status read_precision_blocks(Reader& top, EngineConfig& c) {
   if (fp16 && bf16) return invalid_argument("config keys fp16.enabled and bf16.enabled are both true; pick one");
   if (!fp16 && !bf16 && top.has("zero_optimization") && !top.has("precision")) {
     top.warn("neither fp16.enabled nor bf16.enabled is true: DeepSpeed would train in fp32, strata computes in " +
-             std::string(dtype_name(c.setup.compute)) + " (its working weights are bf16 or fp16)");
+             std::string(dtype_name(c.setup.compute)) + " (precision: fp32 computes in fp32)");
   }
   if (fp16) c.setup.compute = DType::kF16;
   if (bf16) c.setup.compute = DType::kBF16;

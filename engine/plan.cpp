@@ -482,6 +482,8 @@ std::vector<Placement> runnable(const TrainSetup& s, const Budgets& b, const Con
                                 const std::vector<int64_t>& groups) {
   std::vector<Placement> all;
   auto runs = [&](const Placement& pl) {
+    // fp32 working weights stay in RAM between uses (on NVMe they are bf16 or fp16).
+    if (s.working == DType::kF32 && pl.weights == Tier::kNvme) return false;
     return pl.gradients != Tier::kNvme || gradients_run_on_nvme(s, pl.states, pl.micro_batches_per_pass);
   };
   for (Placement pl : candidates(b, fixed)) {

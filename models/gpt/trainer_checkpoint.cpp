@@ -29,14 +29,14 @@ const std::set<std::string>& legacy_record_keys() {
 
 // The parts of a chunk's tensors (`slots`) within elements [offset, offset
 // + n) of the chunk: at(k, byte offset in tensor k, byte offset in the
-// range, bytes) for each tensor the range overlaps (2-byte elements).
-Status for_each_tensor_part(const std::vector<gpu::TensorSlot>& slots, int64_t offset, int64_t n,
+// range, bytes) for each tensor the range overlaps (`es`-byte elements).
+Status for_each_tensor_part(const std::vector<gpu::TensorSlot>& slots, int64_t offset, int64_t n, uint64_t es,
                             const std::function<Status(size_t, uint64_t, size_t, size_t)>& at) {
   for (size_t k = 0; k < slots.size(); ++k) {
     const int64_t lo = std::max(offset, slots[k].offset), hi = std::min(offset + n, slots[k].offset + slots[k].numel());
     if (lo >= hi) continue;
-    STRATA_RETURN_IF_ERROR(at(k, 2 * static_cast<uint64_t>(lo - slots[k].offset), 2 * static_cast<size_t>(lo - offset),
-                              2 * static_cast<size_t>(hi - lo)));
+    STRATA_RETURN_IF_ERROR(at(k, es * static_cast<uint64_t>(lo - slots[k].offset),
+                              es * static_cast<size_t>(lo - offset), es * static_cast<size_t>(hi - lo)));
   }
   return ok_status();
 }
@@ -75,12 +75,13 @@ Status Trainer::write_checkpoint(CheckpointDir& dir) {
   STRATA_ASSIGN_OR_RETURN(SafetensorsWriter model,
                           SafetensorsWriter::create(tmp + "/" + kModelFile, tensors, {{"format", "pt"}}));
   size_t first = 0;  // chunk c's first tensor
+  const uint64_t es = dtype_bytes(options_.precision);  // bytes of one working weight
   for (size_t c = 0; c < layout_.size(); ++c) {
     const std::vector<gpu::TensorSlot>& slots = layout_[c].tensors;
     // From RAM, or streamed straight from their NVMe blobs a piece at a
     // time: each tensor's part of the piece into its place.
     auto place = [&](int64_t offset, std::span<std::byte> bytes) {
-      return for_each_tensor_part(slots, offset, static_cast<int64_t>(bytes.size() / 2),
+      return for_each_tensor_part(slots, offset, static_cast<int64_t>(bytes.size() / es), es,
                                   [&](size_t k, uint64_t in_tensor, size_t in_piece, size_t len) {
                                     return model.write_at(first + k, in_tensor, bytes.subspan(in_piece, len));
                                   });
@@ -218,11 +219,12 @@ Status Trainer::load(const std::string& root) {
   // values; a started one's delayed update in flight lands first.
   STRATA_RETURN_IF_ERROR(session_->begin_load("loading checkpoint " + path + " failed part way"));
   unset_ = false;
+  const uint64_t es = dtype_bytes(options_.precision);  // bytes of one working weight
   for (size_t c = 0; c < layout_.size(); ++c) {
     const std::vector<gpu::TensorSlot>& slots = layout_[c].tensors;
     // Into RAM (pinned) or into their NVMe blobs, a piece at a time.
     auto fill = [&](int64_t offset, std::span<std::byte> bytes) {
-      return for_each_tensor_part(slots, offset, static_cast<int64_t>(bytes.size() / 2),
+      return for_each_tensor_part(slots, offset, static_cast<int64_t>(bytes.size() / es), es,
                                   [&](size_t k, uint64_t in_tensor, size_t in_piece, size_t len) {
                                     return model.read(slots[k].name, bytes.subspan(in_piece, len), in_tensor);
                                   });

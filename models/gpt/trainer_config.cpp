@@ -18,9 +18,6 @@ Result<TrainerOptions> trainer_options(const EngineConfig& cfg, std::vector<std:
     return invalid_argument("config key optimizer.type: the trainer runs adam or adamw, the config asks for " +
                             cfg.optimizer.type);
   }
-  if (cfg.setup.compute == DType::kF32) {
-    return invalid_argument("config key precision: the trainer's working weights are bf16 or fp16, not fp32");
-  }
   STRATA_RETURN_IF_ERROR(check_state_piece_elems(cfg.setup.state_piece_elems).with_context("config sub_group_size"));
   TrainerOptions o;
   o.model = cfg.setup.model;

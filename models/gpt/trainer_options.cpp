@@ -100,8 +100,12 @@ Status check_options(const TrainerOptions& o) {
   if (o.grad_accum < 1 || o.grad_accum > 4096) {
     return invalid_argument("trainer: grad_accum must be 1..4096, got " + std::to_string(o.grad_accum));
   }
-  if (o.precision != DType::kBF16 && o.precision != DType::kF16) {
-    return invalid_argument("trainer: precision must be bf16 or fp16");
+  if (o.precision != DType::kBF16 && o.precision != DType::kF16 && o.precision != DType::kF32) {
+    return invalid_argument("trainer: precision must be bf16, fp16 or fp32");
+  }
+  if (o.precision == DType::kF32 && o.weights == Tier::kNvme) {
+    return invalid_argument(
+        "trainer: fp32 working weights stay in RAM between uses (weights on NVMe are bf16 or fp16)");
   }
   if (!(o.clip_norm >= 0) || !std::isfinite(o.clip_norm)) {
     return invalid_argument("trainer: clip_norm must be finite and >= 0 (0 = off), got " + std::to_string(o.clip_norm));

@@ -1,8 +1,6 @@
 // fp16 with dynamic loss scaling (overflowing steps skipped and rolled
 // back, the same bits everywhere, the scale restored by a resume) and the
 // opt-in delayed update (deterministic, documented inexact).
-#include "models/gpt/trainer.h"
-
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,6 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "engine/checkpoint_io.h"
+#include "engine/plan.h"
+#include "models/gpt/trainer.h"
 #include "tests/models/gpt/trainer_runs.h"
 #include "tests/test_util.h"
 
@@ -140,6 +141,60 @@ TEST(Trainer, Fp16ResumeRestoresTheLossScale) {
   Status s = other->load(root);
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(s.message().find("fp16"), std::string::npos) << s.to_string();
+}
+
+// fp32 working weights (the master weights' own bits on the device: small
+// models, parity with an fp32 reference): the same bits resident, streamed
+// with the states and block inputs on NVMe, and through a checkpoint (which
+// holds fp32 tensors); the loss falls; weights on NVMe (bf16 / fp16 only)
+// are refused, and the planner never places them there.
+TEST(Trainer, Fp32WorkingWeightsGiveTheSameBitsEverywhereAndResume) {
+  uint64_t seed = strata::testing::test_seed(167);
+  strata::testing::TempDir dir;
+  TrainerOptions o = tiny(seed);
+  o.precision = DType::kF32;
+  const std::vector<float> resident = run(o, 20);
+  ASSERT_EQ(resident.size(), 20u);
+  EXPECT_LT(resident.back(), 0.8f * resident.front()) << "the loss should fall";
+  TrainerOptions streamed = o;
+  streamed.stream_weights = true;
+  streamed.device_bytes = 8ull << 20;
+  streamed.states = Tier::kNvme;
+  streamed.activation_checkpoints = Tier::kNvme;
+  streamed.nvme_paths = {dir.sub("a")};
+  EXPECT_EQ(run(streamed, 20), resident);
+  const std::string root = dir.path() + "/ckpt";
+  {
+    streamed.nvme_paths = {dir.sub("b")};
+    auto tr = std::move(Trainer::create(streamed)).value();
+    for (int i = 0; i < 10; ++i) ASSERT_TRUE(tr->step());
+    ASSERT_TRUE(tr->save(root).ok());
+  }
+  Result<SafetensorsReader> model = SafetensorsReader::open(root + "/step-10/model.safetensors");
+  ASSERT_TRUE(model) << model.error().to_string();
+  ASSERT_FALSE(model->tensors().empty());
+  EXPECT_EQ(model->tensors().front().dtype, TensorType::kF32);
+  auto resumed = std::move(Trainer::create(o)).value();  // resident, states in RAM
+  ASSERT_TRUE(resumed->load(root).ok());
+  for (int i = 10; i < 20; ++i) {
+    Result<float> loss = resumed->step();
+    ASSERT_TRUE(loss);
+    EXPECT_EQ(*loss, resident[static_cast<size_t>(i)]) << "step " << i + 1;
+  }
+  TrainerOptions on_nvme = streamed;
+  on_nvme.weights = Tier::kNvme;
+  Result<std::unique_ptr<Trainer>> refused = Trainer::create(on_nvme);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().message().find("fp32 working weights stay in RAM"), std::string::npos)
+      << refused.error().to_string();
+  // The planner has no placement with fp32 weights on NVMe (bf16's it has).
+  Constraints fixed;
+  fixed.weights = Tier::kNvme;
+  const Budgets plenty{1ull << 30, 1ull << 30, 1ull << 30};
+  TrainerOptions bf16 = o;
+  bf16.precision = DType::kBF16;
+  EXPECT_TRUE(make_plan(training_setup(bf16), plenty, Bandwidths{}, fixed));
+  EXPECT_FALSE(make_plan(training_setup(o), plenty, Bandwidths{}, fixed));
 }
 
 // The opt-in delayed update: step t+1 computes beside update t, with the
