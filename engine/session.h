@@ -7,14 +7,17 @@
 //     brought to the device into `prefetch_depth + 1` weight slots in the
 //     order the first step recorded (ChunkStore: prefetch, Belady reuse);
 //   - gradients computed into one of two device gradient slots and copied
-//     back into a host buffer per chunk; with grad_accum micro-batches a
+//     back into a host buffer per chunk, or into a ring of a few buffers
+//     with the gradients then kept on NVMe; with grad_accum micro-batches a
 //     step, each chunk's gradient comes grad_accum times and the session
 //     sums them in fp32, in the order they came, beside the model's
 //     compute (the optimizer reads the sum);
 //   - fp32 master weights and Adam states on the host or on NVMe, updated
 //     by the optimizer stage as each chunk's gradient lands (OptimizerStage:
 //     exact speculation with rollback on NVMe, global-norm clipping, fp16
-//     inf/nan skips).
+//     inf/nan skips, the config's rate schedule), or with the opt-in
+//     delayed update beside the model's next step;
+//   - the activation checkpoints the model hands it, in RAM or on NVMe.
 // A step is: begin_step; for each use of a chunk acquire (its weights on
 // the device once it returns) and release; per chunk once per
 // micro-batch, gradient_buffer then submit_gradient; end_step, which
