@@ -79,7 +79,6 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
   STRATA_RETURN_IF_ERROR(check_budgets(o));
   std::unique_ptr<Trainer> tr(new Trainer());
   tr->options_ = o;
-  tr->layout_ = gpu::model_layout(o.model);
   STRATA_ASSIGN_OR_RETURN(tr->session_, Session::create(session_options_of(o)));
   STRATA_ASSIGN_OR_RETURN(tr->gpt_, SessionGpt::create(*tr->session_, gpt_options_of(o)));
   if (!o.initial_state) {
@@ -106,11 +105,11 @@ void Trainer::report(std::string_view what, int64_t done, int64_t total) const {
 }
 
 Status Trainer::read_master(size_t chunk, float* dst) {
-  if (chunk >= layout_.size()) {
+  if (chunk >= layout().size()) {
     return invalid_argument("trainer: read_master: chunk " + std::to_string(chunk) + " of " +
-                            std::to_string(layout_.size()));
+                            std::to_string(layout().size()));
   }
-  return session_->read_master(chunk, std::span(dst, static_cast<size_t>(layout_[chunk].numel)))
+  return session_->read_master(chunk, std::span(dst, static_cast<size_t>(layout()[chunk].numel)))
       .with_context("trainer: read_master");
 }
 

@@ -307,7 +307,8 @@ class Trainer {
                            const SafetensorsReader& model, const SafetensorsReader& opt) const;
 
   TrainerOptions options_;
-  std::vector<gpu::ChunkLayout> layout_;
+  // The GPT's chunks, as the model on the session lays them out.
+  const std::vector<gpu::ChunkLayout>& layout() const { return gpt_->layout(); }
   // The engine's session owns every byte of model state and the optimizer;
   // the GPT drives it (models/gpt/session_gpt.h). The trainer adds the
   // data stream's position, its checkpoint record, the learning-rate

@@ -69,15 +69,15 @@ Status Trainer::write_checkpoint(CheckpointDir& dir) {
   STRATA_ASSIGN_OR_RETURN(std::string tmp, dir.begin(steps_done()));
   // Model weights, bf16, GPT-2 names.
   std::vector<TensorInfo> tensors;
-  for (const auto& chunk : layout_) {
+  for (const auto& chunk : layout()) {
     for (const auto& t : chunk.tensors) tensors.push_back({t.name, tensor_type(options_.precision), t.shape});
   }
   STRATA_ASSIGN_OR_RETURN(SafetensorsWriter model,
                           SafetensorsWriter::create(tmp + "/" + kModelFile, tensors, {{"format", "pt"}}));
   size_t first = 0;  // chunk c's first tensor
   const uint64_t es = dtype_bytes(options_.precision);  // bytes of one working weight
-  for (size_t c = 0; c < layout_.size(); ++c) {
-    const std::vector<gpu::TensorSlot>& slots = layout_[c].tensors;
+  for (size_t c = 0; c < layout().size(); ++c) {
+    const std::vector<gpu::TensorSlot>& slots = layout()[c].tensors;
     // From RAM, or streamed straight from their NVMe blobs a piece at a
     // time: each tensor's part of the piece into its place.
     auto place = [&](int64_t offset, std::span<std::byte> bytes) {
@@ -88,7 +88,7 @@ Status Trainer::write_checkpoint(CheckpointDir& dir) {
     };
     STRATA_RETURN_IF_ERROR(session_->visit_weights(c, place));
     first += slots.size();
-    report("saving", static_cast<int64_t>(c + 1), 2 * static_cast<int64_t>(layout_.size()));
+    report("saving", static_cast<int64_t>(c + 1), 2 * static_cast<int64_t>(layout().size()));
   }
   STRATA_RETURN_IF_ERROR(model.finish());
   // Optimizer state, streamed piece by piece from its tier into place (no
@@ -96,16 +96,17 @@ Status Trainer::write_checkpoint(CheckpointDir& dir) {
   // (8-bit states: the codes and their per-block scales).
   std::vector<TensorInfo> states;
   std::vector<size_t> first_tensor;
-  for (size_t c = 0; c < layout_.size(); ++c) {
+  for (size_t c = 0; c < layout().size(); ++c) {
     first_tensor.push_back(states.size());
-    for (TensorInfo& t : state_tensors(chunk_prefix(c), layout_[c].numel, options_.adam_states)) states.push_back(std::move(t));
+    for (TensorInfo& t : state_tensors(chunk_prefix(c), layout()[c].numel, options_.adam_states))
+      states.push_back(std::move(t));
   }
   STRATA_ASSIGN_OR_RETURN(SafetensorsWriter opt, SafetensorsWriter::create(tmp + "/" + kOptimizerFile, states));
-  for (size_t c = 0; c < layout_.size(); ++c) {
+  for (size_t c = 0; c < layout().size(); ++c) {
     STRATA_RETURN_IF_ERROR(session_->visit_state(c, [&](int part, uint64_t offset, std::span<std::byte> bytes) {
       return opt.write_at(first_tensor[c] + static_cast<size_t>(part), offset, bytes);
     }));
-    report("saving", static_cast<int64_t>(layout_.size() + c + 1), 2 * static_cast<int64_t>(layout_.size()));
+    report("saving", static_cast<int64_t>(layout().size() + c + 1), 2 * static_cast<int64_t>(layout().size()));
   }
   STRATA_RETURN_IF_ERROR(opt.finish());
   STRATA_RETURN_IF_ERROR(write_record(tmp, model, opt));
@@ -220,8 +221,8 @@ Status Trainer::load(const std::string& root) {
   STRATA_RETURN_IF_ERROR(session_->begin_load("loading checkpoint " + path + " failed part way"));
   unset_ = false;
   const uint64_t es = dtype_bytes(options_.precision);  // bytes of one working weight
-  for (size_t c = 0; c < layout_.size(); ++c) {
-    const std::vector<gpu::TensorSlot>& slots = layout_[c].tensors;
+  for (size_t c = 0; c < layout().size(); ++c) {
+    const std::vector<gpu::TensorSlot>& slots = layout()[c].tensors;
     // Into RAM (pinned) or into their NVMe blobs, a piece at a time.
     auto fill = [&](int64_t offset, std::span<std::byte> bytes) {
       return for_each_tensor_part(slots, offset, static_cast<int64_t>(bytes.size() / es), es,
@@ -230,14 +231,14 @@ Status Trainer::load(const std::string& root) {
                                   });
     };
     STRATA_RETURN_IF_ERROR(session_->replace_weights(c, fill));
-    report("loading", static_cast<int64_t>(c + 1), 2 * static_cast<int64_t>(layout_.size()));
+    report("loading", static_cast<int64_t>(c + 1), 2 * static_cast<int64_t>(layout().size()));
   }
-  for (size_t c = 0; c < layout_.size(); ++c) {
-    const std::vector<TensorInfo> parts = state_tensors(chunk_prefix(c), layout_[c].numel, options_.adam_states);
+  for (size_t c = 0; c < layout().size(); ++c) {
+    const std::vector<TensorInfo> parts = state_tensors(chunk_prefix(c), layout()[c].numel, options_.adam_states);
     STRATA_RETURN_IF_ERROR(session_->replace_state(c, [&](int part, uint64_t offset, std::span<std::byte> bytes) {
       return opt.read(parts[static_cast<size_t>(part)].name, bytes, offset);
     }));
-    report("loading", static_cast<int64_t>(layout_.size() + c + 1), 2 * static_cast<int64_t>(layout_.size()));
+    report("loading", static_cast<int64_t>(layout().size() + c + 1), 2 * static_cast<int64_t>(layout().size()));
   }
   Session::Counts counts;
   counts.steps = meta.step;
@@ -263,13 +264,13 @@ Status Trainer::verify_checkpoint(const std::string& path, const CheckpointMeta&
                 "verified (only their types, shapes and finiteness are checked); save it again to seal it");
   }
   // Every tensor this trainer reads is there in its type and shape.
-  for (const gpu::ChunkLayout& chunk : layout_) {
+  for (const gpu::ChunkLayout& chunk : layout()) {
     for (const gpu::TensorSlot& t : chunk.tensors) {
       STRATA_RETURN_IF_ERROR(check_tensor(path, kModelFile, model, {t.name, tensor_type(options_.precision), t.shape}));
     }
   }
-  for (size_t c = 0; c < layout_.size(); ++c) {
-    for (const TensorInfo& t : state_tensors(chunk_prefix(c), layout_[c].numel, options_.adam_states)) {
+  for (size_t c = 0; c < layout().size(); ++c) {
+    for (const TensorInfo& t : state_tensors(chunk_prefix(c), layout()[c].numel, options_.adam_states)) {
       STRATA_RETURN_IF_ERROR(check_tensor(path, kOptimizerFile, opt, t));
     }
   }
