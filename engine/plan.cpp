@@ -77,6 +77,54 @@ bool gradients_run_on_nvme(const TrainSetup& s, Tier states, int64_t micro_batch
   return states == Tier::kNvme && !s.delayed_update && (s.grad_accum == 1 || micro_batches_per_pass == s.grad_accum);
 }
 
+Status check_placement(const TrainSetup& s, const Placement& pl) {
+  const std::string_view st = tier_name(pl.states);
+  if (pl.states == Tier::kDevice) {
+    return invalid_argument("the optimizer states live on the host or on NVMe (the optimizer runs on the CPU)");
+  }
+  if (pl.weights == Tier::kNvme && pl.states != Tier::kNvme) {
+    return invalid_argument(
+        "weights on NVMe need the optimizer states on NVMe (their blobs share the states' "
+        "pieces); the states are on " +
+        std::string(st));
+  }
+  if (pl.weights == Tier::kNvme && s.working == DType::kF32) {
+    return invalid_argument("fp32 working weights stay in RAM between uses (weights on NVMe are bf16 or fp16)");
+  }
+  if (pl.checkpoints != Tier::kDevice && pl.weights == Tier::kDevice) {
+    return invalid_argument(
+        "activation checkpoints off the device need the weights streamed (weights on the host "
+        "or on NVMe between uses); they are resident on the device");
+  }
+  if (pl.speculate_in_ram && pl.states != Tier::kHost) {
+    return invalid_argument(
+        "speculate_in_ram is for optimizer states in RAM (on NVMe, speculation keeps its "
+        "second copy there: `speculate`); the states are on " +
+        std::string(st));
+  }
+  if (pl.gradients != Tier::kHost && pl.gradients != Tier::kNvme) {
+    return invalid_argument("the gradients wait for the optimizer on the host or on NVMe");
+  }
+  if (pl.gradients == Tier::kNvme && !gradients_run_on_nvme(s, pl.states, pl.micro_batches_per_pass)) {
+    return invalid_argument(
+        "gradients on NVMe need the optimizer states on NVMe, the exact schedule (no delayed update) and each "
+        "chunk's micro-batches landing one after another (grad_accum 1, or all of them in one pass); got states on " +
+        std::string(st) + ", grad_accum " + std::to_string(s.grad_accum) +
+        (s.grad_accum <= 1                ? std::string()
+         : pl.micro_batches_per_pass == 1 ? std::string(" one micro-batch at a time")
+                                          : " in passes of " + std::to_string(pl.micro_batches_per_pass)) +
+        (s.delayed_update ? ", the delayed update" : ""));
+  }
+  if (pl.micro_batches_per_pass < 1 || s.grad_accum % pl.micro_batches_per_pass != 0) {
+    return invalid_argument("micro-batches per pass must divide grad_accum (" + std::to_string(s.grad_accum) +
+                            "), got " + std::to_string(pl.micro_batches_per_pass));
+  }
+  if (pl.prefetch_depth < 1 || pl.prefetch_depth > 1024) {
+    return invalid_argument("prefetch_depth must be 1..1024, got " + std::to_string(pl.prefetch_depth));
+  }
+  return ok_status();
+}
+
 std::string_view tier_name(Tier t) {
   switch (t) {
     case Tier::kDevice: return "device";
@@ -426,28 +474,24 @@ std::vector<Placement> candidates(const Budgets& b, const Constraints& fixed) {
   if (b.nvme_bytes > 0) tiers.push_back(Tier::kNvme);
   auto allowed = [](const std::optional<Tier>& want, Tier t) { return !want || *want == t; };
   std::vector<Placement> out;
-  // Only what the trainer runs: the optimizer on the CPU, weights on NVMe
-  // only beside states on NVMe (their blobs share the state's pieces), and
-  // checkpoints off the device only with the weights streamed.
+  // Every combination of the tiers the constraints allow; runnable()
+  // keeps those check_placement accepts.
   for (Tier w : tiers) {
     if (!allowed(fixed.weights, w)) continue;
     for (Tier st : tiers) {
-      if (st == Tier::kDevice || !allowed(fixed.states, st)) continue;
-      if (w == Tier::kNvme && st != Tier::kNvme) continue;
+      if (!allowed(fixed.states, st)) continue;
       for (Tier ck : tiers) {
         if (!allowed(fixed.checkpoints, ck)) continue;
-        if (w == Tier::kDevice && ck != Tier::kDevice) continue;
+        // Prefetch depths only matter when the weights stream.
         for (int k = 1; k <= (w == Tier::kDevice ? 1 : 4); ++k) {
-          // The gradients on the host, or beside states on NVMe there too
-          // (best_plan keeps those where the setup allows them).
           for (Tier g : {Tier::kHost, Tier::kNvme}) {
-            if (!allowed(fixed.gradients, g) || (g == Tier::kNvme && st != Tier::kNvme)) continue;
+            if (!allowed(fixed.gradients, g)) continue;
             Placement pl{w, st, ck, k};
             pl.gradients = g;
             out.push_back(pl);
-            // States in RAM may keep a second copy, so chunks update as their
+            // A second copy of the states, so chunks update as their
             // gradients land instead of after backward (more host memory).
-            if (st == Tier::kHost && fixed.allow_speculate_in_ram) {
+            if (fixed.allow_speculate_in_ram) {
               pl.speculate_in_ram = true;
               out.push_back(pl);
             }
@@ -481,11 +525,7 @@ std::vector<int64_t> vertical_groups(const TrainSetup& s) {
 std::vector<Placement> runnable(const TrainSetup& s, const Budgets& b, const Constraints& fixed,
                                 const std::vector<int64_t>& groups) {
   std::vector<Placement> all;
-  auto runs = [&](const Placement& pl) {
-    // fp32 working weights stay in RAM between uses (on NVMe they are bf16 or fp16).
-    if (s.working == DType::kF32 && pl.weights == Tier::kNvme) return false;
-    return pl.gradients != Tier::kNvme || gradients_run_on_nvme(s, pl.states, pl.micro_batches_per_pass);
-  };
+  auto runs = [&](const Placement& pl) { return check_placement(s, pl).ok(); };
   for (Placement pl : candidates(b, fixed)) {
     if (s.micro_batches_per_pass <= 1 && runs(pl)) all.push_back(pl);
     for (int64_t v : groups) {

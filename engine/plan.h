@@ -74,6 +74,18 @@ inline DType optimizer_gradient_type(const TrainSetup& s) { return s.grad_accum 
 // another — one a step, or all of them in one pass of the vertical order.
 bool gradients_run_on_nvme(const TrainSetup& setup, Tier states, int64_t micro_batches_per_pass);
 
+// The placement rules, written once: what the engine runs. The planner
+// enumerates only placements this accepts, and the trainer and a session
+// refuse the rest with its message (callers add who they are):
+//   - the optimizer states on the host or on NVMe (the optimizer is the CPU's);
+//   - the weights on NVMe only beside the states on NVMe, and never fp32;
+//   - activation checkpoints off the device only with the weights streamed;
+//   - a second copy of the states in RAM (speculate_in_ram) only with them there;
+//   - the gradients on the host, or on NVMe where gradients_run_on_nvme says;
+//   - micro-batches per pass a divisor of grad_accum; prefetch depth 1..1024.
+// InvalidArgument naming the rule and what the placement has.
+Status check_placement(const TrainSetup& setup, const Placement& placement);
+
 // The optimizer stage's unit on NVMe: a chunk of n parameters in pieces of
 // at most `piece_elems` (0: one piece), equal but the last, each a multiple
 // of kStatePieceGranule — whole 8-bit blocks, and 2-byte weights on 8 KiB

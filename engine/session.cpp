@@ -14,58 +14,62 @@
 namespace strata::engine {
 namespace {
 
+// What the placement rules (check_placement) look at in a session's
+// options: the working type, accumulation and the delayed update; the
+// tiers, with the weights always between uses off the device, and each
+// chunk's micro-batches in the gradient order (set_gradient_order refuses
+// a submission out of it) as one pass.
+TrainSetup setup_of(const SessionOptions& o) {
+  TrainSetup s;
+  s.compute = s.working = o.precision;
+  s.grad_accum = o.grad_accum;
+  s.delayed_update = o.delayed_update;
+  s.micro_batches_per_pass = o.grad_accum;
+  return s;
+}
+
+Placement placement_of(const SessionOptions& o) {
+  Placement pl;
+  pl.weights = o.weights;
+  pl.states = o.states;
+  pl.checkpoints = o.activations;
+  pl.prefetch_depth = o.prefetch_depth;
+  pl.speculate_in_ram = o.speculate_in_ram;
+  pl.micro_batches_per_pass = o.grad_accum;
+  pl.gradients = o.gradients;
+  return pl;
+}
+
 Status check_options(const SessionOptions& o) {
   STRATA_RETURN_IF_ERROR(cpu_optim::validate(o.adam).with_context("session"));
   STRATA_RETURN_IF_ERROR(validate(o.lr_schedule).with_context("session: lr_schedule"));
   if (o.precision != DType::kBF16 && o.precision != DType::kF16 && o.precision != DType::kF32) {
     return invalid_argument("session: the working weights (precision) are bf16, fp16 or fp32");
   }
-  if (o.states != Tier::kHost && o.states != Tier::kNvme) {
-    return invalid_argument("session: the optimizer states live on the host or on NVMe");
+  if (o.grad_accum < 1 || o.grad_accum > 4096) {
+    return invalid_argument("session: grad_accum (micro-batches per step) must be 1..4096, got " +
+                            std::to_string(o.grad_accum));
   }
+  // A session's model keeps no weights on the device between uses: they
+  // wait on the host or on NVMe, as do the checkpoints it hands over.
   if (o.weights != Tier::kHost && o.weights != Tier::kNvme) {
     return invalid_argument("session: the working weights live on the host or on NVMe between uses");
-  }
-  if (o.weights == Tier::kNvme && o.precision == DType::kF32) {
-    return invalid_argument(
-        "session: fp32 working weights stay in RAM between uses (weights on NVMe are bf16 or fp16)");
-  }
-  if (o.weights == Tier::kNvme && o.states != Tier::kNvme) {
-    return invalid_argument("session: weights on NVMe need the optimizer states on NVMe");
-  }
-  if (o.states == Tier::kNvme && o.nvme_paths.empty()) {
-    return invalid_argument("session: optimizer states on NVMe need nvme_paths");
   }
   if (o.activations != Tier::kHost && o.activations != Tier::kNvme) {
     return invalid_argument("session: activation checkpoints go to the host or to NVMe");
   }
-  if (o.activations == Tier::kNvme && o.nvme_paths.empty()) {
-    return invalid_argument("session: activation checkpoints on NVMe need nvme_paths");
-  }
-  if (o.gradients != Tier::kHost && o.gradients != Tier::kNvme) {
-    return invalid_argument("session: the gradients wait for the optimizer on the host or on NVMe");
-  }
-  if (o.gradients == Tier::kNvme && o.states != Tier::kNvme) {
-    return invalid_argument("session: gradients on NVMe need the optimizer states on NVMe");
+  STRATA_RETURN_IF_ERROR(check_placement(setup_of(o), placement_of(o)).with_context("session"));
+  if ((o.states == Tier::kNvme || o.activations == Tier::kNvme) && o.nvme_paths.empty()) {
+    return invalid_argument(std::string("session: ") +
+                            (o.states == Tier::kNvme ? "optimizer states" : "activation checkpoints") +
+                            " on NVMe need nvme_paths");
   }
   if (o.gradient_buffers < 1 || o.gradient_buffers > 64) {
     return invalid_argument("session: gradient_buffers must be 1..64, got " + std::to_string(o.gradient_buffers));
   }
-  if (o.delayed_update && o.gradients == Tier::kNvme) {
-    return invalid_argument(
-        "session: the delayed update keeps the gradients on the host (its update reads a whole step's while the "
-        "next one's come); gradients on NVMe need the exact schedule");
-  }
-  if (o.prefetch_depth < 1 || o.prefetch_depth > 1024) {
-    return invalid_argument("session: prefetch_depth must be 1..1024, got " + std::to_string(o.prefetch_depth));
-  }
   if (!(o.clip_norm >= 0) || !std::isfinite(o.clip_norm)) {
     return invalid_argument("session: clip_norm must be finite and >= 0 (0 = off), got " +
                             std::to_string(o.clip_norm));
-  }
-  if (o.grad_accum < 1 || o.grad_accum > 4096) {
-    return invalid_argument("session: grad_accum (micro-batches per step) must be 1..4096, got " +
-                            std::to_string(o.grad_accum));
   }
   if (o.staging_buffers < 3 || o.staging_buffers > 64) {
     return invalid_argument("session: staging_buffers must be 3..64, got " + std::to_string(o.staging_buffers));

@@ -59,53 +59,27 @@ Status check_options(const TrainerOptions& o) {
   if (o.batch < 1 || o.seq < 1 || o.seq > o.model.max_seq) {
     return invalid_argument("trainer: batch >= 1 and 1 <= seq <= max_seq required");
   }
-  if (o.activation_checkpoints != Tier::kDevice && !o.stream_weights) {
-    return invalid_argument("trainer: activation checkpoints off the device need stream_weights");
+  if (o.grad_accum < 1 || o.grad_accum > 4096) {
+    return invalid_argument("trainer: grad_accum must be 1..4096, got " + std::to_string(o.grad_accum));
   }
+  if (o.weights != Tier::kHost && o.weights != Tier::kNvme) {
+    return invalid_argument("trainer: the weights live on the host or on NVMe");
+  }
+  if (o.weights == Tier::kNvme && !o.stream_weights) {
+    return invalid_argument("trainer: weights on NVMe need stream_weights");
+  }
+  // Named here by the option: check_placement only sees its pass size.
   if (o.vertical_accumulation && o.grad_accum > 1 &&
       (o.vertical_group < 0 || (o.vertical_group > 0 && o.grad_accum % o.vertical_group != 0))) {
     return invalid_argument("trainer: vertical_group must divide grad_accum (" + std::to_string(o.grad_accum) +
                             "), or be 0 for all of them; got " + std::to_string(o.vertical_group));
   }
-  if (o.weights != Tier::kHost && o.weights != Tier::kNvme) {
-    return invalid_argument("trainer: the weights live on the host or on NVMe");
-  }
-  if (o.weights == Tier::kNvme && (!o.stream_weights || o.states != Tier::kNvme)) {
-    return invalid_argument("trainer: weights on NVMe need stream_weights and the optimizer states on NVMe");
-  }
-  if (o.gradients != Tier::kHost && o.gradients != Tier::kNvme) {
-    return invalid_argument("trainer: the gradients wait on the host or on NVMe");
-  }
-  if (o.gradients == Tier::kNvme) {
-    // Accumulating, each chunk's micro-batches must land one after another
-    // (the vertical order in one pass): only one chunk's sum is being made at a time.
-    if (!gradients_run_on_nvme(training_setup(o), o.states, micro_batches_per_pass(o))) {
-      return invalid_argument(
-          "trainer: gradients on NVMe need the optimizer states on NVMe, grad_accum 1 or the vertical order in one "
-          "pass, and no delayed update (got states on " +
-          std::string(tier_name(o.states)) + ", grad_accum " + std::to_string(o.grad_accum) +
-          (o.grad_accum > 1 ? (o.vertical_accumulation ? " in passes of " + std::to_string(micro_batches_per_pass(o))
-                                                       : " one micro-batch at a time")
-                            : "") +
-          (o.delayed_update ? ", the delayed update)" : ")"));
-    }
-    if (o.gradient_buffers < 1 || o.gradient_buffers > 64) {
-      return invalid_argument("trainer: gradient_buffers must be 1..64, got " + std::to_string(o.gradient_buffers));
-    }
-  }
-  if (o.speculate_in_ram && o.states != Tier::kHost) {
-    return invalid_argument("trainer: speculate_in_ram is for optimizer states in RAM (on NVMe, speculation keeps "
-                            "its second copy there: `speculate`)");
-  }
-  if (o.grad_accum < 1 || o.grad_accum > 4096) {
-    return invalid_argument("trainer: grad_accum must be 1..4096, got " + std::to_string(o.grad_accum));
+  STRATA_RETURN_IF_ERROR(check_placement(training_setup(o), run_placement(o)).with_context("trainer"));
+  if (o.gradient_buffers < 1 || o.gradient_buffers > 64) {
+    return invalid_argument("trainer: gradient_buffers must be 1..64, got " + std::to_string(o.gradient_buffers));
   }
   if (o.precision != DType::kBF16 && o.precision != DType::kF16 && o.precision != DType::kF32) {
     return invalid_argument("trainer: precision must be bf16, fp16 or fp32");
-  }
-  if (o.precision == DType::kF32 && o.weights == Tier::kNvme) {
-    return invalid_argument(
-        "trainer: fp32 working weights stay in RAM between uses (weights on NVMe are bf16 or fp16)");
   }
   if (!(o.clip_norm >= 0) || !std::isfinite(o.clip_norm)) {
     return invalid_argument("trainer: clip_norm must be finite and >= 0 (0 = off), got " + std::to_string(o.clip_norm));

@@ -158,6 +158,85 @@ std::string numbers_text(const TrainerOptions& o) {
          (o.delayed_update ? ", delayed update" : "");
 }
 
+// The placement rules are written once (check_placement): over every
+// combination of tiers, speculation, accumulation order, the delayed update
+// and fp32 working weights, the trainer creates exactly the runs they
+// accept and refuses the rest with their words, and the planner proposes
+// only placements they accept — the resident ones too.
+TEST(TrainerPlacements, TheTrainerAndThePlannerFollowOneSetOfRules) {
+  strata::testing::TempDir dir;
+  const std::vector<Tier> tiers = {Tier::kDevice, Tier::kHost, Tier::kNvme};
+  struct Run {
+    DType precision;
+    int64_t accum;
+    bool vertical, delayed;
+  };
+  int accepted = 0, refused = 0;
+  for (const Run& r : {Run{DType::kBF16, 1, false, false}, Run{DType::kF32, 2, true, false},
+                       Run{DType::kBF16, 2, false, false}, Run{DType::kBF16, 1, false, true}}) {
+    for (Tier w : tiers) {
+      for (Tier st : tiers) {
+        for (Tier ck : tiers) {
+          for (Tier g : {Tier::kHost, Tier::kNvme}) {
+            for (bool spec : {false, true}) {
+              TrainerOptions o;
+              o.model.layers = 2;
+              o.model.hidden = 32, o.model.heads = 4, o.model.vocab = 64, o.model.max_seq = 16;
+              o.batch = 1, o.seq = 8;
+              o.precision = r.precision;
+              o.grad_accum = r.accum;
+              o.vertical_accumulation = r.vertical;
+              o.delayed_update = r.delayed;
+              o.stream_weights = w != Tier::kDevice;
+              o.weights = w == Tier::kNvme ? Tier::kNvme : Tier::kHost;
+              o.states = st;
+              o.activation_checkpoints = ck;
+              o.gradients = g;
+              o.speculate_in_ram = spec;
+              o.nvme_paths = {dir.path()};
+              const Status rule = check_placement(training_setup(o), run_placement(o));
+              const std::string what = placement_text(run_placement(o)) + " (" + std::string(dtype_name(r.precision)) +
+                                       ", grad_accum " + std::to_string(r.accum) + (r.delayed ? ", delayed" : "") + ")";
+              Result<std::unique_ptr<Trainer>> tr = Trainer::create(o);
+              if (rule.ok()) {
+                ++accepted;
+                EXPECT_TRUE(tr) << what << ": " << tr.error().to_string();
+              } else {
+                ++refused;
+                ASSERT_FALSE(tr) << what << " runs, but the rules say: " << rule.to_string();
+                EXPECT_EQ(tr.error().code(), StatusCode::kInvalidArgument) << what;
+                EXPECT_NE(tr.error().to_string().find(rule.message()), std::string::npos)
+                    << what << ": " << tr.error().to_string() << " is not " << rule.to_string();
+              }
+            }
+          }
+        }
+      }
+      // The planner, with every tier open and then each weight tier fixed.
+      const TrainSetup setup = [&] {
+        TrainerOptions o;
+        o.model.layers = 2;
+        o.model.hidden = 32, o.model.heads = 4, o.model.vocab = 64, o.model.max_seq = 16;
+        o.precision = r.precision, o.grad_accum = r.accum, o.delayed_update = r.delayed;
+        o.vertical_accumulation = r.vertical;
+        return training_setup(o);
+      }();
+      Constraints fixed;
+      fixed.weights = w;
+      Result<Plan> plan = make_plan(setup, Budgets{1ull << 30, 1ull << 30, 1ull << 30}, Bandwidths{}, fixed);
+      // Every weight tier has a placement, but NVMe for fp32 weights.
+      ASSERT_EQ(plan.has_value(), !(r.precision == DType::kF32 && w == Tier::kNvme)) << tier_name(w);
+      if (plan) {
+        EXPECT_EQ(plan->placement.weights, w);
+        EXPECT_TRUE(check_placement(setup, plan->placement).ok()) << placement_text(plan->placement);
+      }
+    }
+  }
+  // Both sides of the rules were exercised.
+  EXPECT_GT(accepted, 50);
+  EXPECT_GT(refused, 50);
+}
+
 TEST(TrainerPlacements, RandomPlacementsGiveTheSameBits) {
   const uint64_t seed = strata::testing::test_seed(20261201);
   std::mt19937_64 rng(seed);
