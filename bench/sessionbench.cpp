@@ -47,7 +47,7 @@ engine::TrainerOptions trainer_options(const Flags& f, const Placement& p, const
   o.prefetch_depth = 2;
   o.states = p.states;
   o.weights = p.weights;
-  o.activation_checkpoints = p.inputs;
+  o.activations = p.inputs;
   o.pin_memory = false;
   if (p.states == Tier::kNvme || p.inputs == Tier::kNvme) o.nvme_paths = {dir};
   return o;

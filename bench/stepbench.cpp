@@ -146,7 +146,7 @@ int run(int argc, char** argv) {
   full.stream_weights = true;
   full.device_bytes = static_cast<uint64_t>(static_cast<double>(fp32_states) / ratio);
   full.prefetch_depth = prefetch;
-  full.activation_checkpoints = engine::Tier::kHost;
+  full.activations = engine::Tier::kHost;
   full.states = states_nvme ? engine::Tier::kNvme : engine::Tier::kHost;
   full.speculate_in_ram = speculate_in_ram;
   full.gradients = grads_nvme ? engine::Tier::kNvme : engine::Tier::kHost;

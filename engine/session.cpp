@@ -40,53 +40,55 @@ Placement placement_of(const SessionOptions& o) {
   return pl;
 }
 
-Status check_options(const SessionOptions& o) {
-  STRATA_RETURN_IF_ERROR(cpu_optim::validate(o.adam).with_context("session"));
-  STRATA_RETURN_IF_ERROR(validate(o.lr_schedule).with_context("session: lr_schedule"));
+}  // namespace
+
+Status check_session_options(const SessionOptions& o) {
+  STRATA_RETURN_IF_ERROR(cpu_optim::validate(o.adam));
+  STRATA_RETURN_IF_ERROR(validate(o.lr_schedule).with_context("lr_schedule"));
   if (o.precision != DType::kBF16 && o.precision != DType::kF16 && o.precision != DType::kF32) {
-    return invalid_argument("session: the working weights (precision) are bf16, fp16 or fp32");
+    return invalid_argument("the working weights (precision) are bf16, fp16 or fp32");
   }
   if (o.grad_accum < 1 || o.grad_accum > 4096) {
-    return invalid_argument("session: grad_accum (micro-batches per step) must be 1..4096, got " +
-                            std::to_string(o.grad_accum));
+    return invalid_argument("grad_accum (micro-batches per step) must be 1..4096, got " + std::to_string(o.grad_accum));
   }
   // A session's model keeps no weights on the device between uses: they
   // wait on the host or on NVMe, as do the checkpoints it hands over.
   if (o.weights != Tier::kHost && o.weights != Tier::kNvme) {
-    return invalid_argument("session: the working weights live on the host or on NVMe between uses");
+    return invalid_argument("the working weights live on the host or on NVMe between uses");
   }
   if (o.activations != Tier::kHost && o.activations != Tier::kNvme) {
-    return invalid_argument("session: activation checkpoints go to the host or to NVMe");
+    return invalid_argument("activation checkpoints go to the host or to NVMe");
   }
-  STRATA_RETURN_IF_ERROR(check_placement(setup_of(o), placement_of(o)).with_context("session"));
+  STRATA_RETURN_IF_ERROR(check_placement(setup_of(o), placement_of(o)));
   if ((o.states == Tier::kNvme || o.activations == Tier::kNvme) && o.nvme_paths.empty()) {
-    return invalid_argument(std::string("session: ") +
-                            (o.states == Tier::kNvme ? "optimizer states" : "activation checkpoints") +
+    return invalid_argument(std::string(o.states == Tier::kNvme ? "optimizer states" : "activation checkpoints") +
                             " on NVMe need nvme_paths");
   }
   if (o.gradient_buffers < 1 || o.gradient_buffers > 64) {
-    return invalid_argument("session: gradient_buffers must be 1..64, got " + std::to_string(o.gradient_buffers));
+    return invalid_argument("gradient_buffers must be 1..64, got " + std::to_string(o.gradient_buffers));
   }
   if (!(o.clip_norm >= 0) || !std::isfinite(o.clip_norm)) {
-    return invalid_argument("session: clip_norm must be finite and >= 0 (0 = off), got " +
-                            std::to_string(o.clip_norm));
+    return invalid_argument("clip_norm must be finite and >= 0 (0 = off), got " + std::to_string(o.clip_norm));
   }
   if (o.staging_buffers < 3 || o.staging_buffers > 64) {
-    return invalid_argument("session: staging_buffers must be 3..64, got " + std::to_string(o.staging_buffers));
+    return invalid_argument("staging_buffers must be 3..64, got " + std::to_string(o.staging_buffers));
   }
   if (o.numa_node < -1 || o.numa_node > 4095) {
-    return invalid_argument("session: numa_node must be -1..4095, got " + std::to_string(o.numa_node));
+    return invalid_argument("numa_node must be -1..4095, got " + std::to_string(o.numa_node));
   }
   if (o.compute_threads < 0 || o.compute_threads > 4096) {
-    return invalid_argument("session: compute_threads must be 0..4096, got " + std::to_string(o.compute_threads));
+    return invalid_argument("compute_threads must be 0..4096, got " + std::to_string(o.compute_threads));
   }
-  STRATA_RETURN_IF_ERROR(check_state_piece_elems(o.state_piece_elems).with_context("session"));
+  STRATA_RETURN_IF_ERROR(check_state_piece_elems(o.state_piece_elems).with_context("state_piece_elems"));
   if (!gpu::backend_built(o.backend)) {
-    return unimplemented("session: this build has no CUDA (the cuda backend needs nvcc at build time); run on the "
-                         "host backend (device \"host\")");
+    return unimplemented(
+        "this build has no CUDA (the cuda backend needs nvcc at build time); run on the "
+        "host backend (device \"host\")");
   }
   return ok_status();
 }
+
+namespace {
 
 // The host backend's staging memory: page-aligned, locked when asked, and
 // a refusal says how to turn locking off.
@@ -127,7 +129,7 @@ cpu_optim::ExecutorOptions executor_options(gpu::Backend backend, int compute_th
 }
 
 Result<std::unique_ptr<Session>> Session::create(SessionOptions o) {
-  STRATA_RETURN_IF_ERROR(check_options(o));
+  STRATA_RETURN_IF_ERROR(check_session_options(o).with_context("session"));
   std::unique_ptr<Session> s(new Session());
   STRATA_ASSIGN_OR_RETURN(s->executor_,
                           cpu_optim::Executor::create(executor_options(o.backend, o.compute_threads, o.numa_node)));

@@ -100,7 +100,7 @@ struct SessionOptions {
   // this many times a step; the session adds them up in fp32 (4 bytes per
   // parameter of host memory when > 1) and the optimizer takes the sum
   // times begin_step's grad_scale (1 / grad_accum for the mean).
-  int grad_accum = 1;
+  int64_t grad_accum = 1;
   // States on NVMe: update each chunk as its gradient lands, guessing no
   // clip and no skip, and redo from the old states when wrong (exact).
   bool speculate = true;
@@ -154,6 +154,13 @@ struct SessionOptions {
   // done == total. For progress output: a 10B model's states take minutes.
   std::function<void(std::string_view what, int64_t done, int64_t total)> progress;
 };
+
+// What Session::create refuses before it allocates anything: the placement
+// rules (check_placement) for the session's tiers, the optimizer and
+// schedule, and every knob out of its range. InvalidArgument naming the
+// option (callers add who they are: "session", "trainer"); Unimplemented
+// for a backend this build lacks.
+Status check_session_options(const SessionOptions& options);
 
 // The optimizer's threads beside a device: on the host backend with its
 // compute capped, the cores it leaves; bound to `numa_node`, or with -1 on

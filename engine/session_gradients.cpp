@@ -99,7 +99,7 @@ Status Session::submit_gradient(size_t chunk, gpu::Stream stream) {
 Status Session::submit_gradient(size_t chunk) {
   STRATA_RETURN_IF_ERROR(check_chunk("submit_gradient", chunk));
   const std::string& name = specs_[chunk].name;
-  const int A = options_.grad_accum;
+  const int64_t A = options_.grad_accum;
   if (all_in(chunk)) {
     return failed_precondition(
         "session: submit_gradient \"" + name + "\": submitted " +

@@ -274,7 +274,7 @@ std::optional<int> auto_place(Flags& f, const engine::EngineConfig& cfg, Run& r)
   exit_on_error(chosen.status().with_context("--auto-placement"), f.prog);
   f.stream = r.o.stream_weights;
   f.weights_on = r.o.weights == engine::Tier::kNvme ? "nvme" : "host";
-  f.activations = std::string(engine::tier_name(r.o.activation_checkpoints));
+  f.activations = std::string(engine::tier_name(r.o.activations));
   f.prefetch = r.o.prefetch_depth;
   r.auto_why = chosen->why;
   std::printf("auto placement: %s\n", r.auto_why.c_str());
@@ -300,10 +300,10 @@ std::optional<int> place(const CLI::App& app, Flags& f, const engine::EngineConf
   }
   o.stream_weights = f.stream;
   o.prefetch_depth = f.prefetch;
-  o.activation_checkpoints = f.activations == "host"   ? engine::Tier::kHost
-                             : f.activations == "nvme" ? engine::Tier::kNvme
-                                                       : engine::Tier::kDevice;
-  if (o.activation_checkpoints != engine::Tier::kDevice && !f.stream) {
+  o.activations = f.activations == "host"   ? engine::Tier::kHost
+                  : f.activations == "nvme" ? engine::Tier::kNvme
+                                            : engine::Tier::kDevice;
+  if (o.activations != engine::Tier::kDevice && !f.stream) {
     std::fprintf(stderr, "%s: --activations-on %s needs --stream-weights\n", f.prog.c_str(), f.activations.c_str());
     return 2;
   }
@@ -320,7 +320,7 @@ std::optional<int> place(const CLI::App& app, Flags& f, const engine::EngineConf
     std::fprintf(stderr, "%s: gradients on NVMe need the optimizer states on NVMe (--nvme DIR)\n", f.prog.c_str());
     return 2;
   }
-  if (o.activation_checkpoints == engine::Tier::kNvme && o.nvme_paths.empty()) {
+  if (o.activations == engine::Tier::kNvme && o.nvme_paths.empty()) {
     std::fprintf(stderr, "%s: --activations-on nvme needs --nvme DIR\n", f.prog.c_str());
     return 2;
   }

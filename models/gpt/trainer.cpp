@@ -14,55 +14,13 @@
 namespace strata::engine {
 namespace {
 
-// Where the trainer's options put each view, as the session takes them.
-SessionOptions session_options_of(const TrainerOptions& o) {
-  SessionOptions s;
-  s.backend = o.backend == TrainerOptions::Backend::kCuda ? gpu::Backend::kCuda : gpu::Backend::kHost;
-  s.device_bytes = o.device_bytes;
-  s.compute_threads = o.compute_threads;
-  s.numa_node = o.numa_node;
-  s.precision = o.precision;
-  s.loss_scale = o.loss_scale;
-  s.adam = o.adam;
-  s.lr_schedule = o.lr_schedule;
-  s.adam_states = o.adam_states;
-  s.states = o.states;
-  s.weights = o.weights;
-  s.gradients = o.gradients;
-  s.gradient_buffers = o.gradient_buffers;
-  s.delayed_update = o.delayed_update;
-  // Resident: a weight slot for every chunk the embeddings leave (the
-  // blocks and the final norm), each copied up once a step and kept.
-  s.prefetch_depth = o.stream_weights ? o.prefetch_depth : static_cast<int>(o.model.layers);
-  s.resident_first = true;  // the embeddings, used at both ends of a step
-  s.activations = o.activation_checkpoints == Tier::kNvme ? Tier::kNvme : Tier::kHost;
-  s.clip_norm = o.clip_norm;
-  s.grad_accum = static_cast<int>(o.grad_accum);
-  s.speculate = o.speculate;
-  s.speculate_in_ram = o.speculate_in_ram;
-  s.host_budget_bytes = o.host_budget_bytes;
-  s.nvme_budget_bytes = o.nvme_budget_bytes;
-  s.nvme_paths = o.nvme_paths;
-  s.io_backend = o.io_backend;
-  s.io_queue_depth = o.io_queue_depth;
-  s.io_stripe_unit_bytes = o.io_stripe_unit_bytes;
-  s.io_direct = o.io_direct;
-  s.faults = o.faults;
-  s.staging_buffers = o.staging_buffers;
-  s.state_piece_elems = o.state_piece_elems;
-  s.pin_memory = o.pin_memory;
-  s.trace = o.trace;
-  s.progress = o.progress;
-  return s;
-}
-
 SessionGptOptions gpt_options_of(const TrainerOptions& o) {
   SessionGptOptions g;
   g.model = o.model;
   g.batch = o.batch;
   g.seq = o.seq;
   g.seed = o.seed;
-  g.offload_activations = o.activation_checkpoints != Tier::kDevice;
+  g.offload_activations = o.activations != Tier::kDevice;
   g.micro_batches_per_pass = micro_batches_per_pass(o);
   return g;
 }
@@ -75,7 +33,6 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& o) {
   STRATA_RETURN_IF_ERROR(check_options(o));
-  STRATA_RETURN_IF_ERROR(check_resources(o));
   STRATA_RETURN_IF_ERROR(check_budgets(o));
   std::unique_ptr<Trainer> tr(new Trainer());
   tr->options_ = o;

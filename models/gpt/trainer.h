@@ -40,152 +40,64 @@ class CheckpointDir;
 class SafetensorsReader;
 class SafetensorsWriter;
 
-struct TrainerOptions {
+// One run of the built-in GPT: the session's options (where every view
+// lives, the optimizer, precision, budgets, I/O, faults, trace, progress:
+// engine/session.h, with the same meaning) and the GPT's own. The trainer
+// hands the session its part whole, except where the GPT decides: its
+// embeddings stay resident (resident_first), a resident run has a weight
+// slot for every chunk (prefetch_depth applies when stream_weights), and
+// block inputs kept on the device (activations kDevice) are never handed
+// over. The placement rules are check_placement's (engine/plan.h).
+//
+// What the trainer reads differently from a bare session:
+//   - device_bytes: the device's cap when the weights stream (0 on the host
+//     backend: none); resident, on the host backend the device is uncapped.
+//   - activations: where block-input checkpoints wait for backward — kDevice
+//     (the default), or kHost / kNvme when the weights stream.
+//   - weights: kHost, or kNvme beside the states on NVMe (needs stream_weights).
+//   - the host and NVMe budgets are held before allocating, naming the
+//     budget and the placement the planner would choose within them.
+struct TrainerOptions : SessionOptions {
+  using Backend = gpu::Backend;
+  TrainerOptions() {
+    activations = Tier::kDevice;
+    resident_first = true;  // the embeddings, used at both ends of a step
+  }
   gpu::GptConfig model;
   int64_t batch = 2;
   int64_t seq = 16;
-  // Micro-batches per optimizer step: their gradients are summed and the
-  // optimizer sees the mean; the loss reported is the mean.
-  int64_t grad_accum = 1;
   // With grad_accum > 1: the vertical order — every micro-batch of a block
   // runs while its weights are on the device, so the weights are fetched
   // once per step instead of once per micro-batch (streamed, and from NVMe,
   // bytes per token fall with grad_accum). Costs grad_accum sets of block
   // gradients and embedding gradients on the device, and of block inputs
-  // on the tier activation_checkpoints names. The same bits as the default
-  // order, one micro-batch after another.
+  // on the tier `activations` names. The same bits as the default order,
+  // one micro-batch after another.
   bool vertical_accumulation = false;
   // The vertical order in groups: this many micro-batches share a pass (a
   // divisor of grad_accum; later passes of a step keep what the last left
   // on the device); 0: all of them.
   int64_t vertical_group = 0;
   uint64_t seed = 1;
-  cpu_optim::AdamConfig adam;  // adam.lr: the peak rate of lr_schedule
-  LrSchedule lr_schedule;      // the rate step by step (default: adam.lr throughout)
-  // How Adam's m and v are stored (the master weights are fp32 always):
-  // fp32 (12 bytes of state per parameter with the master weights), bf16
-  // (8), or 8-bit blockwise codes with a scale per 256 (~6.03). Checkpoints
-  // keep them as stored, so a resume continues bit for bit.
-  cpu_optim::StateType adam_states = cpu_optim::StateType::kF32;
-  Tier states = Tier::kHost;                // kHost or kNvme
   // Stream each block's weights through a capped device (of device_bytes)
   // `prefetch_depth` chunks ahead, recomputing blocks in backward;
   // otherwise the weights stay resident.
   bool stream_weights = false;
-  // The device: the host backend (HostDevice), or the first CUDA GPU (CUDA
-  // builds; device_bytes 0 = what it has free; host staging buffers pinned
-  // with cudaHostAlloc); device_bytes 0 on the host backend: no cap. The
-  // resident placement is the streamed model with a weight slot for every
-  // chunk. The device computes in `precision`.
-  enum class Backend : uint8_t { kHost, kCuda };
-  Backend backend = Backend::kHost;
-  uint64_t device_bytes = 0;
-  // The host and NVMe budgets, held at run time (0: not held): create()
-  // refuses, naming the budget, a trainer whose host memory (host_bytes():
-  // states, weights, gradients, staging arenas) exceeds host_budget_bytes,
-  // and the NVMe store refuses a blob past nvme_budget_bytes — never a
-  // silent spill past what the plan was given.
-  uint64_t host_budget_bytes = 0;
-  uint64_t nvme_budget_bytes = 0;
-  int prefetch_depth = 1;
-  Tier activation_checkpoints = Tier::kDevice;  // kDevice, kHost or kNvme (streaming only)
-  // Global-norm gradient clipping (0 = off): when the norm of all gradients
-  // exceeds clip_norm, every gradient is scaled by clip_norm / norm. The
-  // norm is taken over the whole model; no chunk keeps an update made
-  // before it was known, so clipping is exact.
-  float clip_norm = 0.0f;
-  // With states on NVMe: update each chunk as soon as its gradient lands
-  // (during backward), guessing that the step neither clips nor skips, and
-  // redo the step from the untouched old states when the guess was wrong —
-  // the same bits either way. Off: the updates wait for the global verdict.
-  bool speculate = true;
-  // With states in RAM: the same speculation, at the price of a second copy
-  // of the states in RAM (12 bytes per parameter) — the update of each chunk
-  // goes there, and the copies switch at the verdict. Off (the default): in
-  // RAM the updates wait for the verdict, after backward.
-  bool speculate_in_ram = false;
-  // Where the gradients wait for the optimizer: kHost, a buffer per chunk
-  // (2 bytes per parameter; with grad_accum > 1 their fp32 sums too, 4
-  // more), or kNvme — a ring of `gradient_buffers` pinned chunk buffers
-  // (each the largest chunk's gradient): the optimizer stage writes each
-  // gradient that lands to NVMe (2 bytes per parameter a step) and frees
-  // its buffer once its statistics and speculative update are done, and an
-  // update after the verdict (clipping fired, or the step after one that
-  // clipped or skipped) reads the gradients back beside the states. A chunk's
-  // copy to the host waits for a free buffer. The same bits as kHost. Needs
-  // the states on NVMe, the exact schedule (no delayed update), and
-  // grad_accum 1 or the vertical order in one pass (vertical_group 0 or
-  // grad_accum): then a chunk's micro-batches land one after another and
-  // their fp32 sum (a second ring, 4 bytes per parameter of the chunk) is
-  // what goes to NVMe.
-  Tier gradients = Tier::kHost;
-  int gradient_buffers = kGradientBuffers;
-  // Pinned staging buffers for NVMe states (each one piece's state): one
-  // holds the write behind, the rest read ahead.
-  int staging_buffers = kStateStagingBuffers;
-  // With states on NVMe, a chunk of more parameters is read, updated and
-  // written in pieces of at most this many (DeepSpeed's sub_group_size):
-  // the staging buffers hold a piece, and a big chunk's read, update and
-  // write overlap. The same bits for any size. >= kStatePieceGranule, or 0
-  // for whole chunks.
-  int64_t state_piece_elems = TrainSetup{}.state_piece_elems;
-  // Opt-in, NOT exact: the optimizer update of step t runs beside the
-  // forward and backward of step t+1, which therefore computes with the
-  // weights from before update t (one step stale). Hides the optimizer and
-  // its NVMe traffic entirely; costs a second set of host gradient buffers.
-  // Deterministic (the same bits in every placement, weights on NVMe too),
-  // but not the same numbers as the exact schedule.
-  bool delayed_update = false;
   // false: create() leaves the weights and optimizer states unset — no
   // initial draws, and states on NVMe not written (a 10B model's 120 GB) —
   // for a load() to fill: a resume. Until a load() succeeds, step() and
   // save() are refused.
   bool initial_state = true;
-  // Cores the host backend's compute may use (process-wide; 0 = all). Set
-  // below the core count, the rest are left to the optimizer stage and the
-  // I/O, as a GPU would leave them.
-  int compute_threads = 0;
-  // The NUMA node for the optimizer's threads and the trainer's host memory
-  // (pinned arenas, states, weights and gradient buffers): -1 picks the node
-  // nearest the GPU on CUDA (as sysfs reports it; none on a one-node
-  // machine) and none on the host backend; >= 0 names one.
-  int numa_node = -1;
-  // The host staging arenas (NVMe states, weights and checkpoints on their
-  // way) locked in RAM: mlock on the host backend, cudaHostAlloc on a GPU
-  // (what makes its copies asynchronous). When locking is refused the error
-  // names `ulimit -l` and this option; off, they are ordinary memory.
-  bool pin_memory = true;
-  // The working weights' type (what the device computes with and the
-  // optimizer writes): bf16, or fp16 with dynamic loss scaling.
-  DType precision = DType::kBF16;
-  LossScaleOptions loss_scale;  // fp16 only
-  // Where the working weights live between uses: kHost (once, written in
-  // place by the optimizer; twice with the delayed update), or
-  // kNvme — one blob per piece beside its optimizer
-  // state, read ahead as the streamed model needs each block (needs
-  // stream_weights and the states on NVMe).
-  Tier weights = Tier::kHost;
-  std::vector<std::string> nvme_paths;      // for kNvme
-  io::Backend io_backend = io::Backend::kAuto;
-  uint32_t io_queue_depth = 32;                // requests in flight per ring (config io.queue_depth, aio.queue_depth)
-  uint64_t io_stripe_unit_bytes = 1ull << 20;  // the swap files' stripe unit (config io.block_size, aio.block_size)
-  // O_DIRECT or an error (kRequire); kPrefer / kOff allow the page cache
-  // (a filesystem without O_DIRECT, as tmpfs; config io.direct).
-  io::DirectMode io_direct = io::DirectMode::kRequire;
-  std::optional<io::FaultConfig> faults;    // wrap the NVMe device in a fault injector (tests)
-  Trace* trace = nullptr;                   // optional: phases, optimizer calls, NVMe requests (not owned)
-  // Optional: called on the calling thread as long work goes chunk by chunk —
-  // "initialising" (create(): each chunk's initial weights and states
-  // placed), "saving" and "loading" (a checkpoint: each chunk's weights, then
-  // each chunk's states) — with the chunks done and the total, ending with
-  // done == total. For progress output: a 10B model's states take minutes.
-  std::function<void(std::string_view what, int64_t done, int64_t total)> progress;
 };
 
 // The planner's view of a trainer's run: model, micro-batch, sequence,
 // accumulation, the device computing in `precision`, the Adam states' type, the
 // host backend's workspace, a delayed update's second gradient buffers.
 TrainSetup training_setup(const TrainerOptions& options);
+// The session's part of a trainer's run, as the trainer creates its
+// session: the options whole, but a resident run's weight slots (one per
+// chunk) and block inputs on the device (the GPT's own, none handed over).
+SessionOptions session_options_of(const TrainerOptions& options);
 // Micro-batches per pass of the streamed model: 1, or the vertical order's group.
 int64_t micro_batches_per_pass(const TrainerOptions& options);
 // The placement a trainer with these options runs, as the planner sees it

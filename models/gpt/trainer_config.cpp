@@ -62,7 +62,7 @@ Result<Plan> apply_planned_placement(TrainerOptions* o, Budgets budgets, const C
   o->stream_weights = pl.weights != Tier::kDevice;
   o->weights = pl.weights == Tier::kNvme ? Tier::kNvme : Tier::kHost;
   o->states = pl.states;
-  o->activation_checkpoints = pl.checkpoints;
+  o->activations = pl.checkpoints;
   o->prefetch_depth = o->stream_weights ? pl.prefetch_depth : 1;
   o->speculate_in_ram = pl.speculate_in_ram;
   if (speculation_asked && !pl.speculate_in_ram) {
@@ -87,8 +87,7 @@ Result<Plan> apply_planned_placement(TrainerOptions* o, Budgets budgets, const C
 }
 
 void apply_budgets(TrainerOptions* o, const Budgets& budgets) {
-  const bool on_nvme =
-      o->weights == Tier::kNvme || o->states == Tier::kNvme || o->activation_checkpoints == Tier::kNvme;
+  const bool on_nvme = o->weights == Tier::kNvme || o->states == Tier::kNvme || o->activations == Tier::kNvme;
   o->device_bytes = o->stream_weights || o->backend == TrainerOptions::Backend::kCuda ? budgets.device_bytes : 0;
   o->host_budget_bytes = budgets.host_bytes;
   o->nvme_budget_bytes = on_nvme ? budgets.nvme_bytes : 0;

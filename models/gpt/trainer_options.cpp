@@ -41,7 +41,7 @@ Placement run_placement(const TrainerOptions& o) {
   Placement pl;
   pl.weights = o.stream_weights ? o.weights : Tier::kDevice;
   pl.states = o.states;
-  pl.checkpoints = o.activation_checkpoints;
+  pl.checkpoints = o.activations;
   pl.prefetch_depth = o.stream_weights ? o.prefetch_depth : 1;
   pl.speculate_in_ram = o.speculate_in_ram;
   pl.micro_batches_per_pass = micro_batches_per_pass(o);
@@ -49,21 +49,24 @@ Placement run_placement(const TrainerOptions& o) {
   return pl;
 }
 
-// What create() refuses before it allocates anything: shapes, placements
-// the trainer does not run, and out-of-range knobs.
+SessionOptions session_options_of(const TrainerOptions& o) {
+  SessionOptions s = o;
+  // Resident: a weight slot for every chunk the embeddings leave (the
+  // blocks and the final norm), each copied up once a step and kept.
+  if (!o.stream_weights) s.prefetch_depth = static_cast<int>(o.model.layers);
+  // Block inputs on the device are the GPT's own, never handed over.
+  if (o.activations == Tier::kDevice) s.activations = Tier::kHost;
+  return s;
+}
+
+// What create() refuses before it allocates anything: the GPT's shapes,
+// the placement rules for the GPT's placement (resident weights and
+// checkpoints on the device included), then the session's own checks of
+// its part.
 Status check_options(const TrainerOptions& o) {
   STRATA_RETURN_IF_ERROR(o.model.validate());
-  // Here, not at the first step: by then the run has allocated and
-  // initialised everything.
-  STRATA_RETURN_IF_ERROR(cpu_optim::validate(o.adam).with_context("trainer"));
   if (o.batch < 1 || o.seq < 1 || o.seq > o.model.max_seq) {
     return invalid_argument("trainer: batch >= 1 and 1 <= seq <= max_seq required");
-  }
-  if (o.grad_accum < 1 || o.grad_accum > 4096) {
-    return invalid_argument("trainer: grad_accum must be 1..4096, got " + std::to_string(o.grad_accum));
-  }
-  if (o.weights != Tier::kHost && o.weights != Tier::kNvme) {
-    return invalid_argument("trainer: the weights live on the host or on NVMe");
   }
   if (o.weights == Tier::kNvme && !o.stream_weights) {
     return invalid_argument("trainer: weights on NVMe need stream_weights");
@@ -75,51 +78,9 @@ Status check_options(const TrainerOptions& o) {
                             "), or be 0 for all of them; got " + std::to_string(o.vertical_group));
   }
   STRATA_RETURN_IF_ERROR(check_placement(training_setup(o), run_placement(o)).with_context("trainer"));
-  if (o.gradient_buffers < 1 || o.gradient_buffers > 64) {
-    return invalid_argument("trainer: gradient_buffers must be 1..64, got " + std::to_string(o.gradient_buffers));
-  }
-  if (o.precision != DType::kBF16 && o.precision != DType::kF16 && o.precision != DType::kF32) {
-    return invalid_argument("trainer: precision must be bf16, fp16 or fp32");
-  }
-  if (!(o.clip_norm >= 0) || !std::isfinite(o.clip_norm)) {
-    return invalid_argument("trainer: clip_norm must be finite and >= 0 (0 = off), got " + std::to_string(o.clip_norm));
-  }
-  if (o.compute_threads < 0 || o.compute_threads > 4096) {
-    return invalid_argument("trainer: compute_threads must be 0..4096, got " + std::to_string(o.compute_threads));
-  }
-  if (o.backend == TrainerOptions::Backend::kCuda && !gpu::backend_built(gpu::Backend::kCuda)) {
-    return unimplemented(
-        "trainer: this build has no CUDA (the cuda backend needs nvcc at build time); run on the host backend "
-        "(device \"host\")");
-  }
-  return ok_status();
-}
-
-// The rest of them: steps, threads, NUMA, NVMe and staging.
-Status check_resources(const TrainerOptions& o) {
-  STRATA_RETURN_IF_ERROR(validate(o.lr_schedule).with_context("trainer"));
-  if (o.numa_node < -1) {
-    return invalid_argument("trainer: numa_node must be -1 (auto) or a node number, got " +
-                            std::to_string(o.numa_node));
-  }
-  STRATA_RETURN_IF_ERROR(check_state_piece_elems(o.state_piece_elems).with_context("trainer"));
-  if (o.states == Tier::kNvme || o.activation_checkpoints == Tier::kNvme) {
-    if (o.nvme_paths.empty())
-      return invalid_argument("trainer: optimizer states or checkpoints on NVMe need nvme_paths");
-  }
-  if (o.staging_buffers < 3 || o.staging_buffers > 64) {
-    return invalid_argument("trainer: staging_buffers must be 3..64, got " + std::to_string(o.staging_buffers));
-  }
-  return ok_status();
-}
-
-// The optimizer's threads: on the host backend with its compute capped at
-// compute_threads cores, the others (as beside a GPU), instead of
-// time-slicing the compute thread's core; on the NUMA node asked for, or
-// (CUDA) the GPU's.
-cpu_optim::ExecutorOptions executor_options(const TrainerOptions& o) {
-  return executor_options(o.backend == TrainerOptions::Backend::kCuda ? gpu::Backend::kCuda : gpu::Backend::kHost,
-                          o.compute_threads, o.numa_node);
+  // Here, not at the first step: by then the run has allocated and
+  // initialised everything.
+  return check_session_options(session_options_of(o)).with_context("trainer");
 }
 
 // Every budget against the planner's bytes for this run's placement,

@@ -67,7 +67,7 @@ std::vector<float> trainer_losses(int steps) {
   o.stream_weights = true;
   o.device_bytes = 16 << 20;
   o.prefetch_depth = 2;
-  o.activation_checkpoints = Tier::kHost;
+  o.activations = Tier::kHost;
   o.backend = TrainerOptions::Backend::kCuda;
   return testing::run(o, steps);
 }

@@ -46,7 +46,7 @@ TEST(CudaTrainer, LossesTrackTheHostBackend) {
   o.stream_weights = true;
   o.device_bytes = 16 << 20;
   o.prefetch_depth = 2;
-  o.activation_checkpoints = Tier::kHost;
+  o.activations = Tier::kHost;
   // `steps` steps on the host backend and on the GPU with the same options:
   // the losses within 1% of each other (bf16 storage: ~0.4% per rounding,
   // which the blocks' internal sums do differently); the GPU's losses returned.
@@ -68,7 +68,7 @@ TEST(CudaTrainer, LossesTrackTheHostBackend) {
   EXPECT_LT(gpu.back(), 0.8f * gpu.front());
   // Resident: HostGpt on the host, every chunk kept in a slot on the GPU.
   o.stream_weights = false;
-  o.activation_checkpoints = Tier::kDevice;
+  o.activations = Tier::kDevice;
   o.device_bytes = 0;
   compare("resident");
   // Accumulating over two micro-batches, streamed: the vertical order (each

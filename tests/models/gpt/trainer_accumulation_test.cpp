@@ -333,7 +333,7 @@ TEST(Trainer, VerticalAccumulationWithCheckpointsOnTheHostAndNvmeGivesTheSameBit
     for (int depth : {1, 4}) {
       for (Tier states : {Tier::kHost, Tier::kNvme}) {
         TrainerOptions o = base;
-        o.activation_checkpoints = acts;
+        o.activations = acts;
         o.prefetch_depth = depth;
         o.states = states;
         o.weights = states == Tier::kNvme && depth == 1 ? Tier::kNvme : Tier::kHost;

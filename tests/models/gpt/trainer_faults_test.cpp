@@ -341,7 +341,7 @@ TEST(Trainer, AFailedStepChangesNothingAndTheTrainerContinues) {
     o.device_bytes = 8ull << 20;
     o.states = Tier::kNvme;
     o.weights = weights;
-    o.activation_checkpoints = Tier::kNvme;
+    o.activations = Tier::kNvme;
     if (vertical) {
       o.grad_accum = 2;
       o.vertical_accumulation = true;
@@ -499,7 +499,7 @@ TEST(Trainer, AFailedDelayedStepOrUpdateIsRetriedWithTheSameNumbers) {
   o.stream_weights = true;
   o.device_bytes = 8ull << 20;
   o.states = Tier::kNvme;
-  o.activation_checkpoints = Tier::kNvme;
+  o.activations = Tier::kNvme;
   o.nvme_paths = {dir.sub("ref")};
   const std::vector<float> ref = run(o, 6);
   ASSERT_EQ(ref.size(), 6u);

@@ -135,7 +135,7 @@ TEST(TrainerGradients, AccumulatedInTheVerticalOrderTheirSumsGoToNvmeWithTheSame
           o.stream_weights = true;
           o.device_bytes = 8ull << 20;
           o.weights = Tier::kNvme;
-          o.activation_checkpoints = acts;
+          o.activations = acts;
           o.state_piece_elems = kStatePieceGranule;
         }
         o.nvme_paths = {dir.sub("v" + std::to_string(n++))};

@@ -34,7 +34,7 @@ TEST(Trainer, TracesPhasesOptimizerCallsAndNvmeRequests) {
   o.stream_weights = true;
   o.device_bytes = 8ull << 20;
   o.model.layers = 4;  // block inputs 0 and 1 leave the device
-  o.activation_checkpoints = Tier::kNvme;
+  o.activations = Tier::kNvme;
   {
     auto tr = std::move(Trainer::create(o)).value();
     ASSERT_TRUE(tr->step());
@@ -106,7 +106,7 @@ TEST(Trainer, PlannedBytesPerTierMatchWhatTheRunUsed) {
             o.stream_weights = true;
             o.device_bytes = 1ull << 30;
             o.prefetch_depth = depth;
-            o.activation_checkpoints = acts;
+            o.activations = acts;
             o.weights = homes.weights;
             o.states = homes.states;
             o.gradients = homes.gradients;
@@ -199,7 +199,7 @@ TEST(Trainer, PlannedBytesPerTierMatchWhatTheRunUsed) {
           if (grads == Tier::kNvme && (states != Tier::kNvme || accum < 0)) continue;
           TrainerOptions o = tiny(11);
           o.gradients = grads;
-          o.activation_checkpoints = acts;
+          o.activations = acts;
           o.model.layers = 3;
           o.grad_accum = std::abs(accum);
           o.vertical_group = accum < 0 ? 2 : 0;
@@ -276,7 +276,7 @@ TEST(Trainer, TrainsAModelWhoseStatesAre20xTheDeviceBudget) {
   strata::testing::TempDir dir;
   o.weights = Tier::kNvme;
   o.states = Tier::kNvme;
-  o.activation_checkpoints = Tier::kNvme;
+  o.activations = Tier::kNvme;
   o.nvme_paths = {dir.sub("all")};
   const uint64_t states = 16ull * static_cast<uint64_t>(gpu::parameter_count(o.model));  // bf16 w+g, fp32 master+m+v
   o.device_bytes = states / 20;

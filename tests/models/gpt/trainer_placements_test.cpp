@@ -93,9 +93,9 @@ TrainerOptions placement(const TrainerOptions& base, std::mt19937_64& rng, const
   o.prefetch_depth = 1 + pick(4);
   o.states = pick(2) == 0 ? Tier::kHost : Tier::kNvme;
   o.weights = o.stream_weights && o.states == Tier::kNvme && pick(2) == 0 ? Tier::kNvme : Tier::kHost;
-  o.activation_checkpoints =
-      o.stream_weights ? std::vector<Tier>{Tier::kDevice, Tier::kHost, Tier::kNvme}[static_cast<size_t>(pick(3))]
-                       : Tier::kDevice;
+  o.activations = o.stream_weights
+                      ? std::vector<Tier>{Tier::kDevice, Tier::kHost, Tier::kNvme}[static_cast<size_t>(pick(3))]
+                      : Tier::kDevice;
   if (o.grad_accum > 1 && pick(2) == 0) {
     o.vertical_accumulation = true;
     o.vertical_group = o.grad_accum == 4 && pick(2) == 0 ? 2 : 0;
@@ -110,7 +110,7 @@ TrainerOptions placement(const TrainerOptions& base, std::mt19937_64& rng, const
       o.gradient_buffers = 1 + pick(4);
     }
   }
-  const bool nvme = o.states == Tier::kNvme || o.activation_checkpoints == Tier::kNvme;
+  const bool nvme = o.states == Tier::kNvme || o.activations == Tier::kNvme;
   if (nvme) {
     o.io_backend = pick(2) == 0 ? io::Backend::kPosix : io::Backend::kAuto;
     o.io_queue_depth = std::vector<uint32_t>{1, 4, 32}[static_cast<size_t>(pick(3))];
@@ -132,7 +132,7 @@ TrainerOptions placement(const TrainerOptions& base, std::mt19937_64& rng, const
   *what =
       std::string(o.stream_weights ? "streamed, depth " + std::to_string(o.prefetch_depth) : "resident") +
       ", weights on " + std::string(tier_name(o.weights)) + ", states on " + std::string(tier_name(o.states)) +
-      ", checkpoints on " + std::string(tier_name(o.activation_checkpoints)) +
+      ", checkpoints on " + std::string(tier_name(o.activations)) +
       (o.vertical_accumulation
            ? ", vertical" + (o.vertical_group > 0 ? " in groups of " + std::to_string(o.vertical_group) : "")
            : "") +
@@ -190,7 +190,7 @@ TEST(TrainerPlacements, TheTrainerAndThePlannerFollowOneSetOfRules) {
               o.stream_weights = w != Tier::kDevice;
               o.weights = w == Tier::kNvme ? Tier::kNvme : Tier::kHost;
               o.states = st;
-              o.activation_checkpoints = ck;
+              o.activations = ck;
               o.gradients = g;
               o.speculate_in_ram = spec;
               o.nvme_paths = {dir.path()};
@@ -290,7 +290,7 @@ TEST(TrainerPlacements, FaultsAtRandomMomentsEndTheirStepAndChangeNothing) {
     TrainerOptions o;
     do {  // a placement with something on NVMe
       o = placement(base, rng, dir.sub("f" + std::to_string(variant++)), &what);
-    } while (o.states != Tier::kNvme && o.activation_checkpoints != Tier::kNvme);
+    } while (o.states != Tier::kNvme && o.activations != Tier::kNvme);
     if (!o.faults) o.faults = io::FaultConfig{};
     Result<std::unique_ptr<Trainer>> tr = Trainer::create(o);
     ASSERT_TRUE(tr) << what << ": " << tr.error().to_string();

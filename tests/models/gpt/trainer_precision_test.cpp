@@ -58,7 +58,7 @@ TEST(Trainer, Fp16LossScaleOverflowsGiveTheSameBitsEverywhere) {
         o.prefetch_depth = std::max(depth, 1);
         o.states = states;
         o.speculate_in_ram = states == Tier::kHost && acts != Tier::kHost;  // RAM speculation in some placements
-        o.activation_checkpoints = acts;
+        o.activations = acts;
         o.nvme_paths = {dir.sub("f" + std::to_string(depth) + std::string(tier_name(states)) + std::string(tier_name(acts)))};
         RunLog r = run_log(o, 20);
         EXPECT_EQ(r.losses, ref.losses) << "prefetch depth " << depth << ", states on " << tier_name(states)
@@ -160,7 +160,7 @@ TEST(Trainer, Fp32WorkingWeightsGiveTheSameBitsEverywhereAndResume) {
   streamed.stream_weights = true;
   streamed.device_bytes = 8ull << 20;
   streamed.states = Tier::kNvme;
-  streamed.activation_checkpoints = Tier::kNvme;
+  streamed.activations = Tier::kNvme;
   streamed.nvme_paths = {dir.sub("a")};
   EXPECT_EQ(run(streamed, 20), resident);
   const std::string root = dir.path() + "/ckpt";
@@ -238,7 +238,7 @@ TEST(Trainer, DelayedUpdateIsDeterministicAcrossPlacementsAndDocumentedInexact) 
     o.device_bytes = v.stream ? 8ull << 20 : 0;
     o.prefetch_depth = v.depth;
     o.states = v.states;
-    o.activation_checkpoints = v.acts;
+    o.activations = v.acts;
     o.weights = v.weights;
     o.nvme_paths = {dir.sub("v" + std::to_string(variant++))};
     EXPECT_EQ(run(o, 20), ref) << v.name;

@@ -378,7 +378,7 @@ TEST(Trainer, StreamedWeightsGiveTheSameBitsAtAnyPrefetchDepth) {
           o.prefetch_depth = depth;
           o.states = states;
           o.weights = weights;
-          o.activation_checkpoints = acts;
+          o.activations = acts;
           o.nvme_paths = {dir.sub("d" + std::to_string(depth) + std::string(tier_name(weights)) +
                                   std::string(tier_name(acts)))};
           EXPECT_EQ(run(o, 20), resident) << "prefetch depth " << depth << ", states on " << tier_name(states)
