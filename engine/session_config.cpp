@@ -52,24 +52,39 @@ std::vector<std::string> unhonoured(const EngineConfig& cfg) {
 
 }  // namespace
 
-Result<SessionOptions> session_options(const EngineConfig& cfg, std::vector<std::string>* warnings) {
+Status take_config(const EngineConfig& cfg, SessionOptions* o) {
   if (cfg.optimizer.type != "adam" && cfg.optimizer.type != "adamw") {
-    return invalid_argument("config key optimizer.type: a session runs adam or adamw, the config asks for " +
+    return invalid_argument("config key optimizer.type: strata runs adam or adamw, the config asks for " +
                             cfg.optimizer.type);
   }
   STRATA_RETURN_IF_ERROR(check_state_piece_elems(cfg.setup.state_piece_elems).with_context("config sub_group_size"));
-  SessionOptions o;
-  o.adam = adam_of(cfg);
-  o.clip_norm = static_cast<float>(cfg.gradient_clipping);
-  o.precision = cfg.setup.compute;
   if (cfg.setup.grad_accum < 1 || cfg.setup.grad_accum > 4096) {
-    return invalid_argument(
-        "config key gradient_accumulation_steps: a session takes 1..4096 micro-batches a step, got " +
-        std::to_string(cfg.setup.grad_accum));
+    return invalid_argument("config key gradient_accumulation_steps: 1..4096 micro-batches a step, got " +
+                            std::to_string(cfg.setup.grad_accum));
   }
-  o.grad_accum = static_cast<int>(cfg.setup.grad_accum);
-  o.loss_scale = loss_scale_of(cfg);
-  o.adam_states = cfg.adam_states;
+  STRATA_ASSIGN_OR_RETURN(o->io_backend, io::parse_backend(cfg.io.backend));
+  o->adam = adam_of(cfg);
+  o->lr_schedule = cfg.lr_schedule;
+  o->clip_norm = static_cast<float>(cfg.gradient_clipping);
+  o->precision = cfg.setup.compute;
+  o->loss_scale = loss_scale_of(cfg);
+  o->grad_accum = cfg.setup.grad_accum;
+  o->adam_states = cfg.adam_states;
+  o->state_piece_elems = cfg.setup.state_piece_elems;
+  o->gradient_buffers = cfg.setup.gradient_buffers;
+  o->delayed_update = cfg.delayed_update;
+  o->numa_node = static_cast<int>(cfg.numa_node);
+  o->pin_memory = cfg.pin_memory;
+  o->nvme_paths = cfg.nvme_paths;
+  o->io_queue_depth = cfg.io.queue_depth;
+  o->io_stripe_unit_bytes = cfg.io.block_bytes;
+  o->io_direct = direct_mode(cfg);
+  return ok_status();
+}
+
+Result<SessionOptions> session_options(const EngineConfig& cfg, std::vector<std::string>* warnings) {
+  SessionOptions o;
+  STRATA_RETURN_IF_ERROR(take_config(cfg, &o));
   o.weights = cfg.constraints.weights == Tier::kNvme ? Tier::kNvme : Tier::kHost;
   o.states = cfg.constraints.states == Tier::kNvme || o.weights == Tier::kNvme ? Tier::kNvme : Tier::kHost;
   if (o.states == Tier::kNvme && cfg.constraints.states && *cfg.constraints.states != Tier::kNvme) {
@@ -86,7 +101,6 @@ Result<SessionOptions> session_options(const EngineConfig& cfg, std::vector<std:
           std::string(tier_name(*cfg.constraints.states)));
     }
     o.gradients = o.states = Tier::kNvme;
-    o.gradient_buffers = cfg.setup.gradient_buffers;
   }
   if (o.states == Tier::kNvme && cfg.nvme_paths.empty()) {
     return invalid_argument("config key nvme_paths: the optimizer states on NVMe need a directory");
@@ -96,22 +110,12 @@ Result<SessionOptions> session_options(const EngineConfig& cfg, std::vector<std:
   if (o.activations == Tier::kNvme && cfg.nvme_paths.empty()) {
     return invalid_argument("config key nvme_paths: activation checkpoints on NVMe need a directory");
   }
-  o.nvme_paths = cfg.nvme_paths;
   o.device_bytes = cfg.budgets.device_bytes;
   o.host_budget_bytes = cfg.budgets.host_bytes;
   o.nvme_budget_bytes = cfg.nvme_budget_given ? cfg.budgets.nvme_bytes : 0;
-  o.state_piece_elems = cfg.setup.state_piece_elems;
   o.speculate_in_ram = cfg.speculate_in_ram && o.states == Tier::kHost;
-  o.delayed_update = cfg.delayed_update;
-  o.lr_schedule = cfg.lr_schedule;
-  o.numa_node = static_cast<int>(cfg.numa_node);
   o.prefetch_depth = static_cast<int>(cfg.session.prefetch_depth);
-  o.resident_first = cfg.session.resident_first;  // on NVMe the updates speculate anyway
-  o.pin_memory = cfg.pin_memory;
-  STRATA_ASSIGN_OR_RETURN(o.io_backend, io::parse_backend(cfg.io.backend));
-  o.io_queue_depth = cfg.io.queue_depth;
-  o.io_stripe_unit_bytes = cfg.io.block_bytes;
-  o.io_direct = direct_mode(cfg);
+  o.resident_first = cfg.session.resident_first;
   for (std::string& w : unhonoured(cfg)) {
     log_warning(w);
     if (warnings != nullptr) warnings->push_back(std::move(w));

@@ -23,6 +23,15 @@ LossScaleOptions loss_scale_of(const EngineConfig& config);
 // io.direct: "off", "prefer" or "require".
 io::DirectMode direct_mode(const EngineConfig& config);
 
+// What every run takes from a config, whoever drives the session (a model
+// of the caller's, the built-in GPT's trainer): the optimizer (adam or
+// adamw) and its schedule, clipping, precision and loss scaling,
+// accumulation, the states' type and piece size, the gradient ring, the
+// delayed update, the NUMA node, pinning, the NVMe paths and I/O keys —
+// not where the views live or the budgets, which each driver places its
+// own way. InvalidArgument naming the key for what no run takes.
+Status take_config(const EngineConfig& config, SessionOptions* options);
+
 // What a Session (a model of the caller's) takes from the same config: the
 // optimizer (adam or adamw), clipping, precision (bf16 or fp16) and loss
 // scaling, the states' type and piece size, budgets.device / host / nvme,

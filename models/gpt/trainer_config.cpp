@@ -14,37 +14,18 @@ Result<TrainerOptions> trainer_options(const EngineConfig& cfg, std::vector<std:
     log_warning(w);
     if (warnings != nullptr) warnings->push_back(w);
   }
-  if (cfg.optimizer.type != "adam" && cfg.optimizer.type != "adamw") {
-    return invalid_argument("config key optimizer.type: the trainer runs adam or adamw, the config asks for " +
-                            cfg.optimizer.type);
-  }
-  STRATA_RETURN_IF_ERROR(check_state_piece_elems(cfg.setup.state_piece_elems).with_context("config sub_group_size"));
   TrainerOptions o;
+  STRATA_RETURN_IF_ERROR(take_config(cfg, &o));
   o.model = cfg.setup.model;
   o.batch = cfg.setup.micro_batch;
   o.seq = cfg.setup.seq;
-  o.grad_accum = cfg.setup.grad_accum;
   o.vertical_accumulation = cfg.vertical_accumulation;
   o.seed = cfg.seed;
-  o.adam = adam_of(cfg);
-  o.lr_schedule = cfg.lr_schedule;
-  o.clip_norm = static_cast<float>(cfg.gradient_clipping);
-  o.delayed_update = cfg.delayed_update;
-  o.precision = cfg.setup.compute;
-  o.loss_scale = loss_scale_of(cfg);
+  // Where the views live is the planner's (apply_planned_placement), but
+  // for what the config fixes on NVMe.
   if (cfg.constraints.states == Tier::kNvme) o.states = Tier::kNvme;
   if (cfg.constraints.gradients == Tier::kNvme) o.gradients = Tier::kNvme;
-  o.nvme_paths = cfg.nvme_paths;  // for whatever the run puts on NVMe (states, weights, block inputs)
-  o.state_piece_elems = cfg.setup.state_piece_elems;
-  o.gradient_buffers = cfg.setup.gradient_buffers;
   o.speculate_in_ram = cfg.speculate_in_ram && o.states == Tier::kHost;
-  o.adam_states = cfg.adam_states;
-  o.numa_node = static_cast<int>(cfg.numa_node);
-  o.pin_memory = cfg.pin_memory;
-  STRATA_ASSIGN_OR_RETURN(o.io_backend, io::parse_backend(cfg.io.backend));
-  o.io_queue_depth = cfg.io.queue_depth;
-  o.io_stripe_unit_bytes = cfg.io.block_bytes;
-  o.io_direct = direct_mode(cfg);
   return o;
 }
 

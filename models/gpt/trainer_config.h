@@ -14,15 +14,14 @@
 
 namespace strata::engine {
 
-// Model, batch, accumulation (and its vertical order), seed, Adam or AdamW, clipping, precision
-// (bf16 or fp16) and loss scaling, the states' type and — when the config
-// fixes it on NVMe — their home with the config's nvme_paths, the piece
-// size, the NUMA node, pinning, the delayed update and speculation in RAM.
-// Weights and checkpoints stay resident until a placement is applied.
-// InvalidArgument naming the key for what the trainer cannot run (another
-// optimizer, fp32 working weights, a bad piece size).
-// The config's "session" keys are a warning on stderr and in `warnings`
-// (optional): the trainer plans its own prefetch.
+// What every run takes from the config (take_config: the optimizer and
+// its schedule, precision, accumulation, states, I/O...) and the GPT's
+// own: model, batch, sequence, seed, the vertical order. The states and
+// gradients go on NVMe where the config fixes them there; everything
+// else stays resident until a placement is applied. InvalidArgument naming
+// the key for what the trainer cannot run. The config's "session" keys are
+// a warning on stderr and in `warnings` (optional): the trainer plans its
+// own prefetch.
 Result<TrainerOptions> trainer_options(const EngineConfig& config, std::vector<std::string>* warnings = nullptr);
 
 // The budgets a run is held to, from its placement (set first): the
