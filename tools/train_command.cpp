@@ -303,21 +303,20 @@ std::optional<int> place(const CLI::App& app, Flags& f, const engine::EngineConf
   o.activations = f.activations == "host"   ? engine::Tier::kHost
                   : f.activations == "nvme" ? engine::Tier::kNvme
                                             : engine::Tier::kDevice;
-  if (o.activations != engine::Tier::kDevice && !f.stream) {
-    std::fprintf(stderr, "%s: --activations-on %s needs --stream-weights\n", f.prog.c_str(), f.activations.c_str());
-    return 2;
-  }
   if (f.weights_on == "nvme" || cfg.constraints.weights == engine::Tier::kNvme) {
-    if (!f.stream || o.states != engine::Tier::kNvme) {
-      std::fprintf(stderr, "%s: weights on NVMe need --stream-weights and the optimizer states on NVMe (--nvme DIR)\n",
-                   f.prog.c_str());
+    if (!f.stream) {
+      std::fprintf(stderr, "%s: weights on NVMe need --stream-weights\n", f.prog.c_str());
       return 2;
     }
     o.weights = engine::Tier::kNvme;
   }
   if (!f.auto_placement && !f.gradients_on.empty()) o.gradients = gradients_flag(f);
-  if (o.gradients == engine::Tier::kNvme && o.states != engine::Tier::kNvme) {
-    std::fprintf(stderr, "%s: gradients on NVMe need the optimizer states on NVMe (--nvme DIR)\n", f.prog.c_str());
+  // The engine's placement rules, in their words, and the flags that move each view.
+  if (Status rule = engine::check_placement(engine::training_setup(o), engine::run_placement(o)); !rule.ok()) {
+    std::fprintf(stderr,
+                 "%s: %s (--stream-weights, --weights-on, --activations-on and --gradients-on move the views; "
+                 "--nvme DIR puts the optimizer states on NVMe)\n",
+                 f.prog.c_str(), std::string(rule.message()).c_str());
     return 2;
   }
   if (o.activations == engine::Tier::kNvme && o.nvme_paths.empty()) {
