@@ -36,7 +36,7 @@ double WaitMeter::now_s() {
 
 void WaitMeter::note(double t0_s, const char* what) {
   const double waited = now_s() - t0_s;
-  wait_s_ += waited;
+  if (counting_) wait_s_ += waited;
   if (trace_ != nullptr && waited > 20e-6) {
     const double end = trace_->now_us();
     trace_->span("compute", std::string("wait: ") + what, end - waited * 1e6, end, "wait");
@@ -109,7 +109,10 @@ Result<std::unique_ptr<ChunkStore>> ChunkStore::create(std::vector<gpu::ChunkLay
 }
 
 ChunkStore::~ChunkStore() {
-  if (dev_ != nullptr) dev_->synchronize(copy_).ignore();
+  if (dev_ != nullptr) {
+    dev_->synchronize(copy_).ignore();
+    dev_->synchronize(gradient_stream()).ignore();
+  }
   if (nvme_) drain_weight_reads();
 }
 
@@ -511,8 +514,8 @@ Status ChunkStore::send_gradient(size_t chunk, void* host_dst, int micro_batch) 
     return failed_precondition("chunk store: chunk " + std::to_string(chunk) + "'s gradient was not computed");
   }
   if (chunk >= first_slotted()) src = grad_slots_[*grad_slot_of_[chunk]].data();
-  STRATA_RETURN_IF_ERROR(dev_->copy_to_host(copy_, host_dst, src, bytes_of(chunk)));
-  STRATA_ASSIGN_OR_RETURN(gpu::Event copied, dev_->record(copy_));
+  STRATA_RETURN_IF_ERROR(dev_->copy_to_host(gradient_stream(), host_dst, src, bytes_of(chunk)));
+  STRATA_ASSIGN_OR_RETURN(gpu::Event copied, dev_->record(gradient_stream()));
   if (chunk >= first_slotted()) {
     grad_slot_done_[*grad_slot_of_[chunk]] = copied;
     grad_slot_held_[*grad_slot_of_[chunk]].reset();
@@ -546,6 +549,7 @@ Status ChunkStore::await_gradient(size_t chunk) {
 
 void ChunkStore::settle() {
   dev_->synchronize(copy_).ignore();
+  dev_->synchronize(gradient_stream()).ignore();
   if (nvme_) {
     drain_weight_reads();
     weight_copied_.assign(weight_copied_.size(), gpu::Event{});

@@ -65,6 +65,9 @@ class WaitMeter {
   void set_trace(Trace* trace) { trace_ = trace; }
   Trace* trace() const { return trace_; }
   void reset() { wait_s_ = 0; }
+  // false: waits are traced but not counted (the host waiting for the
+  // device's compute, which is no stall of the device).
+  void set_counting(bool counting) { counting_ = counting; }
   double seconds() const { return wait_s_; }
   static double now_s();
   // Counts the time since t0_s as a wait for `what`.
@@ -74,6 +77,7 @@ class WaitMeter {
  private:
   Trace* trace_ = nullptr;
   double wait_s_ = 0;
+  bool counting_ = true;
 };
 
 struct ChunkStoreOptions {
@@ -166,6 +170,11 @@ class ChunkStore {
   // in turn: asking for one whose gradient was not sent yet is
   // ResourceExhausted, naming that chunk, with nothing changed.
   Result<void*> gradient_buffer(size_t chunk, int micro_batch = 0);
+  // The stream gradients go out on: the copy stream, unless given one of
+  // their own (then a model's stream-ordered step does not queue weight
+  // copies behind the wait for its gradients' compute).
+  void set_gradient_stream(gpu::Stream stream) { grad_copy_ = stream; }
+  gpu::Stream gradient_stream() const { return grad_copy_.id >= 0 ? grad_copy_ : copy_; }
   Status send_gradient(size_t chunk, void* host_dst, int micro_batch = 0);
   Status await_gradient(size_t chunk);
 
@@ -221,6 +230,7 @@ class ChunkStore {
   std::vector<gpu::ChunkLayout> layout_;
   gpu::Device* dev_ = nullptr;
   gpu::Stream copy_{};
+  gpu::Stream grad_copy_{};  // id < 0: the copy stream
   WaitMeter* meter_ = nullptr;
   int depth_ = 1;
   uint64_t es_ = 4;  // bytes of one element of the working type

@@ -151,6 +151,7 @@ Result<std::unique_ptr<Session>> Session::create(SessionOptions o) {
   }
   STRATA_ASSIGN_OR_RETURN(s->device_, gpu::make_device(spec));
   STRATA_ASSIGN_OR_RETURN(s->copy_, s->device_->create_stream("session copies"));
+  STRATA_ASSIGN_OR_RETURN(s->grad_copy_, s->device_->create_stream("session gradient copies"));
   s->meter_.set_trace(o.trace);
   if (o.precision == DType::kF16) {
     STRATA_ASSIGN_OR_RETURN(s->scaler_, LossScaler::create(o.loss_scale));
@@ -359,6 +360,7 @@ Status Session::build(std::vector<gpu::ChunkLayout> layout, const std::vector<in
   so.resident_first = o.resident_first;
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<ChunkStore> store,
                           ChunkStore::create(std::move(layout), *device_, copy_, &meter_, so));
+  store->set_gradient_stream(grad_copy_);
   if (o.weights == Tier::kNvme) {
     OptimizerStage* stage = stage_.get();
     STRATA_RETURN_IF_ERROR(store->set_nvme_weights({swap_.get(), [stage](size_t c) { return stage->weights_blobs(c); }}));
@@ -509,6 +511,7 @@ OverlapStep Session::make_step(float grad_scale) {
 Status Session::begin_step(float grad_scale) {
   STRATA_RETURN_IF_ERROR(usable("begin_step"));
   if (in_step_) return failed_precondition("session: begin_step: a step is open (end_step or cancel_step first)");
+  stream_ordered_step_ = false;
   if (!(grad_scale > 0) || !std::isfinite(grad_scale)) {
     return invalid_argument("session: begin_step: grad_scale must be finite and > 0, got " +
                             std::to_string(grad_scale));
@@ -576,8 +579,9 @@ Result<const void*> Session::acquire(size_t chunk, gpu::Stream stream) {
   STRATA_ASSIGN_OR_RETURN(ChunkStore::Use use, store_->acquire_async(chunk, &ready));
   uses_[chunk] = use;
   acquired_on_[chunk] = stream;
+  stream_ordered_step_ = true;
   if (ready.id >= 0) {
-    Status waited = device_->stream_wait(stream, ready);  // the model's compute follows the copy
+    Status waited = stream_wait_metered(stream, ready);  // the model's compute follows the copy
     if (!waited.ok()) {
       store_->release(use);
       uses_[chunk].reset();
@@ -585,6 +589,24 @@ Result<const void*> Session::acquire(size_t chunk, gpu::Stream stream) {
     }
   }
   return use.data;
+}
+
+// The stream waits for `ready`; when the copy is still under way, the
+// stall is timed on the stream itself (a task before the wait, one after:
+// on CUDA host functions, which call no CUDA) and counted in
+// device_wait_s, since the host thread no longer waits for it.
+Status Session::stream_wait_metered(gpu::Stream stream, gpu::Event ready) {
+  if (device_->done(ready)) return device_->stream_wait(stream, ready);
+  auto t0 = std::make_shared<double>(0);
+  STRATA_RETURN_IF_ERROR(device_->enqueue(stream, [t0] {
+    *t0 = WaitMeter::now_s();
+    return ok_status();
+  }));
+  STRATA_RETURN_IF_ERROR(device_->stream_wait(stream, ready));
+  return device_->enqueue(stream, [t0, stalls = stream_stall_ns_] {
+    stalls->fetch_add(static_cast<int64_t>((WaitMeter::now_s() - *t0) * 1e9));
+    return ok_status();
+  });
 }
 
 Status Session::release(size_t chunk) {
@@ -713,7 +735,7 @@ SessionCounters Session::counters() const {
     }
   }
   k.device_peak_bytes = device_->peak_bytes();
-  k.device_wait_s = meter_.seconds();
+  k.device_wait_s = meter_.seconds() + static_cast<double>(stream_stall_ns_->load()) * 1e-9;
   return k;
 }
 

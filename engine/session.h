@@ -202,9 +202,10 @@ struct SessionCounters {
   uint64_t h2d_bytes = 0, d2h_bytes = 0;
   uint64_t nvme_read_bytes = 0, nvme_written_bytes = 0;
   uint64_t device_peak_bytes = 0;  // the device's high-water mark since create
-  // The calling thread waiting for the session's copies and NVMe reads
-  // (weights, activations) inside acquire and load_activation: what the
-  // prefetches did not hide.
+  // Waiting for the session's copies and NVMe reads (weights,
+  // activations) that the prefetches did not hide: the calling thread
+  // inside acquire and load_activation, and a model's stream stalled for
+  // weights acquired on it (timed on the stream).
   double device_wait_s = 0;
 };
 
@@ -489,7 +490,13 @@ class Session {
   std::unique_ptr<OptimizerStage> stage_;
   std::unique_ptr<gpu::Device> device_;
   gpu::Stream copy_{};
+  gpu::Stream grad_copy_{};  // gradients to the host (the store's gradient stream)
   WaitMeter meter_;
+  // Nanoseconds model streams stalled for weights acquired on them
+  // (stream_wait_metered; added on the streams' side, hence shared).
+  std::shared_ptr<std::atomic<int64_t>> stream_stall_ns_ = std::make_shared<std::atomic<int64_t>>(0);
+  Status stream_wait_metered(gpu::Stream stream, gpu::Event ready);
+  bool stream_ordered_step_ = false;  // a chunk of this step was acquired on a stream
   std::unique_ptr<ChunkStore> store_;
   // Each chunk's bytes in the working type (precision).
   std::vector<AlignedVector<std::byte>> weights_;  // empty with the weights on NVMe

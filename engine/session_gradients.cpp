@@ -80,7 +80,13 @@ Result<void*> Session::gradient_buffer(size_t chunk) {
   if (grad_held_[chunk] != nullptr) return grad_held_[chunk];  // asked again: the same buffer
   // The resident chunk's one buffer: an earlier micro-batch's copy out of it first.
   if (resident(chunk) && submits_[chunk] > 0) STRATA_RETURN_IF_ERROR(store_->await_gradient(chunk));
-  STRATA_ASSIGN_OR_RETURN(void* buffer, store_->gradient_buffer(chunk));
+  // On a stream-ordered step the slot's last copy out follows the model's
+  // compute: waiting for it is the host waiting for the device, not the
+  // device for a copy (device_wait_s).
+  meter_.set_counting(!stream_ordered_step_);
+  Result<void*> slot = store_->gradient_buffer(chunk);
+  meter_.set_counting(true);
+  STRATA_ASSIGN_OR_RETURN(void* buffer, std::move(slot));
   grad_held_[chunk] = buffer;
   return buffer;
 }
@@ -91,7 +97,7 @@ Status Session::submit_gradient(size_t chunk, gpu::Stream stream) {
     // The copy out follows what the stream has queued so far (the compute
     // of the gradient); nothing waits on the host.
     STRATA_ASSIGN_OR_RETURN(gpu::Event computed, device_->record(stream));
-    STRATA_RETURN_IF_ERROR(device_->stream_wait(copy_, computed));
+    STRATA_RETURN_IF_ERROR(device_->stream_wait(store_->gradient_stream(), computed));
   }
   return submit_gradient(chunk);
 }
