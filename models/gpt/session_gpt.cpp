@@ -112,6 +112,7 @@ uint8_t* SessionGpt::input(int64_t m, int64_t l) const {
 // which forward leaves on the device for the head and the last block.
 Status SessionGpt::save_input(int64_t l) {
   if (!options_.offload_activations || l >= options_.model.layers - 1) return ok_status();
+  STRATA_RETURN_IF_ERROR(session_->device().synchronize(compute_));  // the block that wrote it
   return session_->save_activation(static_cast<uint64_t>(l), input(0, l), static_cast<uint64_t>(pass_) * input_bytes());
 }
 
@@ -119,12 +120,14 @@ Status SessionGpt::save_input(int64_t l) {
 // into the buffers of input l + 2, used by then); load_input waits for it.
 Status SessionGpt::prefetch_input(int64_t l) {
   if (!options_.offload_activations || l < 0 || l >= options_.model.layers - 1) return ok_status();
+  STRATA_RETURN_IF_ERROR(session_->device().synchronize(compute_));  // the block reading its buffers
   return session_->prefetch_activation(static_cast<uint64_t>(l), input(0, l),
                                        static_cast<uint64_t>(pass_) * input_bytes());
 }
 
 Status SessionGpt::load_input(int64_t l) {
   if (!options_.offload_activations || l >= options_.model.layers - 1) return ok_status();
+  STRATA_RETURN_IF_ERROR(session_->device().synchronize(compute_));  // the block reading its buffers
   return session_->load_activation(static_cast<uint64_t>(l), input(0, l), static_cast<uint64_t>(pass_) * input_bytes());
 }
 
@@ -134,7 +137,9 @@ Status SessionGpt::run(const std::function<Status()>& enqueue, const char* what,
   const bool traced = what != nullptr && trace != nullptr && trace->enabled();
   const double t0 = traced ? trace->now_us() : 0;
   Status queued = enqueue();
-  Status done = dev.synchronize(compute_);  // what was enqueued must not outlive this call
+  // Untraced, the compute stays queued: the session's stream-ordered calls
+  // order the copies around it. A span needs its end.
+  Status done = traced || what == nullptr ? dev.synchronize(compute_) : ok_status();
   if (traced) {
     trace->span("compute", block < 0 ? std::string(what) : std::string(what) + " block " + std::to_string(block), t0,
                 trace->now_us(), "compute");
@@ -172,6 +177,7 @@ Result<float> SessionGpt::step(std::span<const int32_t> tokens, std::span<const 
   double sum = 0;
   Status s = run_step(tokens.data(), targets.data(), &sum);
   if (!s.ok()) {
+    session_->device().synchronize(compute_).ignore();  // nothing queued reads what the step gives back
     session_->cancel_step().ignore();
     return s;
   }
@@ -209,7 +215,7 @@ Status SessionGpt::pass(const int32_t* tokens, const int32_t* targets, int64_t k
     dx_.push_back(step_mem_.as<uint8_t>() + static_cast<uint64_t>(2 * m) * input_bytes());
     dx_in_.push_back(dx_.back() + input_bytes());
   }
-  STRATA_ASSIGN_OR_RETURN(const void* emb, session_->acquire(0));
+  STRATA_ASSIGN_OR_RETURN(const void* emb, session_->acquire(0, compute_));
   STRATA_RETURN_IF_ERROR(forward(emb));
   // The embeddings' gradient is complete only after the embedding's
   // backward: the first micro-batch's in the session's buffer, the others'
@@ -221,7 +227,7 @@ Status SessionGpt::pass(const int32_t* tokens, const int32_t* targets, int64_t k
   STRATA_RETURN_IF_ERROR(head_backward(emb, emb_grad, k0));
   for (int64_t l = options_.model.layers; l >= 1; --l) STRATA_RETURN_IF_ERROR(backward_block(l));
   STRATA_RETURN_IF_ERROR(embedding_backward(emb_grad));
-  return session_->release(0);
+  return session_->release(0, compute_);
 }
 
 // The embedding, then every block, keeping each block's inputs.
@@ -237,7 +243,7 @@ Status SessionGpt::forward(const void* emb) {
   STRATA_RETURN_IF_ERROR(save_input(0));
   for (int64_t l = 1; l <= options_.model.layers; ++l) {
     const auto c = static_cast<size_t>(l);
-    STRATA_ASSIGN_OR_RETURN(const void* w, session_->acquire(c));
+    STRATA_ASSIGN_OR_RETURN(const void* w, session_->acquire(c, compute_));
     auto block = [&]() -> Status {
       for (int64_t m = 0; m < pass_; ++m) {
         STRATA_RETURN_IF_ERROR(ops_->block_forward(compute_, *workspace_, w, input(m, l - 1), input(m, l)));
@@ -245,7 +251,7 @@ Status SessionGpt::forward(const void* emb) {
       return ok_status();
     };
     STRATA_RETURN_IF_ERROR(run(block, "forward", l));
-    STRATA_RETURN_IF_ERROR(session_->release(c));
+    STRATA_RETURN_IF_ERROR(session_->release(c, compute_));
     STRATA_RETURN_IF_ERROR(save_input(l));
   }
   return ok_status();
@@ -257,7 +263,7 @@ Status SessionGpt::head_backward(const void* emb, const std::vector<void*>& emb_
   const int64_t N = options_.batch * options_.seq, L = options_.model.layers;
   const auto final_chunk = static_cast<size_t>(L + 1);
   const float dloss = static_cast<float>(session_->loss_scale());
-  STRATA_ASSIGN_OR_RETURN(const void* wf, session_->acquire(final_chunk));
+  STRATA_ASSIGN_OR_RETURN(const void* wf, session_->acquire(final_chunk, compute_));
   for (int64_t m = 0; m < pass_; ++m) {
     const auto u = static_cast<size_t>(m);
     STRATA_RETURN_IF_ERROR(run(
@@ -274,9 +280,9 @@ Status SessionGpt::head_backward(const void* emb, const std::vector<void*>& emb_
                                  dx_[u]);
     };
     STRATA_RETURN_IF_ERROR(run(head, "head backward"));
-    STRATA_RETURN_IF_ERROR(session_->submit_gradient(final_chunk));
+    STRATA_RETURN_IF_ERROR(session_->submit_gradient(final_chunk, compute_));
   }
-  return session_->release(final_chunk);
+  return session_->release(final_chunk, compute_);
 }
 
 // Block l's inputs back when offloaded; per micro-batch its forward
@@ -287,7 +293,7 @@ Status SessionGpt::backward_block(int64_t l) {
   const uint64_t x_bytes = input_bytes();
   STRATA_RETURN_IF_ERROR(load_input(l - 1));
   STRATA_RETURN_IF_ERROR(prefetch_input(l - 2));
-  STRATA_ASSIGN_OR_RETURN(const void* w, session_->acquire(c));
+  STRATA_ASSIGN_OR_RETURN(const void* w, session_->acquire(c, compute_));
   for (int64_t m = 0; m < pass_; ++m) {
     const auto u = static_cast<size_t>(m);
     auto recompute = [&]() -> Status {
@@ -301,10 +307,10 @@ Status SessionGpt::backward_block(int64_t l) {
       return ops_->block_backward(compute_, *workspace_, w, dw, input(m, l - 1), dx_[u], dx_in_[u]);
     };
     STRATA_RETURN_IF_ERROR(run(block, "recompute+backward", l));
-    STRATA_RETURN_IF_ERROR(session_->submit_gradient(c));
+    STRATA_RETURN_IF_ERROR(session_->submit_gradient(c, compute_));
     std::swap(dx_[u], dx_in_[u]);
   }
-  return session_->release(c);
+  return session_->release(c, compute_);
 }
 
 // The embedding's backward completes chunk 0's gradient, micro-batch by
@@ -324,7 +330,7 @@ Status SessionGpt::embedding_backward(const std::vector<void*>& emb_grad) {
       return m > 0 ? dev.copy_on_device(compute_, into, emb_grad[u], chunk_bytes(0)) : ok_status();
     };
     STRATA_RETURN_IF_ERROR(run(embedding, "embedding backward"));
-    STRATA_RETURN_IF_ERROR(session_->submit_gradient(0));
+    STRATA_RETURN_IF_ERROR(session_->submit_gradient(0, compute_));
   }
   return ok_status();
 }
