@@ -15,10 +15,15 @@
 // recomputed from its input and its gradient submitted as soon as it is
 // computed; the embeddings' gradient (tied: the head adds to it) last.
 // The first chunk, the embeddings, stays on the device for the step
-// (SessionOptions::resident_first). The same calls as the trainer's
-// streamed model, in the same order: the same seed and data give the
-// trainer's losses bit for bit (tests/models/gpt/session_gpt_test.cpp).
-// One thread drives it.
+// (SessionOptions::resident_first). The compute is queued on one stream
+// and the weights are acquired, released and gradients submitted on it
+// (the session's stream-ordered calls), so the host runs ahead of the
+// device; it waits for the compute where it needs its results (the
+// losses, a step's end or failure), before handing a block input to the
+// session or taking one back, and after each op when traced. The same
+// seed and data give the same bits in every placement, and the losses
+// recorded before the GPT moved onto the session
+// (tests/models/gpt/session_gpt_test.cpp). One thread drives it.
 #pragma once
 
 #include <cstdint>

@@ -117,7 +117,7 @@ struct StepCounters {
   uint64_t h2d_bytes = 0, d2h_bytes = 0;  // weights, gradients and block inputs
   uint64_t nvme_read_bytes = 0;           // every NVMe byte: states, weights, checkpoints
   uint64_t nvme_written_bytes = 0;        // the SSD's endurance meter
-  double device_wait_s = 0;               // the compute waiting for copies and NVMe (streaming)
+  double device_wait_s = 0;               // the compute stream stalled for copies and NVMe (streaming)
   double device_idle_fraction = 0;        // device_wait_s / forward+backward time
 };
 
