@@ -128,7 +128,7 @@ log "summary"
 grep -E "tests passed|tests failed" "$OUT/ctest.log" 2>/dev/null || echo "ctest did not run or finish"
 grep -vE "^\{" "$OUT/gpubench.txt" 2>/dev/null | tail -16
 for f in train train_streamed train_grads_nvme; do
-  [[ -f "$OUT/$f.txt" ]] && echo "$f: $(grep -E '^step|^strata-train:' "$OUT/$f.txt" | sed -n '1p;$p' | sed -E 's/ \| device idle.*//' | tr '\n' ' ')"
+  [[ -f "$OUT/$f.txt" ]] && echo "$f: $(grep -E '^step|^strata-train:' "$OUT/$f.txt" | sed -n '1p;$p' | sed -E 's/ \| h2d.*//' | tr '\n' ' ')"
 done
 for f in stepbench_ram stepbench_nvme; do
   [[ -f "$OUT/$f.txt" ]] && echo "$f: $(grep -E 'overlap efficiency|does not take|^strata-stepbench: [A-Z_]+:' "$OUT/$f.txt" | tail -1)"
