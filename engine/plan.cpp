@@ -6,6 +6,7 @@
 
 #include "common/units.h"
 #include "cpu_optim/dtype.h"
+#include "engine/host_count.h"
 #include "gpu/device_factory.h"
 
 namespace strata::engine {
@@ -262,45 +263,38 @@ uint64_t blob_bytes(const Counting& k, double bytes_per_param) {
 void count_host_and_nvme(const Counting& k, Plan& p) {
   const TrainSetup& s = k.s;
   const Placement& pl = k.pl;
-  const Sizes& z = k.z;
-  if (!k.grads_nvme) {
-    p.host.model_states += z.padded * z.c;
-    if (s.grad_accum > 1) p.host.model_states += z.padded * 4;
-  }
-  if (s.delayed_update) p.host.model_states += z.padded * k.opt_grad_bytes;
-  // The CPU optimizer writes the working weights in host memory, in place
-  // (the delayed update: beside the ones the next step computes with), from
-  // where they go up each step (resident too); with the weights on NVMe, to
-  // their blob.
-  if (pl.weights != Tier::kNvme) p.host.model_states += (s.delayed_update ? 2 : 1) * z.padded * k.w;
-  if (pl.weights == Tier::kNvme) {
-    p.nvme.model_states += 2 * blob_bytes(k, static_cast<double>(k.w));
-    // depth + 3 aligned read buffers (any chunk), which the copies to the device read.
-    p.host.io_buffers += static_cast<uint64_t>(pl.prefetch_depth + 3) * padded(z.max_chunk * k.w);
-  }
-  if (k.grads_nvme) {
-    // The ring of chunk buffers on the host (and of their sums), a scratch
-    // blob per piece.
-    const auto ring = static_cast<uint64_t>(s.gradient_buffers);
-    p.host.io_buffers += ring * padded(z.max_chunk * z.c);
-    if (s.grad_accum > 1) p.host.io_buffers += ring * padded(z.max_chunk * 4);
-    p.nvme.model_states += blob_bytes(k, static_cast<double>(k.opt_grad_bytes));
-  }
+  // The host: what the session allocates for its chunks, by its own count
+  // (host_count.h), with each I/O buffer in whole pages.
+  HostCountInput in;
+  in.chunk_elems = k.layout;
+  in.element_bytes = k.w;
+  in.grad_accum = s.grad_accum;
+  in.delayed_update = s.delayed_update;
+  in.weights = pl.weights == Tier::kNvme ? Tier::kNvme : Tier::kHost;
+  in.states = pl.states;
+  in.speculate_in_ram = pl.speculate_in_ram && pl.states == Tier::kHost;
+  in.gradients_on_nvme = k.grads_nvme;
+  in.gradient_buffers = s.gradient_buffers;
+  in.staging_buffers = kStateStagingBuffers;
+  in.prefetch_depth = pl.prefetch_depth;
+  in.state_piece_elems = s.state_piece_elems;
+  in.state_bytes = [per = k.state_bytes](int64_t n) { return static_cast<uint64_t>(static_cast<double>(n) * per); };
+  in.pad = padded;
+  const HostCount host = count_host_bytes(in);
+  p.host.model_states += host.model_states;
+  p.host.io_buffers += host.io_buffers;
+  // NVMe: two generations of the weights' and states' blobs (an update is
+  // written beside the old one), a scratch blob per piece for gradients.
+  if (pl.weights == Tier::kNvme) p.nvme.model_states += 2 * blob_bytes(k, static_cast<double>(k.w));
+  if (k.grads_nvme) p.nvme.model_states += blob_bytes(k, static_cast<double>(k.opt_grad_bytes));
   if (pl.states == Tier::kNvme) {
     p.nvme.model_states += 2 * blob_bytes(k, k.state_bytes);
-    // The pieces are cut per distinct chunk size (max_state_piece).
-    std::vector<int64_t> distinct = k.layout;
-    distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
-    const auto max_piece = static_cast<uint64_t>(max_state_piece(distinct, s.state_piece_elems));
-    const uint64_t per_buffer = padded(static_cast<uint64_t>(static_cast<double>(max_piece) * k.state_bytes)) +
-                                (pl.weights == Tier::kNvme ? padded(max_piece * k.w) : 0) +
-                                (k.grads_nvme ? padded(max_piece * k.opt_grad_bytes) : 0);
-    p.host.io_buffers += kStateStagingBuffers * per_buffer;
-  } else {
-    const auto state_total = static_cast<uint64_t>(static_cast<double>(z.padded) * k.state_bytes);
-    tier(p, pl.states).model_states += state_total;
-    if (pl.speculate_in_ram) tier(p, pl.states).model_states += state_total;  // the second copy
+  } else if (pl.states == Tier::kDevice) {
+    // Not a placement the engine runs (check_placement), but estimate() counts any.
+    const auto state_total = static_cast<uint64_t>(static_cast<double>(k.z.padded) * k.state_bytes);
+    p.device.model_states += (pl.speculate_in_ram ? 2 : 1) * state_total;
   }
+  // The GPT's activation staging beside the session's.
   if (pl.checkpoints == Tier::kNvme) p.host.io_buffers += kActivationStagingBuffers * padded(k.ckpt_group_bytes);
 }
 

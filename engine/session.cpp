@@ -7,6 +7,7 @@
 #include "common/dtype.h"
 #include "common/units.h"
 #include "engine/device_pinned_memory.h"
+#include "engine/host_count.h"
 #include "engine/lr_schedule.h"
 #include "engine/nvme_store.h"
 #include "gpu/device_info.h"
@@ -377,42 +378,22 @@ Status Session::build(std::vector<gpu::ChunkLayout> layout, const std::vector<in
 
 uint64_t Session::host_bytes_needed() const {
   const SessionOptions& o = options_;
-  const uint64_t es = dtype_bytes(o.precision);
-  uint64_t bytes = 0;
-  std::vector<int64_t> elems;
-  for (const Spec& s : specs_) {
-    const auto n = static_cast<uint64_t>(s.elems);
-    // The delayed update's second set: of what its update reads (the
-    // gradients, or their sums when accumulating) and of the weights.
-    const uint64_t sets = o.delayed_update ? 2 : 1;
-    if (!gradient_ring()) {
-      bytes += (o.grad_accum > 1 ? 1 : sets) * es * n;  // the gradient's host buffer
-      if (o.grad_accum > 1) bytes += sets * 4 * n;      // its fp32 sum
-    }
-    if (o.weights == Tier::kHost) bytes += sets * es * n;  // the working weights
-    if (o.states == Tier::kHost) {
-      // The states, and with speculation in RAM their second copy.
-      bytes += (o.speculate_in_ram ? 2 : 1) * OptimizerStage::state_bytes(s.elems, o.adam_states);
-    }
-    elems.push_back(s.elems);
-  }
-  if (o.states == Tier::kNvme) {
-    // The staging buffers, and the weights' when on NVMe (each padded to
-    // the swap store's alignment, which the exact count after start adds).
-    const int64_t piece = max_state_piece(elems, o.state_piece_elems);
-    const uint64_t state = OptimizerStage::state_bytes(piece, o.adam_states);
-    const uint64_t weights = o.weights == Tier::kNvme ? es * static_cast<uint64_t>(piece) : 0;
-    const uint64_t grads = gradient_bytes() * static_cast<uint64_t>(piece);
-    bytes += static_cast<uint64_t>(o.staging_buffers) * (state + weights + grads);
-    const auto largest = static_cast<uint64_t>(*std::max_element(elems.begin(), elems.end()));
-    if (o.weights == Tier::kNvme) bytes += static_cast<uint64_t>(o.prefetch_depth + 3) * es * largest;
-    if (gradient_ring()) {
-      // The rings: the gradients as they come, and their sums.
-      const uint64_t sums = o.grad_accum > 1 ? 4 * largest : 0;
-      bytes += static_cast<uint64_t>(o.gradient_buffers) * (es * largest + sums);
-    }
-  }
-  return bytes;
+  HostCountInput in;
+  for (const Spec& s : specs_) in.chunk_elems.push_back(s.elems);
+  in.element_bytes = dtype_bytes(o.precision);
+  in.grad_accum = o.grad_accum;
+  in.delayed_update = o.delayed_update;
+  in.weights = o.weights;
+  in.states = o.states;
+  in.speculate_in_ram = o.speculate_in_ram && o.states == Tier::kHost;
+  in.gradients_on_nvme = gradient_ring();
+  in.gradient_buffers = o.gradient_buffers;
+  in.staging_buffers = o.staging_buffers;
+  in.prefetch_depth = o.prefetch_depth;
+  in.state_piece_elems = o.state_piece_elems;
+  in.state_bytes = [t = o.adam_states](int64_t n) { return OptimizerStage::state_bytes(n, t); };
+  // Unpadded: a lower bound (each buffer's alignment is in the exact count after start).
+  return count_host_bytes(in).total();
 }
 
 // Each chunk's initial master weights (and states), its working weights
