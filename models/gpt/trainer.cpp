@@ -122,14 +122,7 @@ Result<float> Trainer::run_step(const int32_t* tokens, const int32_t* targets) {
   const double total = seconds_since(t0);
   last_times_.optimizer = gpt_->last_update_wait_seconds();
   last_times_.forward_backward = total - last_times_.optimizer;
-  const StepVerdict& v = gpt_->last_verdict();
-  last_stage_ = v.update;
-  last_grad_norm_ = v.grad_norm;
-  last_clipped_ = v.clipped;
-  last_skipped_ = v.skipped;
-  last_rolled_back_ = v.rolled_back;
-  last_lr_ = v.lr;
-  rollbacks_ += v.rolled_back ? 1 : 0;
+  rollbacks_ += gpt_->last_verdict().rolled_back ? 1 : 0;
   const SessionCounters after = session_->counters();
   StepCounters k;
   k.h2d_bytes = after.h2d_bytes - before.h2d_bytes;

@@ -143,19 +143,19 @@ class Trainer {
   // DeepSpeed (which does not step its scheduler on an overflow) do.
   int64_t updates_done() const { return session_->updates_done(); }
   // What the last step's optimizer stage moved (NVMe bytes, seconds).
-  const StageCounters& last_stage() const { return last_stage_; }
+  const StageCounters& last_stage() const { return gpt_->last_verdict().update; }
   // The last step's global gradient norm (before clipping), whether it was
   // clipped, and whether it was skipped (an inf/nan gradient anywhere: no
   // chunk is updated; the step still counts, in the data position and in
   // the optimizer's step number).
-  double last_grad_norm() const { return last_grad_norm_; }
+  double last_grad_norm() const { return gpt_->last_verdict().grad_norm; }
   // The learning rate of the last step's update (lr_schedule at its step).
-  double last_lr() const { return last_lr_; }
-  bool last_clipped() const { return last_clipped_; }
-  bool last_skipped() const { return last_skipped_; }
+  double last_lr() const { return gpt_->last_verdict().lr; }
+  bool last_clipped() const { return gpt_->last_verdict().clipped; }
+  bool last_skipped() const { return gpt_->last_verdict().skipped; }
   // Whether the last step's speculative updates were undone (clipping or
   // inf/nan the guess did not foresee), and how often that happened so far.
-  bool last_rolled_back() const { return last_rolled_back_; }
+  bool last_rolled_back() const { return gpt_->last_verdict().rolled_back; }
   int64_t rollbacks() const { return rollbacks_; }
   // fp16: the loss scale the next step will use.
   double loss_scale() const { return session_->loss_scale(); }
@@ -230,12 +230,6 @@ class Trainer {
   // Created without initial weights and states (initial_state false):
   // step() and save() refuse until a load succeeds.
   bool unset_ = false;
-  StageCounters last_stage_;
-  double last_grad_norm_ = 0;
-  double last_lr_ = 0;
-  bool last_clipped_ = false;
-  bool last_skipped_ = false;
-  bool last_rolled_back_ = false;
   int64_t rollbacks_ = 0;
   StepTimes last_times_;
   StepCounters last_counters_;
