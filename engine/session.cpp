@@ -13,23 +13,21 @@
 #include "gpu/device_info.h"
 
 namespace strata::engine {
-namespace {
 
-// What the placement rules (check_placement) look at in a session's
-// options: the working type, accumulation and the delayed update; the
-// tiers, with the weights always between uses off the device, and each
-// chunk's micro-batches in the gradient order (set_gradient_order refuses
-// a submission out of it) as one pass.
-TrainSetup setup_of(const SessionOptions& o) {
+TrainSetup session_setup(const SessionOptions& o) {
   TrainSetup s;
   s.compute = s.working = o.precision;
   s.grad_accum = o.grad_accum;
   s.delayed_update = o.delayed_update;
   s.micro_batches_per_pass = o.grad_accum;
+  s.state_bytes_per_param = cpu_optim::adam_state_bytes_per_param(o.adam_states);
+  s.state_piece_elems = o.state_piece_elems;
+  s.gradient_buffers = o.gradient_buffers;
+  s.host_backend = o.backend == gpu::Backend::kHost;
   return s;
 }
 
-Placement placement_of(const SessionOptions& o) {
+Placement session_placement(const SessionOptions& o) {
   Placement pl;
   pl.weights = o.weights;
   pl.states = o.states;
@@ -40,8 +38,6 @@ Placement placement_of(const SessionOptions& o) {
   pl.gradients = o.gradients;
   return pl;
 }
-
-}  // namespace
 
 Status check_session_options(const SessionOptions& o) {
   STRATA_RETURN_IF_ERROR(cpu_optim::validate(o.adam));
@@ -60,7 +56,7 @@ Status check_session_options(const SessionOptions& o) {
   if (o.activations != Tier::kHost && o.activations != Tier::kNvme) {
     return invalid_argument("activation checkpoints go to the host or to NVMe");
   }
-  STRATA_RETURN_IF_ERROR(check_placement(setup_of(o), placement_of(o)));
+  STRATA_RETURN_IF_ERROR(check_placement(session_setup(o), session_placement(o)));
   if ((o.states == Tier::kNvme || o.activations == Tier::kNvme) && o.nvme_paths.empty()) {
     return invalid_argument(std::string(o.states == Tier::kNvme ? "optimizer states" : "activation checkpoints") +
                             " on NVMe need nvme_paths");

@@ -155,6 +155,16 @@ struct SessionOptions {
   std::function<void(std::string_view what, int64_t done, int64_t total)> progress;
 };
 
+// The planner's view of a session's run: the working type, accumulation,
+// the delayed update, the states' type and pieces, the gradient ring; the
+// tiers, with the weights always off the device between uses, and each
+// chunk's micro-batches in the gradient order (set_gradient_order refuses
+// a submission out of it) as one pass. What check_placement holds a
+// session to; a model's own view (the GPT's: training_setup) adds its
+// shapes to it.
+TrainSetup session_setup(const SessionOptions& options);
+Placement session_placement(const SessionOptions& options);
+
 // What Session::create refuses before it allocates anything: the placement
 // rules (check_placement) for the session's tiers, the optimizer and
 // schedule, and every knob out of its range. InvalidArgument naming the

@@ -16,18 +16,10 @@
 namespace strata::engine {
 
 TrainSetup training_setup(const TrainerOptions& o) {
-  TrainSetup s;
+  TrainSetup s = session_setup(o);
   s.model = o.model;
   s.micro_batch = o.batch;
   s.seq = o.seq;
-  s.grad_accum = o.grad_accum;
-  s.compute = o.precision;
-  s.working = o.precision;
-  s.state_bytes_per_param = cpu_optim::adam_state_bytes_per_param(o.adam_states);
-  s.state_piece_elems = o.state_piece_elems;
-  s.gradient_buffers = o.gradient_buffers;
-  s.host_backend = o.backend == TrainerOptions::Backend::kHost;
-  s.delayed_update = o.delayed_update;
   s.micro_batches_per_pass = micro_batches_per_pass(o);
   return s;
 }
@@ -37,15 +29,13 @@ int64_t micro_batches_per_pass(const TrainerOptions& o) {
   return o.vertical_group > 0 ? o.vertical_group : o.grad_accum;
 }
 
+// The session's placement, but resident weights (and their one "prefetch")
+// when they do not stream, and the vertical order's pass.
 Placement run_placement(const TrainerOptions& o) {
-  Placement pl;
+  Placement pl = session_placement(o);
   pl.weights = o.stream_weights ? o.weights : Tier::kDevice;
-  pl.states = o.states;
-  pl.checkpoints = o.activations;
   pl.prefetch_depth = o.stream_weights ? o.prefetch_depth : 1;
-  pl.speculate_in_ram = o.speculate_in_ram;
   pl.micro_batches_per_pass = micro_batches_per_pass(o);
-  pl.gradients = o.gradients;
   return pl;
 }
 
