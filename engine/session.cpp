@@ -372,24 +372,29 @@ Status Session::build(std::vector<gpu::ChunkLayout> layout, const std::vector<in
   return ok_status();
 }
 
-uint64_t Session::host_bytes_needed() const {
-  const SessionOptions& o = options_;
+HostCountInput host_count_input(const SessionOptions& o, std::vector<int64_t> chunk_elems) {
   HostCountInput in;
-  for (const Spec& s : specs_) in.chunk_elems.push_back(s.elems);
+  in.chunk_elems = std::move(chunk_elems);
   in.element_bytes = dtype_bytes(o.precision);
   in.grad_accum = o.grad_accum;
   in.delayed_update = o.delayed_update;
   in.weights = o.weights;
   in.states = o.states;
   in.speculate_in_ram = o.speculate_in_ram && o.states == Tier::kHost;
-  in.gradients_on_nvme = gradient_ring();
+  in.gradients_on_nvme = o.gradients == Tier::kNvme;
   in.gradient_buffers = o.gradient_buffers;
   in.staging_buffers = o.staging_buffers;
   in.prefetch_depth = o.prefetch_depth;
   in.state_piece_elems = o.state_piece_elems;
   in.state_bytes = [t = o.adam_states](int64_t n) { return OptimizerStage::state_bytes(n, t); };
+  return in;
+}
+
+uint64_t Session::host_bytes_needed() const {
+  std::vector<int64_t> elems;
+  for (const Spec& s : specs_) elems.push_back(s.elems);
   // Unpadded: a lower bound (each buffer's alignment is in the exact count after start).
-  return count_host_bytes(in).total();
+  return count_host_bytes(host_count_input(options_, std::move(elems))).total();
 }
 
 // Each chunk's initial master weights (and states), its working weights

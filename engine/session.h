@@ -51,6 +51,7 @@
 #include "cpu_optim/optimizer.h"
 #include "engine/checkpoint_io.h"
 #include "engine/chunk_store.h"
+#include "engine/host_count.h"
 #include "engine/loss_scaler.h"
 #include "engine/lr_schedule.h"
 #include "engine/optimizer_stage.h"
@@ -164,6 +165,11 @@ struct SessionOptions {
 // shapes to it.
 TrainSetup session_setup(const SessionOptions& options);
 Placement session_placement(const SessionOptions& options);
+
+// What a session of these options allocates in host memory for chunks of
+// these sizes, as count_host_bytes (host_count.h) takes it: the session's
+// own check before it allocates counts it unpadded.
+HostCountInput host_count_input(const SessionOptions& options, std::vector<int64_t> chunk_elems);
 
 // What Session::create refuses before it allocates anything: the placement
 // rules (check_placement) for the session's tiers, the optimizer and

@@ -10,7 +10,6 @@
 #include <string>
 #include <vector>
 
-#include "engine/optimizer_stage.h"
 #include "engine/session.h"
 #include "tests/test_util.h"
 
@@ -63,17 +62,7 @@ TEST(HostCount, ASessionHoldsBetweenTheCountAndItsPagedBound) {
       ASSERT_TRUE((*s)->add_chunk("c" + std::to_string(k), chunks[k], nullptr)) << text(c);
     }
     ASSERT_TRUE((*s)->start().ok()) << text(c);
-    HostCountInput in;
-    in.chunk_elems = chunks;
-    in.element_bytes = dtype_bytes(c.precision);
-    in.grad_accum = c.accum;
-    in.delayed_update = c.delayed;
-    in.weights = c.weights;
-    in.states = c.states;
-    in.speculate_in_ram = c.speculate;
-    in.gradients_on_nvme = c.grads_nvme;
-    in.state_piece_elems = c.piece;
-    in.state_bytes = [](int64_t n) { return OptimizerStage::state_bytes(n); };
+    HostCountInput in = host_count_input(o, chunks);
     const uint64_t lower = count_host_bytes(in).total();
     in.pad = [](uint64_t b) { return (b + 4095) / 4096 * 4096; };
     const uint64_t upper = count_host_bytes(in).total();
