@@ -50,6 +50,22 @@ Status WaitMeter::wait(gpu::Device& device, gpu::Event event, const char* what) 
   return s;
 }
 
+ChunkStoreBytes chunk_store_bytes(const std::vector<int64_t>& chunk_elems, const ChunkStoreOptions& options) {
+  ChunkStoreBytes b;
+  const uint64_t es = dtype_bytes(options.dtype);
+  int64_t max_chunk = 0;
+  for (size_t i = options.resident_first ? 1 : 0; i < chunk_elems.size(); ++i) {
+    max_chunk = std::max(max_chunk, chunk_elems[i]);
+  }
+  b.slot = static_cast<uint64_t>(max_chunk) * es;
+  b.weight_slots = options.prefetch_depth + 1;
+  if (options.resident_first && !chunk_elems.empty()) {
+    b.resident = static_cast<uint64_t>(chunk_elems[0]) * es;
+    b.resident_gradients = b.resident * static_cast<uint64_t>(options.micro_batches);
+  }
+  return b;
+}
+
 Result<std::unique_ptr<ChunkStore>> ChunkStore::create(std::vector<gpu::ChunkLayout> layout, gpu::Device& device,
                                                        gpu::Stream copy, WaitMeter* meter,
                                                        ChunkStoreOptions options) {
@@ -76,26 +92,24 @@ Result<std::unique_ptr<ChunkStore>> ChunkStore::create(std::vector<gpu::ChunkLay
   s->resident_first_ = options.resident_first;
   if (options.host_memory != nullptr) s->allocator_ = options.host_memory;
   const size_t n = s->layout_.size();
-  int64_t max_chunk = 0;
-  for (size_t i = s->first_slotted(); i < n; ++i) max_chunk = std::max(max_chunk, s->layout_[i].numel);
-  const uint64_t slot_bytes = static_cast<uint64_t>(max_chunk) * s->es_;
-  for (int k = 0; k <= s->depth_; ++k) {
-    STRATA_ASSIGN_OR_RETURN(gpu::DeviceMemory slot, device.allocate(slot_bytes, "weight chunk buffer"));
+  std::vector<int64_t> elems(n);
+  for (size_t i = 0; i < n; ++i) elems[i] = s->layout_[i].numel;
+  const ChunkStoreBytes bytes = chunk_store_bytes(elems, options);
+  for (int k = 0; k < bytes.weight_slots; ++k) {
+    STRATA_ASSIGN_OR_RETURN(gpu::DeviceMemory slot, device.allocate(bytes.slot, "weight chunk buffer"));
     s->slots_.push_back(std::move(slot));
   }
-  for (int k = 0; k < 2; ++k) {
-    STRATA_ASSIGN_OR_RETURN(gpu::DeviceMemory slot, device.allocate(slot_bytes, "gradient chunk buffer"));
+  for (int k = 0; k < bytes.gradient_slots; ++k) {
+    STRATA_ASSIGN_OR_RETURN(gpu::DeviceMemory slot, device.allocate(bytes.slot, "gradient chunk buffer"));
     s->grad_slots_.push_back(std::move(slot));
   }
   s->micro_batches_ = options.micro_batches;
   if (s->resident_first_) {
-    STRATA_ASSIGN_OR_RETURN(s->resident_, device.allocate(s->bytes_of(0), "embedding weights"));
-    STRATA_ASSIGN_OR_RETURN(
-        s->resident_grad_,
-        device.allocate(s->bytes_of(0) * static_cast<uint64_t>(options.micro_batches), "embedding gradients"));
+    STRATA_ASSIGN_OR_RETURN(s->resident_, device.allocate(bytes.resident, "embedding weights"));
+    STRATA_ASSIGN_OR_RETURN(s->resident_grad_, device.allocate(bytes.resident_gradients, "embedding gradients"));
   }
-  s->grad_slot_done_.assign(2, gpu::Event{});
-  s->grad_slot_held_.assign(2, std::nullopt);
+  s->grad_slot_done_.assign(s->grad_slots_.size(), gpu::Event{});
+  s->grad_slot_held_.assign(s->grad_slots_.size(), std::nullopt);
   s->grad_slot_of_.assign(n, std::nullopt);
   s->grad_copied_.assign(n, gpu::Event{});
   s->slot_chunk_.assign(s->slots_.size(), std::nullopt);

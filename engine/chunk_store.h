@@ -97,6 +97,21 @@ struct ChunkStoreOptions {
   bool resident_first = true;
 };
 
+// The device bytes a chunk store allocates for chunks of these sizes:
+// ChunkStore::create allocates exactly these, and the planner counts them
+// from here.
+struct ChunkStoreBytes {
+  uint64_t slot = 0;     // one weight or gradient slot: the largest chunk the slots serve
+  int weight_slots = 0;  // prefetch_depth + 1
+  int gradient_slots = 2;
+  uint64_t resident = 0;            // chunk 0's weights (resident_first)
+  uint64_t resident_gradients = 0;  // its gradient buffers, one per micro-batch
+  uint64_t slots() const { return static_cast<uint64_t>(weight_slots) * slot; }
+  uint64_t gradient_slot_bytes() const { return static_cast<uint64_t>(gradient_slots) * slot; }
+  uint64_t total() const { return slots() + gradient_slot_bytes() + resident + resident_gradients; }
+};
+ChunkStoreBytes chunk_store_bytes(const std::vector<int64_t>& chunk_elems, const ChunkStoreOptions& options);
+
 class ChunkStore {
  public:
   // `copy` is the stream the store's copies run on (the caller may share it);

@@ -304,6 +304,22 @@ TEST(ChunkStore, ItsDeviceBuffersComeFromTheBudget) {
   // each rounded up to the device's allocation granule.
   auto granule = [](uint64_t bytes) { return (bytes + 255) / 256 * 256; };
   EXPECT_EQ(ok.device->used_bytes(), 4 * granule(2 * max_chunk) + 2 * granule(2 * static_cast<uint64_t>(ok.layout[0].numel)));
+
+  // The count the planner takes (chunk_store_bytes) is the same, before
+  // the granule.
+  std::vector<int64_t> elems;
+  for (const gpu::ChunkLayout& chunk : ok.layout) elems.push_back(chunk.numel);
+  ChunkStoreOptions o;
+  o.dtype = DType::kBF16;
+  const ChunkStoreBytes counted = chunk_store_bytes(elems, o);
+  EXPECT_EQ(counted.slot, 2 * max_chunk);
+  EXPECT_EQ(counted.total(), 4 * 2 * max_chunk + 2 * 2 * static_cast<uint64_t>(ok.layout[0].numel));
+  o.prefetch_depth = 3;
+  o.micro_batches = 2;
+  EXPECT_EQ(chunk_store_bytes(elems, o).total(), 6 * 2 * max_chunk + 3 * 2 * static_cast<uint64_t>(ok.layout[0].numel));
+  o.resident_first = false;  // every chunk through the slots, nothing resident
+  EXPECT_EQ(chunk_store_bytes(elems, o).total(),
+            6 * 2 * std::max<uint64_t>(max_chunk, static_cast<uint64_t>(ok.layout[0].numel)));
 }
 
 // A chunk store with an optimizer stage on NVMe reporting to it: chunks of
