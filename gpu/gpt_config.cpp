@@ -148,4 +148,17 @@ int64_t block_activation_bytes_per_token(const GptConfig& c, int64_t elem_bytes)
   return 16 * c.hidden * elem_bytes + 4 * c.heads + 16;
 }
 
+GptStepBuffers gpt_step_buffers(const GptConfig& c, int64_t elem_bytes, int64_t batch, int64_t seq, int64_t pass,
+                                int64_t grad_accum, bool offload_inputs) {
+  GptStepBuffers b;
+  const auto N = static_cast<uint64_t>(batch * seq), V = static_cast<uint64_t>(pass);
+  b.input = N * static_cast<uint64_t>(c.hidden) * static_cast<uint64_t>(elem_bytes);
+  const auto kept = static_cast<uint64_t>(offload_inputs ? kOffloadedInputBuffers : c.layers + 1);
+  b.block_inputs = kept * V * b.input;
+  b.step = 2 * V * b.input + static_cast<uint64_t>(grad_accum) * 4 + 2 * V * N * 4;
+  b.embedding_gradients =
+      (V - 1) * static_cast<uint64_t>(embedding_layout(c).numel) * static_cast<uint64_t>(elem_bytes);
+  return b;
+}
+
 }  // namespace strata::gpu

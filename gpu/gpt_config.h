@@ -101,4 +101,30 @@ double training_flops_per_token(const GptConfig& config, int64_t seq, bool recom
 // C * elem_bytes per token.
 int64_t block_activation_bytes_per_token(const GptConfig& config, int64_t elem_bytes);
 
+// Device buffers for block inputs kept off the device by the streamed GPT
+// (models/gpt/session_gpt.cpp): backward computes from one while the next
+// comes back into the other; the last two inputs of forward never leave them.
+inline constexpr int64_t kOffloadedInputBuffers = 2;
+
+// The device bytes the streamed GPT keeps beside its ops' workspace for a
+// step of `grad_accum` micro-batches of batch x seq tokens, `pass` of them
+// at once (the vertical order; 1 otherwise), elements of `elem_bytes`.
+// models/gpt/session_gpt.cpp allocates exactly these, and the planner
+// (engine/plan.cpp) counts them from here.
+struct GptStepBuffers {
+  uint64_t input = 0;  // one block input of one micro-batch: batch * seq * C elements
+  // The kept block inputs of every micro-batch of the pass: all L + 1, or
+  // the kOffloadedInputBuffers in flight when they are offloaded.
+  uint64_t block_inputs = 0;
+  // The gradient flowing down (dx, dx_in) per micro-batch of the pass, the
+  // step's fp32 losses, the pass's int32 tokens and targets.
+  uint64_t step = 0;
+  // The embeddings' gradient of each micro-batch of the pass after the
+  // first (the first's is the chunk store's).
+  uint64_t embedding_gradients = 0;
+  uint64_t total() const { return block_inputs + step + embedding_gradients; }
+};
+GptStepBuffers gpt_step_buffers(const GptConfig& config, int64_t elem_bytes, int64_t batch, int64_t seq, int64_t pass,
+                                int64_t grad_accum, bool offload_inputs);
+
 }  // namespace strata::gpu

@@ -66,28 +66,25 @@ SessionGpt::~SessionGpt() {
 }
 
 // The model's device memory, from the session's budget: the ops'
-// workspace; per micro-batch of a pass its block inputs, the gradient
-// flowing down (dx, dx_in), its tokens and targets, and after the first its
-// own buffer for the embeddings' gradient; the step's losses.
+// workspace and the step's buffers, as gpu::gpt_step_buffers counts them
+// (the planner counts them there too).
 Status SessionGpt::allocate() {
   gpu::Device& dev = session_->device();
-  const int64_t N = options_.batch * options_.seq, L = options_.model.layers, V = pass_;
+  const int64_t N = options_.batch * options_.seq, V = pass_;
   STRATA_ASSIGN_OR_RETURN(ops_, dev.model_ops(options_.model, session_->precision()));
   STRATA_ASSIGN_OR_RETURN(compute_, dev.create_stream("model compute"));
   STRATA_ASSIGN_OR_RETURN(workspace_, ops_->workspace(options_.batch, options_.seq));
-  const int64_t kept = options_.offload_activations ? 2 : L + 1;
-  STRATA_ASSIGN_OR_RETURN(inputs_,
-                          session_->allocate_device(static_cast<uint64_t>(kept * V) * input_bytes(), "block inputs"));
-  const auto A = static_cast<uint64_t>(session_->options().grad_accum);
-  STRATA_ASSIGN_OR_RETURN(step_mem_, session_->allocate_device(static_cast<uint64_t>(2 * V) * input_bytes() + A * 4 +
-                                                                   static_cast<uint64_t>(2 * V * N) * 4,
-                                                               "block gradients, losses and tokens"));
-  loss_ = reinterpret_cast<float*>(step_mem_.as<uint8_t>() + static_cast<uint64_t>(2 * V) * input_bytes());
-  tokens_ = reinterpret_cast<int32_t*>(loss_ + A);
+  const gpu::GptStepBuffers b =
+      gpu::gpt_step_buffers(options_.model, static_cast<int64_t>(es_), options_.batch, options_.seq, V,
+                            session_->options().grad_accum, options_.offload_activations);
+  STRATA_ASSIGN_OR_RETURN(inputs_, session_->allocate_device(b.block_inputs, "block inputs"));
+  STRATA_ASSIGN_OR_RETURN(step_mem_, session_->allocate_device(b.step, "block gradients, losses and tokens"));
+  loss_ = reinterpret_cast<float*>(step_mem_.as<uint8_t>() + static_cast<uint64_t>(2 * V) * b.input);
+  tokens_ = reinterpret_cast<int32_t*>(loss_ + session_->options().grad_accum);
   targets_ = tokens_ + V * N;
-  if (V > 1) {
-    STRATA_ASSIGN_OR_RETURN(emb_grads_, session_->allocate_device(static_cast<uint64_t>(V - 1) * chunk_bytes(0),
-                                                                  "embedding gradients of a pass"));
+  if (b.embedding_gradients > 0) {
+    STRATA_ASSIGN_OR_RETURN(emb_grads_,
+                            session_->allocate_device(b.embedding_gradients, "embedding gradients of a pass"));
   }
   return ok_status();
 }
@@ -103,13 +100,14 @@ uint64_t SessionGpt::chunk_bytes(size_t chunk) const {
 // Block input l of a pass: its micro-batches' side by side (one save, one
 // load when offloaded).
 uint8_t* SessionGpt::input(int64_t m, int64_t l) const {
-  const int64_t slot = options_.offload_activations ? l % 2 : l;
+  const int64_t slot = options_.offload_activations ? l % gpu::kOffloadedInputBuffers : l;
   return inputs_.as<uint8_t>() + static_cast<uint64_t>(slot * pass_ + m) * input_bytes();
 }
 
-// Offloaded, block input l shares its device buffers with l + 2: each is
-// handed to the session once written, except the last two (L - 1 and L),
-// which forward leaves on the device for the head and the last block.
+// Offloaded, block input l shares its device buffers with l + 2 (there
+// are gpu::kOffloadedInputBuffers): each is handed to the session once
+// written, except the last two (L - 1 and L), which forward leaves on the
+// device for the head and the last block.
 Status SessionGpt::save_input(int64_t l) {
   if (!options_.offload_activations || l >= options_.model.layers - 1) return ok_status();
   STRATA_RETURN_IF_ERROR(session_->device().synchronize(compute_));  // the block that wrote it
