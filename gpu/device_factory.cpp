@@ -1,9 +1,10 @@
 #include "gpu/device_factory.h"
 
+#include "gpu/cuda/workspace.h"
+#include "gpu/device_info.h"
 #include "gpu/host/gpt.h"
 #include "gpu/host/host_device.h"
 #include "gpu/host/ops.h"
-#include "gpu/device_info.h"
 
 namespace strata::gpu {
 
@@ -39,11 +40,10 @@ WorkspaceBytes model_ops_workspace(Backend backend, const GptConfig& config, DTy
     // fp32 whatever the storage type: the host ops compute in fp32.
     return {acts * 4, HostDevice::model_ops_workspace_bytes(config, dtype, batch, seq)};
   }
-  // CUDA keeps the same tensors in the storage type, and the head's rows
-  // and statistics: LayerNorm output and its gradient, the logits chunk,
-  // row statistics (cuda/model_ops.cpp).
-  const uint64_t c = dtype_bytes(dtype), N = static_cast<uint64_t>(batch * seq), C = static_cast<uint64_t>(config.hidden);
-  return {acts * c, acts * c + (4 * N * C + 3 * N + 1) * c + 2 * N * 4};
+  // CUDA: one block's buffers and the head's, in the storage type.
+  const cuda::CudaWorkspaceBytes cuda =
+      cuda::cuda_workspace_bytes(config, static_cast<int64_t>(dtype_bytes(dtype)), batch, seq);
+  return {cuda.block, cuda.total()};
 }
 
 }  // namespace strata::gpu

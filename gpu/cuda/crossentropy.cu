@@ -87,8 +87,6 @@ __global__ void dlogits_kernel(T* l, const float* lse, const int32_t* targets, f
 
 }  // namespace
 
-int64_t crossentropy_workspace_floats(int64_t N) { return kCeRows * kCeCols + 4 * N; }
-
 template <class T>
 Status crossentropy_forward(const BlasContext& ctx, cudaStream_t s, float* loss_out, float* lse, float* workspace,
                             const T* x, const T* wte, const int32_t* targets, int64_t N, int64_t C, int64_t V) {

@@ -31,13 +31,7 @@ class CudaModelOps final : public ModelOps {
   const GptConfig& config() const override { return config_; }
 
   uint64_t workspace_bytes(int64_t B, int64_t seq) const override {
-    const uint64_t N = static_cast<uint64_t>(B * seq), C = static_cast<uint64_t>(config_.hidden), e = sizeof(T);
-    const uint64_t rows = static_cast<uint64_t>(B * config_.heads * seq);
-    // BlockBuffers: 31 [N,C]-sized tensors in T (kept, scratch, gradients),
-    // 4 LayerNorm statistics per row, lse and row terms per (head, row).
-    const uint64_t block = 31 * N * C * e + 4 * N * 4 + 2 * rows * 4;
-    const uint64_t head = 2 * N * C * e + 3 * N * 4 + static_cast<uint64_t>(crossentropy_workspace_floats(B * seq)) * 4;
-    return block + head;
+    return cuda_workspace_bytes(config_, sizeof(T), B, seq).total();
   }
 
   Result<std::unique_ptr<Workspace>> workspace(int64_t B, int64_t seq) override {

@@ -4,7 +4,7 @@
 
 #include "common/units.h"
 #include "cpu_optim/dtype.h"
-#include "gpu/host/gpt.h"
+#include "gpu/gpt_config.h"
 
 namespace strata::engine {
 namespace {
@@ -40,13 +40,15 @@ TEST(Plan, EstimateCountsEveryByteByTier) {
   EXPECT_EQ(resident.host.model_states, padded * 2 + padded * 2 + padded * 12);
   EXPECT_EQ(resident.device.buffers, 2 * block_chunk * 2 + emb * 2);  // gradient staging, the embedding's gradient
   EXPECT_EQ(resident.device_chunk_buffers, 0);
-  // checkpoints: (L + 1) * tokens * C * 2 bytes; one block's working set
+  // checkpoints: (L + 1) * tokens * C * 2 bytes; one block's buffers on
+  // CUDA: 31 [N, C] bf16 tensors, 4 fp32 LayerNorm statistics per row, two
+  // fp32 attention row terms per (sequence, head, row)
   const uint64_t ckpt = 13ull * N * C * 2;
-  const uint64_t working =
-      static_cast<uint64_t>(gpu::host::BlockActivations<float>::elements(s.model, 2, 1024)) * 2;
+  const uint64_t working = 31 * N * C * 2 + 4 * N * 4 + 2 * (2 * 12 * 1024) * 4;
   EXPECT_EQ(resident.device.activations, ckpt + working);
-  // the head's rows, dx and dx_in, the loss; int32 tokens and targets
-  EXPECT_EQ(resident.device.io_buffers, (4 * N * C + 3 * N + 1) * 2 + 2 * N * 4);
+  // the head: ln_f's output and gradient, 3 fp32 row terms, the loss's
+  // 256 x 4096 fp32 logits tile and 4 fp32 terms per row
+  EXPECT_EQ(resident.device.io_buffers, 2 * N * C * 2 + 3 * N * 4 + (256 * 4096 + 4 * N) * 4);
   Plan streamed = estimate(s, {Tier::kHost, Tier::kNvme, Tier::kNvme, 3}, Bandwidths{});
   EXPECT_EQ(streamed.device_chunk_buffers, 4);
   EXPECT_EQ(streamed.device.buffers, (4 + 2) * block_chunk * 2);

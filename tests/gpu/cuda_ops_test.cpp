@@ -17,6 +17,7 @@
 #include "gpu/cuda/block.h"
 #include "gpu/cuda/cuda_device.h"
 #include "gpu/cuda/ops.h"
+#include "gpu/device_factory.h"
 #include "gpu/host/gpt.h"
 #include "gpu/host/ops.h"
 #include "gpu/model_ops.h"
@@ -465,6 +466,23 @@ TEST_P(CudaModelOpsTest, AStepMatchesTheHostModel) {
   for (size_t i = 0; i < g.size(); ++i) {
     EXPECT_LT(testing::relative_error(testing::values_of(g[i], dt), g_ref[i]), tol) << "chunk " << i;
   }
+}
+
+// The planner counts the CUDA workspace without a device
+// (gpu::model_ops_workspace); what the ops allocate is that count, in
+// every storage type.
+TEST_P(CudaModelOpsTest, TheWorkspaceTakesWhatThePlannerCounts) {
+  GptConfig c;
+  c.layers = 2, c.hidden = 64, c.heads = 2, c.vocab = 300, c.max_seq = 40;
+  Result<std::unique_ptr<ModelOps>> ops = dev_->model_ops(c, GetParam());
+  ASSERT_TRUE(ops) << ops.error().to_string();
+  const uint64_t counted = model_ops_workspace(Backend::kCuda, c, GetParam(), 3, 40).total;
+  EXPECT_EQ((*ops)->workspace_bytes(3, 40), counted);
+  const uint64_t before = dev_->used_bytes();
+  Result<std::unique_ptr<ModelOps::Workspace>> ws = (*ops)->workspace(3, 40);
+  ASSERT_TRUE(ws) << ws.error().to_string();
+  EXPECT_GE(dev_->used_bytes() - before, counted);
+  EXPECT_LT(dev_->used_bytes() - before, counted + 30 * 256) << "beyond the allocations' alignment";
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, CudaModelOpsTest, ::testing::Values(DType::kF32, DType::kBF16, DType::kF16),
