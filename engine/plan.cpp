@@ -6,6 +6,7 @@
 
 #include "common/units.h"
 #include "cpu_optim/dtype.h"
+#include "engine/chunk_store.h"
 #include "engine/host_count.h"
 #include "gpu/device_factory.h"
 
@@ -45,8 +46,6 @@ Sizes sizes_of(const TrainSetup& s, const std::vector<int64_t>& chunk_elems) {
   z.checkpoints = static_cast<uint64_t>((s.model.layers + 1) * z.tokens * s.model.hidden) * z.c;
   return z;
 }
-
-TierBytes& tier(Plan& p, Tier t) { return t == Tier::kDevice ? p.device : (t == Tier::kHost ? p.host : p.nvme); }
 
 }  // namespace
 
@@ -175,63 +174,52 @@ uint64_t padded(uint64_t bytes) {
   return round_up(bytes, uint64_t{4096});
 }
 
-// Device: weights (resident, or prefetch buffers), gradient staging, the
-// working set of one block (forward-saved tensors and backward scratch:
-// the model ops' workspace, gpu::host::BlockActivations on the host
-// backend), the final LayerNorm and loss rows, and the block-input
-// checkpoints (kCheckpointBuffers in-flight buffers when they live
-// elsewhere). When weights stream, the embedding chunk stays resident with
-// its gradient (used at both ends of the step) and the chunk buffers are
-// sized by the largest other chunk. This is what the session's chunk store
-// and the GPT on it (models/gpt/session_gpt.cpp) allocate; a test holds the
-// two within 5%.
+// Device: what the session's chunk store (engine/chunk_store.h), the model
+// ops' workspace (gpu/device_factory.h) and the GPT on the session
+// (gpu::gpt_step_buffers) allocate, each counted by the function its
+// allocator sizes itself with. Resident weights are a store whose depth
+// holds every chunk; streamed, its weight slots are the chunk buffers. The
+// embedding chunk stays resident with its gradients (used at both ends of
+// the step). A test holds the count to what a run measures.
 void count_device(const Counting& k, Plan& p) {
   const TrainSetup& s = k.s;
   const Placement& pl = k.pl;
-  const Sizes& z = k.z;
-  uint64_t block_chunk = 0;
-  for (size_t i = 1; i < k.layout.size(); ++i) {
-    block_chunk = std::max<uint64_t>(block_chunk, static_cast<uint64_t>(k.layout[i]));
-  }
-  // Both are the streamed model: depth + 1 weight slots of the largest
-  // non-embedding chunk (resident: depth L, a slot for each of the L + 1
-  // non-embedding chunks), two gradient slots, and the embedding and its
-  // gradient in their own buffers. Resident, the slots and the embedding
-  // count as the weights, streamed as buffers.
   const bool resident = pl.weights == Tier::kDevice;
-  const uint64_t slots = static_cast<uint64_t>(resident ? s.model.layers : pl.prefetch_depth) + 1;
-  const uint64_t emb_bytes = static_cast<uint64_t>(k.layout[0]) * z.c;
-  const uint64_t slot_bytes = slots * block_chunk * z.c, grad_slot_bytes = 2 * block_chunk * z.c;
+  ChunkStoreOptions so;
+  so.prefetch_depth = resident ? static_cast<int>(s.model.layers) : pl.prefetch_depth;
+  so.dtype = s.compute;
+  so.resident_first = true;
+  const ChunkStoreBytes store = chunk_store_bytes(k.layout, so);
+  const gpu::GptStepBuffers step =
+      gpu::gpt_step_buffers(s.model, static_cast<int64_t>(k.z.c), s.micro_batch, s.seq, static_cast<int64_t>(k.V),
+                            s.grad_accum, pl.checkpoints != Tier::kDevice);
+  const uint64_t embedding = store.resident + store.resident_gradients + step.embedding_gradients;
   if (resident) {
-    p.device.model_states += slot_bytes + emb_bytes;
-    p.device.buffers += grad_slot_bytes + k.V * emb_bytes;
+    p.device.model_states += store.slots() + store.resident;
+    p.device.buffers += store.gradient_slot_bytes() + store.resident_gradients + step.embedding_gradients;
   } else {
-    p.device_chunk_buffers = static_cast<int>(slots);
-    p.device.buffers += slot_bytes + grad_slot_bytes;
-    p.device.model_states += (1 + k.V) * emb_bytes;
+    p.device_chunk_buffers = store.weight_slots;
+    p.device.buffers += store.slots() + store.gradient_slot_bytes();
+    p.device.model_states += embedding;
   }
-  const auto N = static_cast<uint64_t>(z.tokens);
-  const auto C = static_cast<uint64_t>(s.model.hidden);
-  // The model ops' workspace: one block's working set (activations) and
-  // the head's rows and statistics (io buffers); beside it the step's dx
-  // and dx_in, the loss, and the tokens and targets (int32), per
-  // micro-batch of a pass. Each backend says what its workspace takes
-  // (gpu/device_factory.h).
-  const uint64_t per_micro_batch = 2 * N * C * z.c + (1 + 2 * N) * 4;
+  // The workspace: one block's working set (activations) and the head's
+  // rows and statistics (io buffers); beside it the kept block inputs and
+  // the step's gradients, losses and tokens.
   const gpu::WorkspaceBytes ws = gpu::model_ops_workspace(s.host_backend ? gpu::Backend::kHost : gpu::Backend::kCuda,
                                                           s.model, s.compute, s.micro_batch, s.seq);
-  p.device.activations += ws.activations;
-  // The host backend keeps every micro-batch's dx, loss and tokens; CUDA
-  // one of them in its workspace.
-  p.device.io_buffers += ws.total - ws.activations + (s.host_backend ? k.V : k.V - 1) * per_micro_batch;
-  if (pl.checkpoints == Tier::kNvme) {
-    // The last kCheckpointBuffers block inputs never leave the device buffers.
-    p.nvme.activations += static_cast<uint64_t>(std::max<int64_t>(s.model.layers + 1 - kCheckpointBuffers, 0)) *
-                          padded(k.ckpt_group_bytes);
-  } else {
-    tier(p, pl.checkpoints).activations += z.checkpoints * k.V;
+  p.device.activations += ws.activations + step.block_inputs;
+  p.device.io_buffers += ws.total - ws.activations + step.step;
+  // Offloaded, the last kOffloadedInputBuffers block inputs of a pass never
+  // leave the device; the others are saved once each (one NVMe blob per
+  // group of the pass's micro-batches).
+  if (pl.checkpoints != Tier::kDevice) {
+    const auto saved = static_cast<uint64_t>(std::max<int64_t>(s.model.layers + 1 - gpu::kOffloadedInputBuffers, 0));
+    if (pl.checkpoints == Tier::kNvme) {
+      p.nvme.activations += saved * padded(k.ckpt_group_bytes);
+    } else {
+      p.host.activations += saved * k.ckpt_group_bytes;
+    }
   }
-  if (pl.checkpoints != Tier::kDevice) p.device.activations += kCheckpointBuffers * k.ckpt_group_bytes;
 }
 
 // The bytes of one NVMe blob per piece of every chunk at `bytes_per_param`:

@@ -102,11 +102,6 @@ int64_t max_state_piece(const std::vector<int64_t>& chunk_elems, int64_t piece_e
 // one piece's state: state_piece_sizes): one holds the write behind, the
 // rest read ahead.
 inline constexpr int kStateStagingBuffers = 4;
-// Device buffers for block-input checkpoints kept off the device (the
-// GPT on the session, models/gpt/session_gpt.cpp): backward computes from
-// one while the next comes back into the other (prefetch_activation); the
-// last two inputs of forward never leave them.
-inline constexpr int kCheckpointBuffers = 2;
 // Host staging buffers of activation checkpoints on NVMe: two for writes
 // in flight, two for prefetched reads (the session's).
 inline constexpr int kActivationStagingBuffers = 4;

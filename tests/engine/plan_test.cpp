@@ -47,8 +47,10 @@ TEST(Plan, EstimateCountsEveryByteByTier) {
   const uint64_t working = 31 * N * C * 2 + 4 * N * 4 + 2 * (2 * 12 * 1024) * 4;
   EXPECT_EQ(resident.device.activations, ckpt + working);
   // the head: ln_f's output and gradient, 3 fp32 row terms, the loss's
-  // 256 x 4096 fp32 logits tile and 4 fp32 terms per row
-  EXPECT_EQ(resident.device.io_buffers, 2 * N * C * 2 + 3 * N * 4 + (256 * 4096 + 4 * N) * 4);
+  // 256 x 4096 fp32 logits tile and 4 fp32 terms per row; beside it the
+  // step's dx and dx_in, its fp32 loss, the int32 tokens and targets
+  const uint64_t head = 2 * N * C * 2 + 3 * N * 4 + (256 * 4096 + 4 * N) * 4;
+  EXPECT_EQ(resident.device.io_buffers, head + 2 * N * C * 2 + 4 + 2 * N * 4);
   Plan streamed = estimate(s, {Tier::kHost, Tier::kNvme, Tier::kNvme, 3}, Bandwidths{});
   EXPECT_EQ(streamed.device_chunk_buffers, 4);
   EXPECT_EQ(streamed.device.buffers, (4 + 2) * block_chunk * 2);
@@ -437,7 +439,7 @@ TEST(Plan, ChoosesTheVerticalOrderWhenTheWeightsLinkIsSlowestAndItFits) {
 }
 
 // Where the device cannot hold every micro-batch's checkpoints, the
-// vertical order keeps them on the host (kCheckpointBuffers groups in
+// vertical order keeps them on the host (gpu::kOffloadedInputBuffers groups in
 // flight on the device): all 8 micro-batches in one pass, where with the
 // checkpoints on the device only passes of 4 would fit — the weights cross
 // the slow link once a step instead of twice.
