@@ -57,11 +57,13 @@ ChunkStoreBytes chunk_store_bytes(const std::vector<int64_t>& chunk_elems, const
   for (size_t i = options.resident_first ? 1 : 0; i < chunk_elems.size(); ++i) {
     max_chunk = std::max(max_chunk, chunk_elems[i]);
   }
-  b.slot = static_cast<uint64_t>(max_chunk) * es;
+  // Each allocation as the device charges it (whole allocation units).
+  b.slot = gpu::device_allocation_bytes(static_cast<uint64_t>(max_chunk) * es);
   b.weight_slots = options.prefetch_depth + 1;
   if (options.resident_first && !chunk_elems.empty()) {
-    b.resident = static_cast<uint64_t>(chunk_elems[0]) * es;
-    b.resident_gradients = b.resident * static_cast<uint64_t>(options.micro_batches);
+    const uint64_t first = static_cast<uint64_t>(chunk_elems[0]) * es;
+    b.resident = gpu::device_allocation_bytes(first);
+    b.resident_gradients = gpu::device_allocation_bytes(first * static_cast<uint64_t>(options.micro_batches));
   }
   return b;
 }

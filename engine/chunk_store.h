@@ -101,6 +101,7 @@ struct ChunkStoreOptions {
 // ChunkStore::create allocates exactly these, and the planner counts them
 // from here.
 struct ChunkStoreBytes {
+  // Each allocation's bytes as the device charges them (gpu::device_allocation_bytes).
   uint64_t slot = 0;     // one weight or gradient slot: the largest chunk the slots serve
   int weight_slots = 0;  // prefetch_depth + 1
   int gradient_slots = 2;

@@ -20,6 +20,7 @@
 #include <string_view>
 
 #include "common/status.h"
+#include "common/units.h"
 
 namespace strata::gpu {
 
@@ -64,6 +65,14 @@ struct Stream {
 struct Event {
   int64_t id = -1;
 };
+
+// Every allocation takes whole units of this many bytes (cudaMalloc's
+// granularity, and the host backend's default alignment): what a budget is
+// charged for `bytes`, and what a planner counts.
+inline constexpr uint64_t kDeviceAllocationAlignment = 256;
+inline constexpr uint64_t device_allocation_bytes(uint64_t bytes) {
+  return round_up(bytes == 0 ? 1 : bytes, kDeviceAllocationAlignment);
+}
 
 class Device {
  public:

@@ -70,7 +70,7 @@ CudaDevice::~CudaDevice() {
 }
 
 Result<DeviceMemory> CudaDevice::allocate(uint64_t bytes, std::string_view what) {
-  uint64_t rounded = round_up(bytes == 0 ? 1 : bytes, 256);
+  const uint64_t rounded = device_allocation_bytes(bytes);
   STRATA_RETURN_IF_ERROR(budget_->charge(rounded, what));
   void* data = nullptr;
   cudaError_t err = cudaMalloc(&data, rounded);

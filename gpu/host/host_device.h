@@ -28,7 +28,7 @@ struct HostDeviceOptions {
   uint64_t capacity_bytes = 0;   // the simulated device memory budget (> 0, or kNoCap)
   uint32_t max_streams = 8;
   uint32_t max_queued = 4096;    // tasks queued per stream; more is ResourceExhausted
-  uint64_t alignment = 256;      // of every allocation (like cudaMalloc's)
+  uint64_t alignment = kDeviceAllocationAlignment;  // of every allocation (like cudaMalloc's)
 };
 
 class HostDevice final : public Device {

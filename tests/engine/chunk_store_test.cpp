@@ -305,21 +305,21 @@ TEST(ChunkStore, ItsDeviceBuffersComeFromTheBudget) {
   auto granule = [](uint64_t bytes) { return (bytes + 255) / 256 * 256; };
   EXPECT_EQ(ok.device->used_bytes(), 4 * granule(2 * max_chunk) + 2 * granule(2 * static_cast<uint64_t>(ok.layout[0].numel)));
 
-  // The count the planner takes (chunk_store_bytes) is the same, before
-  // the granule.
+  // The count the planner takes (chunk_store_bytes) is the same, granule
+  // included.
   std::vector<int64_t> elems;
   for (const gpu::ChunkLayout& chunk : ok.layout) elems.push_back(chunk.numel);
   ChunkStoreOptions o;
   o.dtype = DType::kBF16;
   const ChunkStoreBytes counted = chunk_store_bytes(elems, o);
-  EXPECT_EQ(counted.slot, 2 * max_chunk);
-  EXPECT_EQ(counted.total(), 4 * 2 * max_chunk + 2 * 2 * static_cast<uint64_t>(ok.layout[0].numel));
+  const uint64_t emb = 2 * static_cast<uint64_t>(ok.layout[0].numel);
+  EXPECT_EQ(counted.slot, granule(2 * max_chunk));
+  EXPECT_EQ(counted.total(), ok.device->used_bytes());
   o.prefetch_depth = 3;
   o.micro_batches = 2;
-  EXPECT_EQ(chunk_store_bytes(elems, o).total(), 6 * 2 * max_chunk + 3 * 2 * static_cast<uint64_t>(ok.layout[0].numel));
+  EXPECT_EQ(chunk_store_bytes(elems, o).total(), 6 * granule(2 * max_chunk) + granule(emb) + granule(2 * emb));
   o.resident_first = false;  // every chunk through the slots, nothing resident
-  EXPECT_EQ(chunk_store_bytes(elems, o).total(),
-            6 * 2 * std::max<uint64_t>(max_chunk, static_cast<uint64_t>(ok.layout[0].numel)));
+  EXPECT_EQ(chunk_store_bytes(elems, o).total(), 6 * granule(2 * std::max<uint64_t>(max_chunk, emb / 2)));
 }
 
 // A chunk store with an optimizer stage on NVMe reporting to it: chunks of
