@@ -17,6 +17,8 @@
 #include "bench/bench_util.h"
 #include "common/units.h"
 #include "engine/plan.h"
+#include "gpu/gpt_config.h"
+#include "models/gpt/gpt_plan_model.h"
 
 namespace {
 
@@ -34,9 +36,8 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 
 engine::TrainSetup medium_at(int64_t micro_batch) {
   engine::TrainSetup s;
-  s.model = gpu::gpt2_config("medium");
+  s.model = engine::gpt_plan_model(gpu::gpt2_config("medium"), 1024);
   s.micro_batch = micro_batch;
-  s.seq = 1024;
   s.host_backend = true;
   return s;
 }
@@ -51,12 +52,13 @@ Case random_case(std::mt19937_64& rng, int index) {
   Case c;
   c.name = "random " + std::to_string(index);
   engine::TrainSetup& s = c.setup;
-  s.model.layers = log_uniform(rng, 1, 256);
-  s.model.heads = log_uniform(rng, 1, 64);
-  s.model.hidden = s.model.heads * (rng() % 2 ? 64 : 128);
-  s.model.vocab = log_uniform(rng, 2, 1 << 17);
-  s.model.max_seq = log_uniform(rng, 1, 1 << 14);
-  s.seq = log_uniform(rng, 1, s.model.max_seq);
+  gpu::GptConfig m;
+  m.layers = log_uniform(rng, 1, 256);
+  m.heads = log_uniform(rng, 1, 64);
+  m.hidden = m.heads * (rng() % 2 ? 64 : 128);
+  m.vocab = log_uniform(rng, 2, 1 << 17);
+  m.max_seq = log_uniform(rng, 1, 1 << 14);
+  s.model = engine::gpt_plan_model(m, log_uniform(rng, 1, m.max_seq));
   s.micro_batch = log_uniform(rng, 1, 1 << 20);
   s.grad_accum = log_uniform(rng, 1, 1 << 20);
   s.host_backend = rng() % 2 == 0;

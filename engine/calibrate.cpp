@@ -88,20 +88,17 @@ Result<std::pair<double, double>> measure_nvme(const std::vector<std::string>& p
 
 Result<Bandwidths> measure_bandwidths(gpu::Device& device, const TrainSetup& setup, const CalibrateOptions& options) {
   Bandwidths bw;
-  gpu::GptConfig block = setup.model;
-  block.hidden = std::min<int64_t>(block.hidden, 2048);
-  block.heads = std::max<int64_t>(1, std::min(block.heads, block.hidden / 64));
-  if (block.hidden % block.heads != 0) block.heads = 1;
-  block.layers = 1;
-  STRATA_ASSIGN_OR_RETURN(double flops, gpu::measure_block_flops(device, block, setup.compute, setup.micro_batch,
-                                                                 setup.seq, options.seconds_each));
+  if (setup.model == nullptr) return invalid_argument("calibrate: no model to measure");
+  STRATA_ASSIGN_OR_RETURN(double flops,
+                          setup.model->measure_flops(device, setup.compute, setup.micro_batch, options.seconds_each));
   bw.device_tflops = flops / 1e12;
   const uint64_t copy_bytes = std::min<uint64_t>(uint64_t{16} << 20, std::max<uint64_t>(device.capacity_bytes() / 4, 1 << 20));
   STRATA_ASSIGN_OR_RETURN(double copy, gpu::measure_copy_rate(device, copy_bytes, options.seconds_each / 3));
   bw.h2d_gbps = copy / 1e9;
   bw.d2h_gbps = copy / 1e9;
-  STRATA_ASSIGN_OR_RETURN(bw.cpu_optimizer_params_per_s,
-                          measure_optimizer(gpu::parameter_count(setup.model), options.optimizer_threads, options.seconds_each));
+  STRATA_ASSIGN_OR_RETURN(
+      bw.cpu_optimizer_params_per_s,
+      measure_optimizer(setup.model->parameters(), options.optimizer_threads, options.seconds_each));
   bw.shares_host_cores = options.host_backend;
   const char* nvme_source = "defaults";
   if (!options.nvme_paths.empty()) {
@@ -112,10 +109,10 @@ Result<Bandwidths> measure_bandwidths(gpu::Device& device, const TrainSetup& set
   }
   char text[320];
   std::snprintf(text, sizeof text,
-                "measured on %s: compute %.1f GFLOP/s (a block of width %lld), copies %.1f GB/s, CPU optimizer "
+                "measured on %s: compute %.1f GFLOP/s (the model's own ops), copies %.1f GB/s, CPU optimizer "
                 "%.0f M params/s; NVMe %.2f/%.2f GB/s read/write (%s)",
-                std::string(device.name()).c_str(), flops / 1e9, static_cast<long long>(block.hidden), copy / 1e9,
-                bw.cpu_optimizer_params_per_s / 1e6, bw.nvme_read_gbps, bw.nvme_write_gbps, nvme_source);
+                std::string(device.name()).c_str(), flops / 1e9, copy / 1e9, bw.cpu_optimizer_params_per_s / 1e6,
+                bw.nvme_read_gbps, bw.nvme_write_gbps, nvme_source);
   bw.source = text;
   return bw;
 }

@@ -1,7 +1,7 @@
 // The planner's rates for this machine, measured in about a second: the
-// device's sustained FLOP rate on one block of the run's model through its
-// own ops, its host->device copy rate, and the CPU optimizer's parameters
-// per second (AdamW over fp32 states, with the run's threads); with NVMe
+// device's sustained FLOP rate on the run's model through its own ops, its
+// host->device copy rate, and the CPU optimizer's parameters per second
+// (AdamW over fp32 states, with the run's threads); with NVMe
 // directories, their O_DIRECT write and read rates through the swap store
 // (64 MiB each way, striped as the engine stripes).
 // Without this the planner divides by a GPU server's defaults, which on the
@@ -24,10 +24,10 @@ struct CalibrateOptions {
   std::vector<std::string> nvme_paths;  // empty: Bandwidths' NVMe figures are kept
 };
 
-// Measures `device` for `setup`'s model (a block of its width at its
-// micro-batch and sequence length; a width above 2048 is measured at 2048,
-// where GEMMs are long since at their peak) and the CPU optimizer. The
-// device needs room for one block's weights, gradients and workspace.
+// Measures `device` for `setup`'s model (its own measure of its compute at
+// the run's micro-batch: PlanModel::measure_flops; the built-in GPT's is a
+// block of its width) and the CPU optimizer over its parameters. The device
+// needs room for what the model measures with.
 Result<Bandwidths> measure_bandwidths(gpu::Device& device, const TrainSetup& setup, const CalibrateOptions& options);
 
 }  // namespace strata::engine

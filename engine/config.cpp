@@ -180,14 +180,14 @@ Status read_model(Reader& top, EngineConfig& c) {
   STRATA_ASSIGN_OR_RETURN(Reader m, top.object("model"));
   std::string preset;
   STRATA_RETURN_IF_ERROR(m.get_choice("preset", &preset, {"gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl"}));
-  if (!preset.empty()) c.setup.model = gpu::gpt2_config(preset.substr(5));
-  STRATA_RETURN_IF_ERROR(m.get_int("layers", &c.setup.model.layers, 1, 4096));
-  STRATA_RETURN_IF_ERROR(m.get_int("hidden", &c.setup.model.hidden, 1, 1 << 20));
-  STRATA_RETURN_IF_ERROR(m.get_int("heads", &c.setup.model.heads, 1, 1 << 16));
-  STRATA_RETURN_IF_ERROR(m.get_int("vocab", &c.setup.model.vocab, 2, 1 << 24));
-  STRATA_RETURN_IF_ERROR(m.get_int("max_seq", &c.setup.model.max_seq, 1, 1 << 20));
+  if (!preset.empty()) c.model = gpu::gpt2_config(preset.substr(5));
+  STRATA_RETURN_IF_ERROR(m.get_int("layers", &c.model.layers, 1, 4096));
+  STRATA_RETURN_IF_ERROR(m.get_int("hidden", &c.model.hidden, 1, 1 << 20));
+  STRATA_RETURN_IF_ERROR(m.get_int("heads", &c.model.heads, 1, 1 << 16));
+  STRATA_RETURN_IF_ERROR(m.get_int("vocab", &c.model.vocab, 2, 1 << 24));
+  STRATA_RETURN_IF_ERROR(m.get_int("max_seq", &c.model.max_seq, 1, 1 << 20));
   m.finish();
-  return c.setup.model.validate().with_context("config key model");
+  return c.model.validate().with_context("config key model");
 }
 
 Status read_optimizer(Reader& top, EngineConfig& c) {
@@ -476,7 +476,7 @@ Status read_native(Reader& top, EngineConfig& c) {
   if (top.has("batch")) {
     STRATA_ASSIGN_OR_RETURN(Reader b, top.object("batch"));
     STRATA_RETURN_IF_ERROR(b.get_int("micro_batch", &c.setup.micro_batch, 1, 1 << 20));
-    STRATA_RETURN_IF_ERROR(b.get_int("seq", &c.setup.seq, 1, 1 << 20));
+    STRATA_RETURN_IF_ERROR(b.get_int("seq", &c.seq, 1, 1 << 20));
     STRATA_RETURN_IF_ERROR(b.get_int("grad_accum", &c.setup.grad_accum, 1, 1 << 20));
     STRATA_RETURN_IF_ERROR(b.get_bool("vertical", &c.vertical_accumulation));
     b.finish();
@@ -555,16 +555,16 @@ Result<EngineConfig> parse_config(const nlohmann::json& j, std::vector<std::stri
   if (warnings == nullptr) warnings = &local;
   if (!j.is_object()) return invalid_argument("config: expected a JSON object at the top level");
   EngineConfig c;
-  c.setup.model = gpu::gpt2_config("small");
+  c.model = gpu::gpt2_config("small");
   Reader top(j, "", warnings, keys_asked);
   STRATA_RETURN_IF_ERROR(read_native(top, c));
   STRATA_RETURN_IF_ERROR(read_deepspeed(top, c));
   STRATA_RETURN_IF_ERROR(read_optimizer(top, c));
   STRATA_RETURN_IF_ERROR(read_schedule(top, c));
   top.finish();
-  if (c.setup.seq > c.setup.model.max_seq) {
-    return invalid_argument("config key batch.seq: " + std::to_string(c.setup.seq) + " exceeds model.max_seq " +
-                            std::to_string(c.setup.model.max_seq));
+  if (c.seq > c.model.max_seq) {
+    return invalid_argument("config key batch.seq: " + std::to_string(c.seq) + " exceeds model.max_seq " +
+                            std::to_string(c.model.max_seq));
   }
   if (c.nvme_paths.empty()) c.nvme_paths = nvme_paths;
   const bool nvme_used = c.constraints.weights == Tier::kNvme || c.constraints.states == Tier::kNvme ||

@@ -18,6 +18,7 @@
 #include "cpu_optim/dtype.h"
 #include "engine/lr_schedule.h"
 #include "engine/plan.h"
+#include "gpu/gpt_config.h"
 
 namespace strata::engine {
 
@@ -52,7 +53,12 @@ struct SessionSpec {
 };
 
 struct EngineConfig {
-  TrainSetup setup;
+  // The built-in GPT's shape (key "model") and sequence length
+  // ("batch.seq"): what the trainer and the `strata` command train. A
+  // session with a model of its own reads neither.
+  gpu::GptConfig model;
+  int64_t seq = 1024;
+  TrainSetup setup;  // the rest of the run's shape; its model is the trainer's to set
   Budgets budgets;
   Constraints constraints;
   std::vector<std::string> nvme_paths;

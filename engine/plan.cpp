@@ -8,7 +8,6 @@
 #include "cpu_optim/dtype.h"
 #include "engine/chunk_store.h"
 #include "engine/host_count.h"
-#include "gpu/device_factory.h"
 
 namespace strata::engine {
 namespace {
@@ -16,34 +15,16 @@ namespace {
 struct Sizes {
   int64_t params = 0;         // parameters (unpadded)
   uint64_t padded = 0;        // elements of all chunks, padding included
-  uint64_t max_chunk = 0;     // elements of the largest chunk
   uint64_t c = 2;             // bytes of a low-precision element
-  int64_t tokens = 0;         // per micro-batch
-  uint64_t checkpoints = 0;   // bytes of all block-input checkpoints of one micro-batch
+  ModelCheckpoints ckpt;      // one micro-batch's activation checkpoints
 };
-
-// Every chunk's element count in model order (embedding, blocks, final),
-// as gpu::model_layout pads them, without building the tensors' names: the
-// planner estimates thousands of placements per answer.
-std::vector<int64_t> chunk_elems_of(const gpu::GptConfig& model) {
-  const gpu::EndOffsets ends = gpu::end_offsets(model);
-  std::vector<int64_t> elems(static_cast<size_t>(model.layers) + 2, ends.block_numel);
-  elems.front() = gpu::embedding_layout(model).numel;
-  elems.back() = ends.final_numel;
-  return elems;
-}
 
 Sizes sizes_of(const TrainSetup& s, const std::vector<int64_t>& chunk_elems) {
   Sizes z;
-  z.params = gpu::parameter_count(s.model);
-  for (int64_t n : chunk_elems) {
-    z.padded += static_cast<uint64_t>(n);
-    z.max_chunk = std::max<uint64_t>(z.max_chunk, static_cast<uint64_t>(n));
-  }
+  z.params = s.model->parameters();
+  for (int64_t n : chunk_elems) z.padded += static_cast<uint64_t>(n);
   z.c = dtype_bytes(s.compute);
-  z.tokens = s.micro_batch * s.seq;
-  // The embedding output and every block's output: L + 1 block inputs.
-  z.checkpoints = static_cast<uint64_t>((s.model.layers + 1) * z.tokens * s.model.hidden) * z.c;
+  z.ckpt = s.model->checkpoints(s.micro_batch, s.compute);
   return z;
 }
 
@@ -151,7 +132,7 @@ namespace {
 struct Counting {
   const TrainSetup& s;
   const Placement& pl;
-  std::vector<int64_t> layout;  // chunk_elems_of(s.model)
+  const std::vector<int64_t>& layout;  // the model's chunk_elems()
   Sizes z;
   double state_bytes = 0;  // per parameter: the fp32 master weights, m and v
   // Micro-batches per pass of the streamed model: a group of them (all, or
@@ -174,52 +155,46 @@ uint64_t padded(uint64_t bytes) {
   return round_up(bytes, uint64_t{4096});
 }
 
-// Device: what the session's chunk store (engine/chunk_store.h), the model
-// ops' workspace (gpu/device_factory.h) and the GPT on the session
-// (gpu::gpt_step_buffers) allocate, each counted by the function its
-// allocator sizes itself with. Resident weights are a store whose depth
-// holds every chunk; streamed, its weight slots are the chunk buffers. The
-// embedding chunk stays resident with its gradients (used at both ends of
-// the step). A test holds the count to what a run measures.
+// Device: what the session's chunk store allocates (chunk_store_bytes) and
+// what the model says it does (PlanModel::device_bytes), each counted by
+// the function its allocator sizes itself with. Resident weights are a
+// store whose depth holds every chunk; streamed, its weight slots are the
+// chunk buffers. Where the model keeps chunk 0 resident (the session's
+// resident_first) it stays with its gradients. Tests hold the count to
+// what a run measures, for the built-in GPT and for a model of a test's.
 void count_device(const Counting& k, Plan& p) {
   const TrainSetup& s = k.s;
   const Placement& pl = k.pl;
   const bool resident = pl.weights == Tier::kDevice;
   ChunkStoreOptions so;
-  so.prefetch_depth = resident ? static_cast<int>(s.model.layers) : pl.prefetch_depth;
+  so.resident_first = s.model->resident_first();
+  const auto slotted = static_cast<int>(k.layout.size()) - (so.resident_first ? 1 : 0);
+  so.prefetch_depth = resident ? slotted - 1 : pl.prefetch_depth;
   so.dtype = s.compute;
-  so.resident_first = true;
   const ChunkStoreBytes store = chunk_store_bytes(k.layout, so);
-  const gpu::GptStepBuffers step =
-      gpu::gpt_step_buffers(s.model, static_cast<int64_t>(k.z.c), s.micro_batch, s.seq, static_cast<int64_t>(k.V),
-                            s.grad_accum, pl.checkpoints != Tier::kDevice);
-  const uint64_t embedding = store.resident + store.resident_gradients + step.embedding_gradients;
+  ModelPass pass;
+  pass.micro_batch = s.micro_batch;
+  pass.pass = static_cast<int64_t>(k.V);
+  pass.grad_accum = s.grad_accum;
+  pass.compute = s.compute;
+  pass.host_backend = s.host_backend;
+  pass.offload_checkpoints = pl.checkpoints != Tier::kDevice;
+  const ModelDeviceBytes model = s.model->device_bytes(pass);
   if (resident) {
     p.device.model_states += store.slots() + store.resident;
-    p.device.buffers += store.gradient_slot_bytes() + store.resident_gradients + step.embedding_gradients;
+    p.device.buffers += store.gradient_slot_bytes() + store.resident_gradients + model.resident;
   } else {
     p.device_chunk_buffers = store.weight_slots;
     p.device.buffers += store.slots() + store.gradient_slot_bytes();
-    p.device.model_states += embedding;
+    p.device.model_states += store.resident + store.resident_gradients + model.resident;
   }
-  // The workspace: one block's working set (activations) and the head's
-  // rows and statistics (io buffers); beside it the kept block inputs and
-  // the step's gradients, losses and tokens.
-  const gpu::WorkspaceBytes ws = gpu::model_ops_workspace(s.host_backend ? gpu::Backend::kHost : gpu::Backend::kCuda,
-                                                          s.model, s.compute, s.micro_batch, s.seq);
-  p.device.activations += ws.activations + step.block_inputs;
-  p.device.io_buffers += ws.total - ws.activations + step.step;
-  // Offloaded, the last kOffloadedInputBuffers block inputs of a pass never
-  // leave the device; the others are saved once each (one NVMe blob per
-  // group of the pass's micro-batches).
-  if (pl.checkpoints != Tier::kDevice) {
-    const auto saved = static_cast<uint64_t>(std::max<int64_t>(s.model.layers + 1 - gpu::kOffloadedInputBuffers, 0));
-    if (pl.checkpoints == Tier::kNvme) {
-      p.nvme.activations += saved * padded(k.ckpt_group_bytes);
-    } else {
-      p.host.activations += saved * k.ckpt_group_bytes;
-    }
-  }
+  p.device.activations += model.working_set + model.checkpoints;
+  p.device.io_buffers += model.step;
+  // Offloaded, the checkpoints the model saves go to the session's tier,
+  // a pass's micro-batches side by side (one NVMe blob each).
+  const auto saved = static_cast<uint64_t>(k.z.ckpt.saved);
+  if (pl.checkpoints == Tier::kNvme) p.nvme.activations += saved * padded(k.ckpt_group_bytes);
+  if (pl.checkpoints == Tier::kHost) p.host.activations += saved * k.ckpt_group_bytes;
 }
 
 // The bytes of one NVMe blob per piece of every chunk at `bytes_per_param`:
@@ -299,7 +274,7 @@ double weight_bytes_up(const Counting& k) {
   const double P = static_cast<double>(k.z.params), c = static_cast<double>(k.z.c);
   if (k.pl.weights == Tier::kDevice) return P * c;
   const std::vector<int64_t>& layout = k.layout;
-  const int64_t L = k.s.model.layers;
+  const auto L = static_cast<int64_t>(layout.size()) - 2;  // chunks between the first and the last
   double held = static_cast<double>(layout.back());
   for (int64_t i = 0; i < std::min<int64_t>(k.pl.prefetch_depth, L); ++i) {
     held += static_cast<double>(layout[static_cast<size_t>(L - i)]);
@@ -317,7 +292,9 @@ void count_links(const Counting& k, const Bandwidths& bw, Plan& p) {
   const TrainSetup& s = k.s;
   const Placement& pl = k.pl;
   const double P = static_cast<double>(k.z.params), c = static_cast<double>(k.z.c);
-  const double ckpt = static_cast<double>(k.z.checkpoints), A = static_cast<double>(s.grad_accum);
+  // The checkpoints the model saves go down and come back once each.
+  const double ckpt = static_cast<double>(k.z.ckpt.saved) * static_cast<double>(k.z.ckpt.bytes);
+  const double A = static_cast<double>(s.grad_accum);
   double h2d = weight_bytes_up(k);
   double d2h = P * c * A;
   if (pl.checkpoints != Tier::kDevice) {
@@ -342,8 +319,7 @@ void count_links(const Counting& k, const Bandwidths& bw, Plan& p) {
   // update holds (the one predicted here) does not read them back — one
   // that clips, or follows one that clipped or skipped, reads them too.
   if (k.grads_nvme) nvme_write += P * static_cast<double>(k.opt_grad_bytes);
-  const double flops =
-      gpu::training_flops_per_token(s.model, s.seq, /*recompute=*/true) * static_cast<double>(k.z.tokens) * A;
+  const double flops = s.model->flops(s.micro_batch) * A;
   p.links = {
       {"compute", flops, flops / (bw.device_tflops * 1e12)},
       {"host->device", h2d, h2d / (bw.h2d_gbps * 1e9)},
@@ -367,7 +343,7 @@ void time_step(const Counting& k, const Bandwidths& bw, Plan& p) {
   const std::vector<int64_t>& layout = k.layout;
   const double P = static_cast<double>(k.z.params), c = static_cast<double>(k.z.c);
   const int64_t piece_elems = k.s.state_piece_elems;
-  const double last = static_cast<double>(layout[0]) + (k.s.model.layers > 0 ? static_cast<double>(layout[1]) : 0.0);
+  const double last = static_cast<double>(layout[0]) + (layout.size() > 2 ? static_cast<double>(layout[1]) : 0.0);
   const bool speculates = pl.states == Tier::kNvme || pl.speculate_in_ram;
   p.tail_seconds = (speculates ? last : P) / bw.cpu_optimizer_params_per_s;
   if (pl.states == Tier::kNvme) {
@@ -379,7 +355,7 @@ void time_step(const Counting& k, const Bandwidths& bw, Plan& p) {
     const double update = p.tail_seconds;
     const double write = last * (k.state_bytes + weights) / (bw.nvme_write_gbps * 1e9);
     double unit = static_cast<double>(state_piece_sizes(layout[0], piece_elems)[0]);
-    if (k.s.model.layers > 0) unit = std::max(unit, static_cast<double>(state_piece_sizes(layout[1], piece_elems)[0]));
+    if (layout.size() > 2) unit = std::max(unit, static_cast<double>(state_piece_sizes(layout[1], piece_elems)[0]));
     p.tail_seconds = std::max(update, write) + std::min(update, write) * unit / last;  // unit <= last
   }
   p.head_seconds = last * c / (bw.h2d_gbps * 1e9);
@@ -414,7 +390,7 @@ void time_step(const Counting& k, const Bandwidths& bw, Plan& p) {
 }  // namespace
 
 Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
-  Counting k{s, pl, chunk_elems_of(s.model), {}};
+  Counting k{s, pl, s.model->chunk_elems(), {}};
   k.z = sizes_of(s, k.layout);
   k.state_bytes = 4.0 + s.state_bytes_per_param;
   k.V = static_cast<uint64_t>(std::max<int64_t>(std::max(pl.micro_batches_per_pass, s.micro_batches_per_pass), 1));
@@ -422,7 +398,7 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   k.w = dtype_bytes(s.working);
   k.grads_nvme = pl.gradients == Tier::kNvme;
   k.opt_grad_bytes = dtype_bytes(optimizer_gradient_type(s));
-  k.ckpt_group_bytes = k.V * static_cast<uint64_t>(k.z.tokens) * static_cast<uint64_t>(s.model.hidden) * k.z.c;
+  k.ckpt_group_bytes = k.V * k.z.ckpt.bytes;
   Plan p;
   p.setup = s;
   p.placement = pl;
@@ -638,11 +614,13 @@ std::string slowest_link(const Plan& p) {
 }  // namespace
 
 Result<Plan> make_plan(const TrainSetup& s, const Budgets& b, const Bandwidths& bw, const Constraints& fixed) {
-  STRATA_RETURN_IF_ERROR(s.model.validate());
-  if (s.micro_batch < 1 || s.seq < 1 || s.seq > s.model.max_seq || s.grad_accum < 1) {
-    return invalid_argument("training setup: micro_batch, grad_accum >= 1 and 1 <= seq <= max_seq (" +
-                            std::to_string(s.model.max_seq) + ") required");
+  if (s.model == nullptr) return invalid_argument("training setup: no model to plan");
+  STRATA_RETURN_IF_ERROR(s.model->check(s.micro_batch));
+  if (s.model->chunk_elems().size() < (s.model->resident_first() ? 2u : 1u)) {
+    return invalid_argument(
+        "training setup: the model has no chunks to stream (a resident first chunk needs one more)");
   }
+  if (s.grad_accum < 1) return invalid_argument("training setup: grad_accum >= 1 required");
   STRATA_RETURN_IF_ERROR(check_state_piece_elems(s.state_piece_elems).with_context("training setup"));
   if ((fixed.weights == Tier::kNvme || fixed.states == Tier::kNvme || fixed.checkpoints == Tier::kNvme) &&
       b.nvme_bytes == 0) {
@@ -659,9 +637,8 @@ Result<Plan> make_plan(const TrainSetup& s, const Budgets& b, const Bandwidths& 
                ": the fastest placement that fits (slowest link: " + slowest_link(best) + ")";
     return best;
   }
-  std::string message = "no placement of " + std::to_string(gpu::parameter_count(s.model)) +
-                        " parameters fits: the closest (" + placement_text(closest.placement) + ") " +
-                        shortfalls(closest, b);
+  std::string message = "no placement of " + std::to_string(s.model->parameters()) + " parameters fits: the closest (" +
+                        placement_text(closest.placement) + ") " + shortfalls(closest, b);
   const std::string nearest = nearest_fitting(s, b, bw, fixed);
   if (!nearest.empty()) message += "; " + nearest;
   return resource_exhausted(message);
@@ -670,10 +647,9 @@ Result<Plan> make_plan(const TrainSetup& s, const Budgets& b, const Bandwidths& 
 std::string format_plan(const Plan& p, const Budgets& b) {
   char line[256];
   std::string out;
-  std::snprintf(line, sizeof(line), "plan: %lld parameters, micro-batch %lld x %lld tokens, %lld accumulation steps\n",
-                static_cast<long long>(p.parameters), static_cast<long long>(p.setup.micro_batch),
-                static_cast<long long>(p.setup.seq), static_cast<long long>(p.setup.grad_accum));
-  out += line;
+  out += "plan: " + std::to_string(p.parameters) + " parameters, " +
+         p.setup.model->micro_batch_text(p.setup.micro_batch) + ", " + std::to_string(p.setup.grad_accum) +
+         " accumulation steps\n";
   out += "  " + p.why + "\n";
   std::snprintf(line, sizeof(line), "  %-7s %12s %12s %12s %12s %12s %12s\n", "tier", "states", "activations",
                 "buffers", "io buffers", "total", "budget");
@@ -689,8 +665,7 @@ std::string format_plan(const Plan& p, const Budgets& b) {
   row("host", p.host, b.host_bytes);
   row("nvme", p.nvme, b.nvme_bytes);
   if (p.placement.states == Tier::kNvme) {
-    std::vector<int64_t> chunks;
-    for (const gpu::ChunkLayout& chunk : gpu::model_layout(p.setup.model)) chunks.push_back(chunk.numel);
+    const std::vector<int64_t>& chunks = p.setup.model->chunk_elems();
     size_t pieces = 0;
     for (int64_t n : chunks) pieces += state_piece_sizes(n, p.setup.state_piece_elems).size();
     std::snprintf(line, sizeof(line),

@@ -1,6 +1,7 @@
-// The placement planner: from the model, the batch shape and the budgets of
-// each tier it chooses where every view lives — low-precision weights,
-// gradients, fp32 master weights and optimizer states, activation
+// The placement planner: from the model (what it says of itself:
+// plan_model.h), the batch shape and the budgets of each tier it chooses
+// where every view lives — low-precision weights, gradients, fp32 master
+// weights and optimizer states, activation
 // checkpoints — the prefetch depth and the number of device chunk buffers,
 // and predicts the peak bytes of each tier and the time of each link per
 // step. Users give budgets; the planner chooses, and says why.
@@ -13,13 +14,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "common/dtype.h"
 #include "common/status.h"
-#include "gpu/gpt_config.h"
+#include "engine/plan_model.h"
 
 namespace strata::engine {
 
@@ -34,9 +36,11 @@ std::string placement_text(const Placement& placement);
 inline constexpr int kGradientBuffers = 3;
 
 struct TrainSetup {
-  gpu::GptConfig model;
+  // The model, as it tells the planner its chunks and bytes (plan_model.h;
+  // the built-in GPT's: models/gpt/gpt_plan_model.h). Only the planner
+  // reads it (estimate, make_plan); check_placement does not.
+  std::shared_ptr<const PlanModel> model;
   int64_t micro_batch = 1;
-  int64_t seq = 1024;
   int64_t grad_accum = 1;
   DType compute = DType::kBF16;      // what the device computes in (and its gradients' type)
   DType working = DType::kBF16;      // the low-precision weights the optimizer writes (bf16 / fp16)
@@ -197,6 +201,7 @@ struct Constraints {
 };
 
 // The bytes and link times of one placement, whether or not it fits.
+// setup.model is set and accepts setup.micro_batch (make_plan checks both).
 Plan estimate(const TrainSetup& setup, const Placement& placement, const Bandwidths& bw);
 // Whether every tier of the plan is within its budget.
 bool fits(const Plan& plan, const Budgets& budgets);
@@ -204,6 +209,7 @@ bool fits(const Plan& plan, const Budgets& budgets);
 // The fastest placement that fits the budgets. When none fits,
 // ResourceExhausted says which budget is short by how much for the closest
 // placement, and the largest micro-batch that would fit (if any).
+// InvalidArgument without a model, or for a micro-batch it refuses.
 Result<Plan> make_plan(const TrainSetup& setup, const Budgets& budgets, const Bandwidths& bw,
                        const Constraints& constraints = {});
 

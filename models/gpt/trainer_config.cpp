@@ -16,9 +16,9 @@ Result<TrainerOptions> trainer_options(const EngineConfig& cfg, std::vector<std:
   }
   TrainerOptions o;
   STRATA_RETURN_IF_ERROR(take_config(cfg, &o));
-  o.model = cfg.setup.model;
+  o.model = cfg.model;
   o.batch = cfg.setup.micro_batch;
-  o.seq = cfg.setup.seq;
+  o.seq = cfg.seq;
   o.vertical_accumulation = cfg.vertical_accumulation;
   o.seed = cfg.seed;
   // Where the views live is the planner's (apply_planned_placement), but

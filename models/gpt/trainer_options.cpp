@@ -10,6 +10,7 @@
 #include "engine/session.h"
 #include "gpu/device_factory.h"
 #include "gpu/device_info.h"
+#include "models/gpt/gpt_plan_model.h"
 #include "models/gpt/trainer.h"
 #include "models/gpt/trainer_checks.h"
 
@@ -17,9 +18,8 @@ namespace strata::engine {
 
 TrainSetup training_setup(const TrainerOptions& o) {
   TrainSetup s = session_setup(o);
-  s.model = o.model;
+  s.model = gpt_plan_model(o.model, o.seq);
   s.micro_batch = o.batch;
-  s.seq = o.seq;
   s.micro_batches_per_pass = micro_batches_per_pass(o);
   return s;
 }

@@ -44,8 +44,8 @@ TEST(Config, NativeConfigParsesEveryField) {
   Result<EngineConfig> c = parse_config(j, &warnings);
   ASSERT_TRUE(c) << c.error().to_string();
   EXPECT_TRUE(warnings.empty()) << warnings.front();
-  EXPECT_EQ(c->setup.model.layers, 24);
-  EXPECT_EQ(c->setup.model.max_seq, 512);
+  EXPECT_EQ(c->model.layers, 24);
+  EXPECT_EQ(c->model.max_seq, 512);
   EXPECT_EQ(c->setup.micro_batch, 4);
   EXPECT_EQ(c->setup.grad_accum, 8);
   EXPECT_TRUE(c->vertical_accumulation);

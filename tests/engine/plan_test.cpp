@@ -5,16 +5,20 @@
 #include "common/units.h"
 #include "cpu_optim/dtype.h"
 #include "gpu/gpt_config.h"
+#include "models/gpt/gpt_plan_model.h"
 
 namespace strata::engine {
 namespace {
 
-TrainSetup gpt2(const std::string& size, int64_t micro_batch = 4) {
+TrainSetup gpt(const gpu::GptConfig& model, int64_t micro_batch, int64_t seq = 1024) {
   TrainSetup s;
-  s.model = gpu::gpt2_config(size);
+  s.model = gpt_plan_model(model, seq);
   s.micro_batch = micro_batch;
-  s.seq = 1024;
   return s;
+}
+
+TrainSetup gpt2(const std::string& size, int64_t micro_batch = 4, int64_t seq = 1024) {
+  return gpt(gpu::gpt2_config(size), micro_batch, seq);
 }
 
 uint64_t padded_params(const gpu::GptConfig& c) {
@@ -24,9 +28,10 @@ uint64_t padded_params(const gpu::GptConfig& c) {
 }
 
 TEST(Plan, EstimateCountsEveryByteByTier) {
-  TrainSetup s = gpt2("small", 2);
-  const uint64_t padded = padded_params(s.model);
-  const std::vector<gpu::ChunkLayout> layout = gpu::model_layout(s.model);
+  const gpu::GptConfig model = gpu::gpt2_config("small");
+  TrainSetup s = gpt(model, 2);
+  const uint64_t padded = padded_params(model);
+  const std::vector<gpu::ChunkLayout> layout = gpu::model_layout(model);
   uint64_t max_chunk = 0, block_chunk = 0;
   for (const auto& chunk : layout) max_chunk = std::max<uint64_t>(max_chunk, chunk.numel);
   for (size_t i = 1; i < layout.size(); ++i) block_chunk = std::max<uint64_t>(block_chunk, layout[i].numel);
@@ -79,11 +84,12 @@ TEST(Plan, EstimateCountsEveryByteByTier) {
     }
     return -1.0;
   };
-  const double P = static_cast<double>(gpu::parameter_count(s.model));
-  EXPECT_DOUBLE_EQ(link(streamed, "nvme read"), P * 12 + static_cast<double>(ckpt));
+  const double P = static_cast<double>(gpu::parameter_count(model));
+  // The L - 1 block inputs the GPT saves cross each way once.
+  const double saved = 11.0 * static_cast<double>(N * C * 2);
+  EXPECT_DOUBLE_EQ(link(streamed, "nvme read"), P * 12 + saved);
   const double held = static_cast<double>(layout[12].numel + layout[11].numel + layout[10].numel + layout[13].numel);
-  EXPECT_DOUBLE_EQ(link(streamed, "host->device"),
-                   (2 * P - static_cast<double>(layout[0].numel) - held) * 2 + static_cast<double>(ckpt));
+  EXPECT_DOUBLE_EQ(link(streamed, "host->device"), (2 * P - static_cast<double>(layout[0].numel) - held) * 2 + saved);
   EXPECT_DOUBLE_EQ(link(resident, "host->device"), P * 2);
   EXPECT_GT(streamed.step_seconds, 0.0);
 }
@@ -93,10 +99,11 @@ TEST(Plan, EstimateCountsEveryByteByTier) {
 // after backward, the copy of their new weights before the next forward;
 // with states in RAM the whole optimizer pass after backward.
 TEST(Plan, StepAddsTheHeadAndTailAnExactStepCannotOverlap) {
-  TrainSetup s = gpt2("small", 2);
-  const std::vector<gpu::ChunkLayout> layout = gpu::model_layout(s.model);
+  const gpu::GptConfig model = gpu::gpt2_config("small");
+  TrainSetup s = gpt(model, 2);
+  const std::vector<gpu::ChunkLayout> layout = gpu::model_layout(model);
   const double last = static_cast<double>(layout[0].numel + layout[1].numel);
-  const double P = static_cast<double>(gpu::parameter_count(s.model));
+  const double P = static_cast<double>(gpu::parameter_count(model));
   Bandwidths bw;
   bw.h2d_gbps = 10, bw.nvme_write_gbps = 1.5, bw.cpu_optimizer_params_per_s = 1e9;
   auto seconds = [](const Plan& p, const std::string& name) {
@@ -147,7 +154,7 @@ TEST(Plan, StepAddsTheHeadAndTailAnExactStepCannotOverlap) {
   EXPECT_DOUBLE_EQ(spec.tail_seconds, last / 1e9);
   EXPECT_DOUBLE_EQ(spec.overlapped_seconds, seconds(spec, "cpu optimizer"));
   EXPECT_EQ(spec.host.model_states - ram.host.model_states,
-            static_cast<uint64_t>(static_cast<double>(padded_params(s.model)) * 12));
+            static_cast<uint64_t>(static_cast<double>(padded_params(model)) * 12));
 }
 
 TEST(Plan, ChoosesResidentWeightsWhenTheyFit) {
@@ -237,10 +244,9 @@ TEST(Plan, StreamsWeightsAndSpillsToNvmeWhenTiersAreSmall) {
 // staging buffers; accumulating, in the vertical order in one pass, a ring
 // of the fp32 sums too.
 TEST(Plan, PutsTheGradientsOnNvmeWhereTheHostIsShort) {
-  TrainSetup s;
-  s.model.layers = 48, s.model.hidden = 4096, s.model.heads = 32, s.model.vocab = 50304, s.model.max_seq = 1024;
-  s.micro_batch = 8;
-  s.seq = 1024;
+  gpu::GptConfig model;
+  model.layers = 48, model.hidden = 4096, model.heads = 32, model.vocab = 50304, model.max_seq = 1024;
+  TrainSetup s = gpt(model, 8);
   const Budgets b{32 * kGiB, 16 * kGiB, 400 * kGiB};
   Result<Plan> p = make_plan(s, b, Bandwidths{});
   ASSERT_TRUE(p) << p.error().to_string();
@@ -253,7 +259,7 @@ TEST(Plan, PutsTheGradientsOnNvmeWhereTheHostIsShort) {
   host_grads.gradients = Tier::kHost;
   const Plan h = estimate(s, host_grads, Bandwidths{});
   EXPECT_GT(h.host.total(), 16 * kGiB);
-  EXPECT_EQ(h.host.model_states, 2 * padded_params(s.model));
+  EXPECT_EQ(h.host.model_states, 2 * padded_params(model));
   // 2 bytes per parameter more NVMe writes a step; the same reads.
   auto link = [](const Plan& plan, const std::string& name) {
     for (const LinkTime& l : plan.links) {
@@ -298,8 +304,7 @@ TEST(Plan, NothingFitsNamesTheShortBudgetAndASmallerMicroBatch) {
   Result<Plan> none = make_plan(xl, {64 * kMiB, 1 * kGiB, 0}, Bandwidths{});
   ASSERT_FALSE(none);
   EXPECT_EQ(none.error().message().find("would fit"), std::string::npos) << "no micro-batch can fit 64 MiB";
-  TrainSetup bad = gpt2("small");
-  bad.seq = 4096;
+  TrainSetup bad = gpt2("small", 4, 4096);
   EXPECT_EQ(make_plan(bad, {kGiB, kGiB, 0}, Bandwidths{}).error().code(), StatusCode::kInvalidArgument);
 }
 
@@ -394,8 +399,7 @@ namespace {
 // divisor of grad_accum) when it holds fewer, one at a time when it holds
 // one; never offered for one micro-batch; the only order when asked for.
 TEST(Plan, ChoosesTheVerticalOrderWhenTheWeightsLinkIsSlowestAndItFits) {
-  TrainSetup s = gpt2("large", 1);
-  s.seq = 64;
+  TrainSetup s = gpt2("large", 1, 64);
   s.grad_accum = 8;
   Bandwidths bw;
   bw.h2d_gbps = 1;  // the weights' link is the bottleneck
@@ -444,8 +448,7 @@ TEST(Plan, ChoosesTheVerticalOrderWhenTheWeightsLinkIsSlowestAndItFits) {
 // checkpoints on the device only passes of 4 would fit — the weights cross
 // the slow link once a step instead of twice.
 TEST(Plan, TheVerticalOrderPutsItsCheckpointsOnTheHostWhereTheDeviceIsShort) {
-  TrainSetup s = gpt2("large", 1);
-  s.seq = 512;
+  TrainSetup s = gpt2("large", 1, 512);
   s.grad_accum = 8;
   Bandwidths bw;
   bw.h2d_gbps = 1;

@@ -13,12 +13,15 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "common/dtype.h"
+#include "engine/plan.h"
 #include "tests/test_util.h"
+#include "tests/tolerance.h"
 
 namespace strata::engine {
 namespace {
@@ -362,6 +365,81 @@ TEST(Session, TheSameBitsResidentAndOnNvmeThroughATenthOfTheModelStates) {
   EXPECT_GT(k.nvme_read_bytes, 0u);
   EXPECT_GT(k.nvme_written_bytes, 0u);
   EXPECT_GT(k.h2d_bytes, 0u);
+}
+
+// The MLP as the planner sees it (plan_model.h): L chunks streamed in
+// order, none resident; its layer inputs as fp32 activation checkpoints
+// (L + 1 kept on the device, or L saved and two buffers in flight); no
+// other device memory (its compute is the host's).
+class MlpPlanModel final : public PlanModel {
+ public:
+  explicit MlpPlanModel(const Mlp& m) : m_(m), chunks_(static_cast<size_t>(m.L), m.chunk_elems()) {}
+  const std::vector<int64_t>& chunk_elems() const override { return chunks_; }
+  int64_t parameters() const override { return m_.L * m_.chunk_elems(); }
+  bool resident_first() const override { return false; }
+  Status check(int64_t micro_batch) const override {
+    return micro_batch == m_.B ? ok_status() : invalid_argument("the MLP's batch is " + std::to_string(m_.B));
+  }
+  ModelCheckpoints checkpoints(int64_t micro_batch, DType) const override {
+    return {m_.L + 1, m_.L, static_cast<uint64_t>(micro_batch * m_.D) * 4};
+  }
+  ModelDeviceBytes device_bytes(const ModelPass& p) const override {
+    ModelDeviceBytes b;
+    b.checkpoints = static_cast<uint64_t>((p.offload_checkpoints ? 2 : m_.L + 1) * p.micro_batch * m_.D) * 4;
+    return b;
+  }
+  double flops(int64_t micro_batch) const override { return 6.0 * static_cast<double>(parameters() * micro_batch); }
+
+ private:
+  Mlp m_;
+  std::vector<int64_t> chunks_;
+};
+
+// A model of a trainer's own is planned by what it says of itself: over
+// the session's placements the planner's bytes of every tier are what the
+// session and the model allocated, to the byte.
+TEST(Session, ThePlannerCountsWhatASessionOfAModelOfItsOwnAllocates) {
+  const Mlp m{32, 5, 8};
+  TempDir dir;
+  int n = 0;
+  for (Tier states : {Tier::kHost, Tier::kNvme}) {
+    for (Tier weights : {Tier::kHost, Tier::kNvme}) {
+      if (weights == Tier::kNvme && states != Tier::kNvme) continue;
+      for (Tier acts : {Tier::kDevice, Tier::kHost, Tier::kNvme}) {
+        for (int depth : {1, 3}) {
+          SessionOptions o = base_options();
+          o.states = states;
+          o.weights = weights;
+          // Checkpoints on the device: the model keeps them (the session's
+          // tier is then unused).
+          o.activations = acts == Tier::kDevice ? Tier::kHost : acts;
+          o.prefetch_depth = depth;
+          o.nvme_paths = {dir.sub("p" + std::to_string(n++))};
+          TrainSetup setup = session_setup(o);
+          setup.model = std::make_shared<MlpPlanModel>(m);
+          setup.micro_batch = m.B;
+          Placement pl = session_placement(o);
+          pl.checkpoints = acts;
+          const Plan plan = estimate(setup, pl, Bandwidths{});
+          Result<std::unique_ptr<Session>> s = make_session(m, o);
+          ASSERT_TRUE(s.has_value()) << s.status().to_string();
+          for (int k = 0; k < 2; ++k) {
+            Result<float> loss = train_step(**s, m, k, nullptr, /*offload=*/acts != Tier::kDevice);
+            ASSERT_TRUE(loss.has_value()) << loss.status().to_string();
+          }
+          const std::string what = placement_text(pl) + ", depth " + std::to_string(depth);
+          EXPECT_EQ(plan.device.total(), (*s)->counters().device_peak_bytes) << what;
+          // The session stages NVMe checkpoints in up to four pinned pages,
+          // two of them for prefetches; loading without prefetching, this
+          // model leaves one of those unallocated.
+          const uint64_t unused_staging = acts == Tier::kNvme ? 4096 : 0;
+          EXPECT_EQ(plan.host.total(), (*s)->host_bytes() + unused_staging) << what;
+          const uint64_t nvme = (*s)->swap_store() ? (*s)->swap_store()->stats().peak_used_bytes : 0;
+          EXPECT_EQ(plan.nvme.total(), nvme) << what;
+        }
+      }
+    }
+  }
 }
 
 // A model computing on a stream of its own, the session ordering its

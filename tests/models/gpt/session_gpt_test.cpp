@@ -96,9 +96,9 @@ Result<Built> build(const GoldenRun& r, const std::string& nvme, bool resident_f
   Built b;
   STRATA_ASSIGN_OR_RETURN(b.session, Session::create(o));
   SessionGptOptions g;
-  g.model = cfg.setup.model;
+  g.model = cfg.model;
   g.batch = cfg.setup.micro_batch;
-  g.seq = cfg.setup.seq;
+  g.seq = cfg.seq;
   g.seed = cfg.seed;
   g.offload_activations = r.offload;
   g.micro_batches_per_pass = per_pass;
@@ -294,9 +294,9 @@ void expect_the_trainers_losses(const GoldenRun& r, const nlohmann::json& extra,
   Result<std::unique_ptr<Session>> s = Session::create(*so);
   ASSERT_TRUE(s.has_value()) << s.status().to_string();
   SessionGptOptions g;
-  g.model = cfg->setup.model;
+  g.model = cfg->model;
   g.batch = cfg->setup.micro_batch;
-  g.seq = cfg->setup.seq;
+  g.seq = cfg->seq;
   g.seed = cfg->seed;
   g.offload_activations = r.offload;
   Result<std::unique_ptr<SessionGpt>> m = SessionGpt::create(**s, g);
