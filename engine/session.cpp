@@ -162,6 +162,7 @@ Session::~Session() {
   if (stage_) stage_->cancel();  // its thread reports to the store
   accumulator_.reset();          // so does this one
   while (!prefetches_.empty()) settle_prefetch(prefetches_.begin()->first).ignore();
+  while (!saves_.empty()) settle_save(saves_.begin()->first).ignore();
   while (!writes_.empty()) settle_write(writes_.begin()->first);
   activations_.clear();
   for (gpu::HostPin& pin : prefetch_staging_pin_) pin = gpu::HostPin();
@@ -753,8 +754,9 @@ Status Session::async_error() {
 Status Session::finalize() {
   STRATA_RETURN_IF_ERROR(usable("finalize"));
   if (in_step_) return failed_precondition("session: finalize during a step (end_step or cancel_step first)");
-  // Activations saved to NVMe: their writes in flight land, and the first
-  // failure not yet reported is (once).
+  // Activations saved: their copies and writes in flight land, and the
+  // first failure not yet reported is (once).
+  while (!saves_.empty()) STRATA_RETURN_IF_ERROR(settle_save(saves_.begin()->first).with_context("session: finalize"));
   while (!writes_.empty()) settle_write(writes_.begin()->first);
   for (auto& [key, failed] : failed_writes_) {
     if (failed.reported) continue;

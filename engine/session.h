@@ -333,6 +333,16 @@ class Session {
   // kept until drop_activations().
   Status save_activation(uint64_t key, const void* device_src, uint64_t bytes);
   Status load_activation(uint64_t key, void* device_dst, uint64_t bytes);
+  // Stream-ordered save: the copy out follows the work enqueued on
+  // `stream` so far, and the call returns without waiting for it.
+  // `device_src` stays the session's until activation_saved(key, s) makes
+  // a stream s wait for the copy (a load, prefetch or save of the key,
+  // drop_activations and finalize wait for it on the host). On NVMe the
+  // write is issued once the copy has landed: by the next activation call.
+  Status save_activation(uint64_t key, const void* device_src, uint64_t bytes, gpu::Stream stream);
+  // `stream` waits, on the device, until the save of `key` has left its
+  // device buffer (at once when it has). NotFound when `key` was not saved.
+  Status activation_saved(uint64_t key, gpu::Stream stream);
   // Starts load_activation(key, device_dst, bytes) without waiting: the
   // copy up (from NVMe the read, then the copy) runs on a copy stream of
   // the session's while the model computes; the load_activation of the same key
@@ -570,15 +580,28 @@ class Session {
   // NVMe: saves whose write is in flight, by key, each from a staging
   // buffer of its own; a load of the key, a save over it, drop_activations
   // and finalize wait for it (and report its failure).
+  // A stream-ordered save's write is issued once its copy into the
+  // staging buffer (`copied`) has landed.
   struct Write {
     io::Ticket ticket;
     int staging = 0;
+    bool issued = true;
+    bool failed = false;  // the copy or the write's submission failed (failed_writes_ says how)
+    gpu::Event copied;
+    uint64_t bytes = 0;
   };
   static constexpr int kWriteStaging = 2;
   std::map<uint64_t, Write> writes_;
   io::Buffer write_staging_[kWriteStaging];
   gpu::HostPin write_staging_pin_[kWriteStaging];
   void settle_write(uint64_t key);
+  void issue_write(uint64_t key, Write& w);
+  void issue_copied_writes();
+  // Host RAM: stream-ordered saves whose copy may be in flight, by key.
+  std::map<uint64_t, gpu::Event> saves_;
+  Status settle_save(uint64_t key);
+  Status save_activation_after(uint64_t key, const void* device_src, uint64_t bytes, const gpu::Stream* stream);
+  Status host_activation(uint64_t key, uint64_t bytes);
   // Writes that failed, by key, until the key is saved again: each load of
   // the key reports it, finalize those no load reported (once);
   // drop_activations forgets them.

@@ -15,16 +15,31 @@
 namespace strata::engine {
 
 Status Session::save_activation(uint64_t key, const void* device_src, uint64_t bytes) {
+  return save_activation_after(key, device_src, bytes, nullptr);
+}
+
+Status Session::save_activation(uint64_t key, const void* device_src, uint64_t bytes, gpu::Stream stream) {
+  return save_activation_after(key, device_src, bytes, &stream);
+}
+
+// A save: the copy out on the session's copy stream, after `stream`'s work
+// (returning at once) or waited for (stream null).
+Status Session::save_activation_after(uint64_t key, const void* device_src, uint64_t bytes, const gpu::Stream* stream) {
   STRATA_RETURN_IF_ERROR(usable("save_activation"));
   if (!started()) return failed_precondition("session: save_activation before start");
   if (device_src == nullptr || bytes == 0) {
     return invalid_argument("session: save_activation " + std::to_string(key) + ": no bytes to save");
   }
   STRATA_RETURN_IF_ERROR(settle_prefetch(key));  // a load of the old contents in flight lands first
+  STRATA_RETURN_IF_ERROR(settle_save(key));      // so does a copy of them out
+  issue_copied_writes();
+  if (stream != nullptr) {
+    STRATA_ASSIGN_OR_RETURN(gpu::Event written, device_->record(*stream));
+    STRATA_RETURN_IF_ERROR(device_->stream_wait(copy_, written));
+  }
   if (options_.activations == Tier::kNvme) {
     // The old contents' write lands first; then a staging buffer of the
-    // write's own (the oldest write lands when both are taken). Returns
-    // once the bytes are off the device, the write in flight.
+    // write's own (the oldest write lands when both are taken).
     // A failed write of the old contents is moot: they are replaced. One of
     // another key's keeps its failure for that key's load.
     settle_write(key);
@@ -37,30 +52,86 @@ Status Session::save_activation(uint64_t key, const void* device_src, uint64_t b
     io::Buffer& staging = write_staging_[w.staging];
     STRATA_RETURN_IF_ERROR(stage_activation(bytes, &staging, &write_staging_pin_[w.staging]));
     STRATA_RETURN_IF_ERROR(device_->copy_to_host(copy_, staging.data(), device_src, bytes));
-    STRATA_RETURN_IF_ERROR(device_->synchronize(copy_));
-    activations_[key].bytes = 0;  // not readable until the write is issued
-    STRATA_ASSIGN_OR_RETURN(w.ticket, swap_->write(activation_blob(key), staging.view(), bytes));
-    writes_[key] = w;
+    STRATA_ASSIGN_OR_RETURN(w.copied, device_->record(copy_));
+    w.issued = false;
+    w.bytes = bytes;
     activations_[key].bytes = bytes;
+    Write& held = writes_[key] = w;
+    // Blocking: the bytes are off the device and the write in flight.
+    if (stream == nullptr) issue_write(key, held);
     return ok_status();
   }
+  STRATA_RETURN_IF_ERROR(host_activation(key, bytes));
   Activation& a = activations_[key];
-  if (a.host.size() != bytes) {
-    const uint64_t grows = bytes > a.host.size() ? bytes - a.host.size() : 0;
-    if (options_.host_budget_bytes > 0 && host_bytes() + grows > options_.host_budget_bytes) {
-      return resource_exhausted("session: activation " + std::to_string(key) + " (" + format_bytes(bytes) +
-                                ") would take the host memory past the host budget of " +
-                                format_bytes(options_.host_budget_bytes) +
-                                " (budgets.host); put the activations on NVMe");
-    }
-    a.pin = gpu::HostPin();
-    a.host = AlignedVector<std::byte>(bytes);
-    STRATA_ASSIGN_OR_RETURN(a.pin, gpu::HostPin::make(*device_, a.host.data(), bytes));
-  }
   STRATA_RETURN_IF_ERROR(device_->copy_to_host(copy_, a.host.data(), device_src, bytes));
-  STRATA_RETURN_IF_ERROR(device_->synchronize(copy_));
   a.bytes = bytes;
+  if (stream == nullptr) return device_->synchronize(copy_);
+  STRATA_ASSIGN_OR_RETURN(saves_[key], device_->record(copy_));
   return ok_status();
+}
+
+// Activation `key`'s pinned host buffer, of `bytes`, within the host budget.
+Status Session::host_activation(uint64_t key, uint64_t bytes) {
+  Activation& a = activations_[key];
+  if (a.host.size() == bytes) return ok_status();
+  const uint64_t grows = bytes > a.host.size() ? bytes - a.host.size() : 0;
+  if (options_.host_budget_bytes > 0 && host_bytes() + grows > options_.host_budget_bytes) {
+    return resource_exhausted("session: activation " + std::to_string(key) + " (" + format_bytes(bytes) +
+                              ") would take the host memory past the host budget of " +
+                              format_bytes(options_.host_budget_bytes) +
+                              " (budgets.host); put the activations on NVMe");
+  }
+  a.pin = gpu::HostPin();
+  a.host = AlignedVector<std::byte>(bytes);
+  STRATA_ASSIGN_OR_RETURN(a.pin, gpu::HostPin::make(*device_, a.host.data(), bytes));
+  return ok_status();
+}
+
+Status Session::activation_saved(uint64_t key, gpu::Stream stream) {
+  STRATA_RETURN_IF_ERROR(usable("activation_saved"));
+  if (!activations_.contains(key)) {
+    return not_found("session: activation_saved: no activation " + std::to_string(key) + " was saved");
+  }
+  if (const auto it = saves_.find(key); it != saves_.end()) return device_->stream_wait(stream, it->second);
+  if (const auto it = writes_.find(key); it != writes_.end() && !it->second.issued) {
+    return device_->stream_wait(stream, it->second.copied);
+  }
+  return ok_status();  // its copy was waited for
+}
+
+// Waits for a stream-ordered save's copy of `key` into host RAM, if any.
+Status Session::settle_save(uint64_t key) {
+  const auto it = saves_.find(key);
+  if (it == saves_.end()) return ok_status();
+  const gpu::Event copied = it->second;
+  saves_.erase(it);
+  return meter_.wait(*device_, copied, "activation").with_context("session: saving activation " + std::to_string(key));
+}
+
+// Issues the write of a save whose copy into its staging buffer is
+// waited for here; a failure (of the copy or of the write's submission)
+// stays with the key, as a failed write's does.
+void Session::issue_write(uint64_t key, Write& w) {
+  if (w.issued) return;
+  w.issued = true;
+  Status copied = meter_.wait(*device_, w.copied, "activation");
+  if (copied.ok()) {
+    Result<io::Ticket> t = swap_->write(activation_blob(key), write_staging_[w.staging].view(), w.bytes);
+    if (t) {
+      w.ticket = *t;
+      return;
+    }
+    copied = t.status();
+  }
+  failed_writes_[key] = {copied.with_context("session: saving activation " + std::to_string(key)), false};
+  w.failed = true;
+}
+
+// The stream-ordered saves whose copies have landed get their writes.
+void Session::issue_copied_writes() {
+  for (auto& [key, w] : writes_) {
+    if (!w.issued && device_->done(w.copied)) issue_write(key, w);
+  }
 }
 
 // What a load or prefetch of `key` into `device_dst` may take: a saved
@@ -81,6 +152,8 @@ Status Session::prefetch_activation(uint64_t key, void* device_dst, uint64_t byt
   STRATA_RETURN_IF_ERROR(usable("prefetch_activation"));
   STRATA_RETURN_IF_ERROR(check_activation("prefetch_activation", key, device_dst, bytes));
   STRATA_RETURN_IF_ERROR(settle_prefetch(key));  // one load of a key at a time
+  STRATA_RETURN_IF_ERROR(settle_save(key));      // its bytes are out before they come back
+  issue_copied_writes();
   // A stream of their own: a read from NVMe holds up only the copies of
   // activations after it, never the weights' prefetches.
   if (prefetch_copy_.id < 0) {
@@ -126,6 +199,11 @@ Status Session::prefetch_activation(uint64_t key, void* device_dst, uint64_t byt
 void Session::settle_write(uint64_t key) {
   const auto it = writes_.find(key);
   if (it == writes_.end()) return;
+  issue_write(key, it->second);
+  if (it->second.failed) {
+    writes_.erase(it);  // never written: its failure is kept
+    return;
+  }
   const io::Ticket t = it->second.ticket;
   writes_.erase(it);
   Status written = swap_->wait(t).with_context("session: saving activation " + std::to_string(key));
@@ -171,6 +249,7 @@ Status Session::stage_activation(uint64_t bytes, io::Buffer* buffer, gpu::HostPi
 
 void Session::drop_activations() {
   while (!prefetches_.empty()) settle_prefetch(prefetches_.begin()->first).ignore();
+  while (!saves_.empty()) settle_save(saves_.begin()->first).ignore();
   while (!writes_.empty()) settle_write(writes_.begin()->first);
   failed_writes_.clear();
   for (const auto& [key, a] : activations_) {

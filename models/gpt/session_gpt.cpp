@@ -108,10 +108,20 @@ uint8_t* SessionGpt::input(int64_t m, int64_t l) const {
 // are gpu::kOffloadedInputBuffers): each is handed to the session once
 // written, except the last two (L - 1 and L), which forward leaves on the
 // device for the head and the last block.
+// The save is stream-ordered: its copy follows the block that wrote the
+// input, beside the next block's compute; the block that writes over its
+// buffers (l + 2) waits for it (input_saved).
 Status SessionGpt::save_input(int64_t l) {
   if (!options_.offload_activations || l >= options_.model.layers - 1) return ok_status();
-  STRATA_RETURN_IF_ERROR(session_->device().synchronize(compute_));  // the block that wrote it
-  return session_->save_activation(static_cast<uint64_t>(l), input(0, l), static_cast<uint64_t>(pass_) * input_bytes());
+  return session_->save_activation(static_cast<uint64_t>(l), input(0, l), static_cast<uint64_t>(pass_) * input_bytes(),
+                                   compute_);
+}
+
+// Before block l's forward writes input l into the buffers of input l - 2:
+// the model's stream waits for that input's save.
+Status SessionGpt::input_saved(int64_t l) {
+  if (!options_.offload_activations || l < 2) return ok_status();
+  return session_->activation_saved(static_cast<uint64_t>(l - 2), compute_);
 }
 
 // Block input l's load started while the block above computes (it goes
@@ -242,6 +252,7 @@ Status SessionGpt::forward(const void* emb) {
   for (int64_t l = 1; l <= options_.model.layers; ++l) {
     const auto c = static_cast<size_t>(l);
     STRATA_ASSIGN_OR_RETURN(const void* w, session_->acquire(c, compute_));
+    STRATA_RETURN_IF_ERROR(input_saved(l));
     auto block = [&]() -> Status {
       for (int64_t m = 0; m < pass_; ++m) {
         STRATA_RETURN_IF_ERROR(ops_->block_forward(compute_, *workspace_, w, input(m, l - 1), input(m, l)));

@@ -106,6 +106,7 @@ class SessionGpt {
   uint64_t input_bytes() const;
   uint64_t chunk_bytes(size_t chunk) const;
   Status save_input(int64_t l);
+  Status input_saved(int64_t l);
   Status prefetch_input(int64_t l);
   Status load_input(int64_t l);
 

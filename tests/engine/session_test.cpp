@@ -256,6 +256,51 @@ Result<float> stream_step(Session& s, const Mlp& m, int64_t step, gpu::Stream st
   return static_cast<float>(loss / static_cast<double>(act));
 }
 
+// One step whose forward computes on `stream` and saves each layer input
+// stream-ordered (save_activation after the layer that wrote it, the host
+// never waiting; the stream waits for a save, activation_saved, only
+// before a layer writes over that input's buffer); backward loads them
+// back as micro_batch does. Two activation buffers. Returns the loss.
+Result<float> stream_saving_step(Session& s, const Mlp& m, int64_t step, gpu::Stream stream) {
+  const DType t = s.precision();
+  gpu::Device& dev = s.device();
+  std::vector<float> x, y;
+  batch(m, step, &x, &y);
+  const size_t act = static_cast<size_t>(m.B * m.D);
+  STRATA_ASSIGN_OR_RETURN(gpu::DeviceMemory acts, s.allocate_device(2 * act * 4, "activations"));
+  float* h = acts.as<float>();
+  auto at = [h, act](int64_t l) { return h + (l % 2) * act; };
+  std::memcpy(h, x.data(), act * 4);
+  STRATA_RETURN_IF_ERROR(s.begin_step());
+  STRATA_RETURN_IF_ERROR(s.save_activation(0, at(0), act * 4, stream));
+  for (int64_t l = 0; l < m.L; ++l) {
+    STRATA_ASSIGN_OR_RETURN(const void* w, s.acquire(static_cast<size_t>(l), stream));
+    if (l >= 1) STRATA_RETURN_IF_ERROR(s.activation_saved(static_cast<uint64_t>(l - 1), stream));
+    STRATA_RETURN_IF_ERROR(dev.enqueue(stream, [&m, l, w, t, at] {
+      layer_forward(m, l, w, t, at(l), at(l + 1));
+      return ok_status();
+    }));
+    STRATA_RETURN_IF_ERROR(s.release(static_cast<size_t>(l), stream));
+    if (l + 1 < m.L)
+      STRATA_RETURN_IF_ERROR(s.save_activation(static_cast<uint64_t>(l + 1), at(l + 1), act * 4, stream));
+  }
+  STRATA_RETURN_IF_ERROR(dev.synchronize(stream));  // the loss is the host's
+  std::vector<float> dh(act), dprev(act);
+  const double loss = loss_and_grad(at(m.L), y, static_cast<float>(s.loss_scale()), dh);
+  for (int64_t l = m.L - 1; l >= 0; --l) {
+    const auto c = static_cast<size_t>(l);
+    STRATA_ASSIGN_OR_RETURN(const void* w, s.acquire(c));
+    STRATA_ASSIGN_OR_RETURN(void* g, s.gradient_buffer(c));
+    STRATA_RETURN_IF_ERROR(s.load_activation(static_cast<uint64_t>(l), at(l), act * 4));
+    layer_backward(m, l, w, t, at(l), at(l + 1), dh, dprev, g);
+    STRATA_RETURN_IF_ERROR(s.release(c));
+    STRATA_RETURN_IF_ERROR(s.submit_gradient(c));
+    dh.swap(dprev);
+  }
+  STRATA_RETURN_IF_ERROR(s.end_step().status());
+  return static_cast<float>(loss / static_cast<double>(act));
+}
+
 // One step through the session; returns the loss (unscaled) and the verdict.
 Result<float> train_step(Session& s, const Mlp& m, int64_t step, StepVerdict* verdict = nullptr, bool offload = false) {
   STRATA_RETURN_IF_ERROR(s.begin_step());
@@ -466,6 +511,35 @@ TEST(Session, StreamOrderedCallsGiveTheSameBits) {
       EXPECT_EQ(std::bit_cast<uint32_t>(*loss), std::bit_cast<uint32_t>(blocking[static_cast<size_t>(k)]))
           << "step " << k;
     }
+  }
+}
+
+// Stream-ordered saves of the activation checkpoints (the host never
+// waiting for a layer in forward) give the same bits as the blocking
+// calls, in RAM and on NVMe; activation_saved of a key never saved is
+// NotFound.
+TEST(Session, StreamOrderedActivationSavesGiveTheSameBits) {
+  const Mlp m{32, 6, 8};
+  const std::vector<float> blocking = run(m, base_options(), 6);
+  ASSERT_EQ(blocking.size(), 6u);
+  TempDir dir;
+  for (Tier tier : {Tier::kHost, Tier::kNvme}) {
+    SCOPED_TRACE(tier_name(tier));
+    SessionOptions o = base_options();
+    o.activations = tier;
+    o.nvme_paths = {dir.sub(std::string(tier_name(tier)))};
+    Result<std::unique_ptr<Session>> s = make_session(m, o);
+    ASSERT_TRUE(s.has_value() && (*s)->start().ok());
+    Result<gpu::Stream> stream = (*s)->device().create_stream("model");
+    ASSERT_TRUE(stream.has_value());
+    for (int k = 0; k < 6; ++k) {
+      Result<float> loss = stream_saving_step(**s, m, k, *stream);
+      ASSERT_TRUE(loss.has_value()) << "step " << k << ": " << loss.status().to_string();
+      EXPECT_EQ(std::bit_cast<uint32_t>(*loss), std::bit_cast<uint32_t>(blocking[static_cast<size_t>(k)]))
+          << "step " << k;
+    }
+    EXPECT_EQ((*s)->activation_saved(99, *stream).code(), StatusCode::kNotFound);
+    EXPECT_TRUE((*s)->finalize().ok());
   }
 }
 
