@@ -351,6 +351,12 @@ class Session {
   // waits for the oldest). A later save of the key, a load into another
   // buffer or drop_activations waits for it first.
   Status prefetch_activation(uint64_t key, void* device_dst, uint64_t bytes);
+  // With the model's `stream`: the copy into `device_dst` waits, on the
+  // device, for the work the stream has queued by the call (its reads of
+  // the buffer), not for the host to see it done. A load still returns
+  // once the bytes are there.
+  Status prefetch_activation(uint64_t key, void* device_dst, uint64_t bytes, gpu::Stream stream);
+  Status load_activation(uint64_t key, void* device_dst, uint64_t bytes, gpu::Stream stream);
   void drop_activations();
 
   // Memory on the device, from the same budget (the model's activations).
@@ -565,6 +571,7 @@ class Session {
   // a staging buffer of its own, and the read's outcome is kept for the load.
   struct Prefetch {
     void* dst = nullptr;
+    gpu::Event after_model;  // stream-ordered: the model's work the copy follows
     gpu::Event done;  // the copy up
     int staging = 0;
     std::shared_ptr<Status> read;  // kNvme
@@ -587,6 +594,7 @@ class Session {
     int staging = 0;
     bool issued = true;
     bool failed = false;  // the copy or the write's submission failed (failed_writes_ says how)
+    gpu::Event after_model;  // the model's work the copy follows
     gpu::Event copied;
     uint64_t bytes = 0;
   };
@@ -598,9 +606,18 @@ class Session {
   void issue_write(uint64_t key, Write& w);
   void issue_copied_writes();
   // Host RAM: stream-ordered saves whose copy may be in flight, by key.
-  std::map<uint64_t, gpu::Event> saves_;
+  struct Save {
+    gpu::Event after_model, copied;
+  };
+  std::map<uint64_t, Save> saves_;
   Status settle_save(uint64_t key);
+  // The host waits for a copy that follows the model's work `after_model`
+  // (none: id -1): for that work unmetered (the model's own compute), then
+  // for the copy, metered (what the model waits for beyond its compute).
+  Status wait_copy(gpu::Event after_model, gpu::Event copy);
   Status save_activation_after(uint64_t key, const void* device_src, uint64_t bytes, const gpu::Stream* stream);
+  Status prefetch_activation_after(uint64_t key, void* device_dst, uint64_t bytes, const gpu::Stream* stream);
+  Status load_activation_after(uint64_t key, void* device_dst, uint64_t bytes, const gpu::Stream* stream);
   Status host_activation(uint64_t key, uint64_t bytes);
   // Writes that failed, by key, until the key is saved again: each load of
   // the key reports it, finalize those no load reported (once);

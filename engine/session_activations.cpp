@@ -33,8 +33,9 @@ Status Session::save_activation_after(uint64_t key, const void* device_src, uint
   STRATA_RETURN_IF_ERROR(settle_prefetch(key));  // a load of the old contents in flight lands first
   STRATA_RETURN_IF_ERROR(settle_save(key));      // so does a copy of them out
   issue_copied_writes();
+  gpu::Event written;  // the model's writes the copy follows
   if (stream != nullptr) {
-    STRATA_ASSIGN_OR_RETURN(gpu::Event written, device_->record(*stream));
+    STRATA_ASSIGN_OR_RETURN(written, device_->record(*stream));
     STRATA_RETURN_IF_ERROR(device_->stream_wait(copy_, written));
   }
   if (options_.activations == Tier::kNvme) {
@@ -54,6 +55,7 @@ Status Session::save_activation_after(uint64_t key, const void* device_src, uint
     STRATA_RETURN_IF_ERROR(device_->copy_to_host(copy_, staging.data(), device_src, bytes));
     STRATA_ASSIGN_OR_RETURN(w.copied, device_->record(copy_));
     w.issued = false;
+    w.after_model = written;
     w.bytes = bytes;
     activations_[key].bytes = bytes;
     Write& held = writes_[key] = w;
@@ -66,7 +68,8 @@ Status Session::save_activation_after(uint64_t key, const void* device_src, uint
   STRATA_RETURN_IF_ERROR(device_->copy_to_host(copy_, a.host.data(), device_src, bytes));
   a.bytes = bytes;
   if (stream == nullptr) return device_->synchronize(copy_);
-  STRATA_ASSIGN_OR_RETURN(saves_[key], device_->record(copy_));
+  STRATA_ASSIGN_OR_RETURN(gpu::Event copied, device_->record(copy_));
+  saves_[key] = {written, copied};
   return ok_status();
 }
 
@@ -92,7 +95,7 @@ Status Session::activation_saved(uint64_t key, gpu::Stream stream) {
   if (!activations_.contains(key)) {
     return not_found("session: activation_saved: no activation " + std::to_string(key) + " was saved");
   }
-  if (const auto it = saves_.find(key); it != saves_.end()) return device_->stream_wait(stream, it->second);
+  if (const auto it = saves_.find(key); it != saves_.end()) return device_->stream_wait(stream, it->second.copied);
   if (const auto it = writes_.find(key); it != writes_.end() && !it->second.issued) {
     return device_->stream_wait(stream, it->second.copied);
   }
@@ -103,9 +106,14 @@ Status Session::activation_saved(uint64_t key, gpu::Stream stream) {
 Status Session::settle_save(uint64_t key) {
   const auto it = saves_.find(key);
   if (it == saves_.end()) return ok_status();
-  const gpu::Event copied = it->second;
+  const Save save = it->second;
   saves_.erase(it);
-  return meter_.wait(*device_, copied, "activation").with_context("session: saving activation " + std::to_string(key));
+  return wait_copy(save.after_model, save.copied).with_context("session: saving activation " + std::to_string(key));
+}
+
+Status Session::wait_copy(gpu::Event after_model, gpu::Event copy) {
+  if (after_model.id >= 0) STRATA_RETURN_IF_ERROR(device_->synchronize(after_model));
+  return meter_.wait(*device_, copy, "activation");
 }
 
 // Issues the write of a save whose copy into its staging buffer is
@@ -114,7 +122,7 @@ Status Session::settle_save(uint64_t key) {
 void Session::issue_write(uint64_t key, Write& w) {
   if (w.issued) return;
   w.issued = true;
-  Status copied = meter_.wait(*device_, w.copied, "activation");
+  Status copied = wait_copy(w.after_model, w.copied);
   if (copied.ok()) {
     Result<io::Ticket> t = swap_->write(activation_blob(key), write_staging_[w.staging].view(), w.bytes);
     if (t) {
@@ -149,6 +157,15 @@ Status Session::check_activation(const char* call, uint64_t key, const void* dev
 }
 
 Status Session::prefetch_activation(uint64_t key, void* device_dst, uint64_t bytes) {
+  return prefetch_activation_after(key, device_dst, bytes, nullptr);
+}
+
+Status Session::prefetch_activation(uint64_t key, void* device_dst, uint64_t bytes, gpu::Stream stream) {
+  return prefetch_activation_after(key, device_dst, bytes, &stream);
+}
+
+// A prefetch whose copy up follows `stream`'s work so far (when given).
+Status Session::prefetch_activation_after(uint64_t key, void* device_dst, uint64_t bytes, const gpu::Stream* stream) {
   STRATA_RETURN_IF_ERROR(usable("prefetch_activation"));
   STRATA_RETURN_IF_ERROR(check_activation("prefetch_activation", key, device_dst, bytes));
   STRATA_RETURN_IF_ERROR(settle_prefetch(key));  // one load of a key at a time
@@ -188,6 +205,10 @@ Status Session::prefetch_activation(uint64_t key, void* device_dst, uint64_t byt
     }));
     src = staging.data();
   }
+  if (stream != nullptr) {
+    STRATA_ASSIGN_OR_RETURN(p.after_model, device_->record(*stream));  // its reads of the buffer
+    STRATA_RETURN_IF_ERROR(device_->stream_wait(prefetch_copy_, p.after_model));
+  }
   STRATA_RETURN_IF_ERROR(device_->copy_to_device(prefetch_copy_, device_dst, src, bytes));
   STRATA_ASSIGN_OR_RETURN(p.done, device_->record(prefetch_copy_));
   prefetches_[key] = p;
@@ -217,12 +238,19 @@ Status Session::settle_prefetch(uint64_t key) {
   const Prefetch p = it->second;
   prefetches_.erase(it);
   // What the model waits here is what the prefetch did not hide.
-  STRATA_RETURN_IF_ERROR(
-      meter_.wait(*device_, p.done, "activation").with_context("session: activation " + std::to_string(key)));
+  STRATA_RETURN_IF_ERROR(wait_copy(p.after_model, p.done).with_context("session: activation " + std::to_string(key)));
   return p.read ? *p.read : ok_status();
 }
 
 Status Session::load_activation(uint64_t key, void* device_dst, uint64_t bytes) {
+  return load_activation_after(key, device_dst, bytes, nullptr);
+}
+
+Status Session::load_activation(uint64_t key, void* device_dst, uint64_t bytes, gpu::Stream stream) {
+  return load_activation_after(key, device_dst, bytes, &stream);
+}
+
+Status Session::load_activation_after(uint64_t key, void* device_dst, uint64_t bytes, const gpu::Stream* stream) {
   STRATA_RETURN_IF_ERROR(usable("load_activation"));
   STRATA_RETURN_IF_ERROR(check_activation("load_activation", key, device_dst, bytes));
   const auto pending = prefetches_.find(key);
@@ -232,7 +260,7 @@ Status Session::load_activation(uint64_t key, void* device_dst, uint64_t bytes) 
     if (same) return ok_status();  // it is there
   }
   // Not prefetched (or into another buffer): the same path, waited for.
-  STRATA_RETURN_IF_ERROR(prefetch_activation(key, device_dst, bytes));
+  STRATA_RETURN_IF_ERROR(prefetch_activation_after(key, device_dst, bytes, stream));
   return settle_prefetch(key).with_context("session: loading activation " + std::to_string(key));
 }
 

@@ -126,17 +126,18 @@ Status SessionGpt::input_saved(int64_t l) {
 
 // Block input l's load started while the block above computes (it goes
 // into the buffers of input l + 2, used by then); load_input waits for it.
+// Both stream-ordered: the copy into the buffers waits, on the device, for
+// the blocks queued before it that read them.
 Status SessionGpt::prefetch_input(int64_t l) {
   if (!options_.offload_activations || l < 0 || l >= options_.model.layers - 1) return ok_status();
-  STRATA_RETURN_IF_ERROR(session_->device().synchronize(compute_));  // the block reading its buffers
   return session_->prefetch_activation(static_cast<uint64_t>(l), input(0, l),
-                                       static_cast<uint64_t>(pass_) * input_bytes());
+                                       static_cast<uint64_t>(pass_) * input_bytes(), compute_);
 }
 
 Status SessionGpt::load_input(int64_t l) {
   if (!options_.offload_activations || l >= options_.model.layers - 1) return ok_status();
-  STRATA_RETURN_IF_ERROR(session_->device().synchronize(compute_));  // the block reading its buffers
-  return session_->load_activation(static_cast<uint64_t>(l), input(0, l), static_cast<uint64_t>(pass_) * input_bytes());
+  return session_->load_activation(static_cast<uint64_t>(l), input(0, l), static_cast<uint64_t>(pass_) * input_bytes(),
+                                   compute_);
 }
 
 Status SessionGpt::run(const std::function<Status()>& enqueue, const char* what, int64_t block) {

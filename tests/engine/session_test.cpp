@@ -256,11 +256,12 @@ Result<float> stream_step(Session& s, const Mlp& m, int64_t step, gpu::Stream st
   return static_cast<float>(loss / static_cast<double>(act));
 }
 
-// One step whose forward computes on `stream` and saves each layer input
-// stream-ordered (save_activation after the layer that wrote it, the host
-// never waiting; the stream waits for a save, activation_saved, only
-// before a layer writes over that input's buffer); backward loads them
-// back as micro_batch does. Two activation buffers. Returns the loss.
+// One step computed on `stream` with stream-ordered activation calls:
+// forward saves each layer input after the layer that wrote it, the host
+// never waiting (the stream waits for a save, activation_saved, only
+// before a layer writes over that input's buffer); backward loads and
+// prefetches them back with copies that wait for the stream's reads of
+// their buffers. Two activation buffers. Returns the loss.
 Result<float> stream_saving_step(Session& s, const Mlp& m, int64_t step, gpu::Stream stream) {
   const DType t = s.precision();
   gpu::Device& dev = s.device();
@@ -285,19 +286,30 @@ Result<float> stream_saving_step(Session& s, const Mlp& m, int64_t step, gpu::St
       STRATA_RETURN_IF_ERROR(s.save_activation(static_cast<uint64_t>(l + 1), at(l + 1), act * 4, stream));
   }
   STRATA_RETURN_IF_ERROR(dev.synchronize(stream));  // the loss is the host's
-  std::vector<float> dh(act), dprev(act);
-  const double loss = loss_and_grad(at(m.L), y, static_cast<float>(s.loss_scale()), dh);
+  std::vector<float> da(act), db(act);
+  const double loss = loss_and_grad(at(m.L), y, static_cast<float>(s.loss_scale()), da);
+  std::vector<float>* dh = &da;
+  std::vector<float>* dprev = &db;
+  // Backward on the stream too: layer l's input comes back (prefetched
+  // behind layer l + 1, into the buffer layer l + 1 read: the copy waits
+  // for it on the device) and its gradient goes out from the stream.
   for (int64_t l = m.L - 1; l >= 0; --l) {
     const auto c = static_cast<size_t>(l);
-    STRATA_ASSIGN_OR_RETURN(const void* w, s.acquire(c));
+    STRATA_ASSIGN_OR_RETURN(const void* w, s.acquire(c, stream));
     STRATA_ASSIGN_OR_RETURN(void* g, s.gradient_buffer(c));
-    STRATA_RETURN_IF_ERROR(s.load_activation(static_cast<uint64_t>(l), at(l), act * 4));
-    layer_backward(m, l, w, t, at(l), at(l + 1), dh, dprev, g);
-    STRATA_RETURN_IF_ERROR(s.release(c));
-    STRATA_RETURN_IF_ERROR(s.submit_gradient(c));
-    dh.swap(dprev);
+    STRATA_RETURN_IF_ERROR(s.load_activation(static_cast<uint64_t>(l), at(l), act * 4, stream));
+    STRATA_RETURN_IF_ERROR(dev.enqueue(stream, [&m, l, w, t, at, dh, dprev, g] {
+      layer_backward(m, l, w, t, at(l), at(l + 1), *dh, *dprev, g);
+      return ok_status();
+    }));
+    STRATA_RETURN_IF_ERROR(s.release(c, stream));
+    STRATA_RETURN_IF_ERROR(s.submit_gradient(c, stream));
+    if (l >= 1) STRATA_RETURN_IF_ERROR(s.prefetch_activation(static_cast<uint64_t>(l - 1), at(l - 1), act * 4, stream));
+    std::swap(dh, dprev);
   }
-  STRATA_RETURN_IF_ERROR(s.end_step().status());
+  Result<StepVerdict> v = s.end_step();
+  STRATA_RETURN_IF_ERROR(dev.synchronize(stream));  // nothing queued outlives the buffers
+  STRATA_RETURN_IF_ERROR(v.status());
   return static_cast<float>(loss / static_cast<double>(act));
 }
 
@@ -514,11 +526,10 @@ TEST(Session, StreamOrderedCallsGiveTheSameBits) {
   }
 }
 
-// Stream-ordered saves of the activation checkpoints (the host never
-// waiting for a layer in forward) give the same bits as the blocking
-// calls, in RAM and on NVMe; activation_saved of a key never saved is
-// NotFound.
-TEST(Session, StreamOrderedActivationSavesGiveTheSameBits) {
+// Stream-ordered saves, loads and prefetches of the activation
+// checkpoints give the same bits as the blocking calls, in RAM and on
+// NVMe; activation_saved of a key never saved is NotFound.
+TEST(Session, StreamOrderedActivationCallsGiveTheSameBits) {
   const Mlp m{32, 6, 8};
   const std::vector<float> blocking = run(m, base_options(), 6);
   ASSERT_EQ(blocking.size(), 6u);
