@@ -213,25 +213,36 @@ Result<float> vertical_step(Session& s, const Mlp& m, int64_t step) {
 // One step with the model's compute enqueued on `stream` (the host
 // backend's device runs it on a thread of its own) and the session's
 // stream-ordered calls: the host thread never waits for a layer, only for
-// the loss. Returns the loss (unscaled).
-Result<float> stream_step(Session& s, const Mlp& m, int64_t step, gpu::Stream stream) {
+// the loss. Returns the loss (unscaled). `offload`: the layer inputs in two
+// buffers, saved after the layer that wrote each (the stream waits for a
+// save, activation_saved, only before a layer writes over its buffer) and
+// loaded back in backward, prefetched behind the layer above, each copy
+// waiting for the stream's reads of its buffer.
+Result<float> stream_step(Session& s, const Mlp& m, int64_t step, gpu::Stream stream, bool offload = false) {
   const DType t = s.precision();
   gpu::Device& dev = s.device();
   std::vector<float> x, y;
   batch(m, step, &x, &y);
   const size_t act = static_cast<size_t>(m.B * m.D);
-  STRATA_ASSIGN_OR_RETURN(gpu::DeviceMemory acts, s.allocate_device((m.L + 1) * act * 4, "activations"));
+  const int64_t held = offload ? 2 : m.L + 1;
+  STRATA_ASSIGN_OR_RETURN(gpu::DeviceMemory acts, s.allocate_device(held * act * 4, "activations"));
   float* h = acts.as<float>();
-  auto at = [h, act](int64_t l) { return h + l * act; };
+  auto at = [h, act, held](int64_t l) { return h + (l % held) * act; };
+  auto save = [&](int64_t l) {
+    return offload ? s.save_activation(static_cast<uint64_t>(l), at(l), act * 4, stream) : ok_status();
+  };
   std::memcpy(h, x.data(), act * 4);
   STRATA_RETURN_IF_ERROR(s.begin_step());
+  STRATA_RETURN_IF_ERROR(save(0));
   for (int64_t l = 0; l < m.L; ++l) {
     STRATA_ASSIGN_OR_RETURN(const void* w, s.acquire(static_cast<size_t>(l), stream));
+    if (offload && l >= 1) STRATA_RETURN_IF_ERROR(s.activation_saved(static_cast<uint64_t>(l - 1), stream));
     STRATA_RETURN_IF_ERROR(dev.enqueue(stream, [&m, l, w, t, at] {
       layer_forward(m, l, w, t, at(l), at(l + 1));
       return ok_status();
     }));
     STRATA_RETURN_IF_ERROR(s.release(static_cast<size_t>(l), stream));
+    if (l + 1 < m.L) STRATA_RETURN_IF_ERROR(save(l + 1));
   }
   STRATA_RETURN_IF_ERROR(dev.synchronize(stream));  // the loss is the host's
   std::vector<float> da(act), db(act);
@@ -240,71 +251,17 @@ Result<float> stream_step(Session& s, const Mlp& m, int64_t step, gpu::Stream st
   std::vector<float>* dprev = &db;
   for (int64_t l = m.L - 1; l >= 0; --l) {
     const auto c = static_cast<size_t>(l);
+    const auto key = static_cast<uint64_t>(l);
     STRATA_ASSIGN_OR_RETURN(const void* w, s.acquire(c, stream));
     STRATA_ASSIGN_OR_RETURN(void* g, s.gradient_buffer(c));
+    if (offload) STRATA_RETURN_IF_ERROR(s.load_activation(key, at(l), act * 4, stream));
     STRATA_RETURN_IF_ERROR(dev.enqueue(stream, [&m, l, w, t, at, dh, dprev, g] {
       layer_backward(m, l, w, t, at(l), at(l + 1), *dh, *dprev, g);
       return ok_status();
     }));
     STRATA_RETURN_IF_ERROR(s.release(c));  // acquired on the stream: released after it all the same
     STRATA_RETURN_IF_ERROR(s.submit_gradient(c, stream));
-    std::swap(dh, dprev);
-  }
-  Result<StepVerdict> v = s.end_step();
-  STRATA_RETURN_IF_ERROR(dev.synchronize(stream));  // nothing queued outlives the buffers
-  STRATA_RETURN_IF_ERROR(v.status());
-  return static_cast<float>(loss / static_cast<double>(act));
-}
-
-// One step computed on `stream` with stream-ordered activation calls:
-// forward saves each layer input after the layer that wrote it, the host
-// never waiting (the stream waits for a save, activation_saved, only
-// before a layer writes over that input's buffer); backward loads and
-// prefetches them back with copies that wait for the stream's reads of
-// their buffers. Two activation buffers. Returns the loss.
-Result<float> stream_saving_step(Session& s, const Mlp& m, int64_t step, gpu::Stream stream) {
-  const DType t = s.precision();
-  gpu::Device& dev = s.device();
-  std::vector<float> x, y;
-  batch(m, step, &x, &y);
-  const size_t act = static_cast<size_t>(m.B * m.D);
-  STRATA_ASSIGN_OR_RETURN(gpu::DeviceMemory acts, s.allocate_device(2 * act * 4, "activations"));
-  float* h = acts.as<float>();
-  auto at = [h, act](int64_t l) { return h + (l % 2) * act; };
-  std::memcpy(h, x.data(), act * 4);
-  STRATA_RETURN_IF_ERROR(s.begin_step());
-  STRATA_RETURN_IF_ERROR(s.save_activation(0, at(0), act * 4, stream));
-  for (int64_t l = 0; l < m.L; ++l) {
-    STRATA_ASSIGN_OR_RETURN(const void* w, s.acquire(static_cast<size_t>(l), stream));
-    if (l >= 1) STRATA_RETURN_IF_ERROR(s.activation_saved(static_cast<uint64_t>(l - 1), stream));
-    STRATA_RETURN_IF_ERROR(dev.enqueue(stream, [&m, l, w, t, at] {
-      layer_forward(m, l, w, t, at(l), at(l + 1));
-      return ok_status();
-    }));
-    STRATA_RETURN_IF_ERROR(s.release(static_cast<size_t>(l), stream));
-    if (l + 1 < m.L)
-      STRATA_RETURN_IF_ERROR(s.save_activation(static_cast<uint64_t>(l + 1), at(l + 1), act * 4, stream));
-  }
-  STRATA_RETURN_IF_ERROR(dev.synchronize(stream));  // the loss is the host's
-  std::vector<float> da(act), db(act);
-  const double loss = loss_and_grad(at(m.L), y, static_cast<float>(s.loss_scale()), da);
-  std::vector<float>* dh = &da;
-  std::vector<float>* dprev = &db;
-  // Backward on the stream too: layer l's input comes back (prefetched
-  // behind layer l + 1, into the buffer layer l + 1 read: the copy waits
-  // for it on the device) and its gradient goes out from the stream.
-  for (int64_t l = m.L - 1; l >= 0; --l) {
-    const auto c = static_cast<size_t>(l);
-    STRATA_ASSIGN_OR_RETURN(const void* w, s.acquire(c, stream));
-    STRATA_ASSIGN_OR_RETURN(void* g, s.gradient_buffer(c));
-    STRATA_RETURN_IF_ERROR(s.load_activation(static_cast<uint64_t>(l), at(l), act * 4, stream));
-    STRATA_RETURN_IF_ERROR(dev.enqueue(stream, [&m, l, w, t, at, dh, dprev, g] {
-      layer_backward(m, l, w, t, at(l), at(l + 1), *dh, *dprev, g);
-      return ok_status();
-    }));
-    STRATA_RETURN_IF_ERROR(s.release(c, stream));
-    STRATA_RETURN_IF_ERROR(s.submit_gradient(c, stream));
-    if (l >= 1) STRATA_RETURN_IF_ERROR(s.prefetch_activation(static_cast<uint64_t>(l - 1), at(l - 1), act * 4, stream));
+    if (offload && l >= 1) STRATA_RETURN_IF_ERROR(s.prefetch_activation(key - 1, at(l - 1), act * 4, stream));
     std::swap(dh, dprev);
   }
   Result<StepVerdict> v = s.end_step();
@@ -544,7 +501,7 @@ TEST(Session, StreamOrderedActivationCallsGiveTheSameBits) {
     Result<gpu::Stream> stream = (*s)->device().create_stream("model");
     ASSERT_TRUE(stream.has_value());
     for (int k = 0; k < 6; ++k) {
-      Result<float> loss = stream_saving_step(**s, m, k, *stream);
+      Result<float> loss = stream_step(**s, m, k, *stream, /*offload=*/true);
       ASSERT_TRUE(loss.has_value()) << "step " << k << ": " << loss.status().to_string();
       EXPECT_EQ(std::bit_cast<uint32_t>(*loss), std::bit_cast<uint32_t>(blocking[static_cast<size_t>(k)]))
           << "step " << k;
