@@ -59,9 +59,16 @@ Status Session::save_activation_after(uint64_t key, const void* device_src, uint
     w.bytes = bytes;
     activations_[key].bytes = bytes;
     Write& held = writes_[key] = w;
-    // Blocking: the bytes are off the device and the write in flight.
-    if (stream == nullptr) issue_write(key, held);
-    return ok_status();
+    if (stream != nullptr) return ok_status();
+    // Blocking: the bytes are off the device and the write in flight, or
+    // the save fails here with nothing of it kept.
+    issue_write(key, held);
+    if (!held.failed) return ok_status();
+    Status failed = std::move(failed_writes_.at(key).status);
+    failed_writes_.erase(key);
+    writes_.erase(key);
+    activations_[key].bytes = 0;
+    return failed;
   }
   STRATA_RETURN_IF_ERROR(host_activation(key, bytes));
   Activation& a = activations_[key];

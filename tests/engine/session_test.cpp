@@ -637,6 +637,33 @@ TEST(Session, AFailedActivationWriteIsTheNextLoadsOrFinalizesError) {
   EXPECT_TRUE((*s)->finalize().ok()) << "reported once";
 }
 
+// A save the NVMe budget cannot hold: blocking, it fails there with
+// nothing of it kept (its key was never saved); stream-ordered, its write
+// is refused once issued and the key's load reports it.
+TEST(Session, ASaveBeyondTheNvmeBudgetFailsWithNothingKept) {
+  const Mlp m{16, 2, 4};
+  TempDir dir;
+  SessionOptions o = base_options();
+  o.activations = Tier::kNvme;
+  o.nvme_paths = {dir.path()};
+  o.nvme_budget_bytes = 8192;
+  Result<std::unique_ptr<Session>> s = make_session(m, o);
+  ASSERT_TRUE(s.has_value() && (*s)->start().ok());
+  Result<gpu::DeviceMemory> buf = (*s)->allocate_device(16384, "buffer");
+  ASSERT_TRUE(buf.has_value());
+  ASSERT_TRUE((*s)->save_activation(1, buf->data(), 4096).ok());
+  const Status over = (*s)->save_activation(2, buf->data(), 16384);
+  EXPECT_EQ(over.code(), StatusCode::kResourceExhausted) << over.to_string();
+  EXPECT_EQ((*s)->load_activation(2, buf->data(), 16384).code(), StatusCode::kNotFound);
+  EXPECT_TRUE((*s)->load_activation(1, buf->data(), 4096).ok());
+  Result<gpu::Stream> stream = (*s)->device().create_stream("model");
+  ASSERT_TRUE(stream.has_value());
+  ASSERT_TRUE((*s)->save_activation(3, buf->data(), 16384, *stream).ok());
+  const Status loaded = (*s)->load_activation(3, buf->data(), 16384);
+  EXPECT_EQ(loaded.code(), StatusCode::kResourceExhausted) << loaded.to_string();
+  EXPECT_NE(loaded.to_string().find("saving activation 3"), std::string::npos) << loaded.to_string();
+}
+
 TEST(Session, ClippingAndItsRollbackGiveTheSameBitsOnEveryTierAndWithSpeculationInRam) {
   const Mlp m{32, 4, 16};
   SessionOptions o = base_options();
