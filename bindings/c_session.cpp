@@ -270,6 +270,47 @@ strata_status strata_session_prefetch_activation(strata_session* session, uint64
   });
 }
 
+strata_status strata_session_save_activation_on(strata_session* session, uint64_t key, const void* device_src,
+                                                size_t bytes, void* stream) {
+  return guarded([&]() -> Status {
+    STRATA_RETURN_IF_ERROR(usable(session, "strata_session_save_activation_on"));
+    if (stream == nullptr) return session->session->save_activation(key, device_src, bytes);
+    STRATA_ASSIGN_OR_RETURN(strata::gpu::Stream s, stream_of(session, stream));
+    return session->session->save_activation(key, device_src, bytes, s);
+  });
+}
+
+strata_status strata_session_activation_saved(strata_session* session, uint64_t key, void* stream) {
+  return guarded([&]() -> Status {
+    STRATA_RETURN_IF_ERROR(usable(session, "strata_session_activation_saved"));
+    if (stream == nullptr) {
+      return strata::invalid_argument("strata_session_activation_saved: no stream to make wait");
+    }
+    STRATA_ASSIGN_OR_RETURN(strata::gpu::Stream s, stream_of(session, stream));
+    return session->session->activation_saved(key, s);
+  });
+}
+
+strata_status strata_session_load_activation_on(strata_session* session, uint64_t key, void* device_dst, size_t bytes,
+                                                void* stream) {
+  return guarded([&]() -> Status {
+    STRATA_RETURN_IF_ERROR(usable(session, "strata_session_load_activation_on"));
+    if (stream == nullptr) return session->session->load_activation(key, device_dst, bytes);
+    STRATA_ASSIGN_OR_RETURN(strata::gpu::Stream s, stream_of(session, stream));
+    return session->session->load_activation(key, device_dst, bytes, s);
+  });
+}
+
+strata_status strata_session_prefetch_activation_on(strata_session* session, uint64_t key, void* device_dst,
+                                                    size_t bytes, void* stream) {
+  return guarded([&]() -> Status {
+    STRATA_RETURN_IF_ERROR(usable(session, "strata_session_prefetch_activation_on"));
+    if (stream == nullptr) return session->session->prefetch_activation(key, device_dst, bytes);
+    STRATA_ASSIGN_OR_RETURN(strata::gpu::Stream s, stream_of(session, stream));
+    return session->session->prefetch_activation(key, device_dst, bytes, s);
+  });
+}
+
 strata_status strata_session_device_alloc(strata_session* session, size_t bytes, void** memory) {
   return guarded([&]() -> Status {
     STRATA_RETURN_IF_ERROR(usable(session, "strata_session_device_alloc"));

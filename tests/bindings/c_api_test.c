@@ -208,6 +208,22 @@ static void session_misuse(const char* root) {
       CHECK(strata_session_load_activation(s, 3, into, 64) == STRATA_OK && memcmp(from, into, 64) == 0,
             "the prefetched bytes: %s", strata_last_error());
       CHECK(strata_session_prefetch_activation(s, 4, into, 64) == STRATA_NOT_FOUND, "a key never saved");
+      /* The stream-ordered calls: without a stream the blocking ones; a
+       * stream on the host backend is refused. */
+      memset(into, 0, 64);
+      for (int i = 0; i < 64; ++i) ((unsigned char*)from)[i] = (unsigned char)(5 * i + 2);
+      CHECK(strata_session_save_activation_on(s, 5, from, 64, NULL) == STRATA_OK, "save on: %s", strata_last_error());
+      CHECK(strata_session_prefetch_activation_on(s, 5, into, 64, NULL) == STRATA_OK, "prefetch on: %s",
+            strata_last_error());
+      CHECK(strata_session_load_activation_on(s, 5, into, 64, NULL) == STRATA_OK && memcmp(from, into, 64) == 0,
+            "the bytes saved and loaded without a stream: %s", strata_last_error());
+      CHECK(strata_session_activation_saved(s, 5, NULL) == STRATA_INVALID_ARGUMENT, "activation_saved needs a stream");
+      CHECK(strata_session_save_activation_on(s, 6, from, 64, (void*)1) == STRATA_UNIMPLEMENTED &&
+                strstr(strata_last_error(), "no native streams") != NULL,
+            "a stream to save on the host: %s", strata_last_error());
+      CHECK(strata_session_activation_saved(s, 5, (void*)1) == STRATA_UNIMPLEMENTED, "a stream to wait on the host");
+      CHECK(strata_session_load_activation_on(s, 5, into, 64, (void*)1) == STRATA_UNIMPLEMENTED,
+            "a stream to load on the host");
     }
     const char* d = strata_session_describe(s);
     CHECK(

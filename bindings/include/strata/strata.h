@@ -320,6 +320,22 @@ STRATA_API strata_status strata_session_load_activation(strata_session* session,
  * reports a failed read. `device_dst` is being written until then. */
 STRATA_API strata_status strata_session_prefetch_activation(strata_session* session, uint64_t key, void* device_dst,
                                                             size_t bytes);
+/* The activation calls in a caller's stream order (`stream`: a
+ * cudaStream_t, not owned; NULL: the blocking calls above; UNIMPLEMENTED
+ * with a stream on the host backend). _save_activation_on returns at
+ * once, the copy out queued after what the stream queued by the call;
+ * `device_src` stays the session's until strata_session_activation_saved
+ * makes a stream wait for that copy (INVALID_ARGUMENT without a stream,
+ * NOT_FOUND for a key never saved). _load_ and _prefetch_activation_on
+ * copy into `device_dst` after what the stream queued by the call (its
+ * reads of the buffer); the load still returns once the bytes are there. */
+STRATA_API strata_status strata_session_save_activation_on(strata_session* session, uint64_t key,
+                                                           const void* device_src, size_t bytes, void* stream);
+STRATA_API strata_status strata_session_activation_saved(strata_session* session, uint64_t key, void* stream);
+STRATA_API strata_status strata_session_load_activation_on(strata_session* session, uint64_t key, void* device_dst,
+                                                           size_t bytes, void* stream);
+STRATA_API strata_status strata_session_prefetch_activation_on(strata_session* session, uint64_t key, void* device_dst,
+                                                               size_t bytes, void* stream);
 /* `bytes` of device memory from the same budget (the model's activations)
  * into *memory; give it back with strata_session_device_free. */
 STRATA_API strata_status strata_session_device_alloc(strata_session* session, size_t bytes, void** memory);
