@@ -89,6 +89,9 @@ if [[ $FULL == ON ]] && wants train; then
     grep -E "^step +(1|10|20|30) |^strata-train:"
   timeout 120 $TOOLS/strata-train --device cuda --steps 30 --stream-weights --prefetch 2 2>&1 | tee "$OUT/train_streamed.txt" |
     grep -E "^step +(1|10|20|30) |^strata-train:"
+  log "strata-train on the GPU, block inputs offloaded to host RAM (stream-ordered saves and loads; the losses of train_streamed.txt)"
+  timeout 120 $TOOLS/strata-train --device cuda --steps 30 --stream-weights --prefetch 2 --activations-on host 2>&1 |
+    tee "$OUT/train_acts_host.txt" | grep -E "^step +(1|10|20|30) |^strata-train:"
 fi
 
 if [[ $FULL == ON ]] && wants step; then
@@ -127,7 +130,7 @@ fi
 log "summary"
 grep -E "tests passed|tests failed" "$OUT/ctest.log" 2>/dev/null || echo "ctest did not run or finish"
 grep -vE "^\{" "$OUT/gpubench.txt" 2>/dev/null | tail -16
-for f in train train_streamed train_grads_nvme; do
+for f in train train_streamed train_acts_host train_grads_nvme; do
   [[ -f "$OUT/$f.txt" ]] && echo "$f: $(grep -E '^step|^strata-train:' "$OUT/$f.txt" | sed -n '1p;$p' | sed -E 's/ \| h2d.*//' | tr '\n' ' ')"
 done
 for f in stepbench_ram stepbench_nvme; do
