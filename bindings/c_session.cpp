@@ -274,8 +274,7 @@ strata_status strata_session_save_activation_on(strata_session* session, uint64_
                                                 size_t bytes, void* stream) {
   return guarded([&]() -> Status {
     STRATA_RETURN_IF_ERROR(usable(session, "strata_session_save_activation_on"));
-    if (stream == nullptr) return session->session->save_activation(key, device_src, bytes);
-    STRATA_ASSIGN_OR_RETURN(strata::gpu::Stream s, stream_of(session, stream));
+    STRATA_ASSIGN_OR_RETURN(strata::gpu::Stream s, stream_of(session, stream));  // NULL: none, the blocking call
     return session->session->save_activation(key, device_src, bytes, s);
   });
 }
@@ -283,9 +282,6 @@ strata_status strata_session_save_activation_on(strata_session* session, uint64_
 strata_status strata_session_activation_saved(strata_session* session, uint64_t key, void* stream) {
   return guarded([&]() -> Status {
     STRATA_RETURN_IF_ERROR(usable(session, "strata_session_activation_saved"));
-    if (stream == nullptr) {
-      return strata::invalid_argument("strata_session_activation_saved: no stream to make wait");
-    }
     STRATA_ASSIGN_OR_RETURN(strata::gpu::Stream s, stream_of(session, stream));
     return session->session->activation_saved(key, s);
   });
@@ -295,8 +291,7 @@ strata_status strata_session_load_activation_on(strata_session* session, uint64_
                                                 void* stream) {
   return guarded([&]() -> Status {
     STRATA_RETURN_IF_ERROR(usable(session, "strata_session_load_activation_on"));
-    if (stream == nullptr) return session->session->load_activation(key, device_dst, bytes);
-    STRATA_ASSIGN_OR_RETURN(strata::gpu::Stream s, stream_of(session, stream));
+    STRATA_ASSIGN_OR_RETURN(strata::gpu::Stream s, stream_of(session, stream));  // NULL: none, the blocking call
     return session->session->load_activation(key, device_dst, bytes, s);
   });
 }
@@ -305,8 +300,7 @@ strata_status strata_session_prefetch_activation_on(strata_session* session, uin
                                                     size_t bytes, void* stream) {
   return guarded([&]() -> Status {
     STRATA_RETURN_IF_ERROR(usable(session, "strata_session_prefetch_activation_on"));
-    if (stream == nullptr) return session->session->prefetch_activation(key, device_dst, bytes);
-    STRATA_ASSIGN_OR_RETURN(strata::gpu::Stream s, stream_of(session, stream));
+    STRATA_ASSIGN_OR_RETURN(strata::gpu::Stream s, stream_of(session, stream));  // NULL: none, the blocking call
     return session->session->prefetch_activation(key, device_dst, bytes, s);
   });
 }

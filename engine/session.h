@@ -341,7 +341,9 @@ class Session {
   // write is issued once the copy has landed: by the next activation call.
   Status save_activation(uint64_t key, const void* device_src, uint64_t bytes, gpu::Stream stream);
   // `stream` waits, on the device, until the save of `key` has left its
-  // device buffer (at once when it has). NotFound when `key` was not saved.
+  // device buffer (at once when it has). NotFound when `key` was not saved;
+  // InvalidArgument without a stream. A stream of id < 0 (gpu::Stream{})
+  // makes every stream-ordered activation call its blocking one.
   Status activation_saved(uint64_t key, gpu::Stream stream);
   // Starts load_activation(key, device_dst, bytes) without waiting: the
   // copy up (from NVMe the read, then the copy) runs on a copy stream of
@@ -569,10 +571,19 @@ class Session {
   std::map<uint64_t, Activation> activations_;
   // Loads started by prefetch_activation, by key; from NVMe each reads into
   // a staging buffer of its own, and the read's outcome is kept for the load.
+  // A copy of an activation between the tiers: the model's work it
+  // follows when stream-ordered (none: id -1), and its own end.
+  struct ActivationCopy {
+    gpu::Event after_model;
+    gpu::Event done;
+  };
+  // The host waits for a copy: for the model's work unmetered (its own
+  // compute), then for the copy, metered (what the model waits for beyond
+  // its compute).
+  Status wait_copy(const ActivationCopy& copy);
   struct Prefetch {
     void* dst = nullptr;
-    gpu::Event after_model;  // stream-ordered: the model's work the copy follows
-    gpu::Event done;  // the copy up
+    ActivationCopy copy;  // the copy up
     int staging = 0;
     std::shared_ptr<Status> read;  // kNvme
   };
@@ -594,9 +605,7 @@ class Session {
     int staging = 0;
     bool issued = true;
     bool failed = false;  // the copy or the write's submission failed (failed_writes_ says how)
-    gpu::Event after_model;  // the model's work the copy follows
-    gpu::Event copied;
-    uint64_t bytes = 0;
+    ActivationCopy copy;  // into the staging buffer
   };
   static constexpr int kWriteStaging = 2;
   std::map<uint64_t, Write> writes_;
@@ -606,18 +615,8 @@ class Session {
   void issue_write(uint64_t key, Write& w);
   void issue_copied_writes();
   // Host RAM: stream-ordered saves whose copy may be in flight, by key.
-  struct Save {
-    gpu::Event after_model, copied;
-  };
-  std::map<uint64_t, Save> saves_;
+  std::map<uint64_t, ActivationCopy> saves_;
   Status settle_save(uint64_t key);
-  // The host waits for a copy that follows the model's work `after_model`
-  // (none: id -1): for that work unmetered (the model's own compute), then
-  // for the copy, metered (what the model waits for beyond its compute).
-  Status wait_copy(gpu::Event after_model, gpu::Event copy);
-  Status save_activation_after(uint64_t key, const void* device_src, uint64_t bytes, const gpu::Stream* stream);
-  Status prefetch_activation_after(uint64_t key, void* device_dst, uint64_t bytes, const gpu::Stream* stream);
-  Status load_activation_after(uint64_t key, void* device_dst, uint64_t bytes, const gpu::Stream* stream);
   Status host_activation(uint64_t key, uint64_t bytes);
   // Writes that failed, by key, until the key is saved again: each load of
   // the key reports it, finalize those no load reported (once);

@@ -15,16 +15,12 @@
 namespace strata::engine {
 
 Status Session::save_activation(uint64_t key, const void* device_src, uint64_t bytes) {
-  return save_activation_after(key, device_src, bytes, nullptr);
-}
-
-Status Session::save_activation(uint64_t key, const void* device_src, uint64_t bytes, gpu::Stream stream) {
-  return save_activation_after(key, device_src, bytes, &stream);
+  return save_activation(key, device_src, bytes, gpu::Stream{});
 }
 
 // A save: the copy out on the session's copy stream, after `stream`'s work
-// (returning at once) or waited for (stream null).
-Status Session::save_activation_after(uint64_t key, const void* device_src, uint64_t bytes, const gpu::Stream* stream) {
+// (returning at once) or waited for (no stream: id < 0).
+Status Session::save_activation(uint64_t key, const void* device_src, uint64_t bytes, gpu::Stream stream) {
   STRATA_RETURN_IF_ERROR(usable("save_activation"));
   if (!started()) return failed_precondition("session: save_activation before start");
   if (device_src == nullptr || bytes == 0) {
@@ -34,8 +30,9 @@ Status Session::save_activation_after(uint64_t key, const void* device_src, uint
   STRATA_RETURN_IF_ERROR(settle_save(key));      // so does a copy of them out
   issue_copied_writes();
   gpu::Event written;  // the model's writes the copy follows
-  if (stream != nullptr) {
-    STRATA_ASSIGN_OR_RETURN(written, device_->record(*stream));
+  const bool ordered = stream.id >= 0;
+  if (ordered) {
+    STRATA_ASSIGN_OR_RETURN(written, device_->record(stream));
     STRATA_RETURN_IF_ERROR(device_->stream_wait(copy_, written));
   }
   if (options_.activations == Tier::kNvme) {
@@ -53,13 +50,12 @@ Status Session::save_activation_after(uint64_t key, const void* device_src, uint
     io::Buffer& staging = write_staging_[w.staging];
     STRATA_RETURN_IF_ERROR(stage_activation(bytes, &staging, &write_staging_pin_[w.staging]));
     STRATA_RETURN_IF_ERROR(device_->copy_to_host(copy_, staging.data(), device_src, bytes));
-    STRATA_ASSIGN_OR_RETURN(w.copied, device_->record(copy_));
+    STRATA_ASSIGN_OR_RETURN(w.copy.done, device_->record(copy_));
     w.issued = false;
-    w.after_model = written;
-    w.bytes = bytes;
+    w.copy.after_model = written;
     activations_[key].bytes = bytes;
     Write& held = writes_[key] = w;
-    if (stream != nullptr) return ok_status();
+    if (ordered) return ok_status();
     // Blocking: the bytes are off the device and the write in flight, or
     // the save fails here with nothing of it kept.
     issue_write(key, held);
@@ -74,7 +70,7 @@ Status Session::save_activation_after(uint64_t key, const void* device_src, uint
   Activation& a = activations_[key];
   STRATA_RETURN_IF_ERROR(device_->copy_to_host(copy_, a.host.data(), device_src, bytes));
   a.bytes = bytes;
-  if (stream == nullptr) return device_->synchronize(copy_);
+  if (!ordered) return device_->synchronize(copy_);
   STRATA_ASSIGN_OR_RETURN(gpu::Event copied, device_->record(copy_));
   saves_[key] = {written, copied};
   return ok_status();
@@ -99,12 +95,13 @@ Status Session::host_activation(uint64_t key, uint64_t bytes) {
 
 Status Session::activation_saved(uint64_t key, gpu::Stream stream) {
   STRATA_RETURN_IF_ERROR(usable("activation_saved"));
+  if (stream.id < 0) return invalid_argument("session: activation_saved: no stream to make wait");
   if (!activations_.contains(key)) {
     return not_found("session: activation_saved: no activation " + std::to_string(key) + " was saved");
   }
-  if (const auto it = saves_.find(key); it != saves_.end()) return device_->stream_wait(stream, it->second.copied);
+  if (const auto it = saves_.find(key); it != saves_.end()) return device_->stream_wait(stream, it->second.done);
   if (const auto it = writes_.find(key); it != writes_.end() && !it->second.issued) {
-    return device_->stream_wait(stream, it->second.copied);
+    return device_->stream_wait(stream, it->second.copy.done);
   }
   return ok_status();  // its copy was waited for
 }
@@ -113,14 +110,14 @@ Status Session::activation_saved(uint64_t key, gpu::Stream stream) {
 Status Session::settle_save(uint64_t key) {
   const auto it = saves_.find(key);
   if (it == saves_.end()) return ok_status();
-  const Save save = it->second;
+  const ActivationCopy copy = it->second;
   saves_.erase(it);
-  return wait_copy(save.after_model, save.copied).with_context("session: saving activation " + std::to_string(key));
+  return wait_copy(copy).with_context("session: saving activation " + std::to_string(key));
 }
 
-Status Session::wait_copy(gpu::Event after_model, gpu::Event copy) {
-  if (after_model.id >= 0) STRATA_RETURN_IF_ERROR(device_->synchronize(after_model));
-  return meter_.wait(*device_, copy, "activation");
+Status Session::wait_copy(const ActivationCopy& copy) {
+  if (copy.after_model.id >= 0) STRATA_RETURN_IF_ERROR(device_->synchronize(copy.after_model));
+  return meter_.wait(*device_, copy.done, "activation");
 }
 
 // Issues the write of a save whose copy into its staging buffer is
@@ -129,9 +126,10 @@ Status Session::wait_copy(gpu::Event after_model, gpu::Event copy) {
 void Session::issue_write(uint64_t key, Write& w) {
   if (w.issued) return;
   w.issued = true;
-  Status copied = wait_copy(w.after_model, w.copied);
+  Status copied = wait_copy(w.copy);
   if (copied.ok()) {
-    Result<io::Ticket> t = swap_->write(activation_blob(key), write_staging_[w.staging].view(), w.bytes);
+    Result<io::Ticket> t =
+        swap_->write(activation_blob(key), write_staging_[w.staging].view(), activations_.at(key).bytes);
     if (t) {
       w.ticket = *t;
       return;
@@ -145,7 +143,7 @@ void Session::issue_write(uint64_t key, Write& w) {
 // The stream-ordered saves whose copies have landed get their writes.
 void Session::issue_copied_writes() {
   for (auto& [key, w] : writes_) {
-    if (!w.issued && device_->done(w.copied)) issue_write(key, w);
+    if (!w.issued && device_->done(w.copy.done)) issue_write(key, w);
   }
 }
 
@@ -164,15 +162,11 @@ Status Session::check_activation(const char* call, uint64_t key, const void* dev
 }
 
 Status Session::prefetch_activation(uint64_t key, void* device_dst, uint64_t bytes) {
-  return prefetch_activation_after(key, device_dst, bytes, nullptr);
-}
-
-Status Session::prefetch_activation(uint64_t key, void* device_dst, uint64_t bytes, gpu::Stream stream) {
-  return prefetch_activation_after(key, device_dst, bytes, &stream);
+  return prefetch_activation(key, device_dst, bytes, gpu::Stream{});
 }
 
 // A prefetch whose copy up follows `stream`'s work so far (when given).
-Status Session::prefetch_activation_after(uint64_t key, void* device_dst, uint64_t bytes, const gpu::Stream* stream) {
+Status Session::prefetch_activation(uint64_t key, void* device_dst, uint64_t bytes, gpu::Stream stream) {
   STRATA_RETURN_IF_ERROR(usable("prefetch_activation"));
   STRATA_RETURN_IF_ERROR(check_activation("prefetch_activation", key, device_dst, bytes));
   STRATA_RETURN_IF_ERROR(settle_prefetch(key));  // one load of a key at a time
@@ -212,12 +206,12 @@ Status Session::prefetch_activation_after(uint64_t key, void* device_dst, uint64
     }));
     src = staging.data();
   }
-  if (stream != nullptr) {
-    STRATA_ASSIGN_OR_RETURN(p.after_model, device_->record(*stream));  // its reads of the buffer
-    STRATA_RETURN_IF_ERROR(device_->stream_wait(prefetch_copy_, p.after_model));
+  if (stream.id >= 0) {
+    STRATA_ASSIGN_OR_RETURN(p.copy.after_model, device_->record(stream));  // its reads of the buffer
+    STRATA_RETURN_IF_ERROR(device_->stream_wait(prefetch_copy_, p.copy.after_model));
   }
   STRATA_RETURN_IF_ERROR(device_->copy_to_device(prefetch_copy_, device_dst, src, bytes));
-  STRATA_ASSIGN_OR_RETURN(p.done, device_->record(prefetch_copy_));
+  STRATA_ASSIGN_OR_RETURN(p.copy.done, device_->record(prefetch_copy_));
   prefetches_[key] = p;
   return ok_status();
 }
@@ -245,19 +239,15 @@ Status Session::settle_prefetch(uint64_t key) {
   const Prefetch p = it->second;
   prefetches_.erase(it);
   // What the model waits here is what the prefetch did not hide.
-  STRATA_RETURN_IF_ERROR(wait_copy(p.after_model, p.done).with_context("session: activation " + std::to_string(key)));
+  STRATA_RETURN_IF_ERROR(wait_copy(p.copy).with_context("session: activation " + std::to_string(key)));
   return p.read ? *p.read : ok_status();
 }
 
 Status Session::load_activation(uint64_t key, void* device_dst, uint64_t bytes) {
-  return load_activation_after(key, device_dst, bytes, nullptr);
+  return load_activation(key, device_dst, bytes, gpu::Stream{});
 }
 
 Status Session::load_activation(uint64_t key, void* device_dst, uint64_t bytes, gpu::Stream stream) {
-  return load_activation_after(key, device_dst, bytes, &stream);
-}
-
-Status Session::load_activation_after(uint64_t key, void* device_dst, uint64_t bytes, const gpu::Stream* stream) {
   STRATA_RETURN_IF_ERROR(usable("load_activation"));
   STRATA_RETURN_IF_ERROR(check_activation("load_activation", key, device_dst, bytes));
   const auto pending = prefetches_.find(key);
@@ -267,7 +257,7 @@ Status Session::load_activation_after(uint64_t key, void* device_dst, uint64_t b
     if (same) return ok_status();  // it is there
   }
   // Not prefetched (or into another buffer): the same path, waited for.
-  STRATA_RETURN_IF_ERROR(prefetch_activation_after(key, device_dst, bytes, stream));
+  STRATA_RETURN_IF_ERROR(prefetch_activation(key, device_dst, bytes, stream));
   return settle_prefetch(key).with_context("session: loading activation " + std::to_string(key));
 }
 
