@@ -161,7 +161,7 @@ Result<std::unique_ptr<Session>> Session::create(SessionOptions o) {
 Session::~Session() {
   if (stage_) stage_->cancel();  // its thread reports to the store
   accumulator_.reset();          // so does this one
-  while (!prefetches_.empty()) settle_prefetch(prefetches_.begin()->first).ignore();
+  drop_prefetches();
   while (!saves_.empty()) settle_save(saves_.begin()->first).ignore();
   while (!writes_.empty()) settle_write(writes_.begin()->first);
   activations_.clear();
@@ -657,6 +657,7 @@ Status Session::cancel_step() {
     // Its update has not begun (the one in flight is the last step's, and goes on).
     if (accumulator_) accumulator_->drain().ignore();
     store_->settle();
+    drop_prefetches();
     in_step_ = false;
     return ok_status();
   }
@@ -672,6 +673,7 @@ Status Session::cancel_step() {
   if (accumulator_) accumulator_->drain().ignore();  // the sums are dropped with the step
   stage_->cancel();
   store_->settle();
+  drop_prefetches();
   in_step_ = false;
   return restore_written_weights();
 }

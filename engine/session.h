@@ -318,6 +318,8 @@ class Session {
   // is applied. OK when no step is open; FailedPrecondition once every
   // chunk's gradient was submitted (the update is under way: end_step),
   // except with the delayed update, whose update starts at end_step.
+  // Activation prefetches in flight land first and are forgotten (a failed
+  // read of one is not a later step's error); saved activations are kept.
   Status cancel_step();
 
   // Activation checkpoints of the model (layer inputs kept for backward,
@@ -594,7 +596,8 @@ class Session {
   gpu::HostPin prefetch_staging_pin_[kPrefetchStaging];
   Status stage_activation(uint64_t bytes, io::Buffer* buffer, gpu::HostPin* pin);
   Status check_activation(const char* call, uint64_t key, const void* device_dst, uint64_t bytes) const;
-  Status settle_prefetch(uint64_t key);
+  Status settle_prefetch(uint64_t key, bool report_read = true);
+  void drop_prefetches();
   // NVMe: saves whose write is in flight, by key, each from a staging
   // buffer of its own; a load of the key, a save over it, drop_activations
   // and finalize wait for it (and report its failure).

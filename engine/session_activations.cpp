@@ -26,8 +26,10 @@ Status Session::save_activation(uint64_t key, const void* device_src, uint64_t b
   if (device_src == nullptr || bytes == 0) {
     return invalid_argument("session: save_activation " + std::to_string(key) + ": no bytes to save");
   }
-  STRATA_RETURN_IF_ERROR(settle_prefetch(key));  // a load of the old contents in flight lands first
-  STRATA_RETURN_IF_ERROR(settle_save(key));      // so does a copy of them out
+  // A load of the old contents in flight lands first (a failed read of
+  // them is moot: they are replaced); so does a copy of them out.
+  STRATA_RETURN_IF_ERROR(settle_prefetch(key, /*report_read=*/false));
+  STRATA_RETURN_IF_ERROR(settle_save(key));
   issue_copied_writes();
   gpu::Event written;  // the model's writes the copy follows
   const bool ordered = stream.id >= 0;
@@ -232,15 +234,23 @@ void Session::settle_write(uint64_t key) {
   if (!written.ok()) failed_writes_[key] = {std::move(written), false};
 }
 
-// Waits for a prefetch of `key` in flight, if any, and forgets it.
-Status Session::settle_prefetch(uint64_t key) {
+// Waits for a prefetch of `key` in flight, if any, and forgets it; the
+// read's failure is returned when `report_read` (its bytes are wanted).
+Status Session::settle_prefetch(uint64_t key, bool report_read) {
   const auto it = prefetches_.find(key);
   if (it == prefetches_.end()) return ok_status();
   const Prefetch p = it->second;
   prefetches_.erase(it);
   // What the model waits here is what the prefetch did not hide.
   STRATA_RETURN_IF_ERROR(wait_copy(p.copy).with_context("session: activation " + std::to_string(key)));
-  return p.read ? *p.read : ok_status();
+  return p.read && report_read ? *p.read : ok_status();
+}
+
+// The prefetches in flight land and are forgotten, their reads' outcomes
+// with them: a cancelled step's copies write into no buffer of the model's
+// after it, and a failed read of one is no later step's error.
+void Session::drop_prefetches() {
+  while (!prefetches_.empty()) settle_prefetch(prefetches_.begin()->first, /*report_read=*/false).ignore();
 }
 
 Status Session::load_activation(uint64_t key, void* device_dst, uint64_t bytes) {
@@ -273,7 +283,7 @@ Status Session::stage_activation(uint64_t bytes, io::Buffer* buffer, gpu::HostPi
 }
 
 void Session::drop_activations() {
-  while (!prefetches_.empty()) settle_prefetch(prefetches_.begin()->first).ignore();
+  drop_prefetches();
   while (!saves_.empty()) settle_save(saves_.begin()->first).ignore();
   while (!writes_.empty()) settle_write(writes_.begin()->first);
   failed_writes_.clear();

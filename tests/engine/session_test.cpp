@@ -637,6 +637,56 @@ TEST(Session, AFailedActivationWriteIsTheNextLoadsOrFinalizesError) {
   EXPECT_TRUE((*s)->finalize().ok()) << "reported once";
 }
 
+// A prefetch whose read fails is the error of the load that wants its
+// bytes, of nothing else: not of a save over its key (the bytes are
+// replaced), nor, once its step is cancelled, of a later load of the key.
+TEST(Session, AFailedPrefetchIsNoLaterCallsError) {
+  const Mlp m{16, 2, 4};
+  TempDir dir;
+  constexpr uint64_t kBytes = 4096;
+  SessionOptions o = base_options();
+  o.activations = Tier::kNvme;
+  o.nvme_paths = {dir.path()};
+  o.faults = io::FaultConfig{};
+  Result<std::unique_ptr<Session>> made = make_session(m, o);
+  ASSERT_TRUE(made.has_value() && (*made)->start().ok());
+  Session& s = **made;
+  Result<gpu::DeviceMemory> src = s.allocate_device(kBytes, "source");
+  Result<gpu::DeviceMemory> a = s.allocate_device(kBytes, "a");
+  Result<gpu::DeviceMemory> b = s.allocate_device(kBytes, "b");
+  ASSERT_TRUE(src.has_value() && a.has_value() && b.has_value());
+  std::byte* bytes = src->as<std::byte>();
+  fill_stamped(bytes, kBytes, 0, 3);
+  ASSERT_TRUE(s.save_activation(1, bytes, kBytes).ok());
+  auto reads_fail = [&](bool on) {
+    s.swap_store()->with_faults([on](io::FaultyDevice& d) {
+      if (on) {
+        d.fail_next(io::IoOp::kRead, EIO, 1000);
+      } else {
+        d.clear_forced();
+      }
+    });
+  };
+  reads_fail(true);
+  ASSERT_TRUE(s.prefetch_activation(1, a->data(), kBytes).ok());
+  fill_stamped(bytes, kBytes, kBytes, 3);
+  const Status saved = s.save_activation(1, bytes, kBytes);
+  EXPECT_TRUE(saved.ok()) << saved.to_string();
+  reads_fail(false);
+  ASSERT_TRUE(s.load_activation(1, a->data(), kBytes).ok());
+  EXPECT_EQ(check_stamped(a->as<std::byte>(), kBytes, kBytes, 3), "");
+  // In a step that is cancelled (the model's compute failed, say).
+  ASSERT_TRUE(s.begin_step(1.0f).ok());
+  reads_fail(true);
+  ASSERT_TRUE(s.prefetch_activation(1, a->data(), kBytes).ok());
+  ASSERT_TRUE(s.cancel_step().ok());
+  reads_fail(false);
+  const Status loaded = s.load_activation(1, b->data(), kBytes);
+  EXPECT_TRUE(loaded.ok()) << loaded.to_string();
+  EXPECT_EQ(check_stamped(b->as<std::byte>(), kBytes, kBytes, 3), "");
+  EXPECT_TRUE(s.finalize().ok());
+}
+
 // A save the NVMe budget cannot hold: blocking, it fails there with
 // nothing of it kept (its key was never saved); stream-ordered, its write
 // is refused once issued and the key's load reports it.
