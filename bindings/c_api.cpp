@@ -67,8 +67,9 @@ Result<Prepared> prepare(const char* config_json, const char* device) {
       nlohmann::json::parse(config_json, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
   if (j.is_discarded()) return strata::invalid_argument("strata: the config is not valid JSON");
   Prepared p;
-  STRATA_ASSIGN_OR_RETURN(engine::EngineConfig cfg, engine::parse_config(j, &p.warnings));
-  STRATA_ASSIGN_OR_RETURN(p.options, engine::trainer_options(cfg, &p.warnings));
+  STRATA_ASSIGN_OR_RETURN(engine::GptRunConfig run, engine::parse_gpt_config(j, &p.warnings));
+  STRATA_ASSIGN_OR_RETURN(p.options, engine::trainer_options(run, &p.warnings));
+  const engine::EngineConfig& cfg = run.engine;
   const std::string dev = device == nullptr ? "host" : device;
   if (dev == "cuda") {
     p.options.backend = engine::TrainerOptions::Backend::kCuda;

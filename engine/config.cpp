@@ -19,175 +19,12 @@ namespace strata::engine {
 namespace {
 
 using nlohmann::json;
-
-// Reads one JSON object, remembering which keys were used so the rest can be
-// reported as unknown. Errors name the full dotted key.
-class Reader {
- public:
-  // `asked` (optional) collects the path of every key the parser asks
-  // about, present or not: the keys docs/CONFIG.md must document.
-  Reader(const json& obj, std::string path, std::vector<std::string>* warnings, std::set<std::string>* asked)
-      : obj_(obj), path_(std::move(path)), warnings_(warnings), asked_(asked) {}
-
-  std::string key_path(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
-  // A key whose value is "auto" counts as absent: Hugging Face's Trainer
-  // writes "auto" into DeepSpeed configs and fills it in before DeepSpeed
-  // reads them, so a config taken from there has them; the default stands,
-  // and a warning names the key.
-  // A key whose allowed values include "auto" (io.backend) takes it as a
-  // value: has_value() sees it.
-  bool has(const std::string& key) {
-    if (asked_ != nullptr) asked_->insert(key_path(key));
-    if (!obj_.contains(key)) return false;
-    const json& v = obj_.at(key);
-    if (v.is_string() && v.get<std::string>() == "auto") {
-      if (used_.insert(key).second) {
-        warnings_->push_back(key_path(key) +
-                             ": \"auto\" (a placeholder Hugging Face's Trainer fills in): strata's "
-                             "default is used");
-      }
-      return false;
-    }
-    return true;
-  }
-  const json& raw(const std::string& key) {
-    used_.insert(key);
-    return obj_.at(key);
-  }
-
-  Status get_int(const std::string& key, int64_t* out, int64_t lo, int64_t hi) {
-    if (!has(key)) return ok_status();
-    const json& v = raw(key);
-    if (!v.is_number_integer() || v.get<int64_t>() < lo || v.get<int64_t>() > hi) {
-      return bad(key, "an integer in " + std::to_string(lo) + ".." + std::to_string(hi), v);
-    }
-    *out = v.get<int64_t>();
-    return ok_status();
-  }
-
-  // A count that DeepSpeed configs often write as a float (1e9): any
-  // integral number in lo..hi.
-  Status get_count(const std::string& key, int64_t* out, int64_t lo, int64_t hi) {
-    if (!has(key)) return ok_status();
-    const json& v = raw(key);
-    const double d = v.is_number() ? v.get<double>() : -1.0;
-    if (!v.is_number() || d != std::floor(d) || d < static_cast<double>(lo) || d > static_cast<double>(hi)) {
-      return bad(key, "a whole number in " + std::to_string(lo) + ".." + std::to_string(hi), v);
-    }
-    *out = static_cast<int64_t>(d);
-    return ok_status();
-  }
-
-  Status get_double(const std::string& key, double* out, double lo, double hi) {
-    if (!has(key)) return ok_status();
-    const json& v = raw(key);
-    if (!v.is_number() || !(v.get<double>() >= lo && v.get<double>() <= hi)) {
-      return bad(key, "a number in [" + number(lo) + ", " + number(hi) + "]", v);
-    }
-    *out = v.get<double>();
-    return ok_status();
-  }
-
-  Status get_bool(const std::string& key, bool* out) {
-    if (!has(key)) return ok_status();
-    const json& v = raw(key);
-    if (!v.is_boolean()) return bad(key, "true or false", v);
-    *out = v.get<bool>();
-    return ok_status();
-  }
-
-  Status get_choice(const std::string& key, std::string* out, const std::vector<std::string>& allowed) {
-    const bool auto_is_a_value = std::find(allowed.begin(), allowed.end(), "auto") != allowed.end();
-    if (asked_ != nullptr) asked_->insert(key_path(key));
-    if (auto_is_a_value ? !obj_.contains(key) : !has(key)) return ok_status();
-    const json& v = raw(key);
-    std::string text = v.is_string() ? v.get<std::string>() : "";
-    for (const std::string& a : allowed) {
-      if (text == a) {
-        *out = text;
-        return ok_status();
-      }
-    }
-    std::string list;
-    for (const std::string& a : allowed) list += (list.empty() ? "" : ", ") + a;
-    return bad(key, "one of " + list, v);
-  }
-
-  // "24GiB", "512MiB", or a number of bytes, at least `min_bytes`.
-  Status get_bytes(const std::string& key, uint64_t* out, uint64_t min_bytes = 0) {
-    if (!has(key)) return ok_status();
-    const json& v = raw(key);
-    uint64_t bytes = 0;
-    if (v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0)) {
-      bytes = v.get<uint64_t>();
-    } else if (!v.is_string() || !parse_bytes(v.get<std::string>(), &bytes)) {
-      return bad(key, "a byte count such as \"24GiB\", \"512MiB\" or 1073741824", v);
-    }
-    if (bytes < min_bytes) {
-      return bad(key, "a byte count of at least " + std::to_string(min_bytes) + " (leave the key out for its default)", v);
-    }
-    *out = bytes;
-    return ok_status();
-  }
-
-  Result<Reader> object(const std::string& key) {
-    const json& v = raw(key);
-    if (!v.is_object()) return bad(key, "an object", v);
-    return Reader(v, key_path(key), warnings_, asked_);
-  }
-
-  // A warning about the object as a whole.
-  void warn(const std::string& what) { warnings_->push_back(what); }
-
-  // Marks keys as understood but not used, with a warning saying so.
-  void ignore(const std::string& key, const std::string& why) {
-    if (!has(key)) return;
-    used_.insert(key);
-    warnings_->push_back(key_path(key) + ": " + why);
-  }
-
-  void finish() const {
-    for (const auto& [key, value] : obj_.items()) {
-      if (used_.count(key) == 0) warnings_->push_back("unknown key " + key_path(key) + " ignored");
-    }
-  }
-
- private:
-  static std::string number(double x) {
-    std::ostringstream s;
-    s << x;
-    return s.str();
-  }
-  Status bad(const std::string& key, const std::string& allowed, const json& got) const {
-    return invalid_argument("config key " + key_path(key) + ": expected " + allowed + ", got " + got.dump());
-  }
-
-  const json& obj_;
-  std::string path_;
-  std::vector<std::string>* warnings_;
-  std::set<std::string>* asked_;
-  std::set<std::string> used_;
-};
+using Reader = ConfigReader;
 
 Result<Tier> tier_from(const std::string& text) {
   if (text == "device" || text == "none") return Tier::kDevice;
   if (text == "host" || text == "cpu") return Tier::kHost;
   return Tier::kNvme;
-}
-
-Status read_model(Reader& top, EngineConfig& c) {
-  if (!top.has("model")) return ok_status();
-  STRATA_ASSIGN_OR_RETURN(Reader m, top.object("model"));
-  std::string preset;
-  STRATA_RETURN_IF_ERROR(m.get_choice("preset", &preset, {"gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl"}));
-  if (!preset.empty()) c.model = gpu::gpt2_config(preset.substr(5));
-  STRATA_RETURN_IF_ERROR(m.get_int("layers", &c.model.layers, 1, 4096));
-  STRATA_RETURN_IF_ERROR(m.get_int("hidden", &c.model.hidden, 1, 1 << 20));
-  STRATA_RETURN_IF_ERROR(m.get_int("heads", &c.model.heads, 1, 1 << 16));
-  STRATA_RETURN_IF_ERROR(m.get_int("vocab", &c.model.vocab, 2, 1 << 24));
-  STRATA_RETURN_IF_ERROR(m.get_int("max_seq", &c.model.max_seq, 1, 1 << 20));
-  m.finish();
-  return c.model.validate().with_context("config key model");
 }
 
 Status read_optimizer(Reader& top, EngineConfig& c) {
@@ -471,16 +308,33 @@ Status read_session(Reader& top, EngineConfig& c) {
   return ok_status();
 }
 
-Status read_native(Reader& top, EngineConfig& c) {
-  STRATA_RETURN_IF_ERROR(read_model(top, c));
+// "model" and "batch": the model's keys beside the engine's.
+Status read_model_and_batch(Reader& top, EngineConfig& c, const ModelKeys& model_keys) {
+  static const json kEmpty = json::object();
+  Reader b(kEmpty, "batch", top.warnings(), top.asked());
   if (top.has("batch")) {
-    STRATA_ASSIGN_OR_RETURN(Reader b, top.object("batch"));
-    STRATA_RETURN_IF_ERROR(b.get_int("micro_batch", &c.setup.micro_batch, 1, 1 << 20));
-    STRATA_RETURN_IF_ERROR(b.get_int("seq", &c.seq, 1, 1 << 20));
-    STRATA_RETURN_IF_ERROR(b.get_int("grad_accum", &c.setup.grad_accum, 1, 1 << 20));
-    STRATA_RETURN_IF_ERROR(b.get_bool("vertical", &c.vertical_accumulation));
-    b.finish();
+    STRATA_ASSIGN_OR_RETURN(b, top.object("batch"));
   }
+  STRATA_RETURN_IF_ERROR(b.get_int("micro_batch", &c.setup.micro_batch, 1, 1 << 20));
+  STRATA_RETURN_IF_ERROR(b.get_int("grad_accum", &c.setup.grad_accum, 1, 1 << 20));
+  STRATA_RETURN_IF_ERROR(b.get_bool("vertical", &c.vertical_accumulation));
+  if (!model_keys) {
+    top.ignore("model", "this run's model reads no config keys (\"model\" is the built-in GPT's); ignored");
+    b.finish();
+    return ok_status();
+  }
+  Reader m(kEmpty, "model", top.warnings(), top.asked());
+  if (top.has("model")) {
+    STRATA_ASSIGN_OR_RETURN(m, top.object("model"));
+  }
+  STRATA_RETURN_IF_ERROR(model_keys(m, b));
+  m.finish();
+  b.finish();
+  return ok_status();
+}
+
+Status read_native(Reader& top, EngineConfig& c, const ModelKeys& model_keys) {
+  STRATA_RETURN_IF_ERROR(read_model_and_batch(top, c, model_keys));
   if (top.has("budgets")) {
     STRATA_ASSIGN_OR_RETURN(Reader b, top.object("budgets"));
     // 0 would read as "not given" downstream and be replaced by a default:
@@ -550,22 +404,18 @@ Status read_native(Reader& top, EngineConfig& c) {
 }  // namespace
 
 Result<EngineConfig> parse_config(const nlohmann::json& j, std::vector<std::string>* warnings,
-                                  const std::vector<std::string>& nvme_paths, std::set<std::string>* keys_asked) {
+                                  const std::vector<std::string>& nvme_paths, std::set<std::string>* keys_asked,
+                                  const ModelKeys& model_keys) {
   std::vector<std::string> local;
   if (warnings == nullptr) warnings = &local;
   if (!j.is_object()) return invalid_argument("config: expected a JSON object at the top level");
   EngineConfig c;
-  c.model = gpu::gpt2_config("small");
   Reader top(j, "", warnings, keys_asked);
-  STRATA_RETURN_IF_ERROR(read_native(top, c));
+  STRATA_RETURN_IF_ERROR(read_native(top, c, model_keys));
   STRATA_RETURN_IF_ERROR(read_deepspeed(top, c));
   STRATA_RETURN_IF_ERROR(read_optimizer(top, c));
   STRATA_RETURN_IF_ERROR(read_schedule(top, c));
   top.finish();
-  if (c.seq > c.model.max_seq) {
-    return invalid_argument("config key batch.seq: " + std::to_string(c.seq) + " exceeds model.max_seq " +
-                            std::to_string(c.model.max_seq));
-  }
   if (c.nvme_paths.empty()) c.nvme_paths = nvme_paths;
   const bool nvme_used = c.constraints.weights == Tier::kNvme || c.constraints.states == Tier::kNvme ||
                          c.constraints.checkpoints == Tier::kNvme || c.constraints.gradients == Tier::kNvme;
@@ -606,13 +456,18 @@ Result<uint64_t> nvme_free_bytes(const std::vector<std::string>& dirs) {
   return dirs.empty() ? 0 : per_dir * dirs.size();
 }
 
-Result<EngineConfig> load_config(const std::string& path, std::vector<std::string>* warnings,
-                                 const std::vector<std::string>& nvme_paths) {
+Result<json> read_config_file(const std::string& path) {
   std::ifstream in(path);
   if (!in) return not_found("config file " + path + " cannot be read");
   json j = json::parse(in, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
   if (j.is_discarded()) return invalid_argument("config file " + path + " is not valid JSON");
-  Result<EngineConfig> c = parse_config(j, warnings, nvme_paths);
+  return j;
+}
+
+Result<EngineConfig> load_config(const std::string& path, std::vector<std::string>* warnings,
+                                 const std::vector<std::string>& nvme_paths, const ModelKeys& model_keys) {
+  STRATA_ASSIGN_OR_RETURN(json j, read_config_file(path));
+  Result<EngineConfig> c = parse_config(j, warnings, nvme_paths, nullptr, model_keys);
   if (!c) return std::move(c).error().with_context(path);
   return c;
 }

