@@ -37,8 +37,9 @@ void free_pinned_host(Backend backend, void* memory) {
 WorkspaceBytes model_ops_workspace(Backend backend, const GptConfig& config, DType dtype, int64_t batch, int64_t seq) {
   const auto acts = static_cast<uint64_t>(host::BlockActivations<float>::elements(config, batch, seq));
   if (backend == Backend::kHost) {
-    // fp32 whatever the storage type: the host ops compute in fp32.
-    return {acts * 4, HostDevice::model_ops_workspace_bytes(config, dtype, batch, seq)};
+    // fp32 whatever the storage type: the host ops compute in fp32. One
+    // allocation (the ops' workspace_bytes).
+    return {acts * 4, device_allocation_bytes(HostDevice::model_ops_workspace_bytes(config, dtype, batch, seq))};
   }
   // CUDA: one block's buffers and the head's, in the storage type.
   const cuda::CudaWorkspaceBytes cuda =

@@ -55,8 +55,9 @@ void free_pinned_host(Backend backend, void* memory);
 
 // What `backend`'s ModelOps workspace holds for micro-batches of
 // batch x seq tokens stored in `dtype`: the block's working set
-// (activations) and the whole workspace. The planner's count of device
-// bytes; the host backend's is exact (its ops allocate by it).
+// (activations) and the whole workspace, each allocation counted as the
+// device charges it (device_allocation_bytes). The planner's count of
+// device bytes: both backends' ops allocate by it.
 struct WorkspaceBytes {
   uint64_t activations = 0;
   uint64_t total = 0;

@@ -65,9 +65,6 @@ inline constexpr double kLowPrecisionModelRel = 1e-2;
 inline constexpr double kPlannedBytesRel = 0.05;
 // The host tier, counted buffer by buffer: tighter.
 inline constexpr double kPlannedHostBytesRel = 0.01;
-// The device tier, counted by the functions its allocators size
-// themselves with: short of the measured peak only by their alignment.
-inline constexpr double kPlannedDeviceBytesRel = 0.002;
 // The planner's host->device bytes per step against the counted copies
 // (the tokens and targets it leaves out are added by the test).
 inline constexpr double kPlannedLinkBytesRel = 0.03;

@@ -19,6 +19,7 @@ inline int64_t crossentropy_workspace_floats(int64_t N) {
   return kCeRows * kCeCols + 4 * N;
 }
 
+// Each allocation is counted as the device charges it.
 struct CudaWorkspaceBytes {
   // One block's buffers (BlockBuffers): 31 [N, C] tensors in the storage
   // type, kept from forward, scratch and gradients; 4 fp32 LayerNorm

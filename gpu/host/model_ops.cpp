@@ -39,8 +39,9 @@ class HostModelOps final : public ModelOps {
   DType dtype() const override { return dtype_; }
   const GptConfig& config() const override { return config_; }
 
+  // One allocation, as the device charges it.
   uint64_t workspace_bytes(int64_t B, int64_t seq) const override {
-    return HostDevice::model_ops_workspace_bytes(config_, dtype_, B, seq);
+    return device_allocation_bytes(HostDevice::model_ops_workspace_bytes(config_, dtype_, B, seq));
   }
 
   Result<std::unique_ptr<Workspace>> workspace(int64_t B, int64_t seq) override {

@@ -58,11 +58,13 @@ class GptPlanModel final : public PlanModel {
     const gpu::GptStepBuffers step =
         gpu::gpt_step_buffers(config_, static_cast<int64_t>(dtype_bytes(p.compute)), p.micro_batch, seq_, p.pass,
                               p.grad_accum, p.offload_checkpoints);
+    // SessionGpt allocates each of its step buffers once, charged in the
+    // device's allocation units.
     ModelDeviceBytes b;
     b.working_set = ws.activations;
-    b.checkpoints = step.block_inputs;
-    b.step = ws.total - ws.activations + step.step;
-    b.resident = step.embedding_gradients;
+    b.checkpoints = gpu::device_allocation_bytes(step.block_inputs);
+    b.step = ws.total - ws.activations + gpu::device_allocation_bytes(step.step);
+    b.resident = step.embedding_gradients > 0 ? gpu::device_allocation_bytes(step.embedding_gradients) : 0;
     return b;
   }
 

@@ -23,12 +23,10 @@ using testing::run;
 using testing::tiny;
 
 // The planner counts the device with the functions the chunk store, the
-// model ops and the GPT size their allocations by: never more than the
-// run's peak, short of it only by the allocations' alignment.
+// model ops and the GPT size their allocations by, each allocation as the
+// device charges it: the run's peak, to the byte.
 void expect_device_counted(double planned, double measured, const std::string& what) {
-  EXPECT_LE(planned, measured) << what;
-  EXPECT_GE(planned / measured, 1.0 - strata::testing::kPlannedDeviceBytesRel)
-      << what << ": device planned " << planned << ", measured " << measured;
+  EXPECT_EQ(planned, measured) << what << ": device planned " << planned << ", measured " << measured;
 }
 
 // With a trace, every step's phases, the optimizer's chunk updates and the
