@@ -535,6 +535,22 @@ TEST(Session, ActivationCheckpointsOnTheHostOrNvmeGiveTheSameBits) {
   }
 }
 
+// A started session of `m` and, on its device, a source and two
+// destinations of `bytes`.
+struct ActivationRig {
+  std::unique_ptr<Session> session;
+  gpu::DeviceMemory src, a, b;
+};
+Result<ActivationRig> activation_rig(const Mlp& m, const SessionOptions& o, uint64_t bytes) {
+  ActivationRig r;
+  STRATA_ASSIGN_OR_RETURN(r.session, make_session(m, o));
+  STRATA_RETURN_IF_ERROR(r.session->start());
+  STRATA_ASSIGN_OR_RETURN(r.src, r.session->allocate_device(bytes, "source"));
+  STRATA_ASSIGN_OR_RETURN(r.a, r.session->allocate_device(bytes, "a"));
+  STRATA_ASSIGN_OR_RETURN(r.b, r.session->allocate_device(bytes, "b"));
+  return r;
+}
+
 // A prefetched activation is the bytes saved, in the buffer it was asked
 // into, on either tier; a load into another buffer, a save over the key
 // and more prefetches than staging buffers all wait for it; a failed read
@@ -548,14 +564,11 @@ TEST(Session, PrefetchedActivationsAreTheBytesSaved) {
     SessionOptions o = base_options();
     o.activations = tier;
     o.nvme_paths = {dir.sub(std::string(tier_name(tier)))};
-    Result<std::unique_ptr<Session>> s = make_session(m, o);
-    ASSERT_TRUE(s.has_value() && (*s)->start().ok());
-    Session& f = **s;
-    Result<gpu::DeviceMemory> src = f.allocate_device(kBytes, "source");
-    Result<gpu::DeviceMemory> a = f.allocate_device(kBytes, "a");
-    Result<gpu::DeviceMemory> b = f.allocate_device(kBytes, "b");
-    ASSERT_TRUE(src.has_value() && a.has_value() && b.has_value());
-    std::byte* bytes = src->as<std::byte>();
+    Result<ActivationRig> rig = activation_rig(m, o, kBytes);
+    ASSERT_TRUE(rig.has_value()) << rig.status().to_string();
+    Session& f = *rig->session;
+    gpu::DeviceMemory *a = &rig->a, *b = &rig->b;
+    std::byte* bytes = rig->src.as<std::byte>();
     for (uint64_t key = 0; key < 4; ++key) {
       fill_stamped(bytes, kBytes, key * kBytes, 7);
       ASSERT_TRUE(f.save_activation(key, bytes, kBytes).ok());
@@ -648,14 +661,11 @@ TEST(Session, AFailedPrefetchIsNoLaterCallsError) {
   o.activations = Tier::kNvme;
   o.nvme_paths = {dir.path()};
   o.faults = io::FaultConfig{};
-  Result<std::unique_ptr<Session>> made = make_session(m, o);
-  ASSERT_TRUE(made.has_value() && (*made)->start().ok());
-  Session& s = **made;
-  Result<gpu::DeviceMemory> src = s.allocate_device(kBytes, "source");
-  Result<gpu::DeviceMemory> a = s.allocate_device(kBytes, "a");
-  Result<gpu::DeviceMemory> b = s.allocate_device(kBytes, "b");
-  ASSERT_TRUE(src.has_value() && a.has_value() && b.has_value());
-  std::byte* bytes = src->as<std::byte>();
+  Result<ActivationRig> rig = activation_rig(m, o, kBytes);
+  ASSERT_TRUE(rig.has_value()) << rig.status().to_string();
+  Session& s = *rig->session;
+  gpu::DeviceMemory *a = &rig->a, *b = &rig->b;
+  std::byte* bytes = rig->src.as<std::byte>();
   fill_stamped(bytes, kBytes, 0, 3);
   ASSERT_TRUE(s.save_activation(1, bytes, kBytes).ok());
   auto reads_fail = [&](bool on) {
