@@ -709,9 +709,11 @@ Status Session::read_master(size_t chunk, std::span<float> dst) {
 
 SessionCounters Session::counters() const {
   SessionCounters k;
+  k.h2d_bytes = activation_h2d_bytes_;
+  k.d2h_bytes = activation_d2h_bytes_;
   if (store_) {
-    k.h2d_bytes = store_->bytes_to_device();
-    k.d2h_bytes = store_->bytes_to_host();
+    k.h2d_bytes += store_->bytes_to_device();
+    k.d2h_bytes += store_->bytes_to_host();
   }
   if (swap_) {
     for (const io::DirectoryStats& d : swap_->stats().directories) {

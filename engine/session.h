@@ -215,6 +215,8 @@ struct StepVerdict {
 };
 
 struct SessionCounters {
+  // Copied between host and device: weights, gradients and activation
+  // checkpoints.
   uint64_t h2d_bytes = 0, d2h_bytes = 0;
   uint64_t nvme_read_bytes = 0, nvme_written_bytes = 0;
   uint64_t device_peak_bytes = 0;  // the device's high-water mark since create
@@ -571,6 +573,8 @@ class Session {
     gpu::HostPin pin;
   };
   std::map<uint64_t, Activation> activations_;
+  // The activations' bytes copied off the device and back (counters()).
+  uint64_t activation_d2h_bytes_ = 0, activation_h2d_bytes_ = 0;
   // Loads started by prefetch_activation, by key; from NVMe each reads into
   // a staging buffer of its own, and the read's outcome is kept for the load.
   // A copy of an activation between the tiers: the model's work it

@@ -52,6 +52,7 @@ Status Session::save_activation(uint64_t key, const void* device_src, uint64_t b
     io::Buffer& staging = write_staging_[w.staging];
     STRATA_RETURN_IF_ERROR(stage_activation(bytes, &staging, &write_staging_pin_[w.staging]));
     STRATA_RETURN_IF_ERROR(device_->copy_to_host(copy_, staging.data(), device_src, bytes));
+    activation_d2h_bytes_ += bytes;
     STRATA_ASSIGN_OR_RETURN(w.copy.done, device_->record(copy_));
     w.issued = false;
     w.copy.after_model = written;
@@ -71,6 +72,7 @@ Status Session::save_activation(uint64_t key, const void* device_src, uint64_t b
   STRATA_RETURN_IF_ERROR(host_activation(key, bytes));
   Activation& a = activations_[key];
   STRATA_RETURN_IF_ERROR(device_->copy_to_host(copy_, a.host.data(), device_src, bytes));
+  activation_d2h_bytes_ += bytes;
   a.bytes = bytes;
   if (!ordered) return device_->synchronize(copy_);
   STRATA_ASSIGN_OR_RETURN(gpu::Event copied, device_->record(copy_));
@@ -213,6 +215,7 @@ Status Session::prefetch_activation(uint64_t key, void* device_dst, uint64_t byt
     STRATA_RETURN_IF_ERROR(device_->stream_wait(prefetch_copy_, p.copy.after_model));
   }
   STRATA_RETURN_IF_ERROR(device_->copy_to_device(prefetch_copy_, device_dst, src, bytes));
+  activation_h2d_bytes_ += bytes;
   STRATA_ASSIGN_OR_RETURN(p.copy.done, device_->record(prefetch_copy_));
   prefetches_[key] = p;
   return ok_status();
