@@ -264,27 +264,27 @@ void count_host_and_nvme(const Counting& k, Plan& p) {
 // Bytes to the device per step. Per pass of the streamed model (each
 // micro-batch, or once per step in the vertical order). Resident: every
 // chunk goes up once a step (later micro-batches find them on the device).
-// Streamed: the embedding once, every other chunk twice, less those still
-// in a weight slot when backward turns around (the final chunk and the last
-// `depth` blocks of forward: the chunk store keeps the chunks used again
-// soonest); a later pass of the same step also finds the embedding and what
-// backward left in the slots (the last depth + 1 chunks it used: blocks 1,
-// 2, ...).
+// Streamed: a resident chunk 0 once; the chunks through the slots (the
+// rest, in order) twice, less those still in a slot when backward turns
+// around — the last depth + 1 of forward, which the chunk store keeps as
+// the ones used again soonest. A later pass of the same step also finds
+// what backward left in the slots: its last depth + 1 chunks, the first of
+// forward.
 double weight_bytes_up(const Counting& k) {
   const double P = static_cast<double>(k.z.params), c = static_cast<double>(k.z.c);
   if (k.pl.weights == Tier::kDevice) return P * c;
   const std::vector<int64_t>& layout = k.layout;
-  const auto L = static_cast<int64_t>(layout.size()) - 2;  // chunks between the first and the last
-  double held = static_cast<double>(layout.back());
-  for (int64_t i = 0; i < std::min<int64_t>(k.pl.prefetch_depth, L); ++i) {
-    held += static_cast<double>(layout[static_cast<size_t>(L - i)]);
+  const size_t from = k.s.model->resident_first() ? 1 : 0;
+  const auto slotted = static_cast<int64_t>(layout.size() - from);
+  const int64_t kept = std::min<int64_t>(k.pl.prefetch_depth + 1, slotted);
+  double held = 0, left = 0;
+  for (int64_t i = 0; i < kept; ++i) {
+    held += static_cast<double>(layout[from + static_cast<size_t>(slotted - 1 - i)]);
+    left += static_cast<double>(layout[from + static_cast<size_t>(i)]);
   }
-  const double first = 2 * P - static_cast<double>(layout[0]) - held;
-  double left = static_cast<double>(layout[0]);
-  const int64_t kept = std::min<int64_t>(k.pl.prefetch_depth + 1, L + 1);
-  for (int64_t l = 1; l <= std::min(kept, L); ++l) left += static_cast<double>(layout[static_cast<size_t>(l)]);
-  if (kept == L + 1) left += static_cast<double>(layout.back());
-  return (first + (k.passes - 1) * std::max(first - left, 0.0)) * c;
+  const double resident = from == 1 ? static_cast<double>(layout[0]) : 0.0;
+  const double first = resident + 2 * (P - resident) - held;
+  return (first + (k.passes - 1) * std::max(first - resident - left, 0.0)) * c;
 }
 
 // Every link's bytes (or FLOPs) per optimizer step and their time alone.

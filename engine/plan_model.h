@@ -9,8 +9,8 @@
 // The step it describes: every chunk through the chunk store's slots,
 // forward and then backward, or with resident_first (the session's
 // option) chunk 0 on the device for the whole step with its gradient and
-// the others forward 1..n-1 and back. The step's predicted time assumes
-// the second (the built-in GPT's); its bytes hold for either.
+// the others forward 1..n-1 and back (the built-in GPT's). The planner's
+// bytes, on every tier and on the links, hold for either.
 #pragma once
 
 #include <cstdint>

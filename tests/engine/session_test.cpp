@@ -411,7 +411,8 @@ class MlpPlanModel final : public PlanModel {
 
 // A model of a trainer's own is planned by what it says of itself: over
 // the session's placements the planner's bytes of every tier are what the
-// session and the model allocated, to the byte.
+// session and the model allocated, to the byte, and the bytes it puts on
+// the links each way are what a step copied.
 TEST(Session, ThePlannerCountsWhatASessionOfAModelOfItsOwnAllocates) {
   const Mlp m{32, 5, 8};
   TempDir dir;
@@ -437,11 +438,23 @@ TEST(Session, ThePlannerCountsWhatASessionOfAModelOfItsOwnAllocates) {
           const Plan plan = estimate(setup, pl, Bandwidths{});
           Result<std::unique_ptr<Session>> s = make_session(m, o);
           ASSERT_TRUE(s.has_value()) << s.status().to_string();
+          SessionCounters before;
           for (int k = 0; k < 2; ++k) {
+            before = (*s)->counters();
             Result<float> loss = train_step(**s, m, k, nullptr, /*offload=*/acts != Tier::kDevice);
             ASSERT_TRUE(loss.has_value()) << loss.status().to_string();
           }
           const std::string what = placement_text(pl) + ", depth " + std::to_string(depth);
+          // A step's copies each way (weights, gradients, checkpoints),
+          // in this model's order (no resident chunk).
+          const SessionCounters after = (*s)->counters();
+          for (const LinkTime& l : plan.links) {
+            if (l.link == "host->device") {
+              EXPECT_EQ(l.bytes, static_cast<double>(after.h2d_bytes - before.h2d_bytes)) << what;
+            } else if (l.link == "device->host") {
+              EXPECT_EQ(l.bytes, static_cast<double>(after.d2h_bytes - before.d2h_bytes)) << what;
+            }
+          }
           EXPECT_EQ(plan.device.total(), (*s)->counters().device_peak_bytes) << what;
           // The session stages NVMe checkpoints in up to four pinned pages,
           // two of them for prefetches; loading without prefetching, this
