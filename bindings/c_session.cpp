@@ -4,6 +4,7 @@
 // the model's device memory from the session's budget. Every entry point
 // turns a Status or an exception into a strata_status and this thread's
 // last error; nothing throws across the C boundary.
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -16,6 +17,7 @@
 #include "engine/config.h"
 #include "engine/session.h"
 #include "engine/session_config.h"
+#include "engine/session_plan.h"
 
 struct strata_session {
   std::unique_ptr<strata::engine::Session> session;
@@ -54,11 +56,30 @@ Result<strata::gpu::Stream> stream_of(strata_session* s, void* stream) {
   return s->session->device().adopt_stream(stream);
 }
 
-Result<strata::gpu::Backend> backend_of(const char* device) {
+Result<strata::gpu::Backend> backend_of(const char* call, const char* device) {
   const std::string dev = device == nullptr ? "host" : device;
   if (dev == "host") return strata::gpu::Backend::kHost;
   if (dev == "cuda") return strata::gpu::Backend::kCuda;
-  return strata::invalid_argument("strata_session_create: device \"" + dev + "\" is not one of host, cuda");
+  return strata::invalid_argument(std::string(call) + ": device \"" + dev + "\" is not one of host, cuda");
+}
+
+// A session's config from C: the parsed config and the session's options
+// on `device`; the warnings into *warnings.
+struct SessionConfig {
+  engine::EngineConfig config;
+  engine::SessionOptions options;
+};
+Result<SessionConfig> session_config(const char* call, const char* config_json, const char* device,
+                                     std::vector<std::string>* warnings) {
+  if (config_json == nullptr) return strata::invalid_argument(std::string(call) + ": config_json is NULL");
+  const nlohmann::json j =
+      nlohmann::json::parse(config_json, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
+  if (j.is_discarded()) return strata::invalid_argument(std::string(call) + ": the config is not valid JSON");
+  SessionConfig c;
+  STRATA_ASSIGN_OR_RETURN(c.config, engine::parse_config(j, warnings));
+  STRATA_ASSIGN_OR_RETURN(c.options, engine::session_options(c.config, warnings));
+  STRATA_ASSIGN_OR_RETURN(c.options.backend, backend_of(call, device));
+  return c;
 }
 
 Status add_chunk(strata_session* s, const char* call, const char* name, int64_t count, engine::ChunkInit init,
@@ -70,6 +91,75 @@ Status add_chunk(strata_session* s, const char* call, const char* name, int64_t 
   return strata::ok_status();
 }
 
+// A C description of a model (strata_model_plan) as the planner reads it.
+class CPlanModel final : public engine::PlanModel {
+ public:
+  explicit CPlanModel(const strata_model_plan& m) : m_(m), chunks_(m.chunk_counts, m.chunk_counts + m.chunk_count) {
+    for (int64_t c : chunks_) parameters_ += c;
+  }
+  const std::vector<int64_t>& chunk_elems() const override { return chunks_; }
+  int64_t parameters() const override { return parameters_; }
+  bool resident_first() const override { return m_.resident_first != 0; }
+  Status check(int64_t micro_batch) const override {
+    if (micro_batch == m_.micro_batch) return strata::ok_status();
+    return strata::invalid_argument("the model is described for micro-batches of " + std::to_string(m_.micro_batch));
+  }
+  engine::ModelCheckpoints checkpoints(int64_t, strata::DType) const override {
+    return {m_.checkpoints, m_.checkpoints_saved, m_.checkpoint_bytes};
+  }
+  engine::ModelDeviceBytes device_bytes(const engine::ModelPass& p) const override {
+    engine::ModelDeviceBytes b;
+    const int64_t kept = p.offload_checkpoints ? m_.checkpoints_in_flight : m_.checkpoints;
+    b.checkpoints = static_cast<uint64_t>(kept * p.pass) * m_.checkpoint_bytes;
+    b.step = m_.device_bytes;
+    return b;
+  }
+  double flops(int64_t) const override { return m_.flops; }
+
+ private:
+  strata_model_plan m_;
+  std::vector<int64_t> chunks_;
+  int64_t parameters_ = 0;
+};
+
+Status check_model_plan(const strata_model_plan* m) {
+  const char* call = "strata_session_plan";
+  auto bad = [&](const std::string& why) { return strata::invalid_argument(std::string(call) + ": " + why); };
+  if (m == nullptr) return bad("model is NULL");
+  if (m->chunk_counts == nullptr || m->chunk_count == 0) return bad("the model has no chunks");
+  for (size_t c = 0; c < m->chunk_count; ++c) {
+    if (m->chunk_counts[c] < 1) return bad("chunk " + std::to_string(c) + " has no elements");
+  }
+  if (m->micro_batch < 1) return bad("micro_batch must be at least 1");
+  if (m->checkpoints < 0 || m->checkpoints_saved < 0 || m->checkpoints_saved > m->checkpoints ||
+      m->checkpoints_in_flight < 0) {
+    return bad("checkpoints: 0 <= checkpoints_saved <= checkpoints and checkpoints_in_flight >= 0");
+  }
+  if (!(m->flops >= 0)) return bad("flops must be >= 0");
+  return strata::ok_status();
+}
+
+// The plan as the keys of a session's config, its bytes and its text.
+std::string plan_json(const engine::Plan& plan, const engine::Budgets& budgets) {
+  const engine::Placement& pl = plan.placement;
+  auto tier = [](engine::Tier t) { return std::string(engine::tier_name(t)); };
+  const nlohmann::json config = {{"placement",
+                                  {{"weights", tier(pl.weights)},
+                                   {"states", tier(pl.states)},
+                                   {"checkpoints", tier(pl.checkpoints)},
+                                   {"gradients", tier(pl.gradients)}}},
+                                 {"session", {{"prefetch_depth", pl.prefetch_depth}}},
+                                 {"speculate_in_ram", pl.speculate_in_ram}};
+  return nlohmann::json{{"config", config},
+                        {"fits", engine::fits(plan, budgets)},
+                        {"device_bytes", plan.device.total()},
+                        {"host_bytes", plan.host.total()},
+                        {"nvme_bytes", plan.nvme.total()},
+                        {"step_seconds", plan.step_seconds},
+                        {"plan", engine::format_plan(plan, budgets)}}
+      .dump();
+}
+
 }  // namespace
 
 extern "C" {
@@ -78,15 +168,10 @@ strata_status strata_session_create(const char* config_json, const char* device,
   return guarded([&]() -> Status {
     if (out == nullptr) return strata::invalid_argument("strata_session_create: out is NULL");
     *out = nullptr;
-    if (config_json == nullptr) return strata::invalid_argument("strata_session_create: config_json is NULL");
-    const nlohmann::json j =
-        nlohmann::json::parse(config_json, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
-    if (j.is_discarded()) return strata::invalid_argument("strata_session_create: the config is not valid JSON");
     auto s = std::make_unique<strata_session>();
-    STRATA_ASSIGN_OR_RETURN(engine::EngineConfig cfg, engine::parse_config(j, &s->warnings));
-    STRATA_ASSIGN_OR_RETURN(engine::SessionOptions o, engine::session_options(cfg, &s->warnings));
-    STRATA_ASSIGN_OR_RETURN(o.backend, backend_of(device));
-    STRATA_ASSIGN_OR_RETURN(s->session, engine::Session::create(std::move(o)));
+    STRATA_ASSIGN_OR_RETURN(SessionConfig c,
+                            session_config("strata_session_create", config_json, device, &s->warnings));
+    STRATA_ASSIGN_OR_RETURN(s->session, engine::Session::create(std::move(c.options)));
     *out = s.release();
     return strata::ok_status();
   });
@@ -416,6 +501,30 @@ strata_status strata_session_async_error(strata_session* session) {
   return guarded([&]() -> Status {
     STRATA_RETURN_IF_ERROR(usable(session, "strata_session_async_error"));
     return session->session->async_error();
+  });
+}
+
+strata_status strata_session_plan(const char* config_json, const char* device, const strata_model_plan* model,
+                                  char* text, size_t capacity, size_t* length) {
+  return guarded([&]() -> Status {
+    const char* call = "strata_session_plan";
+    if (text == nullptr && capacity > 0) return strata::invalid_argument(std::string(call) + ": text is NULL");
+    STRATA_RETURN_IF_ERROR(check_model_plan(model));
+    std::vector<std::string> warnings;
+    STRATA_ASSIGN_OR_RETURN(SessionConfig c, session_config(call, config_json, device, &warnings));
+    engine::Budgets budgets = engine::budgets_or_defaults(c.config.budgets);
+    if (c.config.nvme_paths.empty()) budgets.nvme_bytes = 0;
+    STRATA_ASSIGN_OR_RETURN(engine::Plan plan,
+                            engine::plan_session(c.options, std::make_shared<CPlanModel>(*model), model->micro_batch,
+                                                 budgets, engine::Bandwidths{}, c.config.constraints));
+    const std::string s = plan_json(plan, budgets);
+    if (capacity > 0) {
+      const size_t n = std::min(s.size(), capacity - 1);
+      std::memcpy(text, s.data(), n);
+      text[n] = '\0';
+    }
+    if (length != nullptr) *length = s.size();
+    return strata::ok_status();
   });
 }
 

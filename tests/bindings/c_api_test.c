@@ -320,6 +320,92 @@ static void session_misuse(const char* root) {
   strata_session_destroy(NULL);
 }
 
+/* The JSON object after `"key":` in `text`, braces and all, into `out`
+ * (empty when absent or too long). */
+static void json_object_at(const char* text, const char* key, char* out, size_t capacity) {
+  out[0] = '\0';
+  char needle[64];
+  snprintf(needle, sizeof needle, "\"%s\":", key);
+  const char* p = strstr(text, needle);
+  if (p == NULL || (p = strchr(p, '{')) == NULL) return;
+  int depth = 0;
+  for (const char* q = p; *q != '\0'; ++q) {
+    depth += *q == '{' ? 1 : *q == '}' ? -1 : 0;
+    if (depth == 0) {
+      const size_t n = (size_t)(q - p) + 1;
+      if (n < capacity) {
+        memcpy(out, p, n);
+        out[n] = '\0';
+      }
+      return;
+    }
+  }
+}
+
+/* A model of the caller's planned from C: the placement the plan gives is
+ * one a session of those budgets starts with; a budget nothing fits is
+ * refused naming the nearest placement; a bad description is refused. */
+static void session_plan(const char* root) {
+  enum { kChunks = 16, kWidth = 64, kBatch = 8 };
+  int64_t counts[kChunks];
+  for (int c = 0; c < kChunks; ++c) counts[c] = (int64_t)kWidth * kWidth + kWidth;
+  const uint64_t row = sizeof(float) * kBatch * kWidth;
+  strata_model_plan m = {counts, kChunks, 0, kBatch, kChunks, kChunks, row, 2, 2 * row, 6.0 * 16 * 4160 * kBatch};
+  char dir[600], config[2048], text[8192], keys[1024];
+  snprintf(dir, sizeof dir, "%s/plan", root);
+  mkdir(dir, 0755);
+  /* The states (12 bytes a parameter, about 800 KB) do not fit the host's 512 KiB. */
+  snprintf(config, sizeof config,
+           "{\"precision\": \"bf16\", \"pin_memory\": false, \"nvme_paths\": [\"%s\"],"
+           " \"budgets\": {\"device\": %llu, \"host\": \"512KiB\", \"nvme\": \"64MiB\"}",
+           dir, (unsigned long long)(kChunks * 4160 * 16 / 10));
+  char whole[2100];
+  snprintf(whole, sizeof whole, "%s}", config);
+  size_t length = 0;
+  CHECK(strata_session_plan(whole, "host", &m, NULL, 0, &length) == STRATA_OK && length > 0, "the plan's length");
+  CHECK(strata_session_plan(whole, "host", &m, text, sizeof text, NULL) == STRATA_OK, "a plan");
+  CHECK(strlen(text) == length, "the whole plan: %zu of %zu", strlen(text), length);
+  CHECK(strstr(text, "\"fits\":true") != NULL && strstr(text, "\"states\":\"nvme\"") != NULL,
+        "it fits with the states on NVMe: %s", text);
+  json_object_at(text, "config", keys, sizeof keys);
+  CHECK(keys[0] == '{', "the plan's config keys: %s", text);
+  if (keys[0] == '{') {
+    /* The plan's keys merged into the config: a session of it starts
+     * within the budgets (strata checks them before it allocates). */
+    char planned[4096];
+    snprintf(planned, sizeof planned, "%s, %s", config, keys + 1);
+    strata_session* s = NULL;
+    CHECK(strata_session_create(planned, "host", &s) == STRATA_OK, "a session of the plan: %s", planned);
+    for (int c = 0; s != NULL && c < kChunks; ++c) {
+      char name[16];
+      snprintf(name, sizeof name, "c%d", c);
+      CHECK(strata_session_add_chunk(s, name, counts[c], NULL, NULL) == STRATA_OK, "chunk %d", c);
+    }
+    CHECK(s != NULL && strata_session_start(s) == STRATA_OK, "the planned session starts: %s", planned);
+    strata_session_destroy(s);
+    /* Without the plan's keys the states stay in RAM, which the host budget refuses. */
+    CHECK(strata_session_create(whole, "host", &s) == STRATA_OK, "a session without the plan");
+    for (int c = 0; s != NULL && c < kChunks; ++c) {
+      char name[16];
+      snprintf(name, sizeof name, "c%d", c);
+      strata_session_add_chunk(s, name, counts[c], NULL, NULL);
+    }
+    CHECK(s != NULL && strata_session_start(s) == STRATA_RESOURCE_EXHAUSTED, "the unplanned one does not start");
+    strata_session_destroy(s);
+  }
+  CHECK(strata_session_plan("{\"budgets\": {\"device\": 4096, \"host\": \"64KiB\"}}", "host", &m, text, sizeof text,
+                            NULL) == STRATA_RESOURCE_EXHAUSTED &&
+            strstr(strata_last_error(), "no placement") != NULL,
+        "nothing fits: %s", strata_last_error());
+  CHECK(strata_session_plan(whole, "host", NULL, NULL, 0, NULL) == STRATA_INVALID_ARGUMENT, "no model");
+  strata_model_plan empty = m;
+  empty.chunk_count = 0;
+  CHECK(strata_session_plan(whole, "host", &empty, NULL, 0, NULL) == STRATA_INVALID_ARGUMENT &&
+            strstr(strata_last_error(), "no chunks") != NULL,
+        "a model without chunks: %s", strata_last_error());
+  CHECK(strata_session_plan(whole, "tpu", &m, NULL, 0, NULL) == STRATA_INVALID_ARGUMENT, "an unknown device");
+}
+
 int main(void) {
   CHECK(strata_api_version() == STRATA_API_VERSION, "api version %d", strata_api_version());
   {
@@ -472,6 +558,7 @@ int main(void) {
   snprintf(session_root, sizeof session_root, "%s/session", root);
   session_misuse(session_root);
   session_accumulation();
+  session_plan(root);
 
   nftw(root, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
   printf("c api test: %d checks, %d failed\n", g_checks, g_failed);

@@ -20,6 +20,7 @@
 
 #include "common/dtype.h"
 #include "engine/plan.h"
+#include "engine/session_plan.h"
 #include "tests/test_util.h"
 #include "tests/tolerance.h"
 
@@ -467,6 +468,42 @@ TEST(Session, ThePlannerCountsWhatASessionOfAModelOfItsOwnAllocates) {
       }
     }
   }
+}
+
+// A session planned for its model: under a host budget the states do not
+// fit, the plan streams them from NVMe, and the session of the planned
+// options trains within every budget, allocating what the plan says.
+TEST(Session, APlannedSessionRunsWithinItsBudgets) {
+  const Mlp m{64, 16, 8};
+  TempDir dir;
+  SessionOptions o = base_options();
+  o.nvme_paths = {dir.path()};
+  const auto model = std::make_shared<MlpPlanModel>(m);
+  Budgets budgets;
+  budgets.device_bytes = 256 << 10;
+  budgets.host_bytes = 512 << 10;  // the states alone take 12 bytes a parameter: 780 KiB
+  budgets.nvme_bytes = 64 << 20;
+  Result<Plan> plan = plan_session(o, model, m.B, budgets);
+  ASSERT_TRUE(plan.has_value()) << plan.status().to_string();
+  EXPECT_TRUE(fits(*plan, budgets));
+  EXPECT_EQ(plan->placement.states, Tier::kNvme) << plan->why;
+  apply_session_plan(*plan, &o);
+  o.device_bytes = budgets.device_bytes;
+  o.host_budget_bytes = budgets.host_bytes;
+  o.nvme_budget_bytes = budgets.nvme_bytes;
+  Result<std::unique_ptr<Session>> s = make_session(m, o);
+  ASSERT_TRUE(s.has_value()) << s.status().to_string();
+  const bool offload = plan->placement.checkpoints != Tier::kDevice;
+  for (int k = 0; k < 2; ++k) ASSERT_TRUE(train_step(**s, m, k, nullptr, offload).has_value());
+  EXPECT_EQ(plan->device.total(), (*s)->counters().device_peak_bytes);
+  EXPECT_LE((*s)->host_bytes(), budgets.host_bytes);
+  // Fixed on the device, the weights are refused: a session streams them.
+  Constraints on_device;
+  on_device.weights = Tier::kDevice;
+  EXPECT_EQ(plan_session(o, model, m.B, budgets, {}, on_device).status().code(), StatusCode::kInvalidArgument);
+  // Nothing fits a device of one slot's bytes.
+  budgets.device_bytes = 1024;
+  EXPECT_EQ(plan_session(o, model, m.B, budgets).status().code(), StatusCode::kResourceExhausted);
 }
 
 // A model computing on a stream of its own, the session ordering its

@@ -213,6 +213,38 @@ typedef struct strata_step_verdict {
  * returns 0, or non-zero to fail strata_session_start. */
 typedef int (*strata_chunk_init_fn)(void* user, int64_t chunk, float* dst, int64_t count);
 
+/* What the planner needs to know of a model of the caller's, per
+ * micro-batch of `micro_batch` samples (strata_session_plan). */
+typedef struct strata_model_plan {
+  const int64_t* chunk_counts; /* each chunk's element count, in registration order */
+  size_t chunk_count;
+  int resident_first;            /* 1: chunk 0 stays on the device (session.resident_first) */
+  int64_t micro_batch;           /* samples per micro-batch (how the plan names it) */
+  int64_t checkpoints;           /* activation checkpoints the model keeps for backward */
+  int64_t checkpoints_saved;     /* of them, those it hands the session when they go off the device */
+  uint64_t checkpoint_bytes;     /* each */
+  int64_t checkpoints_in_flight; /* device buffers it keeps for them when they go off the device */
+  uint64_t device_bytes;         /* its other device memory: workspace, inputs, buffers */
+  double flops;                  /* one micro-batch's forward and backward */
+} strata_model_plan;
+
+/* The fastest placement a session of `config_json` on `device` can run
+ * `model` with within the config's budgets (placement keys the config
+ * gives are kept). Into `text` (capacity bytes, NUL-terminated, truncated
+ * when longer; NULL with capacity 0 to ask the length) a JSON object:
+ * "config", the keys to merge into the session's config ("placement":
+ * weights, states, checkpoints — "device": the model keeps them —,
+ * gradients; "session": prefetch_depth; "speculate_in_ram"), "fits",
+ * "device_bytes", "host_bytes", "nvme_bytes", "step_seconds" (predicted
+ * at a PCIe 4 GPU server's default rates) and "plan" (the printed plan).
+ * Its full length goes to *length (optional). Builds nothing; any thread.
+ * STRATA_RESOURCE_EXHAUSTED when nothing fits (the message names the
+ * nearest placement and what it would need); INVALID_ARGUMENT for a model
+ * without chunks or with counts < 1. */
+STRATA_API strata_status strata_session_plan(const char* config_json, const char* device,
+                                             const strata_model_plan* model, char* text, size_t capacity,
+                                             size_t* length);
+
 /* Creates a session from `config_json` on `device` ("host" or NULL: the
  * host backend; "cuda": the first GPU). Blocks while the device opens.
  * *out is NULL on an error. */
