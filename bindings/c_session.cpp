@@ -143,13 +143,14 @@ Status check_model_plan(const strata_model_plan* m) {
 std::string plan_json(const engine::Plan& plan, const engine::Budgets& budgets) {
   const engine::Placement& pl = plan.placement;
   auto tier = [](engine::Tier t) { return std::string(engine::tier_name(t)); };
-  const nlohmann::json config = {{"placement",
-                                  {{"weights", tier(pl.weights)},
-                                   {"states", tier(pl.states)},
-                                   {"checkpoints", tier(pl.checkpoints)},
-                                   {"gradients", tier(pl.gradients)}}},
-                                 {"session", {{"prefetch_depth", pl.prefetch_depth}}},
-                                 {"speculate_in_ram", pl.speculate_in_ram}};
+  const nlohmann::json config = {
+      {"placement",
+       {{"weights", tier(pl.weights)},
+        {"states", tier(pl.states)},
+        {"checkpoints", tier(pl.checkpoints)},
+        {"gradients", tier(pl.gradients)}}},
+      {"session", {{"prefetch_depth", pl.prefetch_depth}, {"resident_first", plan.setup.model->resident_first()}}},
+      {"speculate_in_ram", pl.speculate_in_ram}};
   return nlohmann::json{{"config", config},
                         {"fits", engine::fits(plan, budgets)},
                         {"device_bytes", plan.device.total()},

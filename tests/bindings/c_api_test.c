@@ -365,7 +365,8 @@ static void session_plan(const char* root) {
   CHECK(strata_session_plan(whole, "host", &m, NULL, 0, &length) == STRATA_OK && length > 0, "the plan's length");
   CHECK(strata_session_plan(whole, "host", &m, text, sizeof text, NULL) == STRATA_OK, "a plan");
   CHECK(strlen(text) == length, "the whole plan: %zu of %zu", strlen(text), length);
-  CHECK(strstr(text, "\"fits\":true") != NULL && strstr(text, "\"states\":\"nvme\"") != NULL,
+  CHECK(strstr(text, "\"fits\":true") != NULL && strstr(text, "\"states\":\"nvme\"") != NULL &&
+            strstr(text, "\"resident_first\":false") != NULL,
         "it fits with the states on NVMe: %s", text);
   json_object_at(text, "config", keys, sizeof keys);
   CHECK(keys[0] == '{', "the plan's config keys: %s", text);

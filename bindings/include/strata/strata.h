@@ -234,7 +234,7 @@ typedef struct strata_model_plan {
  * when longer; NULL with capacity 0 to ask the length) a JSON object:
  * "config", the keys to merge into the session's config ("placement":
  * weights, states, checkpoints — "device": the model keeps them —,
- * gradients; "session": prefetch_depth; "speculate_in_ram"), "fits",
+ * gradients; "session": prefetch_depth, resident_first; "speculate_in_ram"), "fits",
  * "device_bytes", "host_bytes", "nvme_bytes", "step_seconds" (predicted
  * at a PCIe 4 GPU server's default rates) and "plan" (the printed plan).
  * Its full length goes to *length (optional). Builds nothing; any thread.
