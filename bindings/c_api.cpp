@@ -3,6 +3,7 @@
 // tokens, checkpoints, a description, and the plan alone. Every entry point
 // turns a Status or an exception into a strata_status and this thread's
 // last error; nothing throws across the C boundary.
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <memory>
@@ -25,6 +26,24 @@ namespace strata::bindings {
 std::string& last_error() {
   thread_local std::string message;
   return message;
+}
+
+Result<nlohmann::json> parse_config_text(const char* call, const char* config_json) {
+  if (config_json == nullptr) return invalid_argument(std::string(call) + ": config_json is NULL");
+  nlohmann::json j = nlohmann::json::parse(config_json, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
+  if (j.is_discarded()) return invalid_argument(std::string(call) + ": the config is not valid JSON");
+  return j;
+}
+
+Status copy_text(const char* call, const std::string& s, char* text, size_t capacity, size_t* length) {
+  if (text == nullptr && capacity > 0) return invalid_argument(std::string(call) + ": text is NULL, capacity not 0");
+  if (capacity > 0) {
+    const size_t n = std::min(s.size(), capacity - 1);
+    std::memcpy(text, s.data(), n);
+    text[n] = '\0';
+  }
+  if (length != nullptr) *length = s.size();
+  return ok_status();
 }
 
 }  // namespace strata::bindings
@@ -62,10 +81,7 @@ struct Prepared {
 };
 
 Result<Prepared> prepare(const char* config_json, const char* device) {
-  if (config_json == nullptr) return strata::invalid_argument("strata: config_json is NULL");
-  const nlohmann::json j =
-      nlohmann::json::parse(config_json, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
-  if (j.is_discarded()) return strata::invalid_argument("strata: the config is not valid JSON");
+  STRATA_ASSIGN_OR_RETURN(const nlohmann::json j, strata::bindings::parse_config_text("strata", config_json));
   Prepared p;
   STRATA_ASSIGN_OR_RETURN(engine::GptRunConfig run, engine::parse_gpt_config(j, &p.warnings));
   STRATA_ASSIGN_OR_RETURN(p.options, engine::trainer_options(run, &p.warnings));
@@ -271,13 +287,8 @@ strata_status strata_plan(const char* config_json, const char* device, char* tex
   return guarded([&]() -> Status {
     if (text == nullptr && capacity > 0) return strata::invalid_argument("strata_plan: text is NULL, capacity not 0");
     STRATA_ASSIGN_OR_RETURN(Prepared p, prepare(config_json, device));
-    const std::string s = engine::format_plan(p.plan, p.budgets);
-    if (capacity > 0) {
-      const size_t n = std::min(s.size(), capacity - 1);
-      std::memcpy(text, s.data(), n);
-      text[n] = '\0';
-    }
-    if (length != nullptr) *length = s.size();
+    STRATA_RETURN_IF_ERROR(
+        strata::bindings::copy_text("strata_plan", engine::format_plan(p.plan, p.budgets), text, capacity, length));
     if (fits != nullptr) *fits = engine::fits(p.plan, p.budgets) ? 1 : 0;
     return strata::ok_status();
   });

@@ -71,10 +71,7 @@ struct SessionConfig {
 };
 Result<SessionConfig> session_config(const char* call, const char* config_json, const char* device,
                                      std::vector<std::string>* warnings) {
-  if (config_json == nullptr) return strata::invalid_argument(std::string(call) + ": config_json is NULL");
-  const nlohmann::json j =
-      nlohmann::json::parse(config_json, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
-  if (j.is_discarded()) return strata::invalid_argument(std::string(call) + ": the config is not valid JSON");
+  STRATA_ASSIGN_OR_RETURN(const nlohmann::json j, strata::bindings::parse_config_text(call, config_json));
   SessionConfig c;
   STRATA_ASSIGN_OR_RETURN(c.config, engine::parse_config(j, warnings));
   STRATA_ASSIGN_OR_RETURN(c.options, engine::session_options(c.config, warnings));
@@ -509,7 +506,8 @@ strata_status strata_session_plan(const char* config_json, const char* device, c
                                   char* text, size_t capacity, size_t* length) {
   return guarded([&]() -> Status {
     const char* call = "strata_session_plan";
-    if (text == nullptr && capacity > 0) return strata::invalid_argument(std::string(call) + ": text is NULL");
+    if (text == nullptr && capacity > 0)
+      return strata::invalid_argument(std::string(call) + ": text is NULL, capacity not 0");
     STRATA_RETURN_IF_ERROR(check_model_plan(model));
     std::vector<std::string> warnings;
     STRATA_ASSIGN_OR_RETURN(SessionConfig c, session_config(call, config_json, device, &warnings));
@@ -518,14 +516,7 @@ strata_status strata_session_plan(const char* config_json, const char* device, c
     STRATA_ASSIGN_OR_RETURN(engine::Plan plan,
                             engine::plan_session(c.options, std::make_shared<CPlanModel>(*model), model->micro_batch,
                                                  budgets, engine::Bandwidths{}, c.config.constraints));
-    const std::string s = plan_json(plan, budgets);
-    if (capacity > 0) {
-      const size_t n = std::min(s.size(), capacity - 1);
-      std::memcpy(text, s.data(), n);
-      text[n] = '\0';
-    }
-    if (length != nullptr) *length = s.size();
-    return strata::ok_status();
+    return strata::bindings::copy_text(call, plan_json(plan, budgets), text, capacity, length);
   });
 }
 

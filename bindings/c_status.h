@@ -4,6 +4,7 @@
 #pragma once
 
 #include <new>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 
 #include "bindings/include/strata/strata.h"
@@ -18,6 +19,15 @@ inline strata_status report(const Status& s) {
   last_error() = s.ok() ? std::string() : s.to_string();
   return static_cast<strata_status>(static_cast<int>(s.code()));
 }
+
+// A config's text from C as JSON (comments allowed); errors begin with
+// `call`.
+Result<nlohmann::json> parse_config_text(const char* call, const char* config_json);
+
+// `s` into the caller's `text` of `capacity` bytes, NUL-terminated and
+// truncated as snprintf does; its full length into *length (optional).
+// InvalidArgument for a NULL `text` with a capacity.
+Status copy_text(const char* call, const std::string& s, char* text, size_t capacity, size_t* length);
 
 // Runs `body` (returning a Status), turning exceptions into errors.
 template <class Body>
