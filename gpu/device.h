@@ -89,8 +89,9 @@ class Device {
   virtual Result<Stream> create_stream(std::string_view name) = 0;
   // A stream of the caller's (CUDA: a cudaStream_t, not owned: it must
   // outlive the device's use of it) as a Stream of this device; the same
-  // native stream gives the same Stream. Unimplemented on a backend without
-  // native streams (the host's).
+  // native stream gives the same Stream. Any number of them: the device
+  // keeps only the handle. Unimplemented on a backend without native
+  // streams (the host's).
   virtual Result<Stream> adopt_stream(void* native) = 0;
   virtual Status copy_to_device(Stream stream, void* device_dst, const void* host_src, uint64_t bytes) = 0;
   virtual Status copy_to_host(Stream stream, void* host_dst, const void* device_src, uint64_t bytes) = 0;

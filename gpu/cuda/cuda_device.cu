@@ -88,7 +88,7 @@ void CudaDevice::release(void* data, uint64_t bytes) {
 
 Result<Stream> CudaDevice::create_stream(std::string_view name) {
   std::lock_guard lock(mu_);
-  if (streams_.size() >= options_.max_streams) {
+  if (own_streams_ >= options_.max_streams) {
     return resource_exhausted("CUDA device: all " + std::to_string(options_.max_streams) + " streams in use (" +
                               std::string(name) + ")");
   }
@@ -96,6 +96,7 @@ Result<Stream> CudaDevice::create_stream(std::string_view name) {
   STRATA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   streams_.push_back(s);
   adopted_.push_back(false);
+  ++own_streams_;
   return Stream{static_cast<int32_t>(streams_.size() - 1)};
 }
 
@@ -106,9 +107,8 @@ Result<Stream> CudaDevice::adopt_stream(void* native) {
   for (size_t k = 0; k < streams_.size(); ++k) {
     if (streams_[k] == s) return Stream{static_cast<int32_t>(k)};
   }
-  if (streams_.size() >= options_.max_streams) {
-    return resource_exhausted("CUDA device: all " + std::to_string(options_.max_streams) + " streams in use");
-  }
+  // Not counted against max_streams: the device holds nothing for it but
+  // its handle (a trainer may use a new stream of its own every step).
   streams_.push_back(s);
   adopted_.push_back(true);
   return Stream{static_cast<int32_t>(streams_.size() - 1)};

@@ -24,7 +24,7 @@ struct CudaDeviceOptions {
   int device = 0;
   uint64_t capacity_bytes = 0;  // 0: free memory at creation minus reserve_bytes
   uint64_t reserve_bytes = 512ull << 20;
-  uint32_t max_streams = 16;
+  uint32_t max_streams = 16;  // streams of its own; the callers' it adopts are not counted
   uint32_t event_ring = 4096;
 };
 
@@ -72,6 +72,7 @@ class CudaDevice final : public Device {
   mutable std::mutex mu_;
   std::vector<cudaStream_t> streams_;
   std::vector<bool> adopted_;  // per stream: the caller's (adopt_stream), not destroyed here
+  uint32_t own_streams_ = 0;   // made by create_stream: at most options_.max_streams
   std::vector<cudaEvent_t> events_;
   int64_t next_event_ = 0;
   Status host_error_;  // first failure of an enqueued host task, not yet reported
