@@ -8,7 +8,9 @@
 # `gpu` (every CUDA op, the fused attention, fp32/bf16/fp16 blocks and a
 # whole-model step through ModelOps against the host reference, the
 # CUDA trainer against the host backend, and the GPT on the session against
-# the host backend and that trainer, device-to-device copies included), the
+# the host backend and that trainer, device-to-device copies included; the
+# C API's session calls on the caller's own CUDA streams, a new one each
+# step, against the host backend's bits), the
 # GPU benchmark, the
 # trainer on the GPU (`strata-train --device cuda`), and the offloaded step
 # on the GPU (`strata-stepbench --device cuda`, states in RAM, then on NVMe
