@@ -52,16 +52,19 @@ Status WaitMeter::wait(gpu::Device& device, gpu::Event event, const char* what) 
 
 ChunkStoreBytes chunk_store_bytes(const std::vector<int64_t>& chunk_elems, const ChunkStoreOptions& options) {
   ChunkStoreBytes b;
-  const uint64_t es = dtype_bytes(options.dtype);
-  int64_t max_chunk = 0;
+  auto bytes_of = [&](size_t c) {
+    const DType t = options.chunk_dtypes.empty() ? options.dtype : options.chunk_dtypes.at(c);
+    return static_cast<uint64_t>(chunk_elems[c]) * dtype_bytes(t);
+  };
+  uint64_t max_chunk = 0;
   for (size_t i = options.resident_first ? 1 : 0; i < chunk_elems.size(); ++i) {
-    max_chunk = std::max(max_chunk, chunk_elems[i]);
+    max_chunk = std::max(max_chunk, bytes_of(i));
   }
   // Each allocation as the device charges it (whole allocation units).
-  b.slot = gpu::device_allocation_bytes(static_cast<uint64_t>(max_chunk) * es);
+  b.slot = gpu::device_allocation_bytes(max_chunk);
   b.weight_slots = options.prefetch_depth + 1;
   if (options.resident_first && !chunk_elems.empty()) {
-    const uint64_t first = static_cast<uint64_t>(chunk_elems[0]) * es;
+    const uint64_t first = bytes_of(0);
     b.resident = gpu::device_allocation_bytes(first);
     b.resident_gradients = gpu::device_allocation_bytes(first * static_cast<uint64_t>(options.micro_batches));
   }
@@ -83,13 +86,19 @@ Result<std::unique_ptr<ChunkStore>> ChunkStore::create(std::vector<gpu::ChunkLay
     return invalid_argument("chunk store: the optimizer states live on the host or on NVMe");
   }
   if (meter == nullptr) return invalid_argument("chunk store: needs a wait meter");
+  if (!options.chunk_dtypes.empty() && options.chunk_dtypes.size() != layout.size()) {
+    return invalid_argument("chunk store: " + std::to_string(layout.size()) + " chunks, but " +
+                            std::to_string(options.chunk_dtypes.size()) + " chunk types");
+  }
   std::unique_ptr<ChunkStore> s(new ChunkStore());
   s->layout_ = std::move(layout);
   s->dev_ = &device;
   s->copy_ = copy;
   s->meter_ = meter;
   s->depth_ = options.prefetch_depth;
-  s->es_ = dtype_bytes(options.dtype);
+  for (size_t c = 0; c < s->layout_.size(); ++c) {
+    s->es_.push_back(dtype_bytes(options.chunk_dtypes.empty() ? options.dtype : options.chunk_dtypes[c]));
+  }
   s->states_home_ = options.states;
   s->resident_first_ = options.resident_first;
   if (options.host_memory != nullptr) s->allocator_ = options.host_memory;
@@ -134,11 +143,10 @@ ChunkStore::~ChunkStore() {
 
 Status ChunkStore::set_nvme_weights(NvmeWeights source) {
   if (source.swap == nullptr || !source.blobs) return invalid_argument("chunk store: NVMe weights need a store");
-  int64_t max_all = 0;
-  for (const gpu::ChunkLayout& chunk : layout_) max_all = std::max(max_all, chunk.numel);
+  uint64_t max_all = 0;
+  for (size_t c = 0; c < layout_.size(); ++c) max_all = std::max(max_all, bytes_of(c));
   const int ring = depth_ + 3;
-  STRATA_ASSIGN_OR_RETURN(weight_arena_, PinnedArena::create("weight staging",
-                                                             source.swap->padded_size(es_ * static_cast<uint64_t>(max_all)),
+  STRATA_ASSIGN_OR_RETURN(weight_arena_, PinnedArena::create("weight staging", source.swap->padded_size(max_all),
                                                              static_cast<uint32_t>(ring), *allocator_));
   weight_buf_.clear();
   weight_read_.assign(static_cast<size_t>(ring), {});

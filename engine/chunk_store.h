@@ -83,6 +83,9 @@ class WaitMeter {
 struct ChunkStoreOptions {
   int prefetch_depth = 1;  // uses fetched ahead; depth + 1 weight slots
   DType dtype = DType::kF32;  // the working weights' and gradients' type on every tier
+  // Per chunk, where a model keeps some chunks in another type (fp32 norms
+  // beside bf16 matrices): each chunk's type. Empty: `dtype` for every chunk.
+  std::vector<DType> chunk_dtypes;
   Tier states = Tier::kHost;  // the master weights' and Adam states' home (kHost or kNvme)
   io::BufferAllocator* host_memory = nullptr;  // staging for NVMe weights (null: page-aligned heap)
   // Micro-batches whose embedding gradients are held at once (the vertical
@@ -102,7 +105,7 @@ struct ChunkStoreOptions {
 // from here.
 struct ChunkStoreBytes {
   // Each allocation's bytes as the device charges them (gpu::device_allocation_bytes).
-  uint64_t slot = 0;     // one weight or gradient slot: the largest chunk the slots serve
+  uint64_t slot = 0;     // one weight or gradient slot: the largest chunk (in bytes) the slots serve
   int weight_slots = 0;  // prefetch_depth + 1
   int gradient_slots = 2;
   uint64_t resident = 0;            // chunk 0's weights (resident_first)
@@ -223,7 +226,7 @@ class ChunkStore {
   static constexpr size_t kNoPosition = ~size_t{0};
   void set_state(size_t chunk, View view, Residency r);
   Residency weights_home_state() const { return nvme_ ? Residency::kOnNvme : Residency::kOnHost; }
-  uint64_t bytes_of(size_t chunk) const { return static_cast<uint64_t>(layout_[chunk].numel) * es_; }
+  uint64_t bytes_of(size_t chunk) const { return static_cast<uint64_t>(layout_[chunk].numel) * es_[chunk]; }
   // The chunk used at position `pos` of this step, if known (the current use, or predicted).
   std::optional<size_t> chunk_at(size_t pos) const;
   // The next known position after `after` that uses `chunk` (kNoPosition: none known).
@@ -249,7 +252,7 @@ class ChunkStore {
   gpu::Stream grad_copy_{};  // id < 0: the copy stream
   WaitMeter* meter_ = nullptr;
   int depth_ = 1;
-  uint64_t es_ = 4;  // bytes of one element of the working type
+  std::vector<uint64_t> es_;  // per chunk: bytes of one element of its working type
   Tier states_home_ = Tier::kHost;
   io::AlignedAllocator own_allocator_;
   io::BufferAllocator* allocator_ = &own_allocator_;

@@ -12,13 +12,15 @@ HostCount count_host_bytes(const HostCountInput& in) {
   // The delayed update's second set: of what its update reads and of the weights.
   const uint64_t sets = in.delayed_update ? 2 : 1;
   HostCount h;
-  for (int64_t elems : in.chunk_elems) {
+  for (size_t c = 0; c < in.chunk_elems.size(); ++c) {
+    const int64_t elems = in.chunk_elems[c];
     const auto n = static_cast<uint64_t>(elems);
+    const uint64_t ces = in.chunk_element_bytes.empty() ? es : in.chunk_element_bytes.at(c);
     if (!in.gradients_on_nvme) {
-      h.model_states += (in.grad_accum > 1 ? 1 : sets) * es * n;  // the gradient's host buffer
-      if (in.grad_accum > 1) h.model_states += sets * 4 * n;      // its fp32 sum
+      h.model_states += (in.grad_accum > 1 ? 1 : sets) * ces * n;  // the gradient's host buffer
+      if (in.grad_accum > 1) h.model_states += sets * 4 * n;       // its fp32 sum
     }
-    if (in.weights != Tier::kNvme) h.model_states += sets * es * n;  // the working weights
+    if (in.weights != Tier::kNvme) h.model_states += sets * ces * n;  // the working weights
     // The states in RAM, and with speculation there their second copy.
     if (in.states == Tier::kHost) h.model_states += (in.speculate_in_ram ? 2 : 1) * in.state_bytes(elems);
   }

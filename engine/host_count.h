@@ -17,6 +17,10 @@ namespace strata::engine {
 struct HostCountInput {
   std::vector<int64_t> chunk_elems;  // every registered chunk
   uint64_t element_bytes = 2;        // a working weight's and a gradient's (the precision)
+  // Per chunk, for a model with chunks in another type (its weights and
+  // gradient in RAM: with NVMe weights or gradients every chunk has the
+  // precision). Empty: element_bytes for every chunk.
+  std::vector<uint64_t> chunk_element_bytes;
   int64_t grad_accum = 1;
   bool delayed_update = false;
   Tier weights = Tier::kHost;  // between uses: kHost (a resident model's too) or kNvme

@@ -440,14 +440,14 @@ Status OptimizerStage::weights_from_master(size_t c, void* dst, DType dtype) {
       kMasterOnly);
 }
 
-Status OptimizerStage::restore_stale_weights(std::vector<bool>* stale, const std::vector<void*>& weights, DType dtype,
-                                             bool mark_written) {
+Status OptimizerStage::restore_stale_weights(std::vector<bool>* stale, const std::vector<void*>& weights,
+                                             const std::vector<DType>& dtypes, bool mark_written) {
   if (mark_written) {
     for (size_t c = 0; c < written_.size() && c < stale->size(); ++c) (*stale)[c] = (*stale)[c] || written_[c];
   }
   for (size_t c = 0; c < stale->size(); ++c) {
     if (!(*stale)[c]) continue;
-    STRATA_RETURN_IF_ERROR(weights_from_master(c, weights.at(c), dtype)
+    STRATA_RETURN_IF_ERROR(weights_from_master(c, weights.at(c), dtypes.at(c))
                                .with_context("putting back the weights of chunk " + std::to_string(c) +
                                              " after a failed or skipped step"));
     (*stale)[c] = false;

@@ -75,6 +75,8 @@ struct OverlapStep {
   std::vector<ChunkGrad> grads;
   std::vector<void*> out;
   DType out_dtype = DType::kBF16;
+  std::vector<DType> out_dtypes;  // per chunk, where they differ (empty: out_dtype for every chunk)
+  DType out_dtype_of(size_t chunk) const { return out_dtypes.empty() ? out_dtype : out_dtypes[chunk]; }
   std::vector<size_t> order;  // the order land() will be called in: every chunk once
   float grad_scale = 1.0f;    // applied to every gradient (1/accumulation, 1/loss scale)
   double clip_norm = 0;       // global-norm clipping of the scaled gradients; 0 = off
@@ -222,16 +224,16 @@ class OptimizerStage {
   // Copies chunk c's master weights into `dst` (n floats), for checks.
   Status read_master(size_t chunk, float* dst);
   // Chunk c's working weights made again from its master weights into
-  // `dst` (n elements of `dtype`, bf16 or fp16): what a step that failed or
+  // `dst` (n elements of `dtype`: bf16, fp16 or fp32): what a step that failed or
   // was skipped after updating them in place puts back.
   Status weights_from_master(size_t chunk, void* dst, DType dtype);
   // Working weights in RAM that a failed or skipped step updated in place:
   // with `mark_written`, the chunks the last step wrote (chunks_written)
   // are marked in `stale` first; then each marked chunk's weights[c] is
-  // remade from its master weights and its mark cleared. The first failure
-  // ends it, the chunks not yet put back still marked.
-  Status restore_stale_weights(std::vector<bool>* stale, const std::vector<void*>& weights, DType dtype,
-                               bool mark_written);
+  // remade from its master weights (in dtypes[c]) and its mark cleared. The
+  // first failure ends it, the chunks not yet put back still marked.
+  Status restore_stale_weights(std::vector<bool>* stale, const std::vector<void*>& weights,
+                               const std::vector<DType>& dtypes, bool mark_written);
   // Chunk c's whole state blob (state_bytes(n, state_type()) bytes, laid
   // out as StateLayout says) out of / into the stage, for checkpoints and
   // resume. Through the staging arena on NVMe.

@@ -30,8 +30,14 @@ Status OptimizerStage::begin(OverlapStep step) {
     if (c >= C || seen[c]) return invalid_argument("optimizer stage: the landing order must name every chunk once");
     seen[c] = true;
   }
-  if (weights_nvme_ && step.out_dtype != weights_dtype_) {
-    return invalid_argument("optimizer stage: the weights on NVMe are " + std::string(dtype_name(weights_dtype_)));
+  if (!step.out_dtypes.empty() && step.out_dtypes.size() != C) {
+    return invalid_argument("optimizer stage: " + std::to_string(C) + " chunks, but " +
+                            std::to_string(step.out_dtypes.size()) + " output types");
+  }
+  for (size_t c = 0; weights_nvme_ && c < C; ++c) {
+    if (step.out_dtype_of(c) != weights_dtype_) {
+      return invalid_argument("optimizer stage: the weights on NVMe are " + std::string(dtype_name(weights_dtype_)));
+    }
   }
   if (!(step.clip_norm >= 0) || !std::isfinite(step.clip_norm)) {
     return invalid_argument("optimizer stage: clip_norm must be finite and >= 0");
@@ -278,12 +284,14 @@ Status OptimizerStage::traced_update(size_t piece, std::byte* state, void* out, 
   const uint64_t at = dtype_bytes(g.dtype) * static_cast<uint64_t>(p.offset);
   g.data = grad != nullptr ? grad : static_cast<const std::byte*>(g.data) + at;
   if (out == nullptr && ov_.out[p.chunk] != nullptr) {
-    out = static_cast<std::byte*>(ov_.out[p.chunk]) + dtype_bytes(ov_.out_dtype) * static_cast<uint64_t>(p.offset);
+    out = static_cast<std::byte*>(ov_.out[p.chunk]) +
+          dtype_bytes(ov_.out_dtype_of(p.chunk)) * static_cast<uint64_t>(p.offset);
     written_[p.chunk] = true;  // before the update: a failing one may have written part of it
   }
-  cpu_optim::ParamSpan span = span_over(state, p.elems, g, out, ov_.out_dtype);
+  const DType out_dtype = ov_.out_dtype_of(p.chunk);
+  cpu_optim::ParamSpan span = span_over(state, p.elems, g, out, out_dtype);
   if (state_next != nullptr) {
-    const cpu_optim::ParamSpan next = span_over(state_next, p.elems, g, out, ov_.out_dtype);
+    const cpu_optim::ParamSpan next = span_over(state_next, p.elems, g, out, out_dtype);
     span.params_next = next.params;
     span.state_next = next.state;
   }

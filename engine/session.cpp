@@ -190,7 +190,7 @@ Status Session::check_chunk(const char* call, size_t chunk) const {
   return ok_status();
 }
 
-Result<size_t> Session::add_chunk(std::string name, int64_t elems, ChunkInit init) {
+Result<size_t> Session::add_chunk(std::string name, int64_t elems, ChunkInit init, std::optional<DType> dtype) {
   STRATA_RETURN_IF_ERROR(usable("add_chunk"));
   if (started()) return failed_precondition("session: add_chunk after start: chunk \"" + name + "\" comes too late");
   if (name.empty()) return invalid_argument("session: add_chunk: a chunk needs a name");
@@ -200,7 +200,16 @@ Result<size_t> Session::add_chunk(std::string name, int64_t elems, ChunkInit ini
   }
   if (name_used(name))
     return invalid_argument("session: add_chunk: a chunk or tensor is already named \"" + name + "\"");
-  specs_.push_back({std::move(name), elems, std::move(init), {}});
+  const DType t = dtype.value_or(options_.precision);
+  if (t != DType::kBF16 && t != DType::kF16 && t != DType::kF32) {
+    return invalid_argument("session: add_chunk \"" + name + "\": a chunk's working type is bf16, fp16 or fp32");
+  }
+  if (t == DType::kF16 && options_.precision != DType::kF16) {
+    return invalid_argument("session: add_chunk \"" + name + "\": fp16 chunks need an fp16 session (precision " +
+                            "fp16: the loss scale is the session's); this one is " +
+                            std::string(dtype_name(options_.precision)));
+  }
+  specs_.push_back({std::move(name), elems, std::move(init), t, {}});
   return specs_.size() - 1;
 }
 
@@ -281,6 +290,16 @@ Status Session::start(bool initial) {
         "register at least two chunks");
   }
   const SessionOptions& o = options_;
+  if (mixed_dtypes() && (o.weights == Tier::kNvme || o.gradients == Tier::kNvme)) {
+    const auto other =
+        std::find_if(specs_.begin(), specs_.end(), [&](const Spec& s) { return s.dtype != o.precision; });
+    return failed_precondition("session: chunk \"" + other->name + "\" computes in " +
+                               std::string(dtype_name(other->dtype)) + ", not the session's " +
+                               std::string(dtype_name(o.precision)) + ": its weights and gradient stay in RAM, so " +
+                               "the " + (o.weights == Tier::kNvme ? "weights" : "gradients") +
+                               " cannot go on NVMe (placement." + (o.weights == Tier::kNvme ? "weights" : "gradients") +
+                               "); register it in the precision or keep them on the host");
+  }
   // The host memory the placement takes, held to its budget before any of it is allocated.
   // (A lower bound: the buffers' padding to the swap store's alignment is
   // counted exactly once they are made.)
@@ -353,6 +372,7 @@ Status Session::build(std::vector<gpu::ChunkLayout> layout, const std::vector<in
   ChunkStoreOptions so;
   so.prefetch_depth = o.prefetch_depth;
   so.dtype = o.precision;
+  if (mixed_dtypes()) so.chunk_dtypes = chunk_dtypes();
   so.states = o.states;
   so.host_memory = allocator_.get();
   so.resident_first = o.resident_first;
@@ -373,10 +393,12 @@ Status Session::build(std::vector<gpu::ChunkLayout> layout, const std::vector<in
   return ok_status();
 }
 
-HostCountInput host_count_input(const SessionOptions& o, std::vector<int64_t> chunk_elems) {
+HostCountInput host_count_input(const SessionOptions& o, std::vector<int64_t> chunk_elems,
+                                const std::vector<DType>& chunk_dtypes) {
   HostCountInput in;
   in.chunk_elems = std::move(chunk_elems);
   in.element_bytes = dtype_bytes(o.precision);
+  for (DType t : chunk_dtypes) in.chunk_element_bytes.push_back(dtype_bytes(t));
   in.grad_accum = o.grad_accum;
   in.delayed_update = o.delayed_update;
   in.weights = o.weights;
@@ -395,7 +417,7 @@ uint64_t Session::host_bytes_needed() const {
   std::vector<int64_t> elems;
   for (const Spec& s : specs_) elems.push_back(s.elems);
   // Unpadded: a lower bound (each buffer's alignment is in the exact count after start).
-  return count_host_bytes(host_count_input(options_, std::move(elems))).total();
+  return count_host_bytes(host_count_input(options_, std::move(elems), chunk_dtypes())).total();
 }
 
 // Each chunk's initial master weights (and states), its working weights
@@ -408,12 +430,13 @@ Status Session::place_chunks(bool initial) {
   // for a load), zero gradients.
   auto host_buffers = [&](size_t c, const float* master) -> Status {
     const auto n = static_cast<size_t>(specs_[c].elems);
-    const size_t bytes = n * dtype_bytes(o.precision);
+    const DType t = specs_[c].dtype;
+    const size_t bytes = n * dtype_bytes(t);
     if (o.weights == Tier::kHost) {
       weights_.emplace_back(bytes);
       if (master != nullptr) {
         STRATA_RETURN_IF_ERROR(
-            cpu_optim::convert(master, DType::kF32, weights_.back().data(), o.precision, specs_[c].elems, *executor_));
+            cpu_optim::convert(master, DType::kF32, weights_.back().data(), t, specs_[c].elems, *executor_));
       } else {
         executor_->zero(weights_.back().data(), bytes);
       }
@@ -476,13 +499,14 @@ OverlapStep Session::make_step(float grad_scale) {
   ov.config = adam;
   for (size_t c = 0; c < specs_.size(); ++c) {
     // Accumulating: the stage reads the fp32 sum, which it completes itself.
-    ov.grads.push_back(options_.grad_accum == 1 ? ChunkGrad{grad_host(c), options_.precision}
+    ov.grads.push_back(options_.grad_accum == 1 ? ChunkGrad{grad_host(c), specs_[c].dtype}
                                                 : ChunkGrad{sum_host(c), DType::kF32});
     // Null: the stage writes them to NVMe. Delayed: beside the ones the next step computes with.
     void* out = weights_.empty() ? nullptr : (weights_next_.empty() ? weights_ : weights_next_)[c].data();
     ov.out.push_back(out);
   }
   ov.out_dtype = options_.precision;
+  if (mixed_dtypes()) ov.out_dtypes = chunk_dtypes();
   ov.order = landing_order_;
   ov.grad_scale = grad_scale / static_cast<float>(loss_scale());
   ov.clip_norm = options_.clip_norm;
@@ -684,7 +708,7 @@ Status Session::restore_stale(bool mark_written) {
   if (weights_.empty()) return ok_status();  // on NVMe: the old generation was never switched from
   std::vector<void*> weights;
   for (AlignedVector<std::byte>& w : weights_) weights.push_back(w.data());
-  return stage_->restore_stale_weights(&stale_, weights, options_.precision, mark_written).with_context("session");
+  return stage_->restore_stale_weights(&stale_, weights, chunk_dtypes(), mark_written).with_context("session");
 }
 
 Result<gpu::DeviceMemory> Session::allocate_device(uint64_t bytes, std::string_view what) {

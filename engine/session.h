@@ -169,7 +169,10 @@ Placement session_placement(const SessionOptions& options);
 // What a session of these options allocates in host memory for chunks of
 // these sizes, as count_host_bytes (host_count.h) takes it: the session's
 // own check before it allocates counts it unpadded.
-HostCountInput host_count_input(const SessionOptions& options, std::vector<int64_t> chunk_elems);
+// `chunk_dtypes`: each chunk's working type where a model registered
+// another than the precision (empty: the precision for every chunk).
+HostCountInput host_count_input(const SessionOptions& options, std::vector<int64_t> chunk_elems,
+                                const std::vector<DType>& chunk_dtypes = {});
 
 // What Session::create refuses before it allocates anything: the placement
 // rules (check_placement) for the session's tiers, the optimizer and
@@ -233,9 +236,15 @@ class Session {
   ~Session();
 
   // Registers a chunk (before start()); returns its index, 0, 1, ... in
-  // registration order. `init` may be empty: zeros. InvalidArgument for an
-  // empty or duplicate name or elems < 1; FailedPrecondition after start.
-  Result<size_t> add_chunk(std::string name, int64_t elems, ChunkInit init);
+  // registration order. `init` may be empty: zeros. `dtype`: the type the
+  // model computes the chunk in — its working weights and gradient — when
+  // not the session's precision: fp32 (a model's norms beside bf16
+  // matrices, say) or bf16; fp16 only in an fp16 session (the loss scale
+  // is the session's). Chunks in another type than the precision keep
+  // their weights and gradients in RAM (not with weights or gradients on
+  // NVMe). InvalidArgument for an empty or duplicate name, elems < 1 or
+  // such a type; FailedPrecondition after start.
+  Result<size_t> add_chunk(std::string name, int64_t elems, ChunkInit init, std::optional<DType> dtype = std::nullopt);
   // Places every chunk: host buffers, NVMe blobs, device slots; calls each
   // chunk's init. Refuses (ResourceExhausted naming the budget) a session
   // whose host memory exceeds host_budget_bytes. The first begin_step()
@@ -252,6 +261,8 @@ class Session {
   const std::string& chunk_name(size_t chunk) const { return specs_.at(chunk).name; }
   int64_t chunk_elems(size_t chunk) const { return specs_.at(chunk).elems; }
   DType precision() const { return options_.precision; }
+  // The chunk's working type: precision() unless add_chunk said otherwise.
+  DType chunk_dtype(size_t chunk) const { return specs_.at(chunk).dtype; }
   const SessionOptions& options() const { return options_; }
 
   // The (peak) learning rate of the next steps' updates: with the default
@@ -276,13 +287,13 @@ class Session {
   // the update (1 / micro-batches, say), besides the fp16 loss scale.
   Status begin_step(float grad_scale = 1.0f);
   bool in_step() const { return in_step_; }
-  // The chunk's working weights on the device (chunk_elems of precision())
+  // The chunk's working weights on the device (chunk_elems of chunk_dtype())
   // once it returns, until release(chunk). A chunk may be acquired again
   // in the same step (recompute) until its gradient is submitted.
   Result<const void*> acquire(size_t chunk);
   Status release(size_t chunk);
   // Where to compute the chunk's gradient on the device (chunk_elems of
-  // precision(); its contents are undefined). Two slots are handed out in
+  // chunk_dtype(); its contents are undefined). Two slots are handed out in
   // turn: submit one before asking for the one after the next.
   Result<void*> gradient_buffer(size_t chunk);
   // The gradient in the chunk's buffer is final: copied to the host and,
@@ -449,6 +460,7 @@ class Session {
     std::string name;
     int64_t elems = 0;
     ChunkInit init;
+    DType dtype = DType::kBF16;       // the working weights' and gradient's type
     std::vector<TensorView> tensors;  // by offset; empty: the chunk is saved whole
   };
   // The model file's tensors: each chunk's views, or the chunk whole.
@@ -457,6 +469,15 @@ class Session {
     int64_t offset = 0, elems = 0;
   };
   std::vector<SavedTensor> saved_tensors(std::vector<TensorInfo>* infos) const;
+  // Each chunk's working type; whether any differs from the precision.
+  std::vector<DType> chunk_dtypes() const {
+    std::vector<DType> out;
+    for (const Spec& s : specs_) out.push_back(s.dtype);
+    return out;
+  }
+  bool mixed_dtypes() const {
+    return std::any_of(specs_.begin(), specs_.end(), [&](const Spec& s) { return s.dtype != options_.precision; });
+  }
   nlohmann::json chunks_record() const;
   bool name_used(const std::string& name) const;
   Status usable(const char* call) const;
@@ -536,7 +557,7 @@ class Session {
   Status stream_wait_metered(gpu::Stream stream, gpu::Event ready);
   bool stream_ordered_step_ = false;  // a chunk of this step was acquired on a stream
   std::unique_ptr<ChunkStore> store_;
-  // Each chunk's bytes in the working type (precision).
+  // Each chunk's bytes in its working type (chunk_dtype).
   std::vector<AlignedVector<std::byte>> weights_;  // empty with the weights on NVMe
   std::vector<AlignedVector<std::byte>> grads_;
   // grad_accum > 1: each chunk's fp32 sum of the step's micro-batches, made

@@ -113,9 +113,9 @@ Status Session::save(const std::string& root) {
 // the chunk whole under its name.
 std::vector<Session::SavedTensor> Session::saved_tensors(std::vector<TensorInfo>* infos) const {
   std::vector<SavedTensor> saved;
-  const TensorType type = tensor_type(options_.precision);
   for (size_t c = 0; c < specs_.size(); ++c) {
     const Spec& s = specs_[c];
+    const TensorType type = tensor_type(s.dtype);
     if (s.tensors.empty()) {
       saved.push_back({c, 0, s.elems});
       infos->push_back({s.name, type, {s.elems}});
@@ -133,6 +133,8 @@ nlohmann::json Session::chunks_record() const {
   nlohmann::json chunks = nlohmann::json::array();
   for (const Spec& s : specs_) {
     nlohmann::json c = {{"name", s.name}, {"elems", s.elems}};
+    // Only where it is not the precision: a record of one type stays as it was.
+    if (s.dtype != options_.precision) c["dtype"] = dtype_name(s.dtype);
     for (const TensorView& t : s.tensors)
       c["tensors"].push_back({{"name", t.name}, {"offset", t.offset}, {"shape", t.shape}});
     chunks.push_back(std::move(c));
@@ -143,8 +145,8 @@ nlohmann::json Session::chunks_record() const {
 // Each saved tensor's working weights, from RAM or, a piece at a time, from
 // their NVMe blobs (a piece may span several tensors and padding).
 Status Session::write_weights(SafetensorsWriter& model, const std::vector<SavedTensor>& saved) {
-  const uint64_t es = dtype_bytes(options_.precision);
   for (size_t c = 0; c < specs_.size(); ++c) {
+    const uint64_t es = dtype_bytes(specs_[c].dtype);
     auto piece = [&](int64_t offset, std::span<std::byte> bytes) -> Status {
       const int64_t end = offset + static_cast<int64_t>(bytes.size() / es);
       for (size_t i = 0; i < saved.size(); ++i) {
@@ -312,8 +314,8 @@ Status Session::load(const std::string& root) {
 // their NVMe blobs; padding between tensors (never saved) is zeros.
 Status Session::read_weights(const SafetensorsReader& model, const std::vector<SavedTensor>& saved,
                              const std::vector<TensorInfo>& infos) {
-  const uint64_t es = dtype_bytes(options_.precision);
   for (size_t c = 0; c < specs_.size(); ++c) {
+    const uint64_t es = dtype_bytes(specs_[c].dtype);
     auto piece = [&](int64_t offset, std::span<std::byte> bytes) -> Status {
       std::fill(bytes.begin(), bytes.end(), std::byte{0});
       const int64_t end = offset + static_cast<int64_t>(bytes.size() / es);

@@ -145,7 +145,7 @@ Status Session::submit_gradient(size_t chunk) {
 // its fp32 sum (or starting it): on the accumulator's thread for an earlier
 // micro-batch, on the optimizer stage's for the last.
 std::function<Status()> Session::adding(std::function<Status()> landed, size_t chunk, bool first) {
-  return add_gradient_when(std::move(landed), sum_host(chunk), grad_host(chunk), options_.precision,
+  return add_gradient_when(std::move(landed), sum_host(chunk), grad_host(chunk), specs_[chunk].dtype,
                            static_cast<size_t>(specs_[chunk].elems), first, *executor_);
 }
 

@@ -63,7 +63,7 @@ void batch(const Mlp& m, int64_t step, std::vector<float>* x, std::vector<float>
   }
 }
 
-// Element i of working weights (or a gradient) in the session's type.
+// Element i of working weights (or a gradient) in the chunk's type.
 float w_at(const void* w, DType t, int64_t i) {
   if (t == DType::kF32) return static_cast<const float*>(w)[i];
   const uint16_t h = static_cast<const uint16_t*>(w)[i];
@@ -130,7 +130,6 @@ double loss_and_grad(const float* pred, const std::vector<float>& y, float scale
 // checkpoints (save_activation) and come back in backward, so the device
 // holds two of them instead of L + 1.
 Result<float> micro_batch(Session& s, const Mlp& m, int64_t index, bool offload) {
-  const DType t = s.precision();
   std::vector<float> x, y;
   batch(m, index, &x, &y);
   const size_t act = static_cast<size_t>(m.B * m.D);
@@ -144,7 +143,7 @@ Result<float> micro_batch(Session& s, const Mlp& m, int64_t index, bool offload)
   for (int64_t l = 0; l < m.L; ++l) {
     STRATA_ASSIGN_OR_RETURN(const void* w, s.acquire(static_cast<size_t>(l)));
     if (offload) STRATA_RETURN_IF_ERROR(s.save_activation(static_cast<uint64_t>(l), at(l), act * 4));
-    layer_forward(m, l, w, t, at(l), at(l + 1));
+    layer_forward(m, l, w, s.chunk_dtype(static_cast<size_t>(l)), at(l), at(l + 1));
     STRATA_RETURN_IF_ERROR(s.release(static_cast<size_t>(l)));
   }
   std::vector<float> dh(act), dprev(act);
@@ -156,7 +155,7 @@ Result<float> micro_batch(Session& s, const Mlp& m, int64_t index, bool offload)
     // Offloaded: layer l + 1's input (this layer's output) is in the other
     // buffer already; its own input comes back into this one.
     if (offload) STRATA_RETURN_IF_ERROR(s.load_activation(static_cast<uint64_t>(l), at(l), act * 4));
-    layer_backward(m, l, w, t, at(l), at(l + 1), dh, dprev, g);
+    layer_backward(m, l, w, s.chunk_dtype(static_cast<size_t>(l)), at(l), at(l + 1), dh, dprev, g);
     STRATA_RETURN_IF_ERROR(s.release(c));
     STRATA_RETURN_IF_ERROR(s.submit_gradient(c));
     dh.swap(dprev);
@@ -170,7 +169,6 @@ Result<float> micro_batch(Session& s, const Mlp& m, int64_t index, bool offload)
 // weights move once per pass instead of once per micro-batch. Returns the
 // mean loss.
 Result<float> vertical_step(Session& s, const Mlp& m, int64_t step) {
-  const DType t = s.precision();
   const int A = s.options().grad_accum;
   const size_t act = static_cast<size_t>(m.B * m.D);
   std::vector<std::vector<float>> y(static_cast<size_t>(A));
@@ -184,7 +182,7 @@ Result<float> vertical_step(Session& s, const Mlp& m, int64_t step) {
   STRATA_RETURN_IF_ERROR(s.begin_step(1.0f / static_cast<float>(A)));
   for (int64_t l = 0; l < m.L; ++l) {
     STRATA_ASSIGN_OR_RETURN(const void* w, s.acquire(static_cast<size_t>(l)));
-    for (int k = 0; k < A; ++k) layer_forward(m, l, w, t, at(k, l), at(k, l + 1));
+    for (int k = 0; k < A; ++k) layer_forward(m, l, w, s.chunk_dtype(static_cast<size_t>(l)), at(k, l), at(k, l + 1));
     STRATA_RETURN_IF_ERROR(s.release(static_cast<size_t>(l)));
   }
   double loss = 0;
@@ -201,7 +199,8 @@ Result<float> vertical_step(Session& s, const Mlp& m, int64_t step) {
     STRATA_ASSIGN_OR_RETURN(const void* w, s.acquire(c));
     for (int k = 0; k < A; ++k) {
       STRATA_ASSIGN_OR_RETURN(void* g, s.gradient_buffer(c));
-      layer_backward(m, l, w, t, at(k, l), at(k, l + 1), dh[static_cast<size_t>(k)], dprev, g);
+      layer_backward(m, l, w, s.chunk_dtype(static_cast<size_t>(l)), at(k, l), at(k, l + 1), dh[static_cast<size_t>(k)],
+                     dprev, g);
       STRATA_RETURN_IF_ERROR(s.submit_gradient(c));  // held: the next micro-batch computes with the same weights
       dh[static_cast<size_t>(k)].swap(dprev);
     }
@@ -220,7 +219,6 @@ Result<float> vertical_step(Session& s, const Mlp& m, int64_t step) {
 // loaded back in backward, prefetched behind the layer above, each copy
 // waiting for the stream's reads of its buffer.
 Result<float> stream_step(Session& s, const Mlp& m, int64_t step, gpu::Stream stream, bool offload = false) {
-  const DType t = s.precision();
   gpu::Device& dev = s.device();
   std::vector<float> x, y;
   batch(m, step, &x, &y);
@@ -238,6 +236,7 @@ Result<float> stream_step(Session& s, const Mlp& m, int64_t step, gpu::Stream st
   for (int64_t l = 0; l < m.L; ++l) {
     STRATA_ASSIGN_OR_RETURN(const void* w, s.acquire(static_cast<size_t>(l), stream));
     if (offload && l >= 1) STRATA_RETURN_IF_ERROR(s.activation_saved(static_cast<uint64_t>(l - 1), stream));
+    const DType t = s.chunk_dtype(static_cast<size_t>(l));
     STRATA_RETURN_IF_ERROR(dev.enqueue(stream, [&m, l, w, t, at] {
       layer_forward(m, l, w, t, at(l), at(l + 1));
       return ok_status();
@@ -256,6 +255,7 @@ Result<float> stream_step(Session& s, const Mlp& m, int64_t step, gpu::Stream st
     STRATA_ASSIGN_OR_RETURN(const void* w, s.acquire(c, stream));
     STRATA_ASSIGN_OR_RETURN(void* g, s.gradient_buffer(c));
     if (offload) STRATA_RETURN_IF_ERROR(s.load_activation(key, at(l), act * 4, stream));
+    const DType t = s.chunk_dtype(static_cast<size_t>(l));
     STRATA_RETURN_IF_ERROR(dev.enqueue(stream, [&m, l, w, t, at, dh, dprev, g] {
       layer_backward(m, l, w, t, at(l), at(l + 1), *dh, *dprev, g);
       return ok_status();
@@ -294,13 +294,18 @@ Result<float> accumulated_step(Session& s, const Mlp& m, int64_t step, bool offl
   return static_cast<float>(loss / A);
 }
 
-Result<std::unique_ptr<Session>> make_session(const Mlp& m, SessionOptions o) {
+// Each layer's working type where the model registers another than the
+// session's precision (empty, or nullopt for a layer: the precision).
+using LayerTypes = std::function<std::optional<DType>(int64_t layer)>;
+
+Result<std::unique_ptr<Session>> make_session(const Mlp& m, SessionOptions o, const LayerTypes& types = {}) {
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Session> s, Session::create(std::move(o)));
   for (int64_t l = 0; l < m.L; ++l) {
-    STRATA_RETURN_IF_ERROR(
-        s->add_chunk("layer" + std::to_string(l), m.chunk_elems(), [&m, l](std::span<float> d) {
-          return init_layer(m, l, d);
-        }).status());
+    STRATA_RETURN_IF_ERROR(s->add_chunk(
+                                "layer" + std::to_string(l), m.chunk_elems(),
+                                [&m, l](std::span<float> d) { return init_layer(m, l, d); },
+                                types ? types(l) : std::nullopt)
+                               .status());
   }
   return s;
 }
@@ -323,8 +328,9 @@ SessionOptions weights_on_nvme(const std::string& dir) {
   return o;
 }
 
-std::vector<float> run(const Mlp& m, SessionOptions o, int steps, std::vector<StepVerdict>* verdicts = nullptr) {
-  Result<std::unique_ptr<Session>> s = make_session(m, std::move(o));
+std::vector<float> run(const Mlp& m, SessionOptions o, int steps, std::vector<StepVerdict>* verdicts = nullptr,
+                       const LayerTypes& types = {}) {
+  Result<std::unique_ptr<Session>> s = make_session(m, std::move(o), types);
   EXPECT_TRUE(s.has_value()) << s.status().to_string();
   if (!s.has_value()) return {};
   std::vector<float> losses;
@@ -974,6 +980,136 @@ TEST(Session, Fp32WorkingWeightsAreTheMasterWeightsOnEveryPlacement) {
     EXPECT_EQ(std::bit_cast<uint32_t>(*loss), std::bit_cast<uint32_t>(in_ram[k])) << "step " << k;
   }
   EXPECT_LE((*s)->counters().device_peak_bytes, fp32_model_states / 10);
+}
+
+// A model's chunks in a type of their own (fp32 layers beside bf16 ones, as
+// a model keeps its norms): each chunk's working weights are its master
+// weights in its own type, the run is the same bits with the states and
+// checkpoints in RAM or on NVMe, with micro-batches, and from a checkpoint,
+// which a session of other types refuses by name.
+TEST(Session, ChunksOfTheirOwnTypeGiveTheSameBitsOnEveryPlacement) {
+  const Mlp m{64, 6, 8};
+  const LayerTypes odd_fp32 = [](int64_t l) { return l % 2 == 1 ? std::optional(DType::kF32) : std::nullopt; };
+  const SessionOptions o = base_options();
+  const std::vector<float> mixed = run(m, o, 12, nullptr, odd_fp32);
+  const std::vector<float> bf16 = run(m, o, 12);
+  ASSERT_EQ(mixed.size(), 12u);
+  ASSERT_EQ(bf16.size(), 12u);
+  auto bits = [](const std::vector<float>& v) {
+    std::vector<uint32_t> b;
+    for (float f : v) b.push_back(std::bit_cast<uint32_t>(f));
+    return b;
+  };
+  EXPECT_NE(bits(mixed), bits(bf16)) << "the fp32 layers compute with other bits than bf16 ones";
+  EXPECT_LT(mixed[8] + mixed[9] + mixed[10] + mixed[11], mixed[0] + mixed[1] + mixed[2] + mixed[3]);
+
+  // In its own type: fp32 chunks are the master bits, bf16 ones their rounding.
+  Result<std::unique_ptr<Session>> s = make_session(m, o, odd_fp32);
+  ASSERT_TRUE(s.has_value()) << s.status().to_string();
+  for (int k = 0; k < 3; ++k) ASSERT_TRUE(train_step(**s, m, k).has_value());
+  std::vector<float> master(static_cast<size_t>(m.chunk_elems()));
+  for (size_t c = 0; c < (*s)->chunks(); ++c) {
+    const DType t = (*s)->chunk_dtype(c);
+    EXPECT_EQ(t, c % 2 == 1 ? DType::kF32 : DType::kBF16);
+    ASSERT_TRUE((*s)->read_master(c, master).ok());
+    ASSERT_TRUE((*s)->begin_step().ok());
+    Result<const void*> w = (*s)->acquire(c);
+    ASSERT_TRUE(w.has_value()) << w.status().to_string();
+    for (size_t i = 0; i < master.size(); ++i) {
+      const float want = t == DType::kF32 ? master[i] : bf16_to_f32(f32_to_bf16(master[i]));
+      ASSERT_EQ(std::bit_cast<uint32_t>(w_at(*w, t, static_cast<int64_t>(i))), std::bit_cast<uint32_t>(want))
+          << "chunk " << c << " element " << i;
+    }
+    ASSERT_TRUE((*s)->release(c).ok());
+    ASSERT_TRUE((*s)->cancel_step().ok());
+  }
+  // Each fp32 chunk holds 2 more bytes a parameter in its weights and 2 in its gradient.
+  Result<std::unique_ptr<Session>> plain = make_session(m, o);
+  ASSERT_TRUE(plain.has_value());
+  ASSERT_TRUE((*plain)->start().ok());
+  EXPECT_EQ((*s)->host_bytes(), (*plain)->host_bytes() + static_cast<uint64_t>(m.L / 2 * m.chunk_elems()) * 4);
+
+  // States and checkpoints on NVMe through a small device.
+  TempDir dir;
+  SessionOptions nvme = o;
+  nvme.states = Tier::kNvme;
+  nvme.activations = Tier::kNvme;
+  nvme.nvme_paths = {dir.path()};
+  nvme.device_bytes = model_state_bytes(m) / 4;  // bf16 model states: its fp32 slots take more
+  Result<std::unique_ptr<Session>> n = make_session(m, nvme, odd_fp32);
+  ASSERT_TRUE(n.has_value()) << n.status().to_string();
+  for (size_t k = 0; k < mixed.size(); ++k) {
+    Result<float> loss = train_step(**n, m, static_cast<int64_t>(k), nullptr, /*offload=*/true);
+    ASSERT_TRUE(loss.has_value()) << "step " << k << ": " << loss.status().to_string();
+    EXPECT_EQ(std::bit_cast<uint32_t>(*loss), std::bit_cast<uint32_t>(mixed[k])) << "step " << k;
+  }
+
+  // Micro-batches, in RAM and on NVMe, with the delayed update off and on.
+  for (bool delayed : {false, true}) {
+    std::vector<std::vector<float>> runs;
+    for (SessionOptions p : {o, nvme}) {
+      p.grad_accum = 2;
+      p.delayed_update = delayed;
+      Result<std::unique_ptr<Session>> a = make_session(m, p, odd_fp32);
+      ASSERT_TRUE(a.has_value()) << a.status().to_string();
+      runs.emplace_back();
+      for (int k = 0; k < 6; ++k) {
+        Result<float> loss = accumulated_step(**a, m, k);
+        ASSERT_TRUE(loss.has_value()) << loss.status().to_string();
+        runs.back().push_back(*loss);
+      }
+    }
+    EXPECT_EQ(bits(runs[0]), bits(runs[1])) << (delayed ? "delayed update" : "");
+  }
+
+  // A checkpoint of step 3 resumes bit for bit; another session's types are refused by name.
+  TempDir ckpt;
+  Result<std::unique_ptr<Session>> first = make_session(m, o, odd_fp32);
+  ASSERT_TRUE(first.has_value());
+  for (int k = 0; k < 3; ++k) ASSERT_TRUE(train_step(**first, m, k).has_value());
+  ASSERT_TRUE((*first)->save(ckpt.path()).ok());
+  Result<std::unique_ptr<Session>> resumed = make_session(m, nvme, odd_fp32);
+  ASSERT_TRUE(resumed.has_value());
+  Status loaded = (*resumed)->load(ckpt.path());
+  ASSERT_TRUE(loaded.ok()) << loaded.to_string();
+  for (int k = 3; k < 12; ++k) {
+    Result<float> loss = train_step(**resumed, m, k);
+    ASSERT_TRUE(loss.has_value()) << loss.status().to_string();
+    EXPECT_EQ(std::bit_cast<uint32_t>(*loss), std::bit_cast<uint32_t>(mixed[static_cast<size_t>(k)])) << "step " << k;
+  }
+  Result<std::unique_ptr<Session>> other = make_session(m, o);
+  ASSERT_TRUE(other.has_value());
+  Status refused = (*other)->load(ckpt.path());
+  EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition) << refused.to_string();
+  EXPECT_NE(refused.message().find("\"dtype\":\"fp32\""), std::string::npos) << refused.to_string();
+}
+
+// A chunk's own type: fp16 only in an fp16 session, and chunks off the
+// precision keep their weights and gradients in RAM.
+TEST(Session, AChunksOwnTypeIsRefusedWhereItCannotLive) {
+  const Mlp m{16, 2, 4};
+  Result<std::unique_ptr<Session>> s = Session::create(base_options());
+  ASSERT_TRUE(s.has_value());
+  Result<size_t> fp16 = (*s)->add_chunk("half", 8, nullptr, DType::kF16);
+  EXPECT_EQ(fp16.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(fp16.status().message().find("fp16 session"), std::string::npos) << fp16.status().to_string();
+  EXPECT_EQ((*s)->chunks(), 0u);
+
+  TempDir dir;
+  SessionOptions on_nvme = weights_on_nvme(dir.path());
+  SessionOptions grads = base_options();
+  grads.states = Tier::kNvme;
+  grads.gradients = Tier::kNvme;
+  grads.nvme_paths = {dir.path()};
+  for (const SessionOptions& o : {on_nvme, grads}) {
+    Result<std::unique_ptr<Session>> n =
+        make_session(m, o, [](int64_t l) { return l == 1 ? std::optional(DType::kF32) : std::nullopt; });
+    ASSERT_TRUE(n.has_value()) << n.status().to_string();
+    Status started = (*n)->start();
+    EXPECT_EQ(started.code(), StatusCode::kFailedPrecondition) << started.to_string();
+    EXPECT_NE(started.message().find("\"layer1\" computes in fp32"), std::string::npos) << started.to_string();
+    EXPECT_FALSE((*n)->started());
+  }
 }
 
 // resident_first: the first chunk stays on the device through each step
