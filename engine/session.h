@@ -164,6 +164,10 @@ struct SessionOptions {
 // session to; a model's own view (the GPT's: training_setup) adds its
 // shapes to it.
 TrainSetup session_setup(const SessionOptions& options);
+// Whether `dtype` may be a chunk's working type in a session of
+// `precision`: bf16 or fp32, fp16 only in an fp16 session (the loss scale
+// is the session's). InvalidArgument saying why not.
+Status check_chunk_dtype(DType dtype, DType precision);
 Placement session_placement(const SessionOptions& options);
 
 // What a session of these options allocates in host memory for chunks of
@@ -245,15 +249,19 @@ class Session {
   // NVMe). InvalidArgument for an empty or duplicate name, elems < 1 or
   // such a type; FailedPrecondition after start.
   Result<size_t> add_chunk(std::string name, int64_t elems, ChunkInit init, std::optional<DType> dtype = std::nullopt);
-  // Places every chunk: host buffers, NVMe blobs, device slots; calls each
-  // chunk's init. Refuses (ResourceExhausted naming the budget) a session
-  // whose host memory exceeds host_budget_bytes. The first begin_step()
-  // calls it when the caller did not.
+  // A registered chunk's working type, before start() (the same rules as
+  // add_chunk's dtype). InvalidArgument for an unregistered chunk or such a
+  // type; FailedPrecondition after start.
+  Status set_chunk_dtype(size_t chunk, DType dtype);
   // Names a tensor of the model's inside `chunk` (before start()): see
   // TensorView. InvalidArgument for a name already used (by a chunk or a
   // tensor), an empty shape or a dimension < 1, a tensor past the chunk's
   // end, or one overlapping another of the chunk's.
   Status add_tensor(size_t chunk, TensorView tensor);
+  // Places every chunk: host buffers, NVMe blobs, device slots; calls each
+  // chunk's init. Refuses (ResourceExhausted naming the budget) a session
+  // whose host memory exceeds host_budget_bytes. The first begin_step()
+  // calls it when the caller did not.
   Status start() { return start(/*initial=*/true); }
   bool started() const { return store_ != nullptr; }
 

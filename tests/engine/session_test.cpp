@@ -1094,6 +1094,17 @@ TEST(Session, AChunksOwnTypeIsRefusedWhereItCannotLive) {
   EXPECT_EQ(fp16.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(fp16.status().message().find("fp16 session"), std::string::npos) << fp16.status().to_string();
   EXPECT_EQ((*s)->chunks(), 0u);
+  // Set after registering: the same rules, nothing changed by a refusal,
+  // nothing changed after start.
+  ASSERT_TRUE((*s)->add_chunk("w", 8, nullptr).has_value());
+  EXPECT_EQ((*s)->set_chunk_dtype(0, DType::kF16).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ((*s)->set_chunk_dtype(1, DType::kF32).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ((*s)->chunk_dtype(0), DType::kBF16);
+  EXPECT_TRUE((*s)->set_chunk_dtype(0, DType::kF32).ok());
+  EXPECT_EQ((*s)->chunk_dtype(0), DType::kF32);
+  ASSERT_TRUE((*s)->start().ok());
+  EXPECT_EQ((*s)->set_chunk_dtype(0, DType::kBF16).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*s)->chunk_dtype(0), DType::kF32);
 
   TempDir dir;
   SessionOptions on_nvme = weights_on_nvme(dir.path());
