@@ -54,6 +54,16 @@ int64_t max_state_piece(const std::vector<int64_t>& chunk_elems, int64_t piece_e
   return m;
 }
 
+std::vector<DType> chunk_dtypes_of(const TrainSetup& s) {
+  if (!s.chunk_dtypes.empty() || s.model == nullptr) return s.chunk_dtypes;
+  return s.model->chunk_dtypes();
+}
+
+bool mixes_dtypes(const TrainSetup& s) {
+  const std::vector<DType> types = chunk_dtypes_of(s);
+  return std::any_of(types.begin(), types.end(), [&](DType t) { return t != s.working; });
+}
+
 bool gradients_run_on_nvme(const TrainSetup& s, Tier states, int64_t micro_batches_per_pass) {
   return states == Tier::kNvme && !s.delayed_update && (s.grad_accum == 1 || micro_batches_per_pass == s.grad_accum);
 }
@@ -68,6 +78,12 @@ Status check_placement(const TrainSetup& s, const Placement& pl) {
         "weights on NVMe need the optimizer states on NVMe (their blobs share the states' "
         "pieces); the states are on " +
         std::string(st));
+  }
+  if (mixes_dtypes(s) && (pl.weights == Tier::kNvme || pl.gradients == Tier::kNvme)) {
+    return invalid_argument(std::string("chunks of a working type of their own keep their weights and gradients in ") +
+                            "RAM: the " + (pl.weights == Tier::kNvme ? "weights" : "gradients") +
+                            " cannot go on NVMe (placement." + (pl.weights == Tier::kNvme ? "weights" : "gradients") +
+                            " host)");
   }
   if (pl.weights == Tier::kNvme && s.working == DType::kF32) {
     return invalid_argument("fp32 working weights stay in RAM between uses (weights on NVMe are bf16 or fp16)");
@@ -148,6 +164,12 @@ struct Counting {
   // A pass's block input l is its V micro-batches' inputs side by side: one
   // copy, one NVMe blob (the GPT's save_activation).
   uint64_t ckpt_group_bytes = 0;
+  // Each chunk's bytes of an element on the device (TrainSetup::
+  // chunk_dtypes, else z.c), and the model's weights in them: P x c
+  // (unpadded) when every chunk has one type.
+  std::vector<uint64_t> chunk_c;
+  double weights_bytes = 0;
+  double bytes_of(size_t chunk, double elems) const { return elems * static_cast<double>(chunk_c[chunk]); }
 };
 
 // NVMe blocks and pinned buffers.
@@ -171,6 +193,7 @@ void count_device(const Counting& k, Plan& p) {
   const auto slotted = static_cast<int>(k.layout.size()) - (so.resident_first ? 1 : 0);
   so.prefetch_depth = resident ? slotted - 1 : pl.prefetch_depth;
   so.dtype = s.compute;
+  if (mixes_dtypes(s)) so.chunk_dtypes = chunk_dtypes_of(s);
   const ChunkStoreBytes store = chunk_store_bytes(k.layout, so);
   ModelPass pass;
   pass.micro_batch = s.micro_batch;
@@ -231,6 +254,7 @@ void count_host_and_nvme(const Counting& k, Plan& p) {
   HostCountInput in;
   in.chunk_elems = k.layout;
   in.element_bytes = k.w;
+  if (mixes_dtypes(s)) in.chunk_element_bytes.assign(k.chunk_c.begin(), k.chunk_c.end());
   in.grad_accum = s.grad_accum;
   in.delayed_update = s.delayed_update;
   in.weights = pl.weights == Tier::kNvme ? Tier::kNvme : Tier::kHost;
@@ -271,32 +295,32 @@ void count_host_and_nvme(const Counting& k, Plan& p) {
 // what backward left in the slots: its last depth + 1 chunks, the first of
 // forward.
 double weight_bytes_up(const Counting& k) {
-  const double P = static_cast<double>(k.z.params), c = static_cast<double>(k.z.c);
-  if (k.pl.weights == Tier::kDevice) return P * c;
+  if (k.pl.weights == Tier::kDevice) return k.weights_bytes;
   const std::vector<int64_t>& layout = k.layout;
   const size_t from = k.s.model->resident_first() ? 1 : 0;
   const auto slotted = static_cast<int64_t>(layout.size() - from);
   const int64_t kept = std::min<int64_t>(k.pl.prefetch_depth + 1, slotted);
   double held = 0, left = 0;
   for (int64_t i = 0; i < kept; ++i) {
-    held += static_cast<double>(layout[from + static_cast<size_t>(slotted - 1 - i)]);
-    left += static_cast<double>(layout[from + static_cast<size_t>(i)]);
+    const size_t last = from + static_cast<size_t>(slotted - 1 - i), next = from + static_cast<size_t>(i);
+    held += k.bytes_of(last, static_cast<double>(layout[last]));
+    left += k.bytes_of(next, static_cast<double>(layout[next]));
   }
-  const double resident = from == 1 ? static_cast<double>(layout[0]) : 0.0;
-  const double first = resident + 2 * (P - resident) - held;
-  return (first + (k.passes - 1) * std::max(first - resident - left, 0.0)) * c;
+  const double resident = from == 1 ? k.bytes_of(0, static_cast<double>(layout[0])) : 0.0;
+  const double first = resident + 2 * (k.weights_bytes - resident) - held;
+  return first + (k.passes - 1) * std::max(first - resident - left, 0.0);
 }
 
 // Every link's bytes (or FLOPs) per optimizer step and their time alone.
 void count_links(const Counting& k, const Bandwidths& bw, Plan& p) {
   const TrainSetup& s = k.s;
   const Placement& pl = k.pl;
-  const double P = static_cast<double>(k.z.params), c = static_cast<double>(k.z.c);
+  const double P = static_cast<double>(k.z.params);
   // The checkpoints the model saves go down and come back once each.
   const double ckpt = static_cast<double>(k.z.ckpt.saved) * static_cast<double>(k.z.ckpt.bytes);
   const double A = static_cast<double>(s.grad_accum);
   double h2d = weight_bytes_up(k);
-  double d2h = P * c * A;
+  double d2h = k.weights_bytes * A;
   if (pl.checkpoints != Tier::kDevice) {
     h2d += ckpt * A;
     d2h += ckpt * A;
@@ -324,7 +348,7 @@ void count_links(const Counting& k, const Bandwidths& bw, Plan& p) {
       {"compute", flops, flops / (bw.device_tflops * 1e12)},
       {"host->device", h2d, h2d / (bw.h2d_gbps * 1e9)},
       {"device->host", d2h, d2h / (bw.d2h_gbps * 1e9)},
-      {"cpu optimizer", P * (8 + k.state_bytes + c), P / bw.cpu_optimizer_params_per_s},
+      {"cpu optimizer", P * (8 + k.state_bytes + k.weights_bytes / P), P / bw.cpu_optimizer_params_per_s},
       {"nvme read", nvme_read, nvme_read / (bw.nvme_read_gbps * 1e9)},
       {"nvme write", nvme_write, nvme_write / (bw.nvme_write_gbps * 1e9)},
   };
@@ -341,7 +365,7 @@ void count_links(const Counting& k, const Bandwidths& bw, Plan& p) {
 void time_step(const Counting& k, const Bandwidths& bw, Plan& p) {
   const Placement& pl = k.pl;
   const std::vector<int64_t>& layout = k.layout;
-  const double P = static_cast<double>(k.z.params), c = static_cast<double>(k.z.c);
+  const double P = static_cast<double>(k.z.params);
   const int64_t piece_elems = k.s.state_piece_elems;
   const double last = static_cast<double>(layout[0]) + (layout.size() > 2 ? static_cast<double>(layout[1]) : 0.0);
   const bool speculates = pl.states == Tier::kNvme || pl.speculate_in_ram;
@@ -358,7 +382,9 @@ void time_step(const Counting& k, const Bandwidths& bw, Plan& p) {
     if (layout.size() > 2) unit = std::max(unit, static_cast<double>(state_piece_sizes(layout[1], piece_elems)[0]));
     p.tail_seconds = std::max(update, write) + std::min(update, write) * unit / last;  // unit <= last
   }
-  p.head_seconds = last * c / (bw.h2d_gbps * 1e9);
+  const double last_bytes = k.bytes_of(0, static_cast<double>(layout[0])) +
+                            (layout.size() > 2 ? k.bytes_of(1, static_cast<double>(layout[1])) : 0.0);
+  p.head_seconds = last_bytes / (bw.h2d_gbps * 1e9);
   // Reads and writes go to the same drives and share their bandwidth (each
   // rate was measured alone): together they take the sum of their times.
   double nvme_seconds = 0;
@@ -399,6 +425,19 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   k.grads_nvme = pl.gradients == Tier::kNvme;
   k.opt_grad_bytes = dtype_bytes(optimizer_gradient_type(s));
   k.ckpt_group_bytes = k.V * k.z.ckpt.bytes;
+  k.chunk_c.assign(k.layout.size(), k.z.c);
+  if (mixes_dtypes(s)) {
+    const std::vector<DType> types = chunk_dtypes_of(s);
+    double bytes = 0;
+    for (size_t c = 0; c < k.layout.size(); ++c) {
+      k.chunk_c[c] = dtype_bytes(types.at(c));
+      bytes += k.bytes_of(c, static_cast<double>(k.layout[c]));
+    }
+    // Padding (none in a session's own chunks) in the chunks' average type.
+    k.weights_bytes = bytes * static_cast<double>(k.z.params) / static_cast<double>(k.z.padded);
+  } else {
+    k.weights_bytes = static_cast<double>(k.z.params) * static_cast<double>(k.z.c);
+  }
   Plan p;
   p.setup = s;
   p.placement = pl;
@@ -621,6 +660,10 @@ Result<Plan> make_plan(const TrainSetup& s, const Budgets& b, const Bandwidths& 
         "training setup: the model has no chunks to stream (a resident first chunk needs one more)");
   }
   if (s.grad_accum < 1) return invalid_argument("training setup: grad_accum >= 1 required");
+  if (const size_t types = chunk_dtypes_of(s).size(); types != 0 && types != s.model->chunk_elems().size()) {
+    return invalid_argument("training setup: " + std::to_string(types) + " chunk types for " +
+                            std::to_string(s.model->chunk_elems().size()) + " chunks");
+  }
   STRATA_RETURN_IF_ERROR(check_state_piece_elems(s.state_piece_elems).with_context("training setup"));
   if ((fixed.weights == Tier::kNvme || fixed.states == Tier::kNvme || fixed.checkpoints == Tier::kNvme) &&
       b.nvme_bytes == 0) {

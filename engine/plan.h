@@ -37,8 +37,8 @@ inline constexpr int kGradientBuffers = 3;
 
 struct TrainSetup {
   // The model, as it tells the planner its chunks and bytes (plan_model.h;
-  // the built-in GPT's: models/gpt/gpt_plan_model.h). Only the planner
-  // reads it (estimate, make_plan); check_placement does not.
+  // the built-in GPT's: models/gpt/gpt_plan_model.h). The planner reads it
+  // (estimate, make_plan); check_placement only its chunks' types.
   std::shared_ptr<const PlanModel> model;
   int64_t micro_batch = 1;
   int64_t grad_accum = 1;
@@ -64,6 +64,11 @@ struct TrainSetup {
   // Chunk buffers of the gradient ring when the gradients wait on NVMe
   // (Placement::gradients; TrainerOptions::gradient_buffers).
   int gradient_buffers = kGradientBuffers;
+  // Each chunk's working type, where a model registers chunks of their own
+  // (Session::add_chunk's dtype); empty: the model's (PlanModel::
+  // chunk_dtypes), or every chunk in `working`. Chunks of more than one
+  // type keep their weights and gradients in RAM.
+  std::vector<DType> chunk_dtypes;
 };
 
 // What the optimizer reads a chunk's gradient as: the device's gradient
@@ -71,6 +76,12 @@ struct TrainSetup {
 // accumulating — what the gradients on NVMe and a delayed update's second
 // set of buffers hold.
 inline DType optimizer_gradient_type(const TrainSetup& s) { return s.grad_accum > 1 ? DType::kF32 : s.compute; }
+
+// Each chunk's working type: TrainSetup::chunk_dtypes, else the model's
+// (PlanModel::chunk_dtypes); empty: all `working`. Whether some chunk's
+// type is not the setup's.
+std::vector<DType> chunk_dtypes_of(const TrainSetup& setup);
+bool mixes_dtypes(const TrainSetup& setup);
 
 // Whether the trainer keeps the gradients on NVMe for this setup
 // (Placement::gradients): beside states on NVMe, in the exact schedule (no
@@ -201,7 +212,8 @@ struct Constraints {
 };
 
 // The bytes and link times of one placement, whether or not it fits.
-// setup.model is set and accepts setup.micro_batch (make_plan checks both).
+// setup.model is set and accepts setup.micro_batch, and the chunks' types
+// are none or one per chunk (make_plan checks all three).
 Plan estimate(const TrainSetup& setup, const Placement& placement, const Bandwidths& bw);
 // Whether every tier of the plan is within its budget.
 bool fits(const Plan& plan, const Budgets& budgets);

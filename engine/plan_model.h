@@ -58,6 +58,10 @@ class PlanModel {
   // included), in their order; at least one beside a resident chunk 0.
   virtual const std::vector<int64_t>& chunk_elems() const = 0;
   virtual int64_t parameters() const = 0;  // without the padding
+  // Each chunk's working type where the model registers chunks in a type
+  // of their own (Session::add_chunk's dtype), in chunk_elems' order;
+  // empty: every chunk in the session's precision.
+  virtual std::vector<DType> chunk_dtypes() const { return {}; }
   // Whether the model keeps chunk 0 on the device (SessionOptions::resident_first).
   virtual bool resident_first() const { return true; }
   // OK when the model runs micro-batches of this size; InvalidArgument

@@ -216,15 +216,17 @@ Status Session::start(bool initial) {
         "register at least two chunks");
   }
   const SessionOptions& o = options_;
-  if (mixed_dtypes() && (o.weights == Tier::kNvme || o.gradients == Tier::kNvme)) {
-    const auto other =
-        std::find_if(specs_.begin(), specs_.end(), [&](const Spec& s) { return s.dtype != o.precision; });
-    return failed_precondition("session: chunk \"" + other->name + "\" computes in " +
-                               std::string(dtype_name(other->dtype)) + ", not the session's " +
-                               std::string(dtype_name(o.precision)) + ": its weights and gradient stay in RAM, so " +
-                               "the " + (o.weights == Tier::kNvme ? "weights" : "gradients") +
-                               " cannot go on NVMe (placement." + (o.weights == Tier::kNvme ? "weights" : "gradients") +
-                               "); register it in the precision or keep them on the host");
+  if (mixed_dtypes()) {
+    // The placement rules (check_placement) with the chunks' own types.
+    TrainSetup setup = session_setup(o);
+    setup.chunk_dtypes = chunk_dtypes();
+    if (Status placeable = check_placement(setup, session_placement(o)); !placeable.ok()) {
+      const auto other =
+          std::find_if(specs_.begin(), specs_.end(), [&](const Spec& s) { return s.dtype != o.precision; });
+      return failed_precondition("session: chunk \"" + other->name + "\" computes in " +
+                                 std::string(dtype_name(other->dtype)) + ", not the session's " +
+                                 std::string(dtype_name(o.precision)) + ": " + std::string(placeable.message()));
+    }
   }
   // The host memory the placement takes, held to its budget before any of it is allocated.
   // (A lower bound: the buffers' padding to the swap store's alignment is

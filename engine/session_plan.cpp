@@ -10,6 +10,7 @@ Result<Plan> plan_session(const SessionOptions& options, std::shared_ptr<const P
     return invalid_argument("a session keeps no weights on the device between uses: host or nvme");
   }
   TrainSetup setup = session_setup(options);
+  for (DType t : model->chunk_dtypes()) STRATA_RETURN_IF_ERROR(check_chunk_dtype(t, options.precision));
   setup.model = std::move(model);
   setup.micro_batch = micro_batch;
   if (fixed.weights) return make_plan(setup, budgets, rates, fixed);

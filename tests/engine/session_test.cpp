@@ -391,11 +391,17 @@ TEST(Session, TheSameBitsResidentAndOnNvmeThroughATenthOfTheModelStates) {
 // The MLP as the planner sees it (plan_model.h): L chunks streamed in
 // order, none resident; its layer inputs as fp32 activation checkpoints
 // (L + 1 kept on the device, or L saved and two buffers in flight); no
-// other device memory (its compute is the host's).
+// other device memory (its compute is the host's). `types`: each layer's
+// own working type, as make_session registers them.
 class MlpPlanModel final : public PlanModel {
  public:
-  explicit MlpPlanModel(const Mlp& m) : m_(m), chunks_(static_cast<size_t>(m.L), m.chunk_elems()) {}
+  explicit MlpPlanModel(const Mlp& m, const LayerTypes& types = {})
+      : m_(m), chunks_(static_cast<size_t>(m.L), m.chunk_elems()) {
+    if (!types) return;
+    for (int64_t l = 0; l < m.L; ++l) dtypes_.push_back(types(l).value_or(DType::kBF16));
+  }
   const std::vector<int64_t>& chunk_elems() const override { return chunks_; }
+  std::vector<DType> chunk_dtypes() const override { return dtypes_; }
   int64_t parameters() const override { return m_.L * m_.chunk_elems(); }
   bool resident_first() const override { return false; }
   Status check(int64_t micro_batch) const override {
@@ -414,62 +420,69 @@ class MlpPlanModel final : public PlanModel {
  private:
   Mlp m_;
   std::vector<int64_t> chunks_;
+  std::vector<DType> dtypes_;
 };
 
 // A model of a trainer's own is planned by what it says of itself: over
 // the session's placements the planner's bytes of every tier are what the
 // session and the model allocated, to the byte, and the bytes it puts on
-// the links each way are what a step copied.
+// the links each way are what a step copied. The same with layers of
+// their own working type (fp32 beside bf16), whose weights stay in RAM.
 TEST(Session, ThePlannerCountsWhatASessionOfAModelOfItsOwnAllocates) {
   const Mlp m{32, 5, 8};
   TempDir dir;
   int n = 0;
-  for (Tier states : {Tier::kHost, Tier::kNvme}) {
-    for (Tier weights : {Tier::kHost, Tier::kNvme}) {
-      if (weights == Tier::kNvme && states != Tier::kNvme) continue;
-      for (Tier acts : {Tier::kDevice, Tier::kHost, Tier::kNvme}) {
-        for (int depth : {1, 3}) {
-          SessionOptions o = base_options();
-          o.states = states;
-          o.weights = weights;
-          // Checkpoints on the device: the model keeps them (the session's
-          // tier is then unused).
-          o.activations = acts == Tier::kDevice ? Tier::kHost : acts;
-          o.prefetch_depth = depth;
-          o.nvme_paths = {dir.sub("p" + std::to_string(n++))};
-          TrainSetup setup = session_setup(o);
-          setup.model = std::make_shared<MlpPlanModel>(m);
-          setup.micro_batch = m.B;
-          Placement pl = session_placement(o);
-          pl.checkpoints = acts;
-          const Plan plan = estimate(setup, pl, Bandwidths{});
-          Result<std::unique_ptr<Session>> s = make_session(m, o);
-          ASSERT_TRUE(s.has_value()) << s.status().to_string();
-          SessionCounters before;
-          for (int k = 0; k < 2; ++k) {
-            before = (*s)->counters();
-            Result<float> loss = train_step(**s, m, k, nullptr, /*offload=*/acts != Tier::kDevice);
-            ASSERT_TRUE(loss.has_value()) << loss.status().to_string();
-          }
-          const std::string what = placement_text(pl) + ", depth " + std::to_string(depth);
-          // A step's copies each way (weights, gradients, checkpoints),
-          // in this model's order (no resident chunk).
-          const SessionCounters after = (*s)->counters();
-          for (const LinkTime& l : plan.links) {
-            if (l.link == "host->device") {
-              EXPECT_EQ(l.bytes, static_cast<double>(after.h2d_bytes - before.h2d_bytes)) << what;
-            } else if (l.link == "device->host") {
-              EXPECT_EQ(l.bytes, static_cast<double>(after.d2h_bytes - before.d2h_bytes)) << what;
+  const LayerTypes mixed = [](int64_t l) { return l % 2 == 1 ? std::optional(DType::kF32) : std::nullopt; };
+  for (const LayerTypes& types : {LayerTypes{}, mixed}) {
+    for (Tier states : {Tier::kHost, Tier::kNvme}) {
+      for (Tier weights : {Tier::kHost, Tier::kNvme}) {
+        if (weights == Tier::kNvme && (states != Tier::kNvme || types)) continue;
+        for (Tier acts : {Tier::kDevice, Tier::kHost, Tier::kNvme}) {
+          for (int depth : {1, 3}) {
+            SessionOptions o = base_options();
+            o.states = states;
+            o.weights = weights;
+            // Checkpoints on the device: the model keeps them (the session's
+            // tier is then unused).
+            o.activations = acts == Tier::kDevice ? Tier::kHost : acts;
+            o.prefetch_depth = depth;
+            o.nvme_paths = {dir.sub("p" + std::to_string(n++))};
+            TrainSetup setup = session_setup(o);
+            setup.model = std::make_shared<MlpPlanModel>(m, types);
+            setup.micro_batch = m.B;
+            Placement pl = session_placement(o);
+            pl.checkpoints = acts;
+            ASSERT_TRUE(check_placement(setup, pl).ok());
+            const Plan plan = estimate(setup, pl, Bandwidths{});
+            Result<std::unique_ptr<Session>> s = make_session(m, o, types);
+            ASSERT_TRUE(s.has_value()) << s.status().to_string();
+            SessionCounters before;
+            for (int k = 0; k < 2; ++k) {
+              before = (*s)->counters();
+              Result<float> loss = train_step(**s, m, k, nullptr, /*offload=*/acts != Tier::kDevice);
+              ASSERT_TRUE(loss.has_value()) << loss.status().to_string();
             }
+            const std::string what =
+                placement_text(pl) + ", depth " + std::to_string(depth) + (types ? ", fp32 beside bf16" : "");
+            // A step's copies each way (weights, gradients, checkpoints),
+            // in this model's order (no resident chunk).
+            const SessionCounters after = (*s)->counters();
+            for (const LinkTime& l : plan.links) {
+              if (l.link == "host->device") {
+                EXPECT_EQ(l.bytes, static_cast<double>(after.h2d_bytes - before.h2d_bytes)) << what;
+              } else if (l.link == "device->host") {
+                EXPECT_EQ(l.bytes, static_cast<double>(after.d2h_bytes - before.d2h_bytes)) << what;
+              }
+            }
+            EXPECT_EQ(plan.device.total(), (*s)->counters().device_peak_bytes) << what;
+            // The session stages NVMe checkpoints in up to four pinned pages,
+            // two of them for prefetches; loading without prefetching, this
+            // model leaves one of those unallocated.
+            const uint64_t unused_staging = acts == Tier::kNvme ? 4096 : 0;
+            EXPECT_EQ(plan.host.total(), (*s)->host_bytes() + unused_staging) << what;
+            const uint64_t nvme = (*s)->swap_store() ? (*s)->swap_store()->stats().peak_used_bytes : 0;
+            EXPECT_EQ(plan.nvme.total(), nvme) << what;
           }
-          EXPECT_EQ(plan.device.total(), (*s)->counters().device_peak_bytes) << what;
-          // The session stages NVMe checkpoints in up to four pinned pages,
-          // two of them for prefetches; loading without prefetching, this
-          // model leaves one of those unallocated.
-          const uint64_t unused_staging = acts == Tier::kNvme ? 4096 : 0;
-          EXPECT_EQ(plan.host.total(), (*s)->host_bytes() + unused_staging) << what;
-          const uint64_t nvme = (*s)->swap_store() ? (*s)->swap_store()->stats().peak_used_bytes : 0;
-          EXPECT_EQ(plan.nvme.total(), nvme) << what;
         }
       }
     }
@@ -510,6 +523,80 @@ TEST(Session, APlannedSessionRunsWithinItsBudgets) {
   // Nothing fits a device of one slot's bytes.
   budgets.device_bytes = 1024;
   EXPECT_EQ(plan_session(o, model, m.B, budgets).status().code(), StatusCode::kResourceExhausted);
+}
+
+// Layers of their own working type are planned as they are registered:
+// where the weights would go on NVMe for a model of one type (a host
+// budget too small for them beside the states' staging), a model with
+// fp32 layers keeps its weights and gradients in RAM, the planner counts
+// each layer's own bytes, and the session of the plan starts where the
+// one-type plan's placement is refused.
+TEST(Session, APlanKeepsTheWeightsOfLayersOfTheirOwnTypeInRam) {
+  const Mlp m{64, 16, 8};
+  TempDir dir;
+  SessionOptions o = base_options();
+  o.nvme_paths = {dir.path()};
+  const LayerTypes mixed = [](int64_t l) { return l == 3 ? std::optional(DType::kF32) : std::nullopt; };
+  Budgets budgets;
+  budgets.device_bytes = 256 << 10;
+  budgets.nvme_bytes = 64 << 20;
+  // The smallest host budget the one-type model fits.
+  budgets.host_bytes = 64 << 10;
+  Result<Plan> one_type = plan_session(o, std::make_shared<MlpPlanModel>(m), m.B, budgets);
+  for (; !one_type.has_value() && budgets.host_bytes < (8u << 20); budgets.host_bytes += 16 << 10) {
+    one_type = plan_session(o, std::make_shared<MlpPlanModel>(m), m.B, budgets);
+  }
+  ASSERT_TRUE(one_type.has_value()) << one_type.status().to_string();
+  ASSERT_EQ(one_type->placement.weights, Tier::kNvme) << one_type->why;
+  // With a layer in fp32 the weights stay in RAM: a larger budget.
+  Result<Plan> plan = plan_session(o, std::make_shared<MlpPlanModel>(m, mixed), m.B, budgets);
+  for (; !plan.has_value() && budgets.host_bytes < (8u << 20); budgets.host_bytes += 16 << 10) {
+    plan = plan_session(o, std::make_shared<MlpPlanModel>(m, mixed), m.B, budgets);
+  }
+  ASSERT_TRUE(plan.has_value()) << plan.status().to_string();
+  EXPECT_EQ(plan->placement.weights, Tier::kHost);
+  EXPECT_EQ(plan->placement.gradients, Tier::kHost);
+  SessionOptions planned = o;
+  apply_session_plan(*plan, &planned);
+  planned.device_bytes = budgets.device_bytes;
+  planned.host_budget_bytes = budgets.host_bytes;
+  planned.nvme_budget_bytes = budgets.nvme_bytes;
+  Result<std::unique_ptr<Session>> s = make_session(m, planned, mixed);
+  ASSERT_TRUE(s.has_value()) << s.status().to_string();
+  const bool offload = plan->placement.checkpoints != Tier::kDevice;
+  for (int k = 0; k < 2; ++k) ASSERT_TRUE(train_step(**s, m, k, nullptr, offload).has_value());
+  EXPECT_EQ(plan->device.total(), (*s)->counters().device_peak_bytes);
+  EXPECT_LE((*s)->host_bytes(), budgets.host_bytes);
+  // The one-type plan's placement is refused for the mixed model, by name.
+  SessionOptions refused = o;
+  apply_session_plan(*one_type, &refused);
+  Result<std::unique_ptr<Session>> r = make_session(m, refused, mixed);
+  ASSERT_TRUE(r.has_value()) << r.status().to_string();
+  EXPECT_EQ((*r)->start().code(), StatusCode::kFailedPrecondition);
+  // A type per chunk, and only the session's kinds.
+  const std::vector<DType> half = {DType::kF16};
+  class Typed final : public PlanModel {
+   public:
+    Typed(const Mlp& m, std::vector<DType> t) : inner_(m), types_(std::move(t)) {}
+    const std::vector<int64_t>& chunk_elems() const override { return inner_.chunk_elems(); }
+    std::vector<DType> chunk_dtypes() const override { return types_; }
+    int64_t parameters() const override { return inner_.parameters(); }
+    bool resident_first() const override { return false; }
+    Status check(int64_t b) const override { return inner_.check(b); }
+    ModelCheckpoints checkpoints(int64_t b, DType t) const override { return inner_.checkpoints(b, t); }
+    ModelDeviceBytes device_bytes(const ModelPass& p) const override { return inner_.device_bytes(p); }
+    double flops(int64_t b) const override { return inner_.flops(b); }
+
+   private:
+    MlpPlanModel inner_;
+    std::vector<DType> types_;
+  };
+  std::vector<DType> fp16(static_cast<size_t>(m.L), DType::kBF16);
+  fp16[2] = DType::kF16;
+  EXPECT_EQ(plan_session(o, std::make_shared<Typed>(m, fp16), m.B, budgets).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(plan_session(o, std::make_shared<Typed>(m, half), m.B, budgets).status().code(),
+            StatusCode::kInvalidArgument);
 }
 
 // A model computing on a stream of its own, the session ordering its
