@@ -14,6 +14,7 @@
 
 #include "bindings/c_status.h"
 #include "bindings/include/strata/strata.h"
+#include "common/dtype.h"
 #include "engine/config.h"
 #include "engine/session.h"
 #include "engine/session_config.h"
@@ -79,6 +80,15 @@ Result<SessionConfig> session_config(const char* call, const char* config_json, 
   return c;
 }
 
+// A working type's name from C ("bf16", "fp16", "fp32").
+Result<strata::DType> dtype_of(const std::string& call, const char* name) {
+  const std::string n = name == nullptr ? "NULL" : name;
+  for (strata::DType t : {strata::DType::kBF16, strata::DType::kF16, strata::DType::kF32}) {
+    if (n == strata::dtype_name(t)) return t;
+  }
+  return strata::invalid_argument(call + ": \"" + n + "\" is not a working type (bf16, fp16, fp32)");
+}
+
 Status add_chunk(strata_session* s, const char* call, const char* name, int64_t count, engine::ChunkInit init,
                  int64_t* chunk) {
   STRATA_RETURN_IF_ERROR(usable(s, call));
@@ -91,10 +101,13 @@ Status add_chunk(strata_session* s, const char* call, const char* name, int64_t 
 // A C description of a model (strata_model_plan) as the planner reads it.
 class CPlanModel final : public engine::PlanModel {
  public:
-  explicit CPlanModel(const strata_model_plan& m) : m_(m), chunks_(m.chunk_counts, m.chunk_counts + m.chunk_count) {
+  // `dtypes`: the model's chunk_dtypes, parsed (check_model_plan).
+  CPlanModel(const strata_model_plan& m, std::vector<strata::DType> dtypes)
+      : m_(m), chunks_(m.chunk_counts, m.chunk_counts + m.chunk_count), dtypes_(std::move(dtypes)) {
     for (int64_t c : chunks_) parameters_ += c;
   }
   const std::vector<int64_t>& chunk_elems() const override { return chunks_; }
+  std::vector<strata::DType> chunk_dtypes() const override { return dtypes_; }
   int64_t parameters() const override { return parameters_; }
   bool resident_first() const override { return m_.resident_first != 0; }
   Status check(int64_t micro_batch) const override {
@@ -116,10 +129,13 @@ class CPlanModel final : public engine::PlanModel {
  private:
   strata_model_plan m_;
   std::vector<int64_t> chunks_;
+  std::vector<strata::DType> dtypes_;
   int64_t parameters_ = 0;
 };
 
-Status check_model_plan(const strata_model_plan* m) {
+// The model's description checked, with its chunks' types parsed (empty:
+// every chunk in the precision).
+Result<std::vector<strata::DType>> check_model_plan(const strata_model_plan* m) {
   const char* call = "strata_session_plan";
   auto bad = [&](const std::string& why) { return strata::invalid_argument(std::string(call) + ": " + why); };
   if (m == nullptr) return bad("model is NULL");
@@ -133,7 +149,13 @@ Status check_model_plan(const strata_model_plan* m) {
     return bad("checkpoints: 0 <= checkpoints_saved <= checkpoints and checkpoints_in_flight >= 0");
   }
   if (!(m->flops >= 0)) return bad("flops must be >= 0");
-  return strata::ok_status();
+  std::vector<strata::DType> dtypes;
+  for (size_t c = 0; m->chunk_dtypes != nullptr && c < m->chunk_count; ++c) {
+    STRATA_ASSIGN_OR_RETURN(strata::DType t,
+                            dtype_of(std::string(call) + ": chunk " + std::to_string(c), m->chunk_dtypes[c]));
+    dtypes.push_back(t);
+  }
+  return dtypes;
 }
 
 // The plan as the keys of a session's config, its bytes and its text.
@@ -208,6 +230,27 @@ strata_status strata_session_add_chunk_fn(strata_session* session, const char* n
       return strata::ok_status();
     };
     return add_chunk(session, "strata_session_add_chunk_fn", name, count, std::move(fn), chunk);
+  });
+}
+
+strata_status strata_session_set_chunk_dtype(strata_session* session, int64_t chunk, const char* dtype) {
+  return guarded([&]() -> Status {
+    const char* call = "strata_session_set_chunk_dtype";
+    STRATA_RETURN_IF_ERROR(usable(session, call));
+    STRATA_ASSIGN_OR_RETURN(size_t c, chunk_of(session, call, chunk));
+    STRATA_ASSIGN_OR_RETURN(strata::DType t, dtype_of(call, dtype));
+    return session->session->set_chunk_dtype(c, t);
+  });
+}
+
+strata_status strata_session_chunk_dtype(const strata_session* session, int64_t chunk, const char** dtype) {
+  return guarded([&]() -> Status {
+    const char* call = "strata_session_chunk_dtype";
+    STRATA_RETURN_IF_ERROR(usable(session, call));
+    if (dtype == nullptr) return strata::invalid_argument(std::string(call) + ": dtype is NULL");
+    STRATA_ASSIGN_OR_RETURN(size_t c, chunk_of(session, call, chunk));
+    *dtype = strata::dtype_name(session->session->chunk_dtype(c)).data();  // a literal: static, NUL-terminated
+    return strata::ok_status();
   });
 }
 
@@ -448,7 +491,9 @@ const char* strata_session_describe(strata_session* session) {
     const engine::Session& s = *session->session;
     const engine::SessionOptions& o = s.options();
     nlohmann::json chunks = nlohmann::json::array();
-    for (size_t c = 0; c < s.chunks(); ++c) chunks.push_back({{"name", s.chunk_name(c)}, {"count", s.chunk_elems(c)}});
+    for (size_t c = 0; c < s.chunks(); ++c)
+      chunks.push_back(
+          {{"name", s.chunk_name(c)}, {"count", s.chunk_elems(c)}, {"dtype", strata::dtype_name(s.chunk_dtype(c))}});
     const engine::SessionCounters k = s.counters();
     session->description = nlohmann::json{
         {"chunks", chunks},
@@ -508,14 +553,15 @@ strata_status strata_session_plan(const char* config_json, const char* device, c
     const char* call = "strata_session_plan";
     if (text == nullptr && capacity > 0)
       return strata::invalid_argument(std::string(call) + ": text is NULL, capacity not 0");
-    STRATA_RETURN_IF_ERROR(check_model_plan(model));
+    STRATA_ASSIGN_OR_RETURN(std::vector<strata::DType> dtypes, check_model_plan(model));
     std::vector<std::string> warnings;
     STRATA_ASSIGN_OR_RETURN(SessionConfig c, session_config(call, config_json, device, &warnings));
     engine::Budgets budgets = engine::budgets_or_defaults(c.config.budgets);
     if (c.config.nvme_paths.empty()) budgets.nvme_bytes = 0;
-    STRATA_ASSIGN_OR_RETURN(engine::Plan plan,
-                            engine::plan_session(c.options, std::make_shared<CPlanModel>(*model), model->micro_batch,
-                                                 budgets, engine::Bandwidths{}, c.config.constraints));
+    STRATA_ASSIGN_OR_RETURN(
+        engine::Plan plan,
+        engine::plan_session(c.options, std::make_shared<CPlanModel>(*model, std::move(dtypes)), model->micro_batch,
+                             budgets, engine::Bandwidths{}, c.config.constraints));
     return strata::bindings::copy_text(call, plan_json(plan, budgets), text, capacity, length);
   });
 }

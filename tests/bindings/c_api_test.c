@@ -4,7 +4,8 @@
  * trainer learns the caller's data; the states on NVMe give the same losses
  * as in RAM; a checkpoint written at step 5 and loaded into a new trainer
  * continues bit for bit; the description and the plan alone are there;
- * the session calls refuse bad configs and misuse, changing nothing.
+ * the session calls refuse bad configs and misuse, changing nothing; a
+ * chunk of its own working type and a plan for such a model.
  * Prints one line per failed check and a summary; exits 1 on any failure.
  */
 #define _XOPEN_SOURCE 700
@@ -350,7 +351,7 @@ static void session_plan(const char* root) {
   int64_t counts[kChunks];
   for (int c = 0; c < kChunks; ++c) counts[c] = (int64_t)kWidth * kWidth + kWidth;
   const uint64_t row = sizeof(float) * kBatch * kWidth;
-  strata_model_plan m = {counts, kChunks, 0, kBatch, kChunks, kChunks, row, 2, 2 * row, 6.0 * 16 * 4160 * kBatch};
+  strata_model_plan m = {counts, kChunks, 0, kBatch, kChunks, kChunks, row, 2, 2 * row, 6.0 * 16 * 4160 * kBatch, NULL};
   char dir[600], config[2048], text[8192], keys[1024];
   snprintf(dir, sizeof dir, "%s/plan", root);
   mkdir(dir, 0755);
@@ -405,6 +406,99 @@ static void session_plan(const char* root) {
             strstr(strata_last_error(), "no chunks") != NULL,
         "a model without chunks: %s", strata_last_error());
   CHECK(strata_session_plan(whole, "tpu", &m, NULL, 0, NULL) == STRATA_INVALID_ARGUMENT, "an unknown device");
+  /* A chunk in fp32: its weights and gradients are planned in RAM. */
+  const char* types[kChunks];
+  for (int c = 0; c < kChunks; ++c) types[c] = c == 3 ? "fp32" : "bf16";
+  strata_model_plan typed = m;
+  typed.chunk_dtypes = types;
+  /* Room for the weights in RAM beside the states' staging. */
+  snprintf(whole, sizeof whole,
+           "{\"precision\": \"bf16\", \"pin_memory\": false, \"nvme_paths\": [\"%s\"],"
+           " \"budgets\": {\"device\": %llu, \"host\": \"2MiB\", \"nvme\": \"64MiB\"}}",
+           dir, (unsigned long long)(kChunks * 4160 * 16 / 10));
+  CHECK(strata_session_plan(whole, "host", &typed, text, sizeof text, NULL) == STRATA_OK &&
+            strstr(text, "\"weights\":\"host\"") != NULL && strstr(text, "\"gradients\":\"host\"") != NULL,
+        "a model with an fp32 chunk keeps its weights in RAM: %s (%s)", text, strata_last_error());
+  types[5] = "fp8";
+  CHECK(strata_session_plan(whole, "host", &typed, NULL, 0, NULL) == STRATA_INVALID_ARGUMENT &&
+            strstr(strata_last_error(), "chunk 5") != NULL,
+        "an unknown chunk type: %s", strata_last_error());
+  types[5] = "fp16";
+  CHECK(strata_session_plan(whole, "host", &typed, NULL, 0, NULL) == STRATA_INVALID_ARGUMENT &&
+            strstr(strata_last_error(), "fp16 session") != NULL,
+        "fp16 chunks in a bf16 session: %s", strata_last_error());
+}
+
+/* A chunk of its own working type from C: fp32 norms beside bf16 weights.
+ * Bad types and chunks are refused changing nothing; the fp32 chunk's
+ * weights are its values' own bits; with the weights on NVMe the start is
+ * refused naming the chunk. */
+static void session_chunk_dtypes(const char* root) {
+  strata_session* s = NULL;
+  CHECK(strata_session_create("{\"precision\": \"bf16\", \"pin_memory\": false}", NULL, &s) == STRATA_OK,
+        "a bf16 session: %s", strata_last_error());
+  if (s == NULL) return;
+  const float norm[3] = {0.1f, -2.5f, 3.0e-20f};
+  const char* t = NULL;
+  CHECK(strata_session_add_chunk(s, "norm", 3, norm, NULL) == STRATA_OK, "chunk norm");
+  CHECK(strata_session_add_chunk(s, "w", 4, NULL, NULL) == STRATA_OK, "chunk w");
+  CHECK(strata_session_set_chunk_dtype(s, 0, "fp8") == STRATA_INVALID_ARGUMENT &&
+            strstr(strata_last_error(), "fp8") != NULL,
+        "fp8: %s", strata_last_error());
+  CHECK(strata_session_set_chunk_dtype(s, 0, "fp16") == STRATA_INVALID_ARGUMENT &&
+            strstr(strata_last_error(), "fp16 session") != NULL,
+        "fp16 in a bf16 session: %s", strata_last_error());
+  CHECK(strata_session_set_chunk_dtype(s, 0, NULL) == STRATA_INVALID_ARGUMENT, "a NULL type");
+  CHECK(strata_session_set_chunk_dtype(s, 2, "fp32") == STRATA_INVALID_ARGUMENT, "no chunk 2");
+  CHECK(strata_session_set_chunk_dtype(NULL, 0, "fp32") == STRATA_INVALID_ARGUMENT, "no session");
+  CHECK(strata_session_chunk_dtype(s, 0, &t) == STRATA_OK && t != NULL && strcmp(t, "bf16") == 0,
+        "unchanged by the refusals: %s", t ? t : "(null)");
+  CHECK(strata_session_chunk_dtype(s, 0, NULL) == STRATA_INVALID_ARGUMENT, "a NULL answer");
+  CHECK(strata_session_set_chunk_dtype(s, 0, "fp32") == STRATA_OK, "norm in fp32: %s", strata_last_error());
+  CHECK(strata_session_chunk_dtype(s, 0, &t) == STRATA_OK && strcmp(t, "fp32") == 0, "norm is fp32");
+  CHECK(strata_session_chunk_dtype(s, 1, &t) == STRATA_OK && strcmp(t, "bf16") == 0, "w stays bf16");
+  const char* d = strata_session_describe(s);
+  CHECK(d != NULL && strstr(d, "{\"count\":3,\"dtype\":\"fp32\",\"name\":\"norm\"}") != NULL, "describe: %s",
+        d ? d : "(null)");
+  CHECK(strata_session_begin_step(s, 1.0f) == STRATA_OK, "begin: %s", strata_last_error());
+  const void* w = NULL;
+  CHECK(strata_session_acquire(s, 0, NULL, &w) == STRATA_OK && w != NULL && memcmp(w, norm, sizeof norm) == 0,
+        "the fp32 weights are the values given");
+  CHECK(strata_session_release(s, 0) == STRATA_OK, "release");
+  void* g = NULL;
+  CHECK(strata_session_gradient_buffer(s, 0, &g) == STRATA_OK && g != NULL, "norm's gradient buffer");
+  const float grad[3] = {1.0f, -1.0f, 0.0f};
+  if (g != NULL) memcpy(g, grad, sizeof grad); /* fp32, as the chunk's weights */
+  CHECK(strata_session_submit_gradient(s, 0, NULL) == STRATA_OK, "submit norm");
+  CHECK(strata_session_gradient_buffer(s, 1, &g) == STRATA_OK && g != NULL, "w's gradient buffer");
+  if (g != NULL) memset(g, 0, 4 * 2); /* bf16 zeros */
+  CHECK(strata_session_submit_gradient(s, 1, NULL) == STRATA_OK, "submit w");
+  CHECK(strata_session_end_step(s, NULL) == STRATA_OK, "end: %s", strata_last_error());
+  float master[3] = {0};
+  CHECK(strata_session_read_master(s, 0, master, 3) == STRATA_OK && master[0] < norm[0] && master[1] > norm[1],
+        "norm moved against its fp32 gradient: %g %g", master[0], master[1]);
+  CHECK(strata_session_set_chunk_dtype(s, 1, "fp32") == STRATA_FAILED_PRECONDITION, "a type after start");
+  CHECK(strata_session_chunk_dtype(s, 1, &t) == STRATA_OK && strcmp(t, "bf16") == 0, "w still bf16");
+  strata_session_destroy(s);
+
+  char config[1024], dir[600];
+  snprintf(dir, sizeof dir, "%s/typed", root);
+  mkdir(dir, 0755);
+  snprintf(config, sizeof config,
+           "{\"pin_memory\": false, \"nvme_paths\": [\"%s\"], \"placement\": {\"weights\": \"nvme\", \"states\": "
+           "\"nvme\"}}",
+           dir);
+  s = NULL;
+  CHECK(strata_session_create(config, NULL, &s) == STRATA_OK, "weights on NVMe: %s", strata_last_error());
+  if (s == NULL) return;
+  CHECK(strata_session_add_chunk(s, "norm", 3, norm, NULL) == STRATA_OK &&
+            strata_session_add_chunk(s, "w", 4, NULL, NULL) == STRATA_OK &&
+            strata_session_set_chunk_dtype(s, 0, "fp32") == STRATA_OK,
+        "the chunks: %s", strata_last_error());
+  CHECK(strata_session_start(s) == STRATA_FAILED_PRECONDITION && strstr(strata_last_error(), "\"norm\"") != NULL &&
+            strstr(strata_last_error(), "NVMe") != NULL,
+        "an fp32 chunk with the weights on NVMe: %s", strata_last_error());
+  strata_session_destroy(s);
 }
 
 int main(void) {
@@ -560,6 +654,7 @@ int main(void) {
   session_misuse(session_root);
   session_accumulation();
   session_plan(root);
+  session_chunk_dtypes(root);
 
   nftw(root, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
   printf("c api test: %d checks, %d failed\n", g_checks, g_failed);

@@ -226,6 +226,11 @@ typedef struct strata_model_plan {
   int64_t checkpoints_in_flight; /* device buffers it keeps for them when they go off the device */
   uint64_t device_bytes;         /* its other device memory: workspace, inputs, buffers */
   double flops;                  /* one micro-batch's forward and backward */
+  /* Each chunk's working type ("bf16", "fp16", "fp32"; see
+   * strata_session_set_chunk_dtype), or NULL: every chunk in the config's
+   * precision. A model with chunks of a type of its own is planned with its
+   * weights and gradients in RAM. */
+  const char* const* chunk_dtypes;
 } strata_model_plan;
 
 /* The fastest placement a session of `config_json` on `device` can run
@@ -240,7 +245,7 @@ typedef struct strata_model_plan {
  * Its full length goes to *length (optional). Builds nothing; any thread.
  * STRATA_RESOURCE_EXHAUSTED when nothing fits (the message names the
  * nearest placement and what it would need); INVALID_ARGUMENT for a model
- * without chunks or with counts < 1. */
+ * without chunks, with counts < 1 or a chunk type a session refuses. */
 STRATA_API strata_status strata_session_plan(const char* config_json, const char* device,
                                              const strata_model_plan* model, char* text, size_t capacity,
                                              size_t* length);
@@ -263,6 +268,19 @@ STRATA_API strata_status strata_session_add_chunk(strata_session* session, const
  * once during strata_session_start (no copy of a big model is kept). */
 STRATA_API strata_status strata_session_add_chunk_fn(strata_session* session, const char* name, int64_t count,
                                                      strata_chunk_init_fn init, void* user, int64_t* chunk);
+/* Chunk `chunk`'s working type before start: "bf16", "fp32", or "fp16" (an
+ * fp16 session only); until set, the config's precision. Its weights
+ * (strata_session_acquire) and gradient buffer then hold elements of that
+ * type: a model's norms and biases in fp32 beside bf16 matrices, say. The
+ * fp32 master weights and optimizer states are the same for every type.
+ * Chunks of a type of their own keep their weights and gradients in RAM:
+ * with placement.weights or placement.gradients "nvme", start is
+ * FAILED_PRECONDITION naming the chunk. INVALID_ARGUMENT for an unknown
+ * chunk or type; FAILED_PRECONDITION after start. */
+STRATA_API strata_status strata_session_set_chunk_dtype(strata_session* session, int64_t chunk, const char* dtype);
+/* Chunk `chunk`'s working type into *dtype: "bf16", "fp16" or "fp32" (a
+ * static string). INVALID_ARGUMENT for an unknown chunk. Any thread. */
+STRATA_API strata_status strata_session_chunk_dtype(const strata_session* session, int64_t chunk, const char** dtype);
 /* Names a tensor of the model's inside chunk `chunk` before start: `ndim`
  * (1..8) dimensions `shape` (row-major) from element `offset` on.
  * Checkpoints save the chunk's weights as its tensors, by name, instead of
