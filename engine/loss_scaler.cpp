@@ -49,6 +49,17 @@ void LossScaler::update(bool overflow) {
   }
 }
 
+Status LossScaler::set_scale(double scale) {
+  if (!power_of_two(scale) || scale < o_.min_scale || scale > std::ldexp(1.0, 127)) {
+    return invalid_argument("loss scale: " + std::to_string(scale) + " is not a power of two in [min_scale " +
+                            std::to_string(o_.min_scale) + ", 2^127] (powers of two keep the scaling exact)");
+  }
+  scale_ = scale;
+  good_steps_ = 0;
+  hysteresis_left_ = o_.hysteresis;
+  return ok_status();
+}
+
 Status LossScaler::restore(const State& s) {
   if (!power_of_two(s.scale) || s.scale < o_.min_scale || s.scale > std::ldexp(1.0, 127) || s.good_steps < 0 ||
       s.hysteresis_left < 1 || s.hysteresis_left > o_.hysteresis) {

@@ -26,6 +26,10 @@ class LossScaler {
   double scale() const { return scale_; }
   // After each step: `overflow` says whether it was skipped for inf/nan.
   void update(bool overflow);
+  // The caller's scale from now on: a power of two in [min_scale, 2^127];
+  // the dynamic rules go on from it (a fresh window and hysteresis).
+  // InvalidArgument otherwise, changing nothing.
+  Status set_scale(double scale);
 
   // The whole state, for checkpoints.
   struct State {

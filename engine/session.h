@@ -279,6 +279,12 @@ class Session {
   // fp16: multiply the loss by this before backward (the gradients are
   // divided by it before the update); 1 for bf16.
   double loss_scale() const { return options_.precision == DType::kF16 ? scaler_.scale() : 1.0; }
+  // fp16: the scale of the next steps' losses, outside a step: a power of
+  // two in [loss_scale.min_scale, 2^127]; the dynamic scaler goes on from
+  // it (halving on overflows, doubling after a clean window). Another
+  // precision takes only 1. InvalidArgument for such a scale,
+  // FailedPrecondition inside a step; nothing changes on an error.
+  Status set_loss_scale(double scale);
   // fp16: the dynamic loss scaler's state (a model's own checkpoint record keeps it).
   const LossScaler& loss_scaler() const { return scaler_; }
 

@@ -2,11 +2,27 @@
 // scale, the counts) and the delayed update (session.h), whose update of
 // step t is begun at end_step and runs beside the model's step t+1. The
 // exact schedule's begin and end are in session.cpp.
+#include <string>
 #include <utility>
 
 #include "engine/session.h"
 
 namespace strata::engine {
+
+Status Session::set_loss_scale(double scale) {
+  STRATA_RETURN_IF_ERROR(usable("set_loss_scale"));
+  if (in_step_) {
+    return failed_precondition(
+        "session: set_loss_scale inside a step: its gradients are scaled by the scale it "
+        "began with (end_step or cancel_step first)");
+  }
+  if (options_.precision != DType::kF16) {
+    if (scale == 1) return ok_status();
+    return invalid_argument("session: set_loss_scale: a " + std::string(dtype_name(options_.precision)) +
+                            " session does not scale its loss (precision fp16 does); only 1 is its scale");
+  }
+  return scaler_.set_scale(scale).with_context("session: set_loss_scale");
+}
 
 StepVerdict Session::take(const OverlapOutcome& outcome, double lr) {
   last_clipped_ = outcome.clipped;

@@ -1545,6 +1545,53 @@ TEST(Session, Fp16SkipsAnOverflowAndKeepsTheWeights) {
   EXPECT_EQ(0, std::memcmp(before.data(), after.data(), before.size() * 4));
 }
 
+// The caller's loss scale between steps (fp16): a session told 2^8 before
+// its first step gives the bits of one that began at 2^8, where its own
+// start (2^30) would have overflowed; the dynamic scaler goes on from it.
+// Bad scales and a scale inside a step are refused, changing nothing.
+TEST(Session, TheCallerSetsTheLossScaleBetweenSteps) {
+  const Mlp m{16, 2, 4};
+  SessionOptions o = base_options();
+  o.precision = DType::kF16;
+  o.loss_scale.initial_power = 30;
+  o.loss_scale.hysteresis = 1;
+  SessionOptions at8 = o;
+  at8.loss_scale.initial_power = 8;
+  Result<std::unique_ptr<Session>> s = make_session(m, o);
+  Result<std::unique_ptr<Session>> want = make_session(m, at8);
+  ASSERT_TRUE(s.has_value() && want.has_value());
+  for (double bad : {3.0, 0.5, 0.0, -4.0, std::nan(""), std::ldexp(1.0, 128)}) {
+    EXPECT_EQ((*s)->set_loss_scale(bad).code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_EQ((*s)->loss_scale(), std::ldexp(1.0, 30)) << bad;
+  }
+  ASSERT_TRUE((*s)->set_loss_scale(256).ok());
+  EXPECT_EQ((*s)->loss_scale(), 256.0);
+  for (int k = 0; k < 3; ++k) {
+    StepVerdict got, expected;
+    Result<float> a = train_step(**s, m, k, &got);
+    Result<float> b = train_step(**want, m, k, &expected);
+    ASSERT_TRUE(a.has_value() && b.has_value()) << "step " << k;
+    EXPECT_FALSE(got.skipped) << "step " << k;
+    EXPECT_EQ(std::bit_cast<uint32_t>(*a), std::bit_cast<uint32_t>(*b)) << "step " << k;
+    EXPECT_EQ(got.loss_scale, expected.loss_scale) << "step " << k;
+  }
+  for (size_t c = 0; c < (*s)->chunks(); ++c) {
+    std::vector<float> x(static_cast<size_t>(m.chunk_elems())), y(x.size());
+    ASSERT_TRUE((*s)->read_master(c, x).ok() && (*want)->read_master(c, y).ok());
+    EXPECT_EQ(0, std::memcmp(x.data(), y.data(), x.size() * 4)) << "chunk " << c;
+  }
+  ASSERT_TRUE((*s)->begin_step().ok());
+  EXPECT_EQ((*s)->set_loss_scale(64).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*s)->loss_scale(), 256.0);
+  ASSERT_TRUE((*s)->cancel_step().ok());
+  // A bf16 session scales nothing: 1 is its scale, anything else refused.
+  Result<std::unique_ptr<Session>> bf16 = make_session(m, base_options());
+  ASSERT_TRUE(bf16.has_value());
+  EXPECT_TRUE((*bf16)->set_loss_scale(1).ok());
+  EXPECT_EQ((*bf16)->set_loss_scale(2).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ((*bf16)->loss_scale(), 1.0);
+}
+
 class SessionMisuse : public ::testing::Test {
  protected:
   void SetUp() override {
