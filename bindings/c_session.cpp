@@ -301,6 +301,13 @@ double strata_session_loss_scale(const strata_session* session) {
   return session == nullptr ? 1.0 : session->session->loss_scale();
 }
 
+strata_status strata_session_set_loss_scale(strata_session* session, double scale) {
+  return guarded([&]() -> Status {
+    STRATA_RETURN_IF_ERROR(usable(session, "strata_session_set_loss_scale"));
+    return session->session->set_loss_scale(scale);
+  });
+}
+
 strata_status strata_session_precision(const strata_session* session, int* is_fp16) {
   return guarded([&]() -> Status {
     STRATA_RETURN_IF_ERROR(usable(session, "strata_session_precision"));

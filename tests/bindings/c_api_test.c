@@ -429,6 +429,35 @@ static void session_plan(const char* root) {
         "fp16 chunks in a bf16 session: %s", strata_last_error());
 }
 
+/* The caller's fp16 loss scale between steps; refused inside a step and for
+ * a scale that is no power of two, changing nothing. */
+static void session_loss_scale(void) {
+  strata_session* s = NULL;
+  CHECK(strata_session_create("{\"precision\": \"fp16\", \"pin_memory\": false}", NULL, &s) == STRATA_OK,
+        "an fp16 session: %s", strata_last_error());
+  if (s == NULL) return;
+  const double initial = strata_session_loss_scale(s);
+  CHECK(strata_session_set_loss_scale(s, 3.0) == STRATA_INVALID_ARGUMENT &&
+            strstr(strata_last_error(), "power of two") != NULL,
+        "3: %s", strata_last_error());
+  CHECK(strata_session_set_loss_scale(s, 0.25) == STRATA_INVALID_ARGUMENT, "below the minimum");
+  CHECK(strata_session_loss_scale(s) == initial, "unchanged: %g", strata_session_loss_scale(s));
+  CHECK(strata_session_set_loss_scale(s, 1024.0) == STRATA_OK && strata_session_loss_scale(s) == 1024.0, "1024: %s",
+        strata_last_error());
+  CHECK(strata_session_add_chunk(s, "w", 4, NULL, NULL) == STRATA_OK, "a chunk");
+  CHECK(strata_session_begin_step(s, 1.0f) == STRATA_OK, "begin: %s", strata_last_error());
+  CHECK(strata_session_set_loss_scale(s, 64.0) == STRATA_FAILED_PRECONDITION, "inside a step");
+  CHECK(strata_session_cancel_step(s) == STRATA_OK && strata_session_loss_scale(s) == 1024.0, "still 1024");
+  strata_session_destroy(s);
+  s = NULL;
+  CHECK(strata_session_create("{}", NULL, &s) == STRATA_OK, "a bf16 session");
+  if (s == NULL) return;
+  CHECK(strata_session_set_loss_scale(s, 1.0) == STRATA_OK, "bf16 takes 1");
+  CHECK(strata_session_set_loss_scale(s, 2.0) == STRATA_INVALID_ARGUMENT && strata_session_loss_scale(s) == 1.0,
+        "bf16 scales nothing: %s", strata_last_error());
+  strata_session_destroy(s);
+}
+
 /* A chunk of its own working type from C: fp32 norms beside bf16 weights.
  * Bad types and chunks are refused changing nothing; the fp32 chunk's
  * weights are its values' own bits; with the weights on NVMe the start is
@@ -655,6 +684,7 @@ int main(void) {
   session_accumulation();
   session_plan(root);
   session_chunk_dtypes(root);
+  session_loss_scale();
 
   nftw(root, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
   printf("c api test: %d checks, %d failed\n", g_checks, g_failed);

@@ -308,6 +308,12 @@ STRATA_API strata_status strata_session_set_gradient_order(strata_session* sessi
                                                            int64_t count);
 /* fp16: multiply the loss by this before backward; 1 for bf16. */
 STRATA_API double strata_session_loss_scale(const strata_session* session);
+/* fp16: the loss scale of the next steps, outside a step: a power of two in
+ * [the config's fp16.min_loss_scale, 2^127]; the dynamic scaler goes on
+ * from it. A bf16 or fp32 session takes only 1. INVALID_ARGUMENT for
+ * another scale, FAILED_PRECONDITION inside a step; nothing changes on an
+ * error. */
+STRATA_API strata_status strata_session_set_loss_scale(strata_session* session, double scale);
 /* Whether the working weights and gradients are fp16, into *is_fp16
  * (optional): 1 for fp16 (scale the loss by strata_session_loss_scale), 0
  * for bf16 or fp32 (2 or 4 bytes an element, as the config's precision
