@@ -180,14 +180,19 @@ Status Session::usable(const char* call) const {
   return ok_status();
 }
 
-Status Session::check_chunk(const char* call, size_t chunk) const {
+Status Session::registered(const char* call, size_t chunk) const {
   STRATA_RETURN_IF_ERROR(usable(call));
-  if (!in_step_) return failed_precondition(std::string("session: ") + call + " outside a step (begin_step first)");
   if (chunk >= specs_.size()) {
     return invalid_argument(std::string("session: ") + call + ": no chunk " + std::to_string(chunk) + " (" +
                             std::to_string(specs_.size()) + " registered)");
   }
   return ok_status();
+}
+
+Status Session::check_chunk(const char* call, size_t chunk) const {
+  STRATA_RETURN_IF_ERROR(usable(call));
+  if (!in_step_) return failed_precondition(std::string("session: ") + call + " outside a step (begin_step first)");
+  return registered(call, chunk);
 }
 
 // One store for every NVMe byte, and the optimizer's staging arena.

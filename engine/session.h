@@ -498,6 +498,8 @@ class Session {
   bool resident(size_t chunk) const { return options_.resident_first && chunk == 0; }
   // Every micro-batch's gradient of the chunk is in: the optimizer has it.
   bool all_in(size_t chunk) const { return submits_[chunk] == options_.grad_accum; }
+  // Usable and `chunk` registered; check_chunk: besides, inside a step.
+  Status registered(const char* call, size_t chunk) const;
   Status check_chunk(const char* call, size_t chunk) const;
   void report(std::string_view what, int64_t done, int64_t total) const {
     if (options_.progress) options_.progress(what, done, total);

@@ -23,11 +23,7 @@ Result<size_t> Session::add_chunk(std::string name, int64_t elems, ChunkInit ini
 }
 
 Status Session::set_chunk_dtype(size_t chunk, DType dtype) {
-  STRATA_RETURN_IF_ERROR(usable("set_chunk_dtype"));
-  if (chunk >= specs_.size()) {
-    return invalid_argument("session: set_chunk_dtype: no chunk " + std::to_string(chunk) + " (" +
-                            std::to_string(specs_.size()) + " registered)");
-  }
+  STRATA_RETURN_IF_ERROR(registered("set_chunk_dtype", chunk));
   Spec& spec = specs_[chunk];
   if (started()) {
     return failed_precondition("session: set_chunk_dtype \"" + spec.name +
@@ -67,11 +63,7 @@ bool Session::name_used(const std::string& name) const {
 }
 
 Status Session::add_tensor(size_t chunk, TensorView t) {
-  STRATA_RETURN_IF_ERROR(usable("add_tensor"));
-  if (chunk >= specs_.size()) {
-    return invalid_argument("session: add_tensor: no chunk " + std::to_string(chunk) + " (" +
-                            std::to_string(specs_.size()) + " registered)");
-  }
+  STRATA_RETURN_IF_ERROR(registered("add_tensor", chunk));
   Spec& spec = specs_[chunk];
   const std::string where = "session: add_tensor \"" + t.name + "\" in chunk \"" + spec.name + "\"";
   if (started()) return failed_precondition(where + ": after start");
