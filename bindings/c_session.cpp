@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -83,9 +84,7 @@ Result<SessionConfig> session_config(const char* call, const char* config_json, 
 // A working type's name from C ("bf16", "fp16", "fp32").
 Result<strata::DType> dtype_of(const std::string& call, const char* name) {
   const std::string n = name == nullptr ? "NULL" : name;
-  for (strata::DType t : {strata::DType::kBF16, strata::DType::kF16, strata::DType::kF32}) {
-    if (n == strata::dtype_name(t)) return t;
-  }
+  if (const std::optional<strata::DType> t = strata::dtype_from_name(n); t && name != nullptr) return *t;
   return strata::invalid_argument(call + ": \"" + n + "\" is not a working type (bf16, fp16, fp32)");
 }
 

@@ -9,6 +9,7 @@
 
 #include <bit>
 #include <cstdint>
+#include <optional>
 #include <string_view>
 
 namespace strata {
@@ -16,6 +17,8 @@ namespace strata {
 enum class DType : uint8_t { kF32, kF16, kBF16 };
 constexpr uint64_t dtype_bytes(DType t) { return t == DType::kF32 ? 4 : 2; }
 std::string_view dtype_name(DType t);
+// The type dtype_name calls `name` ("fp32", "fp16", "bf16"); none for another.
+std::optional<DType> dtype_from_name(std::string_view name);
 
 inline float bf16_to_f32(uint16_t h) { return std::bit_cast<float>(uint32_t{h} << 16); }
 

@@ -356,7 +356,7 @@ Status read_native(Reader& top, EngineConfig& c, const ModelKeys& model_keys) {
   }
   std::string precision;
   STRATA_RETURN_IF_ERROR(top.get_choice("precision", &precision, {"bf16", "fp16", "fp32"}));
-  if (!precision.empty()) c.setup.compute = precision == "bf16" ? DType::kBF16 : (precision == "fp16" ? DType::kF16 : DType::kF32);
+  if (!precision.empty()) c.setup.compute = *dtype_from_name(precision);
   std::string states;
   STRATA_RETURN_IF_ERROR(top.get_choice("states", &states, {"fp32", "bf16", "q8"}));
   if (!states.empty()) c.adam_states = *cpu_optim::parse_state_type(states);
