@@ -52,10 +52,7 @@ Status WaitMeter::wait(gpu::Device& device, gpu::Event event, const char* what) 
 
 ChunkStoreBytes chunk_store_bytes(const std::vector<int64_t>& chunk_elems, const ChunkStoreOptions& options) {
   ChunkStoreBytes b;
-  auto bytes_of = [&](size_t c) {
-    const DType t = options.chunk_dtypes.empty() ? options.dtype : options.chunk_dtypes.at(c);
-    return static_cast<uint64_t>(chunk_elems[c]) * dtype_bytes(t);
-  };
+  auto bytes_of = [&](size_t c) { return static_cast<uint64_t>(chunk_elems[c]) * dtype_bytes(options.dtype_of(c)); };
   uint64_t max_chunk = 0;
   for (size_t i = options.resident_first ? 1 : 0; i < chunk_elems.size(); ++i) {
     max_chunk = std::max(max_chunk, bytes_of(i));
@@ -97,7 +94,7 @@ Result<std::unique_ptr<ChunkStore>> ChunkStore::create(std::vector<gpu::ChunkLay
   s->meter_ = meter;
   s->depth_ = options.prefetch_depth;
   for (size_t c = 0; c < s->layout_.size(); ++c) {
-    s->es_.push_back(dtype_bytes(options.chunk_dtypes.empty() ? options.dtype : options.chunk_dtypes[c]));
+    s->es_.push_back(dtype_bytes(options.dtype_of(c)));
   }
   s->states_home_ = options.states;
   s->resident_first_ = options.resident_first;

@@ -86,6 +86,7 @@ struct ChunkStoreOptions {
   // Per chunk, where a model keeps some chunks in another type (fp32 norms
   // beside bf16 matrices): each chunk's type. Empty: `dtype` for every chunk.
   std::vector<DType> chunk_dtypes;
+  DType dtype_of(size_t chunk) const { return chunk_dtypes.empty() ? dtype : chunk_dtypes.at(chunk); }
   Tier states = Tier::kHost;  // the master weights' and Adam states' home (kHost or kNvme)
   io::BufferAllocator* host_memory = nullptr;  // staging for NVMe weights (null: page-aligned heap)
   // Micro-batches whose embedding gradients are held at once (the vertical

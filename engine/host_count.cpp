@@ -15,7 +15,7 @@ HostCount count_host_bytes(const HostCountInput& in) {
   for (size_t c = 0; c < in.chunk_elems.size(); ++c) {
     const int64_t elems = in.chunk_elems[c];
     const auto n = static_cast<uint64_t>(elems);
-    const uint64_t ces = in.chunk_element_bytes.empty() ? es : in.chunk_element_bytes.at(c);
+    const uint64_t ces = in.element_bytes_of(c);
     if (!in.gradients_on_nvme) {
       h.model_states += (in.grad_accum > 1 ? 1 : sets) * ces * n;  // the gradient's host buffer
       if (in.grad_accum > 1) h.model_states += sets * 4 * n;       // its fp32 sum

@@ -21,6 +21,9 @@ struct HostCountInput {
   // gradient in RAM: with NVMe weights or gradients every chunk has the
   // precision). Empty: element_bytes for every chunk.
   std::vector<uint64_t> chunk_element_bytes;
+  uint64_t element_bytes_of(size_t chunk) const {
+    return chunk_element_bytes.empty() ? element_bytes : chunk_element_bytes.at(chunk);
+  }
   int64_t grad_accum = 1;
   bool delayed_update = false;
   Tier weights = Tier::kHost;  // between uses: kHost (a resident model's too) or kNvme

@@ -164,9 +164,10 @@ struct Counting {
   // A pass's block input l is its V micro-batches' inputs side by side: one
   // copy, one NVMe blob (the GPT's save_activation).
   uint64_t ckpt_group_bytes = 0;
-  // Each chunk's bytes of an element on the device (TrainSetup::
-  // chunk_dtypes, else z.c), and the model's weights in them: P x c
-  // (unpadded) when every chunk has one type.
+  // Each chunk's type where they differ (chunk_dtypes_of; empty: all
+  // s.compute), its bytes of an element, and the model's weights in them:
+  // P x c (unpadded) when every chunk has one type.
+  std::vector<DType> chunk_dtypes;
   std::vector<uint64_t> chunk_c;
   double weights_bytes = 0;
   double bytes_of(size_t chunk, double elems) const { return elems * static_cast<double>(chunk_c[chunk]); }
@@ -193,7 +194,7 @@ void count_device(const Counting& k, Plan& p) {
   const auto slotted = static_cast<int>(k.layout.size()) - (so.resident_first ? 1 : 0);
   so.prefetch_depth = resident ? slotted - 1 : pl.prefetch_depth;
   so.dtype = s.compute;
-  if (mixes_dtypes(s)) so.chunk_dtypes = chunk_dtypes_of(s);
+  so.chunk_dtypes = k.chunk_dtypes;
   const ChunkStoreBytes store = chunk_store_bytes(k.layout, so);
   ModelPass pass;
   pass.micro_batch = s.micro_batch;
@@ -254,7 +255,7 @@ void count_host_and_nvme(const Counting& k, Plan& p) {
   HostCountInput in;
   in.chunk_elems = k.layout;
   in.element_bytes = k.w;
-  if (mixes_dtypes(s)) in.chunk_element_bytes.assign(k.chunk_c.begin(), k.chunk_c.end());
+  if (!k.chunk_dtypes.empty()) in.chunk_element_bytes = k.chunk_c;
   in.grad_accum = s.grad_accum;
   in.delayed_update = s.delayed_update;
   in.weights = pl.weights == Tier::kNvme ? Tier::kNvme : Tier::kHost;
@@ -427,10 +428,10 @@ Plan estimate(const TrainSetup& s, const Placement& pl, const Bandwidths& bw) {
   k.ckpt_group_bytes = k.V * k.z.ckpt.bytes;
   k.chunk_c.assign(k.layout.size(), k.z.c);
   if (mixes_dtypes(s)) {
-    const std::vector<DType> types = chunk_dtypes_of(s);
+    k.chunk_dtypes = chunk_dtypes_of(s);
     double bytes = 0;
     for (size_t c = 0; c < k.layout.size(); ++c) {
-      k.chunk_c[c] = dtype_bytes(types.at(c));
+      k.chunk_c[c] = dtype_bytes(k.chunk_dtypes.at(c));
       bytes += k.bytes_of(c, static_cast<double>(k.layout[c]));
     }
     // Padding (none in a session's own chunks) in the chunks' average type.
