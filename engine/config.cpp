@@ -5,13 +5,13 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
-#include <fstream>
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
+#include "common/path_check.h"
 #include "common/units.h"
 #include "io/file.h"
 
@@ -457,9 +457,8 @@ Result<uint64_t> nvme_free_bytes(const std::vector<std::string>& dirs) {
 }
 
 Result<json> read_config_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return not_found("config file " + path + " cannot be read");
-  json j = json::parse(in, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
+  STRATA_ASSIGN_OR_RETURN(std::string text, read_input_file(path, "config file"));
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
   if (j.is_discarded()) return invalid_argument("config file " + path + " is not valid JSON");
   return j;
 }

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "bench/bench_util.h"
+#include "common/path_check.h"
 #include "common/units.h"
 #include "engine/calibrate.h"
 #include "engine/config.h"
@@ -478,7 +479,11 @@ Result<engine::Budgets> budgets_of(const Flags& f) {
     b.host_bytes = physical_memory_bytes() / 2;
   }
   if (!f.nvme_dir.empty()) {
-    STRATA_RETURN_IF_ERROR(io::check_directory(f.nvme_dir, io::DirectMode::kRequire).with_context("--nvme"));
+    // The planner alone, given the NVMe tier's size, plans for a drive this
+    // machine need not have: the directory is only a name then.
+    if (!f.plan_only || f.nvme_budget.empty()) {
+      STRATA_RETURN_IF_ERROR(io::check_directory(f.nvme_dir, io::DirectMode::kRequire).with_context("--nvme"));
+    }
     if (f.nvme_budget.empty()) {
       STRATA_ASSIGN_OR_RETURN(b.nvme_bytes, engine::nvme_free_bytes({f.nvme_dir}));
     } else {
@@ -498,6 +503,11 @@ int run_capacity(Flags f) {
   if (f.micro_batch == 0) f.micro_batch = f.device == "cuda" ? 4 : 1;
   Result<engine::Budgets> budgets = budgets_of(f);
   bench::exit_on_error(budgets.status(), "strata capacity");
+  // The outputs are written after every mode has trained: a wrong path
+  // fails now, not after the work.
+  for (const auto& [flag, path] : {std::pair{"--json", &f.json_path}, {"--csv", &f.csv_path}, {"--plot", &f.plot_path}}) {
+    if (!path->empty()) bench::exit_on_error(check_output_file(*path, flag), "strata capacity");
+  }
   const engine::Budgets& b = *budgets;
   std::printf("strata capacity: device %s (%s), host %s, nvme %s; seq %lld, micro-batch %lld, vocab %lld\n",
               f.device.c_str(), format_bytes(b.device_bytes).c_str(), format_bytes(b.host_bytes).c_str(),

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <utility>
 
+#include "common/path_check.h"
 #include "common/unique_fd.h"
 
 namespace strata::engine {
@@ -21,6 +22,7 @@ Result<TokenFile::Width> parse_token_width(std::string_view text) {
 
 Result<TokenFile> TokenFile::open(const std::string& path, Width width, int64_t seq) {
   if (seq < 1) return invalid_argument("token file " + path + ": seq must be >= 1");
+  STRATA_RETURN_IF_ERROR(check_input_file(path, "token file"));  // a directory or FIFO would hang or fail mmap
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd.valid()) return errno_status(errno, "token file " + path);
   struct stat st {};

@@ -75,6 +75,21 @@ for sub in plan train; do
   expect "$sub missing config file" "$dir/absent.json" "$strata" $sub --config "$dir/absent.json"
 done
 
+# A config path that is not a readable file: a directory (this aborted on
+# an uncaught exception), an empty file, a FIFO (which would block a reader).
+mkdir "$dir/a_directory"
+: >"$dir/empty.json"
+mkfifo "$dir/fifo.json"
+for sub in plan train; do
+  expect "$sub config is a directory" "$dir/a_directory is a directory" "$strata" $sub --config "$dir/a_directory"
+  expect "$sub config is empty" "$dir/empty.json is empty" "$strata" $sub --config "$dir/empty.json"
+  expect "$sub config is a FIFO" "$dir/fifo.json is a FIFO" "$strata" $sub --config "$dir/fifo.json"
+done
+expect "train --data is a directory" "token file $dir/a_directory is a directory" \
+  "$strata" train --steps 1 --data "$dir/a_directory"
+expect "capacity --json in a missing directory" "$dir/missing" \
+  "$strata" capacity --plan-only --json "$dir/missing/out.json"
+
 # An NVMe directory on tmpfs (no O_DIRECT), where the machine has one.
 shm=
 for d in /dev/shm /run/shm; do
