@@ -629,6 +629,13 @@ int train_main(int argc, char** argv, const std::string& prog, bool plan_only) {
     std::printf("plan only: %s\n", fits ? "fits the budgets" : "does not fit the budgets");
     return fits ? 0 : 1;
   }
+  if (!fits) {
+    std::fprintf(stderr,
+                 "%s: the placement does not fit the budgets (see the plan above); raise a budget, change the "
+                 "placement, or pass --auto-placement\n",
+                 f.prog.c_str());
+    return 1;
+  }
   return train(f, r);
 }
 

@@ -50,8 +50,8 @@ class SafetensorsWriter;
 // over. The placement rules are check_placement's (engine/plan.h).
 //
 // What the trainer reads differently from a bare session:
-//   - device_bytes: the device's cap when the weights stream (0 on the host
-//     backend: none); resident, on the host backend the device is uncapped.
+//   - device_bytes: the device's cap in every placement and on every
+//     backend (0: none), checked against the planner's count before allocating.
 //   - activations: where block-input checkpoints wait for backward — kDevice
 //     (the default), or kHost / kNvme when the weights stream.
 //   - weights: kHost, or kNvme beside the states on NVMe (needs stream_weights).

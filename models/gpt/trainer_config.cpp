@@ -70,7 +70,7 @@ Result<Plan> apply_planned_placement(TrainerOptions* o, Budgets budgets, const C
 
 void apply_budgets(TrainerOptions* o, const Budgets& budgets) {
   const bool on_nvme = o->weights == Tier::kNvme || o->states == Tier::kNvme || o->activations == Tier::kNvme;
-  o->device_bytes = o->stream_weights || o->backend == TrainerOptions::Backend::kCuda ? budgets.device_bytes : 0;
+  o->device_bytes = budgets.device_bytes;  // held on every backend and placement
   o->host_budget_bytes = budgets.host_bytes;
   o->nvme_budget_bytes = on_nvme ? budgets.nvme_bytes : 0;
 }

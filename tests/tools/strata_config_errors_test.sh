@@ -90,6 +90,21 @@ expect "train --data is a directory" "token file $dir/a_directory is a directory
 expect "capacity --json in a missing directory" "$dir/missing" \
   "$strata" capacity --plan-only --json "$dir/missing/out.json"
 
+# The device budget in the default (resident) placement: the planner's
+# refusal is the run's, before any step (it trained past the budget, exit 0).
+config tiny_device '{"model": {"layers": 2, "hidden": 64, "heads": 2, "vocab": 256, "max_seq": 32},
+  "batch": {"micro_batch": 2, "seq": 32}, "budgets": {"device": "64KiB"}, "steps": 1}'
+cases=$((cases + 1))
+timeout 120 "$strata" train --config "$dir/tiny_device.json" >"$dir/out" 2>"$dir/err"
+rc=$?
+if [ "$rc" -ne 1 ] || ! grep -qF "does not fit the budgets" "$dir/err" || grep -q "^step " "$dir/out"; then
+  echo "FAIL train over the device budget: exit status $rc (want 1, no step):"
+  cat "$dir/err"
+  failures=$((failures + 1))
+else
+  echo "ok   train over the device budget: $(tail -n 1 "$dir/err")"
+fi
+
 # An NVMe directory on tmpfs (no O_DIRECT), where the machine has one.
 shm=
 for d in /dev/shm /run/shm; do

@@ -133,7 +133,7 @@ TEST(TrainerConfig, ThePlannersPlacementIsApplied) {
   EXPECT_EQ(run_placement(o), p->placement) << placement_text(p->placement);
   EXPECT_FALSE(o.stream_weights);
   EXPECT_EQ(o.states, Tier::kHost);
-  EXPECT_EQ(o.device_bytes, 0u);
+  EXPECT_EQ(o.device_bytes, 4ull << 30);  // the device budget holds resident too
   EXPECT_TRUE(o.nvme_paths.empty());
 
   o = *base;
