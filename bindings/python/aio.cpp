@@ -191,15 +191,32 @@ class AioHandle {
   }
 
   // Closes every file the handle opened (after waiting for its requests).
+  // Every file is detached and closed even when one close fails (fdatasync
+  // on a full or failing disk): the handle then holds none, and the first
+  // failure is raised after all of them.
   void close() {
     wait();
     std::lock_guard lock(mu_);
+    Status first;
+    std::string first_path;
     for (auto& [key, f] : files_) {
-      (void)queue_->detach(f.slot);
+      Status detached = queue_->detach(f.slot);
       Status s = f.file.close();
-      if (!s.ok()) raise_status(s, key.path);
+      if (s.ok()) s = detached;
+      if (!s.ok() && first.ok()) {
+        first = s;
+        first_path = key.path;
+      }
     }
     files_.clear();
+    if (first.code() == StatusCode::kInvalidArgument) {
+      // A system call's EINVAL here (fdatasync on a file that cannot be
+      // synced) is the file's failure, not a bad argument of the caller.
+      const std::string m = std::string(status_code_name(first.code())) + ": " + std::string(first.message());
+      PyErr_SetObject(PyExc_OSError, py::make_tuple(EINVAL, m, first_path).ptr());
+      throw py::error_already_set();
+    }
+    if (!first.ok()) raise_status(first, first_path);
   }
 
  private:

@@ -239,3 +239,34 @@ def test_pinned_empty_bad_arguments():
         aio.pinned_empty(10, "bfloat16")
     a = aio.pinned_empty(0)
     assert a.size == 0
+
+
+def test_a_failed_close_raises_and_leaves_the_handle_clean():
+    # A close whose flush fails (/dev/full refuses the write and
+    # its fdatasync) raised, but kept the file attached, and the handle's
+    # destructor then aborted the process on a second detach. Run in a
+    # child so an abort shows as its exit status.
+    script = """
+import sys
+import numpy as np
+import strata.aio as aio
+h = aio.Handle(direct="off")
+h.pwrite(np.ones(4096, np.uint8), "/dev/full", 0)
+try:
+    h.wait()
+except OSError as e:
+    print("wait:", e)
+try:
+    h.close()
+    print("close: no error")
+except OSError as e:
+    print("close raised:", e)
+h.close()  # nothing left open: a second close is a no-op
+del h
+print("clean exit")
+"""
+    r = subprocess.run([os.sys.executable, "-c", script], capture_output=True, text=True,
+                       env=dict(os.environ))
+    assert r.returncode == 0, r.stderr
+    assert "close raised:" in r.stdout and "/dev/full" in r.stdout, r.stdout
+    assert "clean exit" in r.stdout
