@@ -15,6 +15,7 @@
 
 #include "common/dtype.h"
 #include "engine/checkpoint_io.h"
+#include "engine/checkpoint_parts.h"
 #include "gpu/gpt_config.h"
 
 namespace py = pybind11;
@@ -56,6 +57,28 @@ std::string step_dir(const std::string& src) {
   return value_or_raise(dir.latest(), src).path;
 }
 
+// The checks a resume makes of the optimizer file before anything is
+// written: it is the file the sealed record names (size, header digest),
+// and every byte matches its checksum and every value is finite. A
+// checkpoint from before checksums can only be checked for finiteness.
+void verify_states(const std::string& path, const nlohmann::json& record, bool legacy,
+                   const engine::SafetensorsReader& states) {
+  const std::string name = "optimizer.safetensors";
+  if (!legacy) {
+    const nlohmann::json* entry = nullptr;
+    if (record.contains("files") && record.at("files").contains(name)) entry = &record.at("files").at(name);
+    Status same = engine::check_record_file(path, "trainer.json", name, entry, states);
+    if (!same.ok()) raise(same, path);
+  }
+  if (!states.has_checksums()) return;
+  Status ok;
+  {
+    py::gil_scoped_release unlocked;
+    ok = engine::verify_tensors(path + "/" + name, states, {});
+  }
+  if (!ok.ok()) raise(ok, path);
+}
+
 // Writes the checkpoint's fp32 master weights (dtype "fp32") or their
 // bf16 rounding ("bf16") to `out` as one safetensors file: GPT-2 names,
 // each with `prefix` ("transformer." for Hugging Face's GPT2LMHeadModel).
@@ -83,6 +106,7 @@ py::dict export_checkpoint(const std::string& src, const std::string& out, const
   const std::vector<gpu::ChunkLayout> layout = gpu::model_layout(config);
   engine::SafetensorsReader states =
       value_or_raise(engine::SafetensorsReader::open(path + "/optimizer.safetensors"), path);
+  verify_states(path, record, legacy, states);
   const engine::TensorType type = dtype == "fp32" ? engine::TensorType::kF32 : engine::TensorType::kBF16;
   std::vector<engine::TensorInfo> tensors;
   for (const auto& chunk : layout) {

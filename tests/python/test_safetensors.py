@@ -128,3 +128,21 @@ def test_bad_inputs(tmp_path):
     (tmp_path / "junk.safetensors").write_bytes(b"\x05\0\0\0\0\0\0\0{not")
     with pytest.raises(OSError, match="DATA_LOSS"):
         st.load(tmp_path / "junk.safetensors")
+
+
+def test_export_verifies_the_checkpoint_and_writes_nothing_from_a_damaged_one(tmp_path):
+    ckpt = tmp_path / "c"
+    with strata.Trainer(CFG) as t:
+        t.step(*batch(4))
+        t.save(ckpt)
+    path = ckpt / "step-1" / "optimizer.safetensors"
+    raw = bytearray(path.read_bytes())
+    header_len = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + header_len])
+    begin = header["chunk-0.master"]["data_offsets"][0]
+    raw[8 + header_len + begin + 5] ^= 0x01  # one bit of one master weight
+    path.write_bytes(bytes(raw))
+    out = tmp_path / "out.safetensors"
+    with pytest.raises(OSError, match="DATA_LOSS.*chunk-0.master"):
+        st.export(ckpt, out, config=False)
+    assert not out.exists()
