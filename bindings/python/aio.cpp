@@ -11,6 +11,8 @@
 // such requests go through the page cache instead; under "off" all do.
 #include "bindings/python/aio.h"
 
+#include <pybind11/stl.h>
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -24,6 +26,7 @@
 #include <tuple>
 #include <vector>
 
+#include "common/check.h"
 #include "io/buffer.h"
 #include "io/device_factory.h"
 #include "io/file.h"
@@ -34,27 +37,40 @@ namespace py = pybind11;
 namespace strata::python {
 namespace {
 
-// Raises the Python exception for a failed Status: FileNotFoundError,
-// PermissionError, ValueError, or OSError, with the C++ message.
-[[noreturn]] void raise_status(const Status& s, const std::string& path = "") {
+// A failed Status on its way to Python. The handle's calls run with the
+// GIL released (a thread waiting on the disk must not stop the others), so
+// they cannot set a Python error themselves: they throw this, and the
+// translator registered in add_aio raises FileNotFoundError,
+// PermissionError, ValueError or OSError (errno, message, path) once the
+// GIL is held again.
+struct AioError {
+  Status status;
+  std::string path;
+  bool os_error = false;  // an OSError whatever the code (a system call's EINVAL)
+};
+
+[[noreturn]] void raise_status(const Status& s, const std::string& path = "") { throw AioError{s, path}; }
+
+void set_python_error(const AioError& e) {
+  const Status& s = e.status;
   const std::string m = std::string(status_code_name(s.code())) + ": " + std::string(s.message());
-  switch (s.code()) {
-    case StatusCode::kNotFound:
-      PyErr_SetObject(PyExc_FileNotFoundError, py::make_tuple(ENOENT, m, path).ptr());
-      break;
-    case StatusCode::kFailedPrecondition:
-      PyErr_SetObject(PyExc_PermissionError, py::make_tuple(EACCES, m, path).ptr());
-      break;
-    case StatusCode::kInvalidArgument:
-      throw py::value_error(m);
-    case StatusCode::kResourceExhausted:
-      PyErr_SetObject(PyExc_OSError, py::make_tuple(ENOSPC, m, path).ptr());
-      break;
-    default:
-      PyErr_SetObject(PyExc_OSError, py::make_tuple(EIO, m, path).ptr());
-      break;
+  PyObject* type = PyExc_OSError;
+  int err = EIO;
+  if (e.os_error) {
+    err = EINVAL;
+  } else if (s.code() == StatusCode::kNotFound) {
+    type = PyExc_FileNotFoundError;
+    err = ENOENT;
+  } else if (s.code() == StatusCode::kFailedPrecondition) {
+    type = PyExc_PermissionError;
+    err = EACCES;
+  } else if (s.code() == StatusCode::kInvalidArgument) {
+    PyErr_SetString(PyExc_ValueError, m.c_str());
+    return;
+  } else if (s.code() == StatusCode::kResourceExhausted) {
+    err = ENOSPC;
   }
-  throw py::error_already_set();
+  PyErr_SetObject(type, py::make_tuple(err, m, e.path).ptr());
 }
 
 io::DirectMode direct_mode(const std::string& d) {
@@ -71,8 +87,8 @@ class AioHandle {
   AioHandle(uint64_t block_size, uint32_t queue_depth, int intra_op_parallelism, const std::string& direct,
             const std::string& backend)
       : block_size_(block_size), direct_(direct_mode(direct)) {
-    if (block_size == 0 || block_size > io::kMaxRequestBytes || block_size % 4096 != 0) {
-      throw py::value_error("block_size: expected a multiple of 4096 up to 1 GiB, got " + std::to_string(block_size));
+    if (block_size == 0 || block_size > io::kMaxRequestBytes) {
+      throw py::value_error("block_size: expected 1 byte up to 1 GiB, got " + std::to_string(block_size));
     }
     if (queue_depth == 0 || queue_depth > 4096) {
       throw py::value_error("queue_depth: expected 1..4096, got " + std::to_string(queue_depth));
@@ -103,26 +119,32 @@ class AioHandle {
   std::string backend() const { return std::string(device_->name()); }
 
   // Queues one read or write of `bytes` bytes at `address`; returns its id.
-  uint64_t submit(io::IoOp op, uintptr_t address, uint64_t bytes, const std::string& path, int64_t offset) {
+  // `sync`: the caller waits for this request itself (wait_for), and wait()
+  // leaves it to that caller. Any block size is taken: where the pieces
+  // would not keep O_DIRECT's alignment the request goes through the page
+  // cache (direct="prefer") or is refused ("require").
+  uint64_t submit(io::IoOp op, uintptr_t address, uint64_t bytes, const std::string& path, int64_t offset,
+                  bool sync) {
     std::lock_guard lock(mu_);
     if (offset < 0) throw py::value_error("offset: expected >= 0, got " + std::to_string(offset));
+    const uint64_t id = ++next_id_;
     if (bytes == 0) {
-      ++next_id_;
-      done_ok_.push_back(next_id_);
-      return next_id_;
+      ops_[id] = Op{path, sync};
+      return id;
     }
-    const bool aligned_request = [&](uint64_t a) {
-      return address % a == 0 && static_cast<uint64_t>(offset) % a == 0 && bytes % a == 0;
-    }(4096);
-    bool direct = direct_ != io::DirectMode::kOff && aligned_request;
-    if (direct_ == io::DirectMode::kRequire && !aligned_request) {
+    const auto aligned_to = [&](uint64_t a) {
+      return address % a == 0 && static_cast<uint64_t>(offset) % a == 0 && bytes % a == 0 &&
+             (block_size_ % a == 0 || bytes <= block_size_);
+    };
+    bool direct = direct_ != io::DirectMode::kOff && aligned_to(4096);
+    if (direct_ == io::DirectMode::kRequire && !aligned_to(4096)) {
       throw py::value_error(
           std::string(io::io_op_name(op)) + " " + path + ": address, offset (" + std::to_string(offset) +
-          ") and length (" + std::to_string(bytes) +
+          "), length (" + std::to_string(bytes) + ") and block size (" + std::to_string(block_size_) +
           ") must be multiples of 4096 for O_DIRECT (direct=\"require\"); direct=\"prefer\" takes any");
     }
     OpenFile& f = open(path, op == io::IoOp::kWrite, direct);
-    if (f.alignment > 1 && (address % f.alignment || offset % f.alignment || bytes % f.alignment)) {
+    if (f.alignment > 1 && !aligned_to(f.alignment)) {
       if (direct_ == io::DirectMode::kRequire) {
         throw py::value_error(path + ": the filesystem wants O_DIRECT requests aligned to " +
                               std::to_string(f.alignment) + " bytes");
@@ -130,9 +152,9 @@ class AioHandle {
       direct = false;
     }
     OpenFile& target = direct ? f : open(path, op == io::IoOp::kWrite, /*direct=*/false);
-    const uint64_t id = ++next_id_;
     Op& o = ops_[id];
     o.path = path;
+    o.sync = sync;
     for (uint64_t done = 0; done < bytes; done += block_size_) {
       io::IoRequest r;
       r.op = op;
@@ -148,55 +170,78 @@ class AioHandle {
         s = queue_->submit(r);
       }
       if (!s.ok()) {
-        if (o.pieces > 0) {  // the pieces queued finish first; wait() raises this
+        if (o.remaining > 0) {  // the pieces queued finish first; the wait raises this
           o.error = s;
           break;
         }
         ops_.erase(id);
         raise_status(s, path);
       }
-      ++o.pieces;
+      ++o.remaining;
     }
     return id;
   }
 
-  // Waits for every queued request; returns how many finished. Raises the
-  // first failure's error (after all of them have finished).
+  // Waits for the one request `id` (queued with sync); returns 1, or raises
+  // its failure. Other threads' requests finish on the way and wait for
+  // their own callers.
+  int64_t wait_for(uint64_t id) {
+    std::lock_guard lock(mu_);
+    auto it = ops_.find(id);
+    STRATA_CHECK(it != ops_.end() && it->second.sync);
+    while (it->second.remaining > 0 && reap(it->second.remaining)) {
+    }
+    const Op o = std::move(it->second);
+    ops_.erase(it);
+    if (!o.error.ok()) raise_status(o.error, o.path);
+    return 1;
+  }
+
+  // Waits for every request queued without sync (by any thread); returns
+  // how many finished. Raises the first failure's error, after all of them
+  // have finished.
   int64_t wait() {
     std::lock_guard lock(mu_);
-    {
-      py::gil_scoped_release unlocked;
-      while (queue_->outstanding() > 0 && reap(queue_->outstanding())) {
-      }
+    for (uint64_t left = async_pieces(); left > 0 && reap(left); left = async_pieces()) {
     }
-    int64_t finished = static_cast<int64_t>(done_ok_.size());
-    done_ok_.clear();
+    int64_t finished = 0;
     Status first;
     std::string first_path;
-    for (auto& [id, o] : ops_) {
-      ++finished;
-      if (!o.error.ok() && first.ok()) {
-        first = o.error;
-        first_path = o.path;
+    for (auto it = ops_.begin(); it != ops_.end();) {
+      if (it->second.sync) {
+        ++it;
+        continue;
       }
+      ++finished;
+      if (!it->second.error.ok() && first.ok()) {
+        first = it->second.error;
+        first_path = it->second.path;
+      }
+      it = ops_.erase(it);
     }
-    ops_.clear();
     if (!first.ok()) raise_status(first, first_path);
     return finished;
   }
 
-  int64_t pending() {
+  // The requests queued without sync and not yet waited for.
+  std::vector<uint64_t> pending_ids() {
     std::lock_guard lock(mu_);
-    return static_cast<int64_t>(ops_.size());
+    std::vector<uint64_t> ids;
+    for (const auto& [id, o] : ops_) {
+      if (!o.sync) ids.push_back(id);
+    }
+    return ids;
   }
 
-  // Closes every file the handle opened (after waiting for its requests).
+  // Closes every file the handle opened, once every request in flight (any
+  // thread's) has finished; their outcomes stay for wait() and wait_for().
   // Every file is detached and closed even when one close fails (fdatasync
   // on a full or failing disk): the handle then holds none, and the first
   // failure is raised after all of them.
   void close() {
-    wait();
     std::lock_guard lock(mu_);
+    while (queue_->outstanding() > 0 && reap(queue_->outstanding())) {
+    }
     Status first;
     std::string first_path;
     for (auto& [key, f] : files_) {
@@ -209,14 +254,9 @@ class AioHandle {
       }
     }
     files_.clear();
-    if (first.code() == StatusCode::kInvalidArgument) {
-      // A system call's EINVAL here (fdatasync on a file that cannot be
-      // synced) is the file's failure, not a bad argument of the caller.
-      const std::string m = std::string(status_code_name(first.code())) + ": " + std::string(first.message());
-      PyErr_SetObject(PyExc_OSError, py::make_tuple(EINVAL, m, first_path).ptr());
-      throw py::error_already_set();
-    }
-    if (!first.ok()) raise_status(first, first_path);
+    // A system call's EINVAL here (fdatasync on a file that cannot be
+    // synced) is the file's failure, not a bad argument of the caller.
+    if (!first.ok()) throw AioError{first, first_path, first.code() == StatusCode::kInvalidArgument};
   }
 
  private:
@@ -234,9 +274,18 @@ class AioHandle {
   };
   struct Op {
     std::string path;
-    int64_t pieces = 0;
+    bool sync = false;
+    uint64_t remaining = 0;  // pieces queued and not yet reaped
     Status error;
   };
+
+  uint64_t async_pieces() const {
+    uint64_t n = 0;
+    for (const auto& [id, o] : ops_) {
+      if (!o.sync) n += o.remaining;
+    }
+    return n;
+  }
 
   OpenFile& open(const std::string& path, bool write, bool direct) {
     FileKey key{path, write, direct};
@@ -274,6 +323,7 @@ class AioHandle {
     for (const io::IoResult& r : results_) {
       auto it = ops_.find(r.tag);
       if (it == ops_.end()) continue;
+      if (it->second.remaining > 0) --it->second.remaining;
       if (!r.status.ok() && it->second.error.ok()) it->second.error = r.status;
     }
     return true;
@@ -284,8 +334,7 @@ class AioHandle {
   std::unique_ptr<io::BlockDevice> device_;
   std::unique_ptr<io::IoQueue> queue_;
   std::map<FileKey, OpenFile> files_;
-  std::map<uint64_t, Op> ops_;
-  std::vector<uint64_t> done_ok_;  // empty requests, finished at once
+  std::map<uint64_t, Op> ops_;  // every request queued and not yet waited for
   std::vector<io::IoResult> results_;
   uint64_t next_id_ = 0;
   std::mutex mu_;
@@ -303,21 +352,38 @@ py::array aligned_buffer(uint64_t bytes, bool lock) {
   return py::array(py::dtype("uint8"), {static_cast<py::ssize_t>(bytes)}, {1}, owned->data(), free_when_done);
 }
 
+// Every call of a handle runs with the GIL released and takes the handle's
+// lock only then: a thread holding the lock never waits for the GIL, so
+// threads sharing one handle cannot deadlock (wait() once re-took the GIL
+// under the lock while submit() took the lock under the GIL).
 void add_aio(py::module_& m) {
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const AioError& e) {
+      set_python_error(e);
+    }
+  });
+  using unlocked = py::call_guard<py::gil_scoped_release>;
   py::class_<AioHandle>(m, "AioHandle")
       .def(py::init<uint64_t, uint32_t, int, const std::string&, const std::string&>(), py::arg("block_size"),
            py::arg("queue_depth"), py::arg("intra_op_parallelism"), py::arg("direct"), py::arg("backend"))
-      .def("pwrite",
-           [](AioHandle& h, uintptr_t address, uint64_t bytes, const std::string& path, int64_t offset) {
-             return h.submit(io::IoOp::kWrite, address, bytes, path, offset);
-           })
-      .def("pread",
-           [](AioHandle& h, uintptr_t address, uint64_t bytes, const std::string& path, int64_t offset) {
-             return h.submit(io::IoOp::kRead, address, bytes, path, offset);
-           })
-      .def("wait", &AioHandle::wait)
-      .def("pending", &AioHandle::pending)
-      .def("close", &AioHandle::close)
+      .def(
+          "pwrite",
+          [](AioHandle& h, uintptr_t address, uint64_t bytes, const std::string& path, int64_t offset, bool sync) {
+            return h.submit(io::IoOp::kWrite, address, bytes, path, offset, sync);
+          },
+          unlocked())
+      .def(
+          "pread",
+          [](AioHandle& h, uintptr_t address, uint64_t bytes, const std::string& path, int64_t offset, bool sync) {
+            return h.submit(io::IoOp::kRead, address, bytes, path, offset, sync);
+          },
+          unlocked())
+      .def("wait", &AioHandle::wait, unlocked())
+      .def("wait_for", &AioHandle::wait_for, py::arg("id"), unlocked())
+      .def("pending_ids", &AioHandle::pending_ids, unlocked())
+      .def("close", &AioHandle::close, unlocked())
       .def_property_readonly("backend", &AioHandle::backend);
   m.def("aligned_buffer", &aligned_buffer, py::arg("bytes"), py::arg("lock"));
 }

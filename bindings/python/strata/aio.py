@@ -12,8 +12,13 @@ A Handle queues each request in block_size pieces on strata's I/O layer
 finishes them all, returning how many requests finished and raising the
 first failure (FileNotFoundError, PermissionError, OSError carrying the
 file, offset and errno) once all are done. Tensors and arrays are
-written and read in place, zero copy; keep them alive and untouched until
-wait() returns.
+written and read in place, zero copy; keep them untouched until wait()
+returns (the handle keeps them alive until then).
+
+Threads may share a handle: every call releases the GIL while it works
+or waits. sync_pread / sync_pwrite wait for their own request only;
+wait() finishes every request queued with pread / pwrite / async_* by any
+thread and counts them all.
 
 O_DIRECT (no page cache) needs the buffer address, the file offset and
 the length to be multiples of 4096 and a filesystem that supports it.
@@ -29,6 +34,7 @@ pinned_empty() / new_cpu_locked_tensor() allocate page-aligned buffers
 locked in RAM (mlock), the kind O_DIRECT and GPU copies want.
 """
 import sys
+import threading
 
 from . import _strata
 
@@ -57,7 +63,8 @@ def _bytes_of(x, name):
 class Handle:
     """Asynchronous reads and writes of whole tensors at file offsets.
 
-    block_size: bytes per I/O request (a multiple of 4096; 1 MiB default);
+    block_size: bytes per I/O request (any; 1 MiB default; one that is not
+    a multiple of 4096 sends requests larger than it through the page cache);
     queue_depth: requests in flight; intra_op_parallelism: threads of the
     POSIX fallback; direct: "prefer", "require" or "off" (module doc);
     backend: "auto" (io_uring, else POSIX), "uring" or "posix".
@@ -70,7 +77,8 @@ class Handle:
         del single_submit, overlap_events
         self._h = _strata.AioHandle(int(block_size), int(queue_depth), int(intra_op_parallelism), str(direct),
                                     str(backend))
-        self._keep = []  # the buffers of requests in flight
+        self._keep = {}  # request id -> its buffer, until a wait() finishes it
+        self._keep_lock = threading.Lock()
 
     @property
     def backend(self):
@@ -80,34 +88,44 @@ class Handle:
     def pwrite(self, buffer, path, offset=0):
         """Queues a write of the whole of `buffer` to `path` at `offset` (the file is created if missing)."""
         address, nbytes = _bytes_of(buffer, "buffer")
-        self._h.pwrite(address, nbytes, _path(path), _offset(offset))
-        self._keep.append(buffer)
+        request = self._h.pwrite(address, nbytes, _path(path), _offset(offset), False)
+        with self._keep_lock:
+            self._keep[request] = buffer
 
     def pread(self, buffer, path, offset=0):
         """Queues a read filling the whole of `buffer` from `path` at `offset` (past the end: an error)."""
         address, nbytes = _bytes_of(buffer, "buffer")
         if getattr(getattr(buffer, "flags", None), "writeable", True) is False:
             raise ValueError("buffer: a read-only array cannot be read into")
-        self._h.pread(address, nbytes, _path(path), _offset(offset))
-        self._keep.append(buffer)
+        request = self._h.pread(address, nbytes, _path(path), _offset(offset), False)
+        with self._keep_lock:
+            self._keep[request] = buffer
 
     def wait(self):
         """Finishes every queued request; returns how many finished. Raises the first failure."""
         try:
             return self._h.wait()
         finally:
-            self._keep.clear()
+            self._release_finished()
+
+    def _release_finished(self):
+        # The buffers of requests a wait() finished (this thread's or
+        # another's); those still queued stay referenced.
+        live = set(self._h.pending_ids())
+        with self._keep_lock:
+            for request in [r for r in self._keep if r not in live]:
+                del self._keep[request]
 
     def pending(self):
-        """Requests queued and not yet waited for."""
-        return self._h.pending()
+        """Requests queued with pread / pwrite / async_* and not yet waited for."""
+        return len(self._h.pending_ids())
 
     def close(self):
         """Waits, then closes the files this handle opened."""
         try:
-            self._h.close()
+            self.wait()
         finally:
-            self._keep.clear()
+            self._h.close()
 
     # DeepSpeed's aio_handle names.
     def async_pwrite(self, buffer, path, offset=0):
@@ -117,12 +135,16 @@ class Handle:
         return self.pread(buffer, path, offset)
 
     def sync_pwrite(self, buffer, path, offset=0):
-        self.pwrite(buffer, path, offset)
-        return self.wait()
+        """Writes the whole of `buffer` to `path` at `offset` and waits for that write alone; returns 1."""
+        address, nbytes = _bytes_of(buffer, "buffer")
+        return self._h.wait_for(self._h.pwrite(address, nbytes, _path(path), _offset(offset), True))
 
     def sync_pread(self, buffer, path, offset=0):
-        self.pread(buffer, path, offset)
-        return self.wait()
+        """Fills the whole of `buffer` from `path` at `offset` and waits for that read alone; returns 1."""
+        address, nbytes = _bytes_of(buffer, "buffer")
+        if getattr(getattr(buffer, "flags", None), "writeable", True) is False:
+            raise ValueError("buffer: a read-only array cannot be read into")
+        return self._h.wait_for(self._h.pread(address, nbytes, _path(path), _offset(offset), True))
 
     def new_cpu_locked_tensor(self, numel, example):
         """A locked, page-aligned tensor of `numel` elements of `example`'s dtype."""
