@@ -123,15 +123,25 @@ Status usable(const strata_trainer* t, const char* call) {
 
 extern "C" {
 
-int strata_api_version(void) {
-  return STRATA_API_VERSION;
-}
-
 void strata_get_version(int* major, int* minor, int* patch) {
   // The build's project version (CMake), which a test holds equal to the header's.
   if (major != nullptr) *major = STRATA_BUILD_VERSION_MAJOR;
   if (minor != nullptr) *minor = STRATA_BUILD_VERSION_MINOR;
   if (patch != nullptr) *patch = STRATA_BUILD_VERSION_PATCH;
+}
+
+strata_status strata_check_version(int major, int minor) {
+  return guarded([&]() -> Status {
+    if (major == STRATA_BUILD_VERSION_MAJOR && minor <= STRATA_BUILD_VERSION_MINOR && minor >= 0) {
+      return strata::ok_status();
+    }
+    return strata::failed_precondition(
+        "strata_check_version: this program was built against strata " + std::to_string(major) + "." +
+        std::to_string(minor) + ", and the library loaded is " + std::to_string(STRATA_BUILD_VERSION_MAJOR) + "." +
+        std::to_string(STRATA_BUILD_VERSION_MINOR) + "." + std::to_string(STRATA_BUILD_VERSION_PATCH) +
+        " (it serves programs built against " + std::to_string(STRATA_BUILD_VERSION_MAJOR) + ".0 to " +
+        std::to_string(STRATA_BUILD_VERSION_MAJOR) + "." + std::to_string(STRATA_BUILD_VERSION_MINOR) + ")");
+  });
 }
 
 const char* strata_last_error(void) {
@@ -204,10 +214,10 @@ strata_status strata_trainer_abort(strata_trainer* trainer) {
 
 strata_status strata_trainer_shape(const strata_trainer* trainer, strata_shape* shape) {
   return guarded([&]() -> Status {
-    if (trainer == nullptr || shape == nullptr) return strata::invalid_argument("strata_trainer_shape: NULL argument");
+    if (trainer == nullptr) return strata::invalid_argument("strata_trainer_shape: trainer is NULL");
     const engine::TrainerOptions& o = trainer->prepared.options;
-    *shape = {o.grad_accum, o.batch, o.seq, o.model.vocab};
-    return strata::ok_status();
+    return strata::bindings::write_struct("strata_trainer_shape", "shape",
+                        strata_shape{sizeof(strata_shape), o.grad_accum, o.batch, o.seq, o.model.vocab}, shape);
   });
 }
 

@@ -362,13 +362,17 @@ strata_status strata_session_submit_gradient(strata_session* session, int64_t ch
 
 strata_status strata_session_end_step(strata_session* session, strata_step_verdict* verdict) {
   return guarded([&]() -> Status {
-    STRATA_RETURN_IF_ERROR(usable(session, "strata_session_end_step"));
-    STRATA_ASSIGN_OR_RETURN(engine::StepVerdict v, session->session->end_step());
-    if (verdict != nullptr) {
-      *verdict = {v.step, v.grad_norm, v.clipped ? 1 : 0, v.skipped ? 1 : 0, v.rolled_back ? 1 : 0, v.lr,
-                  v.loss_scale};
+    const char* call = "strata_session_end_step";
+    STRATA_RETURN_IF_ERROR(usable(session, call));
+    if (verdict != nullptr && verdict->struct_size < sizeof(size_t)) {  // refused before the step ends
+      return strata::bindings::write_struct(call, "verdict", strata_step_verdict{}, verdict);
     }
-    return strata::ok_status();
+    STRATA_ASSIGN_OR_RETURN(engine::StepVerdict v, session->session->end_step());
+    if (verdict == nullptr) return strata::ok_status();
+    const strata_step_verdict out{sizeof(strata_step_verdict), v.step,      v.grad_norm,
+                                  v.clipped ? 1 : 0,           v.skipped ? 1 : 0, v.rolled_back ? 1 : 0,
+                                  v.lr,                        v.loss_scale};
+    return strata::bindings::write_struct(call, "verdict", out, verdict);
   });
 }
 
@@ -559,14 +563,15 @@ strata_status strata_session_plan(const char* config_json, const char* device, c
     const char* call = "strata_session_plan";
     if (text == nullptr && capacity > 0)
       return strata::invalid_argument(std::string(call) + ": text is NULL, capacity not 0");
-    STRATA_ASSIGN_OR_RETURN(std::vector<strata::DType> dtypes, check_model_plan(model));
+    STRATA_ASSIGN_OR_RETURN(const strata_model_plan m, strata::bindings::read_struct(call, "model", model));
+    STRATA_ASSIGN_OR_RETURN(std::vector<strata::DType> dtypes, check_model_plan(&m));
     std::vector<std::string> warnings;
     STRATA_ASSIGN_OR_RETURN(SessionConfig c, session_config(call, config_json, device, &warnings));
     engine::Budgets budgets = engine::budgets_or_defaults(c.config.budgets);
     if (c.config.nvme_paths.empty()) budgets.nvme_bytes = 0;
     STRATA_ASSIGN_OR_RETURN(
         engine::Plan plan,
-        engine::plan_session(c.options, std::make_shared<CPlanModel>(*model, std::move(dtypes)), model->micro_batch,
+        engine::plan_session(c.options, std::make_shared<CPlanModel>(m, std::move(dtypes)), m.micro_batch,
                              budgets, engine::Bandwidths{}, c.config.constraints));
     return strata::bindings::copy_text(call, plan_json(plan, budgets), text, capacity, length);
   });

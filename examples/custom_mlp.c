@@ -179,7 +179,7 @@ static int step(strata_session* s, Activations* a, int k, float* loss) {
   for (int l = kLayers - 1; l >= 0; --l) {
     if (backward_layer(s, a, l) != 0) return -1;
   }
-  strata_step_verdict v;
+  strata_step_verdict v = STRATA_STEP_VERDICT_INIT;
   TRY(strata_session_end_step(s, &v));
   *loss = (float)(sum / act);
   return 0;

@@ -64,7 +64,7 @@ class Trainer {
   Trainer& operator=(const Trainer&) = delete;
 
   py::dict shape() const {
-    strata_shape sh{};
+    strata_shape sh = STRATA_SHAPE_INIT;
     check(strata_trainer_shape(live(), &sh));
     py::dict d;
     d["grad_accum"] = sh.grad_accum;

@@ -162,7 +162,7 @@ void train(Mode mode, RunBits* run) {
       ASSERT_NO_FATAL_FAILURE(forward(session, mode, s, scratch));
       ASSERT_NO_FATAL_FAILURE(backward(session, mode, s, in));
     }
-    strata_step_verdict verdict{};
+    strata_step_verdict verdict = STRATA_STEP_VERDICT_INIT;
     STRATA_OK_OR_FAIL(strata_session_end_step(session, &verdict));
     EXPECT_EQ(verdict.skipped, 0) << "step " << step + 1;
     run->norms.push_back(verdict.grad_norm);

@@ -66,7 +66,7 @@ static strata_trainer* create(const char* extra) {
 
 /* Steps `from`..`to`-1 on their data into losses[]; 0 on a failed step. */
 static int run(strata_trainer* t, int from, int to, float* losses) {
-  strata_shape shape;
+  strata_shape shape = STRATA_SHAPE_INIT;
   if (strata_trainer_shape(t, &shape) != STRATA_OK) return 0;
   const size_t n = (size_t)(shape.grad_accum * shape.batch * shape.seq);
   int32_t* tokens = malloc(n * sizeof *tokens);
@@ -139,13 +139,13 @@ static void session_accumulation(void) {
     if (g != NULL) memcpy(g, &grads[k], 2);
     CHECK(strata_session_submit_gradient(s, 0, NULL) == STRATA_OK, "submit micro-batch %d", k);
     if (k == 0) {
-      strata_step_verdict early;
+      strata_step_verdict early = STRATA_STEP_VERDICT_INIT;
       CHECK(strata_session_end_step(s, &early) == STRATA_FAILED_PRECONDITION, "a micro-batch missing");
       CHECK(strstr(strata_last_error(), "1 of 2 micro-batches") != NULL, "counts them: %s", strata_last_error());
     }
   }
   CHECK(strata_session_submit_gradient(s, 0, NULL) == STRATA_FAILED_PRECONDITION, "a third submit");
-  strata_step_verdict v;
+  strata_step_verdict v = STRATA_STEP_VERDICT_INIT;
   CHECK(strata_session_end_step(s, &v) == STRATA_OK, "end: %s", strata_last_error());
   float master = 0;
   CHECK(strata_session_read_master(s, 0, &master, 1) == STRATA_OK, "read");
@@ -280,7 +280,7 @@ static void session_misuse(const char* root) {
   CHECK(strata_session_submit_gradient(s, 1, NULL) == STRATA_OK, "submit b");
   CHECK(strata_session_submit_gradient(s, 1, NULL) == STRATA_FAILED_PRECONDITION, "b twice");
   CHECK(strata_session_acquire(s, 1, NULL, &w) == STRATA_FAILED_PRECONDITION, "b after its submit");
-  strata_step_verdict v;
+  strata_step_verdict v = STRATA_STEP_VERDICT_INIT;
   CHECK(strata_session_end_step(s, &v) == STRATA_FAILED_PRECONDITION, "a gradient missing");
   CHECK(strstr(strata_last_error(), "\"a\"") != NULL, "names the chunk: %s", strata_last_error());
   CHECK(strata_session_gradient_buffer(s, 0, &g) == STRATA_OK, "a's gradient buffer");
@@ -351,7 +351,8 @@ static void session_plan(const char* root) {
   int64_t counts[kChunks];
   for (int c = 0; c < kChunks; ++c) counts[c] = (int64_t)kWidth * kWidth + kWidth;
   const uint64_t row = sizeof(float) * kBatch * kWidth;
-  strata_model_plan m = {counts, kChunks, 0, kBatch, kChunks, kChunks, row, 2, 2 * row, 6.0 * 16 * 4160 * kBatch, NULL};
+  strata_model_plan m = {sizeof m, counts, kChunks, 0, kBatch, kChunks, kChunks, row, 2, 2 * row,
+                         6.0 * 16 * 4160 * kBatch, NULL};
   char dir[600], config[2048], text[8192], keys[1024];
   snprintf(dir, sizeof dir, "%s/plan", root);
   mkdir(dir, 0755);
@@ -531,7 +532,15 @@ static void session_chunk_dtypes(const char* root) {
 }
 
 int main(void) {
-  CHECK(strata_api_version() == STRATA_API_VERSION, "api version %d", strata_api_version());
+  CHECK(STRATA_CHECK_VERSION() == STRATA_OK, "the header's own release: %s", strata_last_error());
+  CHECK(strata_check_version(STRATA_VERSION_MAJOR, 0) == STRATA_OK, "an older minor is served");
+  CHECK(strata_check_version(STRATA_VERSION_MAJOR, STRATA_VERSION_MINOR + 1) == STRATA_FAILED_PRECONDITION &&
+            strstr(strata_last_error(), "built against strata") != NULL,
+        "a newer minor is not: %s", strata_last_error());
+  CHECK(strata_check_version(STRATA_VERSION_MAJOR + 1, 0) == STRATA_FAILED_PRECONDITION, "another major is not");
+#if !STRATA_VERSION_AT_LEAST(1, 0, 0) || STRATA_VERSION_AT_LEAST(STRATA_VERSION_MAJOR, STRATA_VERSION_MINOR + 1, 0)
+#error "STRATA_VERSION_AT_LEAST compares releases wrongly"
+#endif
   {
     int major = -1, minor = -1, patch = -1;
     strata_get_version(&major, &minor, &patch);
@@ -574,7 +583,7 @@ int main(void) {
   /* Bad data: refused, nothing changed. */
   strata_trainer* a = create("");
   if (a == NULL) return 1;
-  strata_shape shape;
+  strata_shape shape = STRATA_SHAPE_INIT;
   CHECK(strata_trainer_shape(a, &shape) == STRATA_OK, "shape");
   CHECK(shape.grad_accum == 2 && shape.batch == 4 && shape.seq == 16 && shape.vocab == 64, "shape %lld %lld %lld %lld",
         (long long)shape.grad_accum, (long long)shape.batch, (long long)shape.seq, (long long)shape.vocab);

@@ -29,14 +29,30 @@ extern "C" {
 #define STRATA_API
 #endif
 
-/* The version of this header; strata_api_version() is the library's. */
-#define STRATA_API_VERSION 1
-/* strata's release this header belongs to: within one major version the
- * library only adds functions (libstrata.so's symbols carry a version
- * node, STRATA_0). strata_get_version() says which library is loaded. */
-#define STRATA_VERSION_MAJOR 0
-#define STRATA_VERSION_MINOR 1
+/*
+ * Versions: one scheme, strata's release. Within a major version the
+ * library only adds: functions (each release's new symbols in a version
+ * node of their own, STRATA_1.0, STRATA_1.1, ...) and fields at the end of
+ * a struct. A program built against 1.N runs with any 1.M library, M >= N:
+ * check at compile time with STRATA_VERSION_AT_LEAST, at run time with
+ * STRATA_CHECK_VERSION() (strata_check_version).
+ *
+ * Structs: every struct that crosses the boundary begins with struct_size,
+ * which the caller sets to sizeof the struct as its header declares it —
+ * the STRATA_*_INIT initialisers do, and zero the rest. The library reads
+ * and writes only the bytes that struct_size covers: a field a caller's
+ * older header does not have reads as zero (its default) and is never
+ * written; a caller's newer struct has its later fields left untouched,
+ * and on input they must be zero (INVALID_ARGUMENT otherwise: a feature
+ * this library does not have).
+ */
+#define STRATA_VERSION_MAJOR 1
+#define STRATA_VERSION_MINOR 0
 #define STRATA_VERSION_PATCH 0
+#define STRATA_VERSION_NUMBER (STRATA_VERSION_MAJOR * 10000 + STRATA_VERSION_MINOR * 100 + STRATA_VERSION_PATCH)
+/* 1 when this header is release major.minor.patch or a later one. */
+#define STRATA_VERSION_AT_LEAST(major, minor, patch) \
+  (STRATA_VERSION_NUMBER >= (major) * 10000 + (minor) * 100 + (patch))
 
 typedef enum strata_status {
   STRATA_OK = 0,
@@ -56,18 +72,24 @@ typedef struct strata_trainer strata_trainer;
 /* What one step takes: grad_accum micro-batches of batch x seq tokens, each
  * token and target in [0, vocab). */
 typedef struct strata_shape {
+  size_t struct_size; /* sizeof(strata_shape): STRATA_SHAPE_INIT */
   int64_t grad_accum;
   int64_t batch;
   int64_t seq;
   int64_t vocab;
 } strata_shape;
+#define STRATA_SHAPE_INIT {sizeof(strata_shape), 0, 0, 0, 0}
 
-STRATA_API int strata_api_version(void);
 /* The loaded library's release into *major, *minor, *patch (each optional,
- * NULL to skip). Never fails; any thread; does not block. A program built
- * against this header can check the library it runs with:
- * major == STRATA_VERSION_MAJOR and minor >= STRATA_VERSION_MINOR. */
+ * NULL to skip). Never fails; any thread; does not block. */
 STRATA_API void strata_get_version(int* major, int* minor, int* patch);
+/* STRATA_OK when the loaded library serves a program built against release
+ * major.minor (the same major, a minor as new or newer);
+ * STRATA_FAILED_PRECONDITION otherwise, strata_last_error() naming both
+ * releases. Any thread; does not block. */
+STRATA_API strata_status strata_check_version(int major, int minor);
+/* strata_check_version of the header the caller was built against. */
+#define STRATA_CHECK_VERSION() strata_check_version(STRATA_VERSION_MAJOR, STRATA_VERSION_MINOR)
 /* The message of this thread's last failure ("" if none). */
 STRATA_API const char* strata_last_error(void);
 /* "OK", "INVALID_ARGUMENT", ... */
@@ -199,6 +221,7 @@ typedef struct strata_session strata_session;
 
 /* What strata_session_end_step decided. */
 typedef struct strata_step_verdict {
+  size_t struct_size;  /* sizeof(strata_step_verdict): STRATA_STEP_VERDICT_INIT */
   int64_t step;        /* the step this is the verdict of: the one ended (with
                           delayed_update the one before it; 0: none yet) */
   double grad_norm;    /* global norm of the scaled gradients, before clipping */
@@ -208,6 +231,7 @@ typedef struct strata_step_verdict {
   double lr;           /* the learning rate of this step's update */
   double loss_scale;   /* fp16: the scale the next step's loss takes (1 for bf16) */
 } strata_step_verdict;
+#define STRATA_STEP_VERDICT_INIT {sizeof(strata_step_verdict), 0, 0, 0, 0, 0, 0, 0}
 
 /* Fills `count` floats at `dst` with chunk `chunk`'s initial values;
  * returns 0, or non-zero to fail strata_session_start. */
@@ -216,6 +240,7 @@ typedef int (*strata_chunk_init_fn)(void* user, int64_t chunk, float* dst, int64
 /* What the planner needs to know of a model of the caller's, per
  * micro-batch of `micro_batch` samples (strata_session_plan). */
 typedef struct strata_model_plan {
+  size_t struct_size;          /* sizeof(strata_model_plan): STRATA_MODEL_PLAN_INIT */
   const int64_t* chunk_counts; /* each chunk's element count, in registration order */
   size_t chunk_count;
   int resident_first;            /* 1: chunk 0 stays on the device (session.resident_first) */
@@ -232,6 +257,7 @@ typedef struct strata_model_plan {
    * weights and gradients in RAM. */
   const char* const* chunk_dtypes;
 } strata_model_plan;
+#define STRATA_MODEL_PLAN_INIT {sizeof(strata_model_plan), NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, NULL}
 
 /* The fastest placement a session of `config_json` on `device` can run
  * `model` with within the config's budgets (placement keys the config

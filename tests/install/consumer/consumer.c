@@ -21,9 +21,11 @@ int main(void) {
   strata_get_version(&major, &minor, &patch);
   printf("strata %d.%d.%d (header %d.%d.%d)\n", major, minor, patch, STRATA_VERSION_MAJOR, STRATA_VERSION_MINOR,
          STRATA_VERSION_PATCH);
-  if (major != STRATA_VERSION_MAJOR || minor < STRATA_VERSION_MINOR) {
-    fprintf(stderr, "consumer: library %d.%d does not serve header %d.%d\n", major, minor, STRATA_VERSION_MAJOR,
-            STRATA_VERSION_MINOR);
+#if !STRATA_VERSION_AT_LEAST(1, 0, 0)
+#error "the consumer is written for strata 1.0's header"
+#endif
+  if (STRATA_CHECK_VERSION() != STRATA_OK) {
+    fprintf(stderr, "consumer: %s\n", strata_last_error());
     return 1;
   }
   strata_trainer* t = NULL;
@@ -31,7 +33,7 @@ int main(void) {
     fprintf(stderr, "consumer: %s\n", strata_last_error());
     return 1;
   }
-  strata_shape s;
+  strata_shape s = STRATA_SHAPE_INIT;
   if (strata_trainer_shape(t, &s) != STRATA_OK) return 1;
   enum { kMax = 4 * 8 };
   int32_t tokens[kMax], targets[kMax];
