@@ -405,7 +405,7 @@ Status read_native(Reader& top, EngineConfig& c, const ModelKeys& model_keys) {
 
 Result<EngineConfig> parse_config(const nlohmann::json& j, std::vector<std::string>* warnings,
                                   const std::vector<std::string>& nvme_paths, std::set<std::string>* keys_asked,
-                                  const ModelKeys& model_keys) {
+                                  const ModelKeys& model_keys, ConfigUse use) {
   std::vector<std::string> local;
   if (warnings == nullptr) warnings = &local;
   if (!j.is_object()) return invalid_argument("config: expected a JSON object at the top level");
@@ -426,10 +426,12 @@ Result<EngineConfig> parse_config(const nlohmann::json& j, std::vector<std::stri
   const io::DirectMode direct = c.io.direct == "off"      ? io::DirectMode::kOff
                                 : c.io.direct == "prefer" ? io::DirectMode::kPrefer
                                                           : io::DirectMode::kRequire;
+  c.nvme_budget_given = c.budgets.nvme_bytes > 0;
+  const bool names_only = use == ConfigUse::kPlan && c.nvme_budget_given;
   for (const std::string& dir : c.nvme_paths) {
+    if (names_only) break;
     STRATA_RETURN_IF_ERROR(io::check_directory(dir, direct).with_context("config nvme_paths"));
   }
-  c.nvme_budget_given = c.budgets.nvme_bytes > 0;
   if (!c.nvme_budget_given && !c.nvme_paths.empty()) {
     Result<uint64_t> free = nvme_free_bytes(c.nvme_paths);
     if (!free) return std::move(free).error().with_context("config nvme_paths");
@@ -464,9 +466,10 @@ Result<json> read_config_file(const std::string& path) {
 }
 
 Result<EngineConfig> load_config(const std::string& path, std::vector<std::string>* warnings,
-                                 const std::vector<std::string>& nvme_paths, const ModelKeys& model_keys) {
+                                 const std::vector<std::string>& nvme_paths, const ModelKeys& model_keys,
+                                 ConfigUse use) {
   STRATA_ASSIGN_OR_RETURN(json j, read_config_file(path));
-  Result<EngineConfig> c = parse_config(j, warnings, nvme_paths, nullptr, model_keys);
+  Result<EngineConfig> c = parse_config(j, warnings, nvme_paths, nullptr, model_keys, use);
   if (!c) return std::move(c).error().with_context(path);
   return c;
 }

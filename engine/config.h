@@ -107,13 +107,20 @@ using ModelKeys = std::function<Status(ConfigReader& model, ConfigReader& batch)
 // looked for in the objects it read, present or not: docs/CONFIG.md lists
 // exactly these (a test holds the two together).
 // `model_keys` (optional) reads the model's keys.
+// `use`: kPlan for the planner alone, on hardware this machine need not
+// have: NVMe directories are only names then, when the config gives the
+// NVMe budget (their free space is not read); kRun checks that each
+// exists and takes O_DIRECT files.
+enum class ConfigUse { kRun, kPlan };
 Result<EngineConfig> parse_config(const nlohmann::json& json, std::vector<std::string>* warnings,
                                   const std::vector<std::string>& nvme_paths = {},
-                                  std::set<std::string>* keys_asked = nullptr, const ModelKeys& model_keys = {});
+                                  std::set<std::string>* keys_asked = nullptr, const ModelKeys& model_keys = {},
+                                  ConfigUse use = ConfigUse::kRun);
 // Reads a file's JSON (comments allowed); errors name the file.
 Result<nlohmann::json> read_config_file(const std::string& path);
 // Reads and parses a file; errors name the file.
 Result<EngineConfig> load_config(const std::string& path, std::vector<std::string>* warnings,
-                                 const std::vector<std::string>& nvme_paths = {}, const ModelKeys& model_keys = {});
+                                 const std::vector<std::string>& nvme_paths = {}, const ModelKeys& model_keys = {},
+                                 ConfigUse use = ConfigUse::kRun);
 
 }  // namespace strata::engine

@@ -606,9 +606,12 @@ int train_main(int argc, char** argv, const std::string& prog, bool plan_only) {
   std::vector<std::string> warnings;
   // --nvme DIR serves a config that names no NVMe directory of its own.
   const std::vector<std::string> nvme_dirs = f.nvme.empty() ? std::vector<std::string>{} : std::vector{f.nvme};
+  // The planner alone plans for a drive this machine need not have.
+  const engine::ConfigUse use = f.plan_only ? engine::ConfigUse::kPlan : engine::ConfigUse::kRun;
   Result<engine::GptRunConfig> run =
-      f.config_path.empty() ? engine::parse_gpt_config(nlohmann::json::parse(kDefaultConfig), &warnings, nvme_dirs)
-                            : engine::load_gpt_config(f.config_path, &warnings, nvme_dirs);
+      f.config_path.empty()
+          ? engine::parse_gpt_config(nlohmann::json::parse(kDefaultConfig), &warnings, nvme_dirs, nullptr, use)
+          : engine::load_gpt_config(f.config_path, &warnings, nvme_dirs, use);
   exit_on_error(run.status(), f.prog);
   for (const std::string& w : warnings) std::fprintf(stderr, "%s: warning: %s\n", f.prog.c_str(), w.c_str());
   engine::EngineConfig* cfg = &run->engine;

@@ -26,16 +26,18 @@ ModelKeys gpt_config_keys(GptShape* shape) {
 }
 
 Result<GptRunConfig> parse_gpt_config(const nlohmann::json& json, std::vector<std::string>* warnings,
-                                      const std::vector<std::string>& nvme_paths, std::set<std::string>* keys_asked) {
+                                      const std::vector<std::string>& nvme_paths, std::set<std::string>* keys_asked,
+                                      ConfigUse use) {
   GptRunConfig c;
-  STRATA_ASSIGN_OR_RETURN(c.engine, parse_config(json, warnings, nvme_paths, keys_asked, gpt_config_keys(&c.gpt)));
+  STRATA_ASSIGN_OR_RETURN(c.engine,
+                          parse_config(json, warnings, nvme_paths, keys_asked, gpt_config_keys(&c.gpt), use));
   return c;
 }
 
 Result<GptRunConfig> load_gpt_config(const std::string& path, std::vector<std::string>* warnings,
-                                     const std::vector<std::string>& nvme_paths) {
+                                     const std::vector<std::string>& nvme_paths, ConfigUse use) {
   GptRunConfig c;
-  STRATA_ASSIGN_OR_RETURN(c.engine, load_config(path, warnings, nvme_paths, gpt_config_keys(&c.gpt)));
+  STRATA_ASSIGN_OR_RETURN(c.engine, load_config(path, warnings, nvme_paths, gpt_config_keys(&c.gpt), use));
   return c;
 }
 

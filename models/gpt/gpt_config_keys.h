@@ -33,8 +33,10 @@ struct GptRunConfig {
 // parse_config / load_config (engine/config.h) with the GPT's keys.
 Result<GptRunConfig> parse_gpt_config(const nlohmann::json& json, std::vector<std::string>* warnings,
                                       const std::vector<std::string>& nvme_paths = {},
-                                      std::set<std::string>* keys_asked = nullptr);
+                                      std::set<std::string>* keys_asked = nullptr,
+                                      ConfigUse use = ConfigUse::kRun);
 Result<GptRunConfig> load_gpt_config(const std::string& path, std::vector<std::string>* warnings,
-                                     const std::vector<std::string>& nvme_paths = {});
+                                     const std::vector<std::string>& nvme_paths = {},
+                                     ConfigUse use = ConfigUse::kRun);
 
 }  // namespace strata::engine

@@ -105,6 +105,22 @@ else
   echo "ok   train over the device budget: $(tail -n 1 "$dir/err")"
 fi
 
+# The planner alone, for a drive this machine does not have: with the NVMe
+# budget given, a missing NVMe directory is only a name (a run refuses it).
+config plan_elsewhere "{\"nvme_paths\": [\"$dir/missing\"], \"budgets\": {\"nvme\": \"8GiB\"},
+  \"placement\": {\"states\": \"nvme\"}}"
+cases=$((cases + 1))
+if timeout 120 "$strata" plan --config "$dir/plan_elsewhere.json" >"$dir/out" 2>"$dir/err" &&
+  grep -q "plan only: fits the budgets" "$dir/out"; then
+  echo "ok   plan for a missing NVMe directory with its budget given"
+else
+  echo "FAIL plan for a missing NVMe directory with its budget given:"
+  cat "$dir/err"
+  failures=$((failures + 1))
+fi
+expect "train for a missing NVMe directory with its budget given" "$dir/missing" \
+  "$strata" train --config "$dir/plan_elsewhere.json" --steps 1
+
 # An NVMe directory on tmpfs (no O_DIRECT), where the machine has one.
 shm=
 for d in /dev/shm /run/shm; do
