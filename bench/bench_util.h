@@ -1,4 +1,4 @@
-// What every benchmark records about the machine it ran on (STYLE.md §9).
+// What every benchmark records about the machine it ran on.
 #pragma once
 
 #include <functional>

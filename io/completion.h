@@ -1,6 +1,6 @@
 // How one raw completion moves a request forward: a pure function from
 // (request progress, kernel result) to the next action, so the whole errno
-// table is unit-tested without a kernel (STYLE.md §2, §8).
+// table is unit-tested without a kernel.
 //
 // Per operation kind:
 //   res == remaining           -> complete

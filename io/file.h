@@ -2,7 +2,7 @@
 //
 // Alignment is queried, never assumed: statx(STATX_DIOALIGN) where the kernel
 // and filesystem report it, else 4 KiB; the result is max(4096, reported) for
-// both memory and offsets (STYLE.md §4). A filesystem that rejects O_DIRECT
+// both memory and offsets. A filesystem that rejects O_DIRECT
 // (tmpfs, some FUSE/overlay mounts) is refused with a message that says so,
 // unless the caller chose DirectMode::kPrefer/kOff — then the file is opened
 // buffered, and the caller is told through direct() == false.

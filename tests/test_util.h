@@ -1,6 +1,6 @@
 // Helpers shared by the tests: seeds (printed; STRATA_TEST_SEED replays one),
 // temporary directories on a real filesystem, and offset-stamped data so a
-// mismatch names the exact byte that moved (STYLE.md §6).
+// mismatch names the exact byte that moved.
 #pragma once
 
 #include <cstddef>

@@ -1,5 +1,5 @@
 // Every tolerance of the tests' numeric comparisons, each with why it is
-// what it is (STYLE.md §7): none is written inline in a test.
+// what it is: none is written inline in a test.
 //
 // cpu_optim: per-dtype tolerances for comparing the vector kernels with the
 // scalar reference: |x - ref| <= atol + rtol * |ref| per element. The vector

@@ -1,6 +1,6 @@
 // Every CUDA runtime and cuBLAS(Lt) call goes through one of these macros:
 // a failure becomes a Status carrying the call's text and the error's name,
-// returned to the caller — never an abort (STYLE.md §2).
+// returned to the caller — never an abort.
 #pragma once
 
 #include <cublasLt.h>

@@ -1,7 +1,7 @@
 // Placements drawn at random: for one run's numbers (seed, precision, Adam
 // state type, accumulation, clipping) every placement and schedule the
 // trainer runs gives the same losses, gradient norms and loss scales, bit
-// for bit (the delayed update's own, when the run has one) (DESIGN.md, "Precision and determinism") — resident or
+// for bit (the delayed update's own, when the run has one) — resident or
 // streamed at any prefetch depth; weights, optimizer states and activation checkpoints on any tier they may live on;
 // one micro-batch at a time or the vertical order in any group; speculation on NVMe or in RAM, or none; states in
 // pieces; the gradients on NVMe through a ring of 1-4 buffers; io_uring or POSIX at queue depth 1, 4 or 32,
