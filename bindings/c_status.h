@@ -33,6 +33,15 @@ Result<nlohmann::json> parse_config_text(const char* call, const char* config_js
 // InvalidArgument for a NULL `text` with a capacity.
 Status copy_text(const char* call, const std::string& s, char* text, size_t capacity, size_t* length);
 
+// A caller's struct is there (`struct_size` is its first field, NULL for
+// none) and says how much of it there is: at least the size field itself.
+inline Status check_struct_size(const char* call, const char* name, const size_t* struct_size) {
+  if (struct_size == nullptr) return invalid_argument(std::string(call) + ": " + name + " is NULL");
+  if (*struct_size >= sizeof(size_t)) return ok_status();
+  return invalid_argument(std::string(call) + ": " + name + "->struct_size is " + std::to_string(*struct_size) +
+                          "; set it with its _INIT initialiser (sizeof the struct)");
+}
+
 // The caller's struct (its first field struct_size) as this library's:
 // the bytes the caller's size covers, the rest zero (the defaults of
 // fields its header does not have). A newer caller's later fields must be
@@ -40,12 +49,8 @@ Status copy_text(const char* call, const std::string& s, char* text, size_t capa
 template <class T>
 Result<T> read_struct(const char* call, const char* name, const T* in) {
   static_assert(std::is_trivially_copyable_v<T> && offsetof(T, struct_size) == 0);
-  if (in == nullptr) return invalid_argument(std::string(call) + ": " + name + " is NULL");
+  STRATA_RETURN_IF_ERROR(check_struct_size(call, name, in == nullptr ? nullptr : &in->struct_size));
   const size_t size = in->struct_size;
-  if (size < sizeof(size_t)) {
-    return invalid_argument(std::string(call) + ": " + name + "->struct_size is " + std::to_string(size) +
-                            "; set it with its _INIT initialiser (sizeof the struct)");
-  }
   T out{};
   std::memcpy(static_cast<void*>(&out), in, std::min(size, sizeof(T)));
   const auto* bytes = reinterpret_cast<const unsigned char*>(in);
@@ -64,12 +69,8 @@ Result<T> read_struct(const char* call, const char* name, const T* in) {
 template <class T>
 Status write_struct(const char* call, const char* name, const T& value, T* out) {
   static_assert(std::is_trivially_copyable_v<T> && offsetof(T, struct_size) == 0);
-  if (out == nullptr) return invalid_argument(std::string(call) + ": " + name + " is NULL");
+  STRATA_RETURN_IF_ERROR(check_struct_size(call, name, out == nullptr ? nullptr : &out->struct_size));
   const size_t size = out->struct_size;
-  if (size < sizeof(size_t)) {
-    return invalid_argument(std::string(call) + ": " + name + "->struct_size is " + std::to_string(size) +
-                            "; set it with its _INIT initialiser (sizeof the struct)");
-  }
   const size_t n = std::min(size, sizeof(T));
   std::memcpy(reinterpret_cast<unsigned char*>(out) + sizeof(size_t),
               reinterpret_cast<const unsigned char*>(&value) + sizeof(size_t), n - sizeof(size_t));
