@@ -102,29 +102,28 @@ class aio_handle:  # noqa: N801: DeepSpeed's name
             raise ValueError(f"validate: {filename} at offset {file_offset + first} differs from the buffer "
                              f"({len(got)} of {len(want)} bytes read back)")
 
-    def pread(self, buffer, filename, validate, async_op=None, file_offset=0, **kw):
-        """Reads `buffer`'s size from `filename` at `file_offset`; 0 when async_op (wait() finishes it), else 1."""
+    def _io(self, sync_call, async_call, buffer, filename, validate, async_op, file_offset, kw):
+        # pread and pwrite: 0 when asynchronous (wait() finishes and
+        # validates it), else the synchronous call's 1, validated now.
         if _async(async_op, kw):
-            self._h.async_pread(buffer, filename, file_offset)
+            async_call(buffer, filename, file_offset)
             if validate:
                 self._to_validate.append((buffer, filename, file_offset))
             return 0
-        done = self._h.sync_pread(buffer, filename, file_offset)
+        done = sync_call(buffer, filename, file_offset)
         if validate:
             self._validate(buffer, filename, file_offset)
         return done
 
+    def pread(self, buffer, filename, validate, async_op=None, file_offset=0, **kw):
+        """Reads `buffer`'s size from `filename` at `file_offset`; 0 when async_op (wait() finishes it), else 1."""
+        return self._io(self._h.sync_pread, self._h.async_pread, buffer, filename, validate, async_op, file_offset,
+                        kw)
+
     def pwrite(self, buffer, filename, validate, async_op=None, file_offset=0, **kw):
         """Writes `buffer` to `filename` at `file_offset`; 0 when async_op (wait() finishes it), else 1."""
-        if _async(async_op, kw):
-            self._h.async_pwrite(buffer, filename, file_offset)
-            if validate:
-                self._to_validate.append((buffer, filename, file_offset))
-            return 0
-        done = self._h.sync_pwrite(buffer, filename, file_offset)
-        if validate:
-            self._validate(buffer, filename, file_offset)
-        return done
+        return self._io(self._h.sync_pwrite, self._h.async_pwrite, buffer, filename, validate, async_op, file_offset,
+                        kw)
 
     def read(self, buffer, filename, validate):
         """Reads the whole of `filename` into `buffer` (their sizes must match); returns 1."""
