@@ -364,8 +364,8 @@ strata_status strata_session_end_step(strata_session* session, strata_step_verdi
   return guarded([&]() -> Status {
     const char* call = "strata_session_end_step";
     STRATA_RETURN_IF_ERROR(usable(session, call));
-    if (verdict != nullptr && verdict->struct_size < sizeof(size_t)) {  // refused before the step ends
-      return strata::bindings::write_struct(call, "verdict", strata_step_verdict{}, verdict);
+    if (verdict != nullptr) {  // refused before the step ends
+      STRATA_RETURN_IF_ERROR(strata::bindings::check_struct_size(call, "verdict", &verdict->struct_size));
     }
     STRATA_ASSIGN_OR_RETURN(engine::StepVerdict v, session->session->end_step());
     if (verdict == nullptr) return strata::ok_status();
