@@ -178,6 +178,7 @@ class AioHandle {
         raise_status(s, path);
       }
       ++o.remaining;
+      if (!sync) ++async_pieces_;
     }
     return id;
   }
@@ -217,6 +218,7 @@ class AioHandle {
         first = it->second.error;
         first_path = it->second.path;
       }
+      async_pieces_ -= it->second.remaining;  // non-zero only after the queue itself failed
       it = ops_.erase(it);
     }
     if (!first.ok()) raise_status(first, first_path);
@@ -279,13 +281,9 @@ class AioHandle {
     Status error;
   };
 
-  uint64_t async_pieces() const {
-    uint64_t n = 0;
-    for (const auto& [id, o] : ops_) {
-      if (!o.sync) n += o.remaining;
-    }
-    return n;
-  }
+  // Pieces of requests queued without sync and not yet reaped: what
+  // wait() must reap at least (kept, not summed over ops_ per reap).
+  uint64_t async_pieces() const { return async_pieces_; }
 
   OpenFile& open(const std::string& path, bool write, bool direct) {
     FileKey key{path, write, direct};
@@ -323,7 +321,10 @@ class AioHandle {
     for (const io::IoResult& r : results_) {
       auto it = ops_.find(r.tag);
       if (it == ops_.end()) continue;
-      if (it->second.remaining > 0) --it->second.remaining;
+      if (it->second.remaining > 0) {
+        --it->second.remaining;
+        if (!it->second.sync) --async_pieces_;
+      }
       if (!r.status.ok() && it->second.error.ok()) it->second.error = r.status;
     }
     return true;
@@ -337,6 +338,7 @@ class AioHandle {
   std::map<uint64_t, Op> ops_;  // every request queued and not yet waited for
   std::vector<io::IoResult> results_;
   uint64_t next_id_ = 0;
+  uint64_t async_pieces_ = 0;
   std::mutex mu_;
 };
 
