@@ -68,10 +68,10 @@ ChunkStoreBytes chunk_store_bytes(const std::vector<int64_t>& chunk_elems, const
   return b;
 }
 
-Result<std::unique_ptr<ChunkStore>> ChunkStore::create(std::vector<gpu::ChunkLayout> layout, gpu::Device& device,
+Result<std::unique_ptr<ChunkStore>> ChunkStore::create(std::vector<int64_t> chunk_elems, gpu::Device& device,
                                                        gpu::Stream copy, WaitMeter* meter,
                                                        ChunkStoreOptions options) {
-  if (layout.size() < (options.resident_first ? 2u : 1u)) {
+  if (chunk_elems.size() < (options.resident_first ? 2u : 1u)) {
     return invalid_argument(options.resident_first ? "chunk store: needs the resident chunk and at least one more"
                                                    : "chunk store: needs at least one chunk");
   }
@@ -83,26 +83,24 @@ Result<std::unique_ptr<ChunkStore>> ChunkStore::create(std::vector<gpu::ChunkLay
     return invalid_argument("chunk store: the optimizer states live on the host or on NVMe");
   }
   if (meter == nullptr) return invalid_argument("chunk store: needs a wait meter");
-  if (!options.chunk_dtypes.empty() && options.chunk_dtypes.size() != layout.size()) {
-    return invalid_argument("chunk store: " + std::to_string(layout.size()) + " chunks, but " +
+  if (!options.chunk_dtypes.empty() && options.chunk_dtypes.size() != chunk_elems.size()) {
+    return invalid_argument("chunk store: " + std::to_string(chunk_elems.size()) + " chunks, but " +
                             std::to_string(options.chunk_dtypes.size()) + " chunk types");
   }
   std::unique_ptr<ChunkStore> s(new ChunkStore());
-  s->layout_ = std::move(layout);
+  s->elems_ = std::move(chunk_elems);
   s->dev_ = &device;
   s->copy_ = copy;
   s->meter_ = meter;
   s->depth_ = options.prefetch_depth;
-  for (size_t c = 0; c < s->layout_.size(); ++c) {
+  for (size_t c = 0; c < s->elems_.size(); ++c) {
     s->es_.push_back(dtype_bytes(options.dtype_of(c)));
   }
   s->states_home_ = options.states;
   s->resident_first_ = options.resident_first;
   if (options.host_memory != nullptr) s->allocator_ = options.host_memory;
-  const size_t n = s->layout_.size();
-  std::vector<int64_t> elems(n);
-  for (size_t i = 0; i < n; ++i) elems[i] = s->layout_[i].numel;
-  const ChunkStoreBytes bytes = chunk_store_bytes(elems, options);
+  const size_t n = s->elems_.size();
+  const ChunkStoreBytes bytes = chunk_store_bytes(s->elems_, options);
   for (int k = 0; k < bytes.weight_slots; ++k) {
     STRATA_ASSIGN_OR_RETURN(gpu::DeviceMemory slot, device.allocate(bytes.slot, "weight chunk buffer"));
     s->slots_.push_back(std::move(slot));
@@ -141,7 +139,7 @@ ChunkStore::~ChunkStore() {
 Status ChunkStore::set_nvme_weights(NvmeWeights source) {
   if (source.swap == nullptr || !source.blobs) return invalid_argument("chunk store: NVMe weights need a store");
   uint64_t max_all = 0;
-  for (size_t c = 0; c < layout_.size(); ++c) max_all = std::max(max_all, bytes_of(c));
+  for (size_t c = 0; c < elems_.size(); ++c) max_all = std::max(max_all, bytes_of(c));
   const int ring = depth_ + 3;
   STRATA_ASSIGN_OR_RETURN(weight_arena_, PinnedArena::create("weight staging", source.swap->padded_size(max_all),
                                                              static_cast<uint32_t>(ring), *allocator_));
@@ -169,7 +167,7 @@ void ChunkStore::set_state(size_t chunk, View view, Residency r) {
 }
 
 void ChunkStore::set_state_pieces(size_t chunk, size_t pieces) {
-  STRATA_CHECK_MSG(chunk < layout_.size() && pieces >= 1, "chunk store: no chunk %zu, or no pieces", chunk);
+  STRATA_CHECK_MSG(chunk < elems_.size() && pieces >= 1, "chunk store: no chunk %zu, or no pieces", chunk);
   std::lock_guard<std::mutex> lock(mu_);
   state_pieces_[chunk].assign(pieces, state_pieces_[chunk].front());
 }
@@ -180,7 +178,7 @@ size_t ChunkStore::state_pieces(size_t chunk) const {
 }
 
 void ChunkStore::states_moved(size_t chunk, Residency now, size_t piece) {
-  STRATA_CHECK_MSG(chunk < layout_.size(), "chunk store: no chunk %zu", chunk);
+  STRATA_CHECK_MSG(chunk < elems_.size(), "chunk store: no chunk %zu", chunk);
   std::lock_guard<std::mutex> lock(mu_);
   STRATA_CHECK_MSG(piece < state_pieces_[chunk].size(), "chunk store: chunk %zu has no state piece %zu", chunk, piece);
   state_pieces_[chunk][piece] = now;
@@ -194,7 +192,7 @@ Residency ChunkStore::residency(size_t chunk, View view, size_t piece) const {
 }
 
 Tier ChunkStore::home(size_t chunk, View view) const {
-  STRATA_CHECK_MSG(chunk < layout_.size(), "chunk store: no chunk %zu", chunk);
+  STRATA_CHECK_MSG(chunk < elems_.size(), "chunk store: no chunk %zu", chunk);
   switch (view) {
     case View::kWeights: return nvme_ ? Tier::kNvme : Tier::kHost;
     case View::kGradient: return Tier::kHost;
@@ -294,8 +292,8 @@ Result<const void*> ChunkStore::stage_nvme_weights(size_t pos, size_t chunk) {
 }
 
 Status ChunkStore::begin_step(const std::vector<const void*>& host_weights, bool same_weights) {
-  if (host_weights.size() != layout_.size()) {
-    return invalid_argument("chunk store: expected " + std::to_string(layout_.size()) + " chunks");
+  if (host_weights.size() != elems_.size()) {
+    return invalid_argument("chunk store: expected " + std::to_string(elems_.size()) + " chunks");
   }
   // Only a pass that followed a complete one may keep its slots.
   same_weights = same_weights && passes_complete_;
@@ -313,11 +311,11 @@ Status ChunkStore::begin_step(const std::vector<const void*>& host_weights, bool
   pos_slot_.clear();
   grad_slot_done_.assign(grad_slot_done_.size(), gpu::Event{});
   grad_slot_held_.assign(grad_slot_held_.size(), std::nullopt);
-  grad_slot_of_.assign(layout_.size(), std::nullopt);
+  grad_slot_of_.assign(elems_.size(), std::nullopt);
   next_grad_slot_ = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (size_t c = 0; c < layout_.size(); ++c) {
+    for (size_t c = 0; c < elems_.size(); ++c) {
       state_[c][static_cast<size_t>(View::kWeights)] = weights_home_state();
       state_[c][static_cast<size_t>(View::kGradient)] = Residency::kOnHost;
       grad_copied_[c] = gpu::Event{};
@@ -447,9 +445,9 @@ void ChunkStore::drop_use(size_t pos) {
 
 // acquire's body: with `ready`, the copy's event instead of a wait for it.
 Result<ChunkStore::Use> ChunkStore::take(size_t chunk, gpu::Event* ready) {
-  if (chunk < first_slotted() || chunk >= layout_.size()) {
+  if (chunk < first_slotted() || chunk >= elems_.size()) {
     return invalid_argument("chunk store: acquire takes chunks " + std::to_string(first_slotted()) + ".." +
-                            std::to_string(layout_.size() - 1) + (resident_first_ ? " (chunk 0 is resident)" : "") +
+                            std::to_string(elems_.size() - 1) + (resident_first_ ? " (chunk 0 is resident)" : "") +
                             ", not " + std::to_string(chunk));
   }
   const AccessSchedule::Use use = schedule_.use(chunk);
@@ -509,7 +507,7 @@ Result<void*> ChunkStore::embedding_gradient(int micro_batch) {
 }
 
 Result<void*> ChunkStore::gradient_buffer(size_t chunk, int micro_batch) {
-  if (chunk >= layout_.size()) return invalid_argument("chunk store: no chunk " + std::to_string(chunk));
+  if (chunk >= elems_.size()) return invalid_argument("chunk store: no chunk " + std::to_string(chunk));
   STRATA_ASSIGN_OR_RETURN(void* buffer, embedding_gradient(micro_batch));
   if (chunk >= first_slotted()) {
     const size_t g = next_grad_slot_ % grad_slots_.size();
@@ -529,7 +527,7 @@ Result<void*> ChunkStore::gradient_buffer(size_t chunk, int micro_batch) {
 }
 
 Status ChunkStore::send_gradient(size_t chunk, void* host_dst, int micro_batch) {
-  if (chunk >= layout_.size()) return invalid_argument("chunk store: no chunk " + std::to_string(chunk));
+  if (chunk >= elems_.size()) return invalid_argument("chunk store: no chunk " + std::to_string(chunk));
   STRATA_ASSIGN_OR_RETURN(const void* src, embedding_gradient(micro_batch));
   if (residency(chunk, View::kGradient) != Residency::kDirty) {
     return failed_precondition("chunk store: chunk " + std::to_string(chunk) + "'s gradient was not computed");
@@ -552,7 +550,7 @@ Status ChunkStore::await_gradient(size_t chunk) {
   gpu::Event copied;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (chunk >= layout_.size()) return invalid_argument("chunk store: no chunk " + std::to_string(chunk));
+    if (chunk >= elems_.size()) return invalid_argument("chunk store: no chunk " + std::to_string(chunk));
     if (state_[chunk][static_cast<size_t>(View::kGradient)] == Residency::kOnHost) return ok_status();
     copied = grad_copied_[chunk];
   }
@@ -577,7 +575,7 @@ void ChunkStore::settle() {
   }
   slot_uses_.assign(slots_.size(), 0);
   std::lock_guard<std::mutex> lock(mu_);
-  for (size_t c = 0; c < layout_.size(); ++c) {
+  for (size_t c = 0; c < elems_.size(); ++c) {
     // What a slot held is still there, but the next step starts afresh.
     state_[c][static_cast<size_t>(View::kWeights)] = weights_home_state();
     state_[c][static_cast<size_t>(View::kGradient)] = Residency::kOnHost;

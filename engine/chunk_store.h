@@ -1,8 +1,8 @@
 // ChunkStore: where every view of every chunk is, and the moves that bring
 // a chunk's weights to the device and its gradient back.
 //
-// A chunk (gpu::model_layout: the embeddings, each block, the final layer
-// norm) has five views — working weights (bf16 / fp16, or fp32), gradient,
+// A chunk (a flat run of elements: for the built-in GPT, the embeddings,
+// each block, the final layer norm) has five views — working weights (bf16 / fp16, or fp32), gradient,
 // fp32 master, Adam m, Adam v — each with a home tier and a residency state
 // that only the store changes:
 //   on nvme -> loading -> on host -> copying -> on device   (weights going up)
@@ -46,7 +46,6 @@
 #include "engine/plan.h"
 #include "engine/trace.h"
 #include "gpu/device.h"
-#include "gpu/model_ops.h"
 #include "io/swap_store.h"
 
 namespace strata::engine {
@@ -121,7 +120,7 @@ class ChunkStore {
  public:
   // `copy` is the stream the store's copies run on (the caller may share it);
   // `meter` counts the waits of acquire() and of the slots' reuse.
-  static Result<std::unique_ptr<ChunkStore>> create(std::vector<gpu::ChunkLayout> layout, gpu::Device& device,
+  static Result<std::unique_ptr<ChunkStore>> create(std::vector<int64_t> chunk_elems, gpu::Device& device,
                                                     gpu::Stream copy, WaitMeter* meter, ChunkStoreOptions options);
   ~ChunkStore();
 
@@ -227,7 +226,7 @@ class ChunkStore {
   static constexpr size_t kNoPosition = ~size_t{0};
   void set_state(size_t chunk, View view, Residency r);
   Residency weights_home_state() const { return nvme_ ? Residency::kOnNvme : Residency::kOnHost; }
-  uint64_t bytes_of(size_t chunk) const { return static_cast<uint64_t>(layout_[chunk].numel) * es_[chunk]; }
+  uint64_t bytes_of(size_t chunk) const { return static_cast<uint64_t>(elems_[chunk]) * es_[chunk]; }
   // The chunk used at position `pos` of this step, if known (the current use, or predicted).
   std::optional<size_t> chunk_at(size_t pos) const;
   // The next known position after `after` that uses `chunk` (kNoPosition: none known).
@@ -247,7 +246,7 @@ class ChunkStore {
   Status wait_reads(std::vector<io::Ticket>& reads, size_t chunk);
   void drain_weight_reads();
 
-  std::vector<gpu::ChunkLayout> layout_;
+  std::vector<int64_t> elems_;  // each chunk's elements
   gpu::Device* dev_ = nullptr;
   gpu::Stream copy_{};
   gpu::Stream grad_copy_{};  // id < 0: the copy stream

@@ -247,14 +247,8 @@ Status Session::start(bool initial) {
   // Everything start() allocates takes its pages from the optimizer's node.
   STRATA_ASSIGN_OR_RETURN(cpu_optim::Executor::NodeMemoryScope on_node, executor_->node_memory_scope());
   std::vector<int64_t> elems;
-  std::vector<gpu::ChunkLayout> layout;
-  for (const Spec& s : specs_) {
-    elems.push_back(s.elems);
-    gpu::ChunkLayout l;
-    l.numel = l.param_count = s.elems;
-    layout.push_back(std::move(l));
-  }
-  Status built = build(std::move(layout), elems, initial);
+  for (const Spec& s : specs_) elems.push_back(s.elems);
+  Status built = build(elems, initial);
   if (built.ok() && o.host_budget_bytes > 0 && host_bytes() > o.host_budget_bytes) {
     built = over_budget("refused", host_bytes());  // counted exactly, padding included
   }
@@ -290,7 +284,7 @@ void Session::unplace() {
 
 // start()'s allocations, in order: NVMe, the optimizer stage, the chunk
 // store's device slots, each chunk's host buffers and initial state.
-Status Session::build(std::vector<gpu::ChunkLayout> layout, const std::vector<int64_t>& elems, bool initial) {
+Status Session::build(const std::vector<int64_t>& elems, bool initial) {
   const SessionOptions& o = options_;
   STRATA_RETURN_IF_ERROR(open_nvme());
   STRATA_ASSIGN_OR_RETURN(stage_, OptimizerStage::create(elems, o.states, swap_.get(), staging_.get(), *executor_,
@@ -310,7 +304,7 @@ Status Session::build(std::vector<gpu::ChunkLayout> layout, const std::vector<in
   so.host_memory = allocator_.get();
   so.resident_first = o.resident_first;
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<ChunkStore> store,
-                          ChunkStore::create(std::move(layout), *device_, copy_, &meter_, so));
+                          ChunkStore::create(elems, *device_, copy_, &meter_, so));
   store->set_gradient_stream(grad_copy_);
   if (o.weights == Tier::kNvme) {
     OptimizerStage* stage = stage_.get();

@@ -510,7 +510,7 @@ class Session {
   // start(); with `initial` false (a load before start) no chunk's init is
   // called and nothing initial is written: the load fills every byte.
   Status start(bool initial);
-  Status build(std::vector<gpu::ChunkLayout> layout, const std::vector<int64_t>& elems, bool initial);
+  Status build(const std::vector<int64_t>& elems, bool initial);
   Status place_chunks(bool initial);
   // Undoes a start that failed part way or was refused: nothing stays.
   void unplace();

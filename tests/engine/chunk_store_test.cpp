@@ -14,6 +14,7 @@
 #include "common/dtype.h"
 #include "cpu_optim/executor.h"
 #include "engine/optimizer_stage.h"
+#include "gpu/gpt_config.h"
 #include "gpu/host/host_device.h"
 #include "tests/test_util.h"
 
@@ -46,7 +47,9 @@ struct Rig {
     o.prefetch_depth = depth;
     o.dtype = DType::kBF16;
     o.states = states;
-    Result<std::unique_ptr<ChunkStore>> s = ChunkStore::create(layout, *device, copy, &meter, o);
+    std::vector<int64_t> elems;
+    for (const gpu::ChunkLayout& chunk : layout) elems.push_back(chunk.numel);
+    Result<std::unique_ptr<ChunkStore>> s = ChunkStore::create(elems, *device, copy, &meter, o);
     if (s) {
       store = std::move(*s);
     } else {
@@ -340,14 +343,12 @@ struct StagedStore {
   OverlapStep step;
 
   Status open(const std::vector<int64_t>& elems, int64_t piece_elems) {
-    std::vector<gpu::ChunkLayout> layout(elems.size());
-    for (size_t c = 0; c < elems.size(); ++c) layout[c].numel = elems[c];
     STRATA_ASSIGN_OR_RETURN(dev, gpu::HostDevice::create({.capacity_bytes = 1 << 20}));
     ChunkStoreOptions so;
     so.dtype = DType::kBF16;
     so.states = Tier::kNvme;
     STRATA_ASSIGN_OR_RETURN(gpu::Stream copy, dev->create_stream("copy"));
-    STRATA_ASSIGN_OR_RETURN(store, ChunkStore::create(layout, *dev, copy, &meter, so));
+    STRATA_ASSIGN_OR_RETURN(store, ChunkStore::create(elems, *dev, copy, &meter, so));
     STRATA_ASSIGN_OR_RETURN(swap, open_swap(dir));
     const uint64_t buffer = swap->padded_size(OptimizerStage::state_bytes(max_state_piece(elems, piece_elems)));
     STRATA_ASSIGN_OR_RETURN(staging, PinnedArena::create("optimizer staging", buffer, kBuffers, allocator));
