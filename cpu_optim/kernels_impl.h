@@ -715,11 +715,11 @@ inline void prefetch_ahead(const void* base, int64_t i) {
 template <class Arch, OutKind O>
 [[gnu::always_inline]] inline void store_out(void* out, int64_t i, const xsimd::batch<float, Arch>& p, bool stream,
                                              bool native_bf16) {
-  auto* dst = static_cast<uint16_t*>(out) + i;
   if constexpr (O == OutKind::kNone) {
-    return;
+    return;  // `out` may be null: no pointer is formed from it
   } else if constexpr (has_lane_moves<Arch>()) {
     if (stream) {
+      auto* dst = static_cast<uint16_t*>(out) + i;
       if constexpr (O == OutKind::kBF16) store_bf16<Arch, true>(p, dst, native_bf16);
       if constexpr (O == OutKind::kF16) store_f16<Arch, true>(p, dst);
       return;
