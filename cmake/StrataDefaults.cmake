@@ -4,6 +4,19 @@
 if(STRATA_SANITIZE)
   add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
   add_link_options(-fsanitize=address,undefined)
+  # clang links its sanitizer runtime statically into executables and not
+  # at all into shared libraries (libstrata.so, the Python module), so
+  # every target takes the one shared runtime instead, found through an
+  # rpath (it is not on the loader's path); GCC's is shared by default.
+  if(CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+    execute_process(COMMAND ${CMAKE_CXX_COMPILER} -print-file-name=libclang_rt.asan-x86_64.so
+                    OUTPUT_VARIABLE STRATA_ASAN_RUNTIME OUTPUT_STRIP_TRAILING_WHITESPACE)
+    get_filename_component(asan_runtime_dir "${STRATA_ASAN_RUNTIME}" DIRECTORY)
+    add_link_options(-shared-libsan -Wl,-rpath,${asan_runtime_dir})
+  else()
+    execute_process(COMMAND ${CMAKE_CXX_COMPILER} -print-file-name=libasan.so
+                    OUTPUT_VARIABLE STRATA_ASAN_RUNTIME OUTPUT_STRIP_TRAILING_WHITESPACE)
+  endif()
 endif()
 # The fuzz targets: every object with libFuzzer's coverage hooks and ASan +
 # UBSan; the targets themselves link libFuzzer's main (tests/fuzz).
