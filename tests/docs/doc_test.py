@@ -117,7 +117,8 @@ def localise(text, w, marks):
 
 
 def commands(body):
-    """The shell commands of a block: continuation lines joined, comments dropped."""
+    """The shell commands of a block, continuation lines joined, each as the page writes it (the
+    shell drops its `# ...`); blank and comment-only lines are none."""
     out, pending = [], ""
     for raw in body.splitlines():
         line = pending + raw
@@ -125,15 +126,14 @@ def commands(body):
             pending = line.rstrip()[:-1] + " "
             continue
         pending = ""
-        words = shlex.split(line, comments=True)
-        if words:
-            out.append(shlex.join(words))
+        if shlex.split(line, comments=True):
+            out.append(line)
     return out
 
 
-def run(cmd, w, expect_exit=0, shell=True, stdin_text=None):
-    r = subprocess.run(cmd, shell=shell, cwd=w, env=environment(w), input=stdin_text, capture_output=True,
-                       text=True, timeout=TIMEOUT_S)
+def run(cmd, w, expect_exit=0, shell=True):
+    r = subprocess.run(cmd, shell=shell, cwd=w, env=environment(w), capture_output=True, text=True,
+                       timeout=TIMEOUT_S)
     output = r.stdout + r.stderr
     assert r.returncode == expect_exit, (f"`{cmd if isinstance(cmd, str) else shlex.join(cmd)}` exited "
                                          f"{r.returncode}, not {expect_exit}:\n{output[-4000:]}")
@@ -164,7 +164,7 @@ def run_sh(body, marks, w):
     for i, s in enumerate(short):
         if s == "as written":
             continue
-        if s.startswith("not run:"):  # said in the output: pytest -rA shows it
+        if s.startswith("not run:"):  # printed: pytest -rA shows it
             print(f"`{cmds[i]}`: {s}")
             cmds[i] = None
             continue
@@ -186,7 +186,7 @@ STRUCT = re.compile(r"typedef\s+struct\s+(\w+)\s*\{(.*?)\}\s*(\w+)\s*;", re.S)
 
 
 def c_statements(body):
-    """Top-level statements of a C block, comments removed."""
+    """A C block's text without its comments."""
     text = re.sub(r"/\*.*?\*/", "", body, flags=re.S)
     text = re.sub(r"//[^\n]*", "", text)
     return text
@@ -210,23 +210,18 @@ def struct_checks(body):
     return out
 
 
-def compile_and_run(source, w, lang, link):
-    src = w / f"block.{lang}"
+def compile_c(source, w, link):
+    """Compiles a C11 source against strata/strata.h; linked to the build's libstrata and run
+    when `link`, its output returned."""
+    src, exe = w / "block.c", w / "block"
     src.write_text(source)
-    exe = w / "block"
-    if lang == "c":
-        cmd = ["cc", "-std=c11", "-Wall", "-Werror", "-I", str(ROOT / "bindings" / "include"), str(src), "-o",
-               str(exe)]
-        if link:
-            cmd += ["-L", str(BUILD / "bindings"), f"-Wl,-rpath,{BUILD / 'bindings'}", "-lstrata"]
-        else:
-            cmd[-2:-2] = ["-c"]
-            cmd[-1] = str(w / "block.o")
-    else:
-        cmd = ["c++", "-std=c++20", "-fsyntax-only", "-I", str(ROOT), "-isystem", "/usr/local/cuda/include",
-               str(src)]
-    run(cmd, w, shell=False)
-    return run([str(exe)], w, shell=False) if link else ""
+    cmd = ["cc", "-std=c11", "-Wall", "-Werror", "-I", str(ROOT / "bindings" / "include"), str(src)]
+    if not link:
+        run(cmd + ["-c", "-o", str(w / "block.o")], w, shell=False)
+        return ""
+    run(cmd + ["-o", str(exe), "-L", str(BUILD / "bindings"), f"-Wl,-rpath,{BUILD / 'bindings'}", "-lstrata"], w,
+        shell=False)
+    return run([str(exe)], w, shell=False)
 
 
 def run_c(body, marks, w):
@@ -238,19 +233,21 @@ def run_c(body, marks, w):
         # each struct's fields are checked one by one (struct_checks).
         source = ("#include <stddef.h>\n#include <strata/strata.h>\n" + STRUCT.sub("", text) + "\n" +
                   "\n".join(struct_checks(body)))
-        compile_and_run(source, w, "c", link=False)
+        compile_c(source, w, link=False)
         return
     given = "\n".join(marks.get("given", []))
     assert given, "a C fragment needs a `given:` (the declarations it uses) to compile and run"
     source = (f"#include <stdio.h>\n#include <stdlib.h>\n#include <string.h>\n#include <strata/strata.h>\n{given}\n"
               f"int main(void) {{\n{localise(body, w, marks)}\nreturn 0;\n}}\n")
-    check_expect(compile_and_run(source, w, "c", link=True), marks)
+    check_expect(compile_c(source, w, link=True), marks)
 
 
 def run_cpp(body, marks, w):
     given = "\n".join(marks.get("given", []))
     assert given, "a C++ fragment needs a `given:` (includes and declarations) to compile"
-    compile_and_run(f"{given}\nvoid doc_fragment() {{\n{localise(body, w, marks)}\n}}\n", w, "cpp", link=False)
+    src = w / "block.cpp"
+    src.write_text(f"{given}\nvoid doc_fragment() {{\n{localise(body, w, marks)}\n}}\n")
+    run(["c++", "-std=c++20", "-fsyntax-only", "-I", str(ROOT), str(src)], w, shell=False)
 
 
 def run_json(body, marks, w):
