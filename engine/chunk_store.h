@@ -2,9 +2,9 @@
 // a chunk's weights to the device and its gradient back.
 //
 // A chunk (a flat run of elements: for the built-in GPT, the embeddings,
-// each block, the final layer norm) has five views — working weights (bf16 / fp16, or fp32), gradient,
-// fp32 master, Adam m, Adam v — each with a home tier and a residency state
-// that only the store changes:
+// each block, the final layer norm) has five views — working weights
+// (bf16 / fp16, or fp32), gradient, fp32 master, Adam m, Adam v — each
+// with a home tier and a residency state that only the store changes:
 //   on nvme -> loading -> on host -> copying -> on device   (weights going up)
 //   dirty -> copying -> on host                              (a gradient coming back)
 // Every transition is asynchronous and completes with an event: an NVMe
