@@ -41,9 +41,10 @@
 #include <string_view>
 #include <vector>
 
+#include "common/dtype.h"
 #include "engine/access_schedule.h"
 #include "engine/pinned_arena.h"
-#include "engine/plan.h"
+#include "engine/tiers.h"
 #include "engine/trace.h"
 #include "gpu/device.h"
 #include "io/swap_store.h"

@@ -10,7 +10,7 @@
 #include <functional>
 #include <vector>
 
-#include "engine/plan.h"
+#include "engine/tiers.h"
 
 namespace strata::engine {
 
