@@ -9,7 +9,6 @@
 #include <chrono>
 #include <utility>
 
-#include "models/gpt/trainer_checks.h"
 
 namespace strata::engine {
 namespace {

@@ -1,6 +1,6 @@
 // The trainer's options before anything is built: the planner's view of a
 // run (training_setup, run_placement) and what Trainer::create refuses
-// before it allocates (trainer_checks.h).
+// before it allocates (trainer_options.h).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -11,8 +11,7 @@
 #include "gpu/device_factory.h"
 #include "gpu/device_info.h"
 #include "models/gpt/gpt_plan_model.h"
-#include "models/gpt/trainer.h"
-#include "models/gpt/trainer_checks.h"
+#include "models/gpt/trainer_options.h"
 
 namespace strata::engine {
 
