@@ -1,8 +1,8 @@
 #!/bin/sh
 # The layers' dependencies point down only: every `#include "DIR/..."` in
 # a layer names that layer or one it may use (the table below, the
-# layering of docs/ARCHITECTURE.md), and engine/ names no model in its
-# code. A file that includes upward fails this with its path and line.
+# layering of docs/ARCHITECTURE.md), no two parts include each other, and
+# engine/ names no model in its code. A file that includes upward fails this with its path and line.
 # PASS, or each offending include. Usage: layering_test.sh SOURCE_DIR
 root="$1"
 cd "$root" || exit 1
@@ -38,6 +38,22 @@ if [ -s "${TMPDIR:-/tmp}/layering.$$" ]; then
   bad=1
 fi
 rm -f "${TMPDIR:-/tmp}/layering.$$"
+# No two parts of the tree include each other, even through others: a
+# part is a header with its sources (plan.h with plan.cpp), and what its
+# files include are its edges; tsort names the parts of any loop.
+for layer in common io cpu_optim gpu engine models bindings tools bench; do
+  find "$layer" -type f \( -name '*.h' -o -name '*.cpp' -o -name '*.c' -o -name '*.cu' -o -name '*.cuh' \)
+done | while IFS= read -r f; do
+  grep -o '^#include "[a-z_]*/[^"]*"' "$f" | sed 's/^#include "\(.*\)\.[a-z]*"$/\1/' | while IFS= read -r dep; do
+    [ "$dep" = "${f%.*}" ] || echo "${f%.*} $dep"
+  done
+done >"${TMPDIR:-/tmp}/layering-edges.$$"
+if ! tsort "${TMPDIR:-/tmp}/layering-edges.$$" >/dev/null 2>"${TMPDIR:-/tmp}/layering-loop.$$"; then
+  sed -e 's/^tsort: [^:]*: input/input/' -e 's/^tsort: /  /' "${TMPDIR:-/tmp}/layering-loop.$$"
+  echo "parts of the tree that include each other (above)"
+  bad=1
+fi
+rm -f "${TMPDIR:-/tmp}/layering-edges.$$" "${TMPDIR:-/tmp}/layering-loop.$$"
 # engine/ is model-agnostic: no model's types or headers in its code
 # (comments may point at the built-in GPT as an example).
 if grep -rnE '^[^/]*\b(Gpt[A-Za-z]*|gpt_[a-z_]+)\b' engine --include='*.h' --include='*.cpp' | grep -v '^\S*: *//'; then
