@@ -6,7 +6,7 @@
 # the Debian packages it carries (scripts/fetch-gpu-deps fills .deps-gpu
 # here; the GPU machine cannot download anything), runs the tests labelled
 # `gpu` (every CUDA op, the fused attention, fp32/bf16/fp16 blocks and a
-# whole-model step through ModelOps against the host reference, the
+# whole-model step through the GPT's ops against the host reference, the
 # CUDA trainer against the host backend, and the GPT on the session against
 # the host backend and that trainer, device-to-device copies included; the
 # C API's session calls on the caller's own CUDA streams, a new one each

@@ -16,9 +16,9 @@
 
 #include "bench/bench_util.h"
 #include "common/dtype.h"
-#include "gpu/cuda/block.h"
 #include "gpu/cuda/cuda_device.h"
 #include "gpu/cuda/ops.h"
+#include "models/gpt/cuda/block.h"
 
 namespace strata::bench {
 namespace {
@@ -58,7 +58,7 @@ struct Timer {
 
 int run(int argc, char** argv) {
   CLI::App app{"strata-gpubench: CUDA ops and a transformer block vs a cuBLASLt GEMM; pinned copy bandwidth"};
-  gpu::GptConfig c;
+  gpt::GptConfig c;
   c.hidden = 1600, c.heads = 25, c.layers = 1;
   int64_t batch = 4, seq = 512;
   int reps = 5;
@@ -89,7 +89,7 @@ int run(int argc, char** argv) {
   DeviceMemory flush = alloc(256ull << 20, "L2 flush buffer");
   Timer timer{s, flush.data(), flush.bytes(), reps};
 
-  gpu::ChunkLayout layout = gpu::block_layout(c, 0);
+  gpt::ChunkLayout layout = gpt::block_layout(c, 0);
   std::mt19937 rng(1);
   std::normal_distribution<float> nd(0.0f, 0.02f);
   std::vector<float> host_params(static_cast<size_t>(layout.numel)), host_x(static_cast<size_t>(N * C));
@@ -103,9 +103,9 @@ int run(int argc, char** argv) {
   BENCH_CHECK(dev.copy_to_device(sh, x.data(), host_x.data(), N * C * 4));
   BENCH_CHECK(dev.copy_to_device(sh, dy.data(), host_x.data(), N * C * 4));
   BENCH_CHECK(dev.synchronize(sh));
-  Result<gpu::cuda::BlockBuffers> buf_r = gpu::cuda::allocate_block_buffers(dev, c, batch, seq);
+  Result<gpt::cuda::BlockBuffers> buf_r = gpt::cuda::allocate_block_buffers(dev, c, batch, seq);
   BENCH_CHECK(buf_r.status());
-  gpu::cuda::BlockBuffers& buf = *buf_r;
+  gpt::cuda::BlockBuffers& buf = *buf_r;
 
   struct Row {
     std::string what;
@@ -114,7 +114,7 @@ int run(int argc, char** argv) {
     double gbps;
   };
   std::vector<Row> rows;
-  const gpu::BlockOffsets o = gpu::block_offsets(c);
+  const gpt::BlockOffsets o = gpt::block_offsets(c);
   const float* p = params.as<float>();
   auto tflops = [](double flops, double ms) { return flops / (ms * 1e-3) / 1e12; };
 
@@ -160,8 +160,8 @@ int run(int argc, char** argv) {
   });
   rows.push_back({"gelu forward", gelu_ms, 0, 2.0 * N * 4 * C * 4 / (gelu_ms * 1e-3) / 1e9});
   double block_ms = timer.ms([&] {
-    BENCH_CHECK(gpu::cuda::block_forward(blas, s, c, p, x.as<float>(), y.as<float>(), buf, batch, seq));
-    BENCH_CHECK(gpu::cuda::block_backward(blas, s, c, p, grads.as<float>(), x.as<float>(), buf, dy.as<float>(),
+    BENCH_CHECK(gpt::cuda::block_forward(blas, s, c, p, x.as<float>(), y.as<float>(), buf, batch, seq));
+    BENCH_CHECK(gpt::cuda::block_backward(blas, s, c, p, grads.as<float>(), x.as<float>(), buf, dy.as<float>(),
                                           dx.as<float>(), batch, seq));
   });
   double block_flops = 3.0 * (24.0 * C * C + 2.0 * seq * C) * N;  // causal attention: half the products
@@ -182,9 +182,9 @@ int run(int argc, char** argv) {
     BENCH_CHECK(dev.copy_to_device(sh, bx.data(), hx.data(), bx.bytes()));
     BENCH_CHECK(dev.copy_to_device(sh, bdy.data(), hx.data(), bdy.bytes()));
     BENCH_CHECK(dev.synchronize(sh));
-    Result<gpu::cuda::BlockBuffers> bb_r = gpu::cuda::allocate_block_buffers(dev, c, batch, seq, 2);
+    Result<gpt::cuda::BlockBuffers> bb_r = gpt::cuda::allocate_block_buffers(dev, c, batch, seq, 2);
     BENCH_CHECK(bb_r.status());
-    gpu::cuda::BlockBuffers& bb = *bb_r;
+    gpt::cuda::BlockBuffers& bb = *bb_r;
     const bf16* q = bp.as<bf16>();
     double g_ms = timer.ms([&] {
       BENCH_CHECK(gpu::cuda::matmul_forward(blas, s, bb.fch.as<bf16>(), bb.ln2.as<bf16>(), q + o.fcw,
@@ -193,8 +193,8 @@ int run(int argc, char** argv) {
     bf16_gemm_tf = tflops(2.0 * N * C * 4 * C, g_ms);
     rows.push_back({"bf16 cuBLASLt GEMM [N,C]x[C,4C]", g_ms, bf16_gemm_tf, 0});
     double b_ms = timer.ms([&] {
-      BENCH_CHECK(gpu::cuda::block_forward(blas, s, c, q, bx.as<bf16>(), by.as<bf16>(), bb, batch, seq));
-      BENCH_CHECK(gpu::cuda::block_backward(blas, s, c, q, bg.as<bf16>(), bx.as<bf16>(), bb, bdy.as<bf16>(),
+      BENCH_CHECK(gpt::cuda::block_forward(blas, s, c, q, bx.as<bf16>(), by.as<bf16>(), bb, batch, seq));
+      BENCH_CHECK(gpt::cuda::block_backward(blas, s, c, q, bg.as<bf16>(), bx.as<bf16>(), bb, bdy.as<bf16>(),
                                             bdx.as<bf16>(), batch, seq));
     });
     bf16_block_tf = tflops(block_flops, b_ms);

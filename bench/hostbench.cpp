@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "bench/bench_util.h"
-#include "gpu/gpt_config.h"
-#include "gpu/host/gpt.h"
+#include "models/gpt/gpt_config.h"
+#include "models/gpt/host/gpt.h"
 
 namespace strata::bench {
 namespace {
@@ -22,7 +22,7 @@ namespace {
 
 int run(int argc, char** argv) {
   CLI::App app{"strata-hostbench: host-backend transformer block forward+backward GFLOP/s vs OpenBLAS sgemm"};
-  gpu::GptConfig c;
+  gpt::GptConfig c;
   int64_t batch = 4, seq = 256;
   int reps = 3;
   app.add_option("--hidden", c.hidden, "hidden size C")->capture_default_str();
@@ -38,7 +38,7 @@ int run(int argc, char** argv) {
     return 2;
   }
   const int64_t N = batch * seq, C = c.hidden;
-  gpu::ChunkLayout layout = gpu::block_layout(c, 0);
+  gpt::ChunkLayout layout = gpt::block_layout(c, 0);
   std::mt19937 rng(1);
   std::normal_distribution<float> nd(0.0f, 0.02f);
   std::vector<float> params(static_cast<size_t>(layout.numel)), grads(params.size(), 0.0f);
@@ -46,12 +46,12 @@ int run(int argc, char** argv) {
   std::vector<float> x(static_cast<size_t>(N * C)), y(x.size()), dy(x.size()), dx(x.size());
   for (float& v : x) v = nd(rng) * 50;
   for (float& v : dy) v = nd(rng);
-  gpu::host::BlockActivations<float> acts;
+  gpt::host::BlockActivations<float> acts;
   acts.resize(c, batch, seq);
   double block_s = median_seconds(reps, [&] {
-    gpu::host::block_forward(c, params.data(), x.data(), y.data(), acts, batch, seq);
+    gpt::host::block_forward(c, params.data(), x.data(), y.data(), acts, batch, seq);
     std::fill(dx.begin(), dx.end(), 0.0f);
-    gpu::host::block_backward(c, params.data(), grads.data(), x.data(), acts, dy.data(), dx.data(), batch, seq);
+    gpt::host::block_backward(c, params.data(), grads.data(), x.data(), acts, dy.data(), dx.data(), batch, seq);
   });
   // Model FLOPs of one block per token, forward + backward (3x forward).
   const double flops = 3.0 * (24.0 * C * C + 4.0 * static_cast<double>(seq) * C) * static_cast<double>(N);

@@ -17,7 +17,7 @@
 #include "bench/bench_util.h"
 #include "common/units.h"
 #include "engine/plan.h"
-#include "gpu/gpt_config.h"
+#include "models/gpt/gpt_config.h"
 #include "models/gpt/gpt_plan_model.h"
 
 namespace {
@@ -36,7 +36,7 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 
 engine::TrainSetup medium_at(int64_t micro_batch) {
   engine::TrainSetup s;
-  s.model = engine::gpt_plan_model(gpu::gpt2_config("medium"), 1024);
+  s.model = engine::gpt_plan_model(gpt::gpt2_config("medium"), 1024);
   s.micro_batch = micro_batch;
   s.host_backend = true;
   return s;
@@ -52,7 +52,7 @@ Case random_case(std::mt19937_64& rng, int index) {
   Case c;
   c.name = "random " + std::to_string(index);
   engine::TrainSetup& s = c.setup;
-  gpu::GptConfig m;
+  gpt::GptConfig m;
   m.layers = log_uniform(rng, 1, 256);
   m.heads = log_uniform(rng, 1, 64);
   m.hidden = m.heads * (rng() % 2 ? 64 : 128);

@@ -29,10 +29,11 @@
 #include "cpu_optim/optimizer.h"
 #include "engine/pinned_arena.h"
 #include "engine/plan.h"
-#include "gpu/gpt_config.h"
+#include "models/gpt/gpt_config.h"
+#include "models/gpt/gpt_ops_factory.h"
 #include "gpu/host/host_device.h"
 #include "gpu/host/ops.h"
-#include "gpu/model_step.h"
+#include "models/gpt/gpt_step.h"
 #include "models/gpt/trainer.h"
 #ifdef STRATA_HAVE_CUDA
 #include "gpu/cuda/cuda_device.h"
@@ -134,7 +135,7 @@ int run(int argc, char** argv) {
   base.adam.lr = 1e-4f;
   base.adam_states = *cpu_optim::parse_state_type(adam_states);  // CLI11 checked the name
   base.state_piece_elems = sub_group;
-  const int64_t params = gpu::parameter_count(base.model);
+  const int64_t params = gpt::parameter_count(base.model);
   // bf16 weights and gradients, fp32 master weights, m and v as stored; the
   // device budget is a fraction of the fp32-state figure (16 bytes per
   // parameter) whatever the states' type, so the types compare on one device.
@@ -169,16 +170,16 @@ int run(int argc, char** argv) {
   std::fflush(stdout);
 
   // Compute alone: the step's forward, then its recompute and backward,
-  // through the device's ModelOps with every chunk resident (no copies).
+  // through the GPT's ops on the device with every chunk resident (no copies).
   // (All of the GPU's free memory on CUDA; a nominal budget on the host.)
-  const std::vector<gpu::ChunkLayout> layout = gpu::model_layout(base.model);
+  const std::vector<gpt::ChunkLayout> layout = gpt::model_layout(base.model);
   std::unique_ptr<gpu::Device> cdev = make_device(device, device == "cuda" ? 0 : 64ull << 30);
   // In the step's type: the device computes with the working weights as they are.
-  Result<std::unique_ptr<gpu::ModelOps>> ops = cdev->model_ops(base.model, full.precision);
+  Result<std::unique_ptr<gpt::GptOps>> ops = gpt::make_gpt_ops(*cdev, base.model, full.precision);
   STEP_CHECK(ops.status());
-  Result<std::unique_ptr<gpu::ModelOps::Workspace>> ws = (*ops)->workspace(base.batch, base.seq);
+  Result<std::unique_ptr<gpt::GptOps::Workspace>> ws = (*ops)->workspace(base.batch, base.seq);
   STEP_CHECK(ws.status());
-  Result<gpu::ModelStep> m = gpu::allocate_model_step(*cdev, **ops, base.batch, base.seq);
+  Result<gpt::ModelStep> m = gpt::allocate_model_step(*cdev, **ops, base.batch, base.seq);
   STEP_CHECK(m.status());
   Result<gpu::Stream> cs = cdev->create_stream("compute part");
   STEP_CHECK(cs.status());
@@ -204,10 +205,10 @@ int run(int argc, char** argv) {
   }
   auto compute_once = [&](double* fwd, double* bwd) {
     auto t0 = std::chrono::steady_clock::now();
-    STEP_CHECK(gpu::enqueue_model_forward(**ops, *cs, **ws, *m));
+    STEP_CHECK(gpt::enqueue_model_forward(**ops, *cs, **ws, *m));
     STEP_CHECK(cdev->synchronize(*cs));
     auto t1 = std::chrono::steady_clock::now();
-    STEP_CHECK(gpu::enqueue_model_backward(**ops, *cs, **ws, *m, 1.0f));
+    STEP_CHECK(gpt::enqueue_model_backward(**ops, *cs, **ws, *m, 1.0f));
     STEP_CHECK(cdev->synchronize(*cs));
     auto t2 = std::chrono::steady_clock::now();
     *fwd = std::chrono::duration<double>(t1 - t0).count();
@@ -346,7 +347,7 @@ int run(int argc, char** argv) {
   const engine::TrainSetup setup = engine::training_setup(full);
   const engine::Placement placement = engine::run_placement(full);
   engine::Bandwidths bw;
-  const double flops = gpu::training_flops_per_token(base.model, base.seq, /*recompute=*/true) *
+  const double flops = gpt::training_flops_per_token(base.model, base.seq, /*recompute=*/true) *
                        static_cast<double>(base.batch * base.seq);
   const double copy_gbps = static_cast<double>(h2d + d2h) / copies_s / 1e9;
   bw.h2d_gbps = bw.d2h_gbps = copy_gbps;

@@ -267,7 +267,7 @@ const char* strata_trainer_describe(strata_trainer* trainer) {
     const Prepared& p = trainer->prepared;
     const engine::Trainer& tr = *trainer->trainer;
     const engine::StepCounters& k = tr.last_counters();
-    nlohmann::json j = {{"parameters", strata::gpu::parameter_count(p.options.model)},
+    nlohmann::json j = {{"parameters", strata::gpt::parameter_count(p.options.model)},
                         {"placement", p.plan.why},
                         {"plan", engine::format_plan(p.plan, p.budgets)},
                         {"warnings", p.warnings},

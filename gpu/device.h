@@ -1,7 +1,7 @@
 // gpu::Device: memory within a byte budget, streams, events and async
 // host<->device copies — the part of a compute backend the engine's
-// scheduler drives — and, through model_ops(), the model's compute on it
-// (model_ops.h).
+// scheduler drives. A model's compute on it is the model's (the built-in
+// GPT's: models/gpt/gpt_ops.h), from the backend's single ops.
 //
 // Rules every backend keeps:
 // - allocate() beyond the budget is ResourceExhausted naming the budget, the
@@ -25,13 +25,6 @@
 namespace strata::gpu {
 
 class Device;
-class ModelOps;
-struct GptConfig;
-}  // namespace strata::gpu
-namespace strata {
-enum class DType : uint8_t;  // common/dtype.h (kept out of CUDA translation units)
-}  // namespace strata
-namespace strata::gpu {
 
 // Owns one device allocation; frees it on destruction. Move-only.
 class DeviceMemory {
@@ -120,10 +113,6 @@ class Device {
   // it, and before what comes after (CUDA: cudaLaunchHostFunc, so the task
   // must not call CUDA). A task's error becomes the device's async_error().
   virtual Status enqueue(Stream stream, std::function<Status()> task) = 0;
-
-  // The GPT's ops on this device in `dtype` (model_ops.h); Unimplemented
-  // for a dtype the backend does not compute in, naming what it does.
-  virtual Result<std::unique_ptr<ModelOps>> model_ops(const GptConfig& config, DType dtype) = 0;
 
  protected:
   friend class DeviceMemory;

@@ -1,8 +1,6 @@
 #include "gpu/device_factory.h"
 
-#include "gpu/cuda/workspace.h"
 #include "gpu/device_info.h"
-#include "gpu/host/gpt.h"
 #include "gpu/host/host_device.h"
 #include "gpu/host/ops.h"
 
@@ -32,19 +30,6 @@ Result<void*> allocate_pinned_host(Backend backend, uint64_t bytes) {
 
 void free_pinned_host(Backend backend, void* memory) {
   if (backend == Backend::kCuda) cuda_free_pinned_host(memory);
-}
-
-WorkspaceBytes model_ops_workspace(Backend backend, const GptConfig& config, DType dtype, int64_t batch, int64_t seq) {
-  const auto acts = static_cast<uint64_t>(host::BlockActivations<float>::elements(config, batch, seq));
-  if (backend == Backend::kHost) {
-    // fp32 whatever the storage type: the host ops compute in fp32. One
-    // allocation (the ops' workspace_bytes).
-    return {acts * 4, device_allocation_bytes(HostDevice::model_ops_workspace_bytes(config, dtype, batch, seq))};
-  }
-  // CUDA: one block's buffers and the head's, in the storage type.
-  const cuda::CudaWorkspaceBytes cuda =
-      cuda::cuda_workspace_bytes(config, static_cast<int64_t>(dtype_bytes(dtype)), batch, seq);
-  return {cuda.block, cuda.total()};
 }
 
 }  // namespace strata::gpu

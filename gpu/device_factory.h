@@ -2,9 +2,8 @@
 // and never includes a backend's header or tests a build flag. make_device
 // builds the host backend (the CPU, optionally capped like a GPU) or the
 // first CUDA GPU; the pinned-host calls give page-locked memory that a
-// backend's copies run asynchronously from; model_ops_workspace says what a
-// backend's ModelOps will take from the device, for a planner that has no
-// device yet. A backend this build lacks is Unimplemented, saying so.
+// backend's copies run asynchronously from. A backend this build lacks is
+// Unimplemented, saying so.
 #pragma once
 
 #include <chrono>
@@ -15,7 +14,6 @@
 #include "common/dtype.h"
 #include "common/status.h"
 #include "gpu/device.h"
-#include "gpu/gpt_config.h"
 
 namespace strata::gpu {
 
@@ -52,16 +50,5 @@ Result<std::unique_ptr<Device>> make_device(const DeviceSpec& spec);
 // ordinary memory if it wants it resident.
 Result<void*> allocate_pinned_host(Backend backend, uint64_t bytes);
 void free_pinned_host(Backend backend, void* memory);
-
-// What `backend`'s ModelOps workspace holds for micro-batches of
-// batch x seq tokens stored in `dtype`: the block's working set
-// (activations) and the whole workspace, each allocation counted as the
-// device charges it (device_allocation_bytes). The planner's count of
-// device bytes: both backends' ops allocate by it.
-struct WorkspaceBytes {
-  uint64_t activations = 0;
-  uint64_t total = 0;
-};
-WorkspaceBytes model_ops_workspace(Backend backend, const GptConfig& config, DType dtype, int64_t batch, int64_t seq);
 
 }  // namespace strata::gpu

@@ -2,8 +2,8 @@
 
 #include <cstdio>
 
-#include "gpu/gpt_config.h"
-#include "gpu/host/gpt.h"
+#include "models/gpt/gpt_config.h"
+#include "models/gpt/host/gpt.h"
 #include "models/gpt/gpt_init.h"
 #include "models/gpt/trainer.h"
 
@@ -85,7 +85,7 @@ void ArithmeticData::micro_batch(int64_t index, int64_t batch, int64_t seq, std:
   }
 }
 
-Result<double> held_out_accuracy(engine::Trainer& trainer, const gpu::GptConfig& model, const ArithmeticData& data,
+Result<double> held_out_accuracy(engine::Trainer& trainer, const gpt::GptConfig& model, const ArithmeticData& data,
                                  int64_t n) {
   const int64_t T = data.example_bytes() - 1;
   if (T > model.max_seq) {
@@ -93,9 +93,9 @@ Result<double> held_out_accuracy(engine::Trainer& trainer, const gpu::GptConfig&
                             " tokens, the model's max_seq " + std::to_string(model.max_seq));
   }
   if (n < 1) return invalid_argument("held-out accuracy: needs at least one example");
-  const std::vector<gpu::ChunkLayout> layout = gpu::model_layout(model);
+  const std::vector<gpt::ChunkLayout> layout = gpt::model_layout(model);
   std::vector<std::vector<float>> chunks(layout.size());
-  gpu::host::ModelParams<float> params;
+  gpt::host::ModelParams<float> params;
   for (size_t c = 0; c < layout.size(); ++c) {
     chunks[c].resize(static_cast<size_t>(layout[c].numel));
     STRATA_RETURN_IF_ERROR(trainer.read_master(c, chunks[c].data()));
@@ -109,7 +109,7 @@ Result<double> held_out_accuracy(engine::Trainer& trainer, const gpu::GptConfig&
       targets[static_cast<size_t>(k * T + t)] = static_cast<unsigned char>(ex[static_cast<size_t>(t + 1)]);
     }
   }
-  gpu::host::HostGpt<float> gpt(model, n, T);
+  gpt::host::HostGpt<float> gpt(model, n, T);
   gpt.forward(params, tokens.data(), targets.data());
   gpt.predict(params, predicted.data());
   // The answer's digits are the targets at positions answer_offset - 1 on.

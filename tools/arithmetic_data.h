@@ -17,7 +17,7 @@
 namespace strata::engine {
 class Trainer;
 }
-namespace strata::gpu {
+namespace strata::gpt {
 struct GptConfig;
 }
 
@@ -61,7 +61,7 @@ class ArithmeticData {
 // digit. Evaluated on the CPU from the fp32 master weights, with the true
 // prefix at each position (all argmaxes right is greedy decoding right).
 // InvalidArgument when an example is longer than the model's max_seq.
-Result<double> held_out_accuracy(engine::Trainer& trainer, const gpu::GptConfig& model, const ArithmeticData& data,
+Result<double> held_out_accuracy(engine::Trainer& trainer, const gpt::GptConfig& model, const ArithmeticData& data,
                                  int64_t n);
 
 }  // namespace strata::tools

@@ -140,8 +140,8 @@ engine::Bandwidths rates_for(const engine::TrainSetup& setup, const Flags& f) {
   return *measured;
 }
 
-gpu::GptConfig model_of(const Shape& s, const Flags& f) {
-  gpu::GptConfig m;
+gpt::GptConfig model_of(const Shape& s, const Flags& f) {
+  gpt::GptConfig m;
   m.layers = s.layers;
   m.hidden = s.hidden;
   m.heads = std::max<int64_t>(1, s.hidden / 64);
@@ -160,7 +160,7 @@ double lr_for(int64_t n) { return 1e-3 * std::min(1.0, 1e7 / static_cast<double>
 // The trainer's options for a shape: the config's defaults, this run's
 // batch, AdamW at a rate small models learn quickly with.
 Result<engine::TrainerOptions> options_of(const Shape& s, const Flags& f, const engine::Budgets& b) {
-  const gpu::GptConfig m = model_of(s, f);
+  const gpt::GptConfig m = model_of(s, f);
   nlohmann::json j = {{"model",
                        {{"layers", m.layers},
                         {"hidden", m.hidden},
@@ -170,7 +170,7 @@ Result<engine::TrainerOptions> options_of(const Shape& s, const Flags& f, const 
                       {"batch", {{"micro_batch", f.micro_batch}, {"seq", f.seq}}},
                       {"optimizer",
                        {{"type", "adamw"},
-                        {"lr", f.lr > 0 ? f.lr : lr_for(gpu::parameter_count(m))},
+                        {"lr", f.lr > 0 ? f.lr : lr_for(gpt::parameter_count(m))},
                         {"weight_decay", 0.01}}},
                       {"budgets", {{"device", b.device_bytes}, {"host", b.host_bytes}}},
                       {"pin_memory", false},
@@ -199,7 +199,7 @@ std::optional<Row> plan_shape(const Mode& mode, const Shape& s, const Flags& f, 
     const double tokens = static_cast<double>(f.micro_batch * f.seq);
     r.predicted_tokens_per_s = tokens / plan->step_seconds;
     r.predicted_tflops =
-        gpu::training_flops_per_token(model_of(s, f), f.seq, /*recompute=*/false) * tokens / plan->step_seconds / 1e12;
+        gpt::training_flops_per_token(model_of(s, f), f.seq, /*recompute=*/false) * tokens / plan->step_seconds / 1e12;
   }
   if (mode.states_on_device && r.predicted_device > b.device_bytes) return std::nullopt;
   return r;
@@ -247,7 +247,7 @@ Status train_row(Row& r, const Flags& f, const engine::Budgets& b) {
       engine::apply_planned_placement(&o, run, r.mode->fixed, paths, nullptr, r.plan.bandwidths).status());
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<engine::Trainer> tr, engine::Trainer::create(o));
   const double tokens = static_cast<double>(o.batch * o.seq);
-  const double flops = gpu::training_flops_per_token(o.model, o.seq, /*recompute=*/false) * tokens;
+  const double flops = gpt::training_flops_per_token(o.model, o.seq, /*recompute=*/false) * tokens;
   // The built-in arithmetic corpus: a stream whose loss a model lowers
   // from its first updates (13 of 256 bytes ever occur), so a few steps
   // show learning at any size.

@@ -438,7 +438,7 @@ std::string format_duration(double seconds) {
 void print_step(const engine::Trainer& tr, const engine::TrainerOptions& o, int64_t i, int64_t remaining, float loss,
                 double s, Totals& t) {
   const double tokens = static_cast<double>(o.batch * o.seq * o.grad_accum);
-  const double flops = gpu::training_flops_per_token(o.model, o.seq, /*recompute=*/false) * tokens;
+  const double flops = gpt::training_flops_per_token(o.model, o.seq, /*recompute=*/false) * tokens;
   const engine::StageCounters& st = tr.last_stage();
   const engine::StepCounters& k = tr.last_counters();
   t.seconds += s;
@@ -513,7 +513,7 @@ void print_summary(const engine::Trainer& tr, const Flags& f, const Run& r, int6
                       {"first_loss", t.first},
                       {"last_loss", t.last},
                       {"tokens_per_s", ran > 0 ? tokens * static_cast<double>(ran) / t.seconds : 0.0},
-                      {"parameters", gpu::parameter_count(o.model)},
+                      {"parameters", gpt::parameter_count(o.model)},
                       {"states", std::string(engine::tier_name(o.states))},
                       {"gradients", std::string(engine::tier_name(o.gradients))},
                       {"adam_states", std::string(cpu_optim::state_type_name(o.adam_states))},

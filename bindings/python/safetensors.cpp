@@ -16,7 +16,7 @@
 #include "common/dtype.h"
 #include "engine/checkpoint_io.h"
 #include "engine/checkpoint_parts.h"
-#include "gpu/gpt_config.h"
+#include "models/gpt/gpt_config.h"
 
 namespace py = pybind11;
 
@@ -93,7 +93,7 @@ py::dict export_checkpoint(const std::string& src, const std::string& out, const
     raise(invalid_argument(path + " is not a checkpoint of the built-in GPT (its record names no model)"), path);
   }
   const nlohmann::json& mj = record.at("model");
-  gpu::GptConfig config;
+  gpt::GptConfig config;
   try {
     config.layers = mj.at("layers").get<int64_t>();
     config.hidden = mj.at("hidden").get<int64_t>();
@@ -103,7 +103,7 @@ py::dict export_checkpoint(const std::string& src, const std::string& out, const
   } catch (const nlohmann::json::exception& e) {
     raise(data_loss(path + "/trainer.json: model: " + e.what()), path);
   }
-  const std::vector<gpu::ChunkLayout> layout = gpu::model_layout(config);
+  const std::vector<gpt::ChunkLayout> layout = gpt::model_layout(config);
   engine::SafetensorsReader states =
       value_or_raise(engine::SafetensorsReader::open(path + "/optimizer.safetensors"), path);
   verify_states(path, record, legacy, states);

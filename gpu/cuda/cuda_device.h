@@ -53,8 +53,6 @@ class CudaDevice final : public Device {
   Status enqueue(Stream stream, std::function<Status()> task) override;
   Status pin_host(void* data, uint64_t bytes) override;
   void unpin_host(void* data) override;
-  // fp32, bf16 or fp16 (cuda/model_ops.cpp).
-  Result<std::unique_ptr<ModelOps>> model_ops(const GptConfig& config, DType dtype) override;
 
   int device_index() const { return options_.device; }
   Result<cudaStream_t> native(Stream stream) const;

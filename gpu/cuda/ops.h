@@ -15,7 +15,7 @@
 #include <cstdint>
 
 #include "common/status.h"
-#include "gpu/cuda/workspace.h"
+#include "gpu/cuda/crossentropy_workspace.h"
 
 struct cublasLtContext;
 
@@ -95,7 +95,7 @@ Status accumulate(cudaStream_t s, T* dst, const T* src, int64_t n);
 
 // Fused tied projection + cross-entropy (gpu/host/ops.h), never more than
 // kCeRows x kCeCols logits at once (in T; the row statistics, lse and the
-// loss in fp32). workspace: crossentropy_workspace_floats() (workspace.h).
+// loss in fp32). workspace: crossentropy_workspace_floats() (crossentropy_workspace.h).
 // loss_out: one device float, the mean loss; lse[N] saved for backward.
 template <class T>
 Status crossentropy_forward(const BlasContext& ctx, cudaStream_t s, float* loss_out, float* lse, float* workspace,

@@ -59,13 +59,6 @@ class HostDevice final : public Device {
   Status synchronize(Stream stream) override;
   bool done(Event event) override;
   Status async_error() override;
-  // fp32, bf16 or fp16 storage; the host computes in fp32 (host/model_ops.cpp).
-  Result<std::unique_ptr<ModelOps>> model_ops(const GptConfig& config, DType dtype) override;
-  // What those ops' workspace(B, seq) takes from the budget, without a device
-  // (the planner's count): one block's fp32 tensors, the head's rows and
-  // statistics, and for bf16/fp16 storage the fp32 copies of a chunk's
-  // parameters and gradient and three [N,C] rows.
-  static uint64_t model_ops_workspace_bytes(const GptConfig& config, DType dtype, int64_t B, int64_t seq);
 
   // Host memory is the device's memory: nothing to pin.
   Status pin_host(void*, uint64_t) override { return ok_status(); }

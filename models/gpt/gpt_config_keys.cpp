@@ -6,10 +6,10 @@ namespace strata::engine {
 
 ModelKeys gpt_config_keys(GptShape* shape) {
   return [shape](ConfigReader& m, ConfigReader& batch) -> Status {
-    gpu::GptConfig& g = shape->model;
+    gpt::GptConfig& g = shape->model;
     std::string preset;
     STRATA_RETURN_IF_ERROR(m.get_choice("preset", &preset, {"gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl"}));
-    if (!preset.empty()) g = gpu::gpt2_config(preset.substr(5));
+    if (!preset.empty()) g = gpt::gpt2_config(preset.substr(5));
     STRATA_RETURN_IF_ERROR(m.get_int("layers", &g.layers, 1, 4096));
     STRATA_RETURN_IF_ERROR(m.get_int("hidden", &g.hidden, 1, 1 << 20));
     STRATA_RETURN_IF_ERROR(m.get_int("heads", &g.heads, 1, 1 << 16));

@@ -9,13 +9,13 @@
 #include <vector>
 
 #include "engine/config.h"
-#include "gpu/gpt_config.h"
+#include "models/gpt/gpt_config.h"
 
 namespace strata::engine {
 
 // The GPT's shape and sequence length; the defaults stand for keys absent.
 struct GptShape {
-  gpu::GptConfig model = gpu::gpt2_config("small");
+  gpt::GptConfig model = gpt::gpt2_config("small");
   int64_t seq = 1024;
 };
 

@@ -13,7 +13,7 @@ uint64_t mix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-void initial_master(const gpu::ChunkLayout& chunk, size_t c, uint64_t seed, int64_t layers, cpu_optim::Executor& ex,
+void initial_master(const gpt::ChunkLayout& chunk, size_t c, uint64_t seed, int64_t layers, cpu_optim::Executor& ex,
                     float* out) {
   constexpr int64_t kBlock = int64_t{1} << 16;  // even: a block holds whole pairs
   constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ull;
@@ -31,7 +31,7 @@ void initial_master(const gpu::ChunkLayout& chunk, size_t c, uint64_t seed, int6
     }
   });
   const float residual_scale = 1.0f / std::sqrt(2.0f * static_cast<float>(layers));
-  for (const gpu::TensorSlot& t : chunk.tensors) {
+  for (const gpt::TensorSlot& t : chunk.tensors) {
     const bool is_bias = t.name.size() >= 5 && t.name.compare(t.name.size() - 5, 5, ".bias") == 0;
     const bool is_ln = t.name.find("ln_") != std::string::npos;
     const bool residual = t.name.find("c_proj.weight") != std::string::npos;
@@ -61,13 +61,13 @@ void synthetic_batch(uint64_t seed, int64_t vocab, int64_t batch, int64_t seq, i
   }
 }
 
-std::string chunk_name(const gpu::ChunkLayout& chunk) {
+std::string chunk_name(const gpt::ChunkLayout& chunk) {
   switch (chunk.kind) {
-    case gpu::ChunkKind::kEmbedding:
+    case gpt::ChunkKind::kEmbedding:
       return "embedding";
-    case gpu::ChunkKind::kFinal:
+    case gpt::ChunkKind::kFinal:
       return "final";
-    case gpu::ChunkKind::kBlock:
+    case gpt::ChunkKind::kBlock:
       break;
   }
   return "h." + std::to_string(chunk.block);

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "cpu_optim/executor.h"
-#include "gpu/gpt_config.h"
+#include "models/gpt/gpt_config.h"
 
 namespace strata::engine {
 
@@ -27,7 +27,7 @@ uint64_t mix64(uint64_t x);
 // — the same with any C++ library over the same libm. The executor's
 // threads draw them (and fault the pages in): a 10B model's 10^10 draws
 // spread over the cores.
-void initial_master(const gpu::ChunkLayout& chunk, size_t c, uint64_t seed, int64_t layers, cpu_optim::Executor& ex,
+void initial_master(const gpt::ChunkLayout& chunk, size_t c, uint64_t seed, int64_t layers, cpu_optim::Executor& ex,
                     float* out);
 
 // Micro-batch `index` of the synthetic stream (batch x seq tokens and as
@@ -38,6 +38,6 @@ void synthetic_batch(uint64_t seed, int64_t vocab, int64_t batch, int64_t seq, i
                      std::vector<int32_t>* tokens, std::vector<int32_t>* targets);
 
 // "embedding", "h.<layer>" or "final": the chunk's name in a session.
-std::string chunk_name(const gpu::ChunkLayout& chunk);
+std::string chunk_name(const gpt::ChunkLayout& chunk);
 
 }  // namespace strata::engine

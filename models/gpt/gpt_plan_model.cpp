@@ -4,23 +4,24 @@
 #include <string>
 #include <vector>
 
-#include "gpu/calibrate.h"
 #include "gpu/device_factory.h"
+#include "models/gpt/gpt_calibrate.h"
+#include "models/gpt/gpt_ops_factory.h"
 
 namespace strata::engine {
 namespace {
 
 class GptPlanModel final : public PlanModel {
  public:
-  GptPlanModel(const gpu::GptConfig& config, int64_t seq) : config_(config), seq_(seq) {
+  GptPlanModel(const gpt::GptConfig& config, int64_t seq) : config_(config), seq_(seq) {
     if (!config.validate().ok()) return;  // check() says why
-    parameters_ = gpu::parameter_count(config);
+    parameters_ = gpt::parameter_count(config);
     // Every chunk's element count in model order (embedding, blocks,
-    // final), as gpu::model_layout pads them, without building the
+    // final), as gpt::model_layout pads them, without building the
     // tensors' names.
-    const gpu::EndOffsets ends = gpu::end_offsets(config);
+    const gpt::EndOffsets ends = gpt::end_offsets(config);
     chunks_.assign(static_cast<size_t>(config.layers) + 2, ends.block_numel);
-    chunks_.front() = gpu::embedding_layout(config).numel;
+    chunks_.front() = gpt::embedding_layout(config).numel;
     chunks_.back() = ends.final_numel;
   }
 
@@ -41,22 +42,22 @@ class GptPlanModel final : public PlanModel {
   }
 
   // The embedding's output and every block's: L + 1 block inputs, of
-  // which the last gpu::kOffloadedInputBuffers never leave the device.
+  // which the last gpt::kOffloadedInputBuffers never leave the device.
   ModelCheckpoints checkpoints(int64_t micro_batch, DType compute) const override {
     ModelCheckpoints c;
     c.count = config_.layers + 1;
-    c.saved = std::max<int64_t>(c.count - gpu::kOffloadedInputBuffers, 0);
+    c.saved = std::max<int64_t>(c.count - gpt::kOffloadedInputBuffers, 0);
     c.bytes = static_cast<uint64_t>(micro_batch * seq_ * config_.hidden) * dtype_bytes(compute);
     return c;
   }
 
-  // The ops' workspace (gpu::model_ops_workspace: one block's working set
-  // and the head's) and SessionGpt's step buffers (gpu::gpt_step_buffers).
+  // The ops' workspace (gpt::gpt_ops_workspace: one block's working set
+  // and the head's) and SessionGpt's step buffers (gpt::gpt_step_buffers).
   ModelDeviceBytes device_bytes(const ModelPass& p) const override {
-    const gpu::WorkspaceBytes ws = gpu::model_ops_workspace(p.host_backend ? gpu::Backend::kHost : gpu::Backend::kCuda,
+    const gpt::WorkspaceBytes ws = gpt::gpt_ops_workspace(p.host_backend ? gpu::Backend::kHost : gpu::Backend::kCuda,
                                                             config_, p.compute, p.micro_batch, seq_);
-    const gpu::GptStepBuffers step =
-        gpu::gpt_step_buffers(config_, static_cast<int64_t>(dtype_bytes(p.compute)), p.micro_batch, seq_, p.pass,
+    const gpt::GptStepBuffers step =
+        gpt::gpt_step_buffers(config_, static_cast<int64_t>(dtype_bytes(p.compute)), p.micro_batch, seq_, p.pass,
                               p.grad_accum, p.offload_checkpoints);
     // SessionGpt allocates each of its step buffers once, charged in the
     // device's allocation units.
@@ -69,22 +70,22 @@ class GptPlanModel final : public PlanModel {
   }
 
   double flops(int64_t micro_batch) const override {
-    return gpu::training_flops_per_token(config_, seq_, /*recompute=*/true) * static_cast<double>(micro_batch * seq_);
+    return gpt::training_flops_per_token(config_, seq_, /*recompute=*/true) * static_cast<double>(micro_batch * seq_);
   }
 
   // One block of the model's width (a width above 2048 at 2048, where
   // GEMMs are long since at their peak) through the device's own ops.
   Result<double> measure_flops(gpu::Device& device, DType compute, int64_t micro_batch, double seconds) const override {
-    gpu::GptConfig block = config_;
+    gpt::GptConfig block = config_;
     block.hidden = std::min<int64_t>(block.hidden, 2048);
     block.heads = std::max<int64_t>(1, std::min(block.heads, block.hidden / 64));
     if (block.hidden % block.heads != 0) block.heads = 1;
     block.layers = 1;
-    return gpu::measure_block_flops(device, block, compute, micro_batch, seq_, seconds);
+    return gpt::measure_block_flops(device, block, compute, micro_batch, seq_, seconds);
   }
 
  private:
-  gpu::GptConfig config_;
+  gpt::GptConfig config_;
   int64_t seq_;
   int64_t parameters_ = 0;
   std::vector<int64_t> chunks_;
@@ -92,7 +93,7 @@ class GptPlanModel final : public PlanModel {
 
 }  // namespace
 
-std::shared_ptr<const PlanModel> gpt_plan_model(const gpu::GptConfig& config, int64_t seq) {
+std::shared_ptr<const PlanModel> gpt_plan_model(const gpt::GptConfig& config, int64_t seq) {
   return std::make_shared<GptPlanModel>(config, seq);
 }
 

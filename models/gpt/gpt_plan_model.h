@@ -1,5 +1,5 @@
 // The built-in GPT as the planner sees it (engine/plan_model.h): its
-// chunks as gpu::model_layout pads them, its block inputs as activation
+// chunks as gpt::model_layout pads them, its block inputs as activation
 // checkpoints, and its device bytes as SessionGpt allocates them.
 #pragma once
 
@@ -7,11 +7,11 @@
 #include <memory>
 
 #include "engine/plan_model.h"
-#include "gpu/gpt_config.h"
+#include "models/gpt/gpt_config.h"
 
 namespace strata::engine {
 
 // A GPT of `config` trained on sequences of `seq` tokens (1..max_seq).
-std::shared_ptr<const PlanModel> gpt_plan_model(const gpu::GptConfig& config, int64_t seq);
+std::shared_ptr<const PlanModel> gpt_plan_model(const gpt::GptConfig& config, int64_t seq);
 
 }  // namespace strata::engine

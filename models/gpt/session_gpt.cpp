@@ -6,6 +6,7 @@
 
 #include "common/dtype.h"
 #include "models/gpt/gpt_init.h"
+#include "models/gpt/gpt_ops_factory.h"
 
 namespace strata::engine {
 
@@ -34,7 +35,7 @@ Result<std::unique_ptr<SessionGpt>> SessionGpt::create(Session& session, const S
   std::unique_ptr<SessionGpt> m(new SessionGpt());
   m->session_ = &session;
   m->options_ = o;
-  m->layout_ = gpu::model_layout(o.model);
+  m->layout_ = gpt::model_layout(o.model);
   m->es_ = dtype_bytes(session.precision());
   m->pass_ = V;
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<cpu_optim::Executor> executor, cpu_optim::Executor::create());
@@ -42,7 +43,7 @@ Result<std::unique_ptr<SessionGpt>> SessionGpt::create(Session& session, const S
   // the session for the next, after this object is gone.
   std::shared_ptr<cpu_optim::Executor> ex = std::move(executor);
   for (size_t c = 0; c < m->layout_.size(); ++c) {
-    const gpu::ChunkLayout* chunk = &m->layout_[c];
+    const gpt::ChunkLayout* chunk = &m->layout_[c];
     const uint64_t seed = o.seed;
     const int64_t layers = o.model.layers;
     auto init = [layout = *chunk, c, seed, layers, ex](std::span<float> dst) -> Status {
@@ -51,7 +52,7 @@ Result<std::unique_ptr<SessionGpt>> SessionGpt::create(Session& session, const S
     };
     STRATA_ASSIGN_OR_RETURN(const size_t index, session.add_chunk(chunk_name(*chunk), chunk->numel, init));
     // Its checkpoints hold GPT-2's tensors, by their names.
-    for (const gpu::TensorSlot& t : chunk->tensors) {
+    for (const gpt::TensorSlot& t : chunk->tensors) {
       STRATA_RETURN_IF_ERROR(session.add_tensor(index, {t.name, t.offset, t.shape}));
     }
   }
@@ -66,16 +67,16 @@ SessionGpt::~SessionGpt() {
 }
 
 // The model's device memory, from the session's budget: the ops'
-// workspace and the step's buffers, as gpu::gpt_step_buffers counts them
+// workspace and the step's buffers, as gpt::gpt_step_buffers counts them
 // (the planner counts them there too).
 Status SessionGpt::allocate() {
   gpu::Device& dev = session_->device();
   const int64_t N = options_.batch * options_.seq, V = pass_;
-  STRATA_ASSIGN_OR_RETURN(ops_, dev.model_ops(options_.model, session_->precision()));
+  STRATA_ASSIGN_OR_RETURN(ops_, gpt::make_gpt_ops(dev, options_.model, session_->precision()));
   STRATA_ASSIGN_OR_RETURN(compute_, dev.create_stream("model compute"));
   STRATA_ASSIGN_OR_RETURN(workspace_, ops_->workspace(options_.batch, options_.seq));
-  const gpu::GptStepBuffers b =
-      gpu::gpt_step_buffers(options_.model, static_cast<int64_t>(es_), options_.batch, options_.seq, V,
+  const gpt::GptStepBuffers b =
+      gpt::gpt_step_buffers(options_.model, static_cast<int64_t>(es_), options_.batch, options_.seq, V,
                             session_->options().grad_accum, options_.offload_activations);
   STRATA_ASSIGN_OR_RETURN(inputs_, session_->allocate_device(b.block_inputs, "block inputs"));
   STRATA_ASSIGN_OR_RETURN(step_mem_, session_->allocate_device(b.step, "block gradients, losses and tokens"));
@@ -100,12 +101,12 @@ uint64_t SessionGpt::chunk_bytes(size_t chunk) const {
 // Block input l of a pass: its micro-batches' side by side (one save, one
 // load when offloaded).
 uint8_t* SessionGpt::input(int64_t m, int64_t l) const {
-  const int64_t slot = options_.offload_activations ? l % gpu::kOffloadedInputBuffers : l;
+  const int64_t slot = options_.offload_activations ? l % gpt::kOffloadedInputBuffers : l;
   return inputs_.as<uint8_t>() + static_cast<uint64_t>(slot * pass_ + m) * input_bytes();
 }
 
 // Offloaded, block input l shares its device buffers with l + 2 (there
-// are gpu::kOffloadedInputBuffers): each is handed to the session once
+// are gpt::kOffloadedInputBuffers): each is handed to the session once
 // written, except the last two (L - 1 and L), which forward leaves on the
 // device for the head and the last block.
 // The save is stream-ordered: its copy follows the block that wrote the

@@ -33,13 +33,13 @@
 
 #include "cpu_optim/executor.h"
 #include "engine/session.h"
-#include "gpu/gpt_config.h"
-#include "gpu/model_ops.h"
+#include "models/gpt/gpt_config.h"
+#include "models/gpt/gpt_ops.h"
 
 namespace strata::engine {
 
 struct SessionGptOptions {
-  gpu::GptConfig model;
+  gpt::GptConfig model;
   int64_t batch = 2;
   int64_t seq = 16;
   uint64_t seed = 1;  // the initial weights and the synthetic stream
@@ -83,7 +83,7 @@ class SessionGpt {
   // Seconds the last step waited in end_step for the optimizer's update
   // (what the overlap with backward did not hide).
   double last_update_wait_seconds() const { return update_wait_s_; }
-  const std::vector<gpu::ChunkLayout>& layout() const { return layout_; }
+  const std::vector<gpt::ChunkLayout>& layout() const { return layout_; }
 
  private:
   SessionGpt() = default;
@@ -112,10 +112,10 @@ class SessionGpt {
 
   Session* session_ = nullptr;
   SessionGptOptions options_;
-  std::vector<gpu::ChunkLayout> layout_;
+  std::vector<gpt::ChunkLayout> layout_;
   uint64_t es_ = 2;  // bytes of one working element
-  std::unique_ptr<gpu::ModelOps> ops_;
-  std::unique_ptr<gpu::ModelOps::Workspace> workspace_;
+  std::unique_ptr<gpt::GptOps> ops_;
+  std::unique_ptr<gpt::GptOps::Workspace> workspace_;
   gpu::Stream compute_{};
   int64_t pass_ = 1;             // micro-batches per pass
   gpu::DeviceMemory inputs_;     // block inputs: L + 1 per micro-batch of a pass, or two when offloaded

@@ -30,7 +30,7 @@
 #include "engine/session.h"
 #include "engine/trace.h"
 #include "gpu/device.h"
-#include "gpu/gpt_config.h"
+#include "models/gpt/gpt_config.h"
 #include "io/swap_store.h"
 #include "models/gpt/session_gpt.h"
 #include "models/gpt/trainer_options.h"
@@ -157,7 +157,7 @@ class Trainer {
 
   TrainerOptions options_;
   // The GPT's chunks, as the model on the session lays them out.
-  const std::vector<gpu::ChunkLayout>& layout() const { return gpt_->layout(); }
+  const std::vector<gpt::ChunkLayout>& layout() const { return gpt_->layout(); }
   // The engine's session owns every byte of model state and the optimizer;
   // the GPT drives it (models/gpt/session_gpt.h). The trainer adds the
   // data stream's position, its checkpoint record, the learning-rate

@@ -30,7 +30,7 @@ const std::set<std::string>& legacy_record_keys() {
 // The parts of a chunk's tensors (`slots`) within elements [offset, offset
 // + n) of the chunk: at(k, byte offset in tensor k, byte offset in the
 // range, bytes) for each tensor the range overlaps (`es`-byte elements).
-Status for_each_tensor_part(const std::vector<gpu::TensorSlot>& slots, int64_t offset, int64_t n, uint64_t es,
+Status for_each_tensor_part(const std::vector<gpt::TensorSlot>& slots, int64_t offset, int64_t n, uint64_t es,
                             const std::function<Status(size_t, uint64_t, size_t, size_t)>& at) {
   for (size_t k = 0; k < slots.size(); ++k) {
     const int64_t lo = std::max(offset, slots[k].offset), hi = std::min(offset + n, slots[k].offset + slots[k].numel());
@@ -41,7 +41,7 @@ Status for_each_tensor_part(const std::vector<gpu::TensorSlot>& slots, int64_t o
   return ok_status();
 }
 
-nlohmann::json model_json(const gpu::GptConfig& c) {
+nlohmann::json model_json(const gpt::GptConfig& c) {
   return {{"layers", c.layers}, {"hidden", c.hidden}, {"heads", c.heads}, {"vocab", c.vocab}, {"max_seq", c.max_seq}};
 }
 
@@ -77,7 +77,7 @@ Status Trainer::write_checkpoint(CheckpointDir& dir) {
   size_t first = 0;  // chunk c's first tensor
   const uint64_t es = dtype_bytes(options_.precision);  // bytes of one working weight
   for (size_t c = 0; c < layout().size(); ++c) {
-    const std::vector<gpu::TensorSlot>& slots = layout()[c].tensors;
+    const std::vector<gpt::TensorSlot>& slots = layout()[c].tensors;
     // From RAM, or streamed straight from their NVMe blobs a piece at a
     // time: each tensor's part of the piece into its place.
     auto place = [&](int64_t offset, std::span<std::byte> bytes) {
@@ -222,7 +222,7 @@ Status Trainer::load(const std::string& root) {
   unset_ = false;
   const uint64_t es = dtype_bytes(options_.precision);  // bytes of one working weight
   for (size_t c = 0; c < layout().size(); ++c) {
-    const std::vector<gpu::TensorSlot>& slots = layout()[c].tensors;
+    const std::vector<gpt::TensorSlot>& slots = layout()[c].tensors;
     // Into RAM (pinned) or into their NVMe blobs, a piece at a time.
     auto fill = [&](int64_t offset, std::span<std::byte> bytes) {
       return for_each_tensor_part(slots, offset, static_cast<int64_t>(bytes.size() / es), es,
@@ -264,8 +264,8 @@ Status Trainer::verify_checkpoint(const std::string& path, const CheckpointMeta&
                 "verified (only their types, shapes and finiteness are checked); save it again to seal it");
   }
   // Every tensor this trainer reads is there in its type and shape.
-  for (const gpu::ChunkLayout& chunk : layout()) {
-    for (const gpu::TensorSlot& t : chunk.tensors) {
+  for (const gpt::ChunkLayout& chunk : layout()) {
+    for (const gpt::TensorSlot& t : chunk.tensors) {
       STRATA_RETURN_IF_ERROR(check_tensor(path, kModelFile, model, {t.name, tensor_type(options_.precision), t.shape}));
     }
   }

@@ -10,7 +10,7 @@
 #include "engine/plan.h"
 #include "engine/session.h"
 #include "gpu/device_factory.h"
-#include "gpu/gpt_config.h"
+#include "models/gpt/gpt_config.h"
 
 namespace strata::engine {
 
@@ -37,7 +37,7 @@ struct TrainerOptions : SessionOptions {
     activations = Tier::kDevice;
     resident_first = true;  // the embeddings, used at both ends of a step
   }
-  gpu::GptConfig model;
+  gpt::GptConfig model;
   int64_t batch = 2;
   int64_t seq = 16;
   // With grad_accum > 1: the vertical order — every micro-batch of a block

@@ -15,15 +15,15 @@
 #include <random>
 #include <thread>
 
-#include "gpu/gpt_config.h"
+#include "models/gpt/gpt_config.h"
 #include "tests/test_util.h"
 
 namespace strata::engine {
 namespace {
 
-std::vector<TensorInfo> gpt_tensors(const gpu::GptConfig& c) {
+std::vector<TensorInfo> gpt_tensors(const gpt::GptConfig& c) {
   std::vector<TensorInfo> out;
-  for (const auto& chunk : gpu::model_layout(c)) {
+  for (const auto& chunk : gpt::model_layout(c)) {
     for (const auto& t : chunk.tensors) out.push_back({t.name, TensorType::kF32, t.shape});
   }
   return out;
@@ -46,7 +46,7 @@ Status write_model(const std::string& path, const std::vector<TensorInfo>& tenso
 
 TEST(Safetensors, RoundTripWithGpt2NamesStreamedInPieces) {
   strata::testing::TempDir dir;
-  gpu::GptConfig c;
+  gpt::GptConfig c;
   c.layers = 2, c.hidden = 16, c.heads = 2, c.vocab = 37, c.max_seq = 9;
   auto tensors = gpt_tensors(c);
   std::string path = dir.path() + "/model.safetensors";
@@ -82,7 +82,7 @@ TEST(Safetensors, RoundTripWithGpt2NamesStreamedInPieces) {
 // as appending them in order.
 TEST(Safetensors, WritesAtOffsetsMakeTheSameFileAsAppends) {
   strata::testing::TempDir dir;
-  gpu::GptConfig c;
+  gpt::GptConfig c;
   c.layers = 2, c.hidden = 16, c.heads = 2, c.vocab = 37, c.max_seq = 9;
   const std::vector<TensorInfo> tensors = gpt_tensors(c);
   ASSERT_TRUE(write_model(dir.path() + "/appended.safetensors", tensors, 77).ok());

@@ -14,7 +14,7 @@
 #include "common/dtype.h"
 #include "cpu_optim/executor.h"
 #include "engine/optimizer_stage.h"
-#include "gpu/gpt_config.h"
+#include "models/gpt/gpt_config.h"
 #include "gpu/host/host_device.h"
 #include "tests/test_util.h"
 
@@ -22,8 +22,8 @@ namespace strata::engine {
 namespace {
 
 struct Rig {
-  gpu::GptConfig config;
-  std::vector<gpu::ChunkLayout> layout;
+  gpt::GptConfig config;
+  std::vector<gpt::ChunkLayout> layout;
   std::unique_ptr<gpu::HostDevice> device;
   gpu::Stream copy{};
   WaitMeter meter;
@@ -33,7 +33,7 @@ struct Rig {
 
   explicit Rig(int depth = 1, Tier states = Tier::kHost, uint64_t device_bytes = 8 << 20) {
     config.layers = 4, config.hidden = 32, config.heads = 4, config.vocab = 41, config.max_seq = 8;
-    layout = gpu::model_layout(config);
+    layout = gpt::model_layout(config);
     Result<std::unique_ptr<gpu::HostDevice>> d = gpu::HostDevice::create({.capacity_bytes = device_bytes});
     EXPECT_TRUE(d);
     device = std::move(*d);
@@ -48,7 +48,7 @@ struct Rig {
     o.dtype = DType::kBF16;
     o.states = states;
     std::vector<int64_t> elems;
-    for (const gpu::ChunkLayout& chunk : layout) elems.push_back(chunk.numel);
+    for (const gpt::ChunkLayout& chunk : layout) elems.push_back(chunk.numel);
     Result<std::unique_ptr<ChunkStore>> s = ChunkStore::create(elems, *device, copy, &meter, o);
     if (s) {
       store = std::move(*s);
@@ -311,7 +311,7 @@ TEST(ChunkStore, ItsDeviceBuffersComeFromTheBudget) {
   // The count the planner takes (chunk_store_bytes) is the same, granule
   // included.
   std::vector<int64_t> elems;
-  for (const gpu::ChunkLayout& chunk : ok.layout) elems.push_back(chunk.numel);
+  for (const gpt::ChunkLayout& chunk : ok.layout) elems.push_back(chunk.numel);
   ChunkStoreOptions o;
   o.dtype = DType::kBF16;
   const ChunkStoreBytes counted = chunk_store_bytes(elems, o);

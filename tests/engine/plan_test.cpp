@@ -4,13 +4,13 @@
 
 #include "common/units.h"
 #include "cpu_optim/dtype.h"
-#include "gpu/gpt_config.h"
+#include "models/gpt/gpt_config.h"
 #include "models/gpt/gpt_plan_model.h"
 
 namespace strata::engine {
 namespace {
 
-TrainSetup gpt(const gpu::GptConfig& model, int64_t micro_batch, int64_t seq = 1024) {
+TrainSetup gpt(const gpt::GptConfig& model, int64_t micro_batch, int64_t seq = 1024) {
   TrainSetup s;
   s.model = gpt_plan_model(model, seq);
   s.micro_batch = micro_batch;
@@ -18,20 +18,20 @@ TrainSetup gpt(const gpu::GptConfig& model, int64_t micro_batch, int64_t seq = 1
 }
 
 TrainSetup gpt2(const std::string& size, int64_t micro_batch = 4, int64_t seq = 1024) {
-  return gpt(gpu::gpt2_config(size), micro_batch, seq);
+  return gpt(gpt::gpt2_config(size), micro_batch, seq);
 }
 
-uint64_t padded_params(const gpu::GptConfig& c) {
+uint64_t padded_params(const gpt::GptConfig& c) {
   uint64_t n = 0;
-  for (const auto& chunk : gpu::model_layout(c)) n += static_cast<uint64_t>(chunk.numel);
+  for (const auto& chunk : gpt::model_layout(c)) n += static_cast<uint64_t>(chunk.numel);
   return n;
 }
 
 TEST(Plan, EstimateCountsEveryByteByTier) {
-  const gpu::GptConfig model = gpu::gpt2_config("small");
+  const gpt::GptConfig model = gpt::gpt2_config("small");
   TrainSetup s = gpt(model, 2);
   const uint64_t padded = padded_params(model);
-  const std::vector<gpu::ChunkLayout> layout = gpu::model_layout(model);
+  const std::vector<gpt::ChunkLayout> layout = gpt::model_layout(model);
   uint64_t max_chunk = 0, block_chunk = 0;
   for (const auto& chunk : layout) max_chunk = std::max<uint64_t>(max_chunk, chunk.numel);
   for (size_t i = 1; i < layout.size(); ++i) block_chunk = std::max<uint64_t>(block_chunk, layout[i].numel);
@@ -85,7 +85,7 @@ TEST(Plan, EstimateCountsEveryByteByTier) {
     }
     return -1.0;
   };
-  const double P = static_cast<double>(gpu::parameter_count(model));
+  const double P = static_cast<double>(gpt::parameter_count(model));
   // The L - 1 block inputs the GPT saves cross each way once.
   const double saved = 11.0 * static_cast<double>(N * C * 2);
   EXPECT_DOUBLE_EQ(link(streamed, "nvme read"), P * 12 + saved);
@@ -100,11 +100,11 @@ TEST(Plan, EstimateCountsEveryByteByTier) {
 // after backward, the copy of their new weights before the next forward;
 // with states in RAM the whole optimizer pass after backward.
 TEST(Plan, StepAddsTheHeadAndTailAnExactStepCannotOverlap) {
-  const gpu::GptConfig model = gpu::gpt2_config("small");
+  const gpt::GptConfig model = gpt::gpt2_config("small");
   TrainSetup s = gpt(model, 2);
-  const std::vector<gpu::ChunkLayout> layout = gpu::model_layout(model);
+  const std::vector<gpt::ChunkLayout> layout = gpt::model_layout(model);
   const double last = static_cast<double>(layout[0].numel + layout[1].numel);
-  const double P = static_cast<double>(gpu::parameter_count(model));
+  const double P = static_cast<double>(gpt::parameter_count(model));
   Bandwidths bw;
   bw.h2d_gbps = 10, bw.nvme_write_gbps = 1.5, bw.cpu_optimizer_params_per_s = 1e9;
   auto seconds = [](const Plan& p, const std::string& name) {
@@ -245,7 +245,7 @@ TEST(Plan, StreamsWeightsAndSpillsToNvmeWhenTiersAreSmall) {
 // staging buffers; accumulating, in the vertical order in one pass, a ring
 // of the fp32 sums too.
 TEST(Plan, PutsTheGradientsOnNvmeWhereTheHostIsShort) {
-  gpu::GptConfig model;
+  gpt::GptConfig model;
   model.layers = 48, model.hidden = 4096, model.heads = 32, model.vocab = 50304, model.max_seq = 1024;
   TrainSetup s = gpt(model, 8);
   const Budgets b{32 * kGiB, 16 * kGiB, 400 * kGiB};
@@ -444,7 +444,7 @@ TEST(Plan, ChoosesTheVerticalOrderWhenTheWeightsLinkIsSlowestAndItFits) {
 }
 
 // Where the device cannot hold every micro-batch's checkpoints, the
-// vertical order keeps them on the host (gpu::kOffloadedInputBuffers groups in
+// vertical order keeps them on the host (gpt::kOffloadedInputBuffers groups in
 // flight on the device): all 8 micro-batches in one pass, where with the
 // checkpoints on the device only passes of 4 would fit — the weights cross
 // the slow link once a step instead of twice.

@@ -14,99 +14,15 @@
 #include <vector>
 
 #include "common/dtype.h"
-#include "gpu/cuda/block.h"
 #include "gpu/cuda/cuda_device.h"
 #include "gpu/cuda/ops.h"
 #include "gpu/device_factory.h"
-#include "gpu/host/gpt.h"
 #include "gpu/host/ops.h"
-#include "gpu/model_ops.h"
-#include "tests/gpu/model_step.h"
-#include "tests/gpu/random_model.h"
-#include "tests/test_util.h"
+#include "tests/gpu/cuda_ops_fixture.h"
 #include "tests/tolerance.h"
 
 namespace strata::gpu::cuda {
 namespace {
-
-using Vec = std::vector<float>;
-
-class CudaOps : public ::testing::Test {
- protected:
-  void SetUp() override {
-    int count = 0;
-    cudaError_t err = cudaGetDeviceCount(&count);
-    if (err != cudaSuccess || count == 0) {
-      GTEST_SKIP() << "no usable GPU: " << (err != cudaSuccess ? cudaGetErrorString(err) : "no CUDA device");
-    }
-    Result<std::unique_ptr<CudaDevice>> dev = CudaDevice::create({});
-    ASSERT_TRUE(dev) << dev.error().to_string();
-    dev_ = std::move(dev).value();
-    Result<Stream> s = dev_->create_stream("test");
-    ASSERT_TRUE(s);
-    stream_ = *dev_->native(*s);
-    handle_ = *s;
-    Result<BlasContext> blas = BlasContext::create(0);
-    ASSERT_TRUE(blas) << blas.error().to_string();
-    blas_ = std::move(blas).value();
-    rng_.seed(strata::testing::test_seed(81));
-  }
-
-  Vec random(size_t n, float scale = 1.0f) {
-    std::normal_distribution<float> d(0.0f, scale);
-    Vec v(n);
-    for (float& x : v) x = d(rng_);
-    return v;
-  }
-
-  template <class T>
-  T* upload(const std::vector<T>& v) {
-    Result<DeviceMemory> m = dev_->allocate(v.size() * sizeof(T) + 1, "test buffer");
-    EXPECT_TRUE(m) << m.error().to_string();
-    EXPECT_TRUE(dev_->copy_to_device(handle_, m->data(), v.data(), v.size() * sizeof(T)).ok());
-    mem_.push_back(std::move(m).value());
-    return mem_.back().as<T>();
-  }
-
-  float* poisoned(size_t n) {
-    Result<DeviceMemory> m = dev_->allocate(n * 4, "poisoned output");
-    EXPECT_TRUE(m);
-    EXPECT_EQ(cudaMemsetAsync(m->data(), 0xFF, n * 4, stream_), cudaSuccess);  // all-ones bits: NaN
-    mem_.push_back(std::move(m).value());
-    return mem_.back().as<float>();
-  }
-
-  Vec download(const float* d, size_t n) {
-    Vec v(n);
-    EXPECT_TRUE(dev_->copy_to_host(handle_, v.data(), d, n * 4).ok());
-    EXPECT_TRUE(dev_->synchronize(handle_).ok());
-    return v;
-  }
-
-  // ||got - ref|| / ||ref|| < 1e-5, every element finite.
-  void expect_close(const char* what, const float* got_dev, const Vec& ref) {
-    Vec got = download(got_dev, ref.size());
-    double diff = 0, norm = 0;
-    for (size_t i = 0; i < ref.size(); ++i) {
-      ASSERT_TRUE(std::isfinite(got[i])) << what << "[" << i << "] not written or not finite";
-      diff += std::pow(static_cast<double>(got[i]) - ref[i], 2);
-      norm += static_cast<double>(ref[i]) * ref[i];
-    }
-    ASSERT_GT(norm, 0.0) << what << ": reference is all zero";
-    EXPECT_LT(std::sqrt(diff / norm), 1e-5) << what;
-  }
-
-  void TearDown() override {
-    mem_.clear();
-  }
-
-  std::unique_ptr<CudaDevice> dev_;
-  Stream handle_;
-  cudaStream_t stream_ = nullptr;
-  BlasContext blas_;
-  std::mt19937 rng_;
-  std::vector<DeviceMemory> mem_;
-};
 
 TEST_F(CudaOps, EmbeddingLayerNormGeluResidual) {
   const int64_t B = 3, T = 37, C = 72, V = 101, N = B * T;
@@ -260,75 +176,6 @@ TEST_F(CudaOps, BudgetIsHardOnTheGpuToo) {
 
 
 // A whole block, forward and backward, on the GPU against the host block.
-TEST_F(CudaOps, BlockForwardBackwardMatchesHost) {
-  GptConfig c;
-  c.layers = 1, c.hidden = 64, c.heads = 4, c.vocab = 50, c.max_seq = 40;
-  const int64_t B = 2, T = 40, N = B * T, C = c.hidden;
-  ChunkLayout layout = block_layout(c, 0);
-  Vec params = random(static_cast<size_t>(layout.numel), 0.1f), x = random(N * C), dy = random(N * C);
-  for (int64_t i = 0; i < C; ++i) params[block_offsets(c).ln1w + i] += 1.0f, params[block_offsets(c).ln2w + i] += 1.0f;
-  Vec y(N * C), dparams(params.size(), 0.0f), dx(N * C, 0.0f);
-  host::BlockActivations<float> acts;
-  acts.resize(c, B, T);
-  host::block_forward(c, params.data(), x.data(), y.data(), acts, B, T);
-  host::block_backward(c, params.data(), dparams.data(), x.data(), acts, dy.data(), dx.data(), B, T);
-  Result<BlockBuffers> buf = allocate_block_buffers(*dev_, c, B, T);
-  ASSERT_TRUE(buf) << buf.error().to_string();
-  float *d_p = upload(params), *d_x = upload(x), *d_y = poisoned(N * C), *d_dy = upload(dy);
-  float* d_dp = upload(Vec(params.size(), 0.0f));
-  float* d_dx = upload(Vec(N * C, 0.0f));
-  ASSERT_TRUE(block_forward(blas_, stream_, c, d_p, d_x, d_y, *buf, B, T).ok());
-  ASSERT_TRUE(block_backward(blas_, stream_, c, d_p, d_dp, d_x, *buf, d_dy, d_dx, B, T).ok());
-  expect_close("block out", d_y, y);
-  expect_close("block dx", d_dx, dx);
-  expect_close("block dparams", d_dp, dparams);
-}
-
-
-// bf16 and fp16 ops against the host fp32 ops on the same (rounded) inputs:
-// ||out - ref|| / ||ref|| < 1e-2, every output written and finite.
-template <class T>
-struct Half;
-template <>
-struct Half<__nv_bfloat16> {
-  static constexpr DType kType = DType::kBF16;
-};
-template <>
-struct Half<__half> {
-  static constexpr DType kType = DType::kF16;
-};
-
-template <class T>
-class CudaOpsLowPrecision : public CudaOps {
- protected:
-  static constexpr DType kType = Half<T>::kType;
-  static uint16_t bits(float x) { return kType == DType::kBF16 ? f32_to_bf16(x) : f32_to_f16(x); }
-  static float value(uint16_t h) { return kType == DType::kBF16 ? bf16_to_f32(h) : f16_to_f32(h); }
-  // Rounds v to T in place and uploads it.
-  T* upload_rounded(Vec& v) {
-    std::vector<uint16_t> h(v.size());
-    for (size_t i = 0; i < v.size(); ++i) {
-      h[i] = bits(v[i]);
-      v[i] = value(h[i]);
-    }
-    return reinterpret_cast<T*>(upload(h));
-  }
-  T* poisoned_half(size_t n) { return reinterpret_cast<T*>(poisoned((n + 1) / 2)); }
-  void expect_close_half(const char* what, const T* got_dev, const Vec& ref) {
-    std::vector<uint16_t> h(ref.size());
-    ASSERT_TRUE(dev_->copy_to_host(handle_, h.data(), got_dev, h.size() * 2).ok());
-    ASSERT_TRUE(dev_->synchronize(handle_).ok());
-    double diff = 0, norm = 0;
-    for (size_t i = 0; i < ref.size(); ++i) {
-      float g = value(h[i]);
-      ASSERT_TRUE(std::isfinite(g)) << what << "[" << i << "] not written or not finite";
-      diff += std::pow(static_cast<double>(g) - ref[i], 2);
-      norm += static_cast<double>(ref[i]) * ref[i];
-    }
-    ASSERT_GT(norm, 0.0);
-    EXPECT_LT(std::sqrt(diff / norm), 1e-2) << what;
-  }
-};
 
 using HalfTypes = ::testing::Types<__nv_bfloat16, __half>;
 TYPED_TEST_SUITE(CudaOpsLowPrecision, HalfTypes);
@@ -389,103 +236,6 @@ TYPED_TEST(CudaOpsLowPrecision, LayerNormGeluMatmulAttention) {
 
 // A whole block in T against the host's fp32 block on the same rounded
 // parameters and inputs.
-TYPED_TEST(CudaOpsLowPrecision, BlockMatchesTheHostFp32Block) {
-  using T = TypeParam;
-  GptConfig c;
-  c.layers = 1, c.hidden = 64, c.heads = 4, c.vocab = 50, c.max_seq = 40;
-  const int64_t B = 2, Tn = 40, N = B * Tn, C = c.hidden;
-  const ChunkLayout layout = block_layout(c, 0);
-  Vec params = this->random(static_cast<size_t>(layout.numel), 0.1f), x = this->random(N * C),
-      dy = this->random(N * C);
-  for (int64_t i = 0; i < C; ++i) params[block_offsets(c).ln1w + i] += 1.0f, params[block_offsets(c).ln2w + i] += 1.0f;
-  T *d_p = this->upload_rounded(params), *d_x = this->upload_rounded(x), *d_dy = this->upload_rounded(dy);
-  Vec y(N * C), dparams(params.size(), 0.0f), dx(N * C, 0.0f);
-  host::BlockActivations<float> acts;
-  acts.resize(c, B, Tn);
-  host::block_forward(c, params.data(), x.data(), y.data(), acts, B, Tn);
-  host::block_backward(c, params.data(), dparams.data(), x.data(), acts, dy.data(), dx.data(), B, Tn);
-  Result<BlockBuffers> buf = allocate_block_buffers(*this->dev_, c, B, Tn, sizeof(T));
-  ASSERT_TRUE(buf) << buf.error().to_string();
-  T* d_y = this->poisoned_half(N * C);
-  T* d_dp = reinterpret_cast<T*>(this->upload(std::vector<uint16_t>(params.size(), 0)));
-  T* d_dx = reinterpret_cast<T*>(this->upload(std::vector<uint16_t>(N * C, 0)));
-  ASSERT_TRUE(block_forward(this->blas_, this->stream_, c, d_p, d_x, d_y, *buf, B, Tn).ok());
-  ASSERT_TRUE(block_backward(this->blas_, this->stream_, c, d_p, d_dp, d_x, *buf, d_dy, d_dx, B, Tn).ok());
-  this->expect_close_half("block out", d_y, y);
-  this->expect_close_half("block dx", d_dx, dx);
-  this->expect_close_half("block dparams", d_dp, dparams);
-}
-
-
-// A whole model's step through ModelOps on the GPU (fp32, bf16, fp16)
-// against HostGpt in fp32 on the same (rounded) weights: the loss and every
-// chunk's gradient within 1e-5 (fp32) or 1e-2 (bf16/fp16) relative.
-class CudaModelOpsTest : public CudaOps, public ::testing::WithParamInterface<DType> {
- protected:
-  float rounded(float x) const {
-    if (GetParam() == DType::kBF16) return bf16_to_f32(f32_to_bf16(x));
-    if (GetParam() == DType::kF16) return f16_to_f32(f32_to_f16(x));
-    return x;
-  }
-};
-
-TEST_P(CudaModelOpsTest, AStepMatchesTheHostModel) {
-  const DType dt = GetParam();
-  const double tol = dt == DType::kF32 ? strata::testing::kF32ModelRel : strata::testing::kLowPrecisionModelRel;
-  GptConfig c;
-  c.layers = 2, c.hidden = 64, c.heads = 2, c.vocab = 300, c.max_seq = 40;
-  const int64_t B = 2, Tn = 40, N = B * Tn;
-  const float dloss = 0.5f;
-  std::vector<Vec> w = testing::random_model(c, rng_, 0.1f), g_ref;
-  for (Vec& v : w) {
-    for (float& x : v) x = rounded(x);
-  }
-  std::vector<int32_t> tokens(N), targets(N);
-  for (int64_t i = 0; i < N; ++i) {
-    tokens[i] = static_cast<int32_t>(rng_() % 300);
-    targets[i] = static_cast<int32_t>(rng_() % 300);
-  }
-  const float ref_loss = testing::reference_step(c, B, Tn, w, tokens, targets, dloss, &g_ref);
-
-  Result<std::unique_ptr<ModelOps>> ops = dev_->model_ops(c, dt);
-  ASSERT_TRUE(ops) << ops.error().to_string();
-  Result<std::unique_ptr<ModelOps::Workspace>> ws = (*ops)->workspace(B, Tn);
-  ASSERT_TRUE(ws) << ws.error().to_string();
-  Result<ModelStep> m = allocate_model_step(*dev_, **ops, B, Tn);
-  ASSERT_TRUE(m) << m.error().to_string();
-  std::vector<std::vector<uint16_t>> w16(w.size());
-  std::vector<const void*> wp;
-  for (size_t i = 0; i < w.size(); ++i) {
-    for (float x : w[i]) w16[i].push_back(dt == DType::kBF16 ? f32_to_bf16(x) : f32_to_f16(x));
-    wp.push_back(dt == DType::kF32 ? static_cast<const void*>(w[i].data()) : w16[i].data());
-  }
-  std::vector<std::vector<uint8_t>> g;
-  Result<float> loss = testing::run_model_step(*dev_, **ops, handle_, **ws, *m, wp, tokens, targets, dloss, &g);
-  ASSERT_TRUE(loss) << loss.error().to_string();
-  EXPECT_NEAR(*loss, ref_loss, tol * ref_loss);
-  for (size_t i = 0; i < g.size(); ++i) {
-    EXPECT_LT(testing::relative_error(testing::values_of(g[i], dt), g_ref[i]), tol) << "chunk " << i;
-  }
-}
-
-// The planner counts the CUDA workspace without a device
-// (gpu::model_ops_workspace); what the ops allocate is that count, in
-// every storage type.
-TEST_P(CudaModelOpsTest, TheWorkspaceTakesWhatThePlannerCounts) {
-  GptConfig c;
-  c.layers = 2, c.hidden = 64, c.heads = 2, c.vocab = 300, c.max_seq = 40;
-  Result<std::unique_ptr<ModelOps>> ops = dev_->model_ops(c, GetParam());
-  ASSERT_TRUE(ops) << ops.error().to_string();
-  const uint64_t counted = model_ops_workspace(Backend::kCuda, c, GetParam(), 3, 40).total;
-  EXPECT_EQ((*ops)->workspace_bytes(3, 40), counted);
-  const uint64_t before = dev_->used_bytes();
-  Result<std::unique_ptr<ModelOps::Workspace>> ws = (*ops)->workspace(3, 40);
-  ASSERT_TRUE(ws) << ws.error().to_string();
-  EXPECT_EQ(dev_->used_bytes() - before, counted) << "each allocation counted as the device charges it";
-}
-
-INSTANTIATE_TEST_SUITE_P(Types, CudaModelOpsTest, ::testing::Values(DType::kF32, DType::kBF16, DType::kF16),
-                         [](const ::testing::TestParamInfo<DType>& i) { return std::string(dtype_name(i.param)); });
 
 }  // namespace
 }  // namespace strata::gpu::cuda

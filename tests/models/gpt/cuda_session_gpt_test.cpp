@@ -19,8 +19,8 @@
 namespace strata::engine {
 namespace {
 
-gpu::GptConfig model() {
-  gpu::GptConfig c;
+gpt::GptConfig model() {
+  gpt::GptConfig c;
   c.layers = 3, c.hidden = 64, c.heads = 2, c.vocab = 128, c.max_seq = 32;
   return c;
 }

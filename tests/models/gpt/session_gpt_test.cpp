@@ -25,7 +25,7 @@
 #include "models/gpt/gpt_init.h"
 #include "models/gpt/trainer.h"
 #include "models/gpt/trainer_config.h"
-#include "tests/gpu/random_model.h"
+#include "tests/models/gpt/random_model.h"
 #include "tests/test_util.h"
 
 namespace strata::engine {
@@ -353,11 +353,11 @@ TEST(SessionGpt, TheScheduleAndGradientsOnNvmeAreTheTrainers) {
 // on the reference's gradients — with the weights and states in RAM and
 // with everything on NVMe through a device a fraction of the model.
 TEST(SessionGpt, Fp32WorkingWeightsMatchTheReferenceModelExactly) {
-  gpu::GptConfig c;
+  gpt::GptConfig c;
   c.layers = 3, c.hidden = 32, c.heads = 2, c.vocab = 40, c.max_seq = 16;
   const int64_t B = 2, T = 16;
   const uint64_t seed = 11;
-  const std::vector<gpu::ChunkLayout> layout = gpu::model_layout(c);
+  const std::vector<gpt::ChunkLayout> layout = gpt::model_layout(c);
   Result<std::unique_ptr<cpu_optim::Executor>> ex = cpu_optim::Executor::create();
   ASSERT_TRUE(ex.has_value());
   std::vector<std::vector<float>> w;
@@ -368,7 +368,7 @@ TEST(SessionGpt, Fp32WorkingWeightsMatchTheReferenceModelExactly) {
   std::vector<int32_t> tokens, targets;
   synthetic_batch(seed, c.vocab, B, T, 0, &tokens, &targets);
   std::vector<std::vector<float>> g;
-  const float ref_loss = gpu::testing::reference_step(c, B, T, w, tokens, targets, 1.0f, &g);
+  const float ref_loss = gpt::testing::reference_step(c, B, T, w, tokens, targets, 1.0f, &g);
   cpu_optim::AdamConfig adam;
   adam.lr = 1e-3;
   adam.weight_decay = 0.01;
@@ -387,7 +387,7 @@ TEST(SessionGpt, Fp32WorkingWeightsMatchTheReferenceModelExactly) {
 
   testing::TempDir dir;
   uint64_t model_bytes = 0;
-  for (const gpu::ChunkLayout& l : layout) model_bytes += static_cast<uint64_t>(l.numel) * 16;
+  for (const gpt::ChunkLayout& l : layout) model_bytes += static_cast<uint64_t>(l.numel) * 16;
   for (bool on_nvme : {false, true}) {
     SCOPED_TRACE(on_nvme ? "everything on NVMe" : "in RAM");
     SessionOptions o;

@@ -301,7 +301,7 @@ TEST(Trainer, VerticalAccumulationWithCheckpointsOnTheHostAndNvmeGivesTheSameBit
   const uint64_t seed = strata::testing::test_seed(131);
   strata::testing::TempDir dir;
   TrainerOptions base = tiny(seed);
-  base.model.layers = 5;  // more block inputs than the gpu::kOffloadedInputBuffers that stay on the device
+  base.model.layers = 5;  // more block inputs than the gpt::kOffloadedInputBuffers that stay on the device
   base.grad_accum = 4;
   base.stream_weights = true;
   base.device_bytes = 8ull << 20;

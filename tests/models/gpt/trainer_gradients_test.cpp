@@ -176,9 +176,9 @@ TEST(TrainerGradients, OnNvmeTheHostHoldsARingAndNvmeTakesTwoBytesAParameter) {
   nvme.nvme_paths = {dir.sub("n")};
   const RunLog h = run_log(host, 3), g = run_log(nvme, 3);
   ASSERT_EQ(h.losses, g.losses);
-  const std::vector<gpu::ChunkLayout> layout = gpu::model_layout(host.model);
+  const std::vector<gpt::ChunkLayout> layout = gpt::model_layout(host.model);
   uint64_t grad_bytes = 0, max_chunk = 0;
-  for (const gpu::ChunkLayout& c : layout) {
+  for (const gpt::ChunkLayout& c : layout) {
     grad_bytes += 2 * static_cast<uint64_t>(c.numel);
     max_chunk = std::max(max_chunk, 2 * static_cast<uint64_t>(c.numel));
   }

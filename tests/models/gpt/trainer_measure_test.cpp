@@ -289,7 +289,7 @@ TEST(Trainer, TrainsAModelWhoseStatesAre20xTheDeviceBudget) {
   o.states = Tier::kNvme;
   o.activations = Tier::kNvme;
   o.nvme_paths = {dir.sub("all")};
-  const uint64_t states = 16ull * static_cast<uint64_t>(gpu::parameter_count(o.model));  // bf16 w+g, fp32 master+m+v
+  const uint64_t states = 16ull * static_cast<uint64_t>(gpt::parameter_count(o.model));  // bf16 w+g, fp32 master+m+v
   o.device_bytes = states / 20;
   Result<std::unique_ptr<Trainer>> tr = Trainer::create(o);
   ASSERT_TRUE(tr) << tr.error().to_string();

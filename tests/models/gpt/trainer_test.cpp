@@ -193,7 +193,7 @@ TEST(Trainer, LowPrecisionAdamStatesGiveTheSameBitsEverywhereAndResume) {
   // the difference (the chunks' padded sizes; 64-byte array alignment aside).
   const uint64_t params = [] {
     uint64_t n = 0;
-    for (const gpu::ChunkLayout& c : gpu::model_layout(tiny(1).model)) n += static_cast<uint64_t>(c.numel);
+    for (const gpt::ChunkLayout& c : gpt::model_layout(tiny(1).model)) n += static_cast<uint64_t>(c.numel);
     return n;
   }();
   const double fp32_to_bf16 = static_cast<double>(host_bytes[0] - host_bytes[1]) / static_cast<double>(params);
@@ -464,7 +464,7 @@ TEST(Trainer, SpeculationInRamIsForStatesInRamAndCostsASecondCopy) {
   auto a = std::move(Trainer::create(plain)).value();
   auto b = std::move(Trainer::create(spec)).value();
   int64_t elems = 0;  // every chunk's elements (padded a little beyond the parameter count)
-  for (const gpu::ChunkLayout& c : gpu::model_layout(plain.model)) elems += c.numel;
+  for (const gpt::ChunkLayout& c : gpt::model_layout(plain.model)) elems += c.numel;
   EXPECT_EQ(b->host_bytes() - a->host_bytes(), static_cast<uint64_t>(12 * elems));
 }
 
@@ -546,7 +546,7 @@ TEST(Trainer, ReportsProgressChunkByChunkWhileItInitialisesSavesAndLoads) {
     // The load first verifies every tensor of both files (the weights', and
     // each chunk's master, m and v), then loads chunk by chunk.
     int64_t tensors = 3 * chunks;
-    for (const gpu::ChunkLayout& chunk : gpu::model_layout(o.model)) tensors += static_cast<int64_t>(chunk.tensors.size());
+    for (const gpt::ChunkLayout& chunk : gpt::model_layout(o.model)) tensors += static_cast<int64_t>(chunk.tensors.size());
     for (int64_t t = 1; t <= tensors; ++t) want.emplace_back("verifying", t, tensors);
     for (int64_t c = 1; c <= 2 * chunks; ++c) want.emplace_back("loading", c, 2 * chunks);
     EXPECT_EQ(calls, want);
@@ -652,7 +652,7 @@ TEST(Trainer, TheInitialWeightsAreTheSameAtAnyThreadCount) {
   TrainerOptions o = tiny(seed);
   o.model.hidden = 128;  // a block's chunk: ~200K parameters, 4 blocks of draws
   o.model.layers = 1;
-  ASSERT_GT(gpu::block_layout(o.model, 0).numel, 3 * (int64_t{1} << 16));
+  ASSERT_GT(gpt::block_layout(o.model, 0).numel, 3 * (int64_t{1} << 16));
   auto initial = [&](const std::string& name) {
     Result<std::unique_ptr<Trainer>> tr = Trainer::create(o);
     EXPECT_TRUE(tr) << tr.error().to_string();

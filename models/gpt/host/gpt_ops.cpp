@@ -1,5 +1,5 @@
-// The host backend's ModelOps: the host ops (ops.h, gpt.h), each call run as
-// a task on the stream's worker thread of the HostDevice, in submission
+// The GPT's ops on the host backend: the host ops (gpu/host/ops.h, gpt.h),
+// each call run as a task on the stream's worker thread of the HostDevice, in submission
 // order. The host computes in fp32; with bf16 or fp16 storage (the
 // parameters, activations between calls and gradients in device memory),
 // each call widens its inputs into fp32 scratch in the workspace, runs the
@@ -13,15 +13,19 @@
 #include <cstring>
 #include <string>
 
-#include "gpu/host/gpt.h"
 #include "gpu/host/host_device.h"
 #include "gpu/host/ops.h"
-#include "gpu/model_ops.h"
+#include "models/gpt/gpt_ops.h"
+#include "models/gpt/host/gpt.h"
+#include "models/gpt/host/gpt_ops.h"
 
-namespace strata::gpu {
+namespace strata::gpt {
+
+using gpu::DeviceMemory;
+
 namespace {
 
-class HostWorkspace final : public ModelOps::Workspace {
+class HostWorkspace final : public GptOps::Workspace {
  public:
   HostWorkspace(int64_t B, int64_t seq, DeviceMemory memory) : Workspace(B, seq), mem(std::move(memory)) {}
   DeviceMemory mem;
@@ -31,9 +35,9 @@ class HostWorkspace final : public ModelOps::Workspace {
   float *params = nullptr, *dparams = nullptr, *xa = nullptr, *xb = nullptr, *xc = nullptr;
 };
 
-class HostModelOps final : public ModelOps {
+class HostGptOps final : public GptOps {
  public:
-  HostModelOps(HostDevice& dev, const GptConfig& config, DType dtype)
+  HostGptOps(gpu::Device& dev, const GptConfig& config, DType dtype)
       : dev_(dev), config_(config), dtype_(dtype), ends_(end_offsets(config)) {}
 
   DType dtype() const override { return dtype_; }
@@ -41,7 +45,7 @@ class HostModelOps final : public ModelOps {
 
   // One allocation, as the device charges it.
   uint64_t workspace_bytes(int64_t B, int64_t seq) const override {
-    return device_allocation_bytes(HostDevice::model_ops_workspace_bytes(config_, dtype_, B, seq));
+    return gpu::device_allocation_bytes(host_gpt_ops_workspace_bytes(config_, dtype_, B, seq));
   }
 
   Result<std::unique_ptr<Workspace>> workspace(int64_t B, int64_t seq) override {
@@ -73,7 +77,7 @@ class HostModelOps final : public ModelOps {
     return dev_.enqueue(s, [=]() -> Status {
       if (dt == DType::kF32) {
         const float* e = static_cast<const float*>(embedding);
-        host::embedding_forward(static_cast<float*>(x_out), tokens, e + wte, e + wpe, B, T, C);
+        gpu::host::embedding_forward(static_cast<float*>(x_out), tokens, e + wte, e + wpe, B, T, C);
         return ok_status();
       }
       // out = round(wte[token] + wpe[t]): both rows widened, added, rounded once
@@ -82,10 +86,10 @@ class HostModelOps final : public ModelOps {
       float* row = ws->xa;
       float* pos = ws->xa + C;
       for (int64_t n = 0; n < B * T; ++n) {
-        host::widen(e + wte + static_cast<int64_t>(tokens[n]) * C, dt, row, C);
-        host::widen(e + wpe + (n % T) * C, dt, pos, C);
+        gpu::host::widen(e + wte + static_cast<int64_t>(tokens[n]) * C, dt, row, C);
+        gpu::host::widen(e + wpe + (n % T) * C, dt, pos, C);
         for (int64_t c = 0; c < C; ++c) row[c] += pos[c];
-        host::narrow(row, out + n * C, dt, C);
+        gpu::host::narrow(row, out + n * C, dt, C);
       }
       return ok_status();
     });
@@ -99,15 +103,15 @@ class HostModelOps final : public ModelOps {
     return dev_.enqueue(s, [=]() -> Status {
       if (dt == DType::kF32) {
         float* d = static_cast<float*>(dembedding);
-        host::embedding_backward(d + wte, d + wpe, static_cast<const float*>(dx), tokens, B, T, C);
+        gpu::host::embedding_backward(d + wte, d + wpe, static_cast<const float*>(dx), tokens, B, T, C);
         return ok_status();
       }
       // Row by row in order, as the fp32 op: each row added, rounded once.
       uint16_t* d = static_cast<uint16_t*>(dembedding);
-      host::widen(static_cast<const uint16_t*>(dx), dt, ws->xa, B * T * C);
+      gpu::host::widen(static_cast<const uint16_t*>(dx), dt, ws->xa, B * T * C);
       for (int64_t n = 0; n < B * T; ++n) {
-        host::add_rounded(d + wte + static_cast<int64_t>(tokens[n]) * C, dt, ws->xa + n * C, C);
-        host::add_rounded(d + wpe + (n % T) * C, dt, ws->xa + n * C, C);
+        gpu::host::add_rounded(d + wte + static_cast<int64_t>(tokens[n]) * C, dt, ws->xa + n * C, C);
+        gpu::host::add_rounded(d + wpe + (n % T) * C, dt, ws->xa + n * C, C);
       }
       return ok_status();
     });
@@ -124,10 +128,10 @@ class HostModelOps final : public ModelOps {
                             static_cast<float*>(x_out), ws->acts, ws->batch(), ws->seq());
         return ok_status();
       }
-      host::widen(static_cast<const uint16_t*>(params), dt, ws->params, numel);
-      host::widen(static_cast<const uint16_t*>(x_in), dt, ws->xa, NC);
+      gpu::host::widen(static_cast<const uint16_t*>(params), dt, ws->params, numel);
+      gpu::host::widen(static_cast<const uint16_t*>(x_in), dt, ws->xa, NC);
       host::block_forward(c, ws->params, ws->xa, ws->xb, ws->acts, ws->batch(), ws->seq());
-      host::narrow(ws->xb, static_cast<uint16_t*>(x_out), dt, NC);
+      gpu::host::narrow(ws->xb, static_cast<uint16_t*>(x_out), dt, NC);
       return ok_status();
     });
   }
@@ -145,14 +149,14 @@ class HostModelOps final : public ModelOps {
                              static_cast<float*>(dx_in), ws->batch(), ws->seq());
         return ok_status();
       }
-      host::widen(static_cast<const uint16_t*>(params), dt, ws->params, numel);
-      host::widen(static_cast<const uint16_t*>(x_in), dt, ws->xa, NC);
-      host::widen(static_cast<const uint16_t*>(dx_out), dt, ws->xb, NC);
+      gpu::host::widen(static_cast<const uint16_t*>(params), dt, ws->params, numel);
+      gpu::host::widen(static_cast<const uint16_t*>(x_in), dt, ws->xa, NC);
+      gpu::host::widen(static_cast<const uint16_t*>(dx_out), dt, ws->xb, NC);
       std::memset(ws->dparams, 0, static_cast<size_t>(numel) * 4);
       std::memset(ws->xc, 0, static_cast<size_t>(NC) * 4);
       host::block_backward(c, ws->params, ws->dparams, ws->xa, ws->acts, ws->xb, ws->xc, ws->batch(), ws->seq());
-      host::add_rounded(static_cast<uint16_t*>(dparams), dt, ws->dparams, numel);
-      host::add_rounded(static_cast<uint16_t*>(dx_in), dt, ws->xc, NC);
+      gpu::host::add_rounded(static_cast<uint16_t*>(dparams), dt, ws->dparams, numel);
+      gpu::host::add_rounded(static_cast<uint16_t*>(dx_in), dt, ws->xc, NC);
       return ok_status();
     });
   }
@@ -169,19 +173,19 @@ class HostModelOps final : public ModelOps {
         f = static_cast<const float*>(final_chunk);
         in = static_cast<const float*>(x);
       } else {
-        host::widen(static_cast<const uint16_t*>(final_chunk), dt, ws->params, o.final_numel);
-        host::widen(static_cast<const uint16_t*>(x), dt, ws->xa, N * C);
+        gpu::host::widen(static_cast<const uint16_t*>(final_chunk), dt, ws->params, o.final_numel);
+        gpu::host::widen(static_cast<const uint16_t*>(x), dt, ws->xa, N * C);
         f = ws->params;
         in = ws->xa;
       }
-      host::layernorm_forward(ws->lnf, ws->mean, ws->rstd, in, f + o.lnfw, f + o.lnfb,
+      gpu::host::layernorm_forward(ws->lnf, ws->mean, ws->rstd, in, f + o.lnfw, f + o.lnfb,
                               N, C);
       if (dt == DType::kF32) {
         const float* wte = static_cast<const float*>(embedding) + o.wte;
-        *loss = host::crossentropy_forward(ws->lse, ws->lnf, wte, targets, N, C, V);
+        *loss = gpu::host::crossentropy_forward(ws->lse, ws->lnf, wte, targets, N, C, V);
       } else {
         const uint16_t* wte = static_cast<const uint16_t*>(embedding) + o.wte;
-        *loss = host::crossentropy_forward_lp(ws->lse, ws->lnf, wte, dt, targets, N, C, V);
+        *loss = gpu::host::crossentropy_forward_lp(ws->lse, ws->lnf, wte, dt, targets, N, C, V);
       }
       return ok_status();
     });
@@ -200,23 +204,23 @@ class HostModelOps final : public ModelOps {
         float* df = static_cast<float*>(dfinal);
         const float* wte = static_cast<const float*>(embedding) + o.wte;
         float* dwte = static_cast<float*>(dembedding) + o.wte;
-        host::crossentropy_backward(ws->dlnf, dwte, ws->lnf, wte, targets, ws->lse, dloss, N, C, V);
-        host::layernorm_backward(static_cast<float*>(dx), df + o.lnfw, df + o.lnfb,
+        gpu::host::crossentropy_backward(ws->dlnf, dwte, ws->lnf, wte, targets, ws->lse, dloss, N, C, V);
+        gpu::host::layernorm_backward(static_cast<float*>(dx), df + o.lnfw, df + o.lnfb,
                                  ws->dlnf, static_cast<const float*>(x), f + o.lnfw, ws->mean,
                                  ws->rstd, N, C);
         return ok_status();
       }
       const uint16_t* wte = static_cast<const uint16_t*>(embedding) + o.wte;
       uint16_t* dwte = static_cast<uint16_t*>(dembedding) + o.wte;
-      host::crossentropy_backward_lp(ws->dlnf, dwte, dt, ws->lnf, wte, targets, ws->lse, dloss, N, C, V);
-      host::widen(static_cast<const uint16_t*>(final_chunk), dt, ws->params, o.final_numel);
-      host::widen(static_cast<const uint16_t*>(x), dt, ws->xa, N * C);
+      gpu::host::crossentropy_backward_lp(ws->dlnf, dwte, dt, ws->lnf, wte, targets, ws->lse, dloss, N, C, V);
+      gpu::host::widen(static_cast<const uint16_t*>(final_chunk), dt, ws->params, o.final_numel);
+      gpu::host::widen(static_cast<const uint16_t*>(x), dt, ws->xa, N * C);
       std::memset(ws->dparams, 0, static_cast<size_t>(o.final_numel) * 4);
       std::memset(ws->xc, 0, static_cast<size_t>(N * C) * 4);
-      host::layernorm_backward(ws->xc, ws->dparams + o.lnfw, ws->dparams + o.lnfb,
+      gpu::host::layernorm_backward(ws->xc, ws->dparams + o.lnfw, ws->dparams + o.lnfb,
                                ws->dlnf, ws->xa, ws->params + o.lnfw, ws->mean, ws->rstd, N, C);
-      host::add_rounded(static_cast<uint16_t*>(dfinal), dt, ws->dparams, o.final_numel);
-      host::add_rounded(static_cast<uint16_t*>(dx), dt, ws->xc, N * C);
+      gpu::host::add_rounded(static_cast<uint16_t*>(dfinal), dt, ws->dparams, o.final_numel);
+      gpu::host::add_rounded(static_cast<uint16_t*>(dx), dt, ws->xc, N * C);
       return ok_status();
     });
   }
@@ -232,7 +236,7 @@ class HostModelOps final : public ModelOps {
   bool low_precision() const { return dtype_ != DType::kF32; }
   int64_t max_chunk() const { return std::max(ends_.block_numel, ends_.final_numel); }
 
-  HostDevice& dev_;
+  gpu::Device& dev_;
   GptConfig config_;
   DType dtype_;
   EndOffsets ends_;
@@ -240,7 +244,7 @@ class HostModelOps final : public ModelOps {
 
 }  // namespace
 
-uint64_t HostDevice::model_ops_workspace_bytes(const GptConfig& config, DType dtype, int64_t B, int64_t seq) {
+uint64_t host_gpt_ops_workspace_bytes(const GptConfig& config, DType dtype, int64_t B, int64_t seq) {
   const int64_t N = B * seq, C = config.hidden;
   int64_t floats = host::BlockActivations<float>::elements(config, B, seq) + 2 * N * C + 3 * N;
   if (dtype != DType::kF32) {
@@ -250,9 +254,9 @@ uint64_t HostDevice::model_ops_workspace_bytes(const GptConfig& config, DType dt
   return static_cast<uint64_t>(floats) * 4;
 }
 
-Result<std::unique_ptr<ModelOps>> HostDevice::model_ops(const GptConfig& config, DType dtype) {
+Result<std::unique_ptr<GptOps>> make_host_gpt_ops(gpu::HostDevice& device, const GptConfig& config, DType dtype) {
   STRATA_RETURN_IF_ERROR(config.validate());
-  return std::unique_ptr<ModelOps>(std::make_unique<HostModelOps>(*this, config, dtype));
+  return std::unique_ptr<GptOps>(std::make_unique<HostGptOps>(device, config, dtype));
 }
 
-}  // namespace strata::gpu
+}  // namespace strata::gpt

@@ -1,12 +1,15 @@
-#include "gpu/cuda/workspace.h"
+#include "models/gpt/cuda/workspace.h"
 
+#include "gpu/cuda/crossentropy_workspace.h"
 #include "gpu/device.h"
 
-namespace strata::gpu::cuda {
+namespace strata::gpt::cuda {
 
 // Each allocation as the device charges it (gpu::device_allocation_bytes),
-// in the order cuda/block.cpp and cuda/model_ops.cpp make them.
+// in the order cuda/block.cpp and cuda/gpt_ops.cpp make them.
 CudaWorkspaceBytes cuda_workspace_bytes(const GptConfig& config, int64_t elem_bytes, int64_t batch, int64_t seq) {
+  using gpu::device_allocation_bytes;
+  using gpu::cuda::crossentropy_workspace_floats;
   const auto N = static_cast<uint64_t>(batch * seq), C = static_cast<uint64_t>(config.hidden);
   const auto e = static_cast<uint64_t>(elem_bytes), rows = static_cast<uint64_t>(batch * config.heads * seq);
   const uint64_t nc = N * C * e, row_stats = device_allocation_bytes(N * 4);
@@ -19,4 +22,4 @@ CudaWorkspaceBytes cuda_workspace_bytes(const GptConfig& config, int64_t elem_by
   return b;
 }
 
-}  // namespace strata::gpu::cuda
+}  // namespace strata::gpt::cuda

@@ -1,7 +1,7 @@
 // A whole small GPT on the host: every parameter's gradient against central
 // finite differences of the loss, in double precision; and the fp32 model
 // against the double one.
-#include "gpu/host/gpt.h"
+#include "models/gpt/host/gpt.h"
 
 #include <gtest/gtest.h>
 
@@ -12,7 +12,7 @@
 #include "tests/test_util.h"
 #include "tests/tolerance.h"
 
-namespace strata::gpu::host {
+namespace strata::gpt::host {
 namespace {
 
 GptConfig tiny() {
@@ -120,12 +120,12 @@ TEST(HostGpt, Fp32MatchesDoubleReference) {
 }
 
 }  // namespace
-}  // namespace strata::gpu::host
+}  // namespace strata::gpt::host
 
 #ifdef STRATA_TEST_HAVE_TBB
 #include <tbb/global_control.h>
 
-namespace strata::gpu::host {
+namespace strata::gpt::host {
 namespace {
 
 // The host loops split work so that each output element is produced by one
@@ -152,5 +152,5 @@ TEST(HostGpt, BitIdenticalAcrossThreadCounts) {
 }
 
 }  // namespace
-}  // namespace strata::gpu::host
+}  // namespace strata::gpt::host
 #endif

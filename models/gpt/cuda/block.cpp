@@ -1,8 +1,12 @@
-#include "gpu/cuda/block.h"
+#include "models/gpt/cuda/block.h"
 
 #include "gpu/cuda/cuda_check.h"
 
-namespace strata::gpu::cuda {
+namespace strata::gpt::cuda {
+
+using namespace gpu;
+using namespace gpu::cuda;
+
 namespace {
 
 Status zero(cudaStream_t s, DeviceMemory& m) {
@@ -108,4 +112,4 @@ STRATA_CUDA_BLOCK_INSTANTIATE(float)
 STRATA_CUDA_BLOCK_INSTANTIATE(__nv_bfloat16)
 STRATA_CUDA_BLOCK_INSTANTIATE(__half)
 
-}  // namespace strata::gpu::cuda
+}  // namespace strata::gpt::cuda

@@ -1,10 +1,10 @@
-#include "gpu/gpt_config.h"
+#include "models/gpt/gpt_config.h"
 
 #include <iterator>
 
 #include "common/units.h"
 
-namespace strata::gpu {
+namespace strata::gpt {
 
 Status GptConfig::validate() const {
   auto bad = [](const std::string& m) { return invalid_argument("GPT config: " + m); };
@@ -161,4 +161,4 @@ GptStepBuffers gpt_step_buffers(const GptConfig& c, int64_t elem_bytes, int64_t 
   return b;
 }
 
-}  // namespace strata::gpu
+}  // namespace strata::gpt

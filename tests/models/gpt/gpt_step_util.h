@@ -1,5 +1,5 @@
-// Test helpers around gpu/model_step.h: upload a model, run a resident step
-// through ModelOps, download what it produced, and compare it.
+// Test helpers around models/gpt/gpt_step.h: upload a model, run a resident step
+// through GptOps, download what it produced, and compare it.
 #pragma once
 
 #include <cmath>
@@ -8,15 +8,15 @@
 #include <vector>
 
 #include "common/dtype.h"
-#include "gpu/model_step.h"
+#include "models/gpt/gpt_step.h"
 
-namespace strata::gpu::testing {
+namespace strata::gpt::testing {
 
 // Uploads the weights (one host array per chunk, in the ops' dtype), the
 // tokens and the targets on `s`, runs enqueue_model_step, and downloads the
 // loss and every chunk's gradient (raw bytes of the ops' dtype), waiting
 // for all of it; a failure of the device's background work is returned.
-inline Result<float> run_model_step(Device& dev, ModelOps& ops, Stream s, ModelOps::Workspace& ws, ModelStep& m,
+inline Result<float> run_model_step(gpu::Device& dev, GptOps& ops, Stream s, GptOps::Workspace& ws, ModelStep& m,
                                     const std::vector<const void*>& weights, const std::vector<int32_t>& tokens,
                                     const std::vector<int32_t>& targets, float dloss,
                                     std::vector<std::vector<uint8_t>>* grads) {
@@ -71,4 +71,4 @@ inline double relative_error(const std::vector<float>& got, const std::vector<fl
   return norm > 0 ? std::sqrt(diff / norm) : std::numeric_limits<double>::infinity();
 }
 
-}  // namespace strata::gpu::testing
+}  // namespace strata::gpt::testing

@@ -1,11 +1,14 @@
-#include "gpu/host/gpt.h"
+#include "models/gpt/host/gpt.h"
 
 #include <algorithm>
 
 #include "common/check.h"
 #include "gpu/host/ops.h"
 
-namespace strata::gpu::host {
+namespace strata::gpt::host {
+
+using namespace gpu::host;
+
 template <class T>
 int64_t BlockActivations<T>::elements(const GptConfig& c, int64_t B, int64_t seq) {
   const int64_t N = B * seq, C = c.hidden;
@@ -159,4 +162,4 @@ template void block_backward<double>(const GptConfig&, const double*, double*, c
 template class HostGpt<float>;
 template class HostGpt<double>;
 
-}  // namespace strata::gpu::host
+}  // namespace strata::gpt::host

@@ -1,4 +1,4 @@
-// One training step's compute through gpu::ModelOps with every chunk
+// One training step's compute through gpt::GptOps with every chunk
 // resident in device memory: the embedding, every block keeping only its
 // input, the head; then the head's backward, and each block recomputed from
 // its input and back-propagated, the embedding last — the order the
@@ -12,28 +12,28 @@
 
 #include "common/dtype.h"
 #include "gpu/device.h"
-#include "gpu/model_ops.h"
+#include "models/gpt/gpt_ops.h"
 
-namespace strata::gpu {
+namespace strata::gpt {
 
 struct ModelStep {
-  std::vector<DeviceMemory> weights, grads;  // per chunk (model_layout order), in the ops' dtype
-  std::vector<DeviceMemory> x;               // block inputs: x[0] embeddings ... x[L] last block's output
-  DeviceMemory dx, dx_in, recomputed, tokens, targets, loss;
+  std::vector<gpu::DeviceMemory> weights, grads;  // per chunk (model_layout order), in the ops' dtype
+  std::vector<gpu::DeviceMemory> x;               // block inputs: x[0] embeddings ... x[L] last block's output
+  gpu::DeviceMemory dx, dx_in, recomputed, tokens, targets, loss;
 };
 
-inline Result<ModelStep> allocate_model_step(Device& dev, const ModelOps& ops, int64_t B, int64_t seq) {
+inline Result<ModelStep> allocate_model_step(gpu::Device& dev, const GptOps& ops, int64_t B, int64_t seq) {
   const GptConfig& c = ops.config();
   const uint64_t e = dtype_bytes(ops.dtype()), act = static_cast<uint64_t>(B * seq * c.hidden) * e;
   ModelStep m;
   for (const ChunkLayout& l : model_layout(c)) {
-    STRATA_ASSIGN_OR_RETURN(DeviceMemory w, dev.allocate(static_cast<uint64_t>(l.numel) * e, "weights"));
-    STRATA_ASSIGN_OR_RETURN(DeviceMemory g, dev.allocate(static_cast<uint64_t>(l.numel) * e, "gradients"));
+    STRATA_ASSIGN_OR_RETURN(gpu::DeviceMemory w, dev.allocate(static_cast<uint64_t>(l.numel) * e, "weights"));
+    STRATA_ASSIGN_OR_RETURN(gpu::DeviceMemory g, dev.allocate(static_cast<uint64_t>(l.numel) * e, "gradients"));
     m.weights.push_back(std::move(w));
     m.grads.push_back(std::move(g));
   }
   for (int64_t l = 0; l <= c.layers; ++l) {
-    STRATA_ASSIGN_OR_RETURN(DeviceMemory x, dev.allocate(act, "block input"));
+    STRATA_ASSIGN_OR_RETURN(gpu::DeviceMemory x, dev.allocate(act, "block input"));
     m.x.push_back(std::move(x));
   }
   STRATA_ASSIGN_OR_RETURN(m.dx, dev.allocate(act, "dx"));
@@ -47,7 +47,7 @@ inline Result<ModelStep> allocate_model_step(Device& dev, const ModelOps& ops, i
 
 // Enqueues the forward on `s`: embedding, blocks (inputs kept in m.x), head;
 // the loss lands in m.loss.
-inline Status enqueue_model_forward(ModelOps& ops, Stream s, ModelOps::Workspace& ws, ModelStep& m) {
+inline Status enqueue_model_forward(GptOps& ops, Stream s, GptOps::Workspace& ws, ModelStep& m) {
   const int64_t L = ops.config().layers;
   const size_t last = m.weights.size() - 1;
   STRATA_RETURN_IF_ERROR(ops.embedding_forward(s, ws, m.weights[0].data(), m.tokens.as<int32_t>(), m.x[0].data()));
@@ -63,10 +63,10 @@ inline Status enqueue_model_forward(ModelOps& ops, Stream s, ModelOps::Workspace
 // Enqueues the backward on `s` after enqueue_model_forward: gradients are
 // zeroed, then set to dloss * d(loss)/d(weights), each block recomputed
 // from its input first.
-inline Status enqueue_model_backward(ModelOps& ops, Stream s, ModelOps::Workspace& ws, ModelStep& m, float dloss) {
+inline Status enqueue_model_backward(GptOps& ops, Stream s, GptOps::Workspace& ws, ModelStep& m, float dloss) {
   const int64_t L = ops.config().layers;
   const size_t last = m.weights.size() - 1;
-  for (DeviceMemory& g : m.grads) STRATA_RETURN_IF_ERROR(ops.zero(s, g.data(), g.bytes()));
+  for (gpu::DeviceMemory& g : m.grads) STRATA_RETURN_IF_ERROR(ops.zero(s, g.data(), g.bytes()));
   STRATA_RETURN_IF_ERROR(ops.zero(s, m.dx.data(), m.dx.bytes()));
   STRATA_RETURN_IF_ERROR(ops.head_backward(s, ws, m.weights[last].data(), m.grads[last].data(), m.weights[0].data(),
                                            m.grads[0].data(), m.x[static_cast<size_t>(L)].data(),
@@ -83,9 +83,9 @@ inline Status enqueue_model_backward(ModelOps& ops, Stream s, ModelOps::Workspac
   return ops.embedding_backward(s, ws, m.grads[0].data(), m.tokens.as<int32_t>(), m.dx.data());
 }
 
-inline Status enqueue_model_step(ModelOps& ops, Stream s, ModelOps::Workspace& ws, ModelStep& m, float dloss) {
+inline Status enqueue_model_step(GptOps& ops, Stream s, GptOps::Workspace& ws, ModelStep& m, float dloss) {
   STRATA_RETURN_IF_ERROR(enqueue_model_forward(ops, s, ws, m));
   return enqueue_model_backward(ops, s, ws, m, dloss);
 }
 
-}  // namespace strata::gpu
+}  // namespace strata::gpt

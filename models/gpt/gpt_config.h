@@ -18,7 +18,7 @@
 
 #include "common/status.h"
 
-namespace strata::gpu {
+namespace strata::gpt {
 
 inline constexpr int64_t kTensorAlignElems = 64;  // 256 bytes of fp32, 128 of bf16
 
@@ -127,4 +127,4 @@ struct GptStepBuffers {
 GptStepBuffers gpt_step_buffers(const GptConfig& config, int64_t elem_bytes, int64_t batch, int64_t seq, int64_t pass,
                                 int64_t grad_accum, bool offload_inputs);
 
-}  // namespace strata::gpu
+}  // namespace strata::gpt

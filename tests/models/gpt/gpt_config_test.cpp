@@ -1,11 +1,11 @@
-#include "gpu/gpt_config.h"
+#include "models/gpt/gpt_config.h"
 
 #include <gtest/gtest.h>
 
 #include <iterator>
 #include <set>
 
-namespace strata::gpu {
+namespace strata::gpt {
 namespace {
 
 TEST(GptConfig, Gpt2SmallHasItsKnownParameterCount) {
@@ -87,4 +87,4 @@ TEST(GptConfig, BadConfigsAreRefusedWithTheField) {
 }
 
 }  // namespace
-}  // namespace strata::gpu
+}  // namespace strata::gpt

@@ -7,10 +7,10 @@
 #include <string>
 #include <vector>
 
-#include "gpu/gpt_config.h"
-#include "gpu/host/gpt.h"
+#include "models/gpt/gpt_config.h"
+#include "models/gpt/host/gpt.h"
 
-namespace strata::gpu::testing {
+namespace strata::gpt::testing {
 
 template <class Rng>
 std::vector<std::vector<float>> random_model(const GptConfig& c, Rng& rng, float scale) {
@@ -44,4 +44,4 @@ inline float reference_step(const GptConfig& c, int64_t B, int64_t seq, std::vec
   return loss;
 }
 
-}  // namespace strata::gpu::testing
+}  // namespace strata::gpt::testing

@@ -1,23 +1,14 @@
-// The device bytes of the CUDA backend's ModelOps workspace, in plain C++:
-// cuda/model_ops.cpp and cuda/block.cpp allocate exactly these, and a
-// planner on a machine without CUDA (gpu::model_ops_workspace) counts them
+// The device bytes of the GPT's CUDA ops' workspace, in plain C++:
+// cuda/gpt_ops.cpp and cuda/block.cpp allocate exactly these, and a
+// planner on a machine without CUDA (gpt::gpt_ops_workspace) counts them
 // from here.
 #pragma once
 
 #include <cstdint>
 
-#include "gpu/gpt_config.h"
+#include "models/gpt/gpt_config.h"
 
-namespace strata::gpu::cuda {
-
-// The fused tied projection + cross-entropy never holds more than
-// kCeRows x kCeCols logits at once (cuda/crossentropy.cu).
-inline constexpr int64_t kCeRows = 256;
-inline constexpr int64_t kCeCols = 4096;
-// Its fp32 workspace for N rows: one logits tile and four row terms.
-inline int64_t crossentropy_workspace_floats(int64_t N) {
-  return kCeRows * kCeCols + 4 * N;
-}
+namespace strata::gpt::cuda {
 
 // Each allocation is counted as the device charges it.
 struct CudaWorkspaceBytes {
@@ -33,4 +24,4 @@ struct CudaWorkspaceBytes {
 };
 CudaWorkspaceBytes cuda_workspace_bytes(const GptConfig& config, int64_t elem_bytes, int64_t batch, int64_t seq);
 
-}  // namespace strata::gpu::cuda
+}  // namespace strata::gpt::cuda

@@ -1,9 +1,9 @@
-// gpu::ModelOps on the host backend: a whole model's step driven through
+// gpt::GptOps on the host backend: a whole model's step driven through
 // the interface (on a HostDevice stream, blocks recomputed in backward)
 // gives the same bits as HostGpt (every activation kept); the workspace takes
 // exactly what it says from the device budget, and a budget too small for it
 // is an error naming it; bf16 and fp16 storage track the fp32 model.
-#include "gpu/model_ops.h"
+#include "models/gpt/gpt_ops_factory.h"
 
 #include <gtest/gtest.h>
 
@@ -13,15 +13,18 @@
 #include <vector>
 
 #include "gpu/device_factory.h"
-#include "gpu/host/gpt.h"
 #include "gpu/host/host_device.h"
-#include "tests/gpu/model_step.h"
-#include "tests/gpu/random_model.h"
+#include "models/gpt/host/gpt.h"
+#include "tests/models/gpt/gpt_step_util.h"
+#include "tests/models/gpt/random_model.h"
 #include "tests/test_util.h"
 #include "tests/tolerance.h"
 
-namespace strata::gpu {
+namespace strata::gpt {
 namespace {
+
+using gpu::HostDevice;
+using gpu::Stream;
 
 GptConfig small_config() {
   GptConfig c;
@@ -35,7 +38,7 @@ std::unique_ptr<HostDevice> host_device(uint64_t capacity) {
   return std::move(d).value();
 }
 
-TEST(HostModelOps, AStepThroughTheInterfaceGivesHostGptsBits) {
+TEST(HostGptOps, AStepThroughTheInterfaceGivesHostGptsBits) {
   const GptConfig c = small_config();
   const int64_t B = 2, T = 16, N = B * T;
   std::mt19937 rng(strata::testing::test_seed(91));
@@ -48,9 +51,9 @@ TEST(HostModelOps, AStepThroughTheInterfaceGivesHostGptsBits) {
   const float ref_loss = testing::reference_step(c, B, T, w, tokens, targets, dloss, &g_ref);
 
   auto dev = host_device(64 << 20);
-  Result<std::unique_ptr<ModelOps>> ops = dev->model_ops(c, DType::kF32);
+  Result<std::unique_ptr<GptOps>> ops = make_gpt_ops(*dev, c, DType::kF32);
   ASSERT_TRUE(ops) << ops.error().to_string();
-  Result<std::unique_ptr<ModelOps::Workspace>> ws = (*ops)->workspace(B, T);
+  Result<std::unique_ptr<GptOps::Workspace>> ws = (*ops)->workspace(B, T);
   ASSERT_TRUE(ws) << ws.error().to_string();
   Result<ModelStep> m = allocate_model_step(*dev, **ops, B, T);
   ASSERT_TRUE(m) << m.error().to_string();
@@ -71,25 +74,25 @@ TEST(HostModelOps, AStepThroughTheInterfaceGivesHostGptsBits) {
   }
 }
 
-TEST(HostModelOps, TheWorkspaceTakesWhatItSaysAndAShortBudgetIsAnError) {
+TEST(HostGptOps, TheWorkspaceTakesWhatItSaysAndAShortBudgetIsAnError) {
   const GptConfig c = small_config();
   auto dev = host_device(64 << 20);
-  Result<std::unique_ptr<ModelOps>> ops = dev->model_ops(c, DType::kF32);
+  Result<std::unique_ptr<GptOps>> ops = make_gpt_ops(*dev, c, DType::kF32);
   ASSERT_TRUE(ops);
   const uint64_t before = dev->used_bytes();
   const uint64_t says = (*ops)->workspace_bytes(4, 16);
   {
-    Result<std::unique_ptr<ModelOps::Workspace>> ws = (*ops)->workspace(4, 16);
+    Result<std::unique_ptr<GptOps::Workspace>> ws = (*ops)->workspace(4, 16);
     ASSERT_TRUE(ws);
     EXPECT_EQ(dev->used_bytes() - before, says) << "what the device charges";
-    EXPECT_EQ(says, model_ops_workspace(Backend::kHost, c, DType::kF32, 4, 16).total) << "what the planner counts";
+    EXPECT_EQ(says, gpt_ops_workspace(gpu::Backend::kHost, c, DType::kF32, 4, 16).total) << "what the planner counts";
   }
   EXPECT_EQ(dev->used_bytes(), before);
 
   auto small = host_device(says / 2);
-  Result<std::unique_ptr<ModelOps>> small_ops = small->model_ops(c, DType::kF32);
+  Result<std::unique_ptr<GptOps>> small_ops = make_gpt_ops(*small, c, DType::kF32);
   ASSERT_TRUE(small_ops);
-  Result<std::unique_ptr<ModelOps::Workspace>> none = (*small_ops)->workspace(4, 16);
+  Result<std::unique_ptr<GptOps::Workspace>> none = (*small_ops)->workspace(4, 16);
   ASSERT_FALSE(none);
   EXPECT_EQ(none.error().code(), StatusCode::kResourceExhausted);
   EXPECT_NE(none.error().message().find("model ops workspace"), std::string::npos) << none.error().to_string();
@@ -99,9 +102,9 @@ TEST(HostModelOps, TheWorkspaceTakesWhatItSaysAndAShortBudgetIsAnError) {
 // bf16 / fp16 storage on the host: the same step, rounded at every call's
 // edges, against HostGpt in fp32 on the same rounded weights — the loss and
 // every chunk's gradient within 1e-2 relative, every element finite.
-class HostModelOpsLowPrecision : public ::testing::TestWithParam<DType> {};
+class HostGptOpsLowPrecision : public ::testing::TestWithParam<DType> {};
 
-TEST_P(HostModelOpsLowPrecision, AStepTracksTheFp32Model) {
+TEST_P(HostGptOpsLowPrecision, AStepTracksTheFp32Model) {
   const DType dt = GetParam();
   const GptConfig c = small_config();
   const int64_t B = 2, T = 16, N = B * T;
@@ -122,10 +125,10 @@ TEST_P(HostModelOpsLowPrecision, AStepTracksTheFp32Model) {
   const float ref_loss = testing::reference_step(c, B, T, w, tokens, targets, 0.5f, &g_ref);
 
   auto dev = host_device(64 << 20);
-  Result<std::unique_ptr<ModelOps>> ops = dev->model_ops(c, dt);
+  Result<std::unique_ptr<GptOps>> ops = make_gpt_ops(*dev, c, dt);
   ASSERT_TRUE(ops) << ops.error().to_string();
   EXPECT_EQ((*ops)->dtype(), dt);
-  Result<std::unique_ptr<ModelOps::Workspace>> ws = (*ops)->workspace(B, T);
+  Result<std::unique_ptr<GptOps::Workspace>> ws = (*ops)->workspace(B, T);
   ASSERT_TRUE(ws) << ws.error().to_string();
   Result<ModelStep> m = allocate_model_step(*dev, **ops, B, T);
   ASSERT_TRUE(m) << m.error().to_string();
@@ -141,15 +144,15 @@ TEST_P(HostModelOpsLowPrecision, AStepTracksTheFp32Model) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Types, HostModelOpsLowPrecision, ::testing::Values(DType::kBF16, DType::kF16),
+INSTANTIATE_TEST_SUITE_P(Types, HostGptOpsLowPrecision, ::testing::Values(DType::kBF16, DType::kF16),
                          [](const ::testing::TestParamInfo<DType>& i) { return std::string(dtype_name(i.param)); });
 
-TEST(HostModelOps, RefusesABadConfig) {
+TEST(HostGptOps, RefusesABadConfig) {
   auto dev = host_device(1 << 20);
   GptConfig bad = small_config();
   bad.heads = 5;
-  EXPECT_EQ(dev->model_ops(bad, DType::kF32).error().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(make_gpt_ops(*dev, bad, DType::kF32).error().code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace
-}  // namespace strata::gpu
+}  // namespace strata::gpt

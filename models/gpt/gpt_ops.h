@@ -1,5 +1,6 @@
-// gpu::ModelOps: the GPT's compute on one Device, behind one interface for
-// every backend. The single ops (gpu/host/ops.h, gpu/cuda/ops.h) are
+// gpt::GptOps: the GPT's compute on one gpu::Device, behind one interface
+// for every backend. The backends' single ops (gpu/host/ops.h,
+// gpu/cuda/ops.h) are
 // composed into the pieces a training step drives: the embedding, one
 // transformer block (forward; backward after a forward of the same block on
 // the same workspace — the recompute), and the head (final LayerNorm, the
@@ -22,11 +23,13 @@
 #include "common/dtype.h"
 #include "common/status.h"
 #include "gpu/device.h"
-#include "gpu/gpt_config.h"
+#include "models/gpt/gpt_config.h"
 
-namespace strata::gpu {
+namespace strata::gpt {
 
-class ModelOps {
+using gpu::Stream;
+
+class GptOps {
  public:
   // One step's device working memory for B x seq rows: one block's saved
   // tensors and backward scratch (shared by every block in turn) and the
@@ -44,7 +47,7 @@ class ModelOps {
     int64_t B_, T_;
   };
 
-  virtual ~ModelOps() = default;
+  virtual ~GptOps() = default;
   virtual DType dtype() const = 0;
   virtual const GptConfig& config() const = 0;
 
@@ -77,4 +80,4 @@ class ModelOps {
   virtual Status zero(Stream s, void* data, uint64_t bytes) = 0;
 };
 
-}  // namespace strata::gpu
+}  // namespace strata::gpt

@@ -8,9 +8,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "gpu/gpt_config.h"
+#include "models/gpt/gpt_config.h"
 
-namespace strata::gpu::host {
+namespace strata::gpt::host {
 
 // One block's working memory for B*T = N rows: what backward keeps from
 // forward, and backward's scratch. The members are views: resize() backs them
@@ -77,4 +77,4 @@ class HostGpt {
   std::vector<T> lnf_, lnf_mean_, lnf_rstd_, lse_;
 };
 
-}  // namespace strata::gpu::host
+}  // namespace strata::gpt::host

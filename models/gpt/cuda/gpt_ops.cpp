@@ -1,4 +1,4 @@
-// The CUDA backend's ModelOps: the CUDA launchers (ops.h, block.h) in T =
+// The GPT's ops on a CUDA GPU: the CUDA launchers (gpu/cuda/ops.h, block.h) in T =
 // float, __nv_bfloat16 or __half on the CudaDevice's streams. The
 // workspace: one block's buffers (block.h) and the head's LayerNorm output
 // and gradient (T), statistics, per-row log-sum-exp and the chunked loss's
@@ -6,25 +6,30 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "gpu/cuda/block.h"
-#include "gpu/cuda/cuda_check.h"
-#include "gpu/cuda/cuda_device.h"
-#include "gpu/cuda/ops.h"
-#include "gpu/model_ops.h"
+#include "models/gpt/cuda/gpt_ops.h"
 
-namespace strata::gpu::cuda {
+#include "gpu/cuda/cuda_check.h"
+#include "gpu/cuda/ops.h"
+#include "models/gpt/cuda/block.h"
+#include "models/gpt/cuda/workspace.h"
+
+namespace strata::gpt::cuda {
+
+using namespace gpu;
+using namespace gpu::cuda;
+
 namespace {
 
-struct CudaWorkspace final : public ModelOps::Workspace {
+struct CudaWorkspace final : public GptOps::Workspace {
   CudaWorkspace(int64_t B, int64_t seq) : Workspace(B, seq) {}
   BlockBuffers block;
   DeviceMemory lnf, dlnf, mean, rstd, lse, ce;
 };
 
 template <class T>
-class CudaModelOps final : public ModelOps {
+class CudaGptOps final : public GptOps {
  public:
-  CudaModelOps(CudaDevice& dev, const GptConfig& config, BlasContext blas, DType dtype)
+  CudaGptOps(CudaDevice& dev, const GptConfig& config, BlasContext blas, DType dtype)
       : dev_(dev), config_(config), blas_(std::move(blas)), dtype_(dtype), ends_(end_offsets(config)) {}
 
   DType dtype() const override { return dtype_; }
@@ -57,7 +62,7 @@ class CudaModelOps final : public ModelOps {
                            void* x_out) override {
     STRATA_ASSIGN_OR_RETURN(cudaStream_t cs, dev_.native(s));
     const T* e = static_cast<const T*>(embedding);
-    return cuda::embedding_forward(cs, static_cast<T*>(x_out), tokens, e + ends_.wte,
+    return gpu::cuda::embedding_forward(cs, static_cast<T*>(x_out), tokens, e + ends_.wte,
                                    e + ends_.wpe, w.batch(), w.seq(), config_.hidden);
   }
 
@@ -65,20 +70,20 @@ class CudaModelOps final : public ModelOps {
                             const void* dx) override {
     STRATA_ASSIGN_OR_RETURN(cudaStream_t cs, dev_.native(s));
     T* d = static_cast<T*>(dembedding);
-    return cuda::embedding_backward(cs, d + ends_.wte, d + ends_.wpe,
+    return gpu::cuda::embedding_backward(cs, d + ends_.wte, d + ends_.wpe,
                                     static_cast<const T*>(dx), tokens, w.batch(), w.seq(), config_.hidden);
   }
 
   Status block_forward(Stream s, Workspace& w, const void* params, const void* x_in, void* x_out) override {
     STRATA_ASSIGN_OR_RETURN(cudaStream_t cs, dev_.native(s));
-    return cuda::block_forward(blas_, cs, config_, static_cast<const T*>(params), static_cast<const T*>(x_in),
+    return gpt::cuda::block_forward(blas_, cs, config_, static_cast<const T*>(params), static_cast<const T*>(x_in),
                                static_cast<T*>(x_out), static_cast<CudaWorkspace&>(w).block, w.batch(), w.seq());
   }
 
   Status block_backward(Stream s, Workspace& w, const void* params, void* dparams, const void* x_in,
                         const void* dx_out, void* dx_in) override {
     STRATA_ASSIGN_OR_RETURN(cudaStream_t cs, dev_.native(s));
-    return cuda::block_backward(blas_, cs, config_, static_cast<const T*>(params), static_cast<T*>(dparams),
+    return gpt::cuda::block_backward(blas_, cs, config_, static_cast<const T*>(params), static_cast<T*>(dparams),
                                 static_cast<const T*>(x_in), static_cast<CudaWorkspace&>(w).block,
                                 static_cast<const T*>(dx_out), static_cast<T*>(dx_in), w.batch(), w.seq());
   }
@@ -131,19 +136,19 @@ class CudaModelOps final : public ModelOps {
 
 }  // namespace
 
-Result<std::unique_ptr<ModelOps>> CudaDevice::model_ops(const GptConfig& config, DType dtype) {
+Result<std::unique_ptr<GptOps>> make_cuda_gpt_ops(CudaDevice& device, const GptConfig& config, DType dtype) {
   STRATA_RETURN_IF_ERROR(config.validate());
-  STRATA_ASSIGN_OR_RETURN(BlasContext blas, BlasContext::create(options_.device));
+  STRATA_ASSIGN_OR_RETURN(BlasContext blas, BlasContext::create(device.device_index()));
   switch (dtype) {
     case DType::kF32:
-      return std::unique_ptr<ModelOps>(std::make_unique<CudaModelOps<float>>(*this, config, std::move(blas), dtype));
+      return std::unique_ptr<GptOps>(std::make_unique<CudaGptOps<float>>(device, config, std::move(blas), dtype));
     case DType::kBF16:
-      return std::unique_ptr<ModelOps>(
-          std::make_unique<CudaModelOps<__nv_bfloat16>>(*this, config, std::move(blas), dtype));
+      return std::unique_ptr<GptOps>(
+          std::make_unique<CudaGptOps<__nv_bfloat16>>(device, config, std::move(blas), dtype));
     case DType::kF16:
-      return std::unique_ptr<ModelOps>(std::make_unique<CudaModelOps<__half>>(*this, config, std::move(blas), dtype));
+      return std::unique_ptr<GptOps>(std::make_unique<CudaGptOps<__half>>(device, config, std::move(blas), dtype));
   }
-  return invalid_argument("model_ops: unknown dtype");
+  return invalid_argument("GPT ops: unknown dtype");
 }
 
-}  // namespace strata::gpu::cuda
+}  // namespace strata::gpt::cuda
