@@ -2,7 +2,7 @@
 # The layers' dependencies point down only: every `#include "DIR/..."` in
 # a layer names that layer or one it may use (the table below, the
 # layering of docs/ARCHITECTURE.md), no two parts include each other, and
-# engine/ names no model in its code. A file that includes upward fails this with its path and line.
+# engine/ and gpu/ name no model in their code. A file that includes upward fails this with its path and line.
 # PASS, or each offending include. Usage: layering_test.sh SOURCE_DIR
 root="$1"
 cd "$root" || exit 1
@@ -54,10 +54,11 @@ if ! tsort "${TMPDIR:-/tmp}/layering-edges.$$" >/dev/null 2>"${TMPDIR:-/tmp}/lay
   bad=1
 fi
 rm -f "${TMPDIR:-/tmp}/layering-edges.$$" "${TMPDIR:-/tmp}/layering-loop.$$"
-# engine/ is model-agnostic: no model's types or headers in its code
-# (comments may point at the built-in GPT as an example).
-if grep -rnE '^[^/]*\b(Gpt[A-Za-z]*|gpt_[a-z_]+)\b' engine --include='*.h' --include='*.cpp' | grep -v '^\S*: *//'; then
-  echo "engine/ names a model in its code (above)"
+# engine/ and gpu/ are model-agnostic: no model's types or headers in
+# their code (comments may point at the built-in GPT as an example).
+if grep -rnE '^[^/]*\b(Gpt[A-Za-z]*|gpt_[a-z_]+)\b' engine gpu --include='*.h' --include='*.cpp' --include='*.cu' \
+  --include='*.cuh' | grep -v '^\S*: *//'; then
+  echo "engine/ or gpu/ names a model in its code (above)"
   bad=1
 fi
 [ "$checked" -gt 50 ] || { echo "only $checked files checked"; bad=1; }
