@@ -566,7 +566,7 @@ Status ChunkStore::await_gradient(size_t chunk) {
   return ok_status();
 }
 
-void ChunkStore::settle() {
+void ChunkStore::drain() {
   dev_->synchronize(copy_).ignore();
   dev_->synchronize(gradient_stream()).ignore();
   if (nvme_) {

@@ -155,7 +155,7 @@ class ChunkStore {
     passes_complete_ = true;  // the next pass over the same weights may keep the slots
   }
   // Waits for everything in flight (a failed step) and forgets it.
-  void settle();
+  void drain();
 
   // Chunk 0's weights on the device once its copy is done (resident for the
   // step; needs no acquire). FailedPrecondition without resident_first.

@@ -162,8 +162,8 @@ Session::~Session() {
   if (stage_) stage_->cancel();  // its thread reports to the store
   accumulator_.reset();          // so does this one
   drop_prefetches();
-  while (!saves_.empty()) settle_save(saves_.begin()->first).ignore();
-  while (!writes_.empty()) settle_write(writes_.begin()->first);
+  while (!saves_.empty()) drain_save(saves_.begin()->first).ignore();
+  while (!writes_.empty()) drain_write(writes_.begin()->first);
   activations_.clear();
   for (gpu::HostPin& pin : prefetch_staging_pin_) pin = gpu::HostPin();
   for (gpu::HostPin& pin : write_staging_pin_) pin = gpu::HostPin();
@@ -458,7 +458,7 @@ Status Session::begin_step(float grad_scale) {
   std::vector<const void*> host;
   for (size_t c = 0; c < specs_.size(); ++c) host.push_back(weights_.empty() ? nullptr : weights_[c].data());
   if (Status begun = store_->begin_step(host); !begun.ok()) {
-    store_->settle();  // its reads ahead land (a failed one is this error)
+    store_->drain();  // its reads ahead land (a failed one is this error)
     return begun;
   }
   position_.assign(specs_.size(), 0);
@@ -467,7 +467,7 @@ Status Session::begin_step(float grad_scale) {
   // each chunk as its gradient comes. The delayed one starts at end_step.
   Status begun = options_.delayed_update ? ok_status() : stage_->begin(make_step(grad_scale));
   if (!begun.ok()) {
-    store_->settle();
+    store_->drain();
     return begun;
   }
   uses_.assign(specs_.size(), std::nullopt);
@@ -590,7 +590,7 @@ Result<StepVerdict> Session::end_step() {
   store_->end_step();
   in_step_ = false;
   if (!outcome) {
-    store_->settle();                    // what it read ahead for the step lands before the next
+    store_->drain();                    // what it read ahead for the step lands before the next
     restore_written_weights().ignore();  // what cannot be put back now stays marked for the next step
     return std::move(outcome).error();
   }
@@ -607,7 +607,7 @@ Status Session::cancel_step() {
   if (options_.delayed_update) {
     // Its update has not begun (the one in flight is the last step's, and goes on).
     if (accumulator_) accumulator_->drain().ignore();
-    store_->settle();
+    store_->drain();
     drop_prefetches();
     in_step_ = false;
     return ok_status();
@@ -623,7 +623,7 @@ Status Session::cancel_step() {
   }
   if (accumulator_) accumulator_->drain().ignore();  // the sums are dropped with the step
   stage_->cancel();
-  store_->settle();
+  store_->drain();
   drop_prefetches();
   in_step_ = false;
   return restore_written_weights();
@@ -648,7 +648,7 @@ Status Session::read_master(size_t chunk, std::span<float> dst) {
   STRATA_RETURN_IF_ERROR(usable("read_master"));
   if (!started()) return failed_precondition("session: read_master before start");
   if (in_step_) return failed_precondition("session: read_master during a step");
-  STRATA_RETURN_IF_ERROR(flush().with_context("session: read_master"));  // a delayed update in flight
+  STRATA_RETURN_IF_ERROR(drain_update().with_context("session: read_master"));  // a delayed update in flight
   if (chunk >= specs_.size()) return invalid_argument("session: read_master: no chunk " + std::to_string(chunk));
   if (dst.size() != static_cast<size_t>(specs_[chunk].elems)) {
     return invalid_argument("session: read_master \"" + specs_[chunk].name + "\": " +
@@ -711,14 +711,14 @@ Status Session::finalize() {
   if (in_step_) return failed_precondition("session: finalize during a step (end_step or cancel_step first)");
   // Activations saved: their copies and writes in flight land, and the
   // first failure not yet reported is (once).
-  while (!saves_.empty()) STRATA_RETURN_IF_ERROR(settle_save(saves_.begin()->first).with_context("session: finalize"));
-  while (!writes_.empty()) settle_write(writes_.begin()->first);
+  while (!saves_.empty()) STRATA_RETURN_IF_ERROR(drain_save(saves_.begin()->first).with_context("session: finalize"));
+  while (!writes_.empty()) drain_write(writes_.begin()->first);
   for (auto& [key, failed] : failed_writes_) {
     if (failed.reported) continue;
     for (auto& [k, f] : failed_writes_) f.reported = true;
     return failed.status.with_context("session: finalize");
   }
-  STRATA_RETURN_IF_ERROR(flush().with_context("session: finalize: the delayed update in flight"));
+  STRATA_RETURN_IF_ERROR(drain_update().with_context("session: finalize: the delayed update in flight"));
   return device_->async_error().with_context("session: finalize: the device's background work");
 }
 

@@ -519,9 +519,9 @@ class Session {
   // speculation's guess), and its verdict.
   StepVerdict take(const OverlapOutcome& outcome, double lr);
   // The delayed update: end_step's part, landing the update in flight
-  // (flush: OK when none), and beginning a failed one again.
+  // (drain_update: OK when none), and beginning a failed one again.
   Result<StepVerdict> end_delayed_step();
-  Status flush(StepVerdict* verdict = nullptr);
+  Status drain_update(StepVerdict* verdict = nullptr);
   void restart_failed_update();
   void begin_update(OverlapStep step);
   std::function<Status()> adding(std::function<Status()> landed, size_t chunk, bool first);
@@ -637,7 +637,7 @@ class Session {
   gpu::HostPin prefetch_staging_pin_[kPrefetchStaging];
   Status stage_activation(uint64_t bytes, io::Buffer* buffer, gpu::HostPin* pin);
   Status check_activation(const char* call, uint64_t key, const void* device_dst, uint64_t bytes) const;
-  Status settle_prefetch(uint64_t key, bool report_read = true);
+  Status drain_prefetch(uint64_t key, bool report_read = true);
   void drop_prefetches();
   // NVMe: saves whose write is in flight, by key, each from a staging
   // buffer of its own; a load of the key, a save over it, drop_activations
@@ -655,12 +655,12 @@ class Session {
   std::map<uint64_t, Write> writes_;
   io::Buffer write_staging_[kWriteStaging];
   gpu::HostPin write_staging_pin_[kWriteStaging];
-  void settle_write(uint64_t key);
+  void drain_write(uint64_t key);
   void issue_write(uint64_t key, Write& w);
   void issue_copied_writes();
   // Host RAM: stream-ordered saves whose copy may be in flight, by key.
   std::map<uint64_t, ActivationCopy> saves_;
-  Status settle_save(uint64_t key);
+  Status drain_save(uint64_t key);
   Status host_activation(uint64_t key, uint64_t bytes);
   // Writes that failed, by key, until the key is saved again: each load of
   // the key reports it, finalize those no load reported (once);

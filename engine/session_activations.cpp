@@ -28,8 +28,8 @@ Status Session::save_activation(uint64_t key, const void* device_src, uint64_t b
   }
   // A load of the old contents in flight lands first (a failed read of
   // them is moot: they are replaced); so does a copy of them out.
-  STRATA_RETURN_IF_ERROR(settle_prefetch(key, /*report_read=*/false));
-  STRATA_RETURN_IF_ERROR(settle_save(key));
+  STRATA_RETURN_IF_ERROR(drain_prefetch(key, /*report_read=*/false));
+  STRATA_RETURN_IF_ERROR(drain_save(key));
   issue_copied_writes();
   gpu::Event written;  // the model's writes the copy follows
   const bool ordered = stream.id >= 0;
@@ -42,9 +42,9 @@ Status Session::save_activation(uint64_t key, const void* device_src, uint64_t b
     // write's own (the oldest write lands when both are taken).
     // A failed write of the old contents is moot: they are replaced. One of
     // another key's keeps its failure for that key's load.
-    settle_write(key);
+    drain_write(key);
     failed_writes_.erase(key);
-    while (writes_.size() >= kWriteStaging) settle_write(writes_.begin()->first);
+    while (writes_.size() >= kWriteStaging) drain_write(writes_.begin()->first);
     bool used[kWriteStaging] = {};
     for (const auto& [k, w] : writes_) used[w.staging] = true;
     Write w;
@@ -111,7 +111,7 @@ Status Session::activation_saved(uint64_t key, gpu::Stream stream) {
 }
 
 // Waits for a stream-ordered save's copy of `key` into host RAM, if any.
-Status Session::settle_save(uint64_t key) {
+Status Session::drain_save(uint64_t key) {
   const auto it = saves_.find(key);
   if (it == saves_.end()) return ok_status();
   const ActivationCopy copy = it->second;
@@ -173,8 +173,8 @@ Status Session::prefetch_activation(uint64_t key, void* device_dst, uint64_t byt
 Status Session::prefetch_activation(uint64_t key, void* device_dst, uint64_t bytes, gpu::Stream stream) {
   STRATA_RETURN_IF_ERROR(usable("prefetch_activation"));
   STRATA_RETURN_IF_ERROR(check_activation("prefetch_activation", key, device_dst, bytes));
-  STRATA_RETURN_IF_ERROR(settle_prefetch(key));  // one load of a key at a time
-  STRATA_RETURN_IF_ERROR(settle_save(key));      // its bytes are out before they come back
+  STRATA_RETURN_IF_ERROR(drain_prefetch(key));  // one load of a key at a time
+  STRATA_RETURN_IF_ERROR(drain_save(key));      // its bytes are out before they come back
   issue_copied_writes();
   // A stream of their own: a read from NVMe holds up only the copies of
   // activations after it, never the weights' prefetches.
@@ -187,11 +187,11 @@ Status Session::prefetch_activation(uint64_t key, void* device_dst, uint64_t byt
   if (options_.activations == Tier::kNvme) {
     // A staging buffer of its own until the copy out of it is done: the
     // oldest prefetch's lands first when both are taken.
-    while (prefetches_.size() >= kPrefetchStaging) STRATA_RETURN_IF_ERROR(settle_prefetch(prefetches_.begin()->first));
+    while (prefetches_.size() >= kPrefetchStaging) STRATA_RETURN_IF_ERROR(drain_prefetch(prefetches_.begin()->first));
     bool used[kPrefetchStaging] = {};
     for (const auto& [k, q] : prefetches_) used[q.staging] = true;
     while (used[p.staging]) ++p.staging;
-    settle_write(key);  // the blob is whole before it is read, or its write failed
+    drain_write(key);  // the blob is whole before it is read, or its write failed
     if (const auto failed = failed_writes_.find(key); failed != failed_writes_.end()) {
       failed->second.reported = true;
       return failed->second.status;
@@ -223,7 +223,7 @@ Status Session::prefetch_activation(uint64_t key, void* device_dst, uint64_t byt
 
 // Waits for a write of `key` in flight, if any, and forgets it; a failure
 // stays with the key (failed_writes_) for its next load or finalize.
-void Session::settle_write(uint64_t key) {
+void Session::drain_write(uint64_t key) {
   const auto it = writes_.find(key);
   if (it == writes_.end()) return;
   issue_write(key, it->second);
@@ -239,7 +239,7 @@ void Session::settle_write(uint64_t key) {
 
 // Waits for a prefetch of `key` in flight, if any, and forgets it; the
 // read's failure is returned when `report_read` (its bytes are wanted).
-Status Session::settle_prefetch(uint64_t key, bool report_read) {
+Status Session::drain_prefetch(uint64_t key, bool report_read) {
   const auto it = prefetches_.find(key);
   if (it == prefetches_.end()) return ok_status();
   const Prefetch p = it->second;
@@ -253,7 +253,7 @@ Status Session::settle_prefetch(uint64_t key, bool report_read) {
 // with them: a cancelled step's copies write into no buffer of the model's
 // after it, and a failed read of one is no later step's error.
 void Session::drop_prefetches() {
-  while (!prefetches_.empty()) settle_prefetch(prefetches_.begin()->first, /*report_read=*/false).ignore();
+  while (!prefetches_.empty()) drain_prefetch(prefetches_.begin()->first, /*report_read=*/false).ignore();
 }
 
 Status Session::load_activation(uint64_t key, void* device_dst, uint64_t bytes) {
@@ -266,12 +266,12 @@ Status Session::load_activation(uint64_t key, void* device_dst, uint64_t bytes, 
   const auto pending = prefetches_.find(key);
   if (pending != prefetches_.end()) {
     const bool same = pending->second.dst == device_dst;
-    STRATA_RETURN_IF_ERROR(settle_prefetch(key));
+    STRATA_RETURN_IF_ERROR(drain_prefetch(key));
     if (same) return ok_status();  // it is there
   }
   // Not prefetched (or into another buffer): the same path, waited for.
   STRATA_RETURN_IF_ERROR(prefetch_activation(key, device_dst, bytes, stream));
-  return settle_prefetch(key).with_context("session: loading activation " + std::to_string(key));
+  return drain_prefetch(key).with_context("session: loading activation " + std::to_string(key));
 }
 
 // An NVMe activations' staging buffer, grown to hold `bytes` (padded).
@@ -287,8 +287,8 @@ Status Session::stage_activation(uint64_t bytes, io::Buffer* buffer, gpu::HostPi
 
 void Session::drop_activations() {
   drop_prefetches();
-  while (!saves_.empty()) settle_save(saves_.begin()->first).ignore();
-  while (!writes_.empty()) settle_write(writes_.begin()->first);
+  while (!saves_.empty()) drain_save(saves_.begin()->first).ignore();
+  while (!writes_.empty()) drain_write(writes_.begin()->first);
   failed_writes_.clear();
   for (const auto& [key, a] : activations_) {
     if (options_.activations == Tier::kNvme && a.bytes > 0) swap_->remove(activation_blob(key)).ignore();

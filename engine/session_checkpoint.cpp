@@ -28,7 +28,7 @@ Status Session::prepare_save() {
   if (!started()) return failed_precondition("session: save before start: nothing is placed yet");
   if (in_step_) return failed_precondition("session: save during a step (end_step or cancel_step first)");
   if (!broken_.empty()) return failed_precondition("session: " + broken_ + "; nothing consistent to save");
-  STRATA_RETURN_IF_ERROR(flush().with_context("session: save"));  // a delayed update in flight lands first
+  STRATA_RETURN_IF_ERROR(drain_update().with_context("session: save"));  // a delayed update in flight lands first
   return restore_stale();                                         // what a failed step left updated goes back first
 }
 
@@ -61,7 +61,7 @@ Status Session::begin_load(const std::string& what) {
     STRATA_RETURN_IF_ERROR(start(/*initial=*/false));
   } else {
     update_failed_.store(false);  // what the load replaces
-    STRATA_RETURN_IF_ERROR(flush().with_context("session: load"));
+    STRATA_RETURN_IF_ERROR(drain_update().with_context("session: load"));
   }
   broken_ = what;
   return ok_status();

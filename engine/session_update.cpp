@@ -49,13 +49,13 @@ Result<StepVerdict> Session::end_delayed_step() {
   store_->end_step();
   in_step_ = false;
   if (!ready.ok()) {
-    store_->settle();
+    store_->drain();
     return ready.with_context("session: end_step: the step's gradients");  // the step is over, nothing of it kept
   }
   StepVerdict v;
   // A failure leaves the update marked failed, begun again by the next
   // begin_step; this step's gradients are dropped with it.
-  STRATA_RETURN_IF_ERROR(flush(&v));
+  STRATA_RETURN_IF_ERROR(drain_update(&v));
   landing_order_ = landed_now_;
   begin_update(make_step(grad_scale_));
   in_flight_lr_ = made_lr_;
@@ -75,7 +75,7 @@ Result<StepVerdict> Session::end_delayed_step() {
 // never switched to, the weights it wrote beside are not swapped in — and
 // is begun again, from the same gradients, by the next call here or
 // begin_step.
-Status Session::flush(StepVerdict* verdict) {
+Status Session::drain_update(StepVerdict* verdict) {
   restart_failed_update();
   if (!pending_.load()) return ok_status();
   pending_.store(false);

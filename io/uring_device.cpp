@@ -54,7 +54,7 @@ void UringDevice::cancel_and_drain() {
     io_uring_sqe_set_data64(sqe, kCancelTag);
     cancel_pending = io_uring_submit(ring_.get()) >= 1;
   }
-  if (!flush().ok()) log_warning("io_uring: could not submit queued requests during shutdown");
+  if (!submit_queued().ok()) log_warning("io_uring: could not submit queued requests during shutdown");
   while (in_flight_ > 0 || cancel_pending) {
     io_uring_cqe* cqe = nullptr;
     int rc = io_uring_wait_cqe(ring_.get(), &cqe);
@@ -169,10 +169,10 @@ Status UringDevice::submit(std::span<const RawRequest> requests) {
   // with a CQE, so all count as in flight even if the kernel takes them later.
   in_flight_ += static_cast<uint32_t>(requests.size());
   unsubmitted_ += static_cast<uint32_t>(requests.size());
-  return flush();
+  return submit_queued();
 }
 
-Status UringDevice::flush() {
+Status UringDevice::submit_queued() {
   while (unsubmitted_ > 0) {
     int rc = io_uring_submit(ring_.get());
     if (rc == -EINTR) continue;
@@ -187,7 +187,7 @@ Status UringDevice::flush() {
 }
 
 Result<size_t> UringDevice::reap(std::span<RawCompletion> out, size_t min_complete) {
-  STRATA_RETURN_IF_ERROR(flush());
+  STRATA_RETURN_IF_ERROR(submit_queued());
   size_t want = std::min<size_t>(min_complete, in_flight_);
   want = std::min(want, out.size());
   size_t n = 0;

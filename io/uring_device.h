@@ -46,7 +46,7 @@ class UringDevice final : public BlockDevice {
  private:
   explicit UringDevice(const UringOptions& options);
   void cancel_and_drain();
-  Status flush();
+  Status submit_queued();
   int find_buffer(const std::byte* data, uint32_t length) const;
 
   struct BufferSlot {

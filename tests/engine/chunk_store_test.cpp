@@ -114,7 +114,7 @@ TEST(ChunkStore, WeightsComeUpAheadAndGoHomeWhenTheirSlotIsReused) {
   ASSERT_TRUE(r.store->begin_step(r.weights).ok());
   EXPECT_EQ(r.at(0), Residency::kCopying) << "chunk 0's copy is issued by begin_step";
   EXPECT_EQ(r.at(1), Residency::kOnHost) << "nothing is predicted while recording";
-  r.store->settle();
+  r.store->drain();
   run_step(r);
   ASSERT_TRUE(r.store->schedule().replaying());
   EXPECT_EQ(r.store->schedule().order(), step_order(r.config.layers));
@@ -138,7 +138,7 @@ TEST(ChunkStore, WeightsComeUpAheadAndGoHomeWhenTheirSlotIsReused) {
   EXPECT_EQ(r.at(1), Residency::kOnHost);
   EXPECT_NE(r.at(3), Residency::kOnHost);
   r.store->release(*u2);
-  r.store->settle();
+  r.store->drain();
   for (size_t c = 0; c < r.layout.size(); ++c) EXPECT_EQ(r.at(c), Residency::kOnHost) << "chunk " << c;
   // And a whole replayed step serves the right bytes everywhere.
   run_step(r);
@@ -177,7 +177,7 @@ TEST(ChunkStore, APassOverTheSameWeightsUsesWhatIsOnTheDevice) {
     Result<ChunkStore::Use> u = r.store->acquire(1);
     ASSERT_TRUE(u);
     r.store->release(*u);
-    r.store->settle();
+    r.store->drain();
     const uint64_t b1 = r.store->bytes_to_device();
     run_step(r, /*same_weights=*/true);
     EXPECT_EQ(r.store->bytes_to_device() - b1, fresh) << "after an unfinished pass, everything is copied again";
@@ -205,7 +205,7 @@ TEST(ChunkStore, AReferencedSlotIsNeverReused) {
   EXPECT_NE(c.error().message().find("release a use"), std::string::npos) << c.error().to_string();
   EXPECT_EQ(r.check(1, a->data), "") << "a referenced slot was overwritten";
   // After the failed step, the next one starts clean.
-  r.store->settle();
+  r.store->drain();
   run_step(r);
 }
 
@@ -229,7 +229,7 @@ TEST(ChunkStore, ReleasingAUseLetsThePrefetchGoOn) {
   EXPECT_EQ(r.at(1), Residency::kOnHost);
   EXPECT_EQ(r.check(3, c->data), "");
   r.store->release(*c);
-  r.store->settle();
+  r.store->drain();
 }
 
 TEST(ChunkStore, AGradientIsDirtyThenCopyingThenOnTheHost) {
@@ -255,7 +255,7 @@ TEST(ChunkStore, AGradientIsDirtyThenCopyingThenOnTheHost) {
   ASSERT_TRUE(landed.ok()) << landed.to_string();
   EXPECT_EQ(r.store->residency(c, View::kGradient), Residency::kOnHost);
   EXPECT_EQ(strata::testing::check_stamped(out.data(), out.size(), c << 32, 77), "");
-  r.store->settle();
+  r.store->drain();
 }
 
 TEST(ChunkStore, WeightsHomedOnNvmeAreLoadedThroughTheHost) {
@@ -288,7 +288,7 @@ TEST(ChunkStore, WeightsHomedOnNvmeAreLoadedThroughTheHost) {
   ASSERT_TRUE(r.store->begin_step(r.weights).ok());
   EXPECT_NE(r.at(1), Residency::kOnNvme);
   EXPECT_NE(r.at(3), Residency::kOnNvme) << "read ahead of its copy";
-  r.store->settle();
+  r.store->drain();
   for (size_t c = 0; c < r.layout.size(); ++c) EXPECT_EQ(r.at(c), Residency::kOnNvme) << "chunk " << c;
   run_step(r);
   EXPECT_EQ(r.store->schedule().deviations(), 0u);
