@@ -1,5 +1,5 @@
 // strata-stepbench: the offloaded training step (weights streamed through a
-// capped device, activation checkpoints on the host, optimizer states on
+// capped device, saved activations on the host, optimizer states on
 // NVMe) next to each of its parts measured alone in the same run:
 //   compute    the same forward, recompute and backward through the
 //              device's ModelOps with every chunk resident (no copies);

@@ -113,13 +113,13 @@ class CPlanModel final : public engine::PlanModel {
     if (micro_batch == m_.micro_batch) return strata::ok_status();
     return strata::invalid_argument("the model is described for micro-batches of " + std::to_string(m_.micro_batch));
   }
-  engine::ModelCheckpoints checkpoints(int64_t, strata::DType) const override {
-    return {m_.checkpoints, m_.checkpoints_saved, m_.checkpoint_bytes};
+  engine::ModelActivations activations(int64_t, strata::DType) const override {
+    return {m_.activations, m_.activations_saved, m_.activation_bytes};
   }
   engine::ModelDeviceBytes device_bytes(const engine::ModelPass& p) const override {
     engine::ModelDeviceBytes b;
-    const int64_t kept = p.offload_checkpoints ? m_.checkpoints_in_flight : m_.checkpoints;
-    b.checkpoints = static_cast<uint64_t>(kept * p.pass) * m_.checkpoint_bytes;
+    const int64_t kept = p.offload_activations ? m_.activations_in_flight : m_.activations;
+    b.activations_kept = static_cast<uint64_t>(kept * p.pass) * m_.activation_bytes;
     b.step = m_.device_bytes;
     return b;
   }
@@ -143,9 +143,9 @@ Result<std::vector<strata::DType>> check_model_plan(const strata_model_plan* m) 
     if (m->chunk_counts[c] < 1) return bad("chunk " + std::to_string(c) + " has no elements");
   }
   if (m->micro_batch < 1) return bad("micro_batch must be at least 1");
-  if (m->checkpoints < 0 || m->checkpoints_saved < 0 || m->checkpoints_saved > m->checkpoints ||
-      m->checkpoints_in_flight < 0) {
-    return bad("checkpoints: 0 <= checkpoints_saved <= checkpoints and checkpoints_in_flight >= 0");
+  if (m->activations < 0 || m->activations_saved < 0 || m->activations_saved > m->activations ||
+      m->activations_in_flight < 0) {
+    return bad("activations: 0 <= activations_saved <= activations and activations_in_flight >= 0");
   }
   if (!(m->flops >= 0)) return bad("flops must be >= 0");
   std::vector<strata::DType> dtypes;
@@ -165,7 +165,7 @@ std::string plan_json(const engine::Plan& plan, const engine::Budgets& budgets) 
       {"placement",
        {{"weights", tier(pl.weights)},
         {"states", tier(pl.states)},
-        {"checkpoints", tier(pl.checkpoints)},
+        {"activations", tier(pl.activations)},
         {"gradients", tier(pl.gradients)}}},
       {"session", {{"prefetch_depth", pl.prefetch_depth}, {"resident_first", plan.setup.model->resident_first()}}},
       {"speculate_in_ram", pl.speculate_in_ram}};

@@ -375,11 +375,19 @@ Status read_native(Reader& top, EngineConfig& c, const ModelKeys& model_keys) {
     std::string w, s, ck, g;
     STRATA_RETURN_IF_ERROR(p.get_choice("weights", &w, {"device", "host", "nvme"}));
     STRATA_RETURN_IF_ERROR(p.get_choice("states", &s, {"host", "nvme"}));
-    STRATA_RETURN_IF_ERROR(p.get_choice("checkpoints", &ck, {"device", "host", "nvme"}));
+    STRATA_RETURN_IF_ERROR(p.get_choice("activations", &ck, {"device", "host", "nvme"}));
+    if (p.has("checkpoints")) {  // the key's old name: the word now means saved models only
+      if (!ck.empty()) {
+        return invalid_argument("config key placement: both \"activations\" and its old name \"checkpoints\"; "
+                                "keep \"activations\"");
+      }
+      STRATA_RETURN_IF_ERROR(p.get_choice("checkpoints", &ck, {"device", "host", "nvme"}));
+      p.warn("placement.checkpoints is the old name of placement.activations; read as it");
+    }
     STRATA_RETURN_IF_ERROR(p.get_choice("gradients", &g, {"host", "nvme"}));
     if (!w.empty()) c.constraints.weights = *tier_from(w);
     if (!s.empty()) c.constraints.states = *tier_from(s);
-    if (!ck.empty()) c.constraints.checkpoints = *tier_from(ck);
+    if (!ck.empty()) c.constraints.activations = *tier_from(ck);
     if (!g.empty()) c.constraints.gradients = *tier_from(g);
     int64_t ring = c.setup.gradient_buffers;
     STRATA_RETURN_IF_ERROR(p.get_int("gradient_buffers", &ring, 1, 64));
@@ -418,7 +426,7 @@ Result<EngineConfig> parse_config(const nlohmann::json& j, std::vector<std::stri
   top.finish();
   if (c.nvme_paths.empty()) c.nvme_paths = nvme_paths;
   const bool nvme_used = c.constraints.weights == Tier::kNvme || c.constraints.states == Tier::kNvme ||
-                         c.constraints.checkpoints == Tier::kNvme || c.constraints.gradients == Tier::kNvme;
+                         c.constraints.activations == Tier::kNvme || c.constraints.gradients == Tier::kNvme;
   if ((nvme_used || c.budgets.nvme_bytes > 0) && c.nvme_paths.empty()) {
     return invalid_argument(
         "config: an NVMe budget or placement needs nvme_paths (or a DeepSpeed nvme_path, or strata-train --nvme DIR)");

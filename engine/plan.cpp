@@ -16,7 +16,7 @@ struct Sizes {
   int64_t params = 0;         // parameters (unpadded)
   uint64_t padded = 0;        // elements of all chunks, padding included
   uint64_t c = 2;             // bytes of a low-precision element
-  ModelCheckpoints ckpt;      // one micro-batch's activation checkpoints
+  ModelActivations ckpt;      // one micro-batch's saved activations
 };
 
 Sizes sizes_of(const TrainSetup& s, const std::vector<int64_t>& chunk_elems) {
@@ -24,7 +24,7 @@ Sizes sizes_of(const TrainSetup& s, const std::vector<int64_t>& chunk_elems) {
   z.params = s.model->parameters();
   for (int64_t n : chunk_elems) z.padded += static_cast<uint64_t>(n);
   z.c = dtype_bytes(s.compute);
-  z.ckpt = s.model->checkpoints(s.micro_batch, s.compute);
+  z.ckpt = s.model->activations(s.micro_batch, s.compute);
   return z;
 }
 
@@ -64,9 +64,9 @@ Status check_placement(const TrainSetup& s, const Placement& pl) {
   if (pl.weights == Tier::kNvme && s.working == DType::kF32) {
     return invalid_argument("fp32 working weights stay in RAM between uses (weights on NVMe are bf16 or fp16)");
   }
-  if (pl.checkpoints != Tier::kDevice && pl.weights == Tier::kDevice) {
+  if (pl.activations != Tier::kDevice && pl.weights == Tier::kDevice) {
     return invalid_argument(
-        "activation checkpoints off the device need the weights streamed (weights on the host "
+        "saved activations off the device need the weights streamed (weights on the host "
         "or on NVMe between uses); they are resident on the device");
   }
   if (pl.speculate_in_ram && pl.states != Tier::kHost) {
@@ -102,7 +102,7 @@ std::string placement_text(const Placement& pl) {
   return "weights on " + std::string(tier_name(pl.weights)) + ", optimizer states on " +
          std::string(tier_name(pl.states)) +
          (pl.speculate_in_ram ? " with a second copy (speculate_in_ram: updates as gradients land)" : "") +
-         ", checkpoints on " + std::string(tier_name(pl.checkpoints)) +
+         ", activations on " + std::string(tier_name(pl.activations)) +
          (pl.micro_batches_per_pass > 1 ? ", " + std::to_string(pl.micro_batches_per_pass) +
                                               " micro-batches of a block at once (vertical accumulation)"
                                         : std::string()) +
@@ -169,7 +169,7 @@ void count_device(const Counting& k, Plan& p) {
   pass.grad_accum = s.grad_accum;
   pass.compute = s.compute;
   pass.host_backend = s.host_backend;
-  pass.offload_checkpoints = pl.checkpoints != Tier::kDevice;
+  pass.offload_activations = pl.activations != Tier::kDevice;
   const ModelDeviceBytes model = s.model->device_bytes(pass);
   if (resident) {
     p.device.model_states += store.slots() + store.resident;
@@ -179,13 +179,13 @@ void count_device(const Counting& k, Plan& p) {
     p.device.buffers += store.slots() + store.gradient_slot_bytes();
     p.device.model_states += store.resident + store.resident_gradients + model.resident;
   }
-  p.device.activations += model.working_set + model.checkpoints;
+  p.device.activations += model.working_set + model.activations_kept;
   p.device.io_buffers += model.step;
-  // Offloaded, the checkpoints the model saves go to the session's tier,
+  // Offloaded, the activations the model saves go to the session's tier,
   // a pass's micro-batches side by side (one NVMe blob each).
   const auto saved = static_cast<uint64_t>(k.z.ckpt.saved);
-  if (pl.checkpoints == Tier::kNvme) p.nvme.activations += saved * padded(k.ckpt_group_bytes);
-  if (pl.checkpoints == Tier::kHost) p.host.activations += saved * k.ckpt_group_bytes;
+  if (pl.activations == Tier::kNvme) p.nvme.activations += saved * padded(k.ckpt_group_bytes);
+  if (pl.activations == Tier::kHost) p.host.activations += saved * k.ckpt_group_bytes;
 }
 
 // The bytes of one NVMe blob per piece of every chunk at `bytes_per_param`:
@@ -250,7 +250,7 @@ void count_host_and_nvme(const Counting& k, Plan& p) {
     p.device.model_states += (pl.speculate_in_ram ? 2 : 1) * state_total;
   }
   // The GPT's activation staging beside the session's.
-  if (pl.checkpoints == Tier::kNvme) p.host.io_buffers += kActivationStagingBuffers * padded(k.ckpt_group_bytes);
+  if (pl.activations == Tier::kNvme) p.host.io_buffers += kActivationStagingBuffers * padded(k.ckpt_group_bytes);
 }
 
 // Bytes to the device per step. Per pass of the streamed model (each
@@ -284,12 +284,12 @@ void count_links(const Counting& k, const Bandwidths& bw, Plan& p) {
   const TrainSetup& s = k.s;
   const Placement& pl = k.pl;
   const double P = static_cast<double>(k.z.params);
-  // The checkpoints the model saves go down and come back once each.
+  // The activations the model saves go down and come back once each.
   const double ckpt = static_cast<double>(k.z.ckpt.saved) * static_cast<double>(k.z.ckpt.bytes);
   const double A = static_cast<double>(s.grad_accum);
   double h2d = weight_bytes_up(k);
   double d2h = k.weights_bytes * A;
-  if (pl.checkpoints != Tier::kDevice) {
+  if (pl.activations != Tier::kDevice) {
     h2d += ckpt * A;
     d2h += ckpt * A;
   }
@@ -303,7 +303,7 @@ void count_links(const Counting& k, const Bandwidths& bw, Plan& p) {
     nvme_read += 2 * P * wb * k.passes;  // forward and backward each read every chunk, every pass
     nvme_write += P * wb;
   }
-  if (pl.checkpoints == Tier::kNvme) {
+  if (pl.activations == Tier::kNvme) {
     nvme_read += ckpt * A;
     nvme_write += ckpt * A;
   }
@@ -446,7 +446,7 @@ std::vector<Placement> candidates(const Budgets& b, const Constraints& fixed) {
     for (Tier st : tiers) {
       if (!allowed(fixed.states, st)) continue;
       for (Tier ck : tiers) {
-        if (!allowed(fixed.checkpoints, ck)) continue;
+        if (!allowed(fixed.activations, ck)) continue;
         // Prefetch depths only matter when the weights stream.
         for (int k = 1; k <= (w == Tier::kDevice ? 1 : 4); ++k) {
           for (Tier g : {Tier::kHost, Tier::kNvme}) {
@@ -561,7 +561,7 @@ bool fits_with(const TrainSetup& s, const Budgets& b, const Bandwidths& bw, cons
 
 // The largest micro-batch below `below` that fits with `state_bytes` Adam
 // states, or 0 when not even 1 does. Every tier's bytes grow with the
-// micro-batch (activations, workspace, checkpoints), so what fits is a
+// micro-batch (working set, workspace, saved activations), so what fits is a
 // prefix 1..m and bisection finds m in log2(below) searches: the planner
 // answers a micro-batch of 2^20 as fast as one of 8.
 int64_t largest_fitting_micro_batch(const TrainSetup& s, const Budgets& b, const Bandwidths& bw,
@@ -633,7 +633,7 @@ Result<Plan> make_plan(const TrainSetup& s, const Budgets& b, const Bandwidths& 
                             std::to_string(s.model->chunk_elems().size()) + " chunks");
   }
   STRATA_RETURN_IF_ERROR(check_state_piece_elems(s.state_piece_elems).with_context("training setup"));
-  if ((fixed.weights == Tier::kNvme || fixed.states == Tier::kNvme || fixed.checkpoints == Tier::kNvme) &&
+  if ((fixed.weights == Tier::kNvme || fixed.states == Tier::kNvme || fixed.activations == Tier::kNvme) &&
       b.nvme_bytes == 0) {
     return invalid_argument("the configuration puts data on NVMe but gives no NVMe budget (or path)");
   }

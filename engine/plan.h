@@ -2,7 +2,7 @@
 // plan_model.h), the batch shape and the budgets of each tier it chooses
 // where every view lives — low-precision weights, gradients, fp32 master
 // weights and optimizer states, activation
-// checkpoints — the prefetch depth and the number of device chunk buffers,
+// saved activations — the prefetch depth and the number of device chunk buffers,
 // and predicts the peak bytes of each tier and the time of each link per
 // step. Users give budgets; the planner chooses, and says why.
 //
@@ -27,7 +27,7 @@
 namespace strata::engine {
 
 struct Placement;
-// "weights on host, optimizer states on nvme, checkpoints on device", as plans print it.
+// "weights on host, optimizer states on nvme, activations on device", as plans print it.
 std::string placement_text(const Placement& placement);
 
 struct TrainSetup {
@@ -48,7 +48,7 @@ struct TrainSetup {
   // The vertical order of accumulation asked for (TrainerOptions::
   // vertical_accumulation, with grad_accum > 1): this many micro-batches
   // (a divisor of grad_accum) share each pass of the streamed model — their
-  // checkpoints and block gradients on the device at once, the weights
+  // saved activations and block gradients on the device at once, the weights
   // moved once per pass. 1: one at a time, unless the planner chooses
   // otherwise (Placement::micro_batches_per_pass).
   int64_t micro_batches_per_pass = 1;
@@ -89,7 +89,7 @@ bool gradients_run_on_nvme(const TrainSetup& setup, Tier states, int64_t micro_b
 // refuse the rest with its message (callers add who they are):
 //   - the optimizer states on the host or on NVMe (the optimizer is the CPU's);
 //   - the weights on NVMe only beside the states on NVMe, and never fp32;
-//   - activation checkpoints off the device only with the weights streamed;
+//   - saved activations off the device only with the weights streamed;
 //   - a second copy of the states in RAM (speculate_in_ram) only with them there;
 //   - the gradients on the host, or on NVMe where gradients_run_on_nvme says;
 //   - micro-batches per pass a divisor of grad_accum; prefetch depth 1..1024.
@@ -98,7 +98,7 @@ Status check_placement(const TrainSetup& setup, const Placement& placement);
 
 struct Budgets {
   uint64_t device_bytes = 0;
-  uint64_t host_bytes = 0;  // host RAM for model states, pinned buffers and checkpoints
+  uint64_t host_bytes = 0;  // host RAM for model states, pinned buffers and saved activations
   uint64_t nvme_bytes = 0;  // 0: no NVMe tier
 };
 
@@ -123,7 +123,7 @@ struct Bandwidths {
 
 struct TierBytes {
   uint64_t model_states = 0;  // weights, gradients, master weights, optimizer states
-  uint64_t activations = 0;   // checkpoints and the working set of one block
+  uint64_t activations = 0;   // saved activations and the working set of one block
   uint64_t buffers = 0;       // chunk buffers for streaming and gradient staging
   uint64_t io_buffers = 0;    // NVMe staging buffers, loss workspace
   uint64_t total() const { return model_states + activations + buffers + io_buffers; }
@@ -138,14 +138,14 @@ struct LinkTime {
 struct Placement {
   Tier weights = Tier::kDevice;      // home of the low-precision weights
   Tier states = Tier::kHost;         // fp32 master weights + optimizer states
-  Tier checkpoints = Tier::kDevice;  // block-input activation checkpoints
+  Tier activations = Tier::kDevice;  // where saved activations (block inputs) wait for backward
   int prefetch_depth = 1;            // chunks fetched ahead when weights stream
   // States in RAM: a second copy of them, so that chunks are updated as
   // they land (TrainerOptions::speculate_in_ram).
   bool speculate_in_ram = false;
   // With gradient accumulation: the vertical order when > 1 — this many
   // micro-batches of a block at once (a divisor of grad_accum; their
-  // checkpoints on any tier), chosen by the planner where it is faster and
+  // activations on any tier), chosen by the planner where it is faster and
   // fits, or asked for (TrainSetup::micro_batches_per_pass).
   int64_t micro_batches_per_pass = 1;
   // Where the gradients wait for the optimizer: the host (one buffer per
@@ -179,7 +179,7 @@ struct Plan {
 struct Constraints {
   std::optional<Tier> weights;
   std::optional<Tier> states;
-  std::optional<Tier> checkpoints;
+  std::optional<Tier> activations;
   std::optional<Tier> gradients;
   // false: never a second copy of the states in RAM (Placement::
   // speculate_in_ram) — a run whose optimizer memory is counted elsewhere.

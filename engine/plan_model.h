@@ -1,6 +1,6 @@
 // What the planner (plan.h) knows of a model, from the model itself: its
 // chunks, and for a micro-batch what it keeps on the device, hands the
-// session as activation checkpoints and computes. The planner counts the
+// session as saved activations and computes. The planner counts the
 // session's own bytes (chunk store slots, host buffers, NVMe blobs) from
 // the chunks; everything else comes from here. The built-in GPT's is
 // models/gpt/gpt_plan_model.h; a model of a trainer's own implements one
@@ -31,21 +31,21 @@ struct ModelPass {
   int64_t grad_accum = 1;
   DType compute = DType::kBF16;      // the device's storage type
   bool host_backend = false;         // the host backend (gpu/host) stands in for the device
-  bool offload_checkpoints = false;  // the activation checkpoints go to the host or NVMe
+  bool offload_activations = false;  // the saved activations go to the host or NVMe
 };
 
 // The model's device bytes beside the session's chunk store, each counted
 // by the function its allocation is sized with.
 struct ModelDeviceBytes {
   uint64_t working_set = 0;  // one block's working set: forward's saved tensors, backward's scratch
-  uint64_t checkpoints = 0;  // activation checkpoints on the device: all, or those in flight
+  uint64_t activations_kept = 0;  // saved activations kept on the device: all, or those in flight
   uint64_t step = 0;         // the rest of its workspace, the gradient flowing down, losses, inputs
   uint64_t resident = 0;  // beside a resident chunk 0 and its gradient (its gradients of a pass's other micro-batches)
-  uint64_t total() const { return working_set + checkpoints + step + resident; }
+  uint64_t total() const { return working_set + activations_kept + step + resident; }
 };
 
-// One micro-batch's activation checkpoints.
-struct ModelCheckpoints {
+// One micro-batch's saved activations.
+struct ModelActivations {
   int64_t count = 0;   // kept for backward
   int64_t saved = 0;   // of them, handed to the session when offloaded (the rest never leave the device)
   uint64_t bytes = 0;  // each
@@ -71,7 +71,7 @@ class PlanModel {
   virtual std::string micro_batch_text(int64_t micro_batch) const {
     return "micro-batch " + std::to_string(micro_batch);
   }
-  virtual ModelCheckpoints checkpoints(int64_t micro_batch, DType compute) const = 0;
+  virtual ModelActivations activations(int64_t micro_batch, DType compute) const = 0;
   virtual ModelDeviceBytes device_bytes(const ModelPass& pass) const = 0;
   // One micro-batch's forward and backward, the recomputed forward included.
   virtual double flops(int64_t micro_batch) const = 0;

@@ -31,7 +31,7 @@ Placement session_placement(const SessionOptions& o) {
   Placement pl;
   pl.weights = o.weights;
   pl.states = o.states;
-  pl.checkpoints = o.activations;
+  pl.activations = o.activations;
   pl.prefetch_depth = o.prefetch_depth;
   pl.speculate_in_ram = o.speculate_in_ram;
   pl.micro_batches_per_pass = o.grad_accum;
@@ -49,16 +49,16 @@ Status check_session_options(const SessionOptions& o) {
     return invalid_argument("grad_accum (micro-batches per step) must be 1..4096, got " + std::to_string(o.grad_accum));
   }
   // A session's model keeps no weights on the device between uses: they
-  // wait on the host or on NVMe, as do the checkpoints it hands over.
+  // wait on the host or on NVMe, as do the activations it hands over.
   if (o.weights != Tier::kHost && o.weights != Tier::kNvme) {
     return invalid_argument("the working weights live on the host or on NVMe between uses");
   }
   if (o.activations != Tier::kHost && o.activations != Tier::kNvme) {
-    return invalid_argument("activation checkpoints go to the host or to NVMe");
+    return invalid_argument("saved activations go to the host or to NVMe");
   }
   STRATA_RETURN_IF_ERROR(check_placement(session_setup(o), session_placement(o)));
   if ((o.states == Tier::kNvme || o.activations == Tier::kNvme) && o.nvme_paths.empty()) {
-    return invalid_argument(std::string(o.states == Tier::kNvme ? "optimizer states" : "activation checkpoints") +
+    return invalid_argument(std::string(o.states == Tier::kNvme ? "optimizer states" : "saved activations") +
                             " on NVMe need nvme_paths");
   }
   if (o.gradient_buffers < 1 || o.gradient_buffers > 64) {

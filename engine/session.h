@@ -17,7 +17,7 @@
 //     exact speculation with rollback on NVMe, global-norm clipping, fp16
 //     inf/nan skips, the config's rate schedule), or with the opt-in
 //     delayed update beside the model's next step;
-//   - the activation checkpoints the model hands it, in RAM or on NVMe.
+//   - the saved activations the model hands it, in RAM or on NVMe.
 // A step is: begin_step; for each use of a chunk acquire (its weights on
 // the device once it returns) and release; per chunk once per
 // micro-batch, gradient_buffer then submit_gradient; end_step, which
@@ -93,7 +93,7 @@ struct SessionOptions {
   // begin_step, in a buffer of its own beside the slots, with a gradient
   // buffer of its own. Needs a second chunk.
   bool resident_first = false;
-  // Where save_activation() puts the model's activation checkpoints: kHost
+  // Where save_activation() puts the model's saved activations: kHost
   // (host RAM) or kNvme (needs nvme_paths).
   Tier activations = Tier::kHost;
   float clip_norm = 0;         // global-norm clipping; 0: off
@@ -222,8 +222,8 @@ struct StepVerdict {
 };
 
 struct SessionCounters {
-  // Copied between host and device: weights, gradients and activation
-  // checkpoints.
+  // Copied between host and device: weights, gradients and saved
+  // activations.
   uint64_t h2d_bytes = 0, d2h_bytes = 0;
   uint64_t nvme_read_bytes = 0, nvme_written_bytes = 0;
   uint64_t device_peak_bytes = 0;  // the device's high-water mark since create
@@ -349,7 +349,7 @@ class Session {
   // read of one is not a later step's error); saved activations are kept.
   Status cancel_step();
 
-  // Activation checkpoints of the model (layer inputs kept for backward,
+  // Saved activations of the model (layer inputs kept for backward,
   // say) off the device: save_activation copies `bytes` from `device_src`
   // out to the tier options.activations names, under `key` (the model's
   // name for it, e.g. a layer index; saving a key again replaces it), and
@@ -602,7 +602,7 @@ class Session {
   std::vector<io::Buffer> ring_, sum_ring_;
   std::vector<size_t> position_;  // per chunk: its place in landing_order_
   std::vector<gpu::HostPin> pins_;
-  // Activation checkpoints by key: host bytes (pinned), or a blob on NVMe
+  // Saved activations by key: host bytes (pinned), or a blob on NVMe
   // reached through one staging buffer.
   struct Activation {
     uint64_t bytes = 0;

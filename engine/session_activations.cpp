@@ -1,4 +1,4 @@
-// Session's activation checkpoints (session.h: save_activation,
+// Session's saved activations (session.h: save_activation,
 // prefetch_activation, load_activation): a model's tensors off the device
 // between its forward and its backward, in host RAM (pinned, one buffer per
 // key) or on NVMe (a blob per key, written from a staging buffer while the

@@ -105,10 +105,10 @@ Result<SessionOptions> session_options(const EngineConfig& cfg, std::vector<std:
   if (o.states == Tier::kNvme && cfg.nvme_paths.empty()) {
     return invalid_argument("config key nvme_paths: the optimizer states on NVMe need a directory");
   }
-  // Activation checkpoints the model hands the session: host RAM, or NVMe.
-  o.activations = cfg.constraints.checkpoints == Tier::kNvme ? Tier::kNvme : Tier::kHost;
+  // Saved activations the model hands the session: host RAM, or NVMe.
+  o.activations = cfg.constraints.activations == Tier::kNvme ? Tier::kNvme : Tier::kHost;
   if (o.activations == Tier::kNvme && cfg.nvme_paths.empty()) {
-    return invalid_argument("config key nvme_paths: activation checkpoints on NVMe need a directory");
+    return invalid_argument("config key nvme_paths: saved activations on NVMe need a directory");
   }
   o.device_bytes = cfg.budgets.device_bytes;
   o.host_budget_bytes = cfg.budgets.host_bytes;

@@ -39,7 +39,7 @@ Status take_config(const EngineConfig& config, SessionOptions* options);
 // one: the states on NVMe when offload_optimizer (or placement.states)
 // says nvme, the weights too when offload_param (placement.weights) does
 // (then the states go there as well); otherwise in RAM; the activation
-// checkpoints it is handed on NVMe when placement.checkpoints says nvme,
+// activations it is handed on NVMe when placement.activations says nvme,
 // otherwise in RAM. The planner's
 // choice is the built-in GPT's. InvalidArgument naming the key for what a
 // session cannot run; speculate_in_ram with the states in RAM, the

@@ -32,7 +32,7 @@ void apply_session_plan(const Plan& plan, SessionOptions* o) {
   o->weights = pl.weights;
   o->states = pl.states;
   o->gradients = pl.gradients;
-  o->activations = pl.checkpoints == Tier::kNvme ? Tier::kNvme : Tier::kHost;
+  o->activations = pl.activations == Tier::kNvme ? Tier::kNvme : Tier::kHost;
   o->prefetch_depth = pl.prefetch_depth;
   o->speculate_in_ram = pl.speculate_in_ram;
 }

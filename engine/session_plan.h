@@ -2,7 +2,7 @@
 // the caller's with within budgets, from what the model says of itself
 // (plan_model.h). A session streams its weights from the host or NVMe
 // through its slots (it keeps none on the device between uses), and with
-// the activation checkpoints "on the device" the model keeps them itself.
+// the saved activations "on the device" the model keeps them itself.
 #pragma once
 
 #include <memory>
@@ -21,7 +21,7 @@ Result<Plan> plan_session(const SessionOptions& options, std::shared_ptr<const P
                           const Budgets& budgets, const Bandwidths& rates = {}, const Constraints& fixed = {});
 
 // The plan's placement on `options`: the tiers, the prefetch depth, a
-// second copy of the states in RAM. The checkpoints' tier is where the
+// second copy of the states in RAM. The saved activations' tier is where the
 // model hands them (the host when the plan keeps them on the device).
 void apply_session_plan(const Plan& plan, SessionOptions* options);
 

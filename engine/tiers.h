@@ -37,7 +37,7 @@ int64_t max_state_piece(const std::vector<int64_t>& chunk_elems, int64_t piece_e
 // one piece's state: state_piece_sizes): one holds the write behind, the
 // rest read ahead.
 inline constexpr int kStateStagingBuffers = 4;
-// Host staging buffers of activation checkpoints on NVMe: two for writes
+// Host staging buffers of saved activations on NVMe: two for writes
 // in flight, two for prefetched reads (the session's).
 inline constexpr int kActivationStagingBuffers = 4;
 

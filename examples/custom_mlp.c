@@ -12,7 +12,7 @@
  * forward and comes back in backward. It trains the same model twice from
  * the same seed:
  *   1. everything in RAM, the device uncapped;
- *   2. weights, optimizer states, gradients and activation checkpoints on
+ *   2. weights, optimizer states, gradients and saved activations on
  *      NVMe (the directory given, default /tmp/strata-custom-mlp), the
  *      device held to a tenth of the model states (16 bytes per parameter);
  * prints both loss sequences and exits 0 only when they are equal bit for
@@ -235,7 +235,7 @@ int main(int argc, char** argv) {
   snprintf(nvme, sizeof nvme,
            "{\"precision\": \"bf16\", \"optimizer\": {\"type\": \"adamw\", \"lr\": 0.003, \"weight_decay\": 0.01},"
            " \"pin_memory\": false, \"nvme_paths\": [\"%s\"],"
-           " \"placement\": {\"weights\": \"nvme\", \"states\": \"nvme\", \"checkpoints\": \"nvme\","
+           " \"placement\": {\"weights\": \"nvme\", \"states\": \"nvme\", \"activations\": \"nvme\","
            " \"gradients\": \"nvme\"},"
            " \"budgets\": {\"device\": %llu}}",
            dir, (unsigned long long)budget);
@@ -245,7 +245,7 @@ int main(int argc, char** argv) {
   printf("run 1: everything in RAM\n");
   if (train(resident, a) != 0) return 1;
   printf(
-      "run 2: weights, optimizer states, gradients and activation checkpoints on NVMe in %s, device budget %llu "
+      "run 2: weights, optimizer states, gradients and saved activations on NVMe in %s, device budget %llu "
       "bytes "
       "(1/10 of the model states)\n",
       dir, (unsigned long long)budget);

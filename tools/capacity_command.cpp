@@ -10,7 +10,7 @@
 // on the CPU, so the states are counted against the device budget instead:
 // the device's memory holds what a GPU's would), 2 master weights and Adam
 // states on the host, 3 the weights streamed from the host too, 4 the states
-// on NVMe, 5 weights, states, gradients and activation checkpoints on NVMe.
+// on NVMe, 5 weights, states, gradients and saved activations on NVMe.
 #include "tools/capacity_command.h"
 #include "tools/arithmetic_data.h"
 
@@ -56,7 +56,7 @@ std::vector<Mode> modes() {
     engine::Constraints c;
     c.weights = w;
     c.states = s;
-    c.checkpoints = ck;
+    c.activations = ck;
     c.gradients = g;
     return c;
   };
@@ -69,7 +69,7 @@ std::vector<Mode> modes() {
        false},
       {3, "weights_from_host", "weights streamed from the host too", fixed(Tier::kHost, Tier::kHost), false, false},
       {4, "states_on_nvme", "Adam states on NVMe", fixed(Tier::kHost, Tier::kNvme), false, true},
-      {5, "all_on_nvme", "weights, states, gradients, checkpoints on NVMe",
+      {5, "all_on_nvme", "weights, states, gradients, activations on NVMe",
        fixed(Tier::kNvme, Tier::kNvme, Tier::kNvme, Tier::kNvme), false, true},
   };
 }

@@ -133,7 +133,7 @@ void add_run_flags(CLI::App& app, Flags& f) {
   app.add_flag("--vertical-accumulation", f.vertical,
                "with gradient accumulation, run every micro-batch of a block while its weights are on the device "
                "(the weights move once per step, not once per micro-batch; the same numbers; every micro-batch's "
-               "activation checkpoints are kept at once, on the tier --activations-on names; config "
+               "saved activations are kept at once, on the tier --activations-on names; config "
                "batch.vertical)");
   app.add_flag("--resume", f.resume,
                "continue from the latest checkpoint in --checkpoint (its weights and states replace the "
@@ -144,7 +144,7 @@ void add_run_flags(CLI::App& app, Flags& f) {
   app.add_flag("--auto-placement", f.auto_placement,
                "run the planner's placement: the fastest that fits the config's budgets (weights resident or "
                "streamed from RAM or NVMe, the states in RAM — with a second copy if it pays — or on NVMe, the "
-               "checkpoints, the prefetch depth); NVMe is a tier only with --nvme DIR or the config's NVMe paths. "
+               "saved activations, the prefetch depth); NVMe is a tier only with --nvme DIR or the config's NVMe paths. "
                "Not with --stream-weights, --weights-on, --activations-on, --prefetch or --speculate-in-ram");
 }
 
@@ -294,8 +294,8 @@ std::optional<int> place(const CLI::App& app, Flags& f, const engine::EngineConf
       f.stream = true;
       if (app.count("--weights-on") == 0) f.weights_on = std::string(engine::tier_name(*want.weights));
     }
-    if (want.checkpoints && app.count("--activations-on") == 0) {
-      f.activations = std::string(engine::tier_name(*want.checkpoints));
+    if (want.activations && app.count("--activations-on") == 0) {
+      f.activations = std::string(engine::tier_name(*want.activations));
     }
   }
   o.stream_weights = f.stream;

@@ -43,8 +43,8 @@ class GptPlanModel final : public PlanModel {
 
   // The embedding's output and every block's: L + 1 block inputs, of
   // which the last gpt::kOffloadedInputBuffers never leave the device.
-  ModelCheckpoints checkpoints(int64_t micro_batch, DType compute) const override {
-    ModelCheckpoints c;
+  ModelActivations activations(int64_t micro_batch, DType compute) const override {
+    ModelActivations c;
     c.count = config_.layers + 1;
     c.saved = std::max<int64_t>(c.count - gpt::kOffloadedInputBuffers, 0);
     c.bytes = static_cast<uint64_t>(micro_batch * seq_ * config_.hidden) * dtype_bytes(compute);
@@ -58,12 +58,12 @@ class GptPlanModel final : public PlanModel {
                                                             config_, p.compute, p.micro_batch, seq_);
     const gpt::GptStepBuffers step =
         gpt::gpt_step_buffers(config_, static_cast<int64_t>(dtype_bytes(p.compute)), p.micro_batch, seq_, p.pass,
-                              p.grad_accum, p.offload_checkpoints);
+                              p.grad_accum, p.offload_activations);
     // SessionGpt allocates each of its step buffers once, charged in the
     // device's allocation units.
     ModelDeviceBytes b;
     b.working_set = ws.activations;
-    b.checkpoints = gpu::device_allocation_bytes(step.block_inputs);
+    b.activations_kept = gpu::device_allocation_bytes(step.block_inputs);
     b.step = ws.total - ws.activations + gpu::device_allocation_bytes(step.step);
     b.resident = step.embedding_gradients > 0 ? gpu::device_allocation_bytes(step.embedding_gradients) : 0;
     return b;

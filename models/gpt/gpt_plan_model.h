@@ -1,6 +1,6 @@
 // The built-in GPT as the planner sees it (engine/plan_model.h): its
-// chunks as gpt::model_layout pads them, its block inputs as activation
-// checkpoints, and its device bytes as SessionGpt allocates them.
+// chunks as gpt::model_layout pads them, its block inputs as saved
+// activations, and its device bytes as SessionGpt allocates them.
 #pragma once
 
 #include <cstdint>

@@ -52,7 +52,7 @@ struct StepTimes {
 // What the last step moved, per link, and how busy the device was.
 struct StepCounters {
   uint64_t h2d_bytes = 0, d2h_bytes = 0;  // weights, gradients and block inputs
-  uint64_t nvme_read_bytes = 0;           // every NVMe byte: states, weights, checkpoints
+  uint64_t nvme_read_bytes = 0;           // every NVMe byte: states, weights, saved activations
   uint64_t nvme_written_bytes = 0;        // the SSD's endurance meter
   double device_wait_s = 0;               // the compute stream stalled for copies and NVMe (streaming)
   double device_idle_fraction = 0;        // device_wait_s / forward+backward time
@@ -106,7 +106,7 @@ class Trainer {
   const StepTimes& last_times() const { return last_times_; }
   const StepCounters& last_counters() const { return last_counters_; }
   // Host memory the trainer holds, summed from its buffers and arenas:
-  // gradients, weights, host states, checkpoints, staging.
+  // gradients, weights, host states, saved activations, staging.
   uint64_t host_bytes() const;
   // Chunk c's fp32 master weights (model_layout order) into dst: what an
   // evaluation on the CPU reads. Waits for an update in flight.

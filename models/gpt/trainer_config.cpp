@@ -44,7 +44,7 @@ Result<Plan> apply_planned_placement(TrainerOptions* o, Budgets budgets, const C
   o->stream_weights = pl.weights != Tier::kDevice;
   o->weights = pl.weights == Tier::kNvme ? Tier::kNvme : Tier::kHost;
   o->states = pl.states;
-  o->activations = pl.checkpoints;
+  o->activations = pl.activations;
   o->prefetch_depth = o->stream_weights ? pl.prefetch_depth : 1;
   o->speculate_in_ram = pl.speculate_in_ram;
   if (speculation_asked && !pl.speculate_in_ram) {
@@ -62,7 +62,7 @@ Result<Plan> apply_planned_placement(TrainerOptions* o, Budgets budgets, const C
   o->gradients = pl.gradients;
   o->vertical_accumulation = pl.micro_batches_per_pass > 1;
   o->vertical_group = pl.micro_batches_per_pass > 1 ? pl.micro_batches_per_pass : 0;
-  const bool on_nvme = pl.weights == Tier::kNvme || pl.states == Tier::kNvme || pl.checkpoints == Tier::kNvme;
+  const bool on_nvme = pl.weights == Tier::kNvme || pl.states == Tier::kNvme || pl.activations == Tier::kNvme;
   o->nvme_paths = on_nvme ? nvme_paths : std::vector<std::string>{};
   apply_budgets(o, budgets);
   return plan;

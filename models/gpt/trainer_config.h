@@ -31,7 +31,7 @@ Result<TrainerOptions> trainer_options(const GptRunConfig& config, std::vector<s
 void apply_budgets(TrainerOptions* options, const Budgets& budgets);
 
 // Applies the planner's placement — the fastest that fits `budgets` within
-// `fixed` — to `options`: where the weights, states and checkpoints live,
+// `fixed` — to `options`: where the weights, states and saved activations live,
 // whether the weights stream (and then the device cap), the prefetch depth,
 // speculation in RAM, the vertical order of accumulation, and the NVMe paths (kept only where the plan puts
 // something on NVMe). NVMe is a tier only when `nvme_paths` is not empty;

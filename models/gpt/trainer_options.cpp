@@ -50,7 +50,7 @@ SessionOptions session_options_of(const TrainerOptions& o) {
 
 // What create() refuses before it allocates anything: the GPT's shapes,
 // the placement rules for the GPT's placement (resident weights and
-// checkpoints on the device included), then the session's own checks of
+// activations on the device included), then the session's own checks of
 // its part.
 Status check_options(const TrainerOptions& o) {
   STRATA_RETURN_IF_ERROR(o.model.validate());

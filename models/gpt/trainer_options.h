@@ -26,7 +26,7 @@ namespace strata::engine {
 // What the trainer reads differently from a bare session:
 //   - device_bytes: the device's cap in every placement and on every
 //     backend (0: none), checked against the planner's count before allocating.
-//   - activations: where block-input checkpoints wait for backward — kDevice
+//   - activations: where saved block inputs wait for backward — kDevice
 //     (the default), or kHost / kNvme when the weights stream.
 //   - weights: kHost, or kNvme beside the states on NVMe (needs stream_weights).
 //   - the host and NVMe budgets are held before allocating, naming the

@@ -46,10 +46,10 @@ float initial(int chunk, int64_t i) {
 
 std::string config() {
   // fp32 working weights: the gradient is the weights' own bits on every
-  // backend; weights and checkpoints off the device, two weight slots.
+  // backend; weights and saved activations off the device, two weight slots.
   return R"({"precision": "fp32", "optimizer": {"type": "adamw", "lr": 0.01, "weight_decay": 0.01},
              "batch": {"grad_accum": 2}, "budgets": {"device": 1048576},
-             "placement": {"weights": "host", "states": "host", "checkpoints": "host"},
+             "placement": {"weights": "host", "states": "host", "activations": "host"},
              "session": {"prefetch_depth": 1}})";
 }
 

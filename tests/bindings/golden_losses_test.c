@@ -38,11 +38,11 @@ struct Run {
 static const struct Run kRunList[kRuns] = {
     {"bf16_resident", 1, "bf16", "0", ", \"placement\": {\"weights\": \"device\", \"states\": \"host\"}"},
     {"bf16_streamed_accum2", 2, "bf16", "0.5",
-     ", \"placement\": {\"weights\": \"host\", \"states\": \"host\", \"checkpoints\": \"host\"}"},
+     ", \"placement\": {\"weights\": \"host\", \"states\": \"host\", \"activations\": \"host\"}"},
     {"fp16_states_nvme", 1, "fp16", "1.0",
      ", \"nvme_paths\": [\"%s\"], \"placement\": {\"weights\": \"host\", \"states\": \"nvme\"}"},
     {"bf16_all_nvme_accum2", 2, "bf16", "0",
-     ", \"nvme_paths\": [\"%s\"], \"placement\": {\"weights\": \"nvme\", \"states\": \"nvme\", \"checkpoints\": "
+     ", \"nvme_paths\": [\"%s\"], \"placement\": {\"weights\": \"nvme\", \"states\": \"nvme\", \"activations\": "
      "\"nvme\"}"},
 };
 

@@ -32,7 +32,7 @@ TEST(Config, NativeConfigParsesEveryField) {
             {"optimizer", {{"type", "adamw"}, {"lr", 3e-4}, {"betas", {0.9, 0.95}}, {"weight_decay", 0.1}}},
             {"gradient_clipping", 1.0},
             {"placement",
-             {{"checkpoints", "host"}, {"gradients", "nvme"}, {"gradient_buffers", 5}, {"sub_group_size", 1 << 20}}},
+             {{"activations", "host"}, {"gradients", "nvme"}, {"gradient_buffers", 5}, {"sub_group_size", 1 << 20}}},
             {"io", {{"backend", "posix"}, {"queue_depth", 64}, {"block_size", "8MiB"}}},
             {"seed", 7},
             {"speculate_in_ram", true},
@@ -53,7 +53,7 @@ TEST(Config, NativeConfigParsesEveryField) {
   EXPECT_EQ(c->budgets.nvme_bytes, 1024 * kGiB);
   EXPECT_TRUE(c->nvme_budget_given);
   EXPECT_DOUBLE_EQ(c->optimizer.beta2, 0.95);
-  EXPECT_EQ(c->constraints.checkpoints, Tier::kHost);
+  EXPECT_EQ(c->constraints.activations, Tier::kHost);
   EXPECT_EQ(c->constraints.gradients, Tier::kNvme);
   EXPECT_EQ(c->setup.gradient_buffers, 5);
   EXPECT_EQ(c->setup.state_piece_elems, 1 << 20);
@@ -228,6 +228,23 @@ TEST(Config, FilesAreReadWithCommentsAndErrorsNameThem) {
   Result<EngineConfig> bad = load_config(dir.path() + "/bad.json", nullptr);
   ASSERT_FALSE(bad);
   EXPECT_NE(bad.error().message().find("bad.json"), std::string::npos);
+}
+
+// placement.activations was placement.checkpoints: the old name is read
+// with a warning saying so, and both at once are refused.
+TEST(Config, TheOldNameOfPlacementActivationsIsReadWithAWarning) {
+  std::vector<std::string> warnings;
+  Result<EngineConfig> c = parse_config(json{{"placement", {{"checkpoints", "host"}}}}, &warnings);
+  ASSERT_TRUE(c) << c.error().to_string();
+  ASSERT_TRUE(c->constraints.activations.has_value());
+  EXPECT_EQ(*c->constraints.activations, Tier::kHost);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_EQ(warnings[0], "placement.checkpoints is the old name of placement.activations; read as it");
+  Result<EngineConfig> both =
+      parse_config(json{{"placement", {{"checkpoints", "host"}, {"activations", "host"}}}}, &warnings);
+  ASSERT_FALSE(both);
+  EXPECT_EQ(both.error().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(both.error().message().find("its old name"), std::string::npos) << both.error().to_string();
 }
 
 // An NVMe budget or placement with no NVMe directory named is refused,

@@ -45,7 +45,7 @@ TEST(Plan, EstimateCountsEveryByteByTier) {
   EXPECT_EQ(resident.host.model_states, padded * 2 + padded * 2 + padded * 12);
   EXPECT_EQ(resident.device.buffers, 2 * block_chunk * 2 + emb * 2);  // gradient staging, the embedding's gradient
   EXPECT_EQ(resident.device_chunk_buffers, 0);
-  // checkpoints: (L + 1) * tokens * C * 2 bytes; one block's buffers on
+  // saved activations: (L + 1) * tokens * C * 2 bytes; one block's buffers on
   // CUDA: 31 [N, C] bf16 tensors, 4 fp32 LayerNorm statistics per row, two
   // fp32 attention row terms per (sequence, head, row)
   const uint64_t ckpt = 13ull * N * C * 2;
@@ -61,7 +61,7 @@ TEST(Plan, EstimateCountsEveryByteByTier) {
   EXPECT_EQ(streamed.device_chunk_buffers, 4);
   EXPECT_EQ(streamed.device.buffers, (4 + 2) * block_chunk * 2);
   EXPECT_EQ(streamed.device.model_states, 2 * emb * 2);  // the embedding and its gradient stay
-  EXPECT_EQ(streamed.device.activations, working + 2 * N * C * 2);  // two in-flight checkpoints
+  EXPECT_EQ(streamed.device.activations, working + 2 * N * C * 2);  // two saved activations in flight
   // Two generations of every chunk's state blob (4 KiB blocks), and L - 1
   // block inputs (the last two stay in the device buffers).
   uint64_t state_blobs = 0;
@@ -193,7 +193,7 @@ TEST(Plan, KeepsASecondCopyOfTheStatesInRamWhenItFits) {
 }
 
 // The planner picks only placements the trainer runs: weights on NVMe only
-// beside states on NVMe, checkpoints off the device only with the weights
+// beside states on NVMe, saved activations off the device only with the weights
 // streamed — over a grid of budgets, wherever anything fits.
 TEST(Plan, ChoosesOnlyPlacementsTheTrainerRuns) {
   int plans = 0;
@@ -208,7 +208,7 @@ TEST(Plan, ChoosesOnlyPlacementsTheTrainerRuns) {
           SCOPED_TRACE(std::string(size) + " " + p->why);
           const Placement& pl = p->placement;
           EXPECT_TRUE(pl.weights != Tier::kNvme || pl.states == Tier::kNvme);
-          EXPECT_TRUE(pl.weights != Tier::kDevice || pl.checkpoints == Tier::kDevice);
+          EXPECT_TRUE(pl.weights != Tier::kDevice || pl.activations == Tier::kDevice);
           EXPECT_NE(pl.states, Tier::kDevice);
           EXPECT_TRUE(!pl.speculate_in_ram || pl.states == Tier::kHost);
           EXPECT_TRUE(pl.gradients == Tier::kHost || (pl.states == Tier::kNvme && s.grad_accum == 1));
@@ -395,8 +395,8 @@ namespace {
 
 // With gradient accumulation the planner weighs the vertical order (each
 // block's weights on the device once for a group of micro-batches, their
-// checkpoints there at once): the whole group when the weights' link is the
-// slowest and the device holds all their checkpoints, a smaller group (a
+// saved activations there at once): the whole group when the weights' link is the
+// slowest and the device holds all their saved activations, a smaller group (a
 // divisor of grad_accum) when it holds fewer, one at a time when it holds
 // one; never offered for one micro-batch; the only order when asked for.
 TEST(Plan, ChoosesTheVerticalOrderWhenTheWeightsLinkIsSlowestAndItFits) {
@@ -413,7 +413,7 @@ TEST(Plan, ChoosesTheVerticalOrderWhenTheWeightsLinkIsSlowestAndItFits) {
   const Plan one = group(1), two = group(2), all = group(8);
   EXPECT_LT(all.step_seconds, two.step_seconds);
   EXPECT_LT(two.step_seconds, one.step_seconds);
-  EXPECT_GT(all.device.total(), two.device.total()) << "the micro-batches' checkpoints and buffers";
+  EXPECT_GT(all.device.total(), two.device.total()) << "the micro-batches' saved activations and buffers";
   EXPECT_GT(two.device.total(), one.device.total());
   // (The model itself does not fit there: its weights must stream.)
   ASSERT_GT(estimate(s, {Tier::kDevice, Tier::kHost, Tier::kDevice, 1}, bw).device.total(), all.device.total());
@@ -443,18 +443,18 @@ TEST(Plan, ChoosesTheVerticalOrderWhenTheWeightsLinkIsSlowestAndItFits) {
   EXPECT_NE(p.error().message().find("8 micro-batches of a block at once"), std::string::npos) << p.error().to_string();
 }
 
-// Where the device cannot hold every micro-batch's checkpoints, the
+// Where the device cannot hold every micro-batch's saved activations, the
 // vertical order keeps them on the host (gpt::kOffloadedInputBuffers groups in
 // flight on the device): all 8 micro-batches in one pass, where with the
-// checkpoints on the device only passes of 4 would fit — the weights cross
+// activations on the device only passes of 4 would fit — the weights cross
 // the slow link once a step instead of twice.
 TEST(Plan, TheVerticalOrderPutsItsCheckpointsOnTheHostWhereTheDeviceIsShort) {
   TrainSetup s = gpt2("large", 1, 512);
   s.grad_accum = 8;
   Bandwidths bw;
   bw.h2d_gbps = 1;
-  auto plan_of = [&](Tier checkpoints, int64_t v) {
-    Placement pl{Tier::kHost, Tier::kHost, checkpoints, 1};
+  auto plan_of = [&](Tier activations, int64_t v) {
+    Placement pl{Tier::kHost, Tier::kHost, activations, 1};
     pl.micro_batches_per_pass = v;
     return estimate(s, pl, bw);
   };
@@ -468,8 +468,8 @@ TEST(Plan, TheVerticalOrderPutsItsCheckpointsOnTheHostWhereTheDeviceIsShort) {
   Result<Plan> p = make_plan(s, b, bw);
   ASSERT_TRUE(p) << p.error().to_string();
   EXPECT_EQ(p->placement.micro_batches_per_pass, 8) << p->why;
-  EXPECT_EQ(p->placement.checkpoints, Tier::kHost) << p->why;
-  EXPECT_NE(p->why.find("checkpoints on host, 8 micro-batches of a block at once"), std::string::npos) << p->why;
+  EXPECT_EQ(p->placement.activations, Tier::kHost) << p->why;
+  EXPECT_NE(p->why.find("activations on host, 8 micro-batches of a block at once"), std::string::npos) << p->why;
 }
 
 }  // namespace

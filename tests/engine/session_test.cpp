@@ -127,7 +127,7 @@ double loss_and_grad(const float* pred, const std::vector<float>& y, float scale
 // Forward and backward of batch `index` in the open step, each chunk's
 // gradient submitted once; returns the loss (unscaled).
 // `offload`: the layer inputs go out of the device as activation
-// checkpoints (save_activation) and come back in backward, so the device
+// activations (save_activation) and come back in backward, so the device
 // holds two of them instead of L + 1.
 Result<float> micro_batch(Session& s, const Mlp& m, int64_t index, bool offload) {
   std::vector<float> x, y;
@@ -349,7 +349,7 @@ std::vector<float> run(const Mlp& m, SessionOptions o, int steps, std::vector<St
 // weights, 2 B gradient, 12 B master, m, v).
 uint64_t model_state_bytes(const Mlp& m) { return static_cast<uint64_t>(m.L * m.chunk_elems()) * 16; }
 
-// Weights, optimizer states and activation checkpoints on NVMe, through a
+// Weights, optimizer states and saved activations on NVMe, through a
 // device a tenth of the model states: the same losses as all in RAM.
 TEST(Session, TheSameBitsResidentAndOnNvmeThroughATenthOfTheModelStates) {
   const Mlp m{64, 8, 8};
@@ -389,7 +389,7 @@ TEST(Session, TheSameBitsResidentAndOnNvmeThroughATenthOfTheModelStates) {
 }
 
 // The MLP as the planner sees it (plan_model.h): L chunks streamed in
-// order, none resident; its layer inputs as fp32 activation checkpoints
+// order, none resident; its layer inputs as fp32 saved activations
 // (L + 1 kept on the device, or L saved and two buffers in flight); no
 // other device memory (its compute is the host's). `types`: each layer's
 // own working type, as make_session registers them.
@@ -407,12 +407,12 @@ class MlpPlanModel final : public PlanModel {
   Status check(int64_t micro_batch) const override {
     return micro_batch == m_.B ? ok_status() : invalid_argument("the MLP's batch is " + std::to_string(m_.B));
   }
-  ModelCheckpoints checkpoints(int64_t micro_batch, DType) const override {
+  ModelActivations activations(int64_t micro_batch, DType) const override {
     return {m_.L + 1, m_.L, static_cast<uint64_t>(micro_batch * m_.D) * 4};
   }
   ModelDeviceBytes device_bytes(const ModelPass& p) const override {
     ModelDeviceBytes b;
-    b.checkpoints = static_cast<uint64_t>((p.offload_checkpoints ? 2 : m_.L + 1) * p.micro_batch * m_.D) * 4;
+    b.activations_kept = static_cast<uint64_t>((p.offload_activations ? 2 : m_.L + 1) * p.micro_batch * m_.D) * 4;
     return b;
   }
   double flops(int64_t micro_batch) const override { return 6.0 * static_cast<double>(parameters() * micro_batch); }
@@ -451,7 +451,7 @@ TEST(Session, ThePlannerCountsWhatASessionOfAModelOfItsOwnAllocates) {
             setup.model = std::make_shared<MlpPlanModel>(m, types);
             setup.micro_batch = m.B;
             Placement pl = session_placement(o);
-            pl.checkpoints = acts;
+            pl.activations = acts;
             ASSERT_TRUE(check_placement(setup, pl).ok());
             const Plan plan = estimate(setup, pl, Bandwidths{});
             Result<std::unique_ptr<Session>> s = make_session(m, o, types);
@@ -464,7 +464,7 @@ TEST(Session, ThePlannerCountsWhatASessionOfAModelOfItsOwnAllocates) {
             }
             const std::string what =
                 placement_text(pl) + ", depth " + std::to_string(depth) + (types ? ", fp32 beside bf16" : "");
-            // A step's copies each way (weights, gradients, checkpoints),
+            // A step's copies each way (weights, gradients, saved activations),
             // in this model's order (no resident chunk).
             const SessionCounters after = (*s)->counters();
             for (const LinkTime& l : plan.links) {
@@ -475,7 +475,7 @@ TEST(Session, ThePlannerCountsWhatASessionOfAModelOfItsOwnAllocates) {
               }
             }
             EXPECT_EQ(plan.device.total(), (*s)->counters().device_peak_bytes) << what;
-            // The session stages NVMe checkpoints in up to four pinned pages,
+            // The session stages NVMe saved activations in up to four pinned pages,
             // two of them for prefetches; loading without prefetching, this
             // model leaves one of those unallocated.
             const uint64_t unused_staging = acts == Tier::kNvme ? 4096 : 0;
@@ -512,7 +512,7 @@ TEST(Session, APlannedSessionRunsWithinItsBudgets) {
   o.nvme_budget_bytes = budgets.nvme_bytes;
   Result<std::unique_ptr<Session>> s = make_session(m, o);
   ASSERT_TRUE(s.has_value()) << s.status().to_string();
-  const bool offload = plan->placement.checkpoints != Tier::kDevice;
+  const bool offload = plan->placement.activations != Tier::kDevice;
   for (int k = 0; k < 2; ++k) ASSERT_TRUE(train_step(**s, m, k, nullptr, offload).has_value());
   EXPECT_EQ(plan->device.total(), (*s)->counters().device_peak_bytes);
   EXPECT_LE((*s)->host_bytes(), budgets.host_bytes);
@@ -563,7 +563,7 @@ TEST(Session, APlanKeepsTheWeightsOfLayersOfTheirOwnTypeInRam) {
   planned.nvme_budget_bytes = budgets.nvme_bytes;
   Result<std::unique_ptr<Session>> s = make_session(m, planned, mixed);
   ASSERT_TRUE(s.has_value()) << s.status().to_string();
-  const bool offload = plan->placement.checkpoints != Tier::kDevice;
+  const bool offload = plan->placement.activations != Tier::kDevice;
   for (int k = 0; k < 2; ++k) ASSERT_TRUE(train_step(**s, m, k, nullptr, offload).has_value());
   EXPECT_EQ(plan->device.total(), (*s)->counters().device_peak_bytes);
   EXPECT_LE((*s)->host_bytes(), budgets.host_bytes);
@@ -583,7 +583,7 @@ TEST(Session, APlanKeepsTheWeightsOfLayersOfTheirOwnTypeInRam) {
     int64_t parameters() const override { return inner_.parameters(); }
     bool resident_first() const override { return false; }
     Status check(int64_t b) const override { return inner_.check(b); }
-    ModelCheckpoints checkpoints(int64_t b, DType t) const override { return inner_.checkpoints(b, t); }
+    ModelActivations activations(int64_t b, DType t) const override { return inner_.activations(b, t); }
     ModelDeviceBytes device_bytes(const ModelPass& p) const override { return inner_.device_bytes(p); }
     double flops(int64_t b) const override { return inner_.flops(b); }
 
@@ -627,7 +627,7 @@ TEST(Session, StreamOrderedCallsGiveTheSameBits) {
 }
 
 // Stream-ordered saves, loads and prefetches of the activation
-// checkpoints give the same bits as the blocking calls, in RAM and on
+// activations give the same bits as the blocking calls, in RAM and on
 // NVMe; activation_saved of a key never saved is NotFound.
 TEST(Session, StreamOrderedActivationCallsGiveTheSameBits) {
   const Mlp m{32, 6, 8};
@@ -922,7 +922,7 @@ TEST(Session, SpeculationInRamHoldsASecondCopyOfTheStates) {
 }
 
 // Three micro-batches a step, their gradients added up by the session: the
-// same bits resident and with weights, states and activation checkpoints
+// same bits resident and with weights, states and saved activations
 // on NVMe through a device a tenth of the model states; the loss falls.
 TEST(Session, AccumulatedMicroBatchesGiveTheSameBitsOnEveryPlacement) {
   const Mlp m{64, 8, 8};
@@ -1024,7 +1024,7 @@ TEST(Session, AccumulationAddsTheMicroBatchesInFp32) {
 }
 
 // fp32 working weights: the device computes with the master weights' own
-// bits and the loss falls; the states and activation checkpoints on NVMe
+// bits and the loss falls; the states and saved activations on NVMe
 // through a device a tenth of the model states (20 bytes a parameter: 4
 // working, 4 gradient, 12 master and Adam) give the same bits as all in RAM.
 TEST(Session, Fp32WorkingWeightsAreTheMasterWeightsOnEveryPlacement) {
@@ -1072,7 +1072,7 @@ TEST(Session, Fp32WorkingWeightsAreTheMasterWeightsOnEveryPlacement) {
 // A model's chunks in a type of their own (fp32 layers beside bf16 ones, as
 // a model keeps its norms): each chunk's working weights are its master
 // weights in its own type, the run is the same bits with the states and
-// checkpoints in RAM or on NVMe, with micro-batches, and from a checkpoint,
+// activations in RAM or on NVMe, with micro-batches, and from a checkpoint,
 // which a session of other types refuses by name.
 TEST(Session, ChunksOfTheirOwnTypeGiveTheSameBitsOnEveryPlacement) {
   const Mlp m{64, 6, 8};
@@ -1116,7 +1116,7 @@ TEST(Session, ChunksOfTheirOwnTypeGiveTheSameBitsOnEveryPlacement) {
   ASSERT_TRUE((*plain)->start().ok());
   EXPECT_EQ((*s)->host_bytes(), (*plain)->host_bytes() + static_cast<uint64_t>(m.L / 2 * m.chunk_elems()) * 4);
 
-  // States and checkpoints on NVMe through a small device.
+  // States and activations on NVMe through a small device.
   TempDir dir;
   SessionOptions nvme = o;
   nvme.states = Tier::kNvme;
@@ -1402,7 +1402,7 @@ TEST(Session, GradientsOnNvmeComeInTheGradientOrder) {
 
 // The delayed update: step t+1 computes with the weights from before
 // update t. Deterministic — the same bits in RAM and with the weights,
-// states and activation checkpoints on NVMe through a capped device — but
+// states and saved activations on NVMe through a capped device — but
 // not the exact schedule's numbers; each end_step returns the verdict of the
 // step before it; read_master lands the update in flight.
 TEST(Session, TheDelayedUpdateIsOneStepStaleAndTheSameOnEveryPlacement) {

@@ -79,10 +79,10 @@ typedef struct strata_model_plan {
   size_t chunk_count;
   int resident_first;            /* 1: chunk 0 stays on the device (session.resident_first) */
   int64_t micro_batch;           /* samples per micro-batch (how the plan names it) */
-  int64_t checkpoints;           /* activation checkpoints the model keeps for backward */
-  int64_t checkpoints_saved;     /* of them, those it hands the session when they go off the device */
-  uint64_t checkpoint_bytes;     /* each */
-  int64_t checkpoints_in_flight; /* device buffers it keeps for them when they go off the device */
+  int64_t activations;           /* activations the model keeps for backward */
+  int64_t activations_saved;     /* of them, those it hands the session when they go off the device */
+  uint64_t activation_bytes;     /* each */
+  int64_t activations_in_flight; /* device buffers it keeps for them when they go off the device */
   uint64_t device_bytes;         /* its other device memory: workspace, inputs, buffers */
   double flops;                  /* one micro-batch's forward and backward */
   /* Each chunk's working type ("bf16", "fp16", "fp32"; see
@@ -98,7 +98,7 @@ typedef struct strata_model_plan {
  * gives are kept). Into `text` (capacity bytes, NUL-terminated, truncated
  * when longer; NULL with capacity 0 to ask the length) a JSON object:
  * "config", the keys to merge into the session's config ("placement":
- * weights, states, checkpoints — "device": the model keeps them —,
+ * weights, states, activations — "device": the model keeps them —,
  * gradients; "session": prefetch_depth, resident_first; "speculate_in_ram"), "fits",
  * "device_bytes", "host_bytes", "nvme_bytes", "step_seconds" (predicted
  * at a PCIe 4 GPU server's default rates) and "plan" (the printed plan).
@@ -218,8 +218,8 @@ STRATA_API strata_status strata_session_end_step(strata_session* session, strata
  * applied. STRATA_OK when no step is open; FAILED_PRECONDITION once every
  * chunk's gradient was submitted (the update is under way: end the step). */
 STRATA_API strata_status strata_session_cancel_step(strata_session* session);
-/* Activation checkpoints off the device: save copies `bytes` from
- * `device_src` to host RAM (or NVMe when the config's placement.checkpoints
+/* Saved activations off the device: save copies `bytes` from
+ * `device_src` to host RAM (or NVMe when the config's placement.activations
  * says nvme) under `key` (the caller's name for it, a layer index say;
  * saving a key again replaces it) and returns once the device buffer may be
  * reused (to NVMe: the write still in flight; its failure is the next load's

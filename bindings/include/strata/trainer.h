@@ -31,7 +31,7 @@ typedef struct strata_shape {
 
 /*
  * Creates a trainer from `config_json` (the text of a config). The planner
- * places weights, optimizer states, gradients and activation checkpoints: the fastest
+ * places weights, optimizer states, gradients and saved activations: the fastest
  * placement that fits the config's budgets within its constraints (NVMe is a
  * tier only when the config names nvme_paths or a DeepSpeed nvme_path;
  * budgets not given default to a 1 GiB device and half the RAM). `device`:

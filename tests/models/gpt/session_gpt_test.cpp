@@ -141,10 +141,10 @@ TEST(SessionGpt, ReproducesTheTrainersRecordedLossesBitForBit) {
        2,
        "bf16",
        0.5,
-       {{"weights", "host"}, {"states", "host"}, {"checkpoints", "host"}},
+       {{"weights", "host"}, {"states", "host"}, {"activations", "host"}},
        true},
       {"fp16_states_nvme", 1, "fp16", 1.0, {{"weights", "host"}, {"states", "nvme"}}, false},
-      {"bf16_all_nvme_accum2", 2, "bf16", 0, {{"weights", "nvme"}, {"states", "nvme"}, {"checkpoints", "nvme"}}, true},
+      {"bf16_all_nvme_accum2", 2, "bf16", 0, {{"weights", "nvme"}, {"states", "nvme"}, {"activations", "nvme"}}, true},
   };
   for (const GoldenRun& r : runs) {
     SCOPED_TRACE(r.name);
@@ -168,7 +168,7 @@ TEST(SessionGpt, ReproducesTheTrainersRecordedLossesBitForBit) {
 }
 
 const GoldenRun kAllNvme = {
-    "bf16_all_nvme_accum2", 2, "bf16", 0, {{"weights", "nvme"}, {"states", "nvme"}, {"checkpoints", "nvme"}}, true};
+    "bf16_all_nvme_accum2", 2, "bf16", 0, {{"weights", "nvme"}, {"states", "nvme"}, {"activations", "nvme"}}, true};
 
 // The session's checkpoint of the GPT (weights, master weights and states
 // streamed from NVMe) resumes the run bit for bit.
@@ -323,10 +323,10 @@ TEST(SessionGpt, TheDelayedUpdateIsTheTrainersBitForBit) {
   testing::TempDir dir;
   const nlohmann::json delayed = {{"delayed_update", true}};
   expect_the_trainers_losses(
-      {"delayed_host", 2, "bf16", 0.5, {{"weights", "host"}, {"states", "host"}, {"checkpoints", "host"}}, true},
+      {"delayed_host", 2, "bf16", 0.5, {{"weights", "host"}, {"states", "host"}, {"activations", "host"}}, true},
       delayed, dir);
   expect_the_trainers_losses(
-      {"delayed_nvme", 2, "bf16", 0.5, {{"weights", "nvme"}, {"states", "nvme"}, {"checkpoints", "nvme"}}, true},
+      {"delayed_nvme", 2, "bf16", 0.5, {{"weights", "nvme"}, {"states", "nvme"}, {"activations", "nvme"}}, true},
       delayed, dir);
 }
 
@@ -339,10 +339,10 @@ TEST(SessionGpt, TheScheduleAndGradientsOnNvmeAreTheTrainers) {
       {"schedule",
        {{"warmup_steps", 3}, {"start_lr", 0.0005}, {"decay", "cosine"}, {"decay_end_step", 7}, {"end_lr", 0.0002}}}};
   expect_the_trainers_losses(
-      {"schedule_host", 1, "bf16", 0.5, {{"weights", "host"}, {"states", "host"}, {"checkpoints", "host"}}, true},
+      {"schedule_host", 1, "bf16", 0.5, {{"weights", "host"}, {"states", "host"}, {"activations", "host"}}, true},
       schedule, dir);
   nlohmann::json ring = schedule;
-  ring["placement"] = {{"weights", "host"}, {"states", "nvme"}, {"gradients", "nvme"}, {"checkpoints", "host"}};
+  ring["placement"] = {{"weights", "host"}, {"states", "nvme"}, {"gradients", "nvme"}, {"activations", "host"}};
   expect_the_trainers_losses({"schedule_grads_nvme", 1, "bf16", 0.5, {}, true}, ring, dir);
 }
 

@@ -1,6 +1,6 @@
 // Gradient accumulation and the caller's data: micro-batches averaged, one
 // at a time or in the vertical order (the same bits, the weights moved
-// once per step, checkpoints on any tier); data from the caller stepped on
+// once per step, activations on any tier); data from the caller stepped on
 // and bad data refused with nothing changed.
 #include "models/gpt/trainer.h"
 
@@ -290,10 +290,10 @@ TEST(Trainer, VerticalAccumulationGivesTheSameBitsAndMovesTheWeightsOnce) {
   }
 }
 
-// The vertical order with the activation checkpoints off the device: each
+// The vertical order with the saved activations off the device: each
 // pass's block input l (its micro-batches' inputs side by side) goes to the
 // host or NVMe as one copy and comes back before its block's backward. The
-// same bits as one micro-batch at a time with checkpoints on the device,
+// same bits as one micro-batch at a time with activations on the device,
 // at prefetch depth 1 and 4, states in RAM and on NVMe, weights on NVMe,
 // in groups of two; the weights move once per pass and the block inputs'
 // bytes are each micro-batch's, as one at a time.
@@ -327,7 +327,7 @@ TEST(Trainer, VerticalAccumulationWithCheckpointsOnTheHostAndNvmeGivesTheSameBit
     }
     return r;
   };
-  const Run ref = run_counted(base);  // one at a time, checkpoints on the device
+  const Run ref = run_counted(base);  // one at a time, activations on the device
   ASSERT_EQ(ref.losses.size(), 5u);
   for (Tier acts : {Tier::kHost, Tier::kNvme}) {
     for (int depth : {1, 4}) {
@@ -342,7 +342,7 @@ TEST(Trainer, VerticalAccumulationWithCheckpointsOnTheHostAndNvmeGivesTheSameBit
         const Run vertical = run_counted(o);
         o.vertical_group = 2;
         const Run groups = run_counted(o);
-        const std::string what = std::string("checkpoints on ") + std::string(tier_name(acts)) + ", depth " +
+        const std::string what = std::string("activations on ") + std::string(tier_name(acts)) + ", depth " +
                                  std::to_string(depth) + ", states on " + std::string(tier_name(states)) +
                                  ", weights on " + std::string(tier_name(o.weights)) + ", seed " +
                                  std::to_string(seed);

@@ -85,7 +85,7 @@ TEST(TrainerConfig, OptionsCarryEveryFieldTheConfigGives) {
   // The NVMe paths go with the options whatever the run puts there (here
   // the block inputs, with the states in RAM).
   const Result<TrainerOptions> k = trainer_options(
-      parse({{"model", small_model()}, {"nvme_paths", {dir.path()}}, {"placement", {{"checkpoints", "nvme"}}}}));
+      parse({{"model", small_model()}, {"nvme_paths", {dir.path()}}, {"placement", {{"activations", "nvme"}}}}));
   ASSERT_TRUE(k) << k.error().to_string();
   EXPECT_EQ(k->states, Tier::kHost);
   EXPECT_EQ(k->nvme_paths, std::vector<std::string>{dir.path()});
@@ -197,7 +197,7 @@ TEST(TrainerConfig, RandomlyMutatedConfigsAreRunOrRefusedWithAReason) {
        {"states", "q8"},
        {"optimizer", {{"type", "adamw"}, {"lr", 3e-3}, {"betas", {0.9, 0.95}}, {"weight_decay", 0.01}}},
        {"gradient_clipping", 1.0},
-       {"placement", {{"checkpoints", "host"}, {"sub_group_size", 1 << 16}}},
+       {"placement", {{"activations", "host"}, {"sub_group_size", 1 << 16}}},
        {"io", {{"backend", "posix"}, {"queue_depth", 8}, {"block_size", "1MiB"}}},
        {"seed", 7},
        {"steps", 10}},

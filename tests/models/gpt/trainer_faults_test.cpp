@@ -120,7 +120,7 @@ TEST(Trainer, NvmeFaultsEndTheStepAndLeaveTheCheckpointIntact) {
   EXPECT_EQ(run(shorts, 8), ref);
 }
 
-// With weights, states and checkpoints all on NVMe, a step whose reads fail
+// With weights, states and saved activations all on NVMe, a step whose reads fail
 // (on the compute's side or the optimizer stage's, whichever comes first)
 // ends with the error; the speculative updates it began are never switched
 // to, and the same trainer, once the fault is gone, continues exactly as the
@@ -151,8 +151,8 @@ TEST(Trainer, ACheckpointOnAFullDiskFailsLeavingThePreviousOneAndNoPartialFiles)
     for (size_t i = 0; i < 2; ++i) ASSERT_EQ(*(*tr)->step(), ref[i]);
     const uint64_t before = free_bytes(disk.mount_point());
     ASSERT_TRUE((*tr)->save(ckpt).ok());
-    const uint64_t checkpoint_bytes = before - free_bytes(disk.mount_point());
-    ASSERT_GT(checkpoint_bytes, 0u);
+    const uint64_t activation_bytes = before - free_bytes(disk.mount_point());
+    ASSERT_GT(activation_bytes, 0u);
     // Fill the disk, then give back half a checkpoint. (statvfs counts the
     // blocks ext4 keeps back for its own metadata as free: only a write that
     // fails tells where the disk ends.)
@@ -163,7 +163,7 @@ TEST(Trainer, ACheckpointOnAFullDiskFailsLeavingThePreviousOneAndNoPartialFiles)
       for (off_t piece = 1 << 16; piece >= 4096; piece /= 2) {
         while (::posix_fallocate(fd.get(), size, piece) == 0) size += piece;
       }
-      const off_t give_back = static_cast<off_t>(checkpoint_bytes / 2 / 4096 * 4096);
+      const off_t give_back = static_cast<off_t>(activation_bytes / 2 / 4096 * 4096);
       ASSERT_GT(size, give_back);
       ASSERT_EQ(::ftruncate(fd.get(), size - give_back), 0);
     }

@@ -131,7 +131,7 @@ TEST(TrainerGradients, AccumulatedInTheVerticalOrderTheirSumsGoToNvmeWithTheSame
         o.gradients = Tier::kNvme;
         o.gradient_buffers = ring;
         o.speculate = speculate;
-        if (acts != Tier::kDevice) {  // streamed, the weights from NVMe, the checkpoints off the device
+        if (acts != Tier::kDevice) {  // streamed, the weights from NVMe, the saved activations off the device
           o.stream_weights = true;
           o.device_bytes = 8ull << 20;
           o.weights = Tier::kNvme;
@@ -140,7 +140,7 @@ TEST(TrainerGradients, AccumulatedInTheVerticalOrderTheirSumsGoToNvmeWithTheSame
         }
         o.nvme_paths = {dir.sub("v" + std::to_string(n++))};
         const std::string what = "a ring of " + std::to_string(ring) + (speculate ? ", speculating" : "") +
-                                 ", checkpoints on " + std::string(tier_name(acts));
+                                 ", activations on " + std::string(tier_name(acts));
         const RunLog got = run_log(o, 12);
         EXPECT_EQ(got.losses, ref.losses) << what;
         EXPECT_EQ(got.norms, ref.norms) << what;
@@ -162,7 +162,7 @@ TEST(TrainerGradients, AccumulatedInTheVerticalOrderTheirSumsGoToNvmeWithTheSame
   EXPECT_LT(g.host_bytes, h.host_bytes);
   std::printf(
       "4 micro-batches a step, clipping on %d of 12 steps: the same bits with the fp32 sums on NVMe (rings 1 "
-      "and 3, speculating or not, checkpoints on the device, host or NVMe); host %llu -> %llu bytes\n",
+      "and 3, speculating or not, activations on the device, host or NVMe); host %llu -> %llu bytes\n",
       ref.clipped, static_cast<unsigned long long>(h.host_bytes), static_cast<unsigned long long>(g.host_bytes));
 }
 

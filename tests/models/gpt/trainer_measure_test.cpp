@@ -46,7 +46,7 @@ TEST(Trainer, TracesPhasesOptimizerCallsAndNvmeRequests) {
     auto tr = std::move(Trainer::create(o)).value();
     ASSERT_TRUE(tr->step());
     ASSERT_TRUE(tr->step());
-    // The per-step counters: every NVMe byte (states and checkpoints, whole
+    // The per-step counters: every NVMe byte (states and saved activations, whole
     // 4 KiB blocks), the copies, and the compute's waiting.
     const StepCounters& k = tr->last_counters();
     EXPECT_GT(k.nvme_read_bytes, tr->last_stage().nvme_bytes_read);  // the checkpoint came back from NVMe
@@ -58,7 +58,7 @@ TEST(Trainer, TracesPhasesOptimizerCallsAndNvmeRequests) {
   }
   const std::string json = trace.to_json();
   // Every NVMe request, whichever part issued it: state blobs (the
-  // optimizer stage) and activation checkpoints (the streamed model).
+  // optimizer stage) and saved activations (the streamed model).
   // (The states are on NVMe and the steps speculate: each chunk's gradient
   // statistics come from its update's read of the gradient.)
   for (const char* want :
@@ -131,7 +131,7 @@ TEST(Trainer, PlannedBytesPerTierMatchWhatTheRunUsed) {
             ASSERT_TRUE((*tr)->step());
             const std::string what = std::to_string(sh.layers) + "x" + std::to_string(sh.hidden) + " depth " +
                                      std::to_string(depth) + ", weights on " + std::string(tier_name(homes.weights)) +
-                                     ", states on " + std::string(tier_name(homes.states)) + ", checkpoints on " +
+                                     ", states on " + std::string(tier_name(homes.states)) + ", activations on " +
                                      std::string(tier_name(acts)) + ", " + std::string(dtype_name(precision)) +
                                      ", " + std::string(cpu_optim::state_type_name(st)) + " Adam states" +
                                      (sh.hidden == 128 && homes.states == Tier::kNvme ? " in pieces" : "") +
@@ -192,9 +192,9 @@ TEST(Trainer, PlannedBytesPerTierMatchWhatTheRunUsed) {
       ++n;
     }
   }
-  // The vertical order: grad_accum micro-batches' checkpoints, block
+  // The vertical order: grad_accum micro-batches' saved activations, block
   // gradients and embedding gradients at once — resident and streamed,
-  // states in RAM and on NVMe, checkpoints on the device, the host and
+  // states in RAM and on NVMe, activations on the device, the host and
   // NVMe, every tier against the plan.
   for (int64_t accum : {2, 4, -4}) {  // -4: four micro-batches in passes of two
     for (int depth : {0, 1}) {
@@ -234,7 +234,7 @@ TEST(Trainer, PlannedBytesPerTierMatchWhatTheRunUsed) {
             const double ratio = measured[k] > 0 ? planned[k] / measured[k] : 0.0;
             worst = std::max(worst, std::abs(ratio - 1.0));
             EXPECT_NEAR(ratio, 1.0, strata::testing::kPlannedBytesRel) << "vertical, grad_accum " << accum << ", depth " << depth << ", states on "
-                                          << tier_name(states) << ", checkpoints on " << tier_name(acts)
+                                          << tier_name(states) << ", activations on " << tier_name(acts)
                                           << ", gradients on " << tier_name(grads) << ": tier " << k << " planned "
                                           << planned[k] << ", measured " << measured[k];
           }
@@ -283,7 +283,7 @@ TEST(Trainer, TrainsAModelWhoseStatesAre20xTheDeviceBudget) {
   o.stream_weights = true;
   o.prefetch_depth = 1;
   // Everything that can leave the device lives on NVMe: weights, optimizer
-  // states and activation checkpoints.
+  // states and saved activations.
   strata::testing::TempDir dir;
   o.weights = Tier::kNvme;
   o.states = Tier::kNvme;
@@ -302,7 +302,7 @@ TEST(Trainer, TrainsAModelWhoseStatesAre20xTheDeviceBudget) {
   }
   const gpu::Device* dev = (*tr)->device();
   ASSERT_NE(dev, nullptr);
-  std::printf("model states %.1f MiB, device budget %.1f MiB (peak %.1f MiB), weights, states and checkpoints on "
+  std::printf("model states %.1f MiB, device budget %.1f MiB (peak %.1f MiB), weights, states and saved activations on "
               "NVMe (%.1f MiB in use); loss %.3f -> %.3f\n",
               static_cast<double>(states) / (1 << 20), static_cast<double>(o.device_bytes) / (1 << 20),
               static_cast<double>(dev->peak_bytes()) / (1 << 20),

@@ -2,7 +2,7 @@
 // state type, accumulation, clipping) every placement and schedule the
 // trainer runs gives the same losses, gradient norms and loss scales, bit
 // for bit (the delayed update's own, when the run has one) — resident or
-// streamed at any prefetch depth; weights, optimizer states and activation checkpoints on any tier they may live on;
+// streamed at any prefetch depth; weights, optimizer states and saved activations on any tier they may live on;
 // one micro-batch at a time or the vertical order in any group; speculation on NVMe or in RAM, or none; states in
 // pieces; the gradients on NVMe through a ring of 1-4 buffers; io_uring or POSIX at queue depth 1, 4 or 32,
 // striped over one or two directories, with 3-6 staging buffers; transient NVMe faults (EAGAIN, EINTR, short
@@ -132,7 +132,7 @@ TrainerOptions placement(const TrainerOptions& base, std::mt19937_64& rng, const
   *what =
       std::string(o.stream_weights ? "streamed, depth " + std::to_string(o.prefetch_depth) : "resident") +
       ", weights on " + std::string(tier_name(o.weights)) + ", states on " + std::string(tier_name(o.states)) +
-      ", checkpoints on " + std::string(tier_name(o.activations)) +
+      ", activations on " + std::string(tier_name(o.activations)) +
       (o.vertical_accumulation
            ? ", vertical" + (o.vertical_group > 0 ? " in groups of " + std::to_string(o.vertical_group) : "")
            : "") +

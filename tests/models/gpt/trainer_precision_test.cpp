@@ -62,7 +62,7 @@ TEST(Trainer, Fp16LossScaleOverflowsGiveTheSameBitsEverywhere) {
         o.nvme_paths = {dir.sub("f" + std::to_string(depth) + std::string(tier_name(states)) + std::string(tier_name(acts)))};
         RunLog r = run_log(o, 20);
         EXPECT_EQ(r.losses, ref.losses) << "prefetch depth " << depth << ", states on " << tier_name(states)
-                                        << ", checkpoints on " << tier_name(acts);
+                                        << ", activations on " << tier_name(acts);
         EXPECT_EQ(r.scales, ref.scales);
         if (states == Tier::kNvme || o.speculate_in_ram) {
           EXPECT_GT(r.rollbacks, 0);
@@ -226,12 +226,12 @@ TEST(Trainer, DelayedUpdateIsDeterministicAcrossPlacementsAndDocumentedInexact) 
   // Weights on NVMe: the forward of step t + 1 reads the blobs of update
   // t - 1 while update t writes the other generation beside it.
   for (Variant v : {Variant{"resident, states on nvme", false, 1, Tier::kNvme, Tier::kDevice},
-                    Variant{"streamed depth 1, states on nvme, checkpoints on nvme", true, 1, Tier::kNvme,
+                    Variant{"streamed depth 1, states on nvme, activations on nvme", true, 1, Tier::kNvme,
                             Tier::kNvme},
                     Variant{"streamed depth 4, states on host", true, 4, Tier::kHost, Tier::kHost},
                     Variant{"streamed depth 1, weights and states on nvme", true, 1, Tier::kNvme, Tier::kDevice,
                             Tier::kNvme},
-                    Variant{"streamed depth 4, weights, states and checkpoints on nvme", true, 4, Tier::kNvme,
+                    Variant{"streamed depth 4, weights, states and activations on nvme", true, 4, Tier::kNvme,
                             Tier::kNvme, Tier::kNvme}}) {
     TrainerOptions o = base;
     o.stream_weights = v.stream;

@@ -382,7 +382,7 @@ TEST(Trainer, StreamedWeightsGiveTheSameBitsAtAnyPrefetchDepth) {
           o.nvme_paths = {dir.sub("d" + std::to_string(depth) + std::string(tier_name(weights)) +
                                   std::string(tier_name(acts)))};
           EXPECT_EQ(run(o, 20), resident) << "prefetch depth " << depth << ", states on " << tier_name(states)
-                                          << ", weights on " << tier_name(weights) << ", activation checkpoints on "
+                                          << ", weights on " << tier_name(weights) << ", saved activations on "
                                           << tier_name(acts);
         }
       }
