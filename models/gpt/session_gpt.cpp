@@ -158,6 +158,14 @@ Status SessionGpt::run(const std::function<Status()>& enqueue, const char* what,
   return done;
 }
 
+// Before a block: the embeddings' gradient, the step's last, is not in
+// yet, so the session can still cancel the step.
+Status SessionGpt::check_stop(const char* pass, int64_t block) const {
+  if (!options_.stop || !options_.stop()) return ok_status();
+  return cancelled("step " + std::to_string(session_->steps_done() + 1) + " cancelled before the " + pass +
+                   " of block " + std::to_string(block) + ": a stop was asked for");
+}
+
 Result<float> SessionGpt::step() {
   const int64_t A = session_->options().grad_accum;
   std::vector<int32_t> tokens, targets, tk, tg;
@@ -235,7 +243,10 @@ Status SessionGpt::pass(const int32_t* tokens, const int32_t* targets, int64_t k
   emb_grad.push_back(first);
   for (int64_t m = 1; m < pass_; ++m) emb_grad.push_back(emb_grads_.as<uint8_t>() + (m - 1) * chunk_bytes(0));
   STRATA_RETURN_IF_ERROR(head_backward(emb, emb_grad, k0));
-  for (int64_t l = options_.model.layers; l >= 1; --l) STRATA_RETURN_IF_ERROR(backward_block(l));
+  for (int64_t l = options_.model.layers; l >= 1; --l) {
+    STRATA_RETURN_IF_ERROR(check_stop("backward", l));
+    STRATA_RETURN_IF_ERROR(backward_block(l));
+  }
   STRATA_RETURN_IF_ERROR(embedding_backward(emb_grad));
   return session_->release(0, compute_);
 }
@@ -252,6 +263,7 @@ Status SessionGpt::forward(const void* emb) {
   STRATA_RETURN_IF_ERROR(run(embed, "embedding forward"));
   STRATA_RETURN_IF_ERROR(save_input(0));
   for (int64_t l = 1; l <= options_.model.layers; ++l) {
+    STRATA_RETURN_IF_ERROR(check_stop("forward", l));
     const auto c = static_cast<size_t>(l);
     STRATA_ASSIGN_OR_RETURN(const void* w, session_->acquire(c, compute_));
     STRATA_RETURN_IF_ERROR(input_saved(l));

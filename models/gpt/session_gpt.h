@@ -27,6 +27,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -54,6 +55,11 @@ struct SessionGptOptions {
   // that many block inputs, gradients flowing down and embedding
   // gradients on the device. The same bits either way.
   int64_t micro_batches_per_pass = 1;
+  // Asked before each block of forward and of backward (null: never): true
+  // cancels the step there — the session's cancel_step, every weight and
+  // state as before it — and step() returns Cancelled. A stop that cannot
+  // wait for a long step's end.
+  std::function<bool()> stop;
 };
 
 class SessionGpt {
@@ -89,6 +95,7 @@ class SessionGpt {
   SessionGpt() = default;
   Status allocate();
   Status run_step(const int32_t* tokens, const int32_t* targets, double* loss_sum);
+  Status check_stop(const char* pass, int64_t block) const;
   // A pass: pass_ micro-batches from micro-batch k0 of the step on; each
   // loss into loss_[k0 + m].
   Status pass(const int32_t* tokens, const int32_t* targets, int64_t k0);

@@ -21,6 +21,7 @@ SessionGptOptions gpt_options_of(const TrainerOptions& o) {
   g.seed = o.seed;
   g.offload_activations = o.activations != Tier::kDevice;
   g.micro_batches_per_pass = micro_batches_per_pass(o);
+  g.stop = o.stop;
   return g;
 }
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "common/status.h"
 #include "engine/plan.h"
@@ -62,6 +63,10 @@ struct TrainerOptions : SessionOptions {
   // for a load() to fill: a resume. Until a load() succeeds, step() and
   // save() are refused.
   bool initial_state = true;
+  // Asked before each block of a step (SessionGptOptions::stop): true
+  // cancels the step in progress, leaving the trainer as it was before it;
+  // step() returns Cancelled.
+  std::function<bool()> stop;
 };
 
 // The planner's view of a trainer's run: model, micro-batch, sequence,

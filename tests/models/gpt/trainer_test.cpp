@@ -390,6 +390,58 @@ TEST(Trainer, StreamedWeightsGiveTheSameBitsAtAnyPrefetchDepth) {
   }
 }
 
+// A stop asked for during a step cancels it before the next block, in
+// forward or in backward: step() says Cancelled, and the trainer is as it
+// was before the step — its next steps give the uninterrupted run's bits,
+// with the states in RAM and on NVMe, weights resident and streamed.
+TEST(Trainer, AStopCancelsTheStepInProgressAndTheRunGoesOnBitForBit) {
+  const uint64_t seed = strata::testing::test_seed(109);
+  strata::testing::TempDir dir;
+  TrainerOptions base = tiny(seed);
+  base.model.layers = 3;
+  const std::vector<float> reference = run(base, 4);
+  ASSERT_EQ(reference.size(), 4u);
+  const int64_t polls_per_step = 2 * base.model.layers;  // before each block, forward then backward
+  int placement = 0;
+  for (Tier states : {Tier::kHost, Tier::kNvme}) {
+    for (bool streamed : {false, true}) {
+      TrainerOptions o = base;
+      o.states = states;
+      o.stream_weights = streamed;
+      if (streamed) o.device_bytes = 8ull << 20;
+      o.nvme_paths = {dir.sub("p" + std::to_string(placement++))};
+      for (int64_t at = 0; at < polls_per_step; ++at) {
+        int64_t polls = 0;
+        bool armed = false;
+        o.stop = [&] { return armed && polls++ == at; };
+        Result<std::unique_ptr<Trainer>> tr = Trainer::create(o);
+        ASSERT_TRUE(tr) << tr.error().to_string();
+        std::vector<float> losses;
+        for (int i = 0; i < 2; ++i) {
+          Result<float> loss = (*tr)->step();
+          ASSERT_TRUE(loss) << loss.error().to_string();
+          losses.push_back(*loss);
+        }
+        armed = true;  // the third step is cancelled at poll `at`
+        Result<float> cancelled = (*tr)->step();
+        ASSERT_FALSE(cancelled) << "poll " << at;
+        EXPECT_EQ(cancelled.error().code(), StatusCode::kCancelled) << cancelled.error().to_string();
+        EXPECT_NE(cancelled.error().message().find(at < base.model.layers ? "forward" : "backward"), std::string::npos)
+            << cancelled.error().to_string();
+        EXPECT_EQ((*tr)->steps_done(), 2);
+        armed = false;
+        for (int i = 0; i < 2; ++i) {
+          Result<float> loss = (*tr)->step();
+          ASSERT_TRUE(loss) << "after the cancelled step: " << loss.error().to_string();
+          losses.push_back(*loss);
+        }
+        EXPECT_EQ(losses, reference) << "states on " << tier_name(states) << (streamed ? ", streamed" : ", resident")
+                                     << ", cancelled at poll " << at;
+      }
+    }
+  }
+}
+
 // Global-norm clipping set so that it fires on some steps and not others
 // gives the same bits in every placement, and does change the run.
 TEST(Trainer, ClippingThatFiresOnSomeStepsGivesTheSameBitsEverywhere) {
