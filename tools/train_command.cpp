@@ -5,9 +5,11 @@
 // token file (--data), printing the planner's view of the run, then one
 // progress line per step, and a JSON summary last. Optimizer states in RAM, or on NVMe with --nvme DIR;
 // checkpoints with --checkpoint DIR (every --save-every steps and at the end),
-// resumed with --resume. SIGINT or SIGTERM stops the run after the step in
-// progress, with a checkpoint when --checkpoint is given (a second signal
-// ends it at once).
+// resumed with --resume. SIGINT or SIGTERM stops the run, with a checkpoint
+// when --checkpoint is given: after the step in progress when it is due to
+// end within --stop-grace seconds (by the last step's time), otherwise — the
+// first step, or long ones — cancelling it before its next block, with the
+// state of the step before (a second signal ends the process at once).
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
@@ -49,6 +51,26 @@ extern "C" void request_stop(int sig) {
   g_stop_signal = sig;
   std::signal(sig, SIG_DFL);
 }
+
+// The stop rule (TrainerOptions::stop): a step in progress when a stop
+// signal comes finishes when, by the last step's time, it is due to end
+// within grace_s; otherwise — the first step, or long ones — it is
+// cancelled. It knows when the step in progress began, how long the last
+// one took (0: none yet), and whether it cancelled one.
+struct StopRule {
+  double grace_s = 10;
+  std::chrono::steady_clock::time_point step_start = std::chrono::steady_clock::now();
+  double last_step_s = 0;
+  bool cancelled = false;
+  // Polled by the trainer before each block of a step.
+  bool operator()() {
+    if (g_stop_signal == 0) return false;
+    const double spent = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
+    if (last_step_s > 0 && last_step_s - spent <= grace_s) return false;
+    cancelled = true;
+    return true;
+  }
+};
 
 // Progress lines for long work chunk by chunk (TrainerOptions::progress):
 // at most one every two seconds, and the time it took at the end when that
@@ -106,6 +128,7 @@ struct Flags {
   std::string activations = "device", weights_on = "host", device = "host", gradients_on;
   int64_t steps = -1, save_every = 0, sub_group = -1, keep_checkpoints = 0;
   int prefetch = 1;
+  double stop_grace_s = 10;
   bool resume = false, stream = false, delayed = false, speculate_in_ram = false, plan_only = false;
   bool auto_placement = false, vertical = false, no_pin = false;
 };
@@ -125,6 +148,10 @@ void add_run_flags(CLI::App& app, Flags& f) {
                  "after each checkpoint, remove the older ones but the newest N (and the one 'latest' names); "
                  "0, the default: keep all")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  app.add_option("--stop-grace", f.stop_grace_s,
+                 "seconds a step in progress at SIGINT/SIGTERM may still take (by the last step's time) to finish; "
+                 "longer, or the first step, and it is cancelled before its next block (default 10)")
+      ->check(CLI::Range(0.0, 1e9));
   app.add_flag("--delayed-update", f.delayed,
                "run each optimizer update beside the next step's compute (NOT exact: one step stale)");
   app.add_flag("--speculate-in-ram", f.speculate_in_ram,
@@ -471,7 +498,7 @@ void print_step(const engine::Trainer& tr, const engine::TrainerOptions& o, int6
 // checkpointing every save_every into `checkpoints` (null: no
 // --checkpoint); the step of the last checkpoint written.
 int64_t run_steps(engine::Trainer& tr, engine::CheckpointDir* checkpoints, const Flags& f, const Run& r,
-                  const Data& data, Totals& t) {
+                  const Data& data, Totals& t, StopRule& stop) {
   const engine::TrainerOptions& o = r.o;
   // Step i's micro-batches: grad_accum x batch x seq, micro-batch index
   // i x grad_accum + k (the checkpoint's data position).
@@ -491,8 +518,11 @@ int64_t run_steps(engine::Trainer& tr, engine::CheckpointDir* checkpoints, const
   std::signal(SIGTERM, request_stop);
   for (int64_t i = start; i < r.steps && g_stop_signal == 0; ++i) {
     auto t0 = std::chrono::steady_clock::now();
+    stop.step_start = t0;
     Result<float> loss = data.any() ? step_on(data, i) : tr.step();
+    if (!loss && loss.error().code() == StatusCode::kCancelled && stop.cancelled) break;  // the signal's
     exit_on_error(loss.status(), f.prog);
+    stop.last_step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (i == start) t.first = *loss;
     print_step(tr, o, i, r.steps - i - 1, *loss,
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), t);
@@ -545,6 +575,9 @@ int train(const Flags& f, Run& r) {
   ProgressLines progress;
   r.o.progress = std::ref(progress);
   r.o.initial_state = !f.resume;  // a resume's weights and states come from the checkpoint
+  StopRule stop;
+  stop.grace_s = f.stop_grace_s;
+  r.o.stop = std::ref(stop);
   Result<std::unique_ptr<engine::Trainer>> created = engine::Trainer::create(r.o);
   exit_on_error(created.status(), f.prog);
   engine::Trainer& tr = **created;
@@ -558,11 +591,14 @@ int train(const Flags& f, Run& r) {
   }
   const int64_t start = tr.steps_done();
   Totals totals;
-  const int64_t saved_at = run_steps(tr, checkpoints ? &*checkpoints : nullptr, f, r, data, totals);
+  const int64_t saved_at = run_steps(tr, checkpoints ? &*checkpoints : nullptr, f, r, data, totals, stop);
   const int stop_signal = g_stop_signal;
   if (stop_signal != 0) {
-    std::printf("stopping after step %lld: %s%s\n", static_cast<long long>(tr.steps_done()),
-                stop_signal == SIGINT ? "SIGINT" : "SIGTERM",
+    const std::string cancelled = stop.cancelled ? ", step " + std::to_string(tr.steps_done() + 1) +
+                                                       " in progress cancelled (not due to end within --stop-grace)"
+                                                 : "";
+    std::printf("stopping after step %lld: %s%s%s\n", static_cast<long long>(tr.steps_done()),
+                stop_signal == SIGINT ? "SIGINT" : "SIGTERM", cancelled.c_str(),
                 f.checkpoint.empty() ? " (no --checkpoint: nothing saved)" : ", saving a checkpoint");
     std::fflush(stdout);
   }

@@ -86,4 +86,30 @@ stopped=$(sed -n 's/^stopping after step \([0-9]*\): SIGTERM, saving a checkpoin
 [ "$(cat "$d/c/latest")" = "step-$stopped" ] || fail "latest is $(cat "$d/c/latest"), not step-$stopped"
 grep -q "\"steps\":$stopped," "$d/term.txt" || fail "the summary does not report $stopped steps"
 echo "SIGTERM after step $stopped: exit 143, checkpoint step-$stopped"
+# With --stop-grace 0 a step in progress at the signal is cancelled before
+# its next block (unless its last block had begun): the run stops with the
+# step before it, saved. Either way the checkpoint is the last step done.
+"$train" --steps 1000000 --checkpoint "$d/g" --stop-grace 0 > "$d/grace.txt" 2>&1 &
+pid=$!
+waited=0
+until grep -q "^step *3 |" "$d/grace.txt"; do
+  sleep 0.2
+  waited=$((waited + 1))
+  [ "$waited" -lt 600 ] || { kill -9 "$pid"; fail "no third step in 120 s"; }
+done
+kill -TERM "$pid"
+rc=0
+wait "$pid" || rc=$?
+[ "$rc" -eq 143 ] || fail "SIGTERM with --stop-grace 0: exit status $rc, not 143"
+line=$(grep "^stopping after step" "$d/grace.txt") || fail "no 'stopping after step N' line"
+stopped=$(printf '%s\n' "$line" | sed -n 's/^stopping after step \([0-9]*\): SIGTERM.*, saving a checkpoint$/\1/p')
+[ -n "$stopped" ] || fail "the stop line: $line"
+case "$line" in
+  *"in progress cancelled"*)
+    printf '%s\n' "$line" | grep -q ", step $((stopped + 1)) in progress cancelled (not due to end within --stop-grace)" ||
+      fail "the cancel names another step: $line" ;;
+esac
+[ "$(cat "$d/g/latest")" = "step-$stopped" ] || fail "latest is $(cat "$d/g/latest"), not step-$stopped"
+grep -q "\"steps\":$stopped," "$d/grace.txt" || fail "the summary does not report $stopped steps"
+echo "SIGTERM with --stop-grace 0: $line"
 echo "PASS"
