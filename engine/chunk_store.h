@@ -156,6 +156,14 @@ class ChunkStore {
   }
   // Waits for everything in flight (a failed step) and forgets it.
   void drain();
+  // A pass whose uses the steps should not learn from (an evaluation):
+  // begin_aside before its begin_step keeps the recorded order aside, and
+  // end_aside (after drain) puts it back as it was.
+  void begin_aside() { aside_ = schedule_; }
+  void end_aside() {
+    if (aside_) schedule_ = *aside_;
+    aside_.reset();
+  }
 
   // Chunk 0's weights on the device once its copy is done (resident for the
   // step; needs no acquire). FailedPrecondition without resident_first.
@@ -215,6 +223,8 @@ class ChunkStore {
 
   // The order of chunk uses (writable for tests: a wrong order costs waiting, not bits).
   AccessSchedule& schedule() { return schedule_; }
+  // The order the steps recorded (the one kept aside during a pass aside).
+  const std::vector<size_t>& recorded_order() const { return aside_ ? aside_->order() : schedule_.order(); }
   // Uses of this step served by a slot that already held the chunk (no copy).
   uint64_t slot_hits() const { return slot_hits_; }
   uint64_t bytes_to_device() const { return h2d_bytes_; }
@@ -265,6 +275,7 @@ class ChunkStore {
 
   std::vector<const void*> host_weights_;
   AccessSchedule schedule_;
+  std::optional<AccessSchedule> aside_;  // the recorded order, during a pass aside
   size_t cur_pos_ = kNoPosition, cur_chunk_ = 0;   // the newest use acquired
   size_t issued_ = 0;                              // positions whose copy has been submitted
   std::vector<gpu::DeviceMemory> slots_;           // depth + 1 weight buffers

@@ -191,7 +191,10 @@ Status Session::registered(const char* call, size_t chunk) const {
 
 Status Session::check_chunk(const char* call, size_t chunk) const {
   STRATA_RETURN_IF_ERROR(usable(call));
-  if (!in_step_) return failed_precondition(std::string("session: ") + call + " outside a step (begin_step first)");
+  if (!in_step_) {
+    return failed_precondition(std::string("session: ") + call + " outside a step (begin_step first)" +
+                               (eval_open_ ? "; outside one, acquire and release read the weights only" : ""));
+  }
   return registered(call, chunk);
 }
 
@@ -445,6 +448,7 @@ OverlapStep Session::make_step(float grad_scale) {
 Status Session::begin_step(float grad_scale) {
   STRATA_RETURN_IF_ERROR(usable("begin_step"));
   if (in_step_) return failed_precondition("session: begin_step: a step is open (end_step or cancel_step first)");
+  STRATA_RETURN_IF_ERROR(close_eval("begin_step"));
   stream_ordered_step_ = false;
   if (!(grad_scale > 0) || !std::isfinite(grad_scale)) {
     return invalid_argument("session: begin_step: grad_scale must be finite and > 0, got " +
@@ -471,6 +475,7 @@ Status Session::begin_step(float grad_scale) {
     return begun;
   }
   uses_.assign(specs_.size(), std::nullopt);
+  holds_.assign(specs_.size(), 0);
   acquired_on_.assign(specs_.size(), gpu::Stream{});
   grad_held_.assign(specs_.size(), nullptr);
   submits_.assign(specs_.size(), 0);
@@ -485,16 +490,21 @@ Result<const void*> Session::acquire(size_t chunk) {
 }
 
 Result<const void*> Session::acquire(size_t chunk, gpu::Stream stream) {
-  STRATA_RETURN_IF_ERROR(check_chunk("acquire", chunk));
+  if (!in_step_ && !eval_open_) {
+    STRATA_RETURN_IF_ERROR(registered("acquire", chunk));
+    STRATA_RETURN_IF_ERROR(open_eval());
+  }
+  STRATA_RETURN_IF_ERROR(check_read("acquire", chunk));
   const std::string& name = specs_[chunk].name;
-  if (all_in(chunk)) {
+  if (in_step_ && all_in(chunk)) {
     return failed_precondition("session: acquire \"" + name +
                                "\": its gradient was submitted this step, so its weights are being updated");
   }
-  if (uses_[chunk]) return failed_precondition("session: acquire \"" + name + "\": already acquired; release it first");
+  if (uses_[chunk]) return acquire_held(chunk, stream);
   if (resident(chunk)) {
     STRATA_ASSIGN_OR_RETURN(const void* data, store_->resident_weights());
     uses_[chunk] = ChunkStore::Use{0, data};  // no slot: nothing to give back to the store
+    holds_[chunk] = 1;
     return data;
   }
   const size_t first_slotted = options_.resident_first ? 1 : 0;
@@ -507,11 +517,13 @@ Result<const void*> Session::acquire(size_t chunk, gpu::Stream stream) {
   if (stream.id < 0) {
     STRATA_ASSIGN_OR_RETURN(ChunkStore::Use use, store_->acquire(chunk));
     uses_[chunk] = use;
+    holds_[chunk] = 1;
     return use.data;
   }
   gpu::Event ready;
   STRATA_ASSIGN_OR_RETURN(ChunkStore::Use use, store_->acquire_async(chunk, &ready));
   uses_[chunk] = use;
+  holds_[chunk] = 1;
   acquired_on_[chunk] = stream;
   stream_ordered_step_ = true;
   if (ready.id >= 0) {
@@ -548,10 +560,19 @@ Status Session::release(size_t chunk) {
 }
 
 Status Session::release(size_t chunk, gpu::Stream stream) {
-  STRATA_RETURN_IF_ERROR(check_chunk("release", chunk));
+  STRATA_RETURN_IF_ERROR(check_read("release", chunk));
   if (!uses_[chunk]) {
     return failed_precondition("session: release \"" + specs_[chunk].name + "\": it is not acquired");
   }
+  if (holds_[chunk] > 1) {  // acquired again: the last release gives the weights back
+    if (stream.id >= 0 && acquired_on_[chunk].id >= 0 && stream.id != acquired_on_[chunk].id) {
+      return invalid_argument("session: release \"" + specs_[chunk].name +
+                              "\": acquired on another stream; release it on that one");
+    }
+    --holds_[chunk];
+    return ok_status();
+  }
+  holds_[chunk] = 0;
   if (stream.id < 0) stream = acquired_on_[chunk];  // acquired on a stream: released after it
   acquired_on_[chunk] = gpu::Stream{};
   if (!resident(chunk)) {
@@ -648,6 +669,7 @@ Status Session::read_master(size_t chunk, std::span<float> dst) {
   STRATA_RETURN_IF_ERROR(usable("read_master"));
   if (!started()) return failed_precondition("session: read_master before start");
   if (in_step_) return failed_precondition("session: read_master during a step");
+  STRATA_RETURN_IF_ERROR(close_eval("read_master"));
   STRATA_RETURN_IF_ERROR(drain_update().with_context("session: read_master"));  // a delayed update in flight
   if (chunk >= specs_.size()) return invalid_argument("session: read_master: no chunk " + std::to_string(chunk));
   if (dst.size() != static_cast<size_t>(specs_[chunk].elems)) {
@@ -709,6 +731,7 @@ Status Session::async_error() {
 Status Session::finalize() {
   STRATA_RETURN_IF_ERROR(usable("finalize"));
   if (in_step_) return failed_precondition("session: finalize during a step (end_step or cancel_step first)");
+  STRATA_RETURN_IF_ERROR(close_eval("finalize"));
   // Activations saved: their copies and writes in flight land, and the
   // first failure not yet reported is (once).
   while (!saves_.empty()) STRATA_RETURN_IF_ERROR(drain_save(saves_.begin()->first).with_context("session: finalize"));

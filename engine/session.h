@@ -303,7 +303,14 @@ class Session {
   bool in_step() const { return in_step_; }
   // The chunk's working weights on the device (chunk_elems of chunk_dtype())
   // once it returns, until release(chunk). A chunk may be acquired again
-  // in the same step (recompute) until its gradient is submitted.
+  // in the same step (recompute) until its gradient is submitted. Acquired
+  // while it is held (a weight used at two points, a module called twice):
+  // the same weights, held until as many releases — on the stream it was
+  // first acquired on, or none (InvalidArgument for another stream).
+  // Outside a step (evaluation, torch.no_grad()): the weights as the last
+  // step left them, read-only — a pass of its own that begin_step, save,
+  // load, read_master and finalize end once every chunk is released; the
+  // recorded order is not changed by it, and gradient calls are refused.
   Result<const void*> acquire(size_t chunk);
   Status release(size_t chunk);
   // Where to compute the chunk's gradient on the device (chunk_elems of
@@ -404,6 +411,9 @@ class Session {
   // Chunks whose weights in RAM a failed or skipped step updated in place
   // and that could not be put back yet (the next step or save does it first).
   size_t chunks_to_restore() const { return static_cast<size_t>(std::count(stale_.begin(), stale_.end(), true)); }
+  // The order of uses the steps recorded, which prefetching replays (empty
+  // before a step recorded one).
+  const std::vector<size_t>& recorded_order() const { return store_->recorded_order(); }
   // Where a chunk's view is now, and its home.
   Residency residency(size_t chunk, View view) const { return store_->residency(chunk, view); }
   Tier home(size_t chunk, View view) const { return store_->home(chunk, view); }
@@ -501,6 +511,15 @@ class Session {
   // Usable and `chunk` registered; check_chunk: besides, inside a step.
   Status registered(const char* call, size_t chunk) const;
   Status check_chunk(const char* call, size_t chunk) const;
+  // acquire and release: inside a step, or an evaluation pass (below).
+  Status check_read(const char* call, size_t chunk) const;
+  // An evaluation pass: acquire outside a step opens one (the store's pass
+  // over the weights as they are, a delayed update landed first, nothing of
+  // the optimizer's); the calls that need no pass close it, once nothing is
+  // acquired (FailedPrecondition naming the chunk held, otherwise).
+  Status open_eval();
+  Status close_eval(const char* call);
+  bool eval_open_ = false;
   void report(std::string_view what, int64_t done, int64_t total) const {
     if (options_.progress) options_.progress(what, done, total);
   }
@@ -571,6 +590,7 @@ class Session {
   // (stream_wait_metered; added on the streams' side, hence shared).
   std::shared_ptr<std::atomic<int64_t>> stream_stall_ns_ = std::make_shared<std::atomic<int64_t>>(0);
   Status stream_wait_metered(gpu::Stream stream, gpu::Event ready);
+  Result<const void*> acquire_held(size_t chunk, gpu::Stream stream);
   bool stream_ordered_step_ = false;  // a chunk of this step was acquired on a stream
   std::unique_ptr<ChunkStore> store_;
   // Each chunk's bytes in its working type (chunk_dtype).
@@ -678,6 +698,7 @@ class Session {
   // read only while in_step_.
   std::atomic<bool> in_step_{false};  // read by async_error() from any thread
   std::vector<std::optional<ChunkStore::Use>> uses_;  // per chunk: the use acquired and not released
+  std::vector<int> holds_;                             // per chunk: acquires of that use not yet released
   std::vector<gpu::Stream> acquired_on_;              // per chunk: the stream it was acquired on (or none)
   std::vector<void*> grad_held_;  // per chunk: its gradient buffer on the device, handed out, not submitted
   std::vector<int> submits_;      // per chunk: its gradients submitted this step

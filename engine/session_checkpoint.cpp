@@ -27,6 +27,7 @@ Status Session::prepare_save() {
   STRATA_RETURN_IF_ERROR(usable("save"));
   if (!started()) return failed_precondition("session: save before start: nothing is placed yet");
   if (in_step_) return failed_precondition("session: save during a step (end_step or cancel_step first)");
+  STRATA_RETURN_IF_ERROR(close_eval("save"));
   if (!broken_.empty()) return failed_precondition("session: " + broken_ + "; nothing consistent to save");
   STRATA_RETURN_IF_ERROR(drain_update().with_context("session: save"));  // a delayed update in flight lands first
   return restore_stale();                                         // what a failed step left updated goes back first
@@ -56,6 +57,7 @@ Status Session::visit_state(size_t chunk, const OptimizerStage::StateSlice& fn) 
 Status Session::begin_load(const std::string& what) {
   STRATA_RETURN_IF_ERROR(usable("load"));
   if (in_step_) return failed_precondition("session: load during a step (end_step or cancel_step first)");
+  STRATA_RETURN_IF_ERROR(close_eval("load"));
   if (!started()) {
     // Placed without initial values: the load writes every byte once.
     STRATA_RETURN_IF_ERROR(start(/*initial=*/false));
@@ -251,6 +253,7 @@ Result<nlohmann::json> Session::checked_record(const std::string& path) const {
 Status Session::load(const std::string& root) {
   STRATA_RETURN_IF_ERROR(usable("load"));
   if (in_step_) return failed_precondition("session: load during a step (end_step or cancel_step first)");
+  STRATA_RETURN_IF_ERROR(close_eval("load"));
   if (specs_.empty()) return failed_precondition("session: load with no chunk registered (add_chunk first)");
   CheckpointDir dir(root);
   STRATA_ASSIGN_OR_RETURN(CheckpointDir::Entry latest, dir.latest());

@@ -261,7 +261,14 @@ static void session_misuse(const char* root) {
   CHECK(strata_session_begin_step(s, 0.0f) == STRATA_INVALID_ARGUMENT, "grad_scale 0");
   const void* w = NULL;
   void* g = NULL;
-  CHECK(strata_session_acquire(s, 0, NULL, &w) == STRATA_FAILED_PRECONDITION, "acquire outside a step");
+  /* Outside a step: the weights for an evaluation, read-only. */
+  CHECK(strata_session_acquire(s, 0, NULL, &w) == STRATA_OK && w != NULL, "acquire outside a step: %s",
+        strata_last_error());
+  CHECK(w != NULL && ((const uint16_t*)w)[0] == 0x3F00, "the evaluation reads a's initial bf16 0.5");
+  CHECK(strata_session_gradient_buffer(s, 0, &g) == STRATA_FAILED_PRECONDITION, "a gradient outside a step");
+  CHECK(strata_session_begin_step(s, 1.0f) == STRATA_FAILED_PRECONDITION, "a step while a is held outside one");
+  CHECK(strata_session_release(s, 0) == STRATA_OK, "the evaluation's release");
+  CHECK(strata_session_release(s, 0) == STRATA_FAILED_PRECONDITION, "a release too many");
   CHECK(strata_session_begin_step(s, 1.0f) == STRATA_OK, "begin");
   CHECK(strata_session_set_gradient_order(s, backward, 2) == STRATA_FAILED_PRECONDITION, "the order in a step");
   CHECK(strata_session_add_chunk(s, "c", 3, NULL, NULL) == STRATA_FAILED_PRECONDITION, "a chunk after start");

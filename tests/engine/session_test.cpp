@@ -1629,8 +1629,9 @@ TEST_F(SessionMisuse, AnUnknownChunkIsInvalidArgument) {
 }
 
 TEST_F(SessionMisuse, CallsOutsideAStepAreFailedPrecondition) {
-  EXPECT_EQ(s_->acquire(0).status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s_->gradient_buffer(0).status().code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(s_->submit_gradient(0).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s_->release(0).code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(s_->end_step().status().code(), StatusCode::kFailedPrecondition);
   ASSERT_TRUE(s_->begin_step().ok());
   EXPECT_EQ(s_->begin_step().code(), StatusCode::kFailedPrecondition);
@@ -1757,15 +1758,17 @@ TEST_F(SessionMisuse, EndingAStepWithGradientsMissingNamesThemAndKeepsItOpen) {
   EXPECT_EQ(s_->steps_done(), 1);
 }
 
-TEST_F(SessionMisuse, AcquiringTwiceOrReleasingWhatIsNotHeldIsRefused) {
+TEST_F(SessionMisuse, ReleasingWhatIsNotHeldOrHoldingMoreThanTheSlotsIsRefused) {
   ASSERT_TRUE(s_->begin_step().ok());
   ASSERT_TRUE(s_->acquire(0).has_value());
-  EXPECT_EQ(s_->acquire(0).status().code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(s_->acquire(0).has_value());  // held twice (a weight's second use): no second slot
   EXPECT_EQ(s_->release(1).code(), StatusCode::kFailedPrecondition);
   // Holding more chunks than the slots: refused before anything moves.
   ASSERT_TRUE(s_->acquire(1).has_value());
   EXPECT_EQ(s_->acquire(2).status().code(), StatusCode::kResourceExhausted);
   ASSERT_TRUE(s_->release(0).ok());
+  ASSERT_TRUE(s_->release(0).ok());
+  EXPECT_EQ(s_->release(0).code(), StatusCode::kFailedPrecondition);
   ASSERT_TRUE(s_->release(1).ok());
   expect_a_step_still_runs();
 }
@@ -1922,6 +1925,128 @@ TEST(Session, AStepOutOfTheRecordedOrderCostsNoBits) {
       ASSERT_TRUE((*s)->end_step().has_value());
       EXPECT_EQ(std::bit_cast<uint32_t>(*loss), std::bit_cast<uint32_t>(want[static_cast<size_t>(k)])) << "step " << k;
     }
+  }
+}
+
+// A chunk acquired while it is held (a weight used at two points of the
+// forward, a module called twice) gives the same weights and stays held
+// until as many releases: a step ended before the last one is refused, a
+// release too many too; the run's bits are those of single acquires, with
+// the weights in RAM and on NVMe.
+TEST(Session, AChunkAcquiredAgainWhileHeldIsTheSameWeightsUntilAsManyReleases) {
+  const Mlp m{32, 4, 8};
+  TempDir dir;
+  for (const bool nvme : {false, true}) {
+    SCOPED_TRACE(nvme ? "weights on nvme" : "weights in ram");
+    SessionOptions o = nvme ? weights_on_nvme(dir.sub("w")) : base_options();
+    const std::vector<float> want = run(m, o, 4);
+    if (nvme) o.nvme_paths = {dir.sub("w2")};
+    Result<std::unique_ptr<Session>> s = make_session(m, o);
+    ASSERT_TRUE(s.has_value()) << s.status().to_string();
+    for (int k = 0; k < 4; ++k) {
+      ASSERT_TRUE((*s)->begin_step().ok());
+      const size_t c = 1;
+      Result<const void*> first = (*s)->acquire(c);
+      ASSERT_TRUE(first.has_value()) << first.status().to_string();
+      Result<const void*> again = (*s)->acquire(c);
+      ASSERT_TRUE(again.has_value()) << again.status().to_string();
+      EXPECT_EQ(*again, *first) << "the same weights";
+      ASSERT_TRUE((*s)->release(c).ok());
+      Result<const void*> third = (*s)->acquire(c);  // still held: the same again
+      ASSERT_TRUE(third.has_value());
+      EXPECT_EQ(*third, *first);
+      ASSERT_TRUE((*s)->release(c).ok());
+      ASSERT_TRUE((*s)->release(c).ok());
+      EXPECT_EQ((*s)->release(c).code(), StatusCode::kFailedPrecondition) << "a release too many";
+      Result<float> loss = micro_batch(**s, m, k, false);
+      ASSERT_TRUE(loss.has_value()) << loss.status().to_string();
+      ASSERT_TRUE((*s)->end_step().has_value());
+      EXPECT_EQ(std::bit_cast<uint32_t>(*loss), std::bit_cast<uint32_t>(want[static_cast<size_t>(k)])) << "step " << k;
+    }
+    // Held twice and released once when the step would end: refused, the step open.
+    ASSERT_TRUE((*s)->begin_step().ok());
+    ASSERT_TRUE((*s)->acquire(0).has_value());
+    ASSERT_TRUE((*s)->acquire(0).has_value());
+    ASSERT_TRUE((*s)->release(0).ok());
+    for (size_t c = 0; c < static_cast<size_t>(m.L); ++c) {
+      ASSERT_TRUE((*s)->gradient_buffer(c).has_value());
+      ASSERT_TRUE((*s)->submit_gradient(c).ok());
+    }
+    Result<StepVerdict> early = (*s)->end_step();
+    ASSERT_FALSE(early.has_value());
+    EXPECT_NE(early.status().message().find("still acquired"), std::string::npos) << early.status().to_string();
+    ASSERT_TRUE((*s)->release(0).ok());
+    EXPECT_TRUE((*s)->end_step().has_value());
+  }
+}
+
+// The MLP's forward outside a step (an evaluation): every layer acquired,
+// computed, released. Its output.
+Result<std::vector<float>> evaluate(Session& s, const Mlp& m, int64_t index) {
+  std::vector<float> x, y;
+  batch(m, index, &x, &y);
+  const size_t act = static_cast<size_t>(m.B * m.D);
+  STRATA_ASSIGN_OR_RETURN(gpu::DeviceMemory acts, s.allocate_device(2 * act * 4, "evaluation"));
+  float* h = acts.as<float>();
+  std::memcpy(h, x.data(), act * 4);
+  for (int64_t l = 0; l < m.L; ++l) {
+    STRATA_ASSIGN_OR_RETURN(const void* w, s.acquire(static_cast<size_t>(l)));
+    layer_forward(m, l, w, s.chunk_dtype(static_cast<size_t>(l)), h + (l % 2) * act, h + ((l + 1) % 2) * act);
+    STRATA_RETURN_IF_ERROR(s.release(static_cast<size_t>(l)));
+  }
+  const float* out = h + (m.L % 2) * act;
+  return std::vector<float>(out, out + act);
+}
+
+// Weights read outside a step (evaluation, torch.no_grad()): the same as
+// a step's forward reads, before the first step and between steps, with
+// the weights in RAM and on NVMe; the training run's bits do not change
+// with evaluations between its steps; gradient calls are refused in one,
+// and a save or the next step while a chunk is still held for one.
+TEST(Session, ChunksAcquiredOutsideAStepAreTheWeightsForEvaluation) {
+  const Mlp m{32, 4, 8};
+  TempDir dir;
+  for (const bool nvme : {false, true}) {
+    SCOPED_TRACE(nvme ? "weights on nvme" : "weights in ram");
+    SessionOptions o = nvme ? weights_on_nvme(dir.sub("w")) : base_options();
+    o.prefetch_depth = 2;
+    const std::vector<float> want = run(m, o, 4);
+    if (nvme) o.nvme_paths = {dir.sub("w2")};
+    Result<std::unique_ptr<Session>> made = make_session(m, o);
+    ASSERT_TRUE(made.has_value()) << made.status().to_string();
+    Session& s = **made;
+    Result<std::vector<float>> before = evaluate(s, m, 99);  // starts the session
+    ASSERT_TRUE(before.has_value()) << before.status().to_string();
+    for (int k = 0; k < 4; ++k) {
+      Result<float> loss = train_step(s, m, k);
+      ASSERT_TRUE(loss.has_value()) << loss.status().to_string();
+      EXPECT_EQ(std::bit_cast<uint32_t>(*loss), std::bit_cast<uint32_t>(want[static_cast<size_t>(k)])) << "step " << k;
+      Result<std::vector<float>> again = evaluate(s, m, 99);
+      ASSERT_TRUE(again.has_value()) << again.status().to_string();
+      EXPECT_NE(*again, *before) << "the weights the step updated";
+      Result<std::vector<float>> twice = evaluate(s, m, 99);
+      ASSERT_TRUE(twice.has_value());
+      EXPECT_EQ(*twice, *again) << "reading changes nothing";
+    }
+    // An evaluation out of the recorded order (if the placement records
+    // one) leaves that order to the steps.
+    const std::vector<size_t> recorded = s.recorded_order();
+    ASSERT_TRUE(s.acquire(static_cast<size_t>(m.L - 1)).has_value());
+    ASSERT_TRUE(s.release(static_cast<size_t>(m.L - 1)).ok());
+    std::vector<float> master(static_cast<size_t>(m.chunk_elems()));
+    ASSERT_TRUE(s.read_master(0, master).ok());  // ends the evaluation
+    EXPECT_EQ(s.recorded_order(), recorded);
+    // Inside an evaluation: gradients refused, the pass open until every chunk is released.
+    ASSERT_TRUE(s.acquire(1).has_value());
+    EXPECT_EQ(s.gradient_buffer(1).status().code(), StatusCode::kFailedPrecondition);
+    EXPECT_EQ(s.submit_gradient(1).code(), StatusCode::kFailedPrecondition);
+    const Status early = s.begin_step();
+    EXPECT_EQ(early.code(), StatusCode::kFailedPrecondition);
+    EXPECT_NE(early.message().find("still acquired outside a step"), std::string::npos) << early.to_string();
+    EXPECT_EQ(s.save(dir.sub(nvme ? "c1" : "c0")).code(), StatusCode::kFailedPrecondition);
+    ASSERT_TRUE(s.release(1).ok());
+    Result<float> loss = train_step(s, m, 4);
+    ASSERT_TRUE(loss.has_value()) << "after the evaluation: " << loss.status().to_string();
   }
 }
 

@@ -188,7 +188,13 @@ STRATA_API strata_status strata_session_begin_step(strata_session* session, floa
  * owned) it returns at once, the stream made to wait for the copy, and the
  * release after it frees the slot only after what the stream queued by
  * then (UNIMPLEMENTED on the host backend). RESOURCE_EXHAUSTED when every
- * weight slot is held. */
+ * weight slot is held. Acquired again while it is held (a weight used at
+ * two points, a module called twice): the same weights, held until as many
+ * releases, on the stream of the first acquire or none (INVALID_ARGUMENT
+ * for another). Outside a step (evaluation): the weights as the last step
+ * left them, read-only, until released; gradient calls stay refused, and
+ * begin_step, save, load, read_master and finalize need every chunk
+ * released. */
 STRATA_API strata_status strata_session_acquire(strata_session* session, int64_t chunk, void* stream,
                                                 const void** weights);
 STRATA_API strata_status strata_session_release(strata_session* session, int64_t chunk);
