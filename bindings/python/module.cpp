@@ -16,6 +16,7 @@
 
 #include "bindings/python/aio.h"
 #include "bindings/python/safetensors.h"
+#include "bindings/python/session.h"
 #include "bindings/python/trainer.h"
 #include "cpu_optim/executor.h"
 #include "cpu_optim/optimizer.h"
@@ -248,5 +249,6 @@ PYBIND11_MODULE(_strata, m) {
   m.attr("Q8_BLOCK") = kQ8BlockElems;
   strata::python::add_aio(m);
   strata::python::add_trainer(m);
+  strata::python::add_session(m);
   strata::python::add_safetensors(m);
 }

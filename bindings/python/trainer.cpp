@@ -1,7 +1,7 @@
 // strata.Trainer and strata.plan's native half: the built-in GPT trainer
 // through the C API (libstrata.so, strata.h), as a trainer in C uses it.
-// Every failure raises the Python exception of its strata_status with
-// strata_last_error()'s message; the GIL is released while strata works.
+// Every failure raises the Python exception of its strata_status
+// (status.h); the GIL is released while strata works.
 #include "bindings/python/trainer.h"
 
 #include <pybind11/numpy.h>
@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "bindings/python/status.h"
 #include "strata/strata.h"
 
 namespace py = pybind11;
@@ -17,33 +18,7 @@ namespace py = pybind11;
 namespace strata::python {
 namespace {
 
-[[noreturn]] void raise(strata_status s) {
-  const std::string last = strata_last_error();  // "CODE: message"
-  const std::string m = last.empty() ? std::string(strata_status_name(s)) : last;
-  switch (s) {
-    case STRATA_INVALID_ARGUMENT:
-      throw py::value_error(m);
-    case STRATA_NOT_FOUND:
-      PyErr_SetObject(PyExc_FileNotFoundError, py::make_tuple(ENOENT, m).ptr());
-      throw py::error_already_set();
-    case STRATA_FAILED_PRECONDITION:
-    case STRATA_CANCELLED:
-      throw std::runtime_error(m);
-    case STRATA_RESOURCE_EXHAUSTED:
-      PyErr_SetString(PyExc_MemoryError, m.c_str());
-      throw py::error_already_set();
-    case STRATA_UNIMPLEMENTED:
-      PyErr_SetString(PyExc_NotImplementedError, m.c_str());
-      throw py::error_already_set();
-    default:
-      PyErr_SetObject(PyExc_OSError, py::make_tuple(EIO, m).ptr());
-      throw py::error_already_set();
-  }
-}
-
-void check(strata_status s) {
-  if (s != STRATA_OK) raise(s);
-}
+void check(strata_status s) { check_status(s); }
 
 class Trainer {
  public:
@@ -117,7 +92,7 @@ class Trainer {
       strata_trainer_destroy(t_);
     }
     t_ = nullptr;
-    if (s != STRATA_OK && s != STRATA_CANCELLED) raise(s);
+    if (s != STRATA_OK && s != STRATA_CANCELLED) raise_status(s);
   }
 
  private:
@@ -142,7 +117,7 @@ py::tuple plan(const std::string& config_json, const std::string& device) {
   size_t length = 0;
   int fits = 0;
   strata_status s = strata_plan(config_json.c_str(), device.c_str(), nullptr, 0, &length, &fits);
-  if (s != STRATA_OK) raise(s);
+  if (s != STRATA_OK) raise_status(s);
   std::string text(length + 1, '\0');
   check(strata_plan(config_json.c_str(), device.c_str(), text.data(), text.size(), &length, &fits));
   text.resize(length);

@@ -6,16 +6,18 @@ optimizer and the strata engine, from Python.
     import strata.aio        # asynchronous tensor reads and writes to NVMe files
     import strata.safetensors  # a checkpoint's weights for Hugging Face / torch
     strata.Trainer, strata.plan   # the built-in GPT trainer and the planner
+    strata.Session                # a model of your own, trained by strata (its chunks, your compute)
 
 The native module (_strata) is built by strata's CMake build; docs/PYTHON.md
 says where it lands and how to import it.
 """
 from . import _strata
 from ._trainer import Trainer, plan
+from .session import ChunkView, Session
 
 __version__ = _strata.__version__
 
-__all__ = ["__version__", "Trainer", "plan", "optim", "aio", "safetensors", "set_num_threads", "get_num_threads",
+__all__ = ["__version__", "Trainer", "plan", "Session", "ChunkView", "optim", "aio", "safetensors", "set_num_threads", "get_num_threads",
            "library_version"]
 
 
