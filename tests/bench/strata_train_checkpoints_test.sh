@@ -6,7 +6,9 @@
 # resumed run prints the losses of the run that never stopped. Outputs
 # written after the run (checkpoint, trace) with a path that cannot be
 # written fail before the first step. SIGTERM stops a run after its step
-# in progress with a checkpoint of that step, exit status 143. With --data
+# in progress with a checkpoint of that step, exit status 143 (with
+# --stop-grace 0 it may cancel that step instead, the checkpoint then the
+# step before). With --data
 # (here a text file as uint8 tokens) a resumed run reads on where the
 # uninterrupted one would have: the same losses. A second run on a
 # checkpoint directory that a run is writing is refused at once.
@@ -17,6 +19,15 @@ text=$2
 d=$(mktemp -d "${STRATA_TEST_DIR:-/tmp}/strata-train-ckpt.XXXXXX")
 trap 'rm -rf "$d"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
+# Waits until the run with pid $2 printed its third step into $1.
+third_step() {
+  waited=0
+  until grep -q "^step *3 |" "$1"; do
+    sleep 0.2
+    waited=$((waited + 1))
+    [ "$waited" -lt 600 ] || { kill -9 "$2"; fail "no third step in 120 s"; }
+  done
+}
 
 "$train" --steps 4 --checkpoint "$d/a" --save-every 2 > "$d/full.txt"
 listing=$(ls "$d/a" | tr '\n' ' ')
@@ -61,12 +72,7 @@ for bad in "--checkpoint /proc/no-checkpoints-here" "--trace $d/missing/trace.js
 done
 "$train" --steps 1000000 --checkpoint "$d/c" > "$d/term.txt" 2>&1 &
 pid=$!
-waited=0
-until grep -q "^step *3 |" "$d/term.txt"; do
-  sleep 0.2
-  waited=$((waited + 1))
-  [ "$waited" -lt 600 ] || { kill -9 "$pid"; fail "no third step in 120 s"; }
-done
+third_step "$d/term.txt" "$pid"
 # A second run on the same checkpoint directory is refused before it
 # builds anything, naming the first run's pid.
 if "$train" --steps 2 --checkpoint "$d/c" > "$d/second.txt" 2>&1; then
@@ -91,12 +97,7 @@ echo "SIGTERM after step $stopped: exit 143, checkpoint step-$stopped"
 # step before it, saved. Either way the checkpoint is the last step done.
 "$train" --steps 1000000 --checkpoint "$d/g" --stop-grace 0 > "$d/grace.txt" 2>&1 &
 pid=$!
-waited=0
-until grep -q "^step *3 |" "$d/grace.txt"; do
-  sleep 0.2
-  waited=$((waited + 1))
-  [ "$waited" -lt 600 ] || { kill -9 "$pid"; fail "no third step in 120 s"; }
-done
+third_step "$d/grace.txt" "$pid"
 kill -TERM "$pid"
 rc=0
 wait "$pid" || rc=$?

@@ -1899,6 +1899,25 @@ TEST(Session, TheVerdictCountsTheUpdatesNvmeBytes) {
   }
 }
 
+// A session of the MLP with its weights in RAM or on NVMe (prefetch depth
+// 2), and the losses of `steps` plain steps of another one like it: what a
+// test that drives the first differently must give, bit for bit.
+struct SessionAgainstARun {
+  std::unique_ptr<Session> session;
+  std::vector<float> want;
+};
+SessionAgainstARun session_against_a_run(const Mlp& m, TempDir& dir, bool nvme, int steps) {
+  SessionOptions o = nvme ? weights_on_nvme(dir.sub("w")) : base_options();
+  o.prefetch_depth = 2;
+  SessionAgainstARun r;
+  r.want = run(m, o, steps);
+  if (nvme) o.nvme_paths = {dir.sub("w2")};
+  Result<std::unique_ptr<Session>> made = make_session(m, o);
+  EXPECT_TRUE(made.has_value()) << made.status().to_string();
+  if (made.has_value()) r.session = std::move(*made);
+  return r;
+}
+
 // The first step records the order the chunks are used in, later ones
 // prefetch by it; a step that departs from it (here every other step looks
 // at the last layer first) costs waiting, never bits — with the weights on
@@ -1908,12 +1927,10 @@ TEST(Session, AStepOutOfTheRecordedOrderCostsNoBits) {
   TempDir dir;
   for (const bool nvme : {false, true}) {
     SCOPED_TRACE(nvme ? "weights on nvme" : "weights in ram");
-    SessionOptions o = nvme ? weights_on_nvme(dir.sub("w")) : base_options();
-    o.prefetch_depth = 2;
-    const std::vector<float> want = run(m, o, 6);
-    if (nvme) o.nvme_paths = {dir.sub("w2")};
-    Result<std::unique_ptr<Session>> s = make_session(m, o);
-    ASSERT_TRUE(s.has_value()) << s.status().to_string();
+    SessionAgainstARun r = session_against_a_run(m, dir, nvme, 6);
+    ASSERT_TRUE(r.session);
+    std::unique_ptr<Session>* s = &r.session;
+    const std::vector<float>& want = r.want;
     for (int k = 0; k < 6; ++k) {
       ASSERT_TRUE((*s)->begin_step().ok());
       if (k % 2 == 1) {  // a use the recorded order does not have
@@ -1938,11 +1955,10 @@ TEST(Session, AChunkAcquiredAgainWhileHeldIsTheSameWeightsUntilAsManyReleases) {
   TempDir dir;
   for (const bool nvme : {false, true}) {
     SCOPED_TRACE(nvme ? "weights on nvme" : "weights in ram");
-    SessionOptions o = nvme ? weights_on_nvme(dir.sub("w")) : base_options();
-    const std::vector<float> want = run(m, o, 4);
-    if (nvme) o.nvme_paths = {dir.sub("w2")};
-    Result<std::unique_ptr<Session>> s = make_session(m, o);
-    ASSERT_TRUE(s.has_value()) << s.status().to_string();
+    SessionAgainstARun r = session_against_a_run(m, dir, nvme, 4);
+    ASSERT_TRUE(r.session);
+    std::unique_ptr<Session>* s = &r.session;
+    const std::vector<float>& want = r.want;
     for (int k = 0; k < 4; ++k) {
       ASSERT_TRUE((*s)->begin_step().ok());
       const size_t c = 1;
@@ -2008,13 +2024,10 @@ TEST(Session, ChunksAcquiredOutsideAStepAreTheWeightsForEvaluation) {
   TempDir dir;
   for (const bool nvme : {false, true}) {
     SCOPED_TRACE(nvme ? "weights on nvme" : "weights in ram");
-    SessionOptions o = nvme ? weights_on_nvme(dir.sub("w")) : base_options();
-    o.prefetch_depth = 2;
-    const std::vector<float> want = run(m, o, 4);
-    if (nvme) o.nvme_paths = {dir.sub("w2")};
-    Result<std::unique_ptr<Session>> made = make_session(m, o);
-    ASSERT_TRUE(made.has_value()) << made.status().to_string();
-    Session& s = **made;
+    SessionAgainstARun r = session_against_a_run(m, dir, nvme, 4);
+    ASSERT_TRUE(r.session);
+    Session& s = *r.session;
+    const std::vector<float>& want = r.want;
     Result<std::vector<float>> before = evaluate(s, m, 99);  // starts the session
     ASSERT_TRUE(before.has_value()) << before.status().to_string();
     for (int k = 0; k < 4; ++k) {
