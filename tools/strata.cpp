@@ -40,9 +40,7 @@ int run_bench(int argc, char** argv) {
   return 2;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   const std::string sub = argc > 1 ? argv[1] : "";
   // train and plan take strata-train's flags whole.
   if (sub == "train" || sub == "plan") {
@@ -65,4 +63,11 @@ int main(int argc, char** argv) {
   strata::tools::add_capacity_command(app);
   CLI11_PARSE(app, argc, argv);
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return strata::tools::run_guarded(argc > 1 ? std::string("strata ") + argv[1] : "strata",
+                                    [&] { return run(argc, argv); });
 }
