@@ -459,9 +459,7 @@ Status Session::begin_step(float grad_scale) {
   STRATA_RETURN_IF_ERROR(restore_stale());  // what a failed step could not put back then
   // The delayed update: one that failed runs again beside this step, from its own gradients.
   restart_failed_update();
-  std::vector<const void*> host;
-  for (size_t c = 0; c < specs_.size(); ++c) host.push_back(weights_.empty() ? nullptr : weights_[c].data());
-  if (Status begun = store_->begin_step(host); !begun.ok()) {
+  if (Status begun = store_->begin_step(host_weights()); !begun.ok()) {
     store_->drain();  // its reads ahead land (a failed one is this error)
     return begun;
   }

@@ -591,6 +591,13 @@ class Session {
   std::shared_ptr<std::atomic<int64_t>> stream_stall_ns_ = std::make_shared<std::atomic<int64_t>>(0);
   Status stream_wait_metered(gpu::Stream stream, gpu::Event ready);
   Result<const void*> acquire_held(size_t chunk, gpu::Stream stream);
+  // Each chunk's working weights in RAM, for the store's begin_step (null
+  // for every chunk when they are homed on NVMe).
+  std::vector<const void*> host_weights() const {
+    std::vector<const void*> host;
+    for (size_t c = 0; c < specs_.size(); ++c) host.push_back(weights_.empty() ? nullptr : weights_[c].data());
+    return host;
+  }
   bool stream_ordered_step_ = false;  // a chunk of this step was acquired on a stream
   std::unique_ptr<ChunkStore> store_;
   // Each chunk's bytes in its working type (chunk_dtype).

@@ -36,10 +36,8 @@ Status Session::open_eval() {
   if (!broken_.empty()) return failed_precondition("session: " + broken_ + "; load a checkpoint to continue");
   STRATA_RETURN_IF_ERROR(drain_update().with_context("session: acquire outside a step"));  // the weights to read
   STRATA_RETURN_IF_ERROR(restore_stale());
-  std::vector<const void*> host;
-  for (size_t c = 0; c < specs_.size(); ++c) host.push_back(weights_.empty() ? nullptr : weights_[c].data());
   store_->begin_aside();  // the evaluation's order is not the steps'
-  if (Status begun = store_->begin_step(host); !begun.ok()) {
+  if (Status begun = store_->begin_step(host_weights()); !begun.ok()) {
     store_->drain();
     store_->end_aside();
     return begun.with_context("session: acquire outside a step");
