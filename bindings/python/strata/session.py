@@ -40,7 +40,6 @@ from ._trainer import _config_text, _device
 __all__ = ["Session", "ChunkView"]
 
 _TYPESTR = {"fp32": "<f4", "fp16": "<f2", "bf16": "<u2"}
-_ITEMSIZE = {"fp32": 4, "fp16": 2, "bf16": 2}
 
 
 class ChunkView:
@@ -103,8 +102,14 @@ class ChunkView:
         a = self.numpy()
         if self.dtype == "bf16":
             import numpy as np
-            return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
-        return torch.from_numpy(a)
+            a = a.view(np.int16)
+        import warnings
+        with warnings.catch_warnings():
+            # Read-only weights: torch warns that its tensors cannot be; the
+            # view says so (writable False) and the session holds it to that.
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            t = torch.from_numpy(a)
+        return t.view(torch.bfloat16) if self.dtype == "bf16" else t
 
     def __repr__(self):
         state = "valid" if self._valid else "ended"
